@@ -1,0 +1,137 @@
+"""Conventions as typed enums, shared by the core, the trainer's config and the oracle's presets.
+
+Each enum's values are the names users type (``--set kl_estimator=k3``, TOML configs, dump
+sidecars). :func:`parse` turns a string into a member and, on an unknown name, raises a
+:class:`~refppo.errors.ConventionError` that lists the valid names (verl's getters do the same;
+unlike verl's registries nothing is ever silently overwritten: these are closed enums).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TypeVar
+
+from refppo.errors import ConventionError
+
+
+class KLEstimator(str, Enum):
+    """Per-token estimator of KL(π‖π_ref) from the log-ratio ``d = log π − log π_ref``.
+
+    - ``k1``: ``d`` (unbiased, can be negative);
+    - ``k2``: ``½ d²`` (non-negative, biased);
+    - ``k3``: ``exp(−d) + d − 1`` (non-negative, unbiased, "low variance"; Schulman 2020);
+    - ``abs``: ``|d|``.
+
+    Names as in verl ``core_algos.kl_penalty`` (``kl``/``k1``, ``mse``/``k2``, ``low_var_kl``/``k3``,
+    ``abs``) and OpenRLHF ``models/utils.py::compute_approx_kl`` (k1, k2, k3).
+    """
+
+    K1 = "k1"
+    K2 = "k2"
+    K3 = "k3"
+    ABS = "abs"
+
+
+class KLPlacement(str, Enum):
+    """Where the KL penalty enters.
+
+    - ``reward``: ``r_t −= β·KL_t`` with KL from the rollout-time (old) log-probs (InstructGPT,
+      TRL, DeepSpeed-Chat, OpenRLHF default, verl ``use_kl_in_reward``);
+    - ``loss``: no KL in the reward; ``β·agg(KL(π_θ‖π_ref))`` on the *current* log-probs is added
+      to the actor loss (verl ``use_kl_loss``, OpenRLHF ``algo.kl.use_loss``, GRPO).
+    """
+
+    REWARD = "reward"
+    LOSS = "loss"
+
+
+class ScorePosition(str, Enum):
+    """Which response position receives the reward-model score.
+
+    For a row with ``L`` valid tokens (positions ``0..L−1``) and padded length ``T``::
+
+        position      0   1   2  ...  L-1   L   ...  T-1
+        mask          1   1   1  ...   1    0   ...   0
+        last_valid                     ^                     (verl, OpenRLHF, refppo default)
+        after_last_valid                    ^                (TRL ppov2/PPOTrainer, DeepSpeed-Chat;
+                                                              falls back to L-1 when L == T)
+        last_position                                  ^     (lm-human-preferences, fixed length)
+    """
+
+    LAST_VALID = "last_valid"
+    AFTER_LAST_VALID = "after_last_valid"
+    LAST_POSITION = "last_position"
+
+
+class Whitening(str, Enum):
+    """Advantage whitening over the valid tokens of the whole batch.
+
+    - ``none``;
+    - ``masked``: ``(A − μ)/sqrt(σ² + eps)``;
+    - ``masked_no_shift``: ``(A − μ)/sqrt(σ² + eps) + μ`` (the mean is added back, as
+      ``masked_whiten(shift_mean=False)`` in TRL ``trl/core.py`` and lm-human-preferences).
+    """
+
+    NONE = "none"
+    MASKED = "masked"
+    MASKED_NO_SHIFT = "masked_no_shift"
+
+
+class Variance(str, Enum):
+    """Masked variance: ``unbiased`` (Bessel, ``/(N−1)``: verl, TRL) or ``population``.
+
+    ``population`` divides by ``N`` (OpenRLHF, the N+ reproduction code).
+    """
+
+    UNBIASED = "unbiased"
+    POPULATION = "population"
+
+
+class LossAgg(str, Enum):
+    """How a ``[B, T]`` loss matrix ``L`` with mask ``m`` becomes a scalar (names as in verl ``agg_loss``).
+
+    - ``token-mean``: ``Σ_bt m L / Σ_bt m``;
+    - ``seq-mean-token-mean``: ``(1/B) Σ_b (Σ_t m L / Σ_t m)``;
+    - ``seq-mean-token-sum``: ``(1/B) Σ_b Σ_t m L``;
+    - ``seq-mean-token-sum-norm``: ``Σ_bt m L / H`` with a constant horizon ``H`` (default ``T``;
+      Dr. GRPO; verl ``agg_loss`` divides by ``loss_mask.shape[-1]``).
+    """
+
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+
+
+class ValueLoss(str, Enum):
+    """``clipped``: ``½ max((V−R)², (clip(V, V_old±ε_v)−R)²)`` (all peers); ``unclipped``: ``½ (V−R)²``."""
+
+    CLIPPED = "clipped"
+    UNCLIPPED = "unclipped"
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def parse(enum_cls: type[E], value: str | E, *, what: str | None = None) -> E:
+    """Return the member of ``enum_cls`` named ``value``; on an unknown name list the valid ones."""
+    if isinstance(value, enum_cls):
+        return value
+    for member in enum_cls:
+        if member.value == value:
+            return member
+    valid = ", ".join(repr(m.value) for m in enum_cls)
+    label = what or enum_cls.__name__
+    raise ConventionError(f"{label}: unknown name {value!r}; valid names are {valid}")
+
+
+__all__ = [
+    "KLEstimator",
+    "KLPlacement",
+    "LossAgg",
+    "ScorePosition",
+    "ValueLoss",
+    "Variance",
+    "Whitening",
+    "parse",
+]

@@ -1,0 +1,97 @@
+"""The verified PPO core: one pure function per step, each with its naive twin beside it.
+
+=================================  =====================================  ==========================
+step                               vectorized                             naive twin
+=================================  =====================================  ==========================
+masked reductions / whitening      ``masked.masked_{sum,mean,var,whiten}``  ``*_naive`` in the same module
+log-probs, entropy from logits     ``logprobs.logprobs_from_logits``,     ``*_naive``
+                                   ``logprobs.entropy_from_logits``
+per-token KL estimators            ``kl.token_kl``                        ``kl.token_kl_naive``
+token-level rewards                ``rewards.token_rewards``              ``rewards.token_rewards_naive``
+GAE advantages and returns         ``gae.gae``                            ``gae.gae_naive``
+ratio, clipped surrogate           ``policy.policy_ratio``,               ``policy.clipped_policy_loss_naive``
+                                   ``policy.clipped_policy_loss``
+value loss (clipped/unclipped)     ``value.value_loss``                   ``value.value_loss_naive``
+loss aggregation                   ``aggregate.aggregate_loss``           ``aggregate.aggregate_loss_naive``
+entropy bonus, KL loss, total      ``objective.{entropy_bonus,kl_loss,    ``*_naive``
+                                   total_loss}``
+=================================  =====================================  ==========================
+
+Equations: spec/ppo.md. Every tensor is response-aligned ``[B, T]`` (see :mod:`refppo.types`).
+"""
+
+from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
+from refppo.core.gae import gae, gae_naive
+from refppo.core.kl import token_kl, token_kl_naive
+from refppo.core.logprobs import (
+    entropy_from_logits,
+    entropy_from_logits_naive,
+    logprobs_from_logits,
+    logprobs_from_logits_naive,
+)
+from refppo.core.masked import (
+    masked_mean,
+    masked_mean_naive,
+    masked_sum,
+    masked_sum_naive,
+    masked_var,
+    masked_var_naive,
+    masked_whiten,
+    masked_whiten_naive,
+)
+from refppo.core.objective import (
+    entropy_bonus,
+    entropy_bonus_naive,
+    kl_loss,
+    kl_loss_naive,
+    total_loss,
+    total_loss_naive,
+)
+from refppo.core.policy import (
+    PolicyLossNaive,
+    PolicyLossOutput,
+    clipped_policy_loss,
+    clipped_policy_loss_naive,
+    policy_ratio,
+)
+from refppo.core.rewards import score_positions, token_rewards, token_rewards_naive
+from refppo.core.value import ValueLossNaive, ValueLossOutput, value_loss, value_loss_naive
+
+__all__ = [
+    "PolicyLossNaive",
+    "PolicyLossOutput",
+    "ValueLossNaive",
+    "ValueLossOutput",
+    "aggregate_loss",
+    "aggregate_loss_naive",
+    "clipped_policy_loss",
+    "clipped_policy_loss_naive",
+    "entropy_bonus",
+    "entropy_bonus_naive",
+    "entropy_from_logits",
+    "entropy_from_logits_naive",
+    "gae",
+    "gae_naive",
+    "kl_loss",
+    "kl_loss_naive",
+    "logprobs_from_logits",
+    "logprobs_from_logits_naive",
+    "masked_mean",
+    "masked_mean_naive",
+    "masked_sum",
+    "masked_sum_naive",
+    "masked_var",
+    "masked_var_naive",
+    "masked_whiten",
+    "masked_whiten_naive",
+    "policy_ratio",
+    "score_positions",
+    "token_kl",
+    "token_kl_naive",
+    "token_rewards",
+    "token_rewards_naive",
+    "total_loss",
+    "total_loss_naive",
+    "value_loss",
+    "value_loss_naive",
+]

@@ -1,0 +1,90 @@
+"""Loss aggregation: a ``[B, T]`` per-token loss matrix ``L`` with mask ``m`` becomes a scalar.
+
+======================== ======================================= ===========================
+mode                     value                                   default normalisers
+======================== ======================================= ===========================
+token-mean               ``Σ_bt m L / N_tok``                    ``N_tok = Σ_bt m``
+seq-mean-token-mean      ``Σ_b (Σ_t m L / Σ_t m) / N_seq``        ``N_seq = B``
+seq-mean-token-sum       ``Σ_bt m L / N_seq``                    ``N_seq = B``
+seq-mean-token-sum-norm  ``Σ_bt m L / H``                        ``H = T`` (a constant horizon)
+======================== ======================================= ===========================
+
+Names and formulas as verl ``verl/trainer/ppo/core_algos.py::agg_loss``. ``token_count`` and
+``seq_count`` let a caller that splits one optimizer step into micro-batches (and/or ranks) pass
+the *global* normalisers so that the sum of the micro-batch losses is exactly the loss of the
+whole batch — the bug class of verl issue #5625 (a mean of micro-batch means is not a token mean).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import LossAgg, parse
+from refppo.core import _pyfloat as pf
+from refppo.types import ResponseMask, Scalar, TokenFloat
+from refppo.validate import check_bt, check_mask, check_positive
+
+
+def aggregate_loss(
+    loss_mat: TokenFloat,
+    mask: ResponseMask,
+    mode: LossAgg | str = LossAgg.TOKEN_MEAN,
+    *,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> Scalar:
+    """Aggregate ``loss_mat`` ``[B, T]`` over its valid tokens by ``mode`` (0-dim result)."""
+    agg = parse(LossAgg, mode, what="loss_agg")
+    m = check_mask("mask", mask)
+    loss_mat = check_bt("loss_mat", loss_mat, m)
+    zero = torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device)
+    lm: Tensor = torch.where(m, loss_mat, zero)
+    B, T = m.shape
+    if agg is LossAgg.TOKEN_MEAN:
+        n_tok = check_positive("token_count", token_count) if token_count is not None else float(m.sum())
+        return lm.sum() / n_tok
+    n_seq = check_positive("seq_count", seq_count) if seq_count is not None else float(B)
+    if agg is LossAgg.SEQ_MEAN_TOKEN_MEAN:
+        per_seq = lm.sum(dim=1) / m.sum(dim=1).to(lm.dtype)
+        return per_seq.sum() / n_seq
+    if agg is LossAgg.SEQ_MEAN_TOKEN_SUM:
+        return lm.sum() / n_seq
+    h = check_positive("horizon", horizon) if horizon is not None else float(T)
+    return lm.sum() / h
+
+
+def aggregate_loss_naive(
+    loss_mat: TokenFloat,
+    mask: ResponseMask,
+    mode: LossAgg | str = LossAgg.TOKEN_MEAN,
+    *,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> Scalar:
+    """Naive twin of :func:`aggregate_loss`."""
+    agg = LossAgg(mode)
+    ls, ms = pf.rows(loss_mat), pf.mask_rows(mask)
+    seq_sums, seq_lens = [], []
+    for lrow, mrow in zip(ls, ms, strict=True):
+        s, n = 0.0, 0
+        for value, ok in zip(lrow, mrow, strict=True):
+            if ok:
+                s += value
+                n += 1
+        seq_sums.append(s)
+        seq_lens.append(n)
+    B, T = len(ms), len(ms[0])
+    if agg == LossAgg.TOKEN_MEAN:
+        result = sum(seq_sums) / (token_count if token_count is not None else sum(seq_lens))
+    elif agg == LossAgg.SEQ_MEAN_TOKEN_MEAN:
+        result = sum(s / n for s, n in zip(seq_sums, seq_lens, strict=True)) / (
+            seq_count if seq_count is not None else B
+        )
+    elif agg == LossAgg.SEQ_MEAN_TOKEN_SUM:
+        result = sum(seq_sums) / (seq_count if seq_count is not None else B)
+    else:
+        result = sum(seq_sums) / (horizon if horizon is not None else T)
+    return pf.tensor_like(result, loss_mat)

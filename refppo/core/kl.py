@@ -1,0 +1,118 @@
+"""Per-token KL estimators between the policy and the reference.
+
+With ``d_t = log π(y_t) − log π_ref(y_t)`` at a token sampled from π:
+
+======= ===================== =============================================================
+name    value                 properties (proven in tests/property/test_kl_properties.py)
+======= ===================== =============================================================
+k1      ``d``                 unbiased for KL(π‖π_ref); can be negative
+k2      ``½ d²``              ≥ 0; biased
+k3      ``exp(−d) + d − 1``   ≥ 0; unbiased (Schulman 2020, "low variance", verl low_var_kl)
+abs     ``|d|``               ≥ 0; biased
+======= ===================== =============================================================
+
+Optional clamps mirror the peers: ``log_ratio_clamp=(lo, hi)`` clamps ``d`` first (either side may
+be None), ``value_clamp=c`` clamps the estimate to ``[−c, c]``. verl ``core_algos.kl_penalty_forward``
+uses, for k3 only, ``d ∈ [−20, 20]`` and value ``∈ [−10, 10]``; OpenRLHF
+``models/utils.py::compute_approx_kl`` uses, for k3, ``d ≥ −10``, and value ``∈ [−10, 10]`` for every
+estimator. Outputs are 0 at padded positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import KLEstimator, parse
+from refppo.core import _pyfloat as pf
+from refppo.errors import HyperparameterError
+from refppo.types import ResponseMask, TokenFloat
+from refppo.validate import check_bt, check_mask, check_same_dtype
+
+LogRatioClamp = tuple[float | None, float | None]
+
+
+def _check_clamps(log_ratio_clamp: LogRatioClamp | None, value_clamp: float | None) -> None:
+    if log_ratio_clamp is not None:
+        lo, hi = log_ratio_clamp
+        if lo is not None and hi is not None and lo > hi:
+            raise HyperparameterError(f"log_ratio_clamp: expected lo <= hi, got ({lo}, {hi})")
+    if value_clamp is not None and not value_clamp > 0:
+        raise HyperparameterError(f"value_clamp: expected a number > 0, got {value_clamp!r}")
+
+
+def token_kl(
+    logp: TokenFloat,
+    logp_ref: TokenFloat,
+    mask: ResponseMask,
+    estimator: KLEstimator | str = KLEstimator.K1,
+    *,
+    log_ratio_clamp: LogRatioClamp | None = None,
+    value_clamp: float | None = None,
+) -> TokenFloat:
+    """Per-token KL estimate ``[B, T]`` of the chosen ``estimator``; 0 at padded positions."""
+    est = parse(KLEstimator, estimator, what="kl_estimator")
+    m = check_mask("mask", mask, require_nonempty_rows=False)
+    logp = check_bt("logp", logp, m)
+    logp_ref = check_bt("logp_ref", logp_ref, m)
+    check_same_dtype(logp=logp, logp_ref=logp_ref)
+    _check_clamps(log_ratio_clamp, value_clamp)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    d = torch.where(m, logp - logp_ref, zero)
+    if log_ratio_clamp is not None:
+        d = torch.clamp(d, min=log_ratio_clamp[0], max=log_ratio_clamp[1])
+    kl: Tensor
+    if est is KLEstimator.K1:
+        kl = d
+    elif est is KLEstimator.K2:
+        kl = 0.5 * d * d
+    elif est is KLEstimator.K3:
+        kl = torch.expm1(-d) + d
+    else:
+        kl = d.abs()
+    if value_clamp is not None:
+        kl = torch.clamp(kl, min=-value_clamp, max=value_clamp)
+    return torch.where(m, kl, zero)
+
+
+def token_kl_naive(
+    logp: TokenFloat,
+    logp_ref: TokenFloat,
+    mask: ResponseMask,
+    estimator: KLEstimator | str = KLEstimator.K1,
+    *,
+    log_ratio_clamp: LogRatioClamp | None = None,
+    value_clamp: float | None = None,
+) -> TokenFloat:
+    """Naive twin of :func:`token_kl`."""
+    est = KLEstimator(estimator)
+    lp, lr, ms = pf.rows(logp), pf.rows(logp_ref), pf.mask_rows(mask)
+    out = []
+    for row_p, row_r, mrow in zip(lp, lr, ms, strict=True):
+        new_row = []
+        for a, b, ok in zip(row_p, row_r, mrow, strict=True):
+            if not ok:
+                new_row.append(0.0)
+                continue
+            d = a - b
+            if log_ratio_clamp is not None:
+                lo, hi = log_ratio_clamp
+                if lo is not None and d < lo:
+                    d = lo
+                if hi is not None and d > hi:
+                    d = hi
+            if est == KLEstimator.K1:
+                k = d
+            elif est == KLEstimator.K2:
+                k = d * d / 2.0
+            elif est == KLEstimator.K3:
+                k = math.exp(-d) - 1.0 + d
+            else:
+                k = abs(d)
+            if value_clamp is not None:
+                k = min(max(k, -value_clamp), value_clamp)
+            new_row.append(k)
+        out.append(new_row)
+    return pf.tensor_like(out, logp)

@@ -1,0 +1,174 @@
+"""Masked reductions and whitening over the valid tokens of a right-padded ``[B, T]`` batch.
+
+Symbols: ``x`` ``[B, T]``, mask ``m`` ``[B, T]`` (1 = real response token), ``N = Σ_bt m``.
+
+===================== ===============================================================
+masked_sum            ``Σ_bt m·x``  (or per row: ``Σ_t m·x``)
+masked_mean           ``Σ m·x / Σ m``
+masked_var            ``Σ m·(x−μ)² / (N−1)`` (unbiased) or ``/ N`` (population)
+masked_whiten         ``(x−μ)/sqrt(σ²+eps)``, ``+μ`` again when ``shift_mean=False``
+===================== ===============================================================
+
+Padded positions may hold any junk (NaN, inf): they are selected away with ``torch.where``,
+never multiplied by 0 (``NaN·0 = NaN``). Whitened outputs are 0 at padded positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from refppo.core import _pyfloat as pf
+from refppo.errors import MaskError
+from refppo.types import ResponseMask, Scalar, TokenFloat
+from refppo.validate import check_bt, check_mask
+
+
+def _masked_values(x: Tensor, m: Tensor) -> Tensor:
+    return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_sum(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
+    """``Σ m·x`` over everything (``dim=None``, 0-dim result) or along ``dim`` (``-1``: per row, ``[B]``)."""
+    m = check_mask("mask", mask, require_nonempty_rows=False)
+    x = check_bt("x", x, m)
+    xm = _masked_values(x, m)
+    return xm.sum() if dim is None else xm.sum(dim=dim)
+
+
+def masked_mean(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
+    """``Σ m·x / Σ m`` over everything or along ``dim``. Every row must hold a valid token."""
+    m = check_mask("mask", mask)
+    x = check_bt("x", x, m)
+    xm = _masked_values(x, m)
+    if dim is None:
+        return xm.sum() / m.sum().to(x.dtype)
+    return xm.sum(dim=dim) / m.sum(dim=dim).to(x.dtype)
+
+
+def masked_var(x: TokenFloat, mask: ResponseMask, *, unbiased: bool = True) -> Scalar:
+    """Variance of the valid entries of ``x``: ``Σ m(x−μ)²/(N−1)`` (unbiased) or ``/N``.
+
+    Raises MaskError when an unbiased variance is asked of fewer than 2 valid tokens.
+    """
+    m = check_mask("mask", mask)
+    x = check_bt("x", x, m)
+    n = int(m.sum())
+    if unbiased and n < 2:
+        raise MaskError(f"mask: an unbiased variance needs at least 2 valid tokens, got {n}")
+    mu = _masked_values(x, m).sum() / n
+    sq = _masked_values((x - mu) ** 2, m).sum()
+    return sq / (n - 1 if unbiased else n)
+
+
+def masked_whiten(
+    x: TokenFloat,
+    mask: ResponseMask,
+    *,
+    shift_mean: bool = True,
+    unbiased: bool = True,
+    eps: float = 1e-8,
+) -> TokenFloat:
+    """``(x − μ)·rsqrt(σ² + eps)`` on valid tokens (``+ μ`` when ``shift_mean=False``); 0 on padding.
+
+    μ and σ² are the masked mean and variance over the whole batch (see :func:`masked_var`).
+    Convention sources: verl ``verl/utils/torch_functional.py::masked_whiten`` (unbiased,
+    ``rsqrt(var+1e-8)``); TRL ``trl/core.py::masked_whiten`` (unbiased, ``shift_mean`` flag);
+    OpenRLHF whitens with the population variance.
+    """
+    m = check_mask("mask", mask)
+    x = check_bt("x", x, m)
+    n = m.sum().to(x.dtype)
+    mu = _masked_values(x, m).sum() / n
+    var = masked_var(x, m, unbiased=unbiased)
+    out = (x - mu) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mu
+    return _masked_values(out, m)
+
+
+# ----------------------------------------------------------------------------------------------
+# Naive twins: one Python float at a time.
+# ----------------------------------------------------------------------------------------------
+
+
+def masked_sum_naive(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
+    """Naive twin of :func:`masked_sum` (``dim`` None or -1/1)."""
+    xs, ms = pf.rows(x), pf.mask_rows(mask)
+    per_row = []
+    for row, mrow in zip(xs, ms, strict=True):
+        s = 0.0
+        for value, valid in zip(row, mrow, strict=True):
+            if valid:
+                s += value
+        per_row.append(s)
+    if dim is None:
+        return pf.tensor_like(math.fsum(per_row), x)
+    return pf.tensor_like(per_row, x)
+
+
+def masked_mean_naive(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
+    """Naive twin of :func:`masked_mean` (``dim`` None or -1/1)."""
+    xs, ms = pf.rows(x), pf.mask_rows(mask)
+    total, count = 0.0, 0
+    per_row = []
+    for row, mrow in zip(xs, ms, strict=True):
+        s, c = 0.0, 0
+        for value, valid in zip(row, mrow, strict=True):
+            if valid:
+                s += value
+                c += 1
+        per_row.append(s / c)
+        total += s
+        count += c
+    if dim is None:
+        return pf.tensor_like(total / count, x)
+    return pf.tensor_like(per_row, x)
+
+
+def masked_var_naive(x: TokenFloat, mask: ResponseMask, *, unbiased: bool = True) -> Scalar:
+    """Naive twin of :func:`masked_var`: two passes over the valid values."""
+    valid_values = [
+        v
+        for row, mrow in zip(pf.rows(x), pf.mask_rows(mask), strict=True)
+        for v, ok in zip(row, mrow, strict=True)
+        if ok
+    ]
+    n = len(valid_values)
+    mean = sum(valid_values) / n
+    sq = sum((v - mean) ** 2 for v in valid_values)
+    return pf.tensor_like(sq / (n - 1 if unbiased else n), x)
+
+
+def masked_whiten_naive(
+    x: TokenFloat,
+    mask: ResponseMask,
+    *,
+    shift_mean: bool = True,
+    unbiased: bool = True,
+    eps: float = 1e-8,
+) -> TokenFloat:
+    """Naive twin of :func:`masked_whiten`."""
+    xs, ms = pf.rows(x), pf.mask_rows(mask)
+    valid_values = [
+        v for row, mrow in zip(xs, ms, strict=True) for v, ok in zip(row, mrow, strict=True) if ok
+    ]
+    n = len(valid_values)
+    mean = sum(valid_values) / n
+    var = sum((v - mean) ** 2 for v in valid_values) / (n - 1 if unbiased else n)
+    scale = 1.0 / math.sqrt(var + eps)
+    out = []
+    for row, mrow in zip(xs, ms, strict=True):
+        new_row = []
+        for v, ok in zip(row, mrow, strict=True):
+            if not ok:
+                new_row.append(0.0)
+                continue
+            w = (v - mean) * scale
+            if not shift_mean:
+                w += mean
+            new_row.append(w)
+        out.append(new_row)
+    return pf.tensor_like(out, x)

@@ -1,0 +1,203 @@
+"""The probability ratio from cached log-probs and the clipped surrogate (PPO, Schulman et al. 2017).
+
+Symbols: ``l_t = log π_θ(y_t)`` (current, differentiable), ``l^old_t`` (cached at rollout, frozen),
+``A_t`` advantages (constants), ``ε_low, ε_high`` clip ranges, ``c > 1`` the dual-clip constant::
+
+    ρ_t   = exp(l_t − l^old_t)                          (optionally log-ratio clamped to ±κ)
+    L1_t  = −A_t·ρ_t
+    L2_t  = −A_t·clip(ρ_t, 1−ε_low, 1+ε_high)
+    ℓ_t   = max(L1_t, L2_t)                             (= −min(ρA, clip(ρ)A): pessimistic bound)
+    dual: ℓ_t = min(ℓ_t, −c·A_t)  where A_t < 0         (Ye et al. 2020; verl "vanilla" c=3)
+    pg_loss = agg(ℓ)
+
+Minimising ``pg_loss`` maximises ``L_CLIP``. The gradient w.r.t. ``l_t`` is ``−A_t ρ_t`` where the
+unclipped branch is active and exactly 0 in the clipped regions (A>0, ρ>1+ε), (A<0, ρ<1−ε), and,
+with dual-clip, (A<0, ρ>c); also 0 where A=0. The full truth table is in spec/ppo.md.
+
+Statistics (detached, over valid tokens): ``clipfrac = mean[L2 > L1]`` (verl/TRL definition),
+``clipfrac_lower = mean[A<0 and ℓ_maxclip > −cA]`` (dual-clip active), ``approx_kl = mean(l^old − l)``
+(verl ``ppo_kl``, OpenRLHF) and ``approx_kl_k2 = ½ mean((l − l^old)²)`` (TRL ``approxkl``, masked).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import LossAgg
+from refppo.core import _pyfloat as pf
+from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
+from refppo.errors import HyperparameterError
+from refppo.types import ResponseMask, Scalar, TokenFloat
+from refppo.validate import check_bt, check_mask, check_nonneg, check_positive, check_same_dtype
+
+
+@dataclass(frozen=True)
+class PolicyLossOutput:
+    """What :func:`clipped_policy_loss` returns. Tensors ``[B, T]`` are 0 at padded positions."""
+
+    loss: Scalar
+    """Aggregated clipped surrogate loss (differentiable)."""
+    per_token: TokenFloat
+    """``ℓ_t`` before aggregation (differentiable)."""
+    ratio: TokenFloat
+    """``ρ_t`` (differentiable)."""
+    clipfrac: Scalar
+    """Fraction of valid tokens where the clipped branch is strictly larger (``L2 > L1``)."""
+    clipfrac_lower: Scalar
+    """Fraction of valid tokens where the dual clip bound is active (0 without dual-clip)."""
+    approx_kl: Scalar
+    """``mean(l^old − l)`` over valid tokens."""
+    approx_kl_k2: Scalar
+    """``½ mean((l − l^old)²)`` over valid tokens."""
+
+
+def policy_ratio(
+    logp: TokenFloat, logp_old: TokenFloat, mask: ResponseMask, *, log_ratio_clamp: float | None = None
+) -> TokenFloat:
+    """``ρ = exp(l − l^old)`` from cached old log-probs, ``[B, T]``; 0 at padded positions.
+
+    ``log_ratio_clamp=κ`` clamps ``l − l^old`` to ``[−κ, κ]`` first (verl and OpenRLHF use 20).
+    """
+    m = check_mask("mask", mask, require_nonempty_rows=False)
+    logp = check_bt("logp", logp, m)
+    logp_old = check_bt("logp_old", logp_old, m)
+    check_same_dtype(logp=logp, logp_old=logp_old)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    d = torch.where(m, logp - logp_old, zero)
+    if log_ratio_clamp is not None:
+        k = check_positive("log_ratio_clamp", log_ratio_clamp)
+        d = torch.clamp(d, -k, k)
+    return torch.where(m, torch.exp(d), zero)
+
+
+def clipped_policy_loss(
+    logp: TokenFloat,
+    logp_old: TokenFloat,
+    advantages: TokenFloat,
+    mask: ResponseMask,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
+    log_ratio_clamp: float | None = None,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> PolicyLossOutput:
+    """The clipped surrogate (module docstring). ``clip_high`` defaults to ``clip_low``."""
+    m = check_mask("mask", mask)
+    advantages = check_bt("advantages", advantages, m)
+    eps_lo = check_nonneg("clip_low", clip_low)
+    eps_hi = check_nonneg("clip_high", clip_high if clip_high is not None else clip_low)
+    if eps_lo >= 1.0:
+        raise HyperparameterError(f"clip_low: expected a number in [0, 1), got {clip_low!r}")
+    if dual_clip is not None and not (math.isfinite(dual_clip) and dual_clip > 1.0):
+        raise HyperparameterError(f"dual_clip: expected a constant c > 1 (or None), got {dual_clip!r}")
+    ratio = policy_ratio(logp, logp_old, m, log_ratio_clamp=log_ratio_clamp)
+    check_same_dtype(logp=logp, advantages=advantages)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    adv = torch.where(m, advantages, zero).detach()
+    loss1 = -adv * ratio
+    loss2 = -adv * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
+    per_token = torch.maximum(loss1, loss2)
+    lower_active = torch.zeros_like(m)
+    if dual_clip is not None:
+        loss3 = -adv * dual_clip
+        lower_active = (adv < 0) & (per_token > loss3)
+        per_token = torch.where(adv < 0, torch.minimum(per_token, loss3), per_token)
+    per_token = torch.where(m, per_token, zero)
+    loss = aggregate_loss(per_token, m, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
+    with torch.no_grad():
+        n = m.sum().to(logp.dtype)
+        clipfrac = ((loss2 > loss1) & m).sum().to(logp.dtype) / n
+        clipfrac_lower = (lower_active & m).sum().to(logp.dtype) / n
+        d = torch.where(m, logp - logp_old, zero)
+        approx_kl = (-d).sum() / n
+        approx_kl_k2 = 0.5 * (d * d).sum() / n
+    return PolicyLossOutput(loss, per_token, ratio, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
+
+
+@dataclass(frozen=True)
+class PolicyLossNaive:
+    """What :func:`clipped_policy_loss_naive` returns (floats; per-token lists are 0 on padding)."""
+
+    loss: float
+    per_token: list[list[float]]
+    ratio: list[list[float]]
+    clipfrac: float
+    clipfrac_lower: float
+    approx_kl: float
+    approx_kl_k2: float
+
+
+def clipped_policy_loss_naive(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
+    log_ratio_clamp: float | None = None,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> PolicyLossNaive:
+    """Naive twin of :func:`clipped_policy_loss`, case by case on each token."""
+    eps_hi = clip_high if clip_high is not None else clip_low
+    lp, lo, advs, ms = pf.rows(logp), pf.rows(logp_old), pf.rows(advantages), pf.mask_rows(mask)
+    per_token, ratios = [], []
+    n_valid = n_clipped = n_lower = 0
+    kl_sum = kl2_sum = 0.0
+    for b in range(len(ms)):
+        prow, rrow = [], []
+        for t in range(len(ms[b])):
+            if not ms[b][t]:
+                prow.append(0.0)
+                rrow.append(0.0)
+                continue
+            n_valid += 1
+            d = lp[b][t] - lo[b][t]
+            kl_sum += -d
+            kl2_sum += 0.5 * d * d
+            if log_ratio_clamp is not None:
+                d = min(max(d, -log_ratio_clamp), log_ratio_clamp)
+            r = math.exp(d)
+            a = advs[b][t]
+            r_clipped = min(max(r, 1.0 - clip_low), 1.0 + eps_hi)
+            unclipped_term = -a * r
+            clipped_term = -a * r_clipped
+            if clipped_term > unclipped_term:
+                n_clipped += 1
+            loss = max(unclipped_term, clipped_term)
+            if dual_clip is not None and a < 0 and loss > -a * dual_clip:
+                n_lower += 1
+                loss = -a * dual_clip
+            prow.append(loss)
+            rrow.append(r)
+        per_token.append(prow)
+        ratios.append(rrow)
+    agg_value = aggregate_loss_naive(
+        torch.tensor(per_token, dtype=torch.float64),
+        mask,
+        agg,
+        token_count=token_count,
+        seq_count=seq_count,
+        horizon=horizon,
+    ).item()
+    return PolicyLossNaive(
+        loss=agg_value,
+        per_token=per_token,
+        ratio=ratios,
+        clipfrac=n_clipped / n_valid,
+        clipfrac_lower=n_lower / n_valid,
+        approx_kl=kl_sum / n_valid,
+        approx_kl_k2=kl2_sum / n_valid,
+    )

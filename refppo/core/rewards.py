@@ -1,0 +1,106 @@
+"""Token-level rewards: the score on one token, the KL penalty on every valid token.
+
+For a row with valid length ``L`` (mask ``m``), score ``s``, per-token KL ``k_t`` and coefficient β::
+
+    r_t = s·[t == p(L)] − β·k_t·m_t
+
+where ``p(L)`` is the score position of :class:`~refppo.conventions.ScorePosition`::
+
+    position      0   1   2  ...  L-1   L   ...  T-1
+    mask          1   1   1  ...   1    0   ...   0
+    last_valid                     s                    r = [-βk_0, ..., -βk_{L-2}, s-βk_{L-1}, 0...]
+    after_last_valid                    s               (TRL, DeepSpeed-Chat; L-1 when L == T)
+    last_position                                  s    (lm-human-preferences)
+
+The KL passed in is the rollout-time one (old policy vs reference; InstructGPT eq. 2; verl
+``ray_trainer.apply_kl_penalty``; OpenRLHF ``models/utils.py::compute_reward``). With KL placed in
+the loss instead (:class:`~refppo.conventions.KLPlacement` ``loss``) pass ``kl=None``: the reward is
+the score alone. Hence per row ``Σ_t r_t = s − β·Σ_t m_t k_t``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import ScorePosition, parse
+from refppo.core import _pyfloat as pf
+from refppo.types import ResponseMask, SeqFloat, TokenFloat
+from refppo.validate import check_b, check_bt, check_mask, check_nonneg
+
+
+def score_positions(mask: ResponseMask, score_at: ScorePosition | str = ScorePosition.LAST_VALID) -> Tensor:
+    """Index ``[B]`` (int64) of the position that receives each row's score (see module docstring).
+
+    ``last_valid`` is the last position where the mask is 1 (also with interior holes).
+    """
+    where = parse(ScorePosition, score_at, what="score_at")
+    m = check_mask("mask", mask)
+    B, T = m.shape
+    pos = torch.arange(T, device=m.device).expand(B, T)
+    last_valid = torch.where(m, pos, torch.full_like(pos, -1)).amax(dim=1)
+    if where is ScorePosition.LAST_VALID:
+        return last_valid
+    if where is ScorePosition.AFTER_LAST_VALID:
+        return torch.clamp(last_valid + 1, max=T - 1)
+    return torch.full((B,), T - 1, dtype=torch.long, device=m.device)
+
+
+def token_rewards(
+    scores: SeqFloat,
+    kl: TokenFloat | None,
+    mask: ResponseMask,
+    beta: float,
+    *,
+    score_at: ScorePosition | str = ScorePosition.LAST_VALID,
+) -> TokenFloat:
+    """``r[b, t] = s_b·[t == p_b] − β·kl[b, t]·m[b, t]``, ``[B, T]``.
+
+    Only the score slot may be non-zero outside the mask (``after_last_valid``/``last_position``).
+    """
+    m = check_mask("mask", mask)
+    B, _ = m.shape
+    scores = check_b("scores", scores, B, m.device)
+    check_nonneg("beta", beta)
+    pos = score_positions(m, score_at)
+    zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
+    if kl is None:
+        r = torch.zeros(m.shape, dtype=scores.dtype, device=m.device)
+    else:
+        kl = check_bt("kl", kl, m)
+        r = torch.where(m, -beta * kl, zero).to(scores.dtype)
+    onehot = torch.nn.functional.one_hot(pos, num_classes=m.shape[1]).to(torch.bool)
+    return r + torch.where(onehot, scores.unsqueeze(1), zero)
+
+
+def token_rewards_naive(
+    scores: SeqFloat,
+    kl: TokenFloat | None,
+    mask: ResponseMask,
+    beta: float,
+    *,
+    score_at: ScorePosition | str = ScorePosition.LAST_VALID,
+) -> TokenFloat:
+    """Naive twin of :func:`token_rewards`: build each row as ``[0, …, 0, s] − β·KL``."""
+    where = ScorePosition(score_at)
+    ms = pf.mask_rows(mask)
+    ss = pf.vec(scores)
+    ks = pf.rows(kl) if kl is not None else [[0.0] * len(row) for row in ms]
+    out = []
+    for s, krow, mrow in zip(ss, ks, ms, strict=True):
+        T = len(mrow)
+        last = max(t for t in range(T) if mrow[t])
+        if where == ScorePosition.LAST_VALID:
+            p = last
+        elif where == ScorePosition.AFTER_LAST_VALID:
+            p = last + 1 if last + 1 < T else last
+        else:
+            p = T - 1
+        row = []
+        for t in range(T):
+            value = -beta * krow[t] if mrow[t] else 0.0
+            if t == p:
+                value += s
+            row.append(value)
+        out.append(row)
+    return pf.tensor_like(out, scores)

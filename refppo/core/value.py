@@ -1,0 +1,137 @@
+"""The critic's loss, clipped around the rollout-time values.
+
+Symbols: ``V_t`` current critic output (differentiable), ``V^old_t`` the critic's output cached at
+rollout (there is no "old critic" network: these cached values are all PPO keeps), ``R_t`` returns
+(value targets, constants), ``ε_v`` the value clip range::
+
+    V^clip_t = V^old_t + clip(V_t − V^old_t, −ε_v, ε_v)
+    ℓ^v_t    = ½·max((V_t − R_t)², (V^clip_t − R_t)²)      (clipped)
+    ℓ^v_t    = ½·(V_t − R_t)²                               (unclipped)
+    vf_loss  = agg(ℓ^v)
+
+As verl ``core_algos.compute_value_loss``, OpenRLHF ``models/loss.py::ValueLoss``, TRL and
+DeepSpeed-Chat ``critic_loss_fn`` (all use the ½ and the max). ``vf_clipfrac`` =
+mean over valid tokens of ``[(V^clip−R)² > (V−R)²]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import LossAgg, ValueLoss, parse
+from refppo.core import _pyfloat as pf
+from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
+from refppo.errors import HyperparameterError
+from refppo.types import ResponseMask, Scalar, TokenFloat
+from refppo.validate import check_bt, check_mask, check_nonneg, check_same_dtype
+
+
+@dataclass(frozen=True)
+class ValueLossOutput:
+    """What :func:`value_loss` returns; ``per_token`` is 0 at padded positions."""
+
+    loss: Scalar
+    per_token: TokenFloat
+    clipfrac: Scalar
+
+
+def value_loss(
+    values: TokenFloat,
+    values_old: TokenFloat,
+    returns: TokenFloat,
+    mask: ResponseMask,
+    *,
+    clip: float | None = 0.2,
+    kind: ValueLoss | str = ValueLoss.CLIPPED,
+    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> ValueLossOutput:
+    """Clipped (or unclipped) value loss, aggregated by ``agg`` (module docstring)."""
+    k = parse(ValueLoss, kind, what="value_loss")
+    m = check_mask("mask", mask)
+    values = check_bt("values", values, m)
+    values_old = check_bt("values_old", values_old, m)
+    returns = check_bt("returns", returns, m)
+    check_same_dtype(values=values, values_old=values_old, returns=returns)
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    v_old = torch.where(m, values_old, zero).detach()
+    ret = torch.where(m, returns, zero).detach()
+    v = torch.where(m, values, zero)
+    err_unclipped = (v - ret) ** 2
+    if k is ValueLoss.CLIPPED:
+        if clip is None:
+            raise HyperparameterError("clip: a clipped value loss needs a clip range, got None")
+        eps_v = check_nonneg("clip", clip)
+        v_clipped = v_old + torch.clamp(v - v_old, -eps_v, eps_v)
+        err_clipped = (v_clipped - ret) ** 2
+        per_token = 0.5 * torch.maximum(err_unclipped, err_clipped)
+        with torch.no_grad():
+            clipfrac = ((err_clipped > err_unclipped) & m).sum().to(v.dtype) / m.sum().to(v.dtype)
+    else:
+        per_token = 0.5 * err_unclipped
+        clipfrac = torch.zeros((), dtype=v.dtype, device=v.device)
+    per_token = torch.where(m, per_token, zero)
+    loss = aggregate_loss(per_token, m, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
+    return ValueLossOutput(loss, per_token, clipfrac)
+
+
+@dataclass(frozen=True)
+class ValueLossNaive:
+    """What :func:`value_loss_naive` returns."""
+
+    loss: float
+    per_token: list[list[float]]
+    clipfrac: float
+
+
+def value_loss_naive(
+    values: Tensor,
+    values_old: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    kind: ValueLoss | str = ValueLoss.CLIPPED,
+    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> ValueLossNaive:
+    """Naive twin of :func:`value_loss`."""
+    clipped = ValueLoss(kind) == ValueLoss.CLIPPED
+    vs, vos, rs, ms = pf.rows(values), pf.rows(values_old), pf.rows(returns), pf.mask_rows(mask)
+    per_token = []
+    n_valid = n_clipped = 0
+    for b in range(len(ms)):
+        row = []
+        for t in range(len(ms[b])):
+            if not ms[b][t]:
+                row.append(0.0)
+                continue
+            n_valid += 1
+            v, v_old, ret = vs[b][t], vos[b][t], rs[b][t]
+            e1 = (v - ret) ** 2
+            if clipped:
+                assert clip is not None
+                v_c = v_old + min(max(v - v_old, -clip), clip)
+                e2 = (v_c - ret) ** 2
+                if e2 > e1:
+                    n_clipped += 1
+                row.append(0.5 * max(e1, e2))
+            else:
+                row.append(0.5 * e1)
+        per_token.append(row)
+    total = aggregate_loss_naive(
+        torch.tensor(per_token, dtype=torch.float64),
+        mask,
+        agg,
+        token_count=token_count,
+        seq_count=seq_count,
+        horizon=horizon,
+    ).item()
+    return ValueLossNaive(total, per_token, n_clipped / n_valid)

@@ -1,0 +1,27 @@
+"""Errors raised on bad input. Every message names the tensor, what was expected and what was given."""
+
+from __future__ import annotations
+
+
+class RefPPOError(ValueError):
+    """Base class of every input error refppo raises on purpose."""
+
+
+class ShapeError(RefPPOError):
+    """A tensor has the wrong number of dimensions or the wrong size along one."""
+
+
+class DtypeError(RefPPOError):
+    """A tensor has a dtype the step cannot use (e.g. integer log-probs)."""
+
+
+class MaskError(RefPPOError):
+    """A response mask holds values other than 0/1, or a row has no valid token."""
+
+
+class ConventionError(RefPPOError):
+    """An unknown convention name; the message lists the valid ones."""
+
+
+class HyperparameterError(RefPPOError):
+    """A hyperparameter is outside its valid range (e.g. gamma > 1, a negative clip range)."""

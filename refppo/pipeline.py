@@ -1,0 +1,348 @@
+"""One PPO step in pipeline order, from cached rollout tensors to the losses — ONE path.
+
+The trainer (:mod:`refppo.trainer`), the oracle (``tools/diff_against.py``) and the golden
+trajectories all call these two functions, so what the oracle checks is what the trainer runs.
+
+Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
+
+    1. kl            = token_kl(old_logprobs, ref_logprobs)            (KL placed in the reward)
+    2. token_rewards = [0, …, 0, score] − β·kl                        (score at ``score_at``)
+    3. advantages, returns = GAE(token_rewards, old_values)            (returns from raw advantages)
+    4. advantages    = whiten(advantages)                              (``whiten_advantages``)
+    --- per PPO epoch / minibatch, with the current policy and critic ---
+    5. ratio         = exp(logprobs − old_logprobs)
+    6. pg_loss, pg_clipfrac, approx_kl = clipped surrogate
+    7. vf_loss, vf_clipfrac = value loss around old_values
+    8. entropy_loss, kl_loss (KL in the loss, on the current log-probs)
+    9. loss          = pg_loss + vf_coef·vf_loss − ent_coef·entropy_loss + kl_coef·kl_loss
+
+Masks: ``mask`` marks response tokens. With ``score_at=after_last_valid`` (TRL, DeepSpeed-Chat)
+the score sits one slot after the last valid token; that slot then joins the *value* mask used by
+GAE and the value loss (TRL ``padding_mask_p1``), while the policy loss keeps ``mask``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import (
+    KLEstimator,
+    KLPlacement,
+    LossAgg,
+    ScorePosition,
+    ValueLoss,
+    Variance,
+    Whitening,
+    parse,
+)
+from refppo.core.gae import gae
+from refppo.core.kl import token_kl
+from refppo.core.masked import masked_whiten
+from refppo.core.objective import entropy_bonus, kl_loss, total_loss
+from refppo.core.policy import clipped_policy_loss
+from refppo.core.rewards import score_positions, token_rewards
+from refppo.core.value import value_loss
+from refppo.errors import ConventionError, HyperparameterError
+from refppo.validate import check_mask, check_nonneg, check_unit_interval
+
+_ENUM_FIELDS: dict[str, type[Any]] = {
+    "kl_estimator": KLEstimator,
+    "kl_in": KLPlacement,
+    "score_at": ScorePosition,
+    "whiten_advantages": Whitening,
+    "whiten_variance": Variance,
+    "loss_agg": LossAgg,
+    "value_loss": ValueLoss,
+}
+
+
+@dataclass(frozen=True)
+class Convention:
+    """Every convention on which PPO trainers differ. Defaults are refppo's own choices."""
+
+    kl_estimator: KLEstimator = KLEstimator.K1
+    """Per-token KL estimator (in the reward, or in the loss)."""
+    kl_in: KLPlacement = KLPlacement.REWARD
+    """KL in the reward (old vs ref) or as a loss term (current vs ref)."""
+    score_at: ScorePosition = ScorePosition.LAST_VALID
+    """Which position receives the reward-model score."""
+    whiten_advantages: Whitening = Whitening.MASKED
+    """Advantage whitening after GAE (returns always use the raw advantages)."""
+    whiten_variance: Variance = Variance.UNBIASED
+    """Variance used by the whitening."""
+    loss_agg: LossAgg = LossAgg.TOKEN_MEAN
+    """Aggregation of the per-token policy, value, entropy and KL losses."""
+    value_loss: ValueLoss = ValueLoss.CLIPPED
+    """Clipped or unclipped value loss."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 for negative advantages, or None (off)."""
+    log_ratio_clamp: float | None = None
+    """Clamp of ``logprobs − old_logprobs`` before exp in the ratio (verl, OpenRLHF: 20)."""
+    kl_log_ratio_clamp: tuple[float | None, float | None] | None = None
+    """Clamp ``(lo, hi)`` of ``log π − log π_ref`` before the KL estimator."""
+    kl_value_clamp: float | None = None
+    """Symmetric clamp of the KL estimate (OpenRLHF: 10; verl k3: 10)."""
+
+    def __post_init__(self) -> None:
+        for name, cls in _ENUM_FIELDS.items():
+            object.__setattr__(self, name, parse(cls, getattr(self, name), what=name))
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict (enum values as their names)."""
+        out = asdict(self)
+        for name in _ENUM_FIELDS:
+            out[name] = getattr(self, name).value
+        if self.kl_log_ratio_clamp is not None:
+            out["kl_log_ratio_clamp"] = list(self.kl_log_ratio_clamp)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Convention:
+        """Build from convention keys; an unknown key raises a ConventionError listing the valid ones."""
+        return cls().with_updates(data)
+
+    def with_updates(self, data: dict[str, Any]) -> Convention:
+        """A copy with some fields replaced (values may be strings, as typed on a command line)."""
+        valid = {f.name for f in fields(self)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise ConventionError(f"unknown convention keys {unknown}; valid keys are {sorted(valid)}")
+        clean = dict(data)
+        if "kl_log_ratio_clamp" in clean and clean["kl_log_ratio_clamp"] is not None:
+            lo, hi = clean["kl_log_ratio_clamp"]
+            clean["kl_log_ratio_clamp"] = (lo, hi)
+        return replace(self, **clean)
+
+
+@dataclass(frozen=True)
+class Hyperparams:
+    """Numeric PPO hyperparameters (paper symbols; the peers' names in comments)."""
+
+    gamma: float = 1.0
+    """Discount γ."""
+    lam: float = 0.95
+    """GAE λ (``lam``, ``lambd``)."""
+    kl_coef: float = 0.05
+    """β, the KL coefficient (``kl_coef``, ``init_kl_coef``, ``kl_ctl``)."""
+    cliprange: float = 0.2
+    """ε, the policy clip range (``clip_ratio``, ``eps_clip``)."""
+    cliprange_high: float | None = None
+    """ε_high when asymmetric (``clip_ratio_high``); None = ``cliprange``."""
+    cliprange_value: float = 0.2
+    """ε_v, the value clip range (``value_clip``)."""
+    vf_coef: float = 0.1
+    """c1, the value-loss coefficient."""
+    ent_coef: float = 0.0
+    """c2, the entropy-bonus coefficient (``entropy_coeff``)."""
+    whiten_eps: float = 1e-8
+    """ε added to the variance when whitening."""
+    horizon: float | None = None
+    """Constant H of ``seq-mean-token-sum-norm`` (None: the padded length T)."""
+
+    def __post_init__(self) -> None:
+        check_unit_interval("gamma", self.gamma)
+        check_unit_interval("lam", self.lam)
+        for name in ("kl_coef", "cliprange", "cliprange_value", "vf_coef", "ent_coef", "whiten_eps"):
+            check_nonneg(name, getattr(self, name))
+        if self.cliprange_high is not None:
+            check_nonneg("cliprange_high", self.cliprange_high)
+
+
+def value_mask(mask: Tensor, score_at: ScorePosition) -> Tensor:
+    """The mask used by GAE and the value loss: ``mask`` plus the score slot when it is outside it.
+
+    ``after_last_valid`` adds position ``L`` (TRL ``padding_mask_p1``); ``last_position`` adds ``T−1``.
+    """
+    m = check_mask("response_mask", mask)
+    pos = score_positions(m, score_at)
+    slot = torch.nn.functional.one_hot(pos, num_classes=m.shape[1]).to(torch.bool)
+    return m | slot
+
+
+@dataclass(frozen=True)
+class RolloutQuantities:
+    """Steps 1–4: computed once per rollout from cached tensors. All ``[B, T]``."""
+
+    kl: Tensor
+    """Per-token KL (old vs ref) — the one that enters the reward (zeros if KL is in the loss)."""
+    token_rewards: Tensor
+    advantages_raw: Tensor
+    """GAE advantages before whitening."""
+    advantages: Tensor
+    """As fed to the policy loss (after whitening)."""
+    returns: Tensor
+    """``advantages_raw + old_values``: the value targets."""
+    value_mask: Tensor
+    """Mask of GAE and the value loss (see :func:`value_mask`)."""
+
+
+def rollout_quantities(
+    *,
+    scores: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor,
+    old_values: Tensor,
+    mask: Tensor,
+    hp: Hyperparams,
+    conv: Convention,
+) -> RolloutQuantities:
+    """Steps 1–4 of the module docstring."""
+    m = check_mask("response_mask", mask)
+    kl = token_kl(
+        old_logprobs,
+        ref_logprobs,
+        m,
+        conv.kl_estimator,
+        log_ratio_clamp=conv.kl_log_ratio_clamp,
+        value_clamp=conv.kl_value_clamp,
+    )
+    beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
+    rewards = token_rewards(scores, kl if beta > 0 else None, m, beta, score_at=conv.score_at)
+    vmask = value_mask(m, conv.score_at)
+    adv_raw, returns = gae(rewards, old_values, vmask, gamma=hp.gamma, lam=hp.lam)
+    if conv.whiten_advantages is Whitening.NONE:
+        adv = torch.where(m, adv_raw, torch.zeros((), dtype=adv_raw.dtype, device=adv_raw.device))
+    else:
+        adv = masked_whiten(
+            adv_raw,
+            m,
+            shift_mean=conv.whiten_advantages is Whitening.MASKED,
+            unbiased=conv.whiten_variance is Variance.UNBIASED,
+            eps=hp.whiten_eps,
+        )
+    if conv.kl_in is KLPlacement.LOSS:
+        kl = torch.zeros_like(kl)
+    return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
+
+
+@dataclass(frozen=True)
+class UpdateQuantities:
+    """Steps 5–9 for one (mini/micro-)batch. Losses are 0-dim and differentiable."""
+
+    loss: Tensor
+    pg_loss: Tensor
+    vf_loss: Tensor
+    entropy_loss: Tensor
+    kl_loss: Tensor
+    ratio: Tensor
+    pg_clipfrac: Tensor
+    pg_clipfrac_lower: Tensor
+    approx_kl: Tensor
+    vf_clipfrac: Tensor
+
+    def stats(self) -> dict[str, float]:
+        """The scalars as Python floats (detached) for logging."""
+        names = ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss", "pg_clipfrac", "pg_clipfrac_lower")
+        names = (*names, "approx_kl", "vf_clipfrac")
+        return {n: float(getattr(self, n).detach()) for n in names}
+
+
+@dataclass(frozen=True)
+class Normalisers:
+    """Global normalisers when one optimizer step is split into micro-batches or ranks.
+
+    ``token_count``/``seq_count`` are the valid-token and sequence counts of the WHOLE step
+    (policy mask), ``value_token_count`` the valid-token count of the value mask. None: local.
+    """
+
+    token_count: float | None = None
+    seq_count: float | None = None
+    value_token_count: float | None = None
+
+
+def update_quantities(
+    *,
+    logprobs: Tensor,
+    values: Tensor,
+    old_logprobs: Tensor,
+    old_values: Tensor,
+    advantages: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    value_mask_: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    hp: Hyperparams,
+    conv: Convention,
+    norm: Normalisers | None = None,
+) -> UpdateQuantities:
+    """Steps 5–9 of the module docstring."""
+    m = check_mask("response_mask", mask)
+    vm = m if value_mask_ is None else check_mask("value_mask", value_mask_)
+    nm = norm or Normalisers()
+    pol_norm: dict[str, float] = {}
+    if nm.token_count is not None:
+        pol_norm["token_count"] = nm.token_count
+    if nm.seq_count is not None:
+        pol_norm["seq_count"] = nm.seq_count
+    if hp.horizon is not None:
+        pol_norm["horizon"] = hp.horizon
+    val_norm = dict(pol_norm)
+    if nm.value_token_count is not None:
+        val_norm["token_count"] = nm.value_token_count
+    pg = clipped_policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        m,
+        clip_low=hp.cliprange,
+        clip_high=hp.cliprange_high,
+        dual_clip=conv.dual_clip,
+        agg=conv.loss_agg,
+        log_ratio_clamp=conv.log_ratio_clamp,
+        **pol_norm,
+    )
+    vf = value_loss(
+        values,
+        old_values,
+        returns,
+        vm,
+        clip=hp.cliprange_value,
+        kind=conv.value_loss,
+        agg=conv.loss_agg,
+        **val_norm,
+    )
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    ent = entropy_bonus(entropy, m, conv.loss_agg, **pol_norm) if entropy is not None else zero
+    if conv.kl_in is KLPlacement.LOSS:
+        if ref_logprobs is None:
+            raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
+        kll = kl_loss(
+            logprobs,
+            ref_logprobs,
+            m,
+            conv.kl_estimator,
+            conv.loss_agg,
+            log_ratio_clamp=conv.kl_log_ratio_clamp,
+            value_clamp=conv.kl_value_clamp,
+            **pol_norm,
+        )
+    else:
+        kll = zero
+    loss = total_loss(
+        pg.loss,
+        vf.loss,
+        ent,
+        kll,
+        vf_coef=hp.vf_coef,
+        ent_coef=hp.ent_coef,
+        kl_coef=hp.kl_coef if conv.kl_in is KLPlacement.LOSS else 0.0,
+    )
+    return UpdateQuantities(
+        loss=loss,
+        pg_loss=pg.loss,
+        vf_loss=vf.loss,
+        entropy_loss=ent,
+        kl_loss=kll,
+        ratio=pg.ratio,
+        pg_clipfrac=pg.clipfrac,
+        pg_clipfrac_lower=pg.clipfrac_lower,
+        approx_kl=pg.approx_kl,
+        vf_clipfrac=vf.clipfrac,
+    )
