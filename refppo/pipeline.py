@@ -238,8 +238,8 @@ class UpdateQuantities:
 
     def stats(self) -> dict[str, float]:
         """The scalars as Python floats (detached) for logging."""
-        names = ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss", "pg_clipfrac", "pg_clipfrac_lower")
-        names = (*names, "approx_kl", "vf_clipfrac")
+        names: tuple[str, ...] = ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss", "pg_clipfrac")
+        names = (*names, "pg_clipfrac_lower", "approx_kl", "vf_clipfrac")
         return {n: float(getattr(self, n).detach()) for n in names}
 
 
