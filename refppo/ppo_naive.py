@@ -1,0 +1,332 @@
+"""Naive twin of :mod:`refppo.ppo` and :mod:`refppo.rollout`'s scoring: step by step, no caching tricks.
+
+- every model read-out is per sequence, per token, per prefix (:mod:`refppo.models_naive`);
+- π_old is a REAL snapshot network (a deep copy of the actor taken before the update) whose
+  log-probs are recomputed at every minibatch instead of being cached;
+- rollout quantities come from the naive twins of the core (``refppo.core.*_naive``);
+- the PPO loss is built token by token from 0-dim tensors with Python loops and aggregated by
+  explicit per-mode sums (no micro-batching, no normalisers: the whole minibatch at once).
+
+Supported subset (what the goldens exercise): ``dual_clip``, ``log_ratio_clamp`` and the KL
+clamps must be None, ``dropout_in_update`` False and no PPO-ptx; anything else raises.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from refppo.conventions import (
+    KLEstimator,
+    KLPlacement,
+    LossAgg,
+    ScorePosition,
+    ValueLoss,
+    Variance,
+    Whitening,
+)
+from refppo.core.gae import gae_naive
+from refppo.core.kl import token_kl_naive
+from refppo.core.masked import masked_whiten_naive
+from refppo.core.rewards import token_rewards_naive
+from refppo.errors import ConventionError
+from refppo.models import Reward, RewardModel, SequenceBatch, eval_mode, make_reference
+from refppo.models_naive import (
+    prefix_logits,
+    prefix_value,
+    response_logprobs_naive,
+    response_values_naive,
+    reward_scores_naive,
+)
+from refppo.pipeline import Convention, Hyperparams, RolloutQuantities
+from refppo.ppo import PPOUpdateConfig
+from refppo.rollout import ScoredRollout
+
+
+def score_rollout_naive(
+    actor: nn.Module,
+    reference: nn.Module,
+    critic: nn.Module,
+    reward: Reward,
+    batch: SequenceBatch,
+    *,
+    temperature: float = 1.0,
+    eos_token_id: int,
+    missing_eos_penalty: float | None = None,
+) -> ScoredRollout:
+    """Naive twin of :func:`refppo.rollout.score_rollout` (per-prefix forwards, Python loops)."""
+    with torch.no_grad(), eval_mode(actor, reference, critic):
+        old, ent = response_logprobs_naive(actor, batch, temperature)
+        ref, _ = response_logprobs_naive(reference, batch, temperature)
+        values = response_values_naive(critic, batch)
+        if isinstance(reward, RewardModel):
+            with eval_mode(reward):
+                raw = reward_scores_naive(reward, batch)
+        else:
+            raw = torch.tensor([float(reward(*batch.unpadded(b))) for b in range(batch.batch_size)])
+    eos_list = [eos_token_id in batch.unpadded(b)[1] for b in range(batch.batch_size)]
+    scores = [
+        float(raw[b]) - (missing_eos_penalty if (missing_eos_penalty is not None and not e) else 0.0)
+        for b, e in enumerate(eos_list)
+    ]
+    return ScoredRollout(
+        batch,
+        old,
+        ref,
+        values,
+        ent,
+        raw.to(torch.float32),
+        torch.tensor(scores, dtype=torch.float32),
+        torch.tensor(eos_list, dtype=torch.bool),
+        temperature,
+    )
+
+
+def value_mask_naive(mask: Tensor, score_at: ScorePosition) -> Tensor:
+    """Naive twin of :func:`refppo.pipeline.value_mask`: the mask plus the score slot, row by row."""
+    rows = (mask != 0).tolist()
+    out = []
+    for row in rows:
+        T = len(row)
+        L = sum(1 for ok in row if ok)
+        if score_at is ScorePosition.LAST_VALID:
+            slot = L - 1
+        elif score_at is ScorePosition.AFTER_LAST_VALID:
+            slot = min(L, T - 1)
+        else:
+            slot = T - 1
+        out.append([ok or t == slot for t, ok in enumerate(row)])
+    return torch.tensor(out, dtype=torch.bool)
+
+
+def rollout_quantities_naive(
+    *,
+    scores: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor,
+    old_values: Tensor,
+    mask: Tensor,
+    hp: Hyperparams,
+    conv: Convention,
+) -> RolloutQuantities:
+    """Naive twin of :func:`refppo.pipeline.rollout_quantities` from the ``*_naive`` core twins."""
+    kl = token_kl_naive(
+        old_logprobs,
+        ref_logprobs,
+        mask,
+        conv.kl_estimator,
+        log_ratio_clamp=conv.kl_log_ratio_clamp,
+        value_clamp=conv.kl_value_clamp,
+    )
+    beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
+    rewards = token_rewards_naive(scores, kl if beta > 0 else None, mask, beta, score_at=conv.score_at)
+    vmask = value_mask_naive(mask, conv.score_at)
+    adv_raw, returns = gae_naive(rewards, old_values, vmask, gamma=hp.gamma, lam=hp.lam)
+    if conv.whiten_advantages is Whitening.NONE:
+        adv = adv_raw * mask.to(adv_raw.dtype)
+    else:
+        adv = masked_whiten_naive(
+            adv_raw,
+            mask,
+            shift_mean=conv.whiten_advantages is Whitening.MASKED,
+            unbiased=conv.whiten_variance is Variance.UNBIASED,
+            eps=hp.whiten_eps,
+        )
+    if conv.kl_in is KLPlacement.LOSS:
+        kl = torch.zeros_like(kl)
+    return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
+
+
+@dataclass(frozen=True)
+class NaiveStep:
+    """One minibatch step of the naive update."""
+
+    epoch: int
+    index: int
+    rows: list[int]
+    snapshot_logprobs: Tensor
+    """``[b, T]`` π_old log-probs recomputed from the snapshot network at this step."""
+    stats: dict[str, float]
+
+
+def _aggregate(per_seq: list[list[Tensor]], agg: LossAgg, horizon: float, n_seq: int) -> tuple[Tensor, int]:
+    """Aggregate per-sequence lists of 0-dim losses (one entry per valid token) by ``agg``."""
+    total = torch.zeros(())
+    n_tok = sum(len(s) for s in per_seq)
+    if agg is LossAgg.SEQ_MEAN_TOKEN_MEAN:
+        for s in per_seq:
+            seq_sum = torch.zeros(())
+            for x in s:
+                seq_sum = seq_sum + x
+            total = total + seq_sum / len(s)
+        return total / n_seq, n_tok
+    for s in per_seq:
+        for x in s:
+            total = total + x
+    if agg is LossAgg.TOKEN_MEAN:
+        return total / n_tok, n_tok
+    if agg is LossAgg.SEQ_MEAN_TOKEN_SUM:
+        return total / n_seq, n_tok
+    return total / horizon, n_tok
+
+
+def _kl_scalar(d: Tensor, est: KLEstimator) -> Tensor:
+    if est is KLEstimator.K1:
+        return d
+    if est is KLEstimator.K2:
+        return 0.5 * d * d
+    if est is KLEstimator.K3:
+        return torch.exp(-d) - 1.0 + d
+    return d.abs()
+
+
+def ppo_update_naive(
+    actor: nn.Module,
+    critic: nn.Module,
+    actor_optimizer: torch.optim.Optimizer,
+    critic_optimizer: torch.optim.Optimizer | None,
+    scored: ScoredRollout,
+    quantities: RolloutQuantities,
+    *,
+    hp: Hyperparams,
+    conv: Convention,
+    cfg: PPOUpdateConfig,
+    perms: list[Tensor],
+) -> list[NaiveStep]:
+    """Naive twin of :func:`refppo.ppo.ppo_update` with the row permutation of each epoch given.
+
+    A deep-copied snapshot of the actor is taken first and is the ONLY source of π_old.
+    """
+    if conv.dual_clip is not None or conv.log_ratio_clamp is not None:
+        raise ConventionError("ppo_update_naive: dual_clip and log_ratio_clamp are not supported")
+    if conv.kl_log_ratio_clamp is not None or conv.kl_value_clamp is not None:
+        raise ConventionError("ppo_update_naive: KL clamps are not supported")
+    if cfg.dropout_in_update:
+        raise ConventionError("ppo_update_naive: dropout_in_update is not supported")
+    if len(perms) != cfg.ppo_epochs:
+        raise ValueError(f"perms: expected {cfg.ppo_epochs} permutations, got {len(perms)}")
+    snapshot = make_reference(actor)
+    batch = scored.batch
+    device = batch.prompt_ids.device
+    tau = scored.temperature
+    mb_size = batch.batch_size // cfg.num_minibatches
+    eps_lo = hp.cliprange
+    eps_hi = hp.cliprange_high if hp.cliprange_high is not None else hp.cliprange
+    horizon = hp.horizon if hp.horizon is not None else float(batch.response_width)
+    adv = quantities.advantages.tolist()
+    ret = quantities.returns.tolist()
+    vold = scored.old_values.tolist()
+    vmask = quantities.value_mask.tolist()
+    optimizers = [actor_optimizer] + ([critic_optimizer] if critic_optimizer is not None else [])
+    steps: list[NaiveStep] = []
+    with eval_mode(actor, critic):
+        for epoch, perm in enumerate(perms):
+            for mb in range(cfg.num_minibatches):
+                rows = [int(r) for r in perm[mb * mb_size : (mb + 1) * mb_size]]
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                pol: list[list[Tensor]] = []
+                ents: list[list[Tensor]] = []
+                kls: list[list[Tensor]] = []
+                vals: list[list[Tensor]] = []
+                snap = torch.zeros(len(rows), batch.response_width)
+                n_clip = n_vclip = 0
+                kl_sum = 0.0
+                for i, b in enumerate(rows):
+                    x, y = batch.unpadded(b)
+                    prow: list[Tensor] = []
+                    erow: list[Tensor] = []
+                    krow: list[Tensor] = []
+                    for t in range(len(y)):
+                        z = prefix_logits(actor, x + y[:t], device) / tau
+                        logz = torch.log_softmax(z, dim=-1)
+                        lp = logz[y[t]]
+                        with torch.no_grad():
+                            old = float(
+                                torch.log_softmax(prefix_logits(snapshot, x + y[:t], device) / tau, -1)[y[t]]
+                            )
+                        snap[i, t] = old
+                        ratio = torch.exp(lp - old)
+                        a = adv[b][t]
+                        l1 = -a * ratio
+                        l2 = -a * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
+                        if float(l2.detach()) > float(l1.detach()):
+                            n_clip += 1
+                        kl_sum += old - float(lp.detach())
+                        prow.append(torch.maximum(l1, l2))
+                        erow.append(-(torch.exp(logz) * logz).sum())
+                        if conv.kl_in is KLPlacement.LOSS:
+                            krow.append(_kl_scalar(lp - float(scored.ref_logprobs[b, t]), conv.kl_estimator))
+                    vrow: list[Tensor] = []
+                    for t in range(batch.response_width):
+                        if not vmask[b][t]:
+                            continue
+                        v = prefix_value(critic, x + y[:t], device)
+                        r = ret[b][t]
+                        unclipped = (v - r) ** 2
+                        if conv.value_loss is ValueLoss.CLIPPED:
+                            vc = vold[b][t] + torch.clamp(
+                                v - vold[b][t], -hp.cliprange_value, hp.cliprange_value
+                            )
+                            clipped = (vc - r) ** 2
+                            if float(clipped.detach()) > float(unclipped.detach()):
+                                n_vclip += 1
+                            vrow.append(0.5 * torch.maximum(unclipped, clipped))
+                        else:
+                            vrow.append(0.5 * unclipped)
+                    pol.append(prow)
+                    ents.append(erow)
+                    kls.append(krow)
+                    vals.append(vrow)
+                pg_loss, n_tok = _aggregate(pol, conv.loss_agg, horizon, len(rows))
+                vf_loss, n_vtok = _aggregate(vals, conv.loss_agg, horizon, len(rows))
+                ent_loss, _ = _aggregate(ents, conv.loss_agg, horizon, len(rows))
+                loss = pg_loss + hp.vf_coef * vf_loss - hp.ent_coef * ent_loss
+                kl_loss = torch.zeros(())
+                if conv.kl_in is KLPlacement.LOSS:
+                    kl_loss, _ = _aggregate(kls, conv.loss_agg, horizon, len(rows))
+                    loss = loss + hp.kl_coef * kl_loss
+                torch.autograd.backward(loss)
+                gn_a = _clip(actor, cfg.max_grad_norm)
+                gn_c = _clip(critic, cfg.max_grad_norm)
+                for opt in optimizers:
+                    opt.step()
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                stats = {
+                    "loss": float(loss.detach()),
+                    "pg_loss": float(pg_loss.detach()),
+                    "vf_loss": float(vf_loss.detach()),
+                    "entropy": float(ent_loss.detach()),
+                    "kl_loss": float(kl_loss.detach()),
+                    "pg_clipfrac": n_clip / n_tok,
+                    "approx_kl": kl_sum / n_tok,
+                    "vf_clipfrac": n_vclip / n_vtok,
+                    "actor_grad_norm": gn_a,
+                    "critic_grad_norm": gn_c,
+                }
+                steps.append(NaiveStep(epoch, mb, rows, snap, stats))
+    return steps
+
+
+def _clip(model: nn.Module, max_norm: float | None) -> float:
+    """Global grad norm of ``model`` (before clipping), clipped in place to ``max_norm``."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+    if max_norm is not None and total > max_norm:
+        scale = max_norm / (total + 1e-6)
+        for g in grads:
+            g.mul_(scale)
+    return total
+
+
+__all__ = [
+    "NaiveStep",
+    "ppo_update_naive",
+    "rollout_quantities_naive",
+    "score_rollout_naive",
+    "value_mask_naive",
+]

@@ -1,0 +1,105 @@
+"""Golden PPO trajectories (spec/golden/ppo_*.{json,safetensors}, written by tools/make_golden.py).
+
+- replay on CPU: same seed → same trajectory (tolerances ``refppo.golden.CPU_REPLAY``);
+- the naive step-by-step path (per-prefix read-outs, a real π_old snapshot network, the core's
+  naive twins) reproduces it from the golden tokens (``refppo.golden.NAIVE``);
+- sensitivity: the check fails when ε, γ, λ, β or the aggregation mode is changed;
+- CUDA replay (``gpu`` marker; ``refppo.golden.CUDA_REPLAY``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from refppo import golden
+
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "spec" / "golden"
+NAMES = sorted(golden.CASES)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _deterministic() -> Iterator[None]:
+    """As tools/make_golden.py: one thread (also ~30x faster for these tiny models here)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _load(name: str) -> tuple[golden.Trajectory, dict[str, Any]]:
+    return golden.load(GOLDEN_DIR, name)
+
+
+def test_golden_files_schema_and_size() -> None:
+    total = 0
+    for name in NAMES:
+        jpath, tpath = golden.paths(GOLDEN_DIR, name)
+        total += os.path.getsize(jpath) + os.path.getsize(tpath)
+        traj, doc = _load(name)
+        assert doc["schema_version"] == golden.SCHEMA_VERSION
+        case = golden.CASES[name]
+        assert doc["case"] == case.to_dict(), "the golden was generated from another configuration"
+        assert len(doc["iterations"]) == case.iterations == 3
+        for it in range(case.iterations):
+            for f in (*golden.TENSOR_FIELDS, "perm"):
+                assert f"it{it}.{f}" in traj.tensors
+            assert set(doc["iterations"][it]["checksums"]) == set(doc["init_checksums"])
+        # the trajectory exercises what the sensitivity test relies on
+        lengths = torch.cat([traj.tensors[f"it{i}.response_mask"].sum(1) for i in range(3)])
+        assert int(lengths.min()) < int(lengths.max()), "need ragged responses (aggregation modes differ)"
+        assert max(it["metrics"]["pg_clipfrac"] for it in doc["iterations"]) > 0, "need clipping (ε matters)"
+        assert max(it["metrics"]["kl"] for it in doc["iterations"]) > 0, "need a non-zero KL (β matters)"
+    assert total < 2 * 1024 * 1024
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_replay_cpu(name: str) -> None:
+    ref, _ = _load(name)
+    got = golden.run(golden.CASES[name])
+    dev = golden.max_deviations(ref, got)
+    print(f"{name}: CPU replay max deviations {max(dev.values()):.3g}")
+    assert golden.compare(ref, got, golden.CPU_REPLAY) == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_naive_path_reproduces(name: str) -> None:
+    ref, _ = _load(name)
+    got = golden.run(golden.CASES[name], naive_from=ref)
+    dev = golden.max_deviations(ref, got)
+    print(f"{name}: naive path max deviations {dev}")
+    assert golden.compare(ref, got, golden.NAIVE) == []
+
+
+SENSITIVITY = {
+    "cliprange": {"cliprange": 0.1},
+    "gamma": {"gamma": 0.9},
+    "lam": {"lam": 0.8},
+    "kl_coef": {"kl_coef": 0.2},
+    "loss_agg": {"loss_agg": "seq-mean-token-mean"},
+}
+
+
+@pytest.mark.parametrize("change", sorted(SENSITIVITY))
+def test_golden_check_fails_when_a_hyperparameter_changes(change: str) -> None:
+    ref, _ = _load("gpt2")
+    case = golden.variant(golden.CASES["gpt2"], **SENSITIVITY[change])
+    got = golden.run(case)
+    bad = golden.compare(ref, got, golden.CPU_REPLAY)
+    # it must fail on a computed quantity, not only on re-sampled tokens
+    assert any("response_ids" not in line and "response_mask" not in line for line in bad), bad[:5]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_replay_cuda(name: str) -> None:
+    ref, _ = _load(name)
+    got = golden.run(golden.CASES[name], device="cuda")
+    dev = golden.max_deviations(ref, got)
+    print(f"{name}: CUDA replay max deviations {dev}")
+    assert golden.compare(ref, got, golden.CUDA_REPLAY) == []
