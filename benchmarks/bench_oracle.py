@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Wall-clock of ``tools/diff_against.py`` on a B=256, T=2048 dump (run by hand; not a test).
+
+Targets (issue #5): without ``--detect`` at most 1.5x ``python -c "import torch, safetensors"``;
+with ``--detect`` under 30 s. Prints the median of ``--repeat`` runs of each command.
+
+    .venv/bin/python benchmarks/bench_oracle.py [--B 256] [--T 2048] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from refppo.dump import write_dump  # noqa: E402
+from refppo.oracle.presets import resolve_preset  # noqa: E402
+from refppo.oracle.recompute import reference_outputs  # noqa: E402
+from refppo.oracle.settings import build_setup, parse_value  # noqa: E402
+
+HP = {"gamma": 1.0, "lam": 0.95, "kl_coef": 0.05, "cliprange": 0.2, "cliprange_value": 0.2, "vf_coef": 0.1}
+
+
+def make_dump(path: Path, B: int, T: int, preset: str, keep_intermediates: bool = True) -> None:
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
+    mask = torch.arange(T).expand(B, T) < lengths.unsqueeze(1)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    inputs = {
+        "response_mask": mask.to(torch.uint8),
+        "old_logprobs": old,
+        "ref_logprobs": old + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64),
+        "logprobs": old + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64),
+        "old_values": torch.randn(B, T, generator=g, dtype=torch.float64),
+        "values": torch.randn(B, T, generator=g, dtype=torch.float64),
+        "scores": torch.randn(B, generator=g, dtype=torch.float64),
+    }
+    # a float32 trainer: its inputs are float32 numbers; the reference is computed from those
+    inputs = {
+        k: (v.to(torch.float32).to(torch.float64) if v.is_floating_point() else v) for k, v in inputs.items()
+    }
+    pc, ph = resolve_preset(preset)
+    setup = build_setup(
+        preset_conv=pc, preset_hp=ph, sidecar={k: parse_value(k, v) for k, v in HP.items()}, overrides={}
+    )
+    outs = reference_outputs(inputs, setup, dtype=torch.float32)
+    if not keep_intermediates:
+        outs = {k: v for k, v in outs.items() if k not in ("kl", "token_rewards", "advantages", "returns")}
+    tensors = {k: (v.to(torch.float32) if v.is_floating_point() else v) for k, v in inputs.items()}
+    write_dump(path, {**tensors, **outs}, hparams=HP)
+
+
+def timed(cmd: list[str], repeat: int) -> tuple[float, int]:
+    times, rc = [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        times.append(time.perf_counter() - t0)
+        rc = p.returncode
+    return statistics.median(times), rc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--B", type=int, default=256)
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--preset", default="trl")
+    a = ap.parse_args()
+    py = sys.executable
+    tool = str(REPO / "tools" / "diff_against.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        full = Path(tmp) / "full.safetensors"
+        losses = Path(tmp) / "losses_only.safetensors"
+        make_dump(full, a.B, a.T, a.preset)
+        make_dump(losses, a.B, a.T, a.preset, keep_intermediates=False)
+        rows = [
+            ("import torch, safetensors (baseline)", [py, "-c", "import torch, safetensors"]),
+            (f"diff --preset {a.preset} (match)", [py, tool, str(full), "--preset", a.preset]),
+            ("diff --preset verl (mismatch + explain)", [py, tool, str(full), "--preset", "verl"]),
+            (f"diff --preset {a.preset} --detect", [py, tool, str(full), "--preset", a.preset, "--detect"]),
+            ("diff --detect, losses-only dump", [py, tool, str(losses), "--detect"]),
+        ]
+        base = None
+        print(f"B={a.B} T={a.T} float32, median of {a.repeat} runs")
+        for label, cmd in rows:
+            t, rc = timed(cmd, a.repeat if "detect" not in label else 1)
+            base = t if base is None else base
+            print(f"{label:<44} {t:7.2f} s  ({t / base:4.2f}x baseline)  exit {rc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""Per-quantity comparison and the shape of a difference (positions, factor, sign, offset).
+
+A ``[B, T]`` quantity is compared on its compare mask only (valid tokens; for ``token_rewards`` and
+``returns`` also the score slot). A difference confined to the other positions — padding — is a
+note, never a failure. The error measures are
+
+- ``max_abs_err`` = ``max |dump − ref|`` over the compared positions;
+- ``max_rel_err`` = ``max_abs_err / max |ref|`` (relative to the quantity's scale, so values that
+  cancel to ~0, like whitened advantages, do not blow it up);
+- ``tol`` = ``atol + rtol·max |ref|`` with ``(rtol, atol)`` chosen by the dump's dtype
+  (:data:`refppo.oracle.load.TOLERANCES`); ``ok`` = ``max_abs_err <= tol``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from refppo.oracle.load import Tolerance
+
+_TINY = 1e-300
+
+
+@dataclass(frozen=True)
+class QuantityResult:
+    """The comparison of one quantity (the report's ``quantities[name]``)."""
+
+    name: str
+    max_abs_err: float
+    max_rel_err: float
+    tol: float
+    ok: bool
+    padding_diff: int = 0
+    """Padded positions where the dump differs from the reference (not compared)."""
+
+    def as_json(self) -> dict[str, float | bool]:
+        return {
+            "max_abs_err": _finite_or_inf(self.max_abs_err),
+            "max_rel_err": _finite_or_inf(self.max_rel_err),
+            "tol": self.tol,
+            "ok": self.ok,
+        }
+
+
+def _finite_or_inf(x: float) -> float:
+    return x if not math.isnan(x) else math.inf
+
+
+def compare(
+    name: str,
+    dump: Tensor,
+    ref: Tensor,
+    cmp_mask: Tensor | None,
+    tol: Tolerance,
+    *,
+    widen: float = 0.0,
+) -> QuantityResult:
+    """Compare ``dump`` with ``ref`` on ``cmp_mask`` (None: a scalar, compared whole).
+
+    ``widen`` is added to the tolerance (clip fractions: the share of near-tie tokens).
+    """
+    zero = torch.zeros((), dtype=ref.dtype)
+    if cmp_mask is None:
+        max_abs = float((dump - ref).abs().max())
+        scale = float(ref.abs().max())
+        pad = 0
+    else:
+        diff_all = (dump - ref).abs()
+        max_abs = float(torch.where(cmp_mask, diff_all, zero).max())  # NaN propagates through max
+        scale = float(torch.where(cmp_mask, ref.abs(), zero).max())
+        outside = torch.where(cmp_mask, zero, diff_all)
+        pad = int((~(outside <= tol.of(scale))).sum())
+    finite = math.isfinite(max_abs)
+    if not finite:
+        max_abs = math.inf
+    t = tol.of(scale) + widen
+    max_rel = max_abs / max(scale, _TINY) if max_abs > 0 else 0.0
+    return QuantityResult(name, max_abs, max_rel, t, finite and max_abs <= t, pad)
+
+
+def describe(
+    name: str, dump: Tensor, ref: Tensor, cmp_mask: Tensor | None, mask: Tensor, tol: float
+) -> list[str]:
+    """Plain-language notes on *how* ``dump`` differs from ``ref`` (for the first divergence)."""
+    if cmp_mask is None:
+        return _describe_scalar(name, float(dump), float(ref), tol)
+    return _describe_tokens(name, dump, ref, cmp_mask, mask, tol)
+
+
+def _describe_scalar(name: str, d: float, r: float, tol: float) -> list[str]:
+    notes: list[str] = []
+    if not math.isfinite(d):
+        return [f"{name}: the dump holds a non-finite value ({d})"]
+    notes.append(f"{name}: dump {d:.9g} vs reference {r:.9g}")
+    if abs(d + r) <= tol and abs(r) > tol:
+        notes.append(f"{name}: a sign flip (dump = −reference)")
+    elif abs(r) > tol and abs(d) > tol:
+        notes.append(
+            f"{name}: dump/reference = {d / r:.6g} (a constant factor can point at the loss aggregation)"
+        )
+    elif abs(d) <= tol:
+        notes.append(f"{name}: the dump is 0 where the reference is not")
+    return notes
+
+
+def _fit_factor(d: Tensor, r: Tensor) -> tuple[float, float]:
+    """Least-squares ``d ≈ k·r``: ``(k, max residual)``."""
+    rr = float((r * r).sum())
+    if rr == 0.0:
+        return math.nan, math.inf
+    k = float((d * r).sum()) / rr
+    return k, float((d - k * r).abs().max())
+
+
+def _fit_affine(d: Tensor, r: Tensor) -> tuple[float, float, float]:
+    """Least-squares ``d ≈ a·r + b``: ``(a, b, max residual)``."""
+    n = d.numel()
+    if n < 2:
+        return math.nan, math.nan, math.inf
+    rm, dm = r.mean(), d.mean()
+    var = float(((r - rm) ** 2).sum())
+    if var == 0.0:
+        return math.nan, math.nan, math.inf
+    a = float(((r - rm) * (d - dm)).sum()) / var
+    b = float(dm) - a * float(rm)
+    return a, b, float((d - (a * r + b)).abs().max())
+
+
+def _describe_tokens(
+    name: str, dump: Tensor, ref: Tensor, cmp_mask: Tensor, mask: Tensor, tol: float
+) -> list[str]:
+    notes: list[str] = []
+    B, T = mask.shape
+    err = torch.where(cmp_mask, (dump - ref).abs(), torch.zeros((), dtype=ref.dtype))
+    err = torch.where(cmp_mask & ~torch.isfinite(dump), torch.full((), math.inf, dtype=ref.dtype), err)
+    bad = cmp_mask & ~(err <= tol)
+    n_bad, n_cmp = int(bad.sum()), int(cmp_mask.sum())
+    if n_bad == 0:
+        return notes
+    rows = bad.any(dim=1)
+    n_rows = int(rows.sum())
+    pos = torch.arange(T).expand(B, T)
+    last_valid = torch.where(mask, pos, torch.full_like(pos, -1)).amax(dim=1)
+    last_cmp = torch.where(cmp_mask, pos, torch.full_like(pos, -1)).amax(dim=1)
+    at_last = pos == last_valid.unsqueeze(1)
+    at_last_cmp = pos == last_cmp.unsqueeze(1)
+    where = f"{n_bad} of {n_cmp} compared positions, in {n_rows} of {B} rows"
+    if bool((bad & ~at_last).sum() == 0):
+        notes.append(f"{name}: differs only at the last valid token of a row ({where})")
+    elif bool((bad & ~at_last_cmp).sum() == 0):
+        notes.append(f"{name}: differs only at the score slot one past the last valid token ({where})")
+    elif n_bad == n_cmp:
+        notes.append(f"{name}: differs everywhere ({where})")
+    else:
+        notes.append(f"{name}: differs at {where}")
+    # Where in each affected row is the error largest? (a terminal/bootstrap difference peaks at the end)
+    if n_rows > 0:
+        peak = torch.where(cmp_mask, err, torch.full((), -1.0, dtype=err.dtype)).argmax(dim=1)
+        at_end = (peak == last_valid) | (peak == last_cmp)
+        if bool(at_end[rows].all()) and n_bad > n_rows:
+            notes.append(
+                f"{name}: in every affected row the error peaks at the end of the sequence and shrinks "
+                "toward its start (a difference in the terminal reward/bootstrap value, carried back by GAE)"
+            )
+    d, r = dump[cmp_mask], ref[cmp_mask]
+    if not bool(torch.isfinite(d).all()):
+        notes.append(f"{name}: the dump holds non-finite values at compared positions")
+        return notes
+    if float((d + r).abs().max()) <= tol and float(r.abs().max()) > tol:
+        notes.append(f"{name}: a sign flip (dump = −reference)")
+        return notes
+    k, res = _fit_factor(d, r)
+    if math.isfinite(k) and res <= tol and abs(k - 1.0) > 1e-12:
+        notes.append(f"{name}: a constant factor: dump = {k:.6g} × reference")
+        return notes
+    a, b, res_a = _fit_affine(d, r)
+    if math.isfinite(a) and res_a <= tol:
+        notes.append(
+            f"{name}: an affine change: dump = {a:.6g} × reference + {b:.6g} (a whitening difference?)"
+        )
+        return notes
+    for shift, label in ((1, "right"), (-1, "left")):
+        both = cmp_mask & torch.roll(cmp_mask, shifts=shift, dims=1)
+        if shift == 1:
+            both[:, 0] = False
+        else:
+            both[:, -1] = False
+        if int(both.sum()) == 0:
+            continue
+        rolled = torch.roll(ref, shifts=shift, dims=1)
+        if float((dump - rolled).abs()[both].max()) <= tol:
+            arrow = "ref[t−1]" if shift == 1 else "ref[t+1]"
+            notes.append(f"{name}: offset by one position: dump[t] = {arrow} (shifted {label})")
+            break
+    return notes

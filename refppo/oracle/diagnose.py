@@ -1,0 +1,237 @@
+"""One check of a dump under one setting: compare every quantity, find the first divergence, explain it.
+
+The explanation re-runs the reference with one convention key changed at a time (only keys that can
+affect the divergent quantity) and with each known bug of :data:`refppo.oracle.recompute.BUGS`
+re-enacted; a candidate *explains* the divergence when, under it, the divergent quantity and every
+quantity before it in pipeline order match the dump.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from refppo.errors import RefPPOError
+from refppo.oracle.compare import QuantityResult, compare, describe
+from refppo.oracle.load import TOLERANCES, Dump
+from refppo.oracle.presets import PRESETS
+from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, Reference, recompute
+from refppo.oracle.settings import Setup
+
+CLAMP_BUNDLES: dict[str, dict[str, Any]] = {
+    "none": {"kl_log_ratio_clamp": None, "kl_value_clamp": None},
+    "verl-k3": {"kl_log_ratio_clamp": (-20.0, 20.0), "kl_value_clamp": 10.0},
+    "openrlhf": {"kl_log_ratio_clamp": None, "kl_value_clamp": 10.0},
+    "openrlhf-k3": {"kl_log_ratio_clamp": (-10.0, None), "kl_value_clamp": 10.0},
+}
+"""The KL clamp combinations the peers use (see refppo.oracle.presets)."""
+
+ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
+    "kl_estimator": [{"kl_estimator": e} for e in ("k1", "k2", "k3", "abs")],
+    "kl_clamps": list(CLAMP_BUNDLES.values()),
+    "kl_in": [{"kl_in": p} for p in ("reward", "loss")],
+    "score_at": [{"score_at": s} for s in ("last_valid", "after_last_valid", "last_position")],
+    "score_clip": [{"score_clip": c} for c in (None, 5.0, 10.0)],
+    "whiten_advantages": [{"whiten_advantages": w} for w in ("none", "masked", "masked_no_shift")],
+    "whiten_variance": [{"whiten_variance": v} for v in ("unbiased", "population")],
+    "dual_clip": [{"dual_clip": c} for c in (None, 3.0)],
+    "log_ratio_clamp": [{"log_ratio_clamp": c} for c in (None, 20.0)],
+    "loss_agg": [
+        {"loss_agg": a}
+        for a in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+    ],
+    "value_loss": [{"value_loss": v} for v in ("clipped", "unclipped")],
+    "vf_mask": [{"vf_mask": v} for v in ("value", "response")],
+    "approx_kl": [{"approx_kl": v} for v in ("k1", "k2_all_positions")],
+}
+
+_KL = ("kl_estimator", "kl_clamps")
+_REW = (*_KL, "kl_in", "score_at", "score_clip")
+_ADV = (*_REW, "whiten_advantages", "whiten_variance")
+AFFECTS: dict[str, tuple[str, ...]] = {
+    "kl": _KL,
+    "token_rewards": _REW,
+    "advantages": _ADV,
+    "returns": _REW,
+    "pg_loss": (*_ADV, "dual_clip", "log_ratio_clamp", "loss_agg"),
+    "pg_clipfrac": (*_ADV, "log_ratio_clamp"),
+    "approx_kl": ("approx_kl",),
+    "vf_loss": (*_REW, "value_loss", "loss_agg", "vf_mask"),
+    "vf_clipfrac": (*_REW, "value_loss", "vf_mask"),
+    "entropy_loss": ("loss_agg",),
+    "kl_loss": (*_KL, "kl_in", "loss_agg"),
+    "loss": tuple(ALTERNATIVES),
+}
+"""Which convention keys can change each quantity (the stages of the pipeline)."""
+
+BUG_AFFECTS: dict[str, frozenset[str]] = {
+    "kl_from_current_logprobs": frozenset(PIPELINE_ORDER) - {"approx_kl", "entropy_loss", "kl_loss"},
+    "gae_through_padding": frozenset(PIPELINE_ORDER) - {"kl", "token_rewards", "approx_kl", "entropy_loss"},
+    "gae_bootstrap_from_padding": frozenset(PIPELINE_ORDER)
+    - {"kl", "token_rewards", "approx_kl", "entropy_loss"},
+    "whiten_over_padding": frozenset({"advantages", "pg_loss", "pg_clipfrac", "loss"}),
+}
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one check (what the report prints)."""
+
+    setup: Setup
+    quantities: dict[str, QuantityResult]
+    first_divergence: str | None
+    diagnosis: list[str] = field(default_factory=list)
+    explained_by: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def match(self) -> bool:
+        return self.first_divergence is None
+
+
+def compare_all(dump: Dump, ref: Reference) -> dict[str, QuantityResult]:
+    """Every quantity present in both the dump and the reference, in pipeline order."""
+    tol = TOLERANCES[dump.dtype]
+    out: dict[str, QuantityResult] = {}
+    for name in PIPELINE_ORDER:
+        if dump.has(name) and name in ref.values:
+            cm = ref.compare_mask(name)
+            res = compare(name, dump.tensors[name], ref.values[name], cm, tol)
+            if not res.ok and name in ref.widen:  # clip fractions: allow rounding ties (computed lazily)
+                res = compare(name, dump.tensors[name], ref.values[name], cm, tol, widen=ref.widen[name]())
+            out[name] = res
+    return out
+
+
+def first_divergence(results: dict[str, QuantityResult]) -> str | None:
+    for name, r in results.items():
+        if not r.ok:
+            return name
+    return None
+
+
+def _prefix_ok(results: dict[str, QuantityResult], upto: str) -> bool:
+    for name, r in results.items():
+        if not r.ok:
+            return False
+        if name == upto:
+            return True
+    return False
+
+
+def _presets_using(updates: dict[str, Any]) -> list[str]:
+    names = []
+    for name, p in PRESETS.items():
+        if not any(k in p.conventions for k in updates):
+            continue
+        if all(p.conventions.get(k, object()) == v for k, v in updates.items() if k in p.conventions):
+            names.append(name)
+    return names
+
+
+def _fmt_updates(updates: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_fmt_value(v)}" for k, v in updates.items())
+
+
+def _fmt_value(v: Any) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, tuple):
+        return ",".join(_fmt_value(x) for x in v)
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(getattr(v, "value", v))
+
+
+def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Single convention changes and known bugs under which ``first`` (and all before it) match."""
+    notes: list[str] = []
+    found: list[dict[str, Any]] = []
+    current = setup.convention_dict()
+    for key in AFFECTS[first]:
+        for upd in ALTERNATIVES[key]:
+            norm = {k: (tuple(v) if isinstance(v, list) else v) for k, v in current.items()}
+            if all(_same(norm.get(k), v) for k, v in upd.items()):
+                continue
+            try:
+                alt = setup.with_convention(upd)
+                res = compare_all(dump, recompute(dump, alt))
+            except RefPPOError:
+                continue
+            if _prefix_ok(res, first):
+                everything = first_divergence(res) is None
+                users = _presets_using(upd)
+                tail = f" (as in preset {', '.join(users)})" if users else ""
+                rest = "; with it every quantity in the dump matches" if everything else ""
+                notes.append(f"explained by the convention {_fmt_updates(upd)}{tail}{rest}")
+                found.append({"kind": "convention", "change": alt_json(upd), "all_match": everything})
+    for bug, text in BUGS.items():
+        if first not in BUG_AFFECTS[bug]:
+            continue
+        if bug == "kl_from_current_logprobs" and not dump.has("logprobs"):
+            continue
+        try:
+            res = compare_all(dump, recompute(dump, setup, bug=bug))
+        except (RefPPOError, ValueError):
+            continue
+        if _prefix_ok(res, first):
+            everything = first_divergence(res) is None
+            rest = "; with it every quantity in the dump matches" if everything else ""
+            notes.append(f"explained by a known bug ({bug}): {text}{rest}")
+            found.append({"kind": "bug", "bug": bug, "all_match": everything})
+    if not notes:
+        notes.append(
+            "no single convention change or known bug explains it; "
+            "run with --detect to search the convention space"
+        )
+    return notes, found
+
+
+def alt_json(upd: dict[str, Any]) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, tuple) else getattr(v, "value", v)) for k, v in upd.items()}
+
+
+def _same(a: Any, b: Any) -> bool:
+    a = getattr(a, "value", a)
+    b = getattr(b, "value", b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return tuple(a) == tuple(b)
+    return bool(a == b)
+
+
+def check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> CheckResult:
+    """Compare every quantity under ``setup``; diagnose and explain the first divergence."""
+    ref = recompute(dump, setup)
+    results = compare_all(dump, ref)
+    first = first_divergence(results)
+    out = CheckResult(setup, results, first)
+    if not results:
+        out.diagnosis.append("the dump holds no trainer outputs to compare (only inputs)")
+    for name, r in results.items():
+        if r.ok and r.padding_diff:
+            out.diagnosis.append(
+                f"{name}: also differs at {r.padding_diff} padded positions "
+                "(not compared: padding is ignored)"
+            )
+    if first is not None:
+        r = results[first]
+        out.diagnosis.append(
+            f"first divergence: {first} (max abs err {r.max_abs_err:.3g} > tol {r.tol:.3g}); "
+            "later quantities may inherit it"
+        )
+        out.diagnosis += describe(
+            first,
+            dump.tensors[first],
+            ref.values[first],
+            ref.compare_mask(first),
+            dump.mask,
+            r.tol,
+        )
+        if r.padding_diff:
+            out.diagnosis.append(f"{first}: also differs at {r.padding_diff} padded positions (not compared)")
+        if explain_divergence:
+            notes, found = explain(dump, setup, first)
+            out.diagnosis += notes
+            out.explained_by = found
+    for k in dump.ignored:
+        out.diagnosis.append(f"ignored unknown tensor key {k!r}")
+    return out

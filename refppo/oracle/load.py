@@ -1,0 +1,254 @@
+"""Loading and validating a dump (the contract is spec/dump-format.md).
+
+Every problem raises :class:`DumpError` with a one-line message; the CLI turns it into exit code 2.
+A ``.pt`` file is read with ``torch.load(weights_only=True)`` only, so a pickle that carries code is
+refused without running it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from refppo.errors import RefPPOError
+
+REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "ref_logprobs", "old_values", "scores")
+UPDATE_INPUTS: tuple[str, ...] = ("logprobs", "values", "entropy")
+TOKEN_OUTPUTS: tuple[str, ...] = ("kl", "token_rewards", "advantages", "returns")
+SCALAR_OUTPUTS: tuple[str, ...] = (
+    "pg_loss",
+    "pg_clipfrac",
+    "approx_kl",
+    "vf_loss",
+    "vf_clipfrac",
+    "entropy_loss",
+    "kl_loss",
+    "loss",
+)
+TOKEN_KEYS: tuple[str, ...] = (
+    "response_mask",
+    "old_logprobs",
+    "ref_logprobs",
+    "old_values",
+    "logprobs",
+    "values",
+    "entropy",
+    *TOKEN_OUTPUTS,
+)
+KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS))
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NEEDS_UPDATE = {
+    "pg_loss": ("logprobs",),
+    "pg_clipfrac": ("logprobs",),
+    "approx_kl": ("logprobs",),
+    "vf_loss": ("values",),
+    "vf_clipfrac": ("values",),
+    "entropy_loss": ("entropy",),
+    "kl_loss": ("logprobs",),
+    "loss": ("logprobs", "values"),
+}
+
+
+class DumpError(RefPPOError):
+    """A dump (or its hyperparameters) that the oracle cannot use; the message is one line."""
+
+
+@dataclass
+class Dump:
+    """A validated dump: tensors in the compute dtype, the dump's own precision for tolerances."""
+
+    path: Path
+    tensors: dict[str, Tensor]
+    """Every known key present, in the compute dtype (float64 for float64 dumps, else float32;
+    ``response_mask`` as bool)."""
+    mask: Tensor
+    dtype: torch.dtype
+    """Lowest floating precision among the trainer's tensors (decides the tolerances)."""
+    hparams: dict[str, Any]
+    """The sidecar's raw key/value pairs (validated later by the settings)."""
+    hparams_path: Path | None
+    ignored: list[str] = field(default_factory=list)
+    """Tensor keys the format does not know (ignored)."""
+
+    @property
+    def B(self) -> int:  # noqa: N802  (B, T: the axis names used throughout refppo)
+        return int(self.mask.shape[0])
+
+    @property
+    def T(self) -> int:  # noqa: N802
+        return int(self.mask.shape[1])
+
+    def has(self, key: str) -> bool:
+        return key in self.tensors
+
+
+def _load_raw(path: Path) -> dict[str, Any]:
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise DumpError(f"{path}: no such file")
+    if suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            raw: dict[str, Any] = dict(load_file(str(path)))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise DumpError(f"{path}: not a readable safetensors file ({_one_line(exc)})") from None
+        return raw
+    if suffix == ".pt":
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # pickle-protocol notices of the restricted unpickler
+                obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:  # any failure of the restricted unpickler is a refusal
+            raise DumpError(
+                f"{path}: refused: torch.load(weights_only=True) could not load it "
+                f"(only plain tensors are accepted; {_one_line(exc)})"
+            ) from None
+        if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+            raise DumpError(f"{path}: expected a dict of name -> tensor, got {type(obj).__name__}")
+        return dict(obj)
+    if suffix == ".npz":
+        import numpy as np
+
+        try:
+            with np.load(str(path), allow_pickle=False) as npz:
+                return {k: torch.from_numpy(np.array(npz[k])) for k in npz.files}
+        except Exception as exc:  # numpy raises ValueError/OSError/zipfile errors
+            raise DumpError(f"{path}: not a readable .npz file without pickles ({_one_line(exc)})") from None
+    raise DumpError(f"{path}: unknown file type {suffix or '(none)'!r}; expected .safetensors, .pt or .npz")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:200] + "...") if len(text) > 200 else text
+
+
+def sidecar_path(path: Path) -> Path | None:
+    """``<dump>.json`` (e.g. ``step.safetensors.json``), else ``step.json``; None when neither exists."""
+    for cand in (path.with_name(path.name + ".json"), path.with_suffix(".json")):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def read_hparams(path: Path) -> dict[str, Any]:
+    """A JSON object of hyperparameters and convention keys (keys are checked by the settings)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DumpError(f"{path}: not a readable JSON file ({_one_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise DumpError(f"{path}: expected a JSON object of hyperparameters, got {type(data).__name__}")
+    return data
+
+
+def load_dump(path: str | Path, hparams_file: str | Path | None = None) -> Dump:
+    """Load and validate a dump (see the module docstring and spec/dump-format.md)."""
+    p = Path(path)
+    raw = _load_raw(p)
+    return validate(p, raw, hparams_file)
+
+
+def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = None) -> Dump:
+    """Check keys, shapes, dtypes, finiteness and masks; convert to float64."""
+    ignored = sorted(k for k in raw if k not in KNOWN_KEYS)
+    missing = [k for k in REQUIRED_INPUTS if k not in raw]
+    if missing:
+        raise DumpError(f"{p}: missing required keys {missing}")
+    for k, v in raw.items():
+        if k in KNOWN_KEYS and not isinstance(v, Tensor):
+            raise DumpError(f"{p}: {k}: expected a tensor, got {type(v).__name__}")
+    for k, needs in _NEEDS_UPDATE.items():
+        absent = [n for n in needs if n not in raw]
+        if k in raw and absent:
+            raise DumpError(
+                f"{p}: {k} is given but the update-step inputs {absent} it is computed from are not"
+            )
+    mask_raw: Tensor = raw["response_mask"]
+    if mask_raw.dim() != 2:
+        raise DumpError(f"{p}: response_mask: expected 2 dims [B, T], got shape {list(mask_raw.shape)}")
+    if mask_raw.is_complex():
+        raise DumpError(f"{p}: response_mask: expected bool or 0/1 numbers, got dtype {mask_raw.dtype}")
+    B, T = (int(s) for s in mask_raw.shape)
+    if B == 0 or T == 0:
+        raise DumpError(f"{p}: response_mask: expected B >= 1 and T >= 1, got shape [{B}, {T}]")
+    if mask_raw.dtype == torch.bool:
+        mask = mask_raw
+    else:
+        mvals = mask_raw.to(torch.float64)
+        if not bool(((mvals == 0) | (mvals == 1)).all()):
+            raise DumpError(f"{p}: response_mask: expected only 0/1 values")
+        mask = mvals != 0
+    empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
+    if empty:
+        raise DumpError(f"{p}: response_mask: rows {empty[:8]} have no valid token")
+    out: dict[str, Tensor] = {"response_mask": mask}
+    dtypes: list[torch.dtype] = []
+    for k in KNOWN_KEYS:
+        if k not in raw or k == "response_mask":
+            continue
+        t: Tensor = raw[k]
+        if t.dtype not in _FLOATS:
+            raise DumpError(f"{p}: {k}: expected a floating-point tensor, got dtype {t.dtype}")
+        if k in TOKEN_KEYS:
+            if tuple(t.shape) != (B, T):
+                raise DumpError(
+                    f"{p}: {k}: expected shape [B, T] = [{B}, {T}] (from response_mask), got {list(t.shape)}"
+                )
+        elif k == "scores":
+            if tuple(t.shape) != (B,):
+                raise DumpError(
+                    f"{p}: scores: expected shape [B] = [{B}] (from response_mask), got {list(t.shape)}"
+                )
+        elif t.numel() != 1 or t.dim() > 1:
+            raise DumpError(f"{p}: {k}: expected a 0-dim scalar, got shape {list(t.shape)}")
+        dtypes.append(t.dtype)
+        out[k] = t.detach().reshape(()) if k in SCALAR_OUTPUTS else t.detach()
+    order = {torch.float16: 0, torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}
+    dtype = min(dtypes, key=lambda d: order[d]) if dtypes else torch.float64
+    # Compute in float64 for float64 dumps, else in float32 (its error is far below the float32
+    # tolerances, and it halves the memory traffic of a B=256, T=2048 step).
+    cdtype = torch.float64 if dtype == torch.float64 else torch.float32
+    for k in list(out):
+        if k == "response_mask":
+            continue
+        tc = out[k].to(cdtype)
+        if (k in REQUIRED_INPUTS or k in UPDATE_INPUTS) and not math.isfinite(float(tc.sum())):
+            finite = torch.isfinite(tc)  # slow path only when the one-pass sum says something is off
+            bad = ~finite if k == "scores" else (~finite & mask)
+            if bool(bad.any()):
+                where = [int(i) for i in bad.nonzero()[0]]
+                raise DumpError(f"{p}: {k}: non-finite value at valid position {where}")
+        out[k] = tc
+    hp_path = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
+    if hparams_file is not None and not Path(hparams_file).is_file():
+        raise DumpError(f"{hparams_file}: no such hyperparameter file")
+    hparams = read_hparams(hp_path) if hp_path is not None else {}
+    return Dump(p, out, mask, dtype, hparams, hp_path, ignored)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|dump − ref| <= atol + rtol·max|ref|`` over the compared positions of one quantity."""
+
+    rtol: float
+    atol: float
+
+    def of(self, ref_scale: float) -> float:
+        return self.atol + self.rtol * (ref_scale if math.isfinite(ref_scale) else 0.0)
+
+
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(rtol=1e-7, atol=1e-9),
+    torch.float32: Tolerance(rtol=2e-4, atol=1e-5),
+    torch.bfloat16: Tolerance(rtol=2e-2, atol=1e-2),
+    torch.float16: Tolerance(rtol=5e-3, atol=2e-3),
+}

@@ -1,0 +1,269 @@
+"""Recompute every quantity of one PPO step from a dump's inputs, through ``refppo.pipeline``.
+
+The rollout half goes through :func:`refppo.pipeline.rollout_quantities` and the update half
+through :func:`refppo.pipeline.update_quantities` — the trainer's own path. The oracle adds only
+what sits around the pipeline: the score clamp (``score_clip``), the ``vf_mask`` choice, TRL's
+``approx_kl`` metric and, for diagnosis, a few *known bugs* re-enacted on purpose (:data:`BUGS`).
+All arithmetic is float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import KLPlacement, ValueLoss, Variance, Whitening
+from refppo.core.gae import gae
+from refppo.core.kl import token_kl
+from refppo.core.masked import masked_whiten
+from refppo.oracle.load import TOLERANCES, Dump, validate
+from refppo.oracle.settings import Setup
+from refppo.pipeline import rollout_quantities, update_quantities
+
+PIPELINE_ORDER: tuple[str, ...] = (
+    "kl",
+    "token_rewards",
+    "advantages",
+    "returns",
+    "pg_loss",
+    "pg_clipfrac",
+    "approx_kl",
+    "vf_loss",
+    "vf_clipfrac",
+    "entropy_loss",
+    "kl_loss",
+    "loss",
+)
+"""Pipeline order: the first quantity in this order that differs is the first divergence."""
+
+BUGS: dict[str, str] = {
+    "kl_from_current_logprobs": "the reward KL is computed from the current log-probs (`logprobs`) "
+    "instead of the rollout log-probs (`old_logprobs`)",
+    "gae_bootstrap_from_padding": "the last valid token bootstraps from the value of the first padded "
+    "slot, V[L] (junk), instead of 0: the next value is read without the mask",
+    "gae_through_padding": "GAE recursion runs through the padding with unmasked values: padded slots "
+    "add TD residuals γ·V[t+1] − V[t] that flow back into the valid tokens",
+    "whiten_over_padding": "advantage whitening takes its mean/variance over all B·T positions, "
+    "padding included (an unmasked mean/variance)",
+}
+"""Known bug classes the diagnosis re-enacts (see spec/conventions.md, bug catalogue)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The reference values (float64) plus the masks each [B, T] quantity is compared on."""
+
+    values: dict[str, Tensor]
+    mask: Tensor
+    """Response mask (policy side)."""
+    value_mask: Tensor
+    """Mask of GAE / returns / token_rewards: the response mask plus the score slot."""
+    advantages_raw: Tensor
+    widen: dict[str, Callable[[], float]] = field(default_factory=dict)
+    """Extra tolerance of the clip fractions (rounding ties: :func:`pg_tie_share`, :func:`vf_tie_widen`)."""
+
+    def compare_mask(self, name: str) -> Tensor | None:
+        """Positions compared for a [B, T] quantity; None for a scalar."""
+        if name in ("token_rewards", "returns"):
+            return self.value_mask
+        if name in ("kl", "advantages"):
+            return self.mask
+        return None
+
+
+def whiten(adv_raw: Tensor, mask: Tensor, setup: Setup) -> Tensor:
+    """The pipeline's whitening branch (step 4), for re-enacted bugs and the stage search."""
+    conv, hp = setup.conv, setup.hp
+    if conv.whiten_advantages is Whitening.NONE:
+        return torch.where(mask, adv_raw, torch.zeros((), dtype=adv_raw.dtype))
+    return masked_whiten(
+        adv_raw,
+        mask,
+        shift_mean=conv.whiten_advantages is Whitening.MASKED,
+        unbiased=conv.whiten_variance is Variance.UNBIASED,
+        eps=hp.whiten_eps,
+    )
+
+
+def clipped_scores(scores: Tensor, score_clip: float | None) -> Tensor:
+    return scores if score_clip is None else torch.clamp(scores, -score_clip, score_clip)
+
+
+def reference_kl(dump: Dump, setup: Setup, logp: Tensor | None = None) -> Tensor:
+    """``kl`` as the dump format defines it: the estimator on ``old_logprobs`` vs ``ref_logprobs``."""
+    t = dump.tensors
+    c = setup.conv
+    return token_kl(
+        t["old_logprobs"] if logp is None else logp,
+        t["ref_logprobs"],
+        dump.mask,
+        c.kl_estimator,
+        log_ratio_clamp=c.kl_log_ratio_clamp,
+        value_clamp=c.kl_value_clamp,
+    )
+
+
+def approx_kl_k2_all_positions(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """TRL's ``approxkl``: ``½·mean((l − l_old)²)`` over all B·T positions, padding counted as 0."""
+    d = torch.where(mask, logprobs - old_logprobs, torch.zeros((), dtype=logprobs.dtype))
+    return 0.5 * (d * d).sum() / d.numel()
+
+
+def pg_tie_share(
+    logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup, rtol: float
+) -> Tensor:
+    """Share of valid tokens (A ≠ 0) whose ratio lies within ``rtol`` of a clip boundary ``1 ± ε``.
+
+    ``pg_clipfrac`` counts tokens where the clipped branch is *strictly* larger; on a boundary that
+    decision is a tie that the trainer's rounding (its dtype) breaks either way, so the tolerance of
+    ``pg_clipfrac`` is widened by this share.
+    """
+    zero = torch.zeros((), dtype=logprobs.dtype)
+    d = torch.where(mask, logprobs - old, zero)
+    if setup.conv.log_ratio_clamp is not None:
+        d = torch.clamp(d, -setup.conv.log_ratio_clamp, setup.conv.log_ratio_clamp)
+    ratio = torch.exp(d)
+    hi = setup.hp.cliprange_high if setup.hp.cliprange_high is not None else setup.hp.cliprange
+    near = ((ratio - (1.0 - setup.hp.cliprange)).abs() <= rtol * ratio) | (
+        (ratio - (1.0 + hi)).abs() <= rtol * ratio
+    )
+    a = torch.where(mask, adv, zero)
+    tiny_adv = (a.abs() <= rtol * a.abs().max()) & (a != 0)  # the sign of A decides which branch is larger
+    near = (near | tiny_adv) & mask
+    return near.sum().to(d.dtype) / mask.sum().to(d.dtype)
+
+
+def vf_tie_widen(
+    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float, pipeline: Tensor
+) -> float:
+    """Extra tolerance of ``vf_clipfrac``: near-boundary share plus the form difference.
+
+    Inside the clip range the two usual ways of computing the clipped value — verl/TRL/DeepSpeed-Chat
+    ``clamp(V, V_old − ε_v, V_old + ε_v)`` (exactly ``V``) and refppo/OpenRLHF
+    ``V_old + clamp(V − V_old, ±ε_v)`` (``V`` up to 1 ulp) — can break the exact tie
+    ``(V_clip − R)² = (V − R)²`` differently; both counts are accepted, as are tokens with
+    ``|V − V_old|`` within ``rtol`` of ``ε_v``.
+    """
+    zero = torch.zeros((), dtype=values.dtype)
+    v, vo, r = (torch.where(mask, x, zero) for x in (values, old, returns))
+    clamp_form = torch.maximum(torch.minimum(v, vo + eps_v), vo - eps_v)
+    hit = ((clamp_form - r) ** 2 > (v - r) ** 2) & mask
+    n = mask.sum().to(values.dtype)
+    other = float(hit.sum().to(values.dtype) / n)
+    near = ((v - vo).abs() - eps_v).abs() <= rtol * (v.abs() + vo.abs() + eps_v)  # on the clip boundary
+    e1, e2 = (v - r) ** 2, (clamp_form - r) ** 2
+    near = near | ((clamp_form != v) & ((e2 - e1).abs() <= rtol * (e1 + e2)))  # R near the midpoint
+    near = near & mask
+    return abs(float(pipeline) - other) + float(near.sum().to(values.dtype) / n)
+
+
+def recompute(dump: Dump, setup: Setup, *, bug: str | None = None) -> Reference:
+    """Every quantity the dump's inputs allow, under ``setup`` (and optionally one of :data:`BUGS`)."""
+    t = dump.tensors
+    m = dump.mask
+    conv, hp, ex = setup.conv, setup.hp, setup.extras
+    scores = clipped_scores(t["scores"], ex.score_clip)
+    kl_logp = t["old_logprobs"]
+    if bug == "kl_from_current_logprobs":
+        if "logprobs" not in t:
+            raise ValueError("this bug needs logprobs")
+        kl_logp = t["logprobs"]
+    rq = rollout_quantities(
+        scores=scores,
+        old_logprobs=kl_logp,
+        ref_logprobs=t["ref_logprobs"],
+        old_values=t["old_values"],
+        mask=m,
+        hp=hp,
+        conv=conv,
+    )
+    adv_raw, returns, adv = rq.advantages_raw, rq.returns, rq.advantages
+    if bug == "gae_through_padding":
+        everywhere = torch.ones_like(m)
+        adv_raw, returns = gae(rq.token_rewards, t["old_values"], everywhere, gamma=hp.gamma, lam=hp.lam)
+        adv = whiten(adv_raw, m, setup)
+    elif bug == "gae_bootstrap_from_padding":
+        vm = rq.value_mask
+        B, T = vm.shape
+        last = torch.where(vm, torch.arange(T).expand(B, T), torch.full((B, T), -1)).amax(dim=1)
+        nxt = torch.clamp(last + 1, max=T - 1)
+        boot = torch.where(last + 1 < T, t["old_values"].gather(1, nxt.unsqueeze(1)).squeeze(1), 0.0)
+        onehot = torch.nn.functional.one_hot(last, num_classes=T).to(torch.bool)
+        r_bug = rq.token_rewards + torch.where(onehot, hp.gamma * boot.unsqueeze(1), 0.0)
+        adv_raw, returns = gae(r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam)
+        adv = whiten(adv_raw, m, setup)
+    elif bug == "whiten_over_padding":
+        adv = torch.where(m, whiten(adv_raw, torch.ones_like(m), setup), torch.zeros((), dtype=adv_raw.dtype))
+    widen: dict[str, Callable[[], float]] = {}
+    rtol = TOLERANCES[dump.dtype].rtol
+    vals: dict[str, Tensor] = {
+        "kl": reference_kl(dump, setup, kl_logp),
+        "token_rewards": rq.token_rewards,
+        "advantages": adv,
+        "returns": returns,
+    }
+    if "logprobs" in t or "values" in t:
+        logprobs = t.get("logprobs", t["old_logprobs"])
+        values = t.get("values", t["old_values"])
+        vf_mask = rq.value_mask if ex.vf_mask == "value" else m
+        uq = update_quantities(
+            logprobs=logprobs,
+            values=values,
+            old_logprobs=t["old_logprobs"],
+            old_values=t["old_values"],
+            advantages=adv,
+            returns=returns,
+            mask=m,
+            value_mask_=vf_mask,
+            ref_logprobs=t["ref_logprobs"],
+            entropy=t.get("entropy"),
+            hp=hp,
+            conv=conv,
+        )
+        if "logprobs" in t:
+            vals["pg_loss"] = uq.pg_loss.detach()
+            vals["pg_clipfrac"] = uq.pg_clipfrac
+            widen["pg_clipfrac"] = lambda: float(
+                pg_tie_share(logprobs, t["old_logprobs"], adv, m, setup, rtol)
+            )
+            if ex.approx_kl == "k2_all_positions":
+                vals["approx_kl"] = approx_kl_k2_all_positions(logprobs, t["old_logprobs"], m)
+            else:
+                vals["approx_kl"] = uq.approx_kl
+            vals["kl_loss"] = uq.kl_loss.detach()
+        if "values" in t:
+            vals["vf_loss"] = uq.vf_loss.detach()
+            vals["vf_clipfrac"] = uq.vf_clipfrac
+            if conv.value_loss is ValueLoss.CLIPPED:
+                vfc = uq.vf_clipfrac
+                widen["vf_clipfrac"] = lambda: vf_tie_widen(
+                    values, t["old_values"], returns, vf_mask, hp.cliprange_value, rtol, vfc
+                )
+        if "entropy" in t:
+            vals["entropy_loss"] = uq.entropy_loss.detach()
+        if "logprobs" in t and "values" in t:
+            vals["loss"] = uq.loss.detach()
+    return Reference(vals, m, rq.value_mask, adv_raw, widen)
+
+
+def reference_outputs(
+    inputs: dict[str, Tensor], setup: Setup, *, bug: str | None = None, dtype: torch.dtype = torch.float64
+) -> dict[str, Tensor]:
+    """The trainer outputs refppo itself would dump for ``inputs`` (used by tests and examples).
+
+    ``inputs`` holds the dump's input keys (``response_mask``, ``old_logprobs``, ...). Returns every
+    output key, cast to ``dtype``; the KL-loss scalar is included only with ``kl_in=loss``.
+    """
+    d = validate(Path("<memory>"), dict(inputs))
+    ref = recompute(d, setup, bug=bug)
+    out = {k: v.to(dtype) for k, v in ref.values.items()}
+    if setup.conv.kl_in is not KLPlacement.LOSS:
+        out.pop("kl_loss", None)
+    return out
+
+
+__all__ = ["BUGS", "PIPELINE_ORDER", "Reference", "recompute", "reference_outputs"]

@@ -1,0 +1,126 @@
+"""Text and JSON renderings of a check (and of a detection)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refppo.oracle.detect import Detection
+from refppo.oracle.diagnose import CheckResult
+from refppo.oracle.load import TOLERANCES, Dump
+
+
+def _dtype_name(dump: Dump) -> str:
+    return str(dump.dtype).replace("torch.", "")
+
+
+def json_report(
+    dump: Dump,
+    result: CheckResult,
+    preset: str | None,
+    detection: Detection | None = None,
+    nearest: CheckResult | None = None,
+) -> dict[str, Any]:
+    tol = TOLERANCES[dump.dtype]
+    out: dict[str, Any] = {
+        "match": result.match,
+        "first_divergence": result.first_divergence,
+        "quantities": {n: r.as_json() for n, r in result.quantities.items()},
+        "convention": _jsonable(result.setup.convention_dict()),
+        "hparams": result.setup.hparams_dict(),
+        "diagnosis": list(result.diagnosis),
+        "explained_by": result.explained_by,
+        "preset": preset,
+        "dump": {
+            "path": str(dump.path),
+            "B": dump.B,
+            "T": dump.T,
+            "dtype": _dtype_name(dump),
+            "rtol": tol.rtol,
+            "atol": tol.atol,
+            "hparams_file": str(dump.hparams_path) if dump.hparams_path else None,
+        },
+    }
+    if detection is not None:
+        out["detected"] = detection.detected
+        out["detected_count"] = detection.n_detected
+        out["undetermined_keys"] = detection.undetermined
+        out["nearest"] = None
+        if detection.nearest is not None and nearest is not None:
+            out["nearest"] = {
+                "convention": detection.nearest,
+                "unmatched_stages": detection.unmatched_stages,
+                "still_differs": [n for n, r in nearest.quantities.items() if not r.ok],
+                "quantities": {n: r.as_json() for n, r in nearest.quantities.items()},
+            }
+    return out
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+def _conv_line(conv: dict[str, Any]) -> str:
+    parts = []
+    for k, v in conv.items():
+        if isinstance(v, (list, tuple)):
+            v = ",".join("none" if x is None else f"{x:g}" for x in v)
+        elif v is None:
+            v = "none"
+        elif isinstance(v, float):
+            v = f"{v:g}"
+        parts.append(f"{k}={v}")
+    return " ".join(parts)
+
+
+def text_report(
+    dump: Dump,
+    result: CheckResult,
+    preset: str | None,
+    detection: Detection | None = None,
+    nearest: CheckResult | None = None,
+) -> str:
+    tol = TOLERANCES[dump.dtype]
+    lines = [
+        f"refppo diff: {dump.path}  (B={dump.B}, T={dump.T}, {_dtype_name(dump)}: "
+        f"rtol={tol.rtol:g}, atol={tol.atol:g}; preset {preset or 'none'})",
+        f"convention: {_conv_line(result.setup.convention_dict())}",
+        "hparams:    " + " ".join(f"{k}={v}" for k, v in result.setup.hparams_dict().items()),
+        "",
+        f"{'quantity':<14}{'max_abs_err':>13}{'max_rel_err':>13}{'tol':>11}  ok",
+    ]
+    for name, r in result.quantities.items():
+        mark = "ok" if r.ok else "NOT OK"
+        first = "   <- first divergence" if name == result.first_divergence else ""
+        lines.append(f"{name:<14}{r.max_abs_err:>13.3e}{r.max_rel_err:>13.3e}{r.tol:>11.2e}  {mark}{first}")
+    lines.append("")
+    if result.match:
+        lines.append(f"MATCH: all {len(result.quantities)} quantities in the dump match the reference.")
+    else:
+        lines.append(f"MISMATCH: first divergence at {result.first_divergence}.")
+    if result.diagnosis:
+        lines.append("diagnosis:")
+        lines += [f"  - {d}" for d in result.diagnosis]
+    if detection is not None:
+        lines.append("")
+        if detection.detected:
+            lines.append(
+                f"detect: {detection.n_detected} convention(s) reproduce the dump"
+                + (
+                    f" (showing {len(detection.detected)})"
+                    if detection.n_detected > len(detection.detected)
+                    else ""
+                )
+                + ", nearest to the one checked first:"
+            )
+            lines += [f"  * {_conv_line(c)}" for c in detection.detected[:10]]
+            if detection.undetermined:
+                lines.append(f"  keys the dump does not pin down: {', '.join(detection.undetermined)}")
+        else:
+            lines.append("detect: no convention in the search space reproduces the dump.")
+            if detection.nearest is not None:
+                lines.append(f"  nearest: {_conv_line(detection.nearest)}")
+                if nearest is not None:
+                    still = [n for n, r in nearest.quantities.items() if not r.ok]
+                    lines.append(f"  still differs: {', '.join(still) or '(nothing: within tolerance)'}")
+                    lines += [f"    - {d}" for d in nearest.diagnosis if d.startswith(tuple(still))][:6]
+    return "\n".join(lines)

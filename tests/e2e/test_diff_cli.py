@@ -1,0 +1,108 @@
+"""The real command, as a user runs it: ``python tools/diff_against.py`` and ``python -m refppo diff``."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
+from oracle_helpers import make_inputs, refppo_dump, save, setup_for
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "diff_against.py"
+
+
+def _run(*args: str, module: bool = False) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "refppo", "diff", *args] if module else [sys.executable, str(TOOL), *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def trl_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("trl")
+    s = setup_for("trl")
+    return save(tmp, refppo_dump(make_inputs(seed=7), s, dtype=torch.float32), s)
+
+
+def test_match_exit_0_and_json_schema(trl_dump: Path) -> None:
+    p = _run(str(trl_dump), "--preset", "trl", "--json")
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["match"] is True and rep["first_divergence"] is None
+    assert set(rep) >= {"match", "first_divergence", "quantities", "convention", "diagnosis"}
+    q = rep["quantities"]["advantages"]
+    assert set(q) == {"max_abs_err", "max_rel_err", "tol", "ok"} and q["ok"] is True
+    assert rep["convention"]["score_at"] == "after_last_valid"
+
+
+def test_mismatch_exit_1_names_first_divergence(trl_dump: Path) -> None:
+    p = _run(str(trl_dump), "--preset", "verl", "--set", "gamma=0.99", "--set", "lam=0.9", module=True)
+    assert p.returncode == 1, p.stderr
+    assert "MISMATCH: first divergence at token_rewards." in p.stdout
+    assert "explained by the convention score_at=after_last_valid" in p.stdout
+
+
+def test_detect_json(trl_dump: Path) -> None:
+    p = _run(
+        str(trl_dump), "--preset", "verl", "--set", "gamma=0.99", "--set", "lam=0.9", "--detect", "--json"
+    )
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["match"] is False  # the convention checked (verl) still differs ...
+    assert rep["detected"] and all(
+        c["score_at"] == "after_last_valid" for c in rep["detected"]
+    )  # ... TRL's doesn't
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        ("missing", "missing required keys"),
+        ("unknown_type", "unknown file type"),
+        ("bad_set", "expected KEY=VALUE"),
+    ],
+)
+def test_bad_input_exit_2_one_line(tmp_path: Path, trl_dump: Path, make: str, needle: str) -> None:
+    if make == "missing":
+        d = refppo_dump(make_inputs(), setup_for())
+        d.pop("scores")
+        args = [str(save(tmp_path, d))]
+    elif make == "unknown_type":
+        (tmp_path / "x.csv").write_text("1,2")
+        args = [str(tmp_path / "x.csv")]
+    else:
+        args = [str(trl_dump), "--set", "score_at"]
+    p = _run(*args)
+    assert p.returncode == 2
+    assert needle in p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0
+    assert p.stdout == ""
+
+
+class _Evil:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    evil = tmp_path / "evil.pt"
+    torch.save({"response_mask": _Evil(str(marker))}, evil)
+    raw = tmp_path / "raw.pt"
+    raw.write_bytes(pickle.dumps({"response_mask": _Evil(str(marker))}))
+    for path in (evil, raw):
+        p = _run(str(path))
+        assert p.returncode == 2
+        assert "refused" in p.stderr and "Traceback" not in p.stderr
+    assert not marker.exists()

@@ -1,0 +1,154 @@
+"""Loading and validating dumps: every bad input is a one-line DumpError/RefPPOError, never a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from oracle_helpers import HP, make_inputs, refppo_dump, save, setup_for
+
+from refppo.dump import sidecar_for, write_dump
+from refppo.errors import RefPPOError
+from refppo.oracle.cli import main
+from refppo.oracle.load import DumpError, load_dump
+
+
+def _good(tmp_path: Path, name: str = "step.safetensors") -> tuple[Path, dict[str, torch.Tensor]]:
+    d = refppo_dump(make_inputs(), setup_for())
+    return save(tmp_path, d, name=name), d
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".npz"])
+def test_roundtrip_every_file_type(tmp_path: Path, suffix: str) -> None:
+    path, d = _good(tmp_path, "step" + suffix)
+    dump = load_dump(path)
+    assert dump.B == 6 and dump.T == 12 and dump.dtype == torch.float64
+    assert torch.equal(dump.tensors["advantages"], d["advantages"])
+    assert dump.hparams == HP  # sidecar <dump>.json found automatically
+
+
+def test_sidecar_without_dump_suffix_is_found(tmp_path: Path) -> None:
+    path, _ = _good(tmp_path)
+    sidecar_for(path).rename(tmp_path / "step.json")
+    assert load_dump(path).hparams == HP
+
+
+def _write_raw(tmp_path: Path, d: dict[str, torch.Tensor], hp: dict[str, object] | None = None) -> Path:
+    path = tmp_path / "bad.safetensors"
+    write_dump(path, d, hparams=HP if hp is None else hp)
+    return path
+
+
+def _bad_cases() -> dict[str, tuple[str, dict[str, torch.Tensor]]]:
+    base = refppo_dump(make_inputs(), setup_for())
+    cases: dict[str, tuple[str, dict[str, torch.Tensor]]] = {}
+    cases["missing"] = (
+        "missing required keys ['old_values']",
+        {k: v for k, v in base.items() if k != "old_values"},
+    )
+    cases["shape"] = ("values: expected shape [B, T] = [6, 12]", {**base, "values": base["values"][:, :5]})
+    cases["B mismatch"] = ("scores: expected shape [B] = [6]", {**base, "scores": base["scores"][:4]})
+    cases["dtype"] = (
+        "old_logprobs: expected a floating-point tensor",
+        {**base, "old_logprobs": torch.ones(6, 12).long()},
+    )
+    nan = base["old_logprobs"].clone()
+    nan[1, 0] = float("nan")
+    cases["nonfinite"] = (
+        "old_logprobs: non-finite value at valid position [1, 0]",
+        {**base, "old_logprobs": nan},
+    )
+    empty = base["response_mask"].clone()
+    empty[2] = 0
+    cases["empty row"] = ("rows [2] have no valid token", {**base, "response_mask": empty})
+    cases["mask values"] = ("expected only 0/1", {**base, "response_mask": base["response_mask"] * 2})
+    cases["scalar shape"] = (
+        "pg_loss: expected a 0-dim scalar",
+        {**base, "pg_loss": torch.zeros(3, dtype=torch.float64)},
+    )
+    cases["needs update"] = (
+        "pg_loss is given but the update-step inputs ['logprobs']",
+        {k: v for k, v in base.items() if k != "logprobs"},
+    )
+    return cases
+
+
+@pytest.mark.parametrize("case", list(_bad_cases()))
+def test_bad_dumps_are_refused_with_a_clear_message(tmp_path: Path, case: str) -> None:
+    expected, d = _bad_cases()[case]
+    with pytest.raises(DumpError, match=None) as err:
+        load_dump(_write_raw(tmp_path, d))
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_padding_junk_is_accepted(tmp_path: Path) -> None:
+    d = refppo_dump(make_inputs(), setup_for())
+    m = d["response_mask"].bool()
+    d["old_values"] = torch.where(m, d["old_values"], torch.full((), float("nan"), dtype=torch.float64))
+    d["logprobs"] = torch.where(m, d["logprobs"], torch.full((), float("inf"), dtype=torch.float64))
+    assert load_dump(_write_raw(tmp_path, d)).B == 6
+
+
+def test_unknown_file_type(tmp_path: Path) -> None:
+    p = tmp_path / "step.h5"
+    p.write_bytes(b"x")
+    with pytest.raises(DumpError, match="unknown file type"):
+        load_dump(p)
+
+
+def test_sidecar_with_unknown_key_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = _good(tmp_path)
+    sidecar_for(path).write_text(json.dumps({**HP, "gama": 0.9}))
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'gama'" in err and err.count("\n") == 1
+
+
+def test_missing_hparams_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = _good(tmp_path)
+    sidecar_for(path).write_text(json.dumps({"gamma": 1.0}))
+    assert main([str(path)]) == 2
+    assert "missing hyperparameters" in capsys.readouterr().err
+
+
+def test_bad_set_value_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = _good(tmp_path)
+    assert main([str(path), "--set", "score_at=middle"]) == 2
+    assert "score_at: unknown name 'middle'" in capsys.readouterr().err
+    assert main([str(path), "--set", "gamma=1.5"]) == 2
+    assert main([str(path), "--preset", "nope"]) == 2
+
+
+class _Evil:
+    """Unpickling this would create a marker file (via os.system)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_is_refused_without_running(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    with path.open("wb") as f:
+        pickle.dump({"response_mask": _Evil(marker)}, f)
+    torch.save({"payload": _Evil(marker)}, tmp_path / "evil2.pt")  # the torch zip container too
+    for p in (path, tmp_path / "evil2.pt"):
+        with pytest.raises(DumpError, match="refused"):
+            load_dump(p)
+    assert not marker.exists()
+
+
+def test_npz_with_object_arrays_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "obj.npz"
+    np.savez(p, response_mask=np.array([object()], dtype=object))
+    with pytest.raises(RefPPOError, match="without pickles"):
+        load_dump(p)
