@@ -41,6 +41,23 @@ def aggregate_loss(
     loss_mat = check_bt("loss_mat", loss_mat, m)
     zero = torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device)
     lm: Tensor = torch.where(m, loss_mat, zero)
+    return aggregate_masked(lm, m, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
+
+
+def aggregate_masked(
+    lm: Tensor,
+    m: Tensor,
+    agg: LossAgg,
+    *,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> Scalar:
+    """:func:`aggregate_loss` for callers inside the core that already validated their inputs.
+
+    ``lm`` must already be 0 at padded positions and ``m`` a validated bool mask without empty
+    rows; only the normalisers are checked here. (Saves re-validating the mask per loss term.)
+    """
     B, T = m.shape
     if agg is LossAgg.TOKEN_MEAN:
         n_tok = check_positive("token_count", token_count) if token_count is not None else float(m.sum())

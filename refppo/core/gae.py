@@ -4,7 +4,7 @@ For one row, let ``t_0 < t_1 < … < t_{L−1}`` be its valid positions (mask 1)
 
     δ_i = r_{t_i} + γ·V_{t_{i+1}} − V_{t_i}          (V_{t_L} := 0: the episode ends)
     Â_{t_i} = Σ_{l=0}^{L−1−i} (γλ)^l · δ_{i+l}        (the definition; the naive twin computes this)
-            = δ_i + γλ·Â_{t_{i+1}}                    (the recursion; the vectorized path uses this)
+            = δ_i + γλ·Â_{t_{i+1}}                    (the recursion)
     R_{t_i} = Â_{t_i} + V_{t_i}                       (returns: the value targets)
 
 Padded positions are skipped, never read: their rewards and values may hold junk and the outputs
@@ -18,10 +18,32 @@ mask that includes that slot.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from refppo.core import _pyfloat as pf
 from refppo.types import ResponseMask, TokenFloat
 from refppo.validate import check_bt, check_mask, check_same_dtype, check_unit_interval
+
+
+def _discounted_reverse_cumsum(x: Tensor, g: float) -> Tensor:
+    """``y_t = Σ_{k≥t} g^{k−t}·x_k`` along dim 1 of ``x`` ``[B, T]``, in ``⌈log₂ T⌉`` steps.
+
+    A Hillis–Steele scan: after the steps with shifts ``s = 1, 2, 4, …`` each ``y_t`` holds the sum
+    over ``k ∈ [t, t + 2s)``. Elementwise operations only (no BLAS reduction whose rounding could
+    depend on a row's position in the batch), so every row's result is bitwise independent of the
+    other rows. Stops early once ``g^s`` underflows (then no further term can contribute).
+    """
+    T = x.shape[1]
+    tiny = torch.finfo(x.dtype).tiny
+    y = x
+    shift = 1
+    while shift < T:
+        factor = g**shift
+        if factor < tiny:
+            break
+        y = y + factor * torch.nn.functional.pad(y[:, shift:], (0, shift))
+        shift *= 2
+    return y
 
 
 def gae(
@@ -29,8 +51,10 @@ def gae(
 ) -> tuple[TokenFloat, TokenFloat]:
     """Advantages and returns ``([B, T], [B, T])``, both 0 at padded positions.
 
-    Vectorized over the batch; one backward sweep over ``T`` carrying (next value, next advantage)
-    across masked positions.
+    Vectorized over the batch and over ``T``: each row's valid tokens are first gathered to the
+    front (a stable sort, so interior holes disappear and the row is a plain prefix), then
+    ``δ_i = r_i + γ·V_{i+1} − V_i`` and ``Â_i = Σ_l (γλ)^l δ_{i+l}`` (the definition, as a
+    log-depth scan, :func:`_discounted_reverse_cumsum`), then scattered back.
     """
     m = check_mask("mask", mask)
     rewards = check_bt("rewards", rewards, m)
@@ -38,23 +62,27 @@ def gae(
     check_same_dtype(rewards=rewards, values=values)
     gamma = check_unit_interval("gamma", gamma)
     lam = check_unit_interval("lam", lam)
-    B, T = m.shape
+    T = m.shape[1]
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     r = torch.where(m, rewards, zero)
     v = torch.where(m, values, zero)
-    next_value = torch.zeros(B, dtype=values.dtype, device=values.device)
-    next_adv = torch.zeros(B, dtype=values.dtype, device=values.device)
-    adv_cols = []
-    for t in range(T - 1, -1, -1):
-        valid = m[:, t]
-        delta = r[:, t] + gamma * next_value - v[:, t]
-        a = delta + (gamma * lam) * next_adv
-        next_value = torch.where(valid, v[:, t], next_value)
-        next_adv = torch.where(valid, a, next_adv)
-        adv_cols.append(torch.where(valid, a, zero))
-    advantages = torch.stack(adv_cols[::-1], dim=1)
-    returns = torch.where(m, advantages + v, zero)
-    return advantages, returns
+    has_holes = bool((m[:, 1:] & ~m[:, :-1]).any())  # a valid token right after a masked one
+    if has_holes:
+        # Valid positions first, in their original order (stable), masked positions after them.
+        order = torch.argsort((~m).to(torch.uint8), dim=1, stable=True)
+        r, v = r.gather(1, order), v.gather(1, order)
+        mc = torch.arange(T, device=m.device).unsqueeze(0) < m.sum(dim=1, keepdim=True)
+    else:
+        mc = m
+    # Compacted rows are prefixes with zeros after them, so V_{i+1} is the next column (0 at the end).
+    v_next = torch.nn.functional.pad(v[:, 1:], (0, 1))
+    delta = torch.where(mc, r + gamma * v_next - v, zero)
+    adv = torch.where(mc, _discounted_reverse_cumsum(delta, gamma * lam), zero)
+    if has_holes:
+        adv = torch.zeros_like(adv).scatter(1, order, adv)
+        v = torch.where(m, values, zero)
+    returns = torch.where(m, adv + v, zero)
+    return adv, returns
 
 
 def gae_naive(

@@ -61,7 +61,8 @@ def token_kl(
     _check_clamps(log_ratio_clamp, value_clamp)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     d = torch.where(m, logp - logp_ref, zero)
-    if log_ratio_clamp is not None:
+    if log_ratio_clamp is not None and log_ratio_clamp != (None, None):
+        # (None, None) means "no clamp" (torch.clamp refuses two Nones).
         d = torch.clamp(d, min=log_ratio_clamp[0], max=log_ratio_clamp[1])
     kl: Tensor
     if est is KLEstimator.K1:

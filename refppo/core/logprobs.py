@@ -5,7 +5,7 @@ the position before it; see :mod:`refppo.models` for that alignment). With tempe
 
     z = logits / τ
     log π(y_t) = z[y_t] − logsumexp(z)
-    H_t        = logsumexp(z) − Σ_v softmax(z)_v · z_v      ( = −Σ_v p_v log p_v )
+    H_t        = −Σ_v p_v · log p_v,  p = softmax(z)         (with 0·log 0 = 0)
 
 The temperature is applied *before* the log-softmax, for the old, reference and current
 log-probs alike, matching the sampler (verl ``dp_actor._forward_micro_batch`` ``logits.div_(T)``;
@@ -16,6 +16,7 @@ Outputs are 0 at padded positions; token ids there may be junk (even out of rang
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -43,17 +44,58 @@ def _prepare(
         b, t = (int(i) for i in bad.nonzero()[0])
         raise ShapeError(f"tokens: id {int(ids[b, t])} at valid position [{b}, {t}] is outside [0, V={V})")
     safe_ids = torch.where(m, ids, torch.zeros((), dtype=ids.dtype, device=ids.device))
-    z = lg / temperature if temperature != 1.0 else lg
-    return z, safe_ids, m
+    return lg, safe_ids.long(), m
+
+
+_CHUNK_ELEMENTS = 2**18
+"""On CPU, positions are processed in chunks of about this many logits (1 MiB in float32)."""
+
+
+def _by_position_chunks(
+    fn: Callable[[Tensor, Tensor], Tensor], logits: Tensor, m: Tensor, ids: Tensor, temperature: float
+) -> Tensor:
+    """``fn(z, ids)`` per *valid* position on ``z = logits/τ``; result ``[B, T]``, 0 on padding.
+
+    Only the valid positions' rows of logits are gathered (``index_select``) and computed on:
+    junk on padding (NaN, ±inf) then reaches neither a value nor — in the backward pass — a NaN
+    gradient into the logits (padded logits get an exact 0), and padded rows cost nothing.
+    ``fn`` works row by row (one position per row), so chunking changes no value. On CPU the valid
+    rows are processed in chunks of about ``_CHUNK_ELEMENTS`` logits: full-size temporaries
+    (8 MB each at B=64, T=512, V=64) are returned to the OS and page-faulted back in on every call
+    (≈4× slower), while 1 MiB chunks stay in the allocator and in cache. Other devices: one chunk.
+    """
+    B, T, V = logits.shape
+    flat, flat_ids = logits.reshape(B * T, V), ids.reshape(B * T)
+    valid = m.reshape(B * T).nonzero().squeeze(1)
+    n = int(valid.numel())
+    rows = n if logits.device.type != "cpu" else max(64, _CHUNK_ELEMENTS // max(V, 1))
+
+    def one(idx: Tensor) -> Tensor:
+        z = flat.index_select(0, idx)
+        if temperature != 1.0:
+            z = z / temperature
+        return fn(z, flat_ids.index_select(0, idx))
+
+    chunks = [valid] if n <= rows else [valid[i : i + rows] for i in range(0, n, rows)]
+    values = torch.cat([one(idx) for idx in chunks])
+    out = torch.zeros(B * T, dtype=values.dtype, device=values.device).index_copy(0, valid, values)
+    return out.reshape(B, T)
 
 
 def logprobs_from_logits(
     logits: Logits, tokens: TokenIds, mask: ResponseMask | None = None, *, temperature: float = 1.0
 ) -> TokenFloat:
     """``log softmax(logits/τ)[y_t]`` per position, ``[B, T]``; 0 where ``mask`` is 0."""
-    z, ids, m = _prepare(logits, tokens, mask, temperature)
-    picked = torch.gather(z, -1, ids.long().unsqueeze(-1)).squeeze(-1)
-    logp = picked - torch.logsumexp(z, dim=-1)
+    lg, ids, m = _prepare(logits, tokens, mask, temperature)
+    # log_softmax then gather: the same z − max − log Σ exp(z − max) as ``picked − logsumexp(z)``,
+    # in one fused kernel (≈4× faster than torch.logsumexp on CPU).
+    logp = _by_position_chunks(
+        lambda z, i: torch.gather(torch.log_softmax(z, dim=-1), -1, i.unsqueeze(-1)).squeeze(-1),
+        lg,
+        m,
+        ids,
+        temperature,
+    )
     return torch.where(m, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
 
 
@@ -64,9 +106,18 @@ def entropy_from_logits(
     dummy = (
         torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device) if logits.dim() == 3 else logits
     )
-    z, _, m = _prepare(logits, dummy, mask, temperature)
-    p = torch.softmax(z, dim=-1)
-    ent = torch.logsumexp(z, dim=-1) - (p * z).sum(dim=-1)
+    lg, ids, m = _prepare(logits, dummy, mask, temperature)
+
+    # −Σ p·log p from the log-softmax, not logsumexp(z) − Σ p·z: the latter subtracts two numbers
+    # of the size of the logits and loses ~|z|·u absolute precision (float32, large logits or low τ).
+    # An entry with logit −inf (a banned/top-k-filtered token, p = 0) contributes 0·log 0 = 0: log p
+    # is clamped to the most negative finite float *before* the product (p = 0 exactly there), so
+    # no 0·(−inf) = NaN reaches the value or the gradient.
+    def entropy(zc: Tensor, _: Tensor) -> Tensor:
+        logp = torch.log_softmax(zc, dim=-1)
+        return -(logp.exp() * torch.clamp(logp, min=torch.finfo(zc.dtype).min)).sum(dim=-1)
+
+    ent = _by_position_chunks(entropy, lg, m, ids, temperature)
     return torch.where(m, ent, torch.zeros((), dtype=ent.dtype, device=ent.device))
 
 
@@ -120,7 +171,9 @@ def entropy_from_logits_naive(
             h = 0.0
             for zv in z:
                 logp = zv - lse
-                h -= math.exp(logp) * logp
+                p = math.exp(logp)
+                if p > 0.0:  # 0·log 0 = 0 (a −inf logit contributes nothing)
+                    h -= p * logp
             row.append(h)
         out.append(row)
     return pf.tensor_like(out, logits)

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from refppo.conventions import LossAgg
+from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
-from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
+from refppo.core.aggregate import aggregate_loss_naive, aggregate_masked
 from refppo.errors import HyperparameterError
 from refppo.types import ResponseMask, Scalar, TokenFloat
 from refppo.validate import check_bt, check_mask, check_nonneg, check_positive, check_same_dtype
@@ -63,15 +63,23 @@ def policy_ratio(
     ``log_ratio_clamp=κ`` clamps ``l − l^old`` to ``[−κ, κ]`` first (verl and OpenRLHF use 20).
     """
     m = check_mask("mask", mask, require_nonempty_rows=False)
+    return _log_ratio_and_ratio(logp, logp_old, m, log_ratio_clamp)[1]
+
+
+def _log_ratio_and_ratio(
+    logp: Tensor, logp_old: Tensor, m: Tensor, log_ratio_clamp: float | None
+) -> tuple[Tensor, Tensor]:
+    """Validated ``(d, ρ)``: ``d = l − l^old`` (unclamped, 0 on padding) and ``ρ`` as :func:`policy_ratio`."""
     logp = check_bt("logp", logp, m)
     logp_old = check_bt("logp_old", logp_old, m)
     check_same_dtype(logp=logp, logp_old=logp_old)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     d = torch.where(m, logp - logp_old, zero)
+    dc = d
     if log_ratio_clamp is not None:
         k = check_positive("log_ratio_clamp", log_ratio_clamp)
-        d = torch.clamp(d, -k, k)
-    return torch.where(m, torch.exp(d), zero)
+        dc = torch.clamp(d, -k, k)
+    return d, torch.where(m, torch.exp(dc), zero)
 
 
 def clipped_policy_loss(
@@ -98,26 +106,35 @@ def clipped_policy_loss(
         raise HyperparameterError(f"clip_low: expected a number in [0, 1), got {clip_low!r}")
     if dual_clip is not None and not (math.isfinite(dual_clip) and dual_clip > 1.0):
         raise HyperparameterError(f"dual_clip: expected a constant c > 1 (or None), got {dual_clip!r}")
-    ratio = policy_ratio(logp, logp_old, m, log_ratio_clamp=log_ratio_clamp)
+    agg_mode = parse(LossAgg, agg, what="loss_agg")
+    d, ratio = _log_ratio_and_ratio(logp, logp_old, m, log_ratio_clamp)
     check_same_dtype(logp=logp, advantages=advantages)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    adv = torch.where(m, advantages, zero).detach()
-    loss1 = -adv * ratio
-    loss2 = -adv * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
+    # −A, 0 on padding; there ρ = 0 too, so every per-token term below is (±)0 on padding.
+    neg_adv = torch.where(m, -advantages, zero).detach()
+    loss1 = neg_adv * ratio
+    loss2 = neg_adv * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
     per_token = torch.maximum(loss1, loss2)
-    lower_active = torch.zeros_like(m)
+    lower_active: Tensor | None = None
     if dual_clip is not None:
-        loss3 = -adv * dual_clip
-        lower_active = (adv < 0) & (per_token > loss3)
-        per_token = torch.where(adv < 0, torch.minimum(per_token, loss3), per_token)
+        # The cap −c·A applies where A < 0 only (+inf elsewhere).
+        cap = torch.where(
+            neg_adv > 0, neg_adv * dual_clip, torch.full((), math.inf, dtype=logp.dtype, device=logp.device)
+        )
+        lower_active = per_token > cap
+        per_token = torch.minimum(per_token, cap)
     per_token = torch.where(m, per_token, zero)
-    loss = aggregate_loss(per_token, m, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
+    loss = aggregate_masked(
+        per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
+    )
     with torch.no_grad():
-        n = m.sum().to(logp.dtype)
-        clipfrac = ((loss2 > loss1) & m).sum().to(logp.dtype) / n
-        clipfrac_lower = (lower_active & m).sum().to(logp.dtype) / n
-        d = torch.where(m, logp - logp_old, zero)
-        approx_kl = (-d).sum() / n
+        n = float(m.sum())
+        clipfrac = (loss2 > loss1).sum().to(logp.dtype) / n  # both 0 on padding: never counted
+        if lower_active is None:
+            clipfrac_lower = torch.zeros((), dtype=logp.dtype, device=logp.device)
+        else:
+            clipfrac_lower = lower_active.sum().to(logp.dtype) / n
+        approx_kl = -d.sum() / n  # d is 0 on padding
         approx_kl_k2 = 0.5 * (d * d).sum() / n
     return PolicyLossOutput(loss, per_token, ratio, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
 

@@ -36,6 +36,11 @@ def score_positions(mask: ResponseMask, score_at: ScorePosition | str = ScorePos
     """
     where = parse(ScorePosition, score_at, what="score_at")
     m = check_mask("mask", mask)
+    return _score_positions(m, where)
+
+
+def _score_positions(m: Tensor, where: ScorePosition) -> Tensor:
+    """:func:`score_positions` on an already validated bool mask."""
     B, T = m.shape
     pos = torch.arange(T, device=m.device).expand(B, T)
     last_valid = torch.where(m, pos, torch.full_like(pos, -1)).amax(dim=1)
@@ -62,15 +67,15 @@ def token_rewards(
     B, _ = m.shape
     scores = check_b("scores", scores, B, m.device)
     check_nonneg("beta", beta)
-    pos = score_positions(m, score_at)
+    pos = _score_positions(m, parse(ScorePosition, score_at, what="score_at"))
     zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
     if kl is None:
         r = torch.zeros(m.shape, dtype=scores.dtype, device=m.device)
     else:
         kl = check_bt("kl", kl, m)
         r = torch.where(m, -beta * kl, zero).to(scores.dtype)
-    onehot = torch.nn.functional.one_hot(pos, num_classes=m.shape[1]).to(torch.bool)
-    return r + torch.where(onehot, scores.unsqueeze(1), zero)
+    # r[b, p_b] += s_b (one score slot per row).
+    return r.scatter_add(1, pos.unsqueeze(1), scores.unsqueeze(1))
 
 
 def token_rewards_naive(

@@ -4,7 +4,7 @@ Symbols: ``V_t`` current critic output (differentiable), ``V^old_t`` the critic'
 rollout (there is no "old critic" network: these cached values are all PPO keeps), ``R_t`` returns
 (value targets, constants), ``ε_v`` the value clip range::
 
-    V^clip_t = V^old_t + clip(V_t − V^old_t, −ε_v, ε_v)
+    V^clip_t = clip(V_t, V^old_t − ε_v, V^old_t + ε_v)
     ℓ^v_t    = ½·max((V_t − R_t)², (V^clip_t − R_t)²)      (clipped)
     ℓ^v_t    = ½·(V_t − R_t)²                               (unclipped)
     vf_loss  = agg(ℓ^v)
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from refppo.conventions import LossAgg, ValueLoss, parse
 from refppo.core import _pyfloat as pf
-from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
+from refppo.core.aggregate import aggregate_loss_naive, aggregate_masked
 from refppo.errors import HyperparameterError
 from refppo.types import ResponseMask, Scalar, TokenFloat
 from refppo.validate import check_bt, check_mask, check_nonneg, check_same_dtype
@@ -53,6 +53,7 @@ def value_loss(
 ) -> ValueLossOutput:
     """Clipped (or unclipped) value loss, aggregated by ``agg`` (module docstring)."""
     k = parse(ValueLoss, kind, what="value_loss")
+    agg_mode = parse(LossAgg, agg, what="loss_agg")
     m = check_mask("mask", mask)
     values = check_bt("values", values, m)
     values_old = check_bt("values_old", values_old, m)
@@ -67,7 +68,10 @@ def value_loss(
         if clip is None:
             raise HyperparameterError("clip: a clipped value loss needs a clip range, got None")
         eps_v = check_nonneg("clip", clip)
-        v_clipped = v_old + torch.clamp(v - v_old, -eps_v, eps_v)
+        # clip(V, V_old − ε_v, V_old + ε_v), the form of verl ``compute_value_loss``: inside the range
+        # it returns V itself, bit for bit. The algebraically equal V_old + clip(V − V_old, ±ε_v)
+        # (OpenRLHF ``ValueLoss``) can land one rounding step off V and count ties as "clipped".
+        v_clipped = torch.clamp(v, min=v_old - eps_v, max=v_old + eps_v)
         err_clipped = (v_clipped - ret) ** 2
         per_token = 0.5 * torch.maximum(err_unclipped, err_clipped)
         with torch.no_grad():
@@ -76,7 +80,9 @@ def value_loss(
         per_token = 0.5 * err_unclipped
         clipfrac = torch.zeros((), dtype=v.dtype, device=v.device)
     per_token = torch.where(m, per_token, zero)
-    loss = aggregate_loss(per_token, m, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
+    loss = aggregate_masked(
+        per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
+    )
     return ValueLossOutput(loss, per_token, clipfrac)
 
 
@@ -118,7 +124,7 @@ def value_loss_naive(
             e1 = (v - ret) ** 2
             if clipped:
                 assert clip is not None
-                v_c = v_old + min(max(v - v_old, -clip), clip)
+                v_c = min(max(v, v_old - clip), v_old + clip)
                 e2 = (v_c - ret) ** 2
                 if e2 > e1:
                     n_clipped += 1

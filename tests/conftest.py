@@ -1,0 +1,54 @@
+"""Test-suite wide configuration: Hypothesis profiles and the ``gpu`` marker.
+
+Hypothesis profiles, selected by the environment variable ``HYPOTHESIS_PROFILE`` (default ``ci``):
+
+=========== ============ =============================================================
+profile     max_examples  purpose
+=========== ============ =============================================================
+``ci``      40           default; derandomized (same examples on every run), no example
+                          database, no deadline: the whole property suite runs in well
+                          under 2 minutes on 2 shared cores
+``dev``     100          local work: random seeds, example database kept
+``thorough`` 1000        before a release / after touching refppo/core: 1000 examples
+=========== ============ =============================================================
+
+Tests marked ``@pytest.mark.gpu`` (marker declared in pyproject.toml) are skipped cleanly when
+``torch.cuda.is_available()`` is False.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# deadline=None: shared, loaded CI machines; timing is not what these tests check.
+_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "ci",
+    max_examples=40,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=_SUPPRESS,
+)
+settings.register_profile(
+    "dev", max_examples=100, print_blob=True, deadline=None, suppress_health_check=_SUPPRESS
+)
+settings.register_profile(
+    "thorough", max_examples=1000, print_blob=True, deadline=None, suppress_health_check=_SUPPRESS
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu``-marked tests when no CUDA device is available."""
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
