@@ -23,7 +23,7 @@ from torch import Tensor
 from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
 from refppo.types import ResponseMask, Scalar, TokenFloat
-from refppo.validate import check_bt, check_mask, check_positive
+from refppo.validate import check_bt, check_mask, check_positive, count_true
 
 
 def aggregate_loss(
@@ -60,11 +60,11 @@ def aggregate_masked(
     """
     B, T = m.shape
     if agg is LossAgg.TOKEN_MEAN:
-        n_tok = check_positive("token_count", token_count) if token_count is not None else float(m.sum())
+        n_tok = float(count_true(m)) if token_count is None else check_positive("token_count", token_count)
         return lm.sum() / n_tok
     n_seq = check_positive("seq_count", seq_count) if seq_count is not None else float(B)
     if agg is LossAgg.SEQ_MEAN_TOKEN_MEAN:
-        per_seq = lm.sum(dim=1) / m.sum(dim=1).to(lm.dtype)
+        per_seq = lm.sum(dim=1) / count_true(m, 1).to(lm.dtype)
         return per_seq.sum() / n_seq
     if agg is LossAgg.SEQ_MEAN_TOKEN_SUM:
         return lm.sum() / n_seq

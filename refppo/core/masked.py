@@ -23,7 +23,7 @@ from torch import Tensor
 from refppo.core import _pyfloat as pf
 from refppo.errors import MaskError
 from refppo.types import ResponseMask, Scalar, TokenFloat
-from refppo.validate import check_bt, check_mask
+from refppo.validate import check_bt, check_mask, count_true
 
 
 def _masked_values(x: Tensor, m: Tensor) -> Tensor:
@@ -44,8 +44,8 @@ def masked_mean(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Te
     x = check_bt("x", x, m)
     xm = _masked_values(x, m)
     if dim is None:
-        return xm.sum() / m.sum().to(x.dtype)
-    return xm.sum(dim=dim) / m.sum(dim=dim).to(x.dtype)
+        return xm.sum() / count_true(m).to(x.dtype)
+    return xm.sum(dim=dim) / count_true(m, dim).to(x.dtype)
 
 
 def masked_var(x: TokenFloat, mask: ResponseMask, *, unbiased: bool = True) -> Scalar:
@@ -55,7 +55,7 @@ def masked_var(x: TokenFloat, mask: ResponseMask, *, unbiased: bool = True) -> S
     """
     m = check_mask("mask", mask)
     x = check_bt("x", x, m)
-    n = int(m.sum())
+    n = int(count_true(m))
     if unbiased and n < 2:
         raise MaskError(f"mask: an unbiased variance needs at least 2 valid tokens, got {n}")
     mu = _masked_values(x, m).sum() / n
@@ -80,7 +80,7 @@ def masked_whiten(
     """
     m = check_mask("mask", mask)
     x = check_bt("x", x, m)
-    n = m.sum().to(x.dtype)
+    n = count_true(m).to(x.dtype)
     mu = _masked_values(x, m).sum() / n
     var = masked_var(x, m, unbiased=unbiased)
     out = (x - mu) * torch.rsqrt(var + eps)
