@@ -1,0 +1,194 @@
+"""Speed and memory of `refppo train` (a script, not a test).
+
+Reports seconds per PPO iteration (median after warm-up), response tokens/s, peak RSS, and the
+split between rollout (generation), scoring (π_old/π_ref/critic/reward passes) and the PPO update.
+The iterations are the trainer's own (:meth:`refppo.trainer.Trainer.step`: ``generate_rollout`` +
+``ppo.iteration``). ``iteration`` runs scoring and update back to back, so the scoring time is
+measured by re-running ``score_rollout`` on each iteration's batch outside the timed iteration,
+and update = (scoring + update) − scoring.
+
+``--naive`` also times the naive step-by-step twin (:mod:`refppo.ppo_naive`: per-prefix forwards,
+a snapshot π_old network, Python-loop losses) against the vectorized path on the same rows for ONE
+minibatch step (``--naive-rows`` rows, 1 epoch, 1 minibatch): the full config would take hours.
+
+    .venv/bin/python benchmarks/bench_train.py                         # trl-parity config
+    .venv/bin/python benchmarks/bench_train.py --config FILE --iterations 10 --warmup 2 --naive
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def bench(config: str, iterations: int, warmup: int, overrides: list[str]) -> tuple[dict[str, Any], Any]:
+    from refppo.config import load_config
+    from refppo.rollout import score_rollout
+    from refppo.trainer import Trainer, peak_rss_mb
+
+    out = tempfile.mkdtemp(prefix="refppo-bench-")
+    cfg = load_config(
+        config,
+        [
+            *overrides,
+            f"run.out_dir={out}",
+            f"run.iterations={warmup + iterations}",
+            "run.progress=false",
+            "run.plot=false",
+            "run.sample_every=0",
+        ],
+    )
+    rss_before = peak_rss_mb()
+    t_setup = time.perf_counter()
+    trainer = Trainer(cfg)
+    setup_s = time.perf_counter() - t_setup
+    rows: list[dict[str, float]] = []
+    for it in range(warmup + iterations):
+        record, result, _ = trainer.step(it)
+        t0 = time.perf_counter()
+        score_rollout(
+            trainer.actor,
+            trainer.reference,
+            trainer.critic,
+            trainer.reward,
+            result.scored.batch,
+            temperature=trainer.rollout_cfg.temperature,
+            eos_token_id=trainer.rollout_cfg.eos_token_id,
+            missing_eos_penalty=trainer.rollout_cfg.missing_eos_penalty,
+        )
+        scoring = time.perf_counter() - t0
+        row = {
+            "iteration_s": record["time/iteration"],
+            "rollout_s": record["time/rollout"],
+            "scoring_s": scoring,
+            "update_s": record["time/score_update"] - scoring,
+            "response_tokens": float(result.scored.batch.response_mask.sum()),
+            "total_tokens": float(result.scored.batch.attention_mask.sum()),
+        }
+        rows.append(row)
+        print(
+            f"  iter {it + 1:3d}{' (warm-up)' if it < warmup else '          '}  "
+            + "  ".join(f"{k} {v:8.3f}" for k, v in row.items() if k.endswith("_s")),
+            flush=True,
+        )
+    timed = rows[warmup:]
+    med = {k: _median([r[k] for r in timed]) for k in timed[0]}
+    result = {
+        "config": config,
+        "overrides": overrides,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "iterations_timed": len(timed),
+        "warmup": warmup,
+        "setup_s": setup_s,
+        "median_iteration_s": med["iteration_s"],
+        "median_rollout_s": med["rollout_s"],
+        "median_scoring_s": med["scoring_s"],
+        "median_update_s": med["update_s"],
+        "response_tokens_per_s": _median([r["response_tokens"] / r["iteration_s"] for r in timed]),
+        "total_tokens_per_s": _median([r["total_tokens"] / r["iteration_s"] for r in timed]),
+        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb_before_setup": rss_before,
+    }
+    return result, trainer
+
+
+def bench_naive(trainer: Any, rows: int) -> dict[str, float]:
+    """One minibatch step on ``rows`` rows: naive twin vs vectorized, same starting weights."""
+    import copy
+
+    from refppo import ppo, ppo_naive
+    from refppo.pipeline import rollout_quantities
+    from refppo.rollout import generate_rollout, score_rollout
+
+    cfg = trainer.cfg
+    texts = trainer.task.prompts(rows, trainer.task_rng)
+    pid, pmask = trainer.encode_prompts(texts)
+    batch = generate_rollout(trainer.actor, pid, pmask, trainer.rollout_cfg, trainer.generator)
+    hp, conv = cfg.ppo.hp, cfg.ppo.convention
+    upd = ppo.PPOUpdateConfig(
+        ppo_epochs=1, num_minibatches=1, max_grad_norm=cfg.ppo.max_grad_norm, shuffle=False
+    )
+    kw: dict[str, Any] = {
+        "temperature": trainer.rollout_cfg.temperature,
+        "eos_token_id": trainer.rollout_cfg.eos_token_id,
+        "missing_eos_penalty": trainer.rollout_cfg.missing_eos_penalty,
+    }
+    out: dict[str, float] = {"rows": float(rows), "response_tokens": float(batch.response_mask.sum())}
+    for name in ("vectorized", "naive"):
+        actor, critic = copy.deepcopy(trainer.actor), copy.deepcopy(trainer.critic)
+        a_opt = torch.optim.AdamW(actor.parameters(), lr=cfg.optimizer.lr)
+        c_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.optimizer.lr)
+        t0 = time.perf_counter()
+        if name == "vectorized":
+            scored = score_rollout(actor, trainer.reference, critic, trainer.reward, batch, **kw)
+        else:
+            scored = ppo_naive.score_rollout_naive(
+                actor, trainer.reference, critic, trainer.reward, batch, **kw
+            )
+        t1 = time.perf_counter()
+        qfn = rollout_quantities if name == "vectorized" else ppo_naive.rollout_quantities_naive
+        q = qfn(
+            scores=scored.scores,
+            old_logprobs=scored.old_logprobs,
+            ref_logprobs=scored.ref_logprobs,
+            old_values=scored.old_values,
+            mask=batch.response_mask,
+            hp=hp,
+            conv=conv,
+        )
+        if name == "vectorized":
+            ppo.ppo_update(
+                actor, critic, a_opt, c_opt, scored, q, hp=hp, conv=conv, cfg=upd, generator=torch.Generator()
+            )
+        else:
+            ppo_naive.ppo_update_naive(
+                actor, critic, a_opt, c_opt, scored, q, hp=hp, conv=conv, cfg=upd, perms=[torch.arange(rows)]
+            )
+        t2 = time.perf_counter()
+        out[f"{name}_scoring_s"] = t1 - t0
+        out[f"{name}_update_s"] = t2 - t1
+    out["naive_over_vectorized_scoring"] = out["naive_scoring_s"] / out["vectorized_scoring_s"]
+    out["naive_over_vectorized_update"] = out["naive_update_s"] / out["vectorized_update_s"]
+    out["naive_over_vectorized_total"] = (out["naive_scoring_s"] + out["naive_update_s"]) / (
+        out["vectorized_scoring_s"] + out["vectorized_update_s"]
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(HERE / "configs" / "trl-parity.toml"))
+    p.add_argument("--iterations", type=int, default=8, help="timed iterations (after warm-up)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
+    p.add_argument("--naive", action="store_true", help="also time the naive twin on one minibatch step")
+    p.add_argument("--naive-rows", type=int, default=4)
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    args = p.parse_args(argv)
+    print(f"refppo bench_train: {args.config} ({args.warmup} warm-up + {args.iterations} timed iterations)")
+    result, trainer = bench(args.config, args.iterations, args.warmup, args.overrides)
+    if args.naive:
+        result["naive"] = bench_naive(trainer, args.naive_rows)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,727 @@
+"""The trainer: models, data, logging and checkpoints around ONE per-iteration algorithm.
+
+Each iteration is :func:`refppo.rollout.generate_rollout` followed by :func:`refppo.ppo.iteration`
+(scoring → :func:`refppo.pipeline.rollout_quantities` → :func:`refppo.ppo.ppo_update`) — the same
+functions the golden trajectories and the oracle check; this module adds no PPO math of its own.
+(``generate_rollout`` is called here and its batch handed to ``iteration(batch=...)``, which is
+exactly what ``iteration`` does itself when no batch is given; it lets the trainer time the
+rollout separately.)
+
+Numbered skeleton of :meth:`Trainer.train`::
+
+    0. setup: seed every RNG; tokenizer; policy (tiny from config, or --model DIR); warm start
+       (embedded task); reference = frozen copy; reward (model trained on rule-labelled pairs,
+       --reward-model DIR, the rule, or module:function); critic; AdamW ×2; KL controller;
+       DDP wrap (torchrun); --resume restores weights, optimizers, RNGs, controller, iteration
+    per iteration:
+    1. prompts from the task's RNG → token ids (length checked) → left-padded batch
+    2. responses = generate_rollout(actor, prompts)                    (timed: rollout)
+    3. result = ppo.iteration(..., hp with β from the KL controller)  (timed: score + update)
+    4. metrics reduced over ranks; non-finite loss → error (or skip + restore, run.on_nan)
+    5. β ← controller.update(KL, global batch)
+    6. log: JSONL, tqdm, TensorBoard, sample generations; checkpoint
+    end: plot.png, final checkpoint
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import math
+import os
+import random
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+from torch import Tensor, nn
+
+from refppo import checkpoint as ckpt
+from refppo import models, ppo
+from refppo import rollout as rl
+from refppo.config import ConfigError, TrainConfig
+from refppo.errors import RefPPOError
+from refppo.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
+from refppo.logging_utils import MetricsLog, Progress, TensorBoard, format_samples, plot_metrics, read_metrics
+from refppo.tasks.warmstart import sft, train_reward_model
+from refppo.tasks.words import PROMPT_HEAD, WordsTask, build_tokenizer, rule_reward
+
+ROLLOUT_KEYS = (
+    "score",
+    "raw_score",
+    "kl",
+    "non_score_reward",
+    "response_length",
+    "eos_frac",
+    "old_entropy",
+    "advantage_mean",
+    "return_mean",
+    "value_mean",
+)
+"""Keys of :func:`refppo.ppo.rollout_metrics` (logged as ``rollout/<key>``; the rest as ``ppo/<key>``)."""
+SUMMED_OVER_RANKS = ("loss", "pg_loss", "vf_loss", "entropy", "kl_loss")
+"""Update metrics that are per-rank shares of a global value (global normalisers): summed over ranks."""
+RESUMABLE_KEYS = (
+    "iterations",
+    "out_dir",
+    "progress",
+    "plot",
+    "tensorboard",
+    "sample_every",
+    "checkpoint_every",
+)
+"""``[run]`` keys that may change when resuming; any other config change is refused."""
+
+
+class TrainingError(RefPPOError):
+    """A run that cannot go on correctly (bad model/tokenizer/prompt, non-finite loss, ...)."""
+
+
+# ------------------------------------------------------------------------------------------ distributed
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in a (torchrun) job; ``world_size == 1`` without torchrun."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes logs, plots and weights."""
+        return self.rank == 0
+
+    def all_reduce(self) -> ppo.AllReduce | None:
+        """SUM all-reduce hook for :func:`refppo.ppo.ppo_update` (None on one process)."""
+        if self.world_size == 1:
+            return None
+
+        def reduce(t: Tensor) -> Tensor:
+            torch_dist.all_reduce(t)
+            return t
+
+        return reduce
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op on one process)."""
+        if self.world_size > 1:
+            torch_dist.barrier()
+
+
+def init_distributed(device: str) -> DistContext:
+    """Join the torchrun job described by ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (gloo on CPU,
+    NCCL on CUDA); a plain process gets ``DistContext()``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext()
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not torch_dist.is_initialized():
+        use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        torch_dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return DistContext(rank, world, local)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python ``random``, numpy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str, dist: DistContext) -> torch.device:
+    """``auto``/``cpu``/``cuda``/``cuda:N`` → a device (under torchrun, ``cuda`` is the local rank's GPU)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise TrainingError(f"model.device={name!r} but CUDA is not available (use --device cpu)")
+        if name == "cuda":
+            name = f"cuda:{dist.local_rank}"
+        torch.cuda.set_device(torch.device(name))
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` → bfloat16 on GPU, float32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[name]
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MB (``getrusage``; KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def context_length(model: nn.Module) -> int | None:
+    """The model's maximum sequence length from its config (None if unknown)."""
+    cfg = getattr(model, "config", None)
+    for attr in ("n_positions", "max_position_embeddings"):
+        v = getattr(cfg, attr, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def load_reward_function(spec: str, tokenizer: Any) -> models.RewardFn:
+    """``package.module:function`` taking ``(prompt: str, response: str) -> float`` → an ids-level
+    :data:`refppo.models.RewardFn` (prompt/response decoded with ``tokenizer``, special tokens kept)."""
+    mod_name, _, fn_name = spec.partition(":")
+    if not mod_name or not fn_name:
+        raise TrainingError(f"--reward {spec!r}: expected package.module:function")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise TrainingError(f"--reward {spec!r}: cannot import module {mod_name!r}: {e}") from e
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise TrainingError(f"--reward {spec!r}: module {mod_name!r} has no callable {fn_name!r}")
+    return text_reward(fn, tokenizer)
+
+
+def text_reward(fn: Callable[[str, str], float], tokenizer: Any) -> models.RewardFn:
+    """Wrap a text reward ``fn(prompt, response) -> float`` as an ids-level reward."""
+
+    def reward(prompt_ids: list[int], response_ids: list[int]) -> float:
+        p = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        r = tokenizer.decode(response_ids, skip_special_tokens=False)
+        return float(fn(p, r))
+
+    return reward
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, float) and math.isfinite(x)
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+
+
+class Trainer:
+    """One training run of ``cfg`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        dist: DistContext | None = None,
+        resume: bool = False,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.dist = dist or DistContext()
+        cfg.check_world_size(self.dist.world_size)
+        self.resume = resume
+        self.out_dir = Path(cfg.run.out_dir)
+        self.ckpt_dir = self.out_dir / "checkpoints"
+        self._echo = echo
+        self.start_iteration = 0
+        self.setup_info: dict[str, Any] = {}
+        self._setup()
+
+    # ------------------------------------------------------------------------------------------ setup
+    def echo(self, text: str) -> None:
+        """Print a line on the main rank."""
+        if not self.dist.is_main:
+            return
+        if self._echo is not None:
+            self._echo(text)
+        else:
+            print(text, flush=True)
+
+    def _setup(self) -> None:
+        cfg, d = self.cfg, self.dist
+        if cfg.model.threads:
+            torch.set_num_threads(cfg.model.threads)
+        seed_everything(cfg.run.seed)
+        self.device = resolve_device(cfg.model.device, d)
+        self.dtype = resolve_dtype(cfg.model.dtype, self.device)
+        # bf16: fp32 master weights + autocast; float64 / float32: the weights themselves
+        self.param_dtype = torch.float32 if self.dtype == torch.bfloat16 else self.dtype
+        self.task = WordsTask(cfg.task.prompt_words, cfg.task.response_words)
+        # per-rank prompt stream and sampling generator; setup-time RNG shared by every rank
+        self.task_rng = random.Random(cfg.run.seed * 1_000_003 + d.rank)
+        self.generator = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + d.rank)
+        setup_rng = random.Random(cfg.run.seed)
+        resuming = self.resume and ckpt.latest_checkpoint(self.ckpt_dir) is not None
+        if self.resume and not resuming:
+            raise TrainingError(f"--resume: no complete checkpoint under {str(self.ckpt_dir)!r}")
+
+        embedded = cfg.model.policy in ("tiny_gpt2", "tiny_llama")
+        if embedded:
+            self.tokenizer = build_tokenizer()
+            arch: models.Arch = "gpt2" if cfg.model.policy == "tiny_gpt2" else "llama"
+            vocab = cfg.model.vocab_size or len(self.tokenizer)
+            if vocab < len(self.tokenizer):
+                raise ConfigError(
+                    f"model.vocab_size={vocab} is smaller than the tokenizer ({len(self.tokenizer)})"
+                )
+            size = {
+                "hidden": cfg.model.n_embd,
+                "layers": cfg.model.n_layer,
+                "heads": cfg.model.n_head,
+                "max_positions": cfg.model.n_positions,
+            }
+            self.actor = models.tiny_actor(arch, vocab, seed=cfg.run.seed, **size)
+        else:
+            self.tokenizer, self.actor = self._load_local_policy(cfg.model.policy)
+        if self.tokenizer.pad_token_id is None:
+            raise TrainingError(
+                f"the tokenizer of {cfg.model.policy!r} has no pad token; set one and save it, e.g. "
+                "tok.pad_token = tok.eos_token; tok.save_pretrained(DIR)"
+            )
+        if self.tokenizer.eos_token_id is None:
+            raise TrainingError(
+                f"the tokenizer of {cfg.model.policy!r} has no EOS token; responses could never end"
+            )
+        self.actor.to(self.device, self.param_dtype)
+        if embedded and (cfg.task.sft_steps or cfg.task.reward == "model"):
+            longest = len(PROMPT_HEAD) + cfg.task.prompt_words[1] + cfg.task.response_words[1] + 1
+            if longest > cfg.model.n_positions:
+                raise TrainingError(
+                    f"warm-start / reward-model samples reach {longest} tokens but model.n_positions="
+                    f"{cfg.model.n_positions}; raise model.n_positions or lower "
+                    "task.prompt_words/response_words"
+                )
+        if embedded and cfg.task.sft_steps and not resuming:
+            losses = sft(
+                self.actor,
+                self.tokenizer,
+                self.task,
+                steps=cfg.task.sft_steps,
+                batch_size=cfg.task.sft_batch_size,
+                lr=cfg.task.sft_lr,
+                rng=setup_rng,
+                device=self.device,
+            )
+            self.setup_info["sft_loss_first_last"] = [losses[0], losses[-1]]
+            self.echo(f"warm start: {len(losses)} SFT steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        self.reference = models.make_reference(self.actor)
+
+        # reward
+        self.reward_model: models.RewardModel | None = None
+        self.reward: models.Reward
+        if cfg.task.reward == "model":
+            if cfg.model.reward_model is not None:
+                self.reward_model = self._load_local_reward(cfg.model.reward_model)
+            elif embedded:
+                vocab = int(self.actor.config.vocab_size)
+                rm = models.tiny_reward_model(
+                    arch,
+                    vocab,
+                    seed=cfg.run.seed + 2,
+                    hidden=cfg.model.n_embd,
+                    layers=cfg.model.n_layer,
+                    heads=cfg.model.n_head,
+                    max_positions=cfg.model.n_positions,
+                )
+                rm.to(self.device, self.param_dtype)
+                if not resuming and cfg.task.rm_steps > 0:
+                    stats = train_reward_model(
+                        rm,
+                        self.tokenizer,
+                        self.task,
+                        pairs=cfg.task.rm_pairs,
+                        steps=cfg.task.rm_steps,
+                        batch_size=cfg.task.rm_batch_size,
+                        lr=cfg.task.rm_lr,
+                        rng=setup_rng,
+                        device=self.device,
+                    )
+                    self.setup_info["rm_heldout_accuracy"] = stats.heldout_accuracy
+                    self.echo(
+                        f"reward model: {cfg.task.rm_steps} steps, {cfg.task.rm_pairs} rule-labelled pairs, "
+                        f"train acc {stats.train_accuracy:.3f}, held-out acc {stats.heldout_accuracy:.3f}"
+                    )
+                self.reward_model = rm
+            else:
+                raise ConfigError("task.reward='model' with --model DIR needs --reward-model DIR")
+            self.reward_model.to(self.device, self.param_dtype)
+            self.reward_model.eval()
+            for p in self.reward_model.parameters():
+                p.requires_grad_(False)
+            self.reward = self.reward_model
+        elif cfg.task.reward == "rule":
+            self.reward = text_reward(rule_reward, self.tokenizer)
+        else:
+            self.reward = load_reward_function(cfg.task.reward, self.tokenizer)
+        # the hidden rule, logged alongside a learned reward (the embedded task's true objective)
+        self.rule: models.RewardFn | None = text_reward(rule_reward, self.tokenizer) if embedded else None
+
+        # critic
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.run.seed + 1)
+            if cfg.model.critic_init == "reward":
+                assert self.reward_model is not None  # checked by TrainConfig
+                backbone = copy.deepcopy(self.reward_model.model.base_model)
+            else:
+                backbone = copy.deepcopy(self.actor.base_model)
+            for p in backbone.parameters():
+                p.requires_grad_(True)
+            self.critic = models.Critic(backbone)
+        self.critic.to(self.device, self.param_dtype)
+        self.critic.train()
+        self.actor.train()
+
+        # checks that need the models
+        self.max_prompt_tokens = self._max_prompt_tokens()
+        self.prompt_pool = self._read_prompts(cfg.task.prompts_file) if cfg.task.prompts_file else None
+
+        # optimizers, KL controller
+        o = cfg.optimizer
+        self.actor_opt = torch.optim.AdamW(
+            self.actor.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.critic_opt = torch.optim.AdamW(
+            self.critic.parameters(),
+            lr=o.critic_lr or o.lr,
+            betas=o.betas,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+        )
+        self.kl_ctl: FixedKLController | AdaptiveKLController = make_kl_controller(
+            cfg.ppo.hp.kl_coef, adaptive=cfg.kl.adaptive, target=cfg.kl.target, horizon=cfg.kl.horizon
+        )
+        self.rollout_cfg = rl.RolloutConfig(
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_k=cfg.rollout.top_k,
+            top_p=cfg.rollout.top_p,
+            eos_token_id=int(self.tokenizer.eos_token_id),
+            pad_token_id=int(self.tokenizer.pad_token_id),
+            missing_eos_penalty=cfg.rollout.missing_eos_penalty,
+        )
+        W = d.world_size
+        self.update_cfg = ppo.PPOUpdateConfig(
+            ppo_epochs=cfg.ppo.epochs,
+            num_minibatches=cfg.ppo.minibatches,
+            micro_batch_size=cfg.micro_batch_size(W),
+            max_grad_norm=cfg.ppo.max_grad_norm,
+        )
+
+        # identical starting weights on every rank (DDP broadcasts the wrapped ones itself)
+        if W > 1:
+            for module in (self.reference, *([self.reward_model] if self.reward_model is not None else [])):
+                for t in module.state_dict().values():
+                    torch_dist.broadcast(t, src=0)
+
+        if resuming:
+            self._load()
+        self.actor_train: nn.Module = self.actor
+        self.critic_train: nn.Module = self.critic
+        if W > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.actor_train = nn.parallel.DistributedDataParallel(self.actor, device_ids=ids)
+            self.critic_train = nn.parallel.DistributedDataParallel(self.critic, device_ids=ids)
+
+    def _load_local_policy(self, path: str) -> tuple[Any, nn.Module]:
+        p = Path(path)
+        if not p.is_dir():
+            raise TrainingError(f"--model {path!r}: no such directory (a local model directory is required)")
+        if not (p / "config.json").exists():
+            raise TrainingError(f"--model {path!r}: no config.json (not a transformers model directory)")
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+        except Exception as e:  # transformers raises OSError/ValueError/...: report them all the same way
+            raise TrainingError(f"--model {path!r}: cannot load its tokenizer: {e}") from e
+        try:
+            actor = models.load_actor(path)
+        except Exception as e:
+            raise TrainingError(f"--model {path!r}: cannot load it as a causal LM: {e}") from e
+        return tok, actor
+
+    def _load_local_reward(self, path: str) -> models.RewardModel:
+        p = Path(path)
+        if not (p.is_dir() and (p / "config.json").exists()):
+            raise TrainingError(f"--reward-model {path!r}: not a local transformers model directory")
+        try:
+            return models.load_reward_model(path)
+        except Exception as e:
+            raise TrainingError(f"--reward-model {path!r}: cannot load it: {e}") from e
+
+    def _read_prompts(self, path: str) -> list[str]:
+        p = Path(path)
+        if not p.is_file():
+            raise TrainingError(f"task.prompts_file {path!r} does not exist")
+        prompts = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise TrainingError(f"task.prompts_file {path!r} holds no prompt")
+        self.encode_prompts(prompts)  # every prompt checked against the context now, not mid-run
+        return prompts
+
+    def _max_prompt_tokens(self) -> int:
+        ctx = context_length(self.actor)
+        T = self.cfg.rollout.max_new_tokens
+        limit = self.cfg.rollout.max_prompt_tokens
+        if ctx is not None:
+            if ctx <= T:
+                raise TrainingError(
+                    f"rollout.max_new_tokens={T} leaves no room for a prompt in a context of {ctx}"
+                )
+            limit = min(limit, ctx - T) if limit else ctx - T
+        return limit or 10**9
+
+    # ----------------------------------------------------------------------------------------- prompts
+    def encode_prompts(self, texts: list[str]) -> tuple[Tensor, Tensor]:
+        """Token ids of ``texts``, checked against the context, left-padded."""
+        special = self.cfg.task.add_special_tokens
+        ids: list[list[int]] = [self.tokenizer(t, add_special_tokens=special)["input_ids"] for t in texts]
+        for t, row in zip(texts, ids, strict=True):
+            if len(row) == 0:
+                raise TrainingError(f"prompt {t!r} encodes to no tokens")
+            if len(row) > self.max_prompt_tokens:
+                raise TrainingError(
+                    f"prompt of {len(row)} tokens is longer than the {self.max_prompt_tokens} allowed "
+                    f"(context − rollout.max_new_tokens, or rollout.max_prompt_tokens): {t[:80]!r}"
+                )
+        pid, pmask = models.left_pad(ids, int(self.tokenizer.pad_token_id))
+        return pid.to(self.device), pmask.to(self.device)
+
+    # --------------------------------------------------------------------------------------- iteration
+    def _autocast(self) -> Any:
+        if self.dtype == torch.bfloat16:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=self.device.type, enabled=False)
+
+    def step(self, it: int) -> tuple[dict[str, Any], ppo.IterationResult, list[str]]:
+        """One iteration (skeleton steps 1–5); returns the record, the raw result and the prompts."""
+        cfg, d = self.cfg, self.dist
+        local = cfg.rollout.batch_size // d.world_size
+        if self.prompt_pool is not None:
+            texts = [self.task_rng.choice(self.prompt_pool) for _ in range(local)]
+        else:
+            texts = self.task.prompts(local, self.task_rng)
+        prompt_ids, prompt_mask = self.encode_prompts(texts)
+        hp = replace(cfg.ppo.hp, kl_coef=self.kl_ctl.value)
+        snapshot = self._snapshot() if cfg.run.on_nan == "skip" else None
+        t0 = time.perf_counter()
+        with self._autocast():
+            batch = rl.generate_rollout(self.actor, prompt_ids, prompt_mask, self.rollout_cfg, self.generator)
+            t1 = time.perf_counter()
+            result = ppo.iteration(
+                self.actor_train,
+                self.reference,
+                self.critic_train,
+                self.reward,
+                self.actor_opt,
+                self.critic_opt,
+                prompt_ids,
+                prompt_mask,
+                rollout_cfg=self.rollout_cfg,
+                update_cfg=self.update_cfg,
+                hp=hp,
+                conv=cfg.ppo.convention,
+                generator=self.generator,
+                world_size=d.world_size,
+                all_reduce=d.all_reduce(),
+                batch=batch,
+            )
+        t2 = time.perf_counter()
+        metrics = self._reduce(result.metrics)
+        if self.rule is not None:
+            rule = [self.rule(*batch.unpadded(b)) for b in range(batch.batch_size)]
+            metrics["rule_score"] = self._mean_over_ranks(sum(rule) / len(rule))
+        record: dict[str, Any] = {"iteration": it + 1, "kl_coef": hp.kl_coef, "skipped": 0}
+        for k, v in metrics.items():
+            record[("rollout/" if k in ROLLOUT_KEYS or k == "rule_score" else "ppo/") + k] = v
+        bad = [k for k in ("loss", "pg_loss", "vf_loss") if not _finite(metrics.get(k, 0.0))]
+        bad += [n for n, m in (("actor", self.actor), ("critic", self.critic)) if not _params_finite(m)]
+        if bad:
+            if snapshot is None:
+                raise TrainingError(
+                    f"iteration {it + 1}: non-finite {', '.join(bad)} (scores: mean {metrics['score']!r}); "
+                    "stopping — the last checkpoint is intact. Lower optimizer.lr, check the reward, "
+                    "or set run.on_nan=skip to drop such updates"
+                )
+            self._restore(snapshot)
+            record["skipped"] = 1
+            self.echo(f"iteration {it + 1}: non-finite {', '.join(bad)}; update skipped, weights restored")
+        else:
+            self.kl_ctl.update(metrics["kl"], cfg.rollout.batch_size)
+        n_tokens = float(batch.response_mask.sum()) * d.world_size
+        record["time/rollout"] = t1 - t0
+        record["time/score_update"] = t2 - t1
+        record["time/iteration"] = t2 - t0
+        record["time/response_tokens_per_s"] = n_tokens / max(t2 - t0, 1e-9)
+        record["time/peak_rss_mb"] = peak_rss_mb()
+        return record, result, texts
+
+    def _reduce(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.dist.world_size == 1:
+            return dict(metrics)
+        keys = sorted(metrics)
+        t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
+        torch_dist.all_reduce(t)
+        W = self.dist.world_size
+        return {
+            k: float(v) if k in SUMMED_OVER_RANKS else float(v) / W
+            for k, v in zip(keys, t.tolist(), strict=True)
+        }
+
+    def _mean_over_ranks(self, x: float) -> float:
+        if self.dist.world_size == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        torch_dist.all_reduce(t)
+        return float(t) / self.dist.world_size
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {
+            "actor": copy.deepcopy(self.actor.state_dict()),
+            "critic": copy.deepcopy(self.critic.state_dict()),
+            "actor_opt": copy.deepcopy(self.actor_opt.state_dict()),
+            "critic_opt": copy.deepcopy(self.critic_opt.state_dict()),
+        }
+
+    def _restore(self, s: dict[str, Any]) -> None:
+        self.actor.load_state_dict(s["actor"])
+        self.critic.load_state_dict(s["critic"])
+        self.actor_opt.load_state_dict(s["actor_opt"])
+        self.critic_opt.load_state_dict(s["critic_opt"])
+
+    # -------------------------------------------------------------------------------------- checkpoint
+    def _models(self) -> dict[str, nn.Module]:
+        out: dict[str, nn.Module] = {"policy": self.actor, "reference": self.reference, "critic": self.critic}
+        if self.reward_model is not None:
+            out["reward"] = self.reward_model
+        return out
+
+    def save(self, iteration: int) -> Path:
+        """Checkpoint after ``iteration`` completed iterations (call on every rank)."""
+        path = ckpt.save_checkpoint(
+            self.ckpt_dir,
+            iteration,
+            models=self._models(),
+            optimizers={"policy": self.actor_opt, "critic": self.critic_opt},
+            rng=ckpt.rng_state(self.task_rng, self.generator),
+            rank=self.dist.rank,
+            state={
+                "kl_controller": self.kl_ctl.state_dict(),
+                "config": self.cfg.to_dict(),
+                "world_size": self.dist.world_size,
+            },
+            is_main=self.dist.is_main,
+        )
+        self.dist.barrier()
+        if self.dist.is_main:
+            ckpt.mark_complete(path)
+        self.dist.barrier()
+        return path
+
+    def _load(self) -> None:
+        path = ckpt.latest_checkpoint(self.ckpt_dir)
+        assert path is not None
+        state = json.loads((path / "state.json").read_text())
+        self._check_resume_config(state.get("config", {}), int(state.get("world_size", 1)))
+        c, rng = ckpt.load_checkpoint(
+            path,
+            models=self._models(),
+            optimizers={"policy": self.actor_opt, "critic": self.critic_opt},
+            rank=self.dist.rank,
+        )
+        ckpt.set_rng_state(rng, self.task_rng, self.generator)
+        self.kl_ctl.load_state_dict(c.state["kl_controller"])
+        self.start_iteration = c.iteration
+        self.echo(f"resumed from {path} (iteration {c.iteration})")
+
+    def _check_resume_config(self, saved: dict[str, Any], saved_world: int) -> None:
+        now = self.cfg.to_dict()
+        diffs: list[str] = []
+        for section, values in now.items():
+            for key, value in values.items():
+                if section == "run" and key in RESUMABLE_KEYS:
+                    continue
+                old = saved.get(section, {}).get(key)
+                if old != value:
+                    diffs.append(f"{section}.{key}: {old!r} -> {value!r}")
+        if diffs:
+            raise TrainingError(
+                "--resume with a different config (only run.iterations and logging may change): "
+                + "; ".join(diffs)
+            )
+        if saved_world != self.dist.world_size:
+            raise TrainingError(
+                f"--resume: checkpoint was written by {saved_world} ranks, now {self.dist.world_size}"
+            )
+
+    # -------------------------------------------------------------------------------------------- loop
+    def train(self) -> list[dict[str, Any]]:
+        """Run to ``run.iterations``; returns every record of this run (main rank; others: [])."""
+        cfg, d = self.cfg, self.dist
+        if d.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "config.json").write_text(self.cfg.to_json() + "\n")
+        log = MetricsLog(
+            self.out_dir / "metrics.jsonl",
+            resume_from=self.start_iteration if self.resume else None,
+            enabled=d.is_main,
+        )
+        tb = TensorBoard(self.out_dir / "tensorboard", enabled=cfg.run.tensorboard and d.is_main)
+        bar = Progress(cfg.run.iterations, self.start_iteration, enabled=cfg.run.progress and d.is_main)
+        records: list[dict[str, Any]] = []
+        last_saved = self.start_iteration
+        try:
+            for it in range(self.start_iteration, cfg.run.iterations):
+                record, result, texts = self.step(it)
+                records.append(record)
+                log.write(record)
+                tb.write(record, it + 1)
+                bar.update(record)
+                n = it + 1
+                if d.is_main and cfg.run.sample_every and (n % cfg.run.sample_every == 0 or n == 1):
+                    b = result.scored.batch
+                    responses = [self.tokenizer.decode(b.unpadded(i)[1]) for i in range(min(3, b.batch_size))]
+                    bar.write(format_samples(n, texts, responses, result.scored.scores.tolist()))
+                if cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0:
+                    self.save(n)
+                    last_saved = n
+            if cfg.run.iterations > last_saved or not (self.ckpt_dir / f"iter_{last_saved:06d}").exists():
+                self.save(cfg.run.iterations)
+        finally:
+            bar.close()
+            tb.close()
+        if d.is_main and cfg.run.plot:
+            all_records = read_metrics(self.out_dir / "metrics.jsonl")
+            if all_records:
+                path = plot_metrics(all_records, self.out_dir / "plot.png")
+                self.echo(f"plot: {path}")
+        return records
+
+
+def _params_finite(m: nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in m.parameters())
+
+
+def run(cfg: TrainConfig, *, resume: bool = False) -> list[dict[str, Any]]:
+    """Build a :class:`Trainer` (joining a torchrun job if there is one) and train."""
+    d = init_distributed(cfg.model.device)
+    try:
+        return Trainer(cfg, dist=d, resume=resume).train()
+    finally:
+        if d.world_size > 1 and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+__all__ = [
+    "DistContext",
+    "Trainer",
+    "TrainingError",
+    "init_distributed",
+    "load_reward_function",
+    "run",
+    "text_reward",
+]
