@@ -8,7 +8,8 @@ Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
     1. kl            = token_kl(old_logprobs, ref_logprobs)            (KL placed in the reward)
     2. token_rewards = [0, …, 0, score] − β·kl                        (score at ``score_at``)
     3. advantages, returns = GAE(token_rewards, old_values)            (returns from raw advantages)
-    4. advantages    = whiten(advantages)                              (``whiten_advantages``)
+    4. advantages    = whiten(advantages)                              (``whiten_advantages``;
+                                                                        global under DDP)
     --- per PPO epoch / minibatch, with the current policy and critic ---
     5. ratio         = exp(logprobs − old_logprobs)
     6. pg_loss, pg_clipfrac, approx_kl = clipped surrogate
@@ -41,7 +42,7 @@ from refppo.conventions import (
 )
 from refppo.core.gae import gae
 from refppo.core.kl import token_kl
-from refppo.core.masked import masked_whiten
+from refppo.core.masked import AllReduce, masked_whiten
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.rewards import score_positions, token_rewards
@@ -191,8 +192,15 @@ def rollout_quantities(
     mask: Tensor,
     hp: Hyperparams,
     conv: Convention,
+    all_reduce: AllReduce | None = None,
 ) -> RolloutQuantities:
-    """Steps 1–4 of the module docstring."""
+    """Steps 1–4 of the module docstring.
+
+    ``all_reduce`` (a SUM all-reduce across ranks; None on one process): the tensors are this
+    rank's rows and the whitening moments (step 4) are all-reduced, so each rank's advantages equal
+    its rows of one process whitening the whole global batch (as verl). Steps 1–3 are per row and
+    need no communication. Every rank must call it (the whitening is a collective).
+    """
     m = check_mask("response_mask", mask)
     kl = token_kl(
         old_logprobs,
@@ -215,6 +223,7 @@ def rollout_quantities(
             shift_mean=conv.whiten_advantages is Whitening.MASKED,
             unbiased=conv.whiten_variance is Variance.UNBIASED,
             eps=hp.whiten_eps,
+            all_reduce=all_reduce,
         )
     if conv.kl_in is KLPlacement.LOSS:
         kl = torch.zeros_like(kl)

@@ -52,8 +52,9 @@ Design decisions:
   the resulting gradient equals single-process training on the concatenated batch. The PPO-ptx
   term is a per-rank mean and is NOT scaled (DDP's average of per-rank means). The loss metrics
   returned are this rank's share (with global normalisers their sum over ranks is the global
-  value); clip fractions and approx-KL are this rank's token means. Advantage whitening in step 3
-  is per rank (not synchronised).
+  value); clip fractions and approx-KL are this rank's token means. In :func:`iteration` the same
+  hook makes the advantage whitening of step 3 global (mean and variance all-reduced over every
+  rank's rows, as verl), so a DDP iteration equals one process on the concatenated batch.
 - **Dropout.** The current log-probs are recomputed in eval mode (``dropout_in_update=False``,
   as TRL), like the cached old log-probs, so the ratio of the first minibatch of the first epoch
   is 1 and clipfrac/approx-KL are 0 there. With ``dropout_in_update=True`` the models are in
@@ -416,6 +417,7 @@ def iteration(
         mask=batch.response_mask,
         hp=hp,
         conv=conv,
+        all_reduce=all_reduce,
     )
     metrics = rollout_metrics(scored, quantities, hp, conv)
     metrics.update(

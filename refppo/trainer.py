@@ -16,7 +16,8 @@ Numbered skeleton of :meth:`Trainer.train`::
     per iteration:
     1. prompts from the task's RNG → token ids (length checked) → left-padded batch
     2. responses = generate_rollout(actor, prompts)                    (timed: rollout)
-    3. result = ppo.iteration(..., hp with β from the KL controller)  (timed: score + update)
+    3. result = ppo.iteration(..., hp with β from the KL controller)  (timed: score + update;
+       under torchrun with the all_reduce hook: global normalisers and whitening)
     4. metrics reduced over ranks; non-finite loss → error (or skip + restore, run.on_nan)
     5. β ← controller.update(KL, global batch)
     6. log: JSONL, tqdm, TensorBoard, sample generations; checkpoint
@@ -101,7 +102,9 @@ class DistContext:
         return self.rank == 0
 
     def all_reduce(self) -> ppo.AllReduce | None:
-        """SUM all-reduce hook for :func:`refppo.ppo.ppo_update` (None on one process)."""
+        """SUM all-reduce hook for :func:`refppo.ppo.iteration` (None on one process): global loss
+        normalisers in the update and global advantage-whitening moments (μ, σ² over every rank's
+        rows, as verl), so a torchrun step equals one process on the concatenated batch."""
         if self.world_size == 1:
             return None
 

@@ -7,7 +7,18 @@ masked_sum            ``Σ_bt m·x``  (or per row: ``Σ_t m·x``)
 masked_mean           ``Σ m·x / Σ m``
 masked_var            ``Σ m·(x−μ)² / (N−1)`` (unbiased) or ``/ N`` (population)
 masked_whiten         ``(x−μ)/sqrt(σ²+eps)``, ``+μ`` again when ``shift_mean=False``
+masked_moments        ``(μ, σ²)`` of :func:`masked_whiten`, optionally global across ranks
 ===================== ===============================================================
+
+Distributed (``all_reduce``): ``masked_var``, ``masked_whiten`` and ``masked_moments`` take an
+optional SUM all-reduce hook (e.g. ``lambda t: (dist.all_reduce(t), t)[1]``). With it, ``x`` and
+``mask`` are this rank's shard and ``N``, ``μ`` and ``σ²`` are those of the concatenation of every
+rank's shard, by the same two passes: ``μ = AR(Σ m·x)/AR(N)``, then
+``σ² = AR(Σ m·(x−μ)²)/(AR(N)−1)`` (or ``/AR(N)``). The per-rank partial sums are formed in
+``x.dtype`` like the single-process path and all-reduced as float64 (exact counts); ``μ`` and
+``σ²`` are cast back to ``x.dtype``. Every rank must call with the same arguments (two
+collectives per call, in the same order). Without the hook nothing is communicated and the
+results are bit-identical to the single-process formulas above.
 
 Padded positions may hold any junk (NaN, inf): they are selected away with ``torch.where``,
 never multiplied by 0 (``NaN·0 = NaN``). Whitened outputs are 0 at padded positions.
@@ -16,6 +27,7 @@ never multiplied by 0 (``NaN·0 = NaN``). Whitened outputs are 0 at padded posit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -25,9 +37,27 @@ from refppo.errors import MaskError
 from refppo.types import ResponseMask, Scalar, TokenFloat
 from refppo.validate import check_bt, check_mask, count_true
 
+AllReduce = Callable[[Tensor], Tensor]
+"""A SUM all-reduce across ranks: returns the elementwise sum over ranks (in place is fine)."""
+
 
 def _masked_values(x: Tensor, m: Tensor) -> Tensor:
     return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _global_moments(x: Tensor, m: Tensor, unbiased: bool, all_reduce: AllReduce) -> tuple[Tensor, Tensor]:
+    """Two-pass global ``(μ, σ²)`` of the valid entries over every rank's shard (validated input)."""
+    acc = torch.float64
+    local = torch.stack([_masked_values(x, m).sum().to(acc), count_true(m).to(acc)])
+    s, n = all_reduce(local)
+    if unbiased and float(n) < 2:
+        raise MaskError(
+            f"mask: an unbiased variance needs at least 2 valid tokens (over all ranks), got {int(n)}"
+        )
+    mu = (s / n).to(x.dtype)
+    sq = all_reduce(_masked_values((x - mu) ** 2, m).sum().to(acc).reshape(1))[0]
+    var = (sq / (n - 1 if unbiased else n)).to(x.dtype)
+    return mu, var
 
 
 def masked_sum(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
@@ -48,19 +78,41 @@ def masked_mean(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Te
     return xm.sum(dim=dim) / count_true(m, dim).to(x.dtype)
 
 
-def masked_var(x: TokenFloat, mask: ResponseMask, *, unbiased: bool = True) -> Scalar:
+def masked_var(
+    x: TokenFloat, mask: ResponseMask, *, unbiased: bool = True, all_reduce: AllReduce | None = None
+) -> Scalar:
     """Variance of the valid entries of ``x``: ``Σ m(x−μ)²/(N−1)`` (unbiased) or ``/N``.
 
+    With ``all_reduce`` the variance over every rank's shard (module docstring, "Distributed").
     Raises MaskError when an unbiased variance is asked of fewer than 2 valid tokens.
     """
     m = check_mask("mask", mask)
     x = check_bt("x", x, m)
+    if all_reduce is not None:
+        return _global_moments(x, m, unbiased, all_reduce)[1]
     n = int(count_true(m))
     if unbiased and n < 2:
         raise MaskError(f"mask: an unbiased variance needs at least 2 valid tokens, got {n}")
     mu = _masked_values(x, m).sum() / n
     sq = _masked_values((x - mu) ** 2, m).sum()
     return sq / (n - 1 if unbiased else n)
+
+
+def masked_moments(
+    x: TokenFloat, mask: ResponseMask, *, unbiased: bool = True, all_reduce: AllReduce | None = None
+) -> tuple[Scalar, Scalar]:
+    """``(μ, σ²)`` as used by :func:`masked_whiten`: masked mean and (unbiased or population) variance.
+
+    With ``all_reduce`` they are global over every rank's shard (module docstring, "Distributed");
+    without it, exactly the single-process ``μ = Σ m·x / N`` and :func:`masked_var`.
+    """
+    m = check_mask("mask", mask)
+    x = check_bt("x", x, m)
+    if all_reduce is not None:
+        return _global_moments(x, m, unbiased, all_reduce)
+    n = count_true(m).to(x.dtype)
+    mu = _masked_values(x, m).sum() / n
+    return mu, masked_var(x, m, unbiased=unbiased)
 
 
 def masked_whiten(
@@ -70,19 +122,20 @@ def masked_whiten(
     shift_mean: bool = True,
     unbiased: bool = True,
     eps: float = 1e-8,
+    all_reduce: AllReduce | None = None,
 ) -> TokenFloat:
     """``(x − μ)·rsqrt(σ² + eps)`` on valid tokens (``+ μ`` when ``shift_mean=False``); 0 on padding.
 
-    μ and σ² are the masked mean and variance over the whole batch (see :func:`masked_var`).
+    μ and σ² are the masked mean and variance over the whole batch (see :func:`masked_moments`);
+    with ``all_reduce`` over the whole global batch, every rank's shard (as verl; TRL whitens per
+    rank).
     Convention sources: verl ``verl/utils/torch_functional.py::masked_whiten`` (unbiased,
     ``rsqrt(var+1e-8)``); TRL ``trl/core.py::masked_whiten`` (unbiased, ``shift_mean`` flag);
     OpenRLHF whitens with the population variance.
     """
     m = check_mask("mask", mask)
     x = check_bt("x", x, m)
-    n = count_true(m).to(x.dtype)
-    mu = _masked_values(x, m).sum() / n
-    var = masked_var(x, m, unbiased=unbiased)
+    mu, var = masked_moments(x, m, unbiased=unbiased, all_reduce=all_reduce)
     out = (x - mu) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mu

@@ -7,7 +7,13 @@ of one process running ``ppo_update`` over the whole batch. float64, plain SGD (
 constant loss-scale error), tolerance 1e-10 absolute. This file is also the worker script
 (``python test_ddp.py RANK WORLD PORT OUT``).
 
-A second test runs the real trainer under ``torchrun --nproc-per-node 2`` (gloo, CPU).
+A second test checks global advantage whitening: on 2 gloo processes, ``rollout_quantities`` with
+the ``all_reduce`` hook on each rank's rows equals one process on the whole batch (the per-rank
+whitening without the hook does not), and one whole ``refppo.ppo.iteration`` (given rollout batch,
+no sampling; scoring, rollout quantities and update all on the rank's shard) equals one process
+over the whole batch (``python test_ddp.py RANK WORLD PORT OUT iteration``).
+
+A third test runs the real trainer under ``torchrun --nproc-per-node 2`` (gloo, CPU).
 """
 
 from __future__ import annotations
@@ -25,10 +31,10 @@ import torch
 from torch import nn
 
 from refppo import models
-from refppo.conventions import LossAgg
+from refppo.conventions import LossAgg, ScorePosition, Variance, Whitening
 from refppo.pipeline import Convention, Hyperparams, RolloutQuantities, rollout_quantities
-from refppo.ppo import PPOUpdateConfig, ppo_update
-from refppo.rollout import ScoredRollout, score_rollout
+from refppo.ppo import PPOUpdateConfig, iteration, ppo_update
+from refppo.rollout import RolloutConfig, ScoredRollout, score_rollout
 
 WORLD = 2
 B, N_MB, EPOCHS = 8, 2, 2
@@ -60,15 +66,15 @@ def _setup() -> tuple[nn.Module, nn.Module, nn.Module, ScoredRollout]:
         for _ in range(B)
     ]
     batch = models.SequenceBatch.from_lists(prompts, responses)
-
-    def reward(p: list[int], r: list[int]) -> float:
-        return (sum(r) % 7) / 7.0 - 0.4
-
-    scored = score_rollout(actor, reference, critic, reward, batch)
+    scored = score_rollout(actor, reference, critic, _reward, batch)
     return actor, reference, critic, scored
 
 
-def _quantities(scored: ScoredRollout, conv: Convention) -> RolloutQuantities:
+def _reward(p: list[int], r: list[int]) -> float:
+    return (sum(r) % 7) / 7.0 - 0.4
+
+
+def _quantities(scored: ScoredRollout, conv: Convention, all_reduce: Any = None) -> RolloutQuantities:
     return rollout_quantities(
         scores=scored.scores,
         old_logprobs=scored.old_logprobs,
@@ -77,6 +83,7 @@ def _quantities(scored: ScoredRollout, conv: Convention) -> RolloutQuantities:
         mask=scored.batch.response_mask,
         hp=HP,
         conv=conv,
+        all_reduce=all_reduce,
     )
 
 
@@ -88,6 +95,12 @@ def _rows(rank: int) -> torch.Tensor:
 
 def _select(q: RolloutQuantities, rows: torch.Tensor) -> RolloutQuantities:
     return RolloutQuantities(*(getattr(q, f.name)[rows] for f in fields(q)))
+
+
+def _update_cfg(micro: int) -> PPOUpdateConfig:
+    return PPOUpdateConfig(
+        ppo_epochs=EPOCHS, num_minibatches=N_MB, micro_batch_size=micro, max_grad_norm=1.0, shuffle=False
+    )
 
 
 def _update(
@@ -104,9 +117,7 @@ def _update(
     a_opt = torch.optim.SGD(actor.parameters(), lr=0.5)
     c_opt = torch.optim.SGD(critic.parameters(), lr=0.5)
     a, c = (wrap(actor), wrap(critic)) if wrap else (actor, critic)
-    cfg = PPOUpdateConfig(
-        ppo_epochs=EPOCHS, num_minibatches=N_MB, micro_batch_size=micro, max_grad_norm=1.0, shuffle=False
-    )
+    cfg = _update_cfg(micro)
     ppo_update(
         a,
         c,
@@ -146,7 +157,7 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     results = {}
     for agg in LossAgg:
         conv = replace(Convention(), loss_agg=agg)
-        q = _quantities(scored, conv)  # global whitening: computed on the whole batch, then split
+        q = _quantities(scored, conv)  # whole batch, then split (per-shard + hook: whitening test)
         actor, critic = copy.deepcopy(actor0), copy.deepcopy(critic0)
         _update(
             actor,
@@ -230,5 +241,147 @@ def test_torchrun_two_process_training_run(tmp_path: Path) -> None:
     assert (ck / "rng_rank0.pt").exists() and (ck / "rng_rank1.pt").exists() and (ck / "COMPLETE").exists()
 
 
+# -------------------------------------------------------------- global advantage whitening + iteration
+
+WHITEN_CONVS = {
+    "masked-unbiased": Convention(),
+    "no_shift-population-after_last": Convention(
+        whiten_advantages=Whitening.MASKED_NO_SHIFT,
+        whiten_variance=Variance.POPULATION,
+        score_at=ScorePosition.AFTER_LAST_VALID,
+        loss_agg=LossAgg.SEQ_MEAN_TOKEN_SUM,
+    ),
+}
+"""Conventions of the whitening test: both variances, both mean settings, two score positions."""
+
+
+def _iterate(
+    actor: nn.Module,
+    reference: nn.Module,
+    critic: nn.Module,
+    batch: models.SequenceBatch,
+    conv: Convention,
+    micro: int,
+    world: int,
+    all_reduce: Any,
+    wrap: Any = None,
+) -> torch.Tensor:
+    """One ``refppo.ppo.iteration`` replaying ``batch`` (no sampling); returns its advantages."""
+    a_opt = torch.optim.SGD(actor.parameters(), lr=0.5)
+    c_opt = torch.optim.SGD(critic.parameters(), lr=0.5)
+    a, c = (wrap(actor), wrap(critic)) if wrap else (actor, critic)
+    result = iteration(
+        a,
+        reference,
+        c,
+        _reward,
+        a_opt,
+        c_opt,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        rollout_cfg=RolloutConfig(max_new_tokens=int(batch.response_ids.shape[1])),
+        update_cfg=_update_cfg(micro),
+        hp=HP,
+        conv=conv,
+        generator=torch.Generator(),
+        world_size=world,
+        all_reduce=all_reduce,
+        batch=batch,
+    )
+    return result.quantities.advantages
+
+
+def worker_iteration(rank: int, world: int, port: int, out: str) -> None:
+    """One rank: rollout quantities on its rows (global and per-rank whitening), then one iteration
+    on its rows under DDP and, as a control, one ppo_update from the per-rank-whitened quantities.
+    Every rank saves ``OUT.rankR``."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    actor0, reference, critic0, scored = _setup()
+    rows = _rows(rank)
+    shard = scored.select(rows)
+
+    def all_reduce(t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t)
+        return t
+
+    results: dict[str, Any] = {"rows": rows}
+    for name, conv in WHITEN_CONVS.items():
+        glob = _quantities(shard, conv, all_reduce)
+        local = _quantities(shard, conv)
+        results[f"{name}/quantities"] = {f.name: getattr(glob, f.name) for f in fields(glob)}
+        results[f"{name}/local_advantages"] = local.advantages
+        actor, critic = copy.deepcopy(actor0), copy.deepcopy(critic0)
+        ddp = nn.parallel.DistributedDataParallel
+        adv = _iterate(actor, reference, critic, shard.batch, conv, 1, world, all_reduce, wrap=ddp)
+        results[f"{name}/iteration_advantages"] = adv
+        results[f"{name}/params"] = _params(actor, critic)
+        actor, critic = copy.deepcopy(actor0), copy.deepcopy(critic0)
+        _update(actor, critic, shard, local, conv, micro=1, world=world, all_reduce=all_reduce, wrap=ddp)
+        results[f"{name}/params_local_whitening"] = _params(actor, critic)
+    torch.save(results, f"{out}.rank{rank}")
+    dist.destroy_process_group()
+
+
+def test_ddp_global_whitening_and_iteration_equal_single_process(tmp_path: Path) -> None:
+    out = tmp_path / "whiten.pt"
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), str(WORLD), str(port), str(out), "iteration"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(WORLD)
+    ]
+    logs = [p.communicate(timeout=240)[0].decode() for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    ranks = [torch.load(f"{out}.rank{r}", weights_only=True) for r in range(WORLD)]
+
+    actor0, reference, critic0, scored = _setup()
+    init = _params(actor0, critic0)
+    for name, conv in WHITEN_CONVS.items():
+        # rollout quantities: each rank's rows of the single-process result
+        single = _quantities(scored, conv)
+        for res in ranks:
+            rows = res["rows"]
+            for f in fields(single):
+                want, got = getattr(single, f.name)[rows], res[f"{name}/quantities"][f.name]
+                err = float((want.double() - got.double()).abs().max())
+                assert err <= TOL, f"{name}: {f.name} of rank rows {rows.tolist()} differ by {err:.3e}"
+            # control: whitening each rank's rows on their own is not the global whitening
+            local_err = float((single.advantages[rows] - res[f"{name}/local_advantages"]).abs().max())
+            assert local_err > 1e-2, f"{name}: per-rank whitening unexpectedly global ({local_err:.3e})"
+
+        # one whole iteration (scoring → rollout quantities → update) on the whole batch
+        actor, critic = copy.deepcopy(actor0), copy.deepcopy(critic0)
+        adv = _iterate(actor, reference, critic, scored.batch, conv, MB // 2, 1, None)
+        after = _params(actor, critic)
+        assert max(float((after[k] - init[k]).abs().max()) for k in after) > 1e-3, name
+        for res in ranks:
+            err = float((adv[res["rows"]] - res[f"{name}/iteration_advantages"]).abs().max())
+            assert err <= TOL, f"{name}: iteration advantages differ by {err:.3e}"
+        ddp = ranks[0][f"{name}/params"]
+        assert all(torch.equal(ddp[k], ranks[1][f"{name}/params"][k]) for k in ddp)  # DDP kept ranks in sync
+        worst = max(float((after[k] - ddp[k]).abs().max()) for k in after)
+        assert worst <= TOL, f"{name}: DDP iteration vs single process differ by {worst:.3e} (> {TOL})"
+        # control: the same DDP update from per-rank-whitened advantages lands elsewhere
+        local = ranks[0][f"{name}/params_local_whitening"]
+        off = max(float((after[k] - local[k]).abs().max()) for k in after)
+        assert off > 1e3 * TOL, f"{name}: per-rank whitening gave the global update ({off:.3e})"
+
+
 if __name__ == "__main__":
-    worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    args = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    if sys.argv[5:] == ["iteration"]:
+        worker_iteration(*args)
+    else:
+        worker(*args)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import torch
 
-from refppo.core.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from refppo.core.masked import masked_mean, masked_moments, masked_sum, masked_var, masked_whiten
 from refppo.errors import DtypeError, MaskError, ShapeError
 
 NAN = float("nan")
@@ -97,3 +101,105 @@ def test_unbiased_variance_of_one_token_is_rejected() -> None:
         masked_var(X[:1], torch.tensor([[1, 0, 0]]))
     with pytest.raises(MaskError, match=re.escape("at least 2 valid tokens")):
         masked_whiten(X[:1], torch.tensor([[1, 0, 0]]))
+
+
+# ----------------------------------------------------------------------------------------------
+# all_reduce: global moments across ranks, simulated with one thread per rank.
+# ----------------------------------------------------------------------------------------------
+
+
+def _run_ranks(shards: list[tuple[torch.Tensor, torch.Tensor]], fn: Any) -> list[Any]:
+    """Call ``fn(x, mask, all_reduce)`` on every shard, one thread per simulated rank.
+
+    ``all_reduce`` is a blocking SUM collective over the threads (rank order, so every rank gets
+    the same bits), like ``torch.distributed.all_reduce`` on a process group.
+    """
+    world = len(shards)
+    barrier = threading.Barrier(world, timeout=30)
+    slots: list[torch.Tensor | None] = [None] * world
+    calls = [0] * world
+
+    def hook(rank: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def all_reduce(t: torch.Tensor) -> torch.Tensor:
+            calls[rank] += 1
+            slots[rank] = t.clone()
+            barrier.wait()
+            total = slots[0]
+            assert total is not None
+            for s in slots[1:]:
+                assert s is not None
+                total = total + s
+            barrier.wait()  # every rank has read every slot before any is overwritten
+            t.copy_(total)
+            return t
+
+        return all_reduce
+
+    with ThreadPoolExecutor(world) as pool:
+        futures = [pool.submit(fn, x, m, hook(r)) for r, (x, m) in enumerate(shards)]
+        out = [f.result() for f in futures]
+    assert len(set(calls)) == 1 and calls[0] > 0  # same number of collectives on every rank
+    return out
+
+
+def _sharded_batch(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """7 ragged rows (NaN padding), split 3 | 4 with different token counts and distributions."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [5, 1, 3, 2, 6, 4, 1]
+    T = max(lengths)
+    m = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    x = torch.randn(len(lengths), T, generator=g, dtype=torch.float64)
+    x[3:] = 3.0 + 2.5 * x[3:]  # rank 1's shard: another mean and scale, so per-rank whitening differs
+    x = torch.where(m, x, torch.full_like(x, NAN)).to(dtype)
+    return x, m, [3, 4]
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("shift_mean", [True, False])
+@pytest.mark.parametrize("unbiased", [True, False])
+def test_masked_whiten_with_all_reduce_equals_whitening_the_concatenated_batch(
+    unbiased: bool, shift_mean: bool, dtype: torch.dtype, tol: float
+) -> None:
+    x, m, sizes = _sharded_batch(dtype)
+    cut = sizes[0]
+    shards = [(x[:cut], m[:cut]), (x[cut:], m[cut:])]
+    whole = masked_whiten(x, m, shift_mean=shift_mean, unbiased=unbiased)
+
+    def whiten(xs: torch.Tensor, ms: torch.Tensor, ar: Any) -> torch.Tensor:
+        return masked_whiten(xs, ms, shift_mean=shift_mean, unbiased=unbiased, all_reduce=ar)
+
+    glob = torch.cat(_run_ranks(shards, whiten))
+    assert glob.dtype == dtype
+    assert float((glob - whole).abs().max()) <= tol
+    assert bool((glob[~m] == 0).all())
+    # moments: the global mean/variance are those of the concatenated batch
+    mu, var = masked_moments(x, m, unbiased=unbiased)
+    for mu_r, var_r in _run_ranks(
+        shards, lambda a, b, ar: masked_moments(a, b, unbiased=unbiased, all_reduce=ar)
+    ):
+        assert abs(float(mu_r - mu)) <= tol and abs(float(var_r - var)) <= tol * float(var)
+    for var_r in _run_ranks(shards, lambda a, b, ar: masked_var(a, b, unbiased=unbiased, all_reduce=ar)):
+        assert abs(float(var_r - masked_var(x, m, unbiased=unbiased))) <= tol * float(var)
+    # control: per-rank whitening (no hook) is NOT the global whitening
+    local = torch.cat([masked_whiten(a, b, shift_mean=shift_mean, unbiased=unbiased) for a, b in shards])
+    assert float((local - whole).abs().max()) > 0.1
+
+
+def test_masked_moments_without_all_reduce_is_bit_identical_to_the_single_process_formulas() -> None:
+    x, m, _ = _sharded_batch(torch.float64)
+    for unbiased in (True, False):
+        mu, var = masked_moments(x, m, unbiased=unbiased)
+        assert torch.equal(mu, masked_sum(x, m) / m.sum().to(x.dtype))
+        assert torch.equal(var, masked_var(x, m, unbiased=unbiased))
+        out = masked_whiten(x, m, unbiased=unbiased)
+        assert torch.equal(out, torch.where(m, (x - mu) * torch.rsqrt(var + 1e-8), torch.zeros(())))
+
+
+def test_unbiased_variance_with_all_reduce_counts_tokens_over_all_ranks() -> None:
+    one = (X[:1], torch.tensor([[1, 0, 0]]))
+    # one token on each of 2 ranks: 2 valid tokens globally, so the unbiased variance exists
+    (v0, v1) = _run_ranks([one, one], lambda a, b, ar: masked_var(a, b, all_reduce=ar))
+    assert float(v0) == float(v1) == 0.0
+    # one token in all (a single rank): rejected, naming the global count
+    with pytest.raises(MaskError, match=re.escape("at least 2 valid tokens (over all ranks), got 1")):
+        _run_ranks([one], lambda a, b, ar: masked_whiten(a, b, all_reduce=ar))
