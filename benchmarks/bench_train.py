@@ -11,8 +11,15 @@ and update = (scoring + update) − scoring.
 a snapshot π_old network, Python-loop losses) against the vectorized path on the same rows for ONE
 minibatch step (``--naive-rows`` rows, 1 epoch, 1 minibatch): the full config would take hours.
 
+``--trl`` compares with TRL's PPOTrainer (benchmarks/bench_trl_ppo.py, run by ``--trl-python``,
+a separate venv with trl 1.12.0) side by side in ONE run: ``--rounds`` rounds, each a fresh refppo
+process and a fresh TRL process (order alternating, so drift hits both), each ``--warmup`` +
+``--iterations`` iterations; the table shows the median over rounds of each run's median (peak
+RSS: the max over rounds, each process's own ``ru_maxrss``). TRL's setup is fixed to trl-parity.
+
     .venv/bin/python benchmarks/bench_train.py                         # trl-parity config
     .venv/bin/python benchmarks/bench_train.py --config FILE --iterations 10 --warmup 2 --naive
+    .venv/bin/python benchmarks/bench_train.py --trl --rounds 3 --naive --json bench.json
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,14 +66,14 @@ def bench(config: str, iterations: int, warmup: int, overrides: list[str]) -> tu
     setup_s = time.perf_counter() - t_setup
     rows: list[dict[str, float]] = []
     for it in range(warmup + iterations):
-        record, result, _ = trainer.step(it)
+        record, step, _ = trainer.step(it)
         t0 = time.perf_counter()
         score_rollout(
             trainer.actor,
             trainer.reference,
             trainer.critic,
             trainer.reward,
-            result.scored.batch,
+            step.scored.batch,
             temperature=trainer.rollout_cfg.temperature,
             eos_token_id=trainer.rollout_cfg.eos_token_id,
             missing_eos_penalty=trainer.rollout_cfg.missing_eos_penalty,
@@ -76,8 +84,8 @@ def bench(config: str, iterations: int, warmup: int, overrides: list[str]) -> tu
             "rollout_s": record["time/rollout"],
             "scoring_s": scoring,
             "update_s": record["time/score_update"] - scoring,
-            "response_tokens": float(result.scored.batch.response_mask.sum()),
-            "total_tokens": float(result.scored.batch.attention_mask.sum()),
+            "response_tokens": float(step.scored.batch.response_mask.sum()),
+            "total_tokens": float(step.scored.batch.attention_mask.sum()),
         }
         rows.append(row)
         print(
@@ -170,6 +178,72 @@ def bench_naive(trainer: Any, rows: int) -> dict[str, float]:
     return out
 
 
+KEYS = (
+    ("median_iteration_s", "s/iter", "{:.3f}"),
+    ("median_rollout_s", "rollout s", "{:.3f}"),
+    ("median_scoring_s", "scoring s", "{:.3f}"),
+    ("median_update_s", "update s", "{:.3f}"),
+    ("response_tokens_per_s", "resp tok/s", "{:.0f}"),
+    ("total_tokens_per_s", "total tok/s", "{:.0f}"),
+    ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
+)
+
+
+def _child(cmd: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="refppo-bench-") as d:
+        path = Path(d) / "out.json"
+        print("$ " + " ".join(cmd), flush=True)
+        subprocess.run([*cmd, "--json", str(path)], check=True)
+        loaded: dict[str, Any] = json.loads(path.read_text())
+        return loaded
+
+
+def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
+    """``args.rounds`` × (fresh refppo process, fresh TRL process), alternating the order."""
+    if Path(args.config).resolve() != (HERE / "configs" / "trl-parity.toml").resolve() or args.overrides:
+        print("warning: TRL runs the fixed trl-parity setup; --config/--set only change refppo's side")
+    common = ["--iterations", str(args.iterations), "--warmup", str(args.warmup)]
+    refppo = [sys.executable, str(Path(__file__).resolve()), "--config", args.config, *common]
+    refppo += [f"--set={o}" for o in args.overrides]
+    trl = [args.trl_python, str(HERE / "bench_trl_ppo.py"), *common]
+    runs: dict[str, list[dict[str, Any]]] = {"refppo": [], "trl": []}
+    for r in range(args.rounds):
+        order = ("refppo", "trl") if r % 2 == 0 else ("trl", "refppo")
+        for name in order:
+            cmd = refppo if name == "refppo" else trl
+            if name == "refppo" and args.naive and r == args.rounds - 1:
+                cmd = [*cmd, "--naive", "--naive-rows", str(args.naive_rows)]  # after its RSS is read
+            runs[name].append(_child(cmd))
+    summary: dict[str, dict[str, float]] = {}
+    for name, results in runs.items():
+        summary[name] = {
+            k: (max if k == "peak_rss_mb" else _median)([float(x[k]) for x in results]) for k, _, _ in KEYS
+        }
+    summary["refppo/trl"] = {k: summary["refppo"][k] / summary["trl"][k] for k, _, _ in KEYS}
+    out: dict[str, Any] = {"rounds": args.rounds, "summary": summary, "runs": runs}
+    naive = [x["naive"] for x in runs["refppo"] if "naive" in x]
+    if naive:
+        out["naive"] = naive[0]
+    print(
+        f"\nside by side: {args.rounds} rounds x ({args.warmup} warm-up + {args.iterations} timed iterations)"
+    )
+    print(f"| {'':10s} | " + " | ".join(f"{h:>11s}" for _, h, _ in KEYS) + " |")
+    print("|" + "---|" * (len(KEYS) + 1))
+    for name in ("refppo", "trl", "refppo/trl"):
+        fmt = [("{:.2f}" if name == "refppo/trl" else f) for _, _, f in KEYS]
+        cells = [f.format(summary[name][k]) for f, (k, _, _) in zip(fmt, KEYS, strict=True)]
+        print(f"| {name:10s} | " + " | ".join(f"{c:>11s}" for c in cells) + " |")
+    for name in ("refppo", "trl"):
+        per = ", ".join(f"{x['median_iteration_s']:.3f}" for x in runs[name])
+        print(f"{name} s/iter per round: {per}")
+    if naive:
+        print(f"naive / vectorized (one minibatch step, {naive[0]['rows']:.0f} rows): "
+              f"scoring {naive[0]['naive_over_vectorized_scoring']:.1f}x, "
+              f"update {naive[0]['naive_over_vectorized_update']:.1f}x, "
+              f"total {naive[0]['naive_over_vectorized_total']:.1f}x")  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(HERE / "configs" / "trl-parity.toml"))
@@ -179,7 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--naive", action="store_true", help="also time the naive twin on one minibatch step")
     p.add_argument("--naive-rows", type=int, default=4)
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument(
+        "--trl", action="store_true", help="side by side with TRL (bench_trl_ppo.py), fresh processes"
+    )
+    p.add_argument("--trl-python", default="/tmp/trl-venv/bin/python", help="python of the TRL venv")
+    p.add_argument("--rounds", type=int, default=3, help="with --trl: refppo/TRL process pairs")
     args = p.parse_args(argv)
+    if args.trl:
+        out = side_by_side(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        return 0
     print(f"refppo bench_train: {args.config} ({args.warmup} warm-up + {args.iterations} timed iterations)")
     result, trainer = bench(args.config, args.iterations, args.warmup, args.overrides)
     if args.naive:

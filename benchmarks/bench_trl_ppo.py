@@ -12,7 +12,10 @@ Setup (= benchmarks/configs/trl-parity.toml): GPT-2 policy, value and reward mod
 n_embd 128, 2 layers, 4 heads, 64 positions, random init; 64 prompts of 8 tokens per iteration
 (the same prompts as refppo's, tokenized by the same tokenizer), 32 new tokens, temperature 0.7,
 4 PPO epochs × 4 minibatches, AdamW lr 3e-6, fp32, CPU, 2 threads. Time per iteration from
-``on_step_end`` callbacks; rollout time by wrapping TRL's ``batch_generation``.
+``on_step_end`` callbacks; rollout time by wrapping TRL's ``batch_generation``, scoring time up to
+the advantage whitening (wrapped ``masked_whiten``), response tokens counted (first EOS, else full
+width, as refppo) in a wrapped ``truncate_response``. ``benchmarks/bench_train.py --trl`` runs this
+script and refppo's benchmark alternately, one fresh process each, and prints them side by side.
 """
 
 from __future__ import annotations
@@ -86,13 +89,42 @@ def main() -> int:
     gen: list[float] = []
     real_gen = trl_ppo.batch_generation
 
+    gen_done: list[float] = []
+
     def timed_generation(*a: Any, **k: Any) -> Any:
         t0 = time.perf_counter()
         r = real_gen(*a, **k)
-        gen.append(time.perf_counter() - t0)
+        gen_done.append(time.perf_counter())
+        gen.append(gen_done[-1] - t0)
         return r
 
     trl_ppo.batch_generation = timed_generation
+
+    # scoring = end of generation -> end of the rollout phase. Its last call is the advantage
+    # whitening (``masked_whiten(advantages, ~padding_mask)``; ``whiten_rewards`` is off), right
+    # before the PPO epochs; it includes TRL's reward shaping and GAE (refppo's ``scoring`` is the
+    # model passes only, ~1 ms more for GAE). update = iteration − rollout − scoring.
+    scored: list[float] = []
+    real_whiten = trl_ppo.masked_whiten
+
+    def timed_whiten(*a: Any, **k: Any) -> Any:
+        r = real_whiten(*a, **k)
+        scored.append(time.perf_counter())
+        return r
+
+    trl_ppo.masked_whiten = timed_whiten
+    tokens: list[tuple[float, float]] = []  # (response tokens, prompt + response tokens) per iteration
+    real_truncate = trl_ppo.truncate_response
+
+    def counting_truncate(stop: int, pad: int, responses: Any) -> Any:
+        # refppo's rule: a response ends at its first EOS (kept), else at the full width
+        eos = responses == stop
+        width = torch.full_like(eos[:, 0], responses.shape[1], dtype=torch.long)
+        first = torch.where(eos.any(1), eos.int().argmax(1) + 1, width)
+        tokens.append((float(first.sum()), float(first.sum()) + 8.0 * responses.shape[0]))
+        return real_truncate(stop, pad, responses)
+
+    trl_ppo.truncate_response = counting_truncate
 
     class Clock(TrainerCallback):  # type: ignore[misc]  # transformers is untyped
         def on_train_begin(self, *a: Any, **k: Any) -> None:
@@ -106,6 +138,8 @@ def main() -> int:
     trainer.train()
     its = [b - a for a, b in itertools.pairwise(marks)]
     timed, tgen = its[args.warmup :], gen[args.warmup :]
+    tscore = [b - a for a, b in zip(gen_done, scored, strict=True)][args.warmup :]
+    ttok = tokens[args.warmup :]
     result = {
         "trl": trl.__version__,
         "torch": torch.__version__,
@@ -115,6 +149,12 @@ def main() -> int:
         "median_iteration_s": statistics.median(timed),
         "median_rollout_s": statistics.median(tgen),
         "median_score_and_update_s": statistics.median([i - g for i, g in zip(timed, tgen, strict=True)]),
+        "median_scoring_s": statistics.median(tscore),
+        "median_update_s": statistics.median(
+            [i - g - s for i, g, s in zip(timed, tgen, tscore, strict=True)]
+        ),
+        "response_tokens_per_s": statistics.median([r / i for (r, _), i in zip(ttok, timed, strict=True)]),
+        "total_tokens_per_s": statistics.median([a / i for (_, a), i in zip(ttok, timed, strict=True)]),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
     print(json.dumps(result, indent=2))

@@ -3,7 +3,7 @@
 Public API (used by :mod:`refppo.ppo` and the trainer)::
 
     RolloutConfig                       frozen: max_new_tokens, temperature, top_k, top_p, eos/pad ids,
-                                        missing_eos_penalty
+                                        missing_eos_penalty, use_cache
     generate_rollout(actor, prompt_ids, prompt_mask, cfg, generator) -> SequenceBatch
     ScoredRollout                       frozen: batch, old_logprobs, ref_logprobs, old_values, scores, ...
     score_rollout(actor, reference, critic, reward, batch, *, temperature, eos_token_id,
@@ -11,8 +11,8 @@ Public API (used by :mod:`refppo.ppo` and the trainer)::
 
 Numbered skeleton (as lm-human-preferences / TRL ppov2)::
 
-    1. sample y ~ π_θ(·|x)/τ token by token; stop a row at its first EOS (EOS is a valid response
-       token; everything after it is padding, mask 0)
+    1. sample y ~ π_θ(·|x)/τ token by token (KV cache: each step feeds only the new token); stop
+       a row at its first EOS (EOS is a valid response token; everything after it is padding, mask 0)
     2. one forward each, in eval mode (dropout off), under no_grad:
        π_old log-probs (the actor itself, cached — no copy of the actor is kept),
        reference log-probs, critic values V(x, y_<t)
@@ -22,7 +22,9 @@ Numbered skeleton (as lm-human-preferences / TRL ppov2)::
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +63,10 @@ class RolloutConfig:
     """Id written at padded response positions (mask 0)."""
     missing_eos_penalty: float | None = None
     """If set, subtracted from the score of every row that reached ``max_new_tokens`` without EOS."""
+    use_cache: bool = True
+    """Sample with the model's KV cache (``past_key_values``, ``logits_to_keep=1``): each step feeds
+    only the new token. ``False`` re-runs the whole prefix every step with no extra keywords (for
+    models without a cache, or whose ``forward`` rejects them); same tokens."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -102,6 +108,15 @@ def sample_from_logits(logits: Tensor, cfg: RolloutConfig, generator: torch.Gene
     return idx.clamp(max=probs.shape[-1] - 1)
 
 
+def _forward_accepts(model: nn.Module, name: str) -> bool:
+    """``model.forward`` takes keyword ``name`` (a named parameter, or ``**kwargs``)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # no introspectable signature: do not guess
+        return False
+    return name in params or any(q.kind is inspect.Parameter.VAR_KEYWORD for q in params.values())
+
+
 @torch.no_grad()
 def generate_rollout(
     actor: nn.Module,
@@ -112,9 +127,16 @@ def generate_rollout(
 ) -> SequenceBatch:
     """Sample one response per LEFT-padded prompt (``[B, P]`` ids and mask), eval mode, no_grad.
 
-    A reference sampler: the whole prefix is re-run at every step (no KV cache: O(T²) but exactly
-    the teacher-forced computation). The loop stops when every row has emitted EOS; the result
-    is right-padded to ``cfg.max_new_tokens``.
+    With ``cfg.use_cache`` (default) the first step runs the prompt and keeps the model's
+    ``past_key_values``; every later step feeds only the new token, with the full
+    ``attention_mask`` so far (left padding and finished rows masked) and its position
+    ``clamp(cumsum(mask) − 1, 0)`` — the same positions as the teacher-forced pass. If the model
+    returns no ``past_key_values`` the next step re-runs the whole prefix; only the last position's
+    logits are computed where ``forward`` takes ``logits_to_keep``. ``use_cache=False``: the plain
+    reference path, the whole prefix every step (O(T²)) with only ``input_ids``, ``attention_mask``
+    and ``position_ids`` (for a ``forward`` that rejects the cache keywords). Every token goes
+    through :func:`sample_from_logits`.
+    The loop stops when every row has emitted EOS; the result is right-padded to ``cfg.max_new_tokens``.
     """
     device = prompt_ids.device
     B = prompt_ids.shape[0]
@@ -123,9 +145,29 @@ def generate_rollout(
     responses = torch.full((B, cfg.max_new_tokens), cfg.pad_token_id, dtype=torch.long, device=device)
     rmask = torch.zeros((B, cfg.max_new_tokens), dtype=torch.bool, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    extra: dict[str, Any] = {}  # use_cache=False: no extra keyword at all (any forward works)
+    cached = cfg.use_cache and _forward_accepts(actor, "past_key_values")
+    if cached:
+        extra["use_cache"] = True
+        if _forward_accepts(actor, "logits_to_keep"):
+            extra["logits_to_keep"] = 1
+    past: Any = None  # the model's cache after the previous step (None: run the whole prefix)
     with eval_mode(actor):
         for t in range(cfg.max_new_tokens):
-            out = actor(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+            if past is None:
+                out = actor(
+                    input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), **extra
+                )
+            else:  # only the newest token; the mask covers prompt + every token so far
+                out = actor(
+                    input_ids=ids[:, -1:],
+                    attention_mask=mask,
+                    position_ids=position_ids_from_mask(mask)[:, -1:],
+                    past_key_values=past,
+                    **extra,
+                )
+            if cached:
+                past = getattr(out, "past_key_values", None)
             nxt = sample_from_logits(out.logits[:, -1, :], cfg, generator)
             alive = ~done
             nxt = torch.where(alive, nxt, torch.full_like(nxt, cfg.pad_token_id))
