@@ -15,7 +15,7 @@ from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare, describe
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.presets import PRESETS
-from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, Reference, recompute
+from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
 from refppo.oracle.settings import Setup
 
 CLAMP_BUNDLES: dict[str, dict[str, Any]] = {
@@ -147,6 +147,16 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
     notes: list[str] = []
     found: list[dict[str, Any]] = []
     current = setup.convention_dict()
+    # A rollout-stage divergence is first tested on the rollout stage alone (cheap); only a
+    # candidate that passes is recomputed in full, to say whether it explains everything.
+    early = first in ROLLOUT_QUANTITIES
+
+    def compare_candidate(alt: Setup, bug: str | None = None) -> dict[str, QuantityResult] | None:
+        res = compare_all(dump, recompute(dump, alt, bug=bug, rollout_only=early))
+        if not _prefix_ok(res, first):
+            return None
+        return compare_all(dump, recompute(dump, alt, bug=bug)) if early else res
+
     for key in AFFECTS[first]:
         for upd in ALTERNATIVES[key]:
             norm = {k: (tuple(v) if isinstance(v, list) else v) for k, v in current.items()}
@@ -154,10 +164,11 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
                 continue
             try:
                 alt = setup.with_convention(upd)
-                res = compare_all(dump, recompute(dump, alt))
+                maybe = compare_candidate(alt)
             except RefPPOError:
                 continue
-            if _prefix_ok(res, first):
+            if maybe is not None:
+                res = maybe
                 everything = first_divergence(res) is None
                 users = _presets_using(upd)
                 tail = f" (as in preset {', '.join(users)})" if users else ""
@@ -170,10 +181,11 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
         if bug == "kl_from_current_logprobs" and not dump.has("logprobs"):
             continue
         try:
-            res = compare_all(dump, recompute(dump, setup, bug=bug))
+            maybe = compare_candidate(setup, bug)
         except (RefPPOError, ValueError):
             continue
-        if _prefix_ok(res, first):
+        if maybe is not None:
+            res = maybe
             everything = first_divergence(res) is None
             rest = "; with it every quantity in the dump matches" if everything else ""
             notes.append(f"explained by a known bug ({bug}): {text}{rest}")

@@ -161,8 +161,16 @@ def vf_tie_widen(
     return abs(float(pipeline) - other) + float(near.sum().to(values.dtype) / n)
 
 
-def recompute(dump: Dump, setup: Setup, *, bug: str | None = None) -> Reference:
-    """Every quantity the dump's inputs allow, under ``setup`` (and optionally one of :data:`BUGS`)."""
+ROLLOUT_QUANTITIES = frozenset({"kl", "token_rewards", "advantages", "returns"})
+"""The quantities of steps 1–4 (:func:`refppo.pipeline.rollout_quantities`); the rest need the update."""
+
+
+def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only: bool = False) -> Reference:
+    """Every quantity the dump's inputs allow, under ``setup`` (and optionally one of :data:`BUGS`).
+
+    ``rollout_only`` stops after :data:`ROLLOUT_QUANTITIES` (the diagnosis uses it to test a
+    candidate explanation of a rollout-stage divergence without paying for the update stage).
+    """
     t = dump.tensors
     m = dump.mask
     conv, hp, ex = setup.conv, setup.hp, setup.extras
@@ -206,7 +214,7 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None) -> Reference:
         "advantages": adv,
         "returns": returns,
     }
-    if "logprobs" in t or "values" in t:
+    if not rollout_only and ("logprobs" in t or "values" in t):
         logprobs = t.get("logprobs", t["old_logprobs"])
         values = t.get("values", t["old_values"])
         vf_mask = rq.value_mask if ex.vf_mask == "value" else m
@@ -266,4 +274,4 @@ def reference_outputs(
     return out
 
 
-__all__ = ["BUGS", "PIPELINE_ORDER", "Reference", "recompute", "reference_outputs"]
+__all__ = ["BUGS", "PIPELINE_ORDER", "ROLLOUT_QUANTITIES", "Reference", "recompute", "reference_outputs"]
