@@ -405,6 +405,7 @@ class Trainer:
             eos_token_id=int(self.tokenizer.eos_token_id),
             pad_token_id=int(self.tokenizer.pad_token_id),
             missing_eos_penalty=cfg.rollout.missing_eos_penalty,
+            use_cache=cfg.rollout.use_cache,
         )
         W = d.world_size
         self.update_cfg = ppo.PPOUpdateConfig(

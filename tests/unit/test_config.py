@@ -52,6 +52,8 @@ def test_toml_file_and_overrides(tmp_path: Path) -> None:
     assert cfg.task.prompt_words == (1, 3)
     assert cfg.run.out_dir == "runs/x y"
     assert cfg.ppo.max_grad_norm is None
+    assert cfg.rollout.use_cache is True
+    assert load_config(f, ["rollout.use_cache=false"]).rollout.use_cache is False
 
 
 def test_int_accepted_for_float_and_tuple_of_optionals() -> None:
