@@ -1,10 +1,13 @@
 """Write the golden PPO trajectories under spec/golden/ (see refppo/golden.py and spec/models.md).
 
 Usage: ``python tools/make_golden.py [--out spec/golden] [--case gpt2 --case llama] [--check]``
+(``--check --device cuda`` replays on a GPU).
 
 Deterministic: one CPU thread (``torch.set_num_threads(1)``), ``torch.use_deterministic_algorithms``,
 seeded models and a seeded ``torch.Generator`` for sampling and minibatch shuffling. ``--check``
-regenerates in memory and compares with the files on disk instead of writing.
+regenerates in memory and compares with the files on disk instead of writing; with
+``--device cuda`` it replays on the GPU, compares with the CUDA tolerances and prints the largest
+deviation of each quantity from the CPU golden (for CHANGELOG.md).
 """
 
 from __future__ import annotations
@@ -23,17 +26,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join("spec", "golden"))
     ap.add_argument("--case", action="append", choices=sorted(golden.CASES), default=None)
     ap.add_argument("--check", action="store_true", help="compare with the files instead of writing")
+    ap.add_argument("--device", default="cpu", help="with --check: replay on this device (cpu, cuda)")
     args = ap.parse_args(argv)
+    if args.device != "cpu" and not args.check:
+        ap.error("--device is only for --check: goldens are always written from the CPU")
     torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    if args.device == "cpu":
+        # (on CUDA this would also need CUBLAS_WORKSPACE_CONFIG; the CUDA replay has looser tolerances)
+        torch.use_deterministic_algorithms(True)
     status = 0
     for name in args.case or sorted(golden.CASES):
         case = golden.CASES[name]
-        traj = golden.run(case)
+        traj = golden.run(case, device=args.device)
         if args.check:
             old, _ = golden.load(args.out, name)
-            bad = golden.compare(old, traj, golden.CPU_REPLAY)
-            print(f"{name}: {'OK' if not bad else f'{len(bad)} mismatches'}")
+            tol = golden.CPU_REPLAY if args.device == "cpu" else golden.CUDA_REPLAY
+            bad = golden.compare(old, traj, tol)
+            print(f"{name} on {args.device}: {'OK' if not bad else f'{len(bad)} mismatches'}")
+            if args.device != "cpu":
+                for key, dev in sorted(golden.max_deviations(old, traj).items()):
+                    print(f"  max deviation {key}: {dev:.3g}")
             for line in bad[:20]:
                 print("  " + line)
             status |= int(bool(bad))
