@@ -82,6 +82,30 @@ def _threads() -> None:
         torch.set_num_threads(int(n))
 
 
+def preset_overrides_note(
+    preset: str, preset_conv: dict[str, Any], sidecar: dict[str, Any], overrides: dict[str, Any]
+) -> list[str]:
+    """One note per convention key where ``--preset`` replaces a different value from the sidecar.
+
+    The preset wins (it states what the peer's code does); the note says so, so that a sidecar's
+    convention is never dropped silently.
+    """
+
+    def norm(v: Any) -> Any:
+        v = getattr(v, "value", v)
+        return tuple(v) if isinstance(v, list) else v
+
+    out = []
+    for key in sorted(set(sidecar) & set(preset_conv)):
+        if key in overrides or norm(sidecar[key]) == norm(preset_conv[key]):
+            continue
+        out.append(
+            f"note: --preset {preset} sets {key}={norm(preset_conv[key])}, replacing the sidecar's "
+            f"{key}={norm(sidecar[key])}; pass --set {key}=... to check another value"
+        )
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     _threads()
     from refppo.oracle.detect import detect, setup_from_json
@@ -100,10 +124,16 @@ def _run(args: argparse.Namespace) -> int:
     dump = load_dump(Path(args.dump), args.hparams)
     sidecar = {k: parse_value(k, v) for k, v in dump.hparams.items()}
     preset_conv = preset_hp = None
+    notes: list[str] = []
     if args.preset:
-        preset_conv, preset_hp = resolve_preset(args.preset, overrides.get("kl_estimator"))
+        # The KL estimator is a run setting in every peer (TRL kl_estimator, verl kl_penalty,
+        # OpenRLHF kl_estimator): the run's own (--set, else the sidecar) wins over the preset's.
+        estimator = overrides.get("kl_estimator", sidecar.get("kl_estimator"))
+        preset_conv, preset_hp = resolve_preset(args.preset, None if estimator is None else str(estimator))
+        notes = preset_overrides_note(args.preset, preset_conv, sidecar, overrides)
     setup = build_setup(preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=overrides)
     result = check(dump, setup)
+    result.diagnosis[:0] = notes
     detection = None
     nearest_result = None
     if args.detect:

@@ -106,3 +106,21 @@ def test_malicious_pickle_never_runs(tmp_path: Path) -> None:
         assert p.returncode == 2
         assert "refused" in p.stderr and "Traceback" not in p.stderr
     assert not marker.exists()
+
+
+def test_preset_keeps_the_runs_kl_estimator_and_names_replaced_sidecar_conventions(tmp_path: Path) -> None:
+    """A TRL run with kl_estimator=k3 (a TRL setting) matches `--preset trl` without `--set`; a sidecar
+    convention that the preset replaces is named in the diagnosis, not dropped silently."""
+    s = setup_for("trl", conv={"kl_estimator": "k3"})
+    path = save(tmp_path, refppo_dump(make_inputs(seed=8), s, dtype=torch.float32), s)
+    sidecar = path.with_name(path.name + ".json")
+    hp = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**hp, "kl_estimator": "k3"}))
+    p = _run(str(path), "--preset", "trl", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["convention"]["kl_estimator"] == "k3"
+    sidecar.write_text(json.dumps({**hp, "kl_estimator": "k3", "score_at": "last_valid"}))
+    p = _run(str(path), "--preset", "trl", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr  # the preset's after_last_valid is what the dump used
+    notes = [d for d in json.loads(p.stdout)["diagnosis"] if d.startswith("note: --preset trl")]
+    assert len(notes) == 1 and "score_at=after_last_valid" in notes[0] and "score_at=last_valid" in notes[0]
