@@ -13,7 +13,8 @@ Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
     --- per PPO epoch / minibatch, with the current policy and critic ---
     5. ratio         = exp(logprobs − old_logprobs)
     6. pg_loss, pg_clipfrac, approx_kl = clipped surrogate
-    7. vf_loss, vf_clipfrac = value loss around old_values
+    7. vf_loss, vf_clipfrac = value loss around old_values           (``value_loss_agg``, default
+                                                                        ``loss_agg``)
     8. entropy_loss, kl_loss (KL in the loss, on the current log-probs)
     9. loss          = pg_loss + vf_coef·vf_loss − ent_coef·entropy_loss + kl_coef·kl_loss
 
@@ -59,6 +60,10 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "loss_agg": LossAgg,
     "value_loss": ValueLoss,
 }
+_OPTIONAL_ENUM_FIELDS: dict[str, type[Any]] = {
+    "value_loss_agg": LossAgg,
+}
+"""Enum fields that may also be None (parsed like ``_ENUM_FIELDS``; None stays None)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,8 @@ class Convention:
     whiten_variance: Variance = Variance.UNBIASED
     """Variance used by the whitening."""
     loss_agg: LossAgg = LossAgg.TOKEN_MEAN
-    """Aggregation of the per-token policy, value, entropy and KL losses."""
+    """Aggregation of the per-token policy, entropy and KL losses (and of the value loss unless
+    ``value_loss_agg`` is set)."""
     value_loss: ValueLoss = ValueLoss.CLIPPED
     """Clipped or unclipped value loss."""
     dual_clip: float | None = None
@@ -87,18 +93,35 @@ class Convention:
     """Clamp ``(lo, hi)`` of ``log π − log π_ref`` before the KL estimator."""
     kl_value_clamp: float | None = None
     """Symmetric clamp of the KL estimate (OpenRLHF: 10; verl k3: 10)."""
+    value_loss_agg: LossAgg | None = None
+    """Aggregation of the value loss; None = same as ``loss_agg``. OpenRLHF's critic keeps the value
+    loss ``token-mean`` whatever the actor's aggregation (its critic builds ``ValueLoss(value_clip)``)."""
 
     def __post_init__(self) -> None:
         for name, cls in _ENUM_FIELDS.items():
             object.__setattr__(self, name, parse(cls, getattr(self, name), what=name))
+        for name, cls in _OPTIONAL_ENUM_FIELDS.items():
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, parse(cls, getattr(self, name), what=name))
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly dict (enum values as their names)."""
+        """JSON-friendly dict (enum values as their names).
+
+        ``value_loss_agg`` is left out while it is None (its default), so that the dict of a
+        convention that does not use it is the one written before the field existed (the golden
+        cases in ``spec/golden`` store it); :meth:`from_dict` restores the None.
+        """
         out = asdict(self)
         for name in _ENUM_FIELDS:
             out[name] = getattr(self, name).value
+        for name in _OPTIONAL_ENUM_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                del out[name]
+            else:
+                out[name] = value.value
         if self.kl_log_ratio_clamp is not None:
             out["kl_log_ratio_clamp"] = list(self.kl_log_ratio_clamp)
         return out
@@ -314,7 +337,7 @@ def update_quantities(
         vm,
         clip=hp.cliprange_value,
         kind=conv.value_loss,
-        agg=conv.loss_agg,
+        agg=conv.loss_agg if conv.value_loss_agg is None else conv.value_loss_agg,
         **val_norm,
     )
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)

@@ -282,7 +282,8 @@ def ppo_update_naive(
                     kls.append(krow)
                     vals.append(vrow)
                 pg_loss, n_tok = _aggregate(pol, conv.loss_agg, horizon, len(rows))
-                vf_loss, n_vtok = _aggregate(vals, conv.loss_agg, horizon, len(rows))
+                vf_agg = conv.value_loss_agg if conv.value_loss_agg is not None else conv.loss_agg
+                vf_loss, n_vtok = _aggregate(vals, vf_agg, horizon, len(rows))
                 ent_loss, _ = _aggregate(ents, conv.loss_agg, horizon, len(rows))
                 loss = pg_loss + hp.vf_coef * vf_loss - hp.ent_coef * ent_loss
                 kl_loss = torch.zeros(())

@@ -20,7 +20,9 @@ Peer functions called (as of verl 0.9.1 / OpenRLHF 0.11.2):
   because the real function wants a ``DataProto`` batch.
 - OpenRLHF ``openrlhf/models/utils.py``: ``compute_approx_kl``, ``compute_reward``;
   ``openrlhf/trainer/ppo_utils/experience_maker.py``: ``get_advantages_and_returns`` (a method that
-  does not use ``self``); ``openrlhf/models/loss.py``: ``PolicyLoss``, ``ValueLoss``. The batch-level
+  does not use ``self``); ``openrlhf/models/loss.py``: ``PolicyLoss``, ``ValueLoss`` (built as
+  ``trainer/ray/ppo_critic.py`` builds it, ``ValueLoss(value_clip)``: token-level whatever the
+  actor's ``loss_agg_mode``, which the preset's ``value_loss_agg=token-mean`` expresses). The batch-level
   whitening of ``compute_advantages_and_returns`` (masked mean, population variance,
   ``clamp(var, 1e-8).rsqrt()``) is restated, because the real method wants a list of ``Experience``.
 
@@ -191,7 +193,7 @@ def _make_openrlhf(out: Path, site: str) -> list[str]:
         pg, clip_ratio, ppo_kl, _, _ = PolicyLoss(
             HP["cliprange"], HP["cliprange"], token_level_loss=token_level
         )(x["logprobs"], x["old_logprobs"], adv, action_mask=m)
-        vl = ValueLoss(HP["cliprange_value"], token_level_loss=token_level)
+        vl = ValueLoss(HP["cliprange_value"])  # as trainer/ray/ppo_critic.py builds it: always token-level
         vf = vl(x["values"], x["old_values"], ret, action_mask=m)
         dump = dict(x)
         dump.update(

@@ -11,7 +11,7 @@ gae    (none: GAE itself)                            returns
 whiten whiten_advantages, whiten_variance            advantages
 policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac, approx_kl,
        approx_kl                                     entropy_loss
-value  value_loss, vf_mask                           vf_loss, vf_clipfrac
+value  value_loss, vf_mask, value_loss_agg           vf_loss, vf_clipfrac
 loss   (none: the total)                             kl_loss, loss
 ====== ============================================ =========================================
 
@@ -346,7 +346,17 @@ class _Search:
 
         groups = self._expand(groups, policy_opts, policy_checks, "policy")
 
+        # value_loss_agg: None (= the policy's loss_agg) or, only when the dump has values to
+        # check it against, each other mode (re-aggregating the per-token loss; no recompute).
+        # The "same as loss_agg" option keeps the base's spelling when it names that mode.
+        value_aggs_all = [a["value_loss_agg"] for a in ALTERNATIVES["value_loss_agg"]]
+        own_vagg = self.base.conv.value_loss_agg
+        own_vagg_name = None if own_vagg is None else own_vagg.value
+
         def value_opts(g: Group) -> Iterable[tuple[dict[str, Any], dict[str, Any], bytes]]:
+            vaggs: list[str | None] = [own_vagg_name if own_vagg_name == g.state["agg"] else None]
+            if "values" in t:
+                vaggs += [a for a in value_aggs_all if a is not None and a != g.state["agg"]]
             for vl in ("clipped", "unclipped"):
                 for vfm in ("value", "response"):
                     mask = g.state["vm"] if vfm == "value" else m
@@ -360,17 +370,22 @@ class _Search:
                         agg=g.state["agg"],
                         **norm,
                     )
-                    st = {**g.state, "vf_loss": out.loss.detach(), "vf_clipfrac": out.clipfrac, "vf_m": mask}
-                    st["vl"] = vl
-                    key = _digest(
-                        *(
-                            g.state[k]
-                            for k in ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss", "kl_loss")
-                        ),
-                        st["vf_loss"],
-                        st["vf_clipfrac"],
-                    )
-                    yield {"value_loss": vl, "vf_mask": vfm}, st, key
+                    for vagg in vaggs:
+                        if vagg is None or vagg == g.state["agg"]:
+                            vf = out.loss.detach()
+                        else:
+                            vf = aggregate_loss(out.per_token, mask, vagg, **norm).detach()
+                        st = {**g.state, "vf_loss": vf, "vf_clipfrac": out.clipfrac, "vf_m": mask}
+                        st["vl"] = vl
+                        key = _digest(
+                            *(
+                                g.state[k]
+                                for k in ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss", "kl_loss")
+                            ),
+                            st["vf_loss"],
+                            st["vf_clipfrac"],
+                        )
+                        yield {"value_loss": vl, "vf_mask": vfm, "value_loss_agg": vagg}, st, key
 
         def value_checks(s: dict[str, Any]) -> list[float | None]:
             if "values" not in t:

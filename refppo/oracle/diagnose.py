@@ -40,6 +40,10 @@ ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
         {"loss_agg": a}
         for a in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
     ],
+    "value_loss_agg": [
+        {"value_loss_agg": a}
+        for a in (None, "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+    ],
     "value_loss": [{"value_loss": v} for v in ("clipped", "unclipped")],
     "vf_mask": [{"vf_mask": v} for v in ("value", "response")],
     "approx_kl": [{"approx_kl": v} for v in ("k1", "k2_all_positions")],
@@ -56,7 +60,7 @@ AFFECTS: dict[str, tuple[str, ...]] = {
     "pg_loss": (*_ADV, "dual_clip", "log_ratio_clamp", "loss_agg"),
     "pg_clipfrac": (*_ADV, "log_ratio_clamp"),
     "approx_kl": ("approx_kl",),
-    "vf_loss": (*_REW, "value_loss", "loss_agg", "vf_mask"),
+    "vf_loss": (*_REW, "value_loss", "loss_agg", "value_loss_agg", "vf_mask"),
     "vf_clipfrac": (*_REW, "value_loss", "vf_mask"),
     "entropy_loss": ("loss_agg",),
     "kl_loss": (*_KL, "kl_in", "loss_agg"),
@@ -162,6 +166,8 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
             norm = {k: (tuple(v) if isinstance(v, list) else v) for k, v in current.items()}
             if all(_same(norm.get(k), v) for k, v in upd.items()):
                 continue
+            if key == "value_loss_agg" and _same(upd["value_loss_agg"], norm.get("loss_agg")):
+                continue  # the same as value_loss_agg=none (also tried): report one of the two
             try:
                 alt = setup.with_convention(upd)
                 maybe = compare_candidate(alt)

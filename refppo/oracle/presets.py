@@ -61,6 +61,7 @@ PRESETS: dict[str, Preset] = {
             "whiten_advantages": "masked",
             "whiten_variance": "unbiased",
             "loss_agg": "token-mean",
+            "value_loss_agg": None,
             "value_loss": "clipped",
             "dual_clip": None,
             "log_ratio_clamp": None,
@@ -84,6 +85,10 @@ PRESETS: dict[str, Preset] = {
             "whiten_advantages": "masked",
             "whiten_variance": "unbiased",
             "loss_agg": "token-mean",
+            # The critic's ``critic.loss_agg_mode`` defaults to the actor's: verl 0.9.1
+            # verl/trainer/config/critic/critic.yaml sets it to
+            # ``${oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean}``, so None (= loss_agg).
+            "value_loss_agg": None,
             "value_loss": "clipped",
             "dual_clip": 3.0,
             "log_ratio_clamp": 20.0,
@@ -109,6 +114,7 @@ PRESETS: dict[str, Preset] = {
             "verl/trainer/ppo/core_algos.py::compute_policy_loss_vanilla",
             "verl/trainer/ppo/core_algos.py::compute_value_loss",
             "verl/trainer/ppo/core_algos.py::agg_loss",
+            "verl/trainer/config/critic/critic.yaml (critic.loss_agg_mode = the actor's)",
         ),
     ),
     # OpenRLHF 0.11.2: openrlhf/models/utils.py (compute_approx_kl, compute_reward),
@@ -123,6 +129,10 @@ PRESETS: dict[str, Preset] = {
             "whiten_advantages": "masked",
             "whiten_variance": "population",
             "loss_agg": "token-mean",
+            # openrlhf/models/loss.py::ValueLoss aggregates with token_level_loss=True unless told
+            # otherwise, and openrlhf/trainer/ray/ppo_critic.py builds ``ValueLoss(value_clip)``: the
+            # value loss stays token-mean when actor.loss_agg_mode is seq-mean-token-mean.
+            "value_loss_agg": "token-mean",
             "value_loss": "clipped",
             "dual_clip": None,
             "log_ratio_clamp": 20.0,
@@ -146,8 +156,9 @@ PRESETS: dict[str, Preset] = {
             "openrlhf/trainer/ppo_utils/experience_maker.py::get_advantages_and_returns",
             "openrlhf/trainer/ppo_utils/experience_maker.py::compute_advantages_and_returns",
             "openrlhf/models/loss.py::PolicyLoss",
-            "openrlhf/models/loss.py::ValueLoss",
-            "openrlhf/utils/loss_utils.py (aggregation)",
+            "openrlhf/models/loss.py::ValueLoss (token-mean: value_loss_agg)",
+            "openrlhf/trainer/ray/ppo_critic.py (ValueLoss(value_clip), no token_level_loss)",
+            "openrlhf/models/loss.py::aggregate_loss (aggregation)",
         ),
     ),
     # TRL PPOTrainer (ppov2 lineage, 0.12-1.12): trl/trainer/ppo_trainer.py::PPOTrainer.train,
@@ -161,6 +172,7 @@ PRESETS: dict[str, Preset] = {
             "whiten_advantages": "masked",
             "whiten_variance": "unbiased",
             "loss_agg": "token-mean",
+            "value_loss_agg": None,
             "value_loss": "clipped",
             "dual_clip": None,
             "log_ratio_clamp": None,
@@ -195,6 +207,7 @@ PRESETS: dict[str, Preset] = {
             "whiten_advantages": "none",
             "whiten_variance": "unbiased",
             "loss_agg": "token-mean",
+            "value_loss_agg": None,
             "value_loss": "clipped",
             "dual_clip": None,
             "log_ratio_clamp": None,

@@ -5,7 +5,7 @@ report) is the union of
 
 - the fields of :class:`refppo.pipeline.Convention` (``kl_estimator``, ``kl_in``, ``score_at``,
   ``whiten_advantages``, ``whiten_variance``, ``loss_agg``, ``value_loss``, ``dual_clip``,
-  ``log_ratio_clamp``, ``kl_log_ratio_clamp``, ``kl_value_clamp``);
+  ``log_ratio_clamp``, ``kl_log_ratio_clamp``, ``kl_value_clamp``, ``value_loss_agg``);
 - three oracle-only keys for conventions that sit *around* the pipeline rather than in it
   (:class:`Extras`): ``score_clip``, ``approx_kl`` and ``vf_mask``;
 - the fields of :class:`refppo.pipeline.Hyperparams` (``gamma``, ``lam``, ``kl_coef``, ...).
@@ -61,6 +61,7 @@ ALL_KEYS: tuple[str, ...] = CONVENTION_KEYS + EXTRA_KEYS + HPARAM_KEYS
 
 _FLOAT_OR_NONE = {"dual_clip", "log_ratio_clamp", "kl_value_clamp", "score_clip"}
 _FLOAT_OR_NONE_HP = {"cliprange_high", "horizon"}
+_NAME_OR_NONE = {"value_loss_agg"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Setup:
     def convention_dict(self) -> dict[str, Any]:
         """Conventions and extras as one flat JSON-friendly dict (the report's ``convention``)."""
         out = self.conv.to_dict()
+        out.setdefault("value_loss_agg", None)  # Convention.to_dict leaves out the default None
         out.update(asdict(self.extras))
         return out
 
@@ -122,6 +124,8 @@ def parse_value(key: str, value: Any) -> Any:
             return _to_float(value)
     except (TypeError, ValueError) as exc:
         raise HyperparameterError(f"{key}: expected a number, got {value!r}") from exc
+    if key in _NAME_OR_NONE and (value is None or (isinstance(value, str) and _none_word(value))):
+        return None
     if not isinstance(value, str):
         raise ConventionError(f"{key}: expected a name (string), got {value!r}")
     return value.strip()

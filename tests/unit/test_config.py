@@ -171,3 +171,18 @@ def test_print_config_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert '"cliprange": 0.15' in capsys.readouterr().out
     assert main(["--set", "ppo.nope=1"]) == 2
     assert "valid keys" in capsys.readouterr().err
+
+
+def test_value_loss_agg_from_toml_and_set(tmp_path: Path) -> None:
+    assert TrainConfig().ppo.convention.value_loss_agg is None  # default: follows ppo.loss_agg
+    f = tmp_path / "v.toml"
+    f.write_text('[ppo]\nloss_agg = "seq-mean-token-mean"\nvalue_loss_agg = "token-mean"\n')
+    cfg = load_config(f)
+    assert cfg.ppo.convention.loss_agg is LossAgg.SEQ_MEAN_TOKEN_MEAN
+    assert cfg.ppo.convention.value_loss_agg is LossAgg.TOKEN_MEAN
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert load_config(f, ["ppo.value_loss_agg=none"]).ppo.convention.value_loss_agg is None
+    over = TrainConfig().with_overrides(["ppo.value_loss_agg=seq-mean-token-sum"])
+    assert over.ppo.convention.value_loss_agg is LossAgg.SEQ_MEAN_TOKEN_SUM
+    with pytest.raises(ConfigError, match="value_loss_agg"):
+        TrainConfig().with_overrides(["ppo.value_loss_agg=mean"])

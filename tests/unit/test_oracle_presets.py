@@ -51,7 +51,16 @@ def test_preset_values_follow_the_survey() -> None:
     assert PRESETS["trl"].hparams["lam"] == 0.95 and PRESETS["verl"].hparams["lam"] == 1.0
 
 
+def _canon(conv: dict[str, object]) -> dict[str, object]:
+    """``value_loss_agg`` equal to ``loss_agg`` is the same convention as None (= loss_agg)."""
+    out = dict(conv)
+    if out.get("value_loss_agg") == out.get("loss_agg"):
+        out["value_loss_agg"] = None
+    return out
+
+
 def _pinned(conv: dict[str, object], got: dict[str, object]) -> bool:
+    conv, got = _canon(conv), _canon(got)
     return all(got[k] == v for k, v in conv.items())
 
 
@@ -95,3 +104,50 @@ def test_detect_reports_the_nearest_when_nothing_matches(tmp_path: Path) -> None
     assert not found.detected
     assert found.nearest is not None and found.nearest["score_at"] == "after_last_valid"
     assert "value" in found.unmatched_stages
+
+
+def _openrlhf_split_dump(inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An OpenRLHF ``actor.loss_agg_mode=seq-mean-token-mean`` step: the critic's ``ValueLoss(value_clip)``
+    keeps the value loss token-mean. ``vf_loss`` (and ``loss``) are rewritten here with loops."""
+    both_seq = setup_for("openrlhf", {"loss_agg": "seq-mean-token-mean", "value_loss_agg": "none"})
+    d = refppo_dump(inp, both_seq)
+    m = d["response_mask"].bool().tolist()
+    v, v_old, ret = d["values"].tolist(), d["old_values"].tolist(), d["returns"].tolist()
+    eps_v = both_seq.hp.cliprange_value
+    per_tok = []
+    for b in range(len(m)):
+        for t in range(len(m[b])):
+            if m[b][t]:
+                v_clip = v_old[b][t] + min(max(v[b][t] - v_old[b][t], -eps_v), eps_v)
+                per_tok.append(0.5 * max((v_clip - ret[b][t]) ** 2, (v[b][t] - ret[b][t]) ** 2))
+    vf = sum(per_tok) / len(per_tok)
+    assert abs(vf - float(d["vf_loss"])) > 1e-3  # the two aggregations really differ here
+    d["loss"] = d["loss"] + both_seq.hp.vf_coef * (vf - d["vf_loss"])
+    d["vf_loss"] = torch.tensor(vf, dtype=torch.float64)
+    return d
+
+
+def test_openrlhf_split_value_aggregation(tmp_path: Path) -> None:
+    inp = make_inputs(B=6, T=10, seed=33)
+    d = _openrlhf_split_dump(inp)
+    good = setup_for("openrlhf", {"loss_agg": "seq-mean-token-mean"})
+    assert good.conv.value_loss_agg is not None and good.conv.value_loss_agg.value == "token-mean"
+    dump = load_dump(save(tmp_path, d, good))
+    res = check(dump, good)
+    assert res.match, res.diagnosis
+    bad = setup_for("openrlhf", {"loss_agg": "seq-mean-token-mean", "value_loss_agg": "none"})
+    res = check(dump, bad)
+    assert res.first_divergence == "vf_loss", res.diagnosis
+    change = {"value_loss_agg": "token-mean"}
+    explained = [e for e in res.explained_by if e["kind"] == "convention" and e["change"] == change]
+    assert explained and explained[0]["all_match"]
+    assert any("value_loss_agg=token-mean (as in preset openrlhf)" in line for line in res.diagnosis)
+    assert PRESETS["openrlhf"].conventions["value_loss_agg"] == "token-mean"
+    assert PRESETS["verl"].conventions["value_loss_agg"] is None  # critic.loss_agg_mode = the actor's
+    assert bad.convention_dict()["value_loss_agg"] is None
+    assert good.convention_dict()["value_loss_agg"] == "token-mean"
+    # --detect from refppo's defaults finds the split aggregation.
+    found = detect(dump, setup_for(None, hp=good.hparams_dict()))
+    assert found.detected, found.unmatched_stages
+    assert all(c["loss_agg"] == "seq-mean-token-mean" for c in found.detected)
+    assert all(c["value_loss_agg"] == "token-mean" for c in found.detected)
