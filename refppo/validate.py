@@ -60,6 +60,8 @@ def check_mask(name: str, mask: object, *, require_nonempty_rows: bool = True) -
         empty = ~out.any(dim=1)
         rows = empty.nonzero().flatten().tolist()[:8]
         raise MaskError(f"{name}: rows {rows} have no valid token (every row needs at least one)")
+    if out.shape[0] == 0:
+        raise ShapeError(f"{name}: expected at least one sequence (B >= 1), got shape {_fmt(out.shape)}")
     if out.shape[1] == 0:
         raise ShapeError(
             f"{name}: expected at least one response position (T >= 1), got shape {_fmt(out.shape)}"

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from refppo.core import _pyfloat as pf
-from refppo.errors import MaskError
+from refppo.errors import MaskError, ShapeError
 from refppo.types import ResponseMask, Scalar, TokenFloat
 from refppo.validate import check_bt, check_mask, count_true
 
@@ -60,8 +60,14 @@ def _global_moments(x: Tensor, m: Tensor, unbiased: bool, all_reduce: AllReduce)
     return mu, var
 
 
+def _check_dim(dim: int | None) -> None:
+    if dim not in (None, -1, 1):
+        raise ShapeError(f"dim: expected None (everything) or -1/1 (per row, over resp), got {dim!r}")
+
+
 def masked_sum(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
-    """``Σ m·x`` over everything (``dim=None``, 0-dim result) or along ``dim`` (``-1``: per row, ``[B]``)."""
+    """``Σ m·x`` over everything (``dim=None``, 0-dim result) or per row (``dim=-1`` or 1, ``[B]``)."""
+    _check_dim(dim)
     m = check_mask("mask", mask, require_nonempty_rows=False)
     x = check_bt("x", x, m)
     xm = _masked_values(x, m)
@@ -69,7 +75,8 @@ def masked_sum(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Ten
 
 
 def masked_mean(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
-    """``Σ m·x / Σ m`` over everything or along ``dim``. Every row must hold a valid token."""
+    """``Σ m·x / Σ m`` over everything or per row (``dim=-1`` or 1). Every row needs a valid token."""
+    _check_dim(dim)
     m = check_mask("mask", mask)
     x = check_bt("x", x, m)
     xm = _masked_values(x, m)

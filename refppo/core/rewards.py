@@ -26,7 +26,7 @@ from torch import Tensor
 from refppo.conventions import ScorePosition, parse
 from refppo.core import _pyfloat as pf
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
-from refppo.validate import check_b, check_bt, check_mask, check_nonneg
+from refppo.validate import check_b, check_bt, check_mask, check_nonneg, check_same_dtype
 
 
 def score_positions(mask: ResponseMask, score_at: ScorePosition | str = ScorePosition.LAST_VALID) -> Tensor:
@@ -73,7 +73,8 @@ def token_rewards(
         r = torch.zeros(m.shape, dtype=scores.dtype, device=m.device)
     else:
         kl = check_bt("kl", kl, m)
-        r = torch.where(m, -beta * kl, zero).to(scores.dtype)
+        check_same_dtype(scores=scores, kl=kl)
+        r = torch.where(m, -beta * kl, zero)
     # r[b, p_b] += s_b (one score slot per row).
     return r.scatter_add(1, pos.unsqueeze(1), scores.unsqueeze(1))
 
