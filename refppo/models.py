@@ -288,6 +288,11 @@ class RewardModel(nn.Module):
         self.model: Any = model
         if int(model.config.num_labels) != 1:
             raise ShapeError(f"RewardModel: expected num_labels=1, got {model.config.num_labels}")
+        if not isinstance(getattr(model, "score", None), nn.Module) or not hasattr(model, "base_model"):
+            raise ShapeError(
+                f"RewardModel: expected a causal-LM sequence classifier with a per-position `score` "
+                f"head (GPT-2, Llama, ... ForSequenceClassification), got {type(model).__name__}"
+            )
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> SeqFloat:
         base = self.model.base_model
