@@ -75,6 +75,7 @@ from torch import Tensor, nn
 
 from refppo.conventions import KLPlacement
 from refppo.core.kl import token_kl
+from refppo.core.masked import AllReduce, masked_mean, masked_sum
 from refppo.errors import HyperparameterError, ShapeError
 from refppo.models import (
     Reward,
@@ -93,9 +94,6 @@ from refppo.pipeline import (
     update_quantities,
 )
 from refppo.rollout import RolloutConfig, ScoredRollout, generate_rollout, score_rollout
-
-AllReduce = Callable[[Tensor], Tensor]
-"""SUM all-reduce across ranks of a float64 tensor; returns the reduced tensor."""
 
 
 @dataclass(frozen=True)
@@ -343,22 +341,27 @@ def rollout_metrics(
     token mean; ``advantage_mean``, ``return_mean``, ``value_mean`` over valid tokens.
     """
     m = scored.batch.response_mask
-    kl = token_kl(scored.old_logprobs, scored.ref_logprobs, m, conv.kl_estimator)
-    n = m.sum().to(torch.float64)
-    mf = m.to(torch.float64)
+    kl = token_kl(
+        scored.old_logprobs.double(),
+        scored.ref_logprobs.double(),
+        m,
+        conv.kl_estimator,
+        log_ratio_clamp=conv.kl_log_ratio_clamp,
+        value_clamp=conv.kl_value_clamp,
+    )
     beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
-    vm = quantities.value_mask.to(torch.float64)
+    vm = quantities.value_mask
     return {
         "score": float(scored.scores.double().mean()),
         "raw_score": float(scored.raw_scores.double().mean()),
-        "kl": float((kl.double() * mf).sum(dim=1).mean()),
-        "non_score_reward": float((-beta * quantities.kl.double() * mf).sum(dim=1).mean()),
+        "kl": float(masked_sum(kl, m, dim=1).mean()),
+        "non_score_reward": float(masked_sum(-beta * quantities.kl.double(), m, dim=1).mean()),
         "response_length": float(m.sum(dim=1).double().mean()),
         "eos_frac": float(scored.has_eos.double().mean()),
-        "old_entropy": float((scored.old_entropy.double() * mf).sum() / n),
-        "advantage_mean": float((quantities.advantages.double() * mf).sum() / n),
-        "return_mean": float((quantities.returns.double() * vm).sum() / vm.sum()),
-        "value_mean": float((scored.old_values.double() * vm).sum() / vm.sum()),
+        "old_entropy": float(masked_mean(scored.old_entropy.double(), m)),
+        "advantage_mean": float(masked_mean(quantities.advantages.double(), m)),
+        "return_mean": float(masked_mean(quantities.returns.double(), vm)),
+        "value_mean": float(masked_mean(scored.old_values.double(), vm)),
     }
 
 
