@@ -268,8 +268,8 @@ def ppo_update_naive(
                         r = ret[b][t]
                         unclipped = (v - r) ** 2
                         if conv.value_loss is ValueLoss.CLIPPED:
-                            vc = vold[b][t] + torch.clamp(
-                                v - vold[b][t], -hp.cliprange_value, hp.cliprange_value
+                            vc = torch.clamp(
+                                v, vold[b][t] - hp.cliprange_value, vold[b][t] + hp.cliprange_value
                             )
                             clipped = (vc - r) ** 2
                             if float(clipped.detach()) > float(unclipped.detach()):
