@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,7 +150,10 @@ def load_checkpoint(
         missing, unexpected = load_model(model, os.fspath(f), strict=True, device=str(device))
         del missing, unexpected
     for name, opt in optimizers.items():
-        opt.load_state_dict(torch.load(p / f"optim_{name}.pt", weights_only=True, map_location="cpu"))
+        f = p / f"optim_{name}.pt"
+        if not f.exists():
+            raise CheckpointError(f"checkpoint {str(p)!r} has no optimizer state for {name!r}")
+        opt.load_state_dict(torch.load(f, weights_only=True, map_location="cpu"))
     rng_file = p / f"rng_rank{rank}.pt"
     if not rng_file.exists():
         raise CheckpointError(
@@ -162,21 +164,12 @@ def load_checkpoint(
     return Checkpoint(p, int(state["iteration"]), state), rng
 
 
-def prune_checkpoints(root: str | Path, keep: int) -> None:
-    """Keep the ``keep`` newest complete checkpoints under ``root``."""
-    r = Path(root)
-    done = sorted(p for p in r.glob("iter_*") if (p / "COMPLETE").exists())
-    for old in done[: max(len(done) - keep, 0)]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 __all__ = [
     "Checkpoint",
     "CheckpointError",
     "latest_checkpoint",
     "load_checkpoint",
     "mark_complete",
-    "prune_checkpoints",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",

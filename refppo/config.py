@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tomllib
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar, Union
-
-import tomllib
 
 from refppo.conventions import parse
 from refppo.errors import RefPPOError
@@ -97,8 +96,9 @@ class TaskConfig:
     reward: str = "model"
     """``model`` (a reward model: ``model.reward_model`` or one trained here on preference pairs
     labelled by the task's hidden rule), ``rule`` (the hidden rule itself, programmatic), or
-    ``package.module:function`` taking ``(prompts: list[str], responses: list[str])`` and
-    returning one float per response (``--reward module:function``)."""
+    ``package.module:function`` taking ``(prompt: str, response: str)`` and returning a float,
+    called once per response, the response decoded with its special tokens
+    (``--reward module:function``)."""
     add_special_tokens: bool = False
     """Tokenize prompts with the tokenizer's special tokens (e.g. the BOS of Llama-style models);
     False: the prompt text's tokens only (the embedded task)."""

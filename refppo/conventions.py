@@ -8,13 +8,13 @@ unlike verl's registries nothing is ever silently overwritten: these are closed 
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import TypeVar
 
 from refppo.errors import ConventionError
 
 
-class KLEstimator(str, Enum):
+class KLEstimator(StrEnum):
     """Per-token estimator of KL(π‖π_ref) from the log-ratio ``d = log π − log π_ref``.
 
     - ``k1``: ``d`` (unbiased, can be negative);
@@ -32,7 +32,7 @@ class KLEstimator(str, Enum):
     ABS = "abs"
 
 
-class KLPlacement(str, Enum):
+class KLPlacement(StrEnum):
     """Where the KL penalty enters.
 
     - ``reward``: ``r_t −= β·KL_t`` with KL from the rollout-time (old) log-probs (InstructGPT,
@@ -45,7 +45,7 @@ class KLPlacement(str, Enum):
     LOSS = "loss"
 
 
-class ScorePosition(str, Enum):
+class ScorePosition(StrEnum):
     """Which response position receives the reward-model score.
 
     For a row with ``L`` valid tokens (positions ``0..L−1``) and padded length ``T``::
@@ -63,7 +63,7 @@ class ScorePosition(str, Enum):
     LAST_POSITION = "last_position"
 
 
-class Whitening(str, Enum):
+class Whitening(StrEnum):
     """Advantage whitening over the valid tokens of the whole batch.
 
     - ``none``;
@@ -77,7 +77,7 @@ class Whitening(str, Enum):
     MASKED_NO_SHIFT = "masked_no_shift"
 
 
-class Variance(str, Enum):
+class Variance(StrEnum):
     """Masked variance: ``unbiased`` (Bessel, ``/(N−1)``: verl, TRL) or ``population``.
 
     ``population`` divides by ``N`` (OpenRLHF, the N+ reproduction code).
@@ -87,7 +87,7 @@ class Variance(str, Enum):
     POPULATION = "population"
 
 
-class LossAgg(str, Enum):
+class LossAgg(StrEnum):
     """How a ``[B, T]`` loss matrix ``L`` with mask ``m`` becomes a scalar (names as in verl ``agg_loss``).
 
     - ``token-mean``: ``Σ_bt m L / Σ_bt m``;
@@ -103,7 +103,7 @@ class LossAgg(str, Enum):
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
 
 
-class ValueLoss(str, Enum):
+class ValueLoss(StrEnum):
     """``clipped``: ``½ max((V−R)², (clip(V, V_old±ε_v)−R)²)`` (all peers); ``unclipped``: ``½ (V−R)²``."""
 
     CLIPPED = "clipped"

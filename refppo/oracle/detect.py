@@ -19,6 +19,11 @@ After each stage, candidates whose outputs are bit-identical are merged into one
 inactive clamp, say, never doubles the work of the stages after it), and when the dump holds a
 quantity of the stage only the groups that reproduce it go on. When none does, the nearest groups
 go on and the stage is recorded as unmatched.
+
+The staged search composes the core functions itself (for speed), so its result is not trusted on
+its own: the :data:`VERIFIED` detected conventions closest to the base are re-checked through the
+one verified path (:func:`refppo.oracle.diagnose.check` → :mod:`refppo.pipeline`), and a
+convention that fails that re-check is dropped.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from refppo.core.rewards import token_rewards
 from refppo.core.value import value_loss
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import compare
-from refppo.oracle.diagnose import ALTERNATIVES, CLAMP_BUNDLES, alt_json
+from refppo.oracle.diagnose import ALTERNATIVES, CLAMP_BUNDLES, alt_json, check
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.recompute import (
     approx_kl_k2_all_positions,
@@ -447,6 +452,10 @@ def _distance(base: dict[str, Any], conv: dict[str, Any]) -> int:
     return sum(1 for k in conv if conv[k] != base.get(k))
 
 
+VERIFIED = 5
+"""How many detected conventions (closest to the base first) are re-checked through the pipeline."""
+
+
 def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
     """Search the convention space around ``base`` (its hyperparameters are kept fixed)."""
     search = _Search(dump, base)
@@ -464,9 +473,17 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
                     seen.add(key)
                     convs.append(full)
         convs.sort(key=lambda c: _distance(base_json, c))
+        head = [
+            c
+            for c in convs[:VERIFIED]
+            if check(dump, setup_from_json(base, c), explain_divergence=False).match
+        ]
+        # every re-checked candidate failing means the staged search itself is off: trust none of it
+        convs = head + convs[VERIFIED:] if head else []
         n_total = sum(g.n_equiv for g in matched)
         undetermined = sorted(k for k in base_json if len({repr(c.get(k)) for c in convs}) > 1)
-        return Detection(convs[:limit], max(n_total, len(convs)), None, [], undetermined)
+        if convs:
+            return Detection(convs[:limit], max(n_total, len(convs)), None, [], undetermined)
     best = min(groups, key=lambda g: g.worst) if groups else None
     nearest = _full(base_json, best.convs[0]) if best is not None else None
     return Detection([], 0, nearest, list(dict.fromkeys(search.unmatched)), [])

@@ -151,3 +151,28 @@ def test_openrlhf_split_value_aggregation(tmp_path: Path) -> None:
     assert found.detected, found.unmatched_stages
     assert all(c["loss_agg"] == "seq-mean-token-mean" for c in found.detected)
     assert all(c["value_loss_agg"] == "token-mean" for c in found.detected)
+
+
+def test_detect_rechecks_its_result_through_the_pipeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staged search is not trusted alone: conventions that fail the pipeline re-check are dropped."""
+    import refppo.oracle.detect as det
+    from refppo.oracle.diagnose import CheckResult
+    from refppo.oracle.load import Dump
+    from refppo.oracle.settings import Setup
+
+    s = setup_for("trl")
+    dump = load_dump(save(tmp_path, refppo_dump(make_inputs(seed=9), s), s))
+    assert detect(dump, s).detected  # the honest search finds it
+    calls: list[int] = []
+
+    def failing_check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> CheckResult:
+        calls.append(1)
+        res = check(dump, setup, explain_divergence=explain_divergence)
+        res.first_divergence = "kl"  # as if the pipeline disagreed with the staged search
+        return res
+
+    monkeypatch.setattr(det, "check", failing_check)
+    found = detect(dump, s)
+    assert calls and not found.detected and found.nearest is not None
