@@ -133,6 +133,13 @@ def _run(args: argparse.Namespace) -> int:
         notes = preset_overrides_note(args.preset, preset_conv, sidecar, overrides)
     setup = build_setup(preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=overrides)
     result = check(dump, setup)
+    if not result.quantities:
+        from refppo.oracle.recompute import PIPELINE_ORDER
+
+        return _fail(
+            f"{args.dump}: the dump holds inputs only, none of the trainer outputs "
+            f"({', '.join(PIPELINE_ORDER)}): nothing to compare"
+        )
     result.diagnosis[:0] = notes
     detection = None
     nearest_result = None

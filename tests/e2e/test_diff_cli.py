@@ -124,3 +124,15 @@ def test_preset_keeps_the_runs_kl_estimator_and_names_replaced_sidecar_conventio
     assert p.returncode == 0, p.stdout + p.stderr  # the preset's after_last_valid is what the dump used
     notes = [d for d in json.loads(p.stdout)["diagnosis"] if d.startswith("note: --preset trl")]
     assert len(notes) == 1 and "score_at=after_last_valid" in notes[0] and "score_at=last_valid" in notes[0]
+
+
+def test_a_dump_without_trainer_outputs_is_bad_input_not_a_match(tmp_path: Path) -> None:
+    """A dump script that forgot the outputs must not get a green "match" (exit 0) for nothing."""
+    s = setup_for("trl")
+    inputs = make_inputs(seed=4)
+    path = save(
+        tmp_path, {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in inputs.items()}, s
+    )
+    p = _run(str(path), "--preset", "trl")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "inputs only" in p.stderr and "nothing to compare" in p.stderr and "Traceback" not in p.stderr
