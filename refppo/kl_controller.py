@@ -62,8 +62,8 @@ class FixedKLController:
         return {"value": self.value}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        """Restore β."""
-        self.value = float(state["value"])
+        """Restore β (validated like the constructor)."""
+        self.value = FixedKLController(float(state["value"])).value
 
 
 @dataclass
@@ -100,10 +100,14 @@ class AdaptiveKLController:
         return {"value": self.value, "target": self.target, "horizon": self.horizon}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        """Restore β (and target/horizon, which must match the saved run's)."""
-        self.value = float(state["value"])
-        self.target = float(state.get("target", self.target))
-        self.horizon = float(state.get("horizon", self.horizon))
+        """Restore β (and target/horizon, which must match the saved run's); validated like the
+        constructor, so a corrupt checkpoint cannot make β silently NaN."""
+        restored = AdaptiveKLController(
+            float(state["value"]),
+            float(state.get("target", self.target)),
+            float(state.get("horizon", self.horizon)),
+        )
+        self.value, self.target, self.horizon = restored.value, restored.target, restored.horizon
 
 
 def make_kl_controller(

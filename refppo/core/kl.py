@@ -37,9 +37,12 @@ LogRatioClamp = tuple[float | None, float | None]
 def _check_clamps(log_ratio_clamp: LogRatioClamp | None, value_clamp: float | None) -> None:
     if log_ratio_clamp is not None:
         lo, hi = log_ratio_clamp
+        for side, bound in (("lo", lo), ("hi", hi)):
+            if bound is not None and not math.isfinite(bound):
+                raise HyperparameterError(f"log_ratio_clamp: {side} must be finite or None, got {bound!r}")
         if lo is not None and hi is not None and lo > hi:
             raise HyperparameterError(f"log_ratio_clamp: expected lo <= hi, got ({lo}, {hi})")
-    if value_clamp is not None and not value_clamp > 0:
+    if value_clamp is not None and not (math.isfinite(value_clamp) and value_clamp > 0):
         raise HyperparameterError(f"value_clamp: expected a number > 0, got {value_clamp!r}")
 
 

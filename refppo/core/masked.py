@@ -35,7 +35,7 @@ from torch import Tensor
 from refppo.core import _pyfloat as pf
 from refppo.errors import MaskError, ShapeError
 from refppo.types import ResponseMask, Scalar, TokenFloat
-from refppo.validate import check_bt, check_mask, count_true
+from refppo.validate import check_bt, check_mask, check_nonneg, count_true
 
 AllReduce = Callable[[Tensor], Tensor]
 """A SUM all-reduce across ranks: returns the elementwise sum over ranks (in place is fine)."""
@@ -142,6 +142,7 @@ def masked_whiten(
     """
     m = check_mask("mask", mask)
     x = check_bt("x", x, m)
+    check_nonneg("eps", eps)
     mu, var = masked_moments(x, m, unbiased=unbiased, all_reduce=all_reduce)
     out = (x - mu) * torch.rsqrt(var + eps)
     if not shift_mean:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -21,13 +22,14 @@ M = torch.tensor([[1, 1, 0]])
     [
         ("k1", [1.0, -1.0, 0.0]),  # d
         ("k2", [0.5, 0.5, 0.0]),  # ½d²
-        # exp(−d) + d − 1: e^−1 + 1 − 1 = 0.3678794; e^1 − 1 − 1 = 0.7182818
-        ("k3", [0.3678794, 0.7182818, 0.0]),
+        # exp(−d) + d − 1: e^−1 + 1 − 1 = e^−1 = 0.3678794; e^1 − 1 − 1 = e − 2 = 0.7182818
+        ("k3", [math.exp(-1.0), math.e - 2.0, 0.0]),
         ("abs", [1.0, 1.0, 0.0]),  # |d|
     ],
 )
 def test_token_kl_hand_example(estimator: str, expected: list[float]) -> None:
-    assert token_kl(LP, LR, M, estimator)[0].tolist() == pytest.approx(expected, abs=1e-7)
+    # float64 inputs: a few ulps (abs = 1e-15); 1e-7 would let a float32 downcast (~3e-8 off) pass.
+    assert token_kl(LP, LR, M, estimator)[0].tolist() == pytest.approx(expected, abs=1e-15)
 
 
 def test_token_kl_clamps_hand_example() -> None:

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from strategies import assert_twin_close
 
 from refppo.core.logprobs import entropy_from_logits, entropy_from_logits_naive, logprobs_from_logits
 from refppo.errors import DtypeError, HyperparameterError, ShapeError
@@ -14,28 +15,34 @@ from refppo.errors import DtypeError, HyperparameterError, ShapeError
 # V = 2 with logits (0, ln 3): softmax = (1/4, 3/4).
 LOGITS = torch.tensor([[[0.0, math.log(3.0)], [float("nan"), float("inf")]]], dtype=torch.float64)
 MASK = torch.tensor([[True, False]])
+# Closed forms of that distribution (float64 inputs, so compared to a few ulps, abs = 1e-15: a
+# 7-digit tolerance would pass a float32 downcast, ~1e-8 off, or TRL's τ + 1e-7 divisor, ~1.4e-8 off).
+LOG_3_4 = math.log(3 / 4)  # = −0.2876821
+LOG_1_4 = math.log(1 / 4)  # = −1.3862944
+H_1_4_3_4 = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))  # = 0.3465736 + 0.2157616 = 0.5623351
 
 
 def test_logprobs_hand_example() -> None:
     # log p(token 1) = ln(3/4) = −0.2876821; log p(token 0) = ln(1/4) = −1.3862944; padding -> 0.
     lp1 = logprobs_from_logits(LOGITS, torch.tensor([[1, 99]]), MASK)
     lp0 = logprobs_from_logits(LOGITS, torch.tensor([[0, -5]]), MASK)
-    assert lp1[0].tolist() == pytest.approx([-0.2876821, 0.0], abs=1e-7)
-    assert lp0[0].tolist() == pytest.approx([-1.3862944, 0.0], abs=1e-7)
+    assert lp1[0].tolist() == pytest.approx([LOG_3_4, 0.0], abs=1e-15)
+    assert lp0[0].tolist() == pytest.approx([LOG_1_4, 0.0], abs=1e-15)
 
 
 def test_entropy_hand_example() -> None:
     # H = −(1/4·ln 1/4 + 3/4·ln 3/4) = 0.3465736 + 0.2157616 = 0.5623351.
-    assert entropy_from_logits(LOGITS, MASK)[0].tolist() == pytest.approx([0.5623351, 0.0], abs=1e-7)
+    assert entropy_from_logits(LOGITS, MASK)[0].tolist() == pytest.approx([H_1_4_3_4, 0.0], abs=1e-15)
 
 
 def test_temperature_divides_logits_before_softmax() -> None:
-    # Logits (0, 2 ln 3) at τ = 2 are (0, ln 3): the same distribution as above.
+    # Logits (0, 2 ln 3) at τ = 2 are (0, ln 3): the same distribution as above. Dividing by τ + 1e-7
+    # (TRL) instead would move log p by ≈ 1.4e-8, far outside abs = 1e-15.
     logits = torch.tensor([[[0.0, 2 * math.log(3.0)]]], dtype=torch.float64)
     assert logprobs_from_logits(logits, torch.tensor([[1]]), temperature=2.0).item() == pytest.approx(
-        -0.2876821, abs=1e-7
+        LOG_3_4, abs=1e-15
     )
-    assert entropy_from_logits(logits, temperature=2.0).item() == pytest.approx(0.5623351, abs=1e-7)
+    assert entropy_from_logits(logits, temperature=2.0).item() == pytest.approx(H_1_4_3_4, abs=1e-15)
 
 
 def test_entropy_with_minus_inf_logit_is_finite() -> None:
@@ -43,8 +50,8 @@ def test_entropy_with_minus_inf_logit_is_finite() -> None:
     # entropy of (1/4, 0, 3/4) = 0.5623351 — not NaN — and a finite gradient.
     logits = torch.tensor([[[0.0, -math.inf, math.log(3.0)]]], dtype=torch.float64, requires_grad=True)
     h = entropy_from_logits(logits)
-    assert h.item() == pytest.approx(0.5623351, abs=1e-7)
-    assert entropy_from_logits_naive(logits).item() == pytest.approx(0.5623351, abs=1e-7)
+    assert h.item() == pytest.approx(H_1_4_3_4, abs=1e-15)
+    assert entropy_from_logits_naive(logits).item() == pytest.approx(H_1_4_3_4, abs=1e-15)
     h.sum().backward()
     assert logits.grad is not None and bool(torch.isfinite(logits.grad).all())
 
@@ -106,7 +113,6 @@ def test_logprobs_and_entropy_on_many_positions_match_naive(dtype: torch.dtype) 
     # 9·500 = 4500 positions of V = 64: more than one CPU chunk of positions (4096 at V = 64), with
     # NaN logits and junk ids on padding; values equal the naive twins and gradients are finite.
     from refppo.core.logprobs import logprobs_from_logits_naive
-    from refppo.verify import compare
 
     g = torch.Generator().manual_seed(3)
     B, T, V = 9, 500, 64
@@ -117,8 +123,8 @@ def test_logprobs_and_entropy_on_many_positions_match_naive(dtype: torch.dtype) 
     logits.requires_grad_(True)
     lp = logprobs_from_logits(logits, tokens, m, temperature=0.8)
     ent = entropy_from_logits(logits, m, temperature=0.8)
-    assert compare(lp, logprobs_from_logits_naive(logits, tokens, m, temperature=0.8), dtype).ok
-    assert compare(ent, entropy_from_logits_naive(logits, m, temperature=0.8), dtype).ok
+    assert_twin_close(lp, logprobs_from_logits_naive(logits, tokens, m, temperature=0.8), dtype, "logprobs")
+    assert_twin_close(ent, entropy_from_logits_naive(logits, m, temperature=0.8), dtype, "entropy")
     (lp.sum() + ent.sum()).backward()
     assert logits.grad is not None
     assert bool(torch.isfinite(logits.grad[m]).all()) and bool((logits.grad[~m] == 0).all())

@@ -43,7 +43,9 @@ def test_masked_whiten_hand_example() -> None:
     s = 1 / math.sqrt(2 + 1e-8)
     assert masked_whiten(x, m).flatten().tolist() == pytest.approx([-s, 0.0, s, 0.0], abs=1e-15)
     # shift_mean=False adds the mean back: 2 ∓ 1/sqrt(2).
-    assert masked_whiten(x, m, shift_mean=False).flatten().tolist() == pytest.approx([2 - s, 0.0, 2 + s, 0.0])
+    assert masked_whiten(x, m, shift_mean=False).flatten().tolist() == pytest.approx(
+        [2 - s, 0.0, 2 + s, 0.0], abs=1e-15
+    )
 
 
 def test_mask_with_values_other_than_0_1_is_rejected() -> None:
@@ -154,7 +156,11 @@ def _sharded_batch(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, list
     return x, m, [3, 4]
 
 
-@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+# Measured on this batch: the sharded result is bit-identical to the whole-batch one in both dtypes.
+# The tolerances allow the few ulps of μ and σ² that another summation order (per-rank partial
+# sums) may cost, scaled by |x − μ|/σ ≲ 3: ~1e-15 (float64), ~5e-7 (float32). A real error (local
+# moments, N instead of N − 1) is ≥ 1e-2 here.
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-14), (torch.float32, 1e-6)])
 @pytest.mark.parametrize("shift_mean", [True, False])
 @pytest.mark.parametrize("unbiased", [True, False])
 def test_masked_whiten_with_all_reduce_equals_whitening_the_concatenated_batch(

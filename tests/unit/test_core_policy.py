@@ -20,7 +20,9 @@ from refppo.errors import ConventionError, DtypeError, HyperparameterError, Shap
 # token-mean: (−1.2 + 0.8 − 1.8 + 4)/4 = 0.45; with dual-clip (−1.2 + 0.8 − 1.8 + 3)/4 = 0.2.
 # clipfrac = 2/4; clipfrac_lower (dual) = 1/4.
 # approx_kl = mean(logp_old − logp) = −(ln 1.5 + ln 0.5 + ln 0.9 + ln 4)/4
-#           = −(0.4054651 − 0.6931472 − 0.1053605 + 1.3862944)/4 = −0.2483130.
+#           = −(0.4054651 − 0.6931472 − 0.1053605 + 1.3862944)/4 = −0.2483130  (= −ln(2.7)/4).
+# approx_kl_k2 = ½·mean(d²) = (0.4054651² + 0.6931472² + 0.1053605² + 1.3862944²)/8
+#              = (0.1644020 + 0.4804530 + 0.0111008 + 1.9218121)/8 = 2.5777679/8 = 0.3222210.
 RATIOS = [1.5, 0.5, 0.9, 4.0]
 LOGP = torch.tensor([[*(math.log(r) for r in RATIOS), float("nan")]], dtype=torch.float64)
 LOGP_OLD = torch.tensor([[0.0, 0.0, 0.0, 0.0, float("inf")]], dtype=torch.float64)
@@ -34,7 +36,9 @@ def test_clipped_loss_hand_example() -> None:
     assert out.loss.item() == pytest.approx(0.45, abs=1e-12)
     assert out.clipfrac.item() == 0.5
     assert out.clipfrac_lower.item() == 0.0
-    assert out.approx_kl.item() == pytest.approx(-0.2483130, abs=1e-7)
+    assert out.approx_kl.item() == pytest.approx(-math.log(2.7) / 4, abs=1e-15)
+    lns = [math.log(r) for r in RATIOS]
+    assert out.approx_kl_k2.item() == pytest.approx(sum(x * x for x in lns) / 8, abs=1e-15)
     naive = clipped_policy_loss_naive(LOGP, LOGP_OLD, ADV, MASK, clip_low=0.2)
     assert naive.loss == pytest.approx(0.45, abs=1e-12)
 

@@ -39,10 +39,11 @@ def test_adaptive_hand_computed_step() -> None:
 
 
 def test_adaptive_clips_proportional_error_both_ways() -> None:
+    # error 1e6/1 − 1 clipped to +0.2 -> β = 1·(1 + 0.2·5/10) = 1.1; error −1 clipped to −0.2 -> 0.9.
     hi = AdaptiveKLController(1.0, target=1.0, horizon=10.0)
-    assert hi.update(1e6, 5) == pytest.approx(1.0 * (1 + 0.2 * 5 / 10))
+    assert hi.update(1e6, 5) == pytest.approx(1.1, rel=1e-15)
     lo = AdaptiveKLController(1.0, target=1.0, horizon=10.0)
-    assert lo.update(0.0, 5) == pytest.approx(1.0 * (1 - 0.2 * 5 / 10))
+    assert lo.update(0.0, 5) == pytest.approx(0.9, rel=1e-15)
 
 
 def test_adaptive_moves_towards_target() -> None:
@@ -74,17 +75,30 @@ def test_state_dict_roundtrip_continues_identically() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "target", "horizon"),
-    [(-0.1, 1.0, 10.0), (0.1, 0.0, 10.0), (0.1, 1.0, 0.0), (math.nan, 1.0, 10.0), (0.1, math.inf, 10.0)],
+    ("value", "target", "horizon", "message"),
+    [
+        (-0.1, 1.0, 10.0, r"kl_coef: expected a finite β ≥ 0, got -0\.1"),
+        (0.1, 0.0, 10.0, r"kl\.target: expected a finite value > 0, got 0\.0"),
+        (0.1, 1.0, 0.0, r"kl\.horizon: expected a finite value > 0, got 0\.0"),
+        (math.nan, 1.0, 10.0, r"kl_coef: expected a finite β ≥ 0, got nan"),
+        (0.1, math.inf, 10.0, r"kl\.target: expected a finite value > 0, got inf"),
+    ],
+    ids=["negative-beta", "zero-target", "zero-horizon", "nan-beta", "inf-target"],
 )
-def test_invalid_parameters_raise(value: float, target: float, horizon: float) -> None:
-    with pytest.raises(HyperparameterError):
+def test_invalid_parameters_raise(value: float, target: float, horizon: float, message: str) -> None:
+    # each bad argument must be refused by its own check (named in the message)
+    with pytest.raises(HyperparameterError, match=message):
         AdaptiveKLController(value, target=target, horizon=horizon)
 
 
 def test_non_finite_kl_raises() -> None:
     with pytest.raises(HyperparameterError, match="not finite"):
         AdaptiveKLController(0.1, target=1.0, horizon=10.0).update(math.nan, 8)
+
+
+def test_negative_n_steps_raises() -> None:
+    with pytest.raises(HyperparameterError, match="n_steps must be ≥ 0, got -1"):
+        AdaptiveKLController(0.1, target=1.0, horizon=10.0).update(1.0, -1)
 
 
 def test_factory_picks_the_kind() -> None:
