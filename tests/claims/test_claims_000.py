@@ -39,9 +39,11 @@ def t64(x: object) -> Tensor:
 
 def test_q1_ppo_loss_is_weighted_sum_of_actor_critic_entropy_terms() -> None:
     """PPO loss = actor loss + c1·critic loss − c2·entropy (+ KL-in-loss, + ptx), by hand."""
-    pg, vf, ent, kl, ptx = t64(0.7), t64(2.0), t64(1.5), t64(0.3), t64(0.9)
+    # every weighted term has a distinct size (0.2, 0.015, 0.02, 0.18), so a wrong sign or a swapped
+    # coefficient on any of them changes the sum; the entropy and KL terms do not cancel
+    pg, vf, ent, kl, ptx = t64(0.7), t64(2.0), t64(1.5), t64(0.4), t64(0.9)
     got = total_loss(pg, vf, ent, kl, ptx, vf_coef=0.1, ent_coef=0.01, kl_coef=0.05, ptx_coef=0.2)
-    assert float(got) == pytest.approx(0.7 + 0.2 - 0.015 + 0.015 + 0.18, abs=1e-12)
+    assert float(got) == pytest.approx(0.7 + 0.2 - 0.015 + 0.02 + 0.18, abs=1e-12)
     # the actor loss alone is the pg term: the other terms are separate summands
     assert float(total_loss(pg)) == pytest.approx(0.7, abs=0)
 
@@ -351,14 +353,28 @@ def test_q6_kl_from_cached_rollout_logprobs_gives_the_actor_no_gradient() -> Non
     z = torch.zeros(1, 3, 4, dtype=F64, requires_grad=True)
     tokens = torch.tensor([[0, 1, 3]])
     mask = torch.ones(1, 3, dtype=torch.bool)
+    adv = t64([[1.0, -0.5, 2.0]])
+    beta = 0.1
     logp = logprobs_from_logits(z, tokens)
     logp_old = logp.detach()
     logp_ref = t64([[-2.0, -0.5, -1.0]])
     rollout_kl = token_kl(logp_old, logp_ref, mask)
-    assert not rollout_kl.requires_grad
-    current = kl_loss(logp, logp_ref, mask, "k1")
-    (grad,) = torch.autograd.grad(current, z)
-    assert float(grad.abs().sum()) > 0.1
+    pg = clipped_policy_loss(logp, logp_old, adv, mask).loss
+    # the note's actor loss −(L_CLIP − β·E[kl_t]) with the layer-3 kl_t: the same gradient as the
+    # clip term alone, bit for bit — the KL term does nothing to the actor
+    (g_pg,) = torch.autograd.grad(pg, z, retain_graph=True)
+    (g_note,) = torch.autograd.grad(pg + beta * rollout_kl.mean(), z, retain_graph=True)
+    assert torch.equal(g_note, g_pg)
+    # the KL loss on the *current* log-probs (k1: mean(log π_θ − log π_ref)) does move the actor:
+    # d/d log π_θ(y_t) = 1/3 per token, so its gradient w.r.t. the logits is (onehot − π)/3 with π
+    # uniform (z = 0): +1/4 on the sampled token, −1/12 on the other three
+    logp_leaf = logp.detach().requires_grad_(True)
+    (g_logp,) = torch.autograd.grad(kl_loss(logp_leaf, logp_ref, mask, "k1"), logp_leaf)
+    torch.testing.assert_close(g_logp, torch.full((1, 3), 1 / 3, dtype=F64), rtol=0, atol=1e-15)
+    (grad,) = torch.autograd.grad(pg + beta * kl_loss(logp, logp_ref, mask, "k1"), z)
+    by_hand = torch.full((1, 3, 4), -1 / 12, dtype=F64)
+    by_hand[0, torch.arange(3), tokens[0]] = 1 / 4
+    torch.testing.assert_close(grad - g_pg, beta * by_hand, rtol=0, atol=1e-15)
 
 
 # ---------------------------------------------------------------- Q7: why the critic must not peek

@@ -146,6 +146,26 @@ def test_s2_support_violation_silently_biases_the_estimate() -> None:
     assert is_expectation(f0) == target(f0) == Fraction(3, 4)
 
 
+def test_s2_self_normalised_importance_sampling_is_biased() -> None:
+    """§2.3 caveat: the self-normalised estimate Σ w_i f_i / Σ w_i (w = p/q) is biased for a finite
+    sample. Exact over every ordered pair drawn from q: p = (½, ½), q = (¾, ¼), f = (0, 1), w = (⅔, 2).
+    Pairs (0,0): 0; (1,1): 1; mixed: 2/(⅔ + 2) = ¾, with probability 2·¾·¼ = ⅜; so
+    E[SNIS] = ⅜·¾ + 1/16·1 = 11/32 ≠ ½ = E_p[f], while the plain estimate ½(w_1 f_1 + w_2 f_2) is
+    unbiased."""
+    p = [Fraction(1, 2), Fraction(1, 2)]
+    q = [Fraction(3, 4), Fraction(1, 4)]
+    f = [Fraction(0), Fraction(1)]
+    w = [px / qx for px, qx in zip(p, q, strict=True)]
+    snis = plain = Fraction(0)
+    for i in range(2):
+        for j in range(2):
+            prob = q[i] * q[j]
+            snis += prob * (w[i] * f[i] + w[j] * f[j]) / (w[i] + w[j])
+            plain += prob * (w[i] * f[i] + w[j] * f[j]) / 2
+    assert plain == Fraction(1, 2) == sum(px * fx for px, fx in zip(p, f, strict=True))
+    assert snis == Fraction(11, 32)
+
+
 def test_s2_softmax_old_policy_has_full_support() -> None:
     """§2.4: in PPO q = π_old is a softmax over finite logits, so π_old(a|s) > 0 for every token
     and log π_old is finite — the support condition holds (sampling filters aside)."""

@@ -80,11 +80,12 @@ def base_id(node_id: str) -> str:
     return node_id.split("[", 1)[0]
 
 
-_COLLECTED: dict[str, set[str]] = {}  # file -> base node ids; one pytest run per new set of files
+_COLLECTED: dict[str, set[str]] = {}  # file -> node ids; one pytest run per new set of files
 
 
 def collect(files: list[str]) -> set[str]:
-    """Base node ids that pytest collects from ``files`` (missing files are skipped).
+    """Node ids that pytest collects from ``files`` (missing files are skipped): every
+    parametrized case ``path::test[case]`` and every base id ``path::test``.
 
     Runs ``pytest --collect-only -q`` in a subprocess, once for the files not collected yet in this
     session; a file that fails to import contributes no ids.
@@ -105,7 +106,7 @@ def collect(files: list[str]) -> set[str]:
         for line in proc.stdout.splitlines():
             node = line.strip()
             if "::" in node and node.split("::", 1)[0] in _COLLECTED:
-                _COLLECTED[node.split("::", 1)[0]].add(base_id(node))
+                _COLLECTED[node.split("::", 1)[0]].update({node, base_id(node)})
     return set().union(*(_COLLECTED[f] for f in present)) if present else set()
 
 
@@ -143,8 +144,8 @@ def check_claims(text: str, collected: set[str] | None = None) -> list[str]:
                 refs.append((c, tid))
     if collected is None:
         collected = collect([tid.split("::", 1)[0] for _, tid in refs])
-    for c, tid in refs:
-        if "::" in tid and base_id(tid) not in collected:
+    for c, tid in refs:  # a bare id names its base test; ``test[case]`` must be a collected case
+        if "::" in tid and tid not in collected:
             problems.append(f"{c.cid} (line {c.line}): test {tid!r} does not exist in the collected suite")
     return problems
 
@@ -218,9 +219,16 @@ def test_traceability_check_reports_bogus_ids_and_untested_claims() -> None:
 
 
 def test_traceability_parametrized_ids_match_their_base_function() -> None:
-    """``test_x[param]`` in claims.md matches a collected ``test_x[other]``; a bare id does too."""
-    collected = {"tests/a/test_m.py::test_x"}
+    """A bare ``test_x`` in claims.md names the parametrized base test; ``test_x[case]`` names one
+    row and must be a collected case (a renamed or misspelt row is reported)."""
+    collected = {"tests/a/test_m.py::test_x", "tests/a/test_m.py::test_x[a]", "tests/a/test_m.py::test_x[b]"}
     claim = "### C-003-4-1 — p\n- **Source:** s\n- **Claim:** c\n- **Verdict:** holds\n- **Tests:** `{}`\n"
-    assert check_claims(claim.format("tests/a/test_m.py::test_x[any]"), collected) == []
+    assert check_claims(claim.format("tests/a/test_m.py::test_x[a]"), collected) == []
     assert check_claims(claim.format("tests/a/test_m.py::test_x"), collected) == []
+    assert len(check_claims(claim.format("tests/a/test_m.py::test_x[nope]"), collected)) == 1
     assert len(check_claims(claim.format("tests/a/test_m.py::test_y"), collected)) == 1
+    # for real: a row of the clip truth table that does not exist
+    real = "tests/claims/test_claims_003.py::test_s4_clip_truth_table"
+    assert check_claims(claim.format(f"{real}[note3_Aneg_r_below]")) == []
+    problems = check_claims(claim.format(f"{real}[note3_Aneg_r_blow]"))
+    assert len(problems) == 1 and "note3_Aneg_r_blow" in problems[0], problems
