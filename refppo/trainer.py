@@ -195,12 +195,27 @@ def load_reward_function(spec: str, tokenizer: Any) -> models.RewardFn:
 
 
 def text_reward(fn: Callable[[str, str], float], tokenizer: Any) -> models.RewardFn:
-    """Wrap a text reward ``fn(prompt, response) -> float`` as an ids-level reward."""
+    """Wrap a text reward ``fn(prompt, response) -> float`` as an ids-level reward.
+
+    A call that does not fit the signature, or a result that is not a real number, stops the run
+    with a :class:`TrainingError` naming the function (a NaN/inf score is caught later as a
+    non-finite loss)."""
+    name = getattr(fn, "__qualname__", repr(fn))
 
     def reward(prompt_ids: list[int], response_ids: list[int]) -> float:
         p = tokenizer.decode(prompt_ids, skip_special_tokens=False)
         r = tokenizer.decode(response_ids, skip_special_tokens=False)
-        return float(fn(p, r))
+        try:
+            value = fn(p, r)
+        except TypeError as e:
+            raise TrainingError(
+                f"reward function {name}: calling it as f(prompt: str, response: str) failed: {e}"
+            ) from e
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TrainingError(
+                f"reward function {name}: expected a number, got {type(value).__name__} {value!r}"
+            )
+        return float(value)
 
     return reward
 
@@ -228,6 +243,8 @@ class Trainer:
         cfg.check_world_size(self.dist.world_size)
         self.resume = resume
         self.out_dir = Path(cfg.run.out_dir)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise TrainingError(f"run.out_dir {str(self.out_dir)!r} exists and is not a directory")
         self.ckpt_dir = self.out_dir / "checkpoints"
         self._echo = echo
         self.start_iteration = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from pathlib import Path
 
 import pytest
@@ -330,3 +331,34 @@ def test_trainer_step_is_ppo_iteration(tmp_path: Path) -> None:
         assert record[key] == v, key
     assert all(torch.equal(a, b) for a, b in zip(actor.parameters(), t.actor.parameters(), strict=True))
     assert all(torch.equal(a, b) for a, b in zip(critic.parameters(), t.critic.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("def f(prompt, response):\n    return 'good'\n", "expected a number, got str 'good'"),
+        ("def f(prompt, response):\n    return None\n", "expected a number, got NoneType"),
+        ("def f(prompt):\n    return 1.0\n", "calling it as f(prompt: str, response: str) failed"),
+    ],
+    ids=["string", "none", "arity"],
+)
+def test_bad_reward_function_result_is_a_clear_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    body: str,
+    message: str,
+) -> None:
+    mod = f"bad_reward_{zlib.crc32(body.encode())}"
+    (tmp_path / f"{mod}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert train_main(_argv(tmp_path / "o", "--reward", f"{mod}:f")) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_out_dir_that_is_a_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "afile"
+    out.write_text("x")
+    assert train_main(_argv(out, "--set", "task.reward=rule")) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err

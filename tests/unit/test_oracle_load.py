@@ -152,3 +152,16 @@ def test_npz_with_object_arrays_is_refused(tmp_path: Path) -> None:
     np.savez(p, response_mask=np.array([object()], dtype=object))
     with pytest.raises(RefPPOError, match="without pickles"):
         load_dump(p)
+
+
+def test_mask_that_is_not_right_padded_is_refused(tmp_path: Path) -> None:
+    """The dump format is right-padded; a row with an interior hole is bad input, not a mismatch."""
+    s = setup_for("trl")
+    d = refppo_dump(make_inputs(seed=3), s)
+    m = d["response_mask"].clone()
+    m[2] = 0
+    m[2, 1:4] = 1  # 0 1 1 1 0 ...: not right-padded
+    d["response_mask"] = m
+    path = save(tmp_path, d, s)
+    with pytest.raises(DumpError, match=r"rows \[2\] are not right-padded"):
+        load_dump(path)
