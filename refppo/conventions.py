@@ -93,8 +93,10 @@ class LossAgg(StrEnum):
     - ``token-mean``: ``Σ_bt m L / Σ_bt m``;
     - ``seq-mean-token-mean``: ``(1/B) Σ_b (Σ_t m L / Σ_t m)``;
     - ``seq-mean-token-sum``: ``(1/B) Σ_b Σ_t m L``;
-    - ``seq-mean-token-sum-norm``: ``Σ_bt m L / H`` with a constant horizon ``H`` (default ``T``;
-      Dr. GRPO; verl ``agg_loss`` divides by ``loss_mask.shape[-1]``).
+    - ``seq-mean-token-sum-norm``: ``(1/B) Σ_b (Σ_t m L / H)`` with a constant horizon ``H``
+      (default ``T``; Dr. GRPO): the mean over sequences, as verl 0.9.1 ``agg_loss`` and
+      SkyRL-train 0.3.1 ``reduce_loss`` (``seq_mean_token_sum_norm``). ``B`` is the global
+      sequence count when a step is split (``seq_count``), as for the other seq modes.
     """
 
     TOKEN_MEAN = "token-mean"
