@@ -112,6 +112,26 @@ class ValueLoss(StrEnum):
     UNCLIPPED = "unclipped"
 
 
+class ValueClipForm(StrEnum):
+    """How the clipped value ``V^clip`` of a clipped value loss is computed (equal in exact arithmetic).
+
+    - ``around_old``: ``clip(V, V_old − ε_v, V_old + ε_v)``: inside the range it is ``V`` itself, bit
+      for bit (verl 0.9.1 ``core_algos.py::compute_value_loss`` via
+      ``verl/utils/torch_functional.py::clip_by_value``; TRL ``PPOTrainer.train``; DeepSpeed-Chat
+      ``critic_loss_fn``; refppo default);
+    - ``delta``: ``V_old + clip(V − V_old, −ε_v, ε_v)``: inside the range it can land one rounding
+      step off ``V``, so a token where ``V_clip`` should tie with ``V`` can count as clipped
+      (OpenRLHF 0.11.2 ``openrlhf/models/loss.py::ValueLoss``; SkyRL-train 0.3.1
+      ``skyrl_train/utils/ppo_utils.py::ppo_critic_loss``; AReaL 1.0.4
+      ``areal/utils/functional/functional.py::ppo_critic_loss_fn``).
+
+    It changes ``vf_clipfrac`` (by whole tokens) and ``vf_loss`` (by rounding) in float32/bf16.
+    """
+
+    AROUND_OLD = "around_old"
+    DELTA = "delta"
+
+
 E = TypeVar("E", bound=Enum)
 
 
@@ -132,6 +152,7 @@ __all__ = [
     "KLPlacement",
     "LossAgg",
     "ScorePosition",
+    "ValueClipForm",
     "ValueLoss",
     "Variance",
     "Whitening",

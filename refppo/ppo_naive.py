@@ -24,6 +24,7 @@ from refppo.conventions import (
     KLPlacement,
     LossAgg,
     ScorePosition,
+    ValueClipForm,
     ValueLoss,
     Variance,
     Whitening,
@@ -269,9 +270,11 @@ def ppo_update_naive(
                         r = ret[b][t]
                         unclipped = (v - r) ** 2
                         if conv.value_loss is ValueLoss.CLIPPED:
-                            vc = torch.clamp(
-                                v, vold[b][t] - hp.cliprange_value, vold[b][t] + hp.cliprange_value
-                            )
+                            eps_v = hp.cliprange_value
+                            if conv.value_clip_form is ValueClipForm.DELTA:
+                                vc = vold[b][t] + torch.clamp(v - vold[b][t], -eps_v, eps_v)
+                            else:
+                                vc = torch.clamp(v, vold[b][t] - eps_v, vold[b][t] + eps_v)
                             clipped = (vc - r) ** 2
                             if float(clipped.detach()) > float(unclipped.detach()):
                                 n_vclip += 1

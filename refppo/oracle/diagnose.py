@@ -45,6 +45,7 @@ ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
         for a in (None, "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
     ],
     "value_loss": [{"value_loss": v} for v in ("clipped", "unclipped")],
+    "value_clip_form": [{"value_clip_form": f} for f in ("around_old", "delta")],
     "vf_mask": [{"vf_mask": v} for v in ("value", "response")],
     "approx_kl": [{"approx_kl": v} for v in ("k1", "k2_all_positions")],
 }
@@ -60,8 +61,8 @@ AFFECTS: dict[str, tuple[str, ...]] = {
     "pg_loss": (*_ADV, "dual_clip", "log_ratio_clamp", "loss_agg"),
     "pg_clipfrac": (*_ADV, "log_ratio_clamp"),
     "approx_kl": ("approx_kl",),
-    "vf_loss": (*_REW, "value_loss", "loss_agg", "value_loss_agg", "vf_mask"),
-    "vf_clipfrac": (*_REW, "value_loss", "vf_mask"),
+    "vf_loss": (*_REW, "value_loss", "value_clip_form", "loss_agg", "value_loss_agg", "vf_mask"),
+    "vf_clipfrac": (*_REW, "value_loss", "value_clip_form", "vf_mask"),
     "entropy_loss": ("loss_agg",),
     "kl_loss": (*_KL, "kl_in", "loss_agg"),
     "loss": tuple(ALTERNATIVES),
