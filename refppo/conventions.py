@@ -106,7 +106,8 @@ class LossAgg(StrEnum):
 
 
 class ValueLoss(StrEnum):
-    """``clipped``: ``½ max((V−R)², (clip(V, V_old±ε_v)−R)²)`` (all peers); ``unclipped``: ``½ (V−R)²``."""
+    """``clipped``: ``½ max((V−R)², (V_clip−R)²)`` (all peers; ``V_clip`` by :class:`ValueClipForm`);
+    ``unclipped``: ``½ (V−R)²``."""
 
     CLIPPED = "clipped"
     UNCLIPPED = "unclipped"
