@@ -269,6 +269,5 @@ def check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> Check
             notes, found = explain(dump, setup, first)
             out.diagnosis += notes
             out.explained_by = found
-    for k in dump.ignored:
-        out.diagnosis.append(f"ignored unknown tensor key {k!r}")
+    out.diagnosis += dump.key_notes()
     return out
