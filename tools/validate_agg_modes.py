@@ -75,9 +75,19 @@ class _Inert(types.ModuleType):
         return type(name, (), {"__init__": lambda self, *a, **k: None})
 
 
+_INERT_IF_ABSENT = ("transformers", "loguru", "jaxtyping", "omegaconf")
+"""Served inert only where the venv lacks them (AReaL's and SkyRL's module-level imports)."""
+
+
 class _InertFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self) -> None:
+        import importlib.util
+
+        absent = [n for n in _INERT_IF_ABSENT if importlib.util.find_spec(n) is None]
+        self.names = frozenset((*_INERT, *absent))
+
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname.split(".")[0] in _INERT:
+        if fullname.split(".")[0] in self.names:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
