@@ -67,7 +67,9 @@ def _check_group_index(group_index: object, B: int, device: torch.device) -> Ten
     if not isinstance(group_index, Tensor):
         raise DtypeError(f"group_index: expected a torch.Tensor, got {type(group_index).__name__}")
     if group_index.dtype.is_floating_point or group_index.dtype == torch.bool or group_index.is_complex():
-        raise DtypeError(f"group_index: expected an integer tensor (prompt ids), got dtype {group_index.dtype}")
+        raise DtypeError(
+            f"group_index: expected an integer tensor (prompt ids), got dtype {group_index.dtype}"
+        )
     if group_index.shape != (B,):
         shape = "[" + ", ".join(str(s) for s in group_index.shape) + "]"
         raise ShapeError(f"group_index: expected shape [B] = [{B}] (batch), got {shape}")
@@ -108,7 +110,9 @@ def group_scalar_advantages(
     """
     est = parse(AdvantageEstimator, estimator, what="estimator")
     if est not in _GROUP_ESTIMATORS:
-        raise HyperparameterError(f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)")
+        raise HyperparameterError(
+            f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)"
+        )
     s = check_float("scores", scores)
     if s.dim() != 1 or s.shape[0] == 0:
         raise ShapeError(f"scores: expected shape [B] (batch) with B >= 1, got {list(s.shape)}")
@@ -177,7 +181,9 @@ def group_advantages(
     if token_penalty is not None:
         p = check_bt("token_penalty", token_penalty, m)
         if p.dtype != a.dtype:
-            raise DtypeError(f"expected one floating dtype for all inputs, got scores={a.dtype}, token_penalty={p.dtype}")
+            raise DtypeError(
+                f"expected one floating dtype for all inputs, got scores={a.dtype}, token_penalty={p.dtype}"
+            )
         adv = adv + gae(p, torch.zeros_like(p), m, gamma=1.0, lam=1.0)[0]
     if parse(AdvantageEstimator, estimator) is AdvantageEstimator.REINFORCE_PP_BASELINE:
         adv = _whiten(adv, m, whiten_unbiased, whiten_eps, whiten_eps_form)
@@ -214,7 +220,9 @@ def reinforce_pp_advantages(
 # ----------------------------------------------------------------------------------------------
 
 
-def _whiten_naive(rows: list[list[float]], ms: list[list[bool]], unbiased: bool, eps: float, form: str) -> list[list[float]]:
+def _whiten_naive(
+    rows: list[list[float]], ms: list[list[bool]], unbiased: bool, eps: float, form: str
+) -> list[list[float]]:
     vals = [v for row, mr in zip(rows, ms, strict=True) for v, ok in zip(row, mr, strict=True) if ok]
     n = len(vals)
     if unbiased and n < 2:
@@ -222,7 +230,10 @@ def _whiten_naive(rows: list[list[float]], ms: list[list[bool]], unbiased: bool,
     mean = sum(vals) / n
     var = sum((v - mean) ** 2 for v in vals) / (n - 1 if unbiased else n)
     scale = 1.0 / math.sqrt(var + eps if form == "add" else max(var, eps))
-    return [[(v - mean) * scale if ok else 0.0 for v, ok in zip(row, mr, strict=True)] for row, mr in zip(rows, ms, strict=True)]
+    return [
+        [(v - mean) * scale if ok else 0.0 for v, ok in zip(row, mr, strict=True)]
+        for row, mr in zip(rows, ms, strict=True)
+    ]
 
 
 def group_advantages_naive(
