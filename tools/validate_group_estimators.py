@@ -147,7 +147,7 @@ def _openrlhf(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
         vam._mount(n, site)
     # experience_maker imports RayActorGroup (the Ray launcher, which pulls in every model): not called.
     launcher = types.ModuleType("openrlhf.trainer.ray.launcher")
-    launcher.RayActorGroup = object  # a stand-in: never called
+    setattr(launcher, "RayActorGroup", object)  # noqa: B010  (a bare module: mypy knows no attributes)
     sys.modules["openrlhf.trainer.ray"] = types.ModuleType("openrlhf.trainer.ray")
     sys.modules["openrlhf.trainer.ray.launcher"] = launcher
     from openrlhf.trainer.ppo_utils.experience_maker import (  # type: ignore[import-not-found]  # peers venv only
