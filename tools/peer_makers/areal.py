@@ -53,7 +53,7 @@ def _norm_key(norm: Any) -> dict[str, Any]:
 def make(out: Path) -> list[str]:
     import torch
 
-    install_stubs(extra=("areal.infra", "areal.experimental"))
+    install_stubs(extra=("areal.infra", "areal.experimental", "transformers"))
     mount("areal")
     mount("areal.trainer")
     from areal.api.cli_args import NormConfig  # type: ignore[import-not-found]  # side venv only
