@@ -1,36 +1,26 @@
 #!/usr/bin/env python3
-"""Show that the ``verl`` and ``openrlhf`` presets reproduce the peers' OWN code. Not part of CI.
+"""Show that the peer presets reproduce the peers' OWN installed code. Not part of CI.
 
 Two halves, two interpreters:
 
-1. ``--make OUTDIR`` runs in a separate "peers" virtual environment holding verl 0.9.1 and
-   OpenRLHF 0.11.2 (installed ``--no-deps``, plus torch==2.13.0 and the few small modules their
-   loss/advantage modules import). It draws random right-padded inputs (junk in the padding) and
-   computes every quantity with the peers' functions, then writes one ``.pt`` dump + sidecar per case.
-   It imports nothing from refppo.
-2. Without ``--make`` (run with refppo's own interpreter) it starts half 1 with ``--peers-python``
-   (default ``$REFPPO_PEERS_PYTHON`` or ``/tmp/peers-venv/bin/python``) and runs the oracle
-   (``refppo diff --preset <peer> --json``) on each dump, printing the max errors per quantity.
+1. ``--make OUTDIR --group G`` runs in a side venv built by ``tools/build_peer_venvs.sh``
+   (``$REFPPO_PEERS_ROOT``, default ``/work/peervenv``): ``verl-openrlhf`` (verl 0.9.1, OpenRLHF
+   0.11.2) or ``skyrl-areal`` (SkyRL-train 0.3.1, AReaL 1.0.4), each installed ``--no-deps`` with
+   inert stand-ins for ray, vllm, deepspeed, ... (``tools/peer_makers/common.py``). The makers in
+   ``tools/peer_makers/`` draw random right-padded batches (junk on the padding), compute every
+   quantity with the peer's own functions (the docstring of each maker lists what is called and the
+   one-line glue restated because the real caller wants Ray workers or batch objects) and write one
+   dump + sidecar + the ``--set`` keys per case. They import nothing from refppo.
+2. Without ``--make`` (refppo's interpreter) it runs half 1 in every built venv and
+   ``refppo diff DUMP --preset <peer> --set ...`` on each dump, printing the verdict, the max
+   errors and the command that reproduces it. Each case also has a *control*: the same diff with
+   the option the case exercises flipped, which must NOT match (else the case proves nothing).
 
-Peer functions called (as of verl 0.9.1 / OpenRLHF 0.11.2):
+TRL 1.12.0 runs in its own venv through ``tools/validate_trl_preset.py`` (TRL's whole
+``PPOTrainer.train``, captured with a tracer). A venv that is not built (no ``READY`` stamp) is
+reported as SKIPPED. ``$REFPPO_PEERS_PYTHON`` still overrides the ``verl-openrlhf`` interpreter.
 
-- verl ``verl/trainer/ppo/core_algos.py``: ``kl_penalty``, ``compute_gae_advantage_return`` (GAE +
-  masked whitening), ``compute_policy_loss_vanilla``, ``compute_value_loss``, ``agg_loss``. The reward
-  assembly of ``ray_trainer.apply_kl_penalty`` (``scores − β·KL·mask``) is one line restated here,
-  because the real function wants a ``DataProto`` batch.
-- OpenRLHF ``openrlhf/models/utils.py``: ``compute_approx_kl``, ``compute_reward``;
-  ``openrlhf/trainer/ppo_utils/experience_maker.py``: ``get_advantages_and_returns`` (a method that
-  does not use ``self``); ``openrlhf/models/loss.py``: ``PolicyLoss``, ``ValueLoss`` (built as
-  ``trainer/ray/ppo_critic.py`` builds it, ``ValueLoss(value_clip)``: token-level whatever the
-  actor's ``loss_agg_mode``, which the preset's ``value_loss_agg=token-mean`` expresses). The batch-level
-  whitening of ``compute_advantages_and_returns`` (masked mean, population variance,
-  ``clamp(var, 1e-8).rsqrt()``) is restated, because the real method wants a list of ``Experience``.
-
-Import workarounds (nothing from them is called): the packages' ``__init__`` files pull in Ray actors,
-vLLM, DeepSpeed and PEFT, so the package directories are mounted as bare namespace modules, and
-``deepspeed`` plus ``openrlhf.trainer.ray.launcher`` are replaced by empty stand-in modules.
-
-Exit codes: 0 every case matches (or the peers are not installed: a SKIPPED message), 1 a mismatch.
+Exit codes: 0 every case that ran matches and every control mismatches, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -142,6 +132,14 @@ def run_group(group: str, py: Path, out: Path) -> dict[str, Any]:
                 rc = diff_main([*argv, "--json"])
             rep = json.loads(buf.getvalue())
             quantities = {q: (r["max_abs_err"], r["tol"], r["ok"]) for q, r in rep["quantities"].items()}
+            control_file = out / f"{name}.control.json"
+            control: dict[str, Any] | None = None
+            if control_file.exists():
+                flip = json.loads(control_file.read_text())
+                buf = io.StringIO()
+                with contextlib.redirect_stdout(buf):
+                    crc = diff_main([*_reproduce(out / f"{name}.pt", peer, {**conv, **flip}), "--json"])
+                control = {"set": flip, "mismatches": crc == 1}
             cases.append(
                 {
                     "name": name,
@@ -151,6 +149,7 @@ def run_group(group: str, py: Path, out: Path) -> dict[str, Any]:
                     "max_abs_err": max((e for e, _, _ in quantities.values()), default=0.0),
                     "quantities": quantities,
                     "command": "refppo diff " + " ".join(argv[1:]),
+                    "control": control,
                 }
             )
         result[peer] = {"cases": cases}
@@ -172,6 +171,15 @@ def _print(result: dict[str, Any], verbose: bool) -> int:
                 f"{peer:<9} {c['name']:<52} {verdict}  ({n} quantities, max abs err {c['max_abs_err']:.2e})"
             )
             print(f"    {c['command']}")
+            if c.get("control") is not None:
+                ctl = c["control"]
+                flip = " ".join(f"--set {k}={v}" for k, v in ctl["set"].items())
+                word = (
+                    "mismatches (the option matters)" if ctl["mismatches"] else "STILL MATCHES: vacuous case"
+                )
+                print(f"    control {flip}: {word}")
+                if not ctl["mismatches"]:
+                    failures += 1
             if verbose or not c["ok"]:
                 for q, (err, tol, ok) in c["quantities"].items():
                     print(f"    {q:<14} max_abs_err={err:.3e} tol={tol:.1e} ok={ok}")

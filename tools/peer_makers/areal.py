@@ -42,6 +42,16 @@ CASES: list[tuple[str, str, Any, tuple[float, float, float], float | None, float
 ]
 
 
+CONTROLS: dict[str, dict[str, Any]] = {
+    # flipping the option each case exercises must break the match
+    "default_k1": {"approx_kl": "k1"},
+    "k3_advnorm_asym_dualclip": {"whiten_eps_at": "variance"},
+    "k2_center_reward_affine": {"score_bias": 0.0},
+    "k1_scale_population_c2": {"whiten_advantages": "masked"},
+    "k3_advnorm_population": {"whiten_variance": "unbiased"},
+}
+
+
 def _norm_key(norm: Any) -> dict[str, Any]:
     if norm is None:
         return {"whiten_advantages": "none"}
@@ -155,5 +165,5 @@ def make(out: Path) -> list[str]:
         conv.update(_norm_key(norm))
         if c_clip is not None:
             conv["dual_clip"] = c_clip
-        made.append(save(out, f"areal_{name}", dump, hp, conv))
+        made.append(save(out, f"areal_{name}", dump, hp, conv, CONTROLS[name]))
     return made

@@ -176,13 +176,26 @@ def inputs(seed: int, B: int = 8, T: int = 16, dtype: Any = None, full_row: bool
     }
 
 
-def save(out: Path, name: str, dump: dict[str, Any], hp: dict[str, Any], conv: dict[str, Any]) -> str:
-    """Write ``name``'s dump, sidecar (``hp``) and the ``--set`` keys (``conv``); returns ``name``."""
+def save(
+    out: Path,
+    name: str,
+    dump: dict[str, Any],
+    hp: dict[str, Any],
+    conv: dict[str, Any],
+    control: dict[str, Any] | None = None,
+) -> str:
+    """Write ``name``'s dump, sidecar (``hp``) and the ``--set`` keys (``conv``); returns ``name``.
+
+    ``control``: ``--set`` keys that flip the option this case exercises; the validator checks that
+    the dump then does NOT match (the option is load-bearing, the match is not vacuous).
+    """
     import torch
 
     torch.save({k: v.detach().contiguous() for k, v in dump.items()}, out / f"{name}.pt")
     (out / f"{name}.pt.json").write_text(json.dumps(hp))
     (out / f"{name}.set.json").write_text(json.dumps(conv))
+    if control:
+        (out / f"{name}.control.json").write_text(json.dumps(control))
     return name
 
 

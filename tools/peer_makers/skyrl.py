@@ -35,6 +35,14 @@ CASES: list[tuple[str, str, str, str, str, float, float, float]] = [
     ("abs_reward_dual_clip_asym", "abs", "reward", "token_mean", "dual_clip", 0.2, 0.28, 0.0),
     ("k3_loss_seqmean_entropy", "k3", "loss", "sequence_mean", "regular", 0.1, 0.3, 0.01),
 ]
+CONTROLS: dict[str, dict[str, Any]] = {
+    # flipping the option each case exercises must break the match
+    "default_k3_loss_token_mean": {"kl_loss_agg": "token-mean"},
+    "k1_reward_sequence_mean": {"value_loss_agg": "none"},
+    "k2_loss_sum_norm": {"gae_padding": "masked"},
+    "abs_reward_dual_clip_asym": {"dual_clip": "none"},
+    "k3_loss_seqmean_entropy": {"entropy_agg": "none"},
+}
 REDUCTION_TO_REFPPO = {
     "token_mean": "token-mean",
     "sequence_mean": "seq-mean-token-mean",
@@ -109,5 +117,6 @@ def make(out: Path) -> list[str]:
         conv: dict[str, Any] = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": REDUCTION_TO_REFPPO[red]}
         if plt == "dual_clip":
             conv["dual_clip"] = 3.0
-        made.append(save(out, f"skyrl_{name}", dump, hp, conv))
+        control = CONTROLS.get(name, {"gae_padding": "masked"})
+        made.append(save(out, f"skyrl_{name}", dump, hp, conv, control))
     return made

@@ -121,7 +121,9 @@ def make_verl(out: Path) -> list[str]:
         if hi is not None:
             hp["cliprange_high"] = hi
         conv = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": agg, "dual_clip": c}
-        made.append(save(out, f"verl_{est}_{kl_in}_{agg}_c{c}" + (f"_hi{hi}" if hi else ""), dump, hp, conv))
+        name = f"verl_{est}_{kl_in}_{agg}_c{c}" + (f"_hi{hi}" if hi else "")
+        other = "token-mean" if agg != "token-mean" else "seq-mean-token-mean"
+        made.append(save(out, name, dump, hp, conv, {"loss_agg": other}))
     return made
 
 
