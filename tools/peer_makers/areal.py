@@ -32,7 +32,8 @@ HP: dict[str, float] = {
 }
 
 # (name, kl_estimator, adv_norm (mean_level, std_level, unbiased) or None, reward (bias, scale, clip),
-#  eps_clip_higher, c_clip)
+#  eps_clip_higher, c_clip); the second case uses NormConfig.eps = 0.1 (EPS_CASES) so that σ + eps and
+#  sqrt(σ² + eps) differ beyond float32 rounding.
 CASES: list[tuple[str, str, Any, tuple[float, float, float], float | None, float | None]] = [
     ("default_k1", "k1", None, (0.0, 1.0, 20.0), None, None),
     ("k3_advnorm_asym_dualclip", "k3", ("batch", "batch", True), (0.0, 1.0, 20.0), 0.28, 3.0),
@@ -42,6 +43,7 @@ CASES: list[tuple[str, str, Any, tuple[float, float, float], float | None, float
 ]
 
 
+EPS_CASES: dict[str, float] = {"k3_advnorm_asym_dualclip": 0.1}
 CONTROLS: dict[str, dict[str, Any]] = {
     # flipping the option each case exercises must break the match
     "default_k1": {"approx_kl": "k1"},
@@ -106,9 +108,10 @@ def make(out: Path) -> list[str]:
             overlong_reward_penalty=False, use_decoupled_loss=False, recompute_logprob=False
         )
         adv_norm = None
+        eps = EPS_CASES.get(name, HP["whiten_eps"])
         if norm is not None:
             adv_norm = Normalization(
-                NormConfig(mean_level=norm[0], std_level=norm[1], std_unbiased=norm[2], eps=HP["whiten_eps"])
+                NormConfig(mean_level=norm[0], std_level=norm[1], std_unbiased=norm[2], eps=eps)
             )
         actor = types.SimpleNamespace(
             config=cfg,
@@ -153,7 +156,7 @@ def make(out: Path) -> list[str]:
             vf_clipfrac=vst["clip_mask"].sum().to(torch.float32) / n,
             loss=pg.detach(),
         )
-        hp = dict(HP)
+        hp = dict(HP, whiten_eps=eps)
         if eps_hi is not None:
             hp["cliprange_high"] = eps_hi
         conv: dict[str, Any] = {

@@ -32,13 +32,15 @@ CASES: list[tuple[str, str, str, str, str, float, float, float]] = [
     ("default_k3_loss_token_mean", "k3", "loss", "token_mean", "regular", 0.2, 0.2, 0.0),
     ("k1_reward_sequence_mean", "k1", "reward", "sequence_mean", "regular", 0.2, 0.2, 0.0),
     ("k2_loss_sum_norm", "k2", "loss", "seq_mean_token_sum_norm", "regular", 0.2, 0.2, 0.0),
-    ("abs_reward_dual_clip_asym", "abs", "reward", "token_mean", "dual_clip", 0.2, 0.28, 0.0),
+    ("abs_reward_dual_clip_asym", "abs", "reward", "token_mean", "dual_clip", 0.2, 0.28, 0.0),  # c = 1.5
     ("k3_loss_seqmean_entropy", "k3", "loss", "sequence_mean", "regular", 0.1, 0.3, 0.01),
 ]
+DUAL_C = 1.5
+"""``clip_ratio_c`` (small enough that ratios above it with A < 0 occur in the random batch)."""
 CONTROLS: dict[str, dict[str, Any]] = {
     # flipping the option each case exercises must break the match
     "default_k3_loss_token_mean": {"kl_loss_agg": "token-mean"},
-    "k1_reward_sequence_mean": {"value_loss_agg": "none"},
+    "k1_reward_sequence_mean": {"value_loss_agg": "token-mean"},
     "k2_loss_sum_norm": {"gae_padding": "masked"},
     "abs_reward_dual_clip_asym": {"dual_clip": "none"},
     "k3_loss_seqmean_entropy": {"entropy_agg": "none"},
@@ -86,7 +88,7 @@ def make(out: Path) -> list[str]:
                 "loss_reduction": red,
                 "eps_clip_low": lo,
                 "eps_clip_high": hi,
-                "clip_ratio_c": 3.0,
+                "clip_ratio_c": DUAL_C,
                 "use_tis": False,
                 "max_seq_len": T,
                 "value_clip": HP["cliprange_value"],
@@ -116,7 +118,7 @@ def make(out: Path) -> list[str]:
         )
         conv: dict[str, Any] = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": REDUCTION_TO_REFPPO[red]}
         if plt == "dual_clip":
-            conv["dual_clip"] = 3.0
+            conv["dual_clip"] = DUAL_C
         control = CONTROLS.get(name, {"gae_padding": "masked"})
         made.append(save(out, f"skyrl_{name}", dump, hp, conv, control))
     return made

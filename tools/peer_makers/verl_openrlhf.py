@@ -205,7 +205,9 @@ def make_openrlhf(out: Path) -> list[str]:
         conv: dict[str, Any] = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": agg}
         if dual is not None:
             conv["dual_clip"] = dual
-        made.append(
-            save(out, f"openrlhf_{est}_{kl_in}_{agg}" + (f"_dual{dual}" if dual else ""), dump, hp, conv)
-        )
+        name = f"openrlhf_{est}_{kl_in}_{agg}" + (f"_dual{dual}" if dual else "")
+        # the flip: the KL loss's own aggregation (sequence-level actor), else dual clip, else the variance
+        control: dict[str, Any] = {"kl_loss_agg": "none"} if kl_in == "loss" and not token_level else {}
+        control = control or ({"dual_clip": "none"} if dual else {"whiten_variance": "unbiased"})
+        made.append(save(out, name, dump, hp, conv, control))
     return made
