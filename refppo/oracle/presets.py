@@ -69,6 +69,7 @@ PRESETS: dict[str, Preset] = {
             "loss_agg": "token-mean",
             "value_loss_agg": None,
             "value_loss": "clipped",
+            "value_clip_form": "around_old",
             "dual_clip": None,
             "log_ratio_clamp": None,
             "score_clip": None,
@@ -101,6 +102,8 @@ PRESETS: dict[str, Preset] = {
             # ``${oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean}``, so None (= loss_agg).
             "value_loss_agg": None,
             "value_loss": "clipped",
+            # verl/trainer/ppo/core_algos.py::compute_value_loss: verl_F.clip_by_value(vpreds, values ± ε_v)
+            "value_clip_form": "around_old",
             "dual_clip": 3.0,
             "log_ratio_clamp": 20.0,
             "score_clip": None,
@@ -152,6 +155,8 @@ PRESETS: dict[str, Preset] = {
             # value loss stays token-mean when actor.loss_agg_mode is seq-mean-token-mean.
             "value_loss_agg": "token-mean",
             "value_loss": "clipped",
+            # openrlhf/models/loss.py::ValueLoss: old_values + (values − old_values).clamp(±ε_v)
+            "value_clip_form": "delta",
             "dual_clip": None,
             "log_ratio_clamp": 20.0,
             "score_clip": 10.0,
@@ -201,6 +206,8 @@ PRESETS: dict[str, Preset] = {
             "loss_agg": "token-mean",
             "value_loss_agg": None,
             "value_loss": "clipped",
+            # PPOTrainer.train: torch.clamp(vpred, mb_values − ε_v, mb_values + ε_v)
+            "value_clip_form": "around_old",
             "dual_clip": None,
             "log_ratio_clamp": None,
             "score_clip": None,
@@ -243,6 +250,8 @@ PRESETS: dict[str, Preset] = {
             "loss_agg": "token-mean",
             "value_loss_agg": None,
             "value_loss": "clipped",
+            # DeepSpeedPPOTrainer.critic_loss_fn: torch.clamp(values, old_values ± ε_v)
+            "value_clip_form": "around_old",
             "dual_clip": None,
             "log_ratio_clamp": None,
             "score_clip": 5.0,
@@ -297,6 +306,8 @@ PRESETS: dict[str, Preset] = {
             # ppo_critic_loss: masked_mean(loss, mask, dim=-1).mean() whatever loss_reduction.
             "value_loss_agg": "seq-mean-token-mean",
             "value_loss": "clipped",
+            # V_old + clamp(V − V_old, ±ε_v) (ppo_critic_loss / ppo_critic_loss_fn).
+            "value_clip_form": "delta",
             # policy_loss_type: regular; dual_clip uses clip_ratio_c (3.0).
             "dual_clip": None,
             # _safe_exp_delta(log_probs − old_log_probs, clip=20.0).
@@ -354,6 +365,8 @@ PRESETS: dict[str, Preset] = {
             "loss_agg": "token-mean",
             "value_loss_agg": None,
             "value_loss": "clipped",
+            # V_old + clamp(V − V_old, ±ε_v) (ppo_critic_loss / ppo_critic_loss_fn).
+            "value_clip_form": "delta",
             # PPOActorConfig.c_clip: None (dual clip off).
             "dual_clip": None,
             # ppo_actor_loss_fn: exp(logprobs − proximal_logprobs), no clamp.

@@ -22,16 +22,8 @@ sys.path.insert(0, str(REPO / "tools"))
 from validate_presets import GROUPS, PEERS_ROOT, peers_python  # noqa: E402  (tools/ is not a package)
 
 PENDING: dict[str, tuple[str, str]] = {
-    # case name: (first divergent quantity, the fix that makes it match)
-    "verl_abs_reward_seq-mean-token-sum-norm_c3.0": (
-        "pg_loss",
-        "seq-mean-token-sum-norm as Σ_b(Σ_t m·L/H)/N_seq (issue #9 defect 1)",
-    ),
-    "skyrl_k2_loss_sum_norm": (
-        "pg_loss",
-        "seq-mean-token-sum-norm as Σ_b(Σ_t m·L/H)/N_seq (issue #9 defect 1)",
-    ),
-    "skyrl_default_k3_loss_token_mean": ("vf_clipfrac", "value_clip_form=delta (issue #9 defect 2)"),
+    # case name: (first divergent quantity, the refppo fix that makes it match); empty since the
+    # seq-mean-token-sum-norm and value_clip_form fixes of issue #9 landed.
 }
 
 
