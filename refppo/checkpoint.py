@@ -262,7 +262,10 @@ def load_checkpoint(
     rng_name = f"rng_rank{rank}.pt"
     if not (p / rng_name).exists():
         raise _bad(p, f"no RNG state for rank {rank}: was it saved with another world size?")
-    rng = _torch_load(p, rng_name)
+    # every rank reads every rank's RNG file (small), so that under torchrun all ranks reach the same
+    # verdict on a damaged checkpoint (and --resume-fallback picks the same one everywhere)
+    rngs = {f.name: _torch_load(p, f.name) for f in sorted(p.glob("rng_rank*.pt"))}
+    rng = rngs[rng_name]
     opt_states = {name: _torch_load(p, f"optim_{name}.pt") for name in optimizers}
     for name, model in models.items():
         f = p / f"{name}.safetensors"

@@ -108,6 +108,45 @@ def write_identity(out_dir: str | Path, ident: RunIdentity) -> Path:
     return atomic_write_text(Path(out_dir) / RUN_FILE, json.dumps(ident.to_dict(), indent=2) + "\n")
 
 
+def resume_mismatch(
+    state: Mapping[str, Any],
+    ident: RunIdentity,
+    config: Mapping[str, Mapping[str, Any]],
+    cfg_hash: str,
+    resumable: Iterable[str],
+    path: Path,
+) -> str | None:
+    """Why the checkpoint at ``path`` (its ``state.json``: ``state``) may not be resumed by this run
+    (identity ``ident`` from ``run.json``, resolved ``config`` with hash ``cfg_hash``); None if it may.
+    Refused: another run id (or none), a config that differs outside the ``resumable`` ``[run]``
+    keys (each difference listed), or differing config hashes (a key added or removed)."""
+    saved_id = state.get("run_id")
+    if saved_id != ident.run_id:
+        whose = "no run id (written before run identities?)" if saved_id is None else f"run id {saved_id}"
+        return (
+            f"--resume: checkpoint {str(path)!r} has {whose}, but {RUN_FILE} of this out dir says "
+            f"run id {ident.run_id}: it belongs to another run; refusing to mix them"
+        )
+    skip = set(resumable)
+    saved: Mapping[str, Any] = state.get("config", {})
+    diffs = [
+        f"{section}.{key}: {saved.get(section, {}).get(key)!r} -> {value!r}"
+        for section, values in config.items()
+        for key, value in values.items()
+        if not (section == "run" and key in skip) and saved.get(section, {}).get(key) != value
+    ]
+    if diffs:
+        return "--resume with a different config (only run.iterations and logging may change): " + "; ".join(
+            diffs
+        )
+    if not state.get("config_hash") == ident.config_hash == cfg_hash:
+        return (
+            f"--resume: the config hashes of checkpoint {str(path)!r}, of {RUN_FILE} and of this config "
+            "differ (a config key added or removed?)"
+        )
+    return None
+
+
 def _owned_top(name: str) -> bool:
     return (
         name in OWNED_FILES
@@ -198,5 +237,6 @@ __all__ = [
     "config_hash",
     "new_identity",
     "read_identity",
+    "resume_mismatch",
     "write_identity",
 ]

@@ -715,33 +715,11 @@ class Trainer:
     def _check_resume_config(self, state: dict[str, Any], ident: rundir.RunIdentity, path: Path) -> None:
         """The checkpoint ``state`` belongs to this run (run id of ``run.json``), has this config
         (except :data:`RESUMABLE_KEYS`; also by hash) and this world size; else TrainingError."""
-        saved_id = state.get("run_id")
-        if saved_id != ident.run_id:
-            whose = "no run id (written before run identities?)" if saved_id is None else f"run id {saved_id}"
-            raise TrainingError(
-                f"--resume: checkpoint {str(path)!r} has {whose}, but {rundir.RUN_FILE} of this out dir says "
-                f"run id {ident.run_id}: it belongs to another run; refusing to mix them"
-            )
-        saved: dict[str, Any] = state.get("config", {})
-        now = self.cfg.to_dict()
-        diffs: list[str] = []
-        for section, values in now.items():
-            for key, value in values.items():
-                if section == "run" and key in RESUMABLE_KEYS:
-                    continue
-                old = saved.get(section, {}).get(key)
-                if old != value:
-                    diffs.append(f"{section}.{key}: {old!r} -> {value!r}")
-        if diffs:
-            raise TrainingError(
-                "--resume with a different config (only run.iterations and logging may change): "
-                + "; ".join(diffs)
-            )
-        if not state.get("config_hash") == ident.config_hash == self.config_hash:
-            raise TrainingError(
-                f"--resume: the config hash of checkpoint {str(path)!r}, of {rundir.RUN_FILE} and of this "
-                "config differ (a config key added or removed?)"
-            )
+        problem = rundir.resume_mismatch(
+            state, ident, self.cfg.to_dict(), self.config_hash, RESUMABLE_KEYS, path
+        )
+        if problem is not None:
+            raise TrainingError(problem)
         saved_world = int(state.get("world_size", 1))
         if saved_world != self.dist.world_size:
             raise TrainingError(

@@ -310,3 +310,27 @@ def test_the_unsafe_advice_exists_and_is_not_passed_on(tmp_path: Path) -> None:
     with pytest.raises(ckpt.CheckpointError) as info:
         _load(path)
     assert "weights_only" not in str(info.value)
+
+
+def test_resume_mismatch_reasons(tmp_path: Path) -> None:
+    ident = rundir.RunIdentity("abc", "h1", "")
+    config = {"run": {"iterations": 3}, "ppo": {"cliprange": 0.2}}
+    ok = {"run_id": "abc", "config_hash": "h1", "config": config}
+    args = (ident, config, "h1", ["iterations"], tmp_path)
+    assert rundir.resume_mismatch(ok, *args) is None
+    assert "belongs to another run" in str(rundir.resume_mismatch({**ok, "run_id": "zzz"}, *args))
+    assert "no run id" in str(rundir.resume_mismatch({"config": config}, *args))
+    changed = {**ok, "config": {"run": {"iterations": 1}, "ppo": {"cliprange": 0.1}}}
+    assert rundir.resume_mismatch(changed, *args) == (
+        "--resume with a different config (only run.iterations and logging may change): "
+        "ppo.cliprange: 0.1 -> 0.2"
+    )
+    # same values for every key of today's config, but the saved config had one more: hashes differ
+    assert "config hashes" in str(rundir.resume_mismatch({**ok, "config_hash": "h0"}, *args))
+
+
+def test_a_damaged_rng_file_of_another_rank_is_found_by_every_rank(tmp_path: Path) -> None:
+    path = _save(tmp_path, 1)
+    (path / "rng_rank1.pt").write_bytes((path / "rng_rank0.pt").read_bytes()[:10])  # not in the manifest
+    with pytest.raises(ckpt.CheckpointError, match=r"rng_rank1\.pt is not a readable"):
+        _load(path)  # rank 0 loading
