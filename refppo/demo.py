@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"refppo demo: {cfg.run.iterations} PPO iterations × {cfg.rollout.batch_size} prompts; "
             f"outputs in {args.out}"
         )
-        records = run(cfg)
+        records = run(cfg, overwrite=True)  # the demo replaces its previous run (refppo's files only)
     except RefPPOError as e:
         print(f"refppo demo: error: {e}", file=sys.stderr)
         return 2

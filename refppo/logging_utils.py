@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from refppo.atomic import PAUSE_ENV, atomic_write_bytes, pause_for_test
+from refppo.errors import RefPPOError
 
 PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward (score)", ("rollout/score", "rollout/raw_score", "rollout/rule_score")),
@@ -26,12 +31,54 @@ PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """(title, metric keys) of each panel of ``plot.png``."""
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics JSONL file."""
+@dataclass(frozen=True)
+class MetricsFile:
+    """The records of a metrics JSONL file and what was wrong with its end."""
+
+    records: list[dict[str, Any]]
+    torn: int
+    """Bytes of a torn last line (no newline: a write interrupted by a crash) that were ignored; 0: none."""
+
+
+def load_metrics(path: str | Path) -> MetricsFile:
+    """All complete records of a metrics JSONL file.
+
+    A record is complete once its newline is written (:meth:`MetricsLog.write` writes line and
+    newline in one ``write`` and fsyncs), so a last line without a newline is an interrupted write:
+    it is never read as a record, and its size is reported in ``torn``. Any complete line that is
+    not a JSON object with an ``iteration`` raises :class:`refppo.errors.RefPPOError` naming the
+    file and line (damage, not a crash)."""
     p = Path(path)
     if not p.exists():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return MetricsFile([], 0)
+    data = p.read_bytes()
+    body, nl, tail = data.rpartition(b"\n")
+    if not nl:
+        body, tail = b"", data
+    records: list[dict[str, Any]] = []
+    for n, line in enumerate(body.split(b"\n") if body else [], start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RefPPOError(f"{p}: line {n} is not a JSON record ({e})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("iteration"), int):
+            raise RefPPOError(f"{p}: line {n} is not a metrics record (no integer 'iteration')")
+        records.append(rec)
+    return MetricsFile(records, len(tail))
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All complete records of a metrics JSONL file (a torn last line is ignored with a warning;
+    see :func:`load_metrics`)."""
+    m = load_metrics(path)
+    if m.torn:
+        warnings.warn(
+            f"{path}: ignored a torn last line ({m.torn} bytes, a write interrupted by a crash)",
+            stacklevel=2,
+        )
+    return m.records
 
 
 def deterministic(record: dict[str, Any]) -> dict[str, Any]:
@@ -40,29 +87,60 @@ def deterministic(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class MetricsLog:
-    """Append-only JSONL metrics (main rank only), truncated to ``resume_from`` iterations on resume."""
+    """Append-only JSONL metrics (main rank only), truncated to ``resume_from`` iterations on resume.
+
+    Each record is one ``write`` of the line with its newline, flushed and fsync-ed, so a crash
+    leaves at most a torn last line, which :func:`load_metrics` never reads as a record. Starting
+    (fresh or resumed) rewrites the file atomically (temp file + rename); on resume it keeps the
+    records up to the checkpoint's iteration. What was dropped is listed in :attr:`notes`."""
 
     def __init__(self, path: str | Path, *, resume_from: int | None = None, enabled: bool = True) -> None:
         self.path = Path(path)
         self.enabled = enabled
+        self.notes: list[str] = []
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_from is None:
-            self.path.write_text("")
-        else:  # drop records written after the checkpoint (a run interrupted after it)
-            kept = [r for r in read_metrics(self.path) if int(r["iteration"]) <= resume_from]
-            self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+            atomic_write_bytes(self.path, b"")
+            return
+        # drop records written after the checkpoint (a run interrupted after it) and a torn line
+        m = load_metrics(self.path)
+        kept = [r for r in m.records if r["iteration"] <= resume_from]
+        if m.torn:
+            self.notes.append(f"dropped a torn last line ({m.torn} bytes, a write interrupted by a crash)")
+        if len(kept) < len(m.records):
+            self.notes.append(
+                f"dropped {len(m.records) - len(kept)} records after iteration {resume_from} (the checkpoint)"
+            )
+        its = [r["iteration"] for r in kept]
+        if its != list(range(1, resume_from + 1)):
+            self.notes.append(
+                f"WARNING: holds {len(its)} records for the {resume_from} iterations before the checkpoint "
+                "(iterations missing or repeated: the metrics of this run are incomplete)"
+            )
+        atomic_write_bytes(self.path, "".join(_line(r) for r in kept).encode("utf-8"))
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record (non-finite floats are written as null... never silently: as strings)."""
+        """Append one record (non-finite floats are written as strings, never silently dropped)."""
         if not self.enabled:
             return
         clean = {
             k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in record.items()
         }
-        with self.path.open("a") as f:
-            f.write(json.dumps(clean, sort_keys=True) + "\n")
+        data = _line(clean).encode("utf-8")
+        with self.path.open("ab") as f:
+            if os.environ.get(PAUSE_ENV) == f"metrics:{record.get('iteration')}":  # test-only: a torn line
+                f.write(data[: len(data) // 2])
+                f.flush()
+                pause_for_test(f"metrics:{record.get('iteration')}")
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True) + "\n"
 
 
 class TensorBoard:

@@ -8,6 +8,7 @@ Examples::
     refppo train --model DIR --reward mypkg.rewards:score    # score(prompt: str, response: str) -> float
     refppo train --model DIR --reward-model RM_DIR --prompts prompts.txt   # one prompt per line
     refppo train --out runs/a --resume                       # continue from the newest checkpoint
+    refppo train --out runs/a --overwrite                    # replace the run in runs/a
     torchrun --nproc-per-node 2 -m refppo train --set rollout.batch_size=64
     refppo train --print-config                              # the resolved config as JSON
 
@@ -56,6 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="run.seed")
     p.add_argument("--out", metavar="DIR", help="run.out_dir")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the out dir")
+    p.add_argument(
+        "--resume-fallback",
+        action="store_true",
+        help="with --resume: if the newest checkpoint is damaged, say why and resume from the previous "
+        "complete one (default: stop with an error naming the damaged file)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a fresh run in a non-empty out dir that holds a refppo run (its run.json): deletes "
+        "refppo's files there (checkpoints, metrics, plot, config), keeps any other file; "
+        "without it a non-empty out dir is refused",
+    )
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     return p
@@ -97,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from refppo.trainer import run
 
-        records = run(cfg, resume=args.resume)
+        records = run(cfg, resume=args.resume, overwrite=args.overwrite, resume_fallback=args.resume_fallback)
     except RefPPOError as e:
         print(f"refppo train: error: {e}", file=sys.stderr)
         return 2

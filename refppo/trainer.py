@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import json
 import math
 import os
 import random
@@ -45,8 +44,9 @@ import torch.distributed as torch_dist
 from torch import Tensor, nn
 
 from refppo import checkpoint as ckpt
-from refppo import models, ppo
+from refppo import models, ppo, rundir
 from refppo import rollout as rl
+from refppo.atomic import atomic_write_text, atomic_write_with, pause_for_test
 from refppo.config import ConfigError, TrainConfig
 from refppo.errors import RefPPOError
 from refppo.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
@@ -228,7 +228,13 @@ def _finite(x: float) -> bool:
 
 
 class Trainer:
-    """One training run of ``cfg`` (see the module docstring)."""
+    """One training run of ``cfg`` (see the module docstring).
+
+    ``resume``: continue the run in ``run.out_dir`` from its newest complete checkpoint (which must
+    belong to that run: same run id and config hash, see :mod:`refppo.rundir`). ``resume_fallback``
+    (with ``resume``): when that checkpoint is damaged, say so and try the previous complete one.
+    ``overwrite`` (without ``resume``): a non-empty ``run.out_dir`` that is a refppo run is cleared
+    (refppo's entries only) instead of refused."""
 
     def __init__(
         self,
@@ -236,15 +242,25 @@ class Trainer:
         *,
         dist: DistContext | None = None,
         resume: bool = False,
+        overwrite: bool = False,
+        resume_fallback: bool = False,
         echo: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.dist = dist or DistContext()
         cfg.check_world_size(self.dist.world_size)
-        self.resume = resume
+        self.resume, self.overwrite, self.resume_fallback = resume, overwrite, resume_fallback
+        if resume and overwrite:
+            raise TrainingError("--resume continues the run in the out dir, --overwrite replaces it")
+        if resume_fallback and not resume:
+            raise TrainingError("--resume-fallback only applies with --resume")
         self.out_dir = Path(cfg.run.out_dir)
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise TrainingError(f"run.out_dir {str(self.out_dir)!r} exists and is not a directory")
+        if not resume:
+            rundir.check_fresh(self.out_dir, overwrite=overwrite)  # before any model loads
+        self.config_hash = rundir.config_hash(cfg.to_dict(), RESUMABLE_KEYS)
+        self.identity = rundir.new_identity(self.config_hash)  # --resume: replaced by run.json's
         self.ckpt_dir = self.out_dir / "checkpoints"
         self._echo = echo
         self.start_iteration = 0
@@ -622,58 +638,89 @@ class Trainer:
         return out
 
     def save(self, iteration: int) -> Path:
-        """Checkpoint after ``iteration`` completed iterations (call on every rank)."""
-        path = ckpt.save_checkpoint(
+        """Checkpoint after ``iteration`` completed iterations (call on every rank): every rank writes
+        into a staging folder, then the main rank seals it and renames it into place (atomic)."""
+        d = self.dist
+        if d.is_main:
+            ckpt.begin_checkpoint(self.ckpt_dir, iteration)
+        d.barrier()
+        staging = ckpt.save_checkpoint(
             self.ckpt_dir,
             iteration,
             models=self._models(),
             optimizers={"policy": self.actor_opt, "critic": self.critic_opt},
             rng=ckpt.rng_state(self.task_rng, self.generator),
-            rank=self.dist.rank,
+            rank=d.rank,
             state={
                 "kl_controller": self.kl_ctl.state_dict(),
                 "config": self.cfg.to_dict(),
-                "world_size": self.dist.world_size,
+                "world_size": d.world_size,
+                "run_id": self.identity.run_id,
+                "config_hash": self.config_hash,
             },
-            is_main=self.dist.is_main,
+            is_main=d.is_main,
         )
-        self.dist.barrier()
-        if self.dist.is_main:
-            ckpt.mark_complete(path)
-        self.dist.barrier()
+        d.barrier()
+        path = ckpt.staging_dir(self.ckpt_dir, iteration).with_name(f"iter_{iteration:06d}")
+        if d.is_main:
+            pause_for_test(f"checkpoint:{iteration}")  # test-only: the kill tests stop here
+            path = ckpt.mark_complete(staging)
+        d.barrier()
         return path
 
     def _load(self) -> None:
-        path = ckpt.latest_checkpoint(self.ckpt_dir)
-        assert path is not None
-        state = json.loads((path / "state.json").read_text())
-        self._check_resume_config(state.get("config", {}), int(state.get("world_size", 1)))
+        """Resume from the newest complete checkpoint; with ``resume_fallback``, a damaged one is
+        skipped (and named) in favour of the previous one. A checkpoint of another run or config is
+        never skipped: it is refused."""
+        ident = rundir.read_identity(self.out_dir)
+        if ident is None:
+            raise TrainingError(
+                f"--resume: {str(self.out_dir)!r} has no {rundir.RUN_FILE}, so its checkpoints cannot be "
+                "shown to belong to one run (written by refppo before run identities?); start a fresh run"
+            )
+        self.identity = ident
+        candidates = ckpt.complete_checkpoints(self.ckpt_dir)[::-1]
+        for i, path in enumerate(candidates):
+            try:
+                c = self._load_one(path, ident)
+            except ckpt.CheckpointError as e:
+                more = i + 1 < len(candidates)
+                if self.resume_fallback and more:
+                    self.echo(f"--resume-fallback: skipped {path.name}: {e}")
+                    continue
+                hint = "; --resume-fallback resumes from the previous complete checkpoint" if more else ""
+                raise ckpt.CheckpointError(f"--resume: {e}{hint}") from None
+            self.start_iteration = c.iteration
+            self.echo(f"resumed from {path} (iteration {c.iteration})")
+            return
+
+    def _load_one(self, path: Path, ident: rundir.RunIdentity) -> ckpt.Checkpoint:
+        state = ckpt.read_state(path)
+        self._check_resume_config(state, ident, path)
         c, rng = ckpt.load_checkpoint(
             path,
             models=self._models(),
             optimizers={"policy": self.actor_opt, "critic": self.critic_opt},
             rank=self.dist.rank,
         )
+        try:
+            self.kl_ctl.load_state_dict(c.state["kl_controller"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ckpt.CheckpointError(
+                f"checkpoint {str(path)!r}: state.json has no valid 'kl_controller' ({e})"
+            ) from None
         ckpt.set_rng_state(rng, self.task_rng, self.generator)
-        self.kl_ctl.load_state_dict(c.state["kl_controller"])
-        self.start_iteration = c.iteration
-        self.echo(f"resumed from {path} (iteration {c.iteration})")
+        return c
 
-    def _check_resume_config(self, saved: dict[str, Any], saved_world: int) -> None:
-        now = self.cfg.to_dict()
-        diffs: list[str] = []
-        for section, values in now.items():
-            for key, value in values.items():
-                if section == "run" and key in RESUMABLE_KEYS:
-                    continue
-                old = saved.get(section, {}).get(key)
-                if old != value:
-                    diffs.append(f"{section}.{key}: {old!r} -> {value!r}")
-        if diffs:
-            raise TrainingError(
-                "--resume with a different config (only run.iterations and logging may change): "
-                + "; ".join(diffs)
-            )
+    def _check_resume_config(self, state: dict[str, Any], ident: rundir.RunIdentity, path: Path) -> None:
+        """The checkpoint ``state`` belongs to this run (run id of ``run.json``), has this config
+        (except :data:`RESUMABLE_KEYS`; also by hash) and this world size; else TrainingError."""
+        problem = rundir.resume_mismatch(
+            state, ident, self.cfg.to_dict(), self.config_hash, RESUMABLE_KEYS, path
+        )
+        if problem is not None:
+            raise TrainingError(problem)
+        saved_world = int(state.get("world_size", 1))
         if saved_world != self.dist.world_size:
             raise TrainingError(
                 f"--resume: checkpoint was written by {saved_world} ranks, now {self.dist.world_size}"
@@ -683,14 +730,21 @@ class Trainer:
     def train(self) -> list[dict[str, Any]]:
         """Run to ``run.iterations``; returns every record of this run (main rank; others: [])."""
         cfg, d = self.cfg, self.dist
+        if self.resume and self.start_iteration >= cfg.run.iterations:
+            self.echo(
+                f"nothing to do: the checkpoint is at iteration {self.start_iteration} and "
+                f"run.iterations={cfg.run.iterations} (raise --iterations to train further)"
+            )
+            return []
         if d.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.json").write_text(self.cfg.to_json() + "\n")
+            self._prepare_out_dir()
         log = MetricsLog(
             self.out_dir / "metrics.jsonl",
             resume_from=self.start_iteration if self.resume else None,
             enabled=d.is_main,
         )
+        for note in log.notes:
+            self.echo(f"metrics.jsonl: {note}")
         tb = TensorBoard(self.out_dir / "tensorboard", enabled=cfg.run.tensorboard and d.is_main)
         bar = Progress(cfg.run.iterations, self.start_iteration, enabled=cfg.run.progress and d.is_main)
         records: list[dict[str, Any]] = []
@@ -718,20 +772,37 @@ class Trainer:
         if d.is_main and cfg.run.plot:
             all_records = read_metrics(self.out_dir / "metrics.jsonl")
             if all_records:
-                path = plot_metrics(all_records, self.out_dir / "plot.png")
+                path = self.out_dir / "plot.png"
+                atomic_write_with(path, lambda tmp: plot_metrics(all_records, tmp), suffix=".png")
                 self.echo(f"plot: {path}")
         return records
+
+    def _prepare_out_dir(self) -> None:
+        """Main rank, before the first iteration: a fresh run clears the out dir (``overwrite``,
+        refppo's entries only) and writes ``run.json``; every run writes ``config.json`` (atomically)."""
+        if not self.resume:
+            if self.overwrite:
+                kept = rundir.clear_run(self.out_dir)
+                if kept:
+                    self.echo(f"--overwrite: kept {len(kept)} entries not refppo's: {', '.join(kept)}")
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            rundir.write_identity(self.out_dir, self.identity)
+        atomic_write_text(self.out_dir / "config.json", self.cfg.to_json() + "\n")
 
 
 def _params_finite(m: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in m.parameters())
 
 
-def run(cfg: TrainConfig, *, resume: bool = False) -> list[dict[str, Any]]:
-    """Build a :class:`Trainer` (joining a torchrun job if there is one) and train."""
+def run(
+    cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, resume_fallback: bool = False
+) -> list[dict[str, Any]]:
+    """Build a :class:`Trainer` (joining a torchrun job if there is one) and train (the flags: see
+    :class:`Trainer`)."""
     d = init_distributed(cfg.model.device)
     try:
-        return Trainer(cfg, dist=d, resume=resume).train()
+        trainer = Trainer(cfg, dist=d, resume=resume, overwrite=overwrite, resume_fallback=resume_fallback)
+        return trainer.train()
     finally:
         if d.world_size > 1 and torch_dist.is_initialized():
             torch_dist.destroy_process_group()

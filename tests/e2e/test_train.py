@@ -177,7 +177,7 @@ def test_missing_model_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.Captu
 
 def test_tokenizer_without_pad_token_is_a_clear_error(tmp_path: Path) -> None:
     policy = _save_tiny_lm(tmp_path / "policy", pad=False)
-    cfg = preset("test", f"model.policy={policy}", "task.reward=rule", f"run.out_dir={tmp_path}")
+    cfg = preset("test", f"model.policy={policy}", "task.reward=rule", f"run.out_dir={tmp_path / 'o'}")
     with pytest.raises(TrainingError, match="no pad token"):
         Trainer(cfg)
 
