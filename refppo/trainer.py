@@ -27,7 +27,6 @@ Numbered skeleton of :meth:`Trainer.train`::
 from __future__ import annotations
 
 import copy
-import gc
 import importlib
 import json
 import math
@@ -728,34 +727,25 @@ def _params_finite(m: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in m.parameters())
 
 
-def shutdown_distributed(d: DistContext, *, clean: bool) -> None:
-    """Leave the torchrun job (no-op on one process).
+def shutdown_distributed(d: DistContext) -> None:
+    """Leave the torchrun job after this rank finished training (no-op on one process).
 
-    ``clean=True`` (this rank finished training): ``barrier()`` first, so no rank closes its
-    gloo/NCCL connections while a peer is still in a collective or writing its checkpoint/plot;
-    then collect garbage (the DDP wrappers hold the process group; freeing them lets its
-    destructor join the backend's worker threads now, not during interpreter shutdown) and
-    ``destroy_process_group()``. After an error, no barrier: the other ranks may be blocked in a
-    collective this rank will never join, and a barrier would hang until the backend timeout;
-    the group is destroyed and torchrun stops the other ranks."""
-    if d.world_size <= 1 or not torch_dist.is_initialized():
-        return
-    if clean:
+    ``barrier()`` first, so no rank closes its gloo/NCCL connections while a peer is still in a
+    collective or writing its checkpoint/plot; then ``destroy_process_group()``. Called on
+    success only (as torchtitan's ``train.py`` main, pytorch/torchtitan#1342): after an error
+    the other ranks may be blocked in a collective this rank will never join, so a barrier or a
+    destroy could hang until the backend timeout; the error propagates and torchrun stops them."""
+    if d.world_size > 1 and torch_dist.is_initialized():
         torch_dist.barrier()
-    gc.collect()
-    torch_dist.destroy_process_group()
+        torch_dist.destroy_process_group()
 
 
 def run(cfg: TrainConfig, *, resume: bool = False) -> list[dict[str, Any]]:
-    """Build a :class:`Trainer` (joining a torchrun job if there is one) and train; then tear the
-    process group down (:func:`shutdown_distributed`)."""
+    """Build a :class:`Trainer` (joining a torchrun job if there is one), train, and leave the job
+    cleanly (:func:`shutdown_distributed`)."""
     d = init_distributed(cfg.model.device)
-    try:
-        records = Trainer(cfg, dist=d, resume=resume).train()
-    except BaseException:
-        shutdown_distributed(d, clean=False)
-        raise
-    shutdown_distributed(d, clean=True)
+    records = Trainer(cfg, dist=d, resume=resume).train()
+    shutdown_distributed(d)
     return records
 
 

@@ -27,7 +27,6 @@ port 0 itself (no free-port-then-release race).
 from __future__ import annotations
 
 import copy
-import gc
 import os
 import signal
 import subprocess
@@ -117,13 +116,9 @@ def _join(init: str, rank: int, world: int) -> Any:
 def _leave(dist: Any) -> None:
     """Clean teardown: every rank reaches the barrier only after its last collective and its
     results file, so no rank closes its gloo connections while a peer still uses them; then
-    destroy the group. ``gc.collect()`` first: the DDP wrappers (reference cycles) hold the group,
-    and collecting them lets the gloo process group's destructor join its worker threads now,
-    while the interpreter is fully alive."""
-    gc.collect()
+    destroy the group."""
     dist.barrier()
     dist.destroy_process_group()
-    gc.collect()
 
 
 def _save(obj: Any, path: str) -> None:
@@ -138,13 +133,16 @@ def _save(obj: Any, path: str) -> None:
 
 
 def _finish(code: int) -> None:
-    """End a worker process without running interpreter finalisation.
+    """End a worker process without interpreter finalisation and C++ static destructors.
 
-    By now the results are on disk (fsync'd) and the process group is destroyed, so nothing is
-    left to do; finalisation and C++ static destructors are where torch/gloo may still abort
-    (see /work/notes/flake.md: a ``std::thread`` destroyed while joinable → ``std::terminate``,
-    "terminate called without an active exception"). Another thread still alive here is a bug of
-    the worker: it is reported and the exit status is 3."""
+    By now the results are on disk (fsync'd) and the group is destroyed and was left behind a
+    barrier, so no peer needs this process any more. But a DDP-wrapped model keeps the gloo
+    process group alive from C++ past ``destroy_process_group()`` (not freed by ``gc.collect()``
+    either), so its threads (``gloo_tcp_loop``, two ``pt_gloo_runloop``) still run when the
+    process exits, racing interpreter finalisation and the static destructors: where the
+    exit-time abort of issue 12 item 17 ("terminate called without an active exception") comes
+    from. ``os._exit`` ends the process without that race. A Python thread still alive here would be
+    a bug of the worker itself: it is reported and the exit status is 3."""
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if code == 0 and others:
         print(f"threads still alive at exit: {others}", file=sys.stderr)
