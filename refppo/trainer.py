@@ -794,18 +794,29 @@ def _params_finite(m: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in m.parameters())
 
 
+def shutdown_distributed(d: DistContext) -> None:
+    """Leave the torchrun job after this rank finished training (no-op on one process).
+
+    ``barrier()`` first, so no rank closes its gloo/NCCL connections while a peer is still in a
+    collective or writing its checkpoint/plot; then ``destroy_process_group()``. Called on
+    success only (as torchtitan's ``train.py`` main, pytorch/torchtitan#1342): after an error
+    the other ranks may be blocked in a collective this rank will never join, so a barrier or a
+    destroy could hang until the backend timeout; the error propagates and torchrun stops them."""
+    if d.world_size > 1 and torch_dist.is_initialized():
+        torch_dist.barrier()
+        torch_dist.destroy_process_group()
+
+
 def run(
     cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, resume_fallback: bool = False
 ) -> list[dict[str, Any]]:
-    """Build a :class:`Trainer` (joining a torchrun job if there is one) and train (the flags: see
-    :class:`Trainer`)."""
+    """Build a :class:`Trainer` (joining a torchrun job if there is one), train, and leave the job
+    cleanly (:func:`shutdown_distributed`). The flags: see :class:`Trainer`."""
     d = init_distributed(cfg.model.device)
-    try:
-        trainer = Trainer(cfg, dist=d, resume=resume, overwrite=overwrite, resume_fallback=resume_fallback)
-        return trainer.train()
-    finally:
-        if d.world_size > 1 and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+    trainer = Trainer(cfg, dist=d, resume=resume, overwrite=overwrite, resume_fallback=resume_fallback)
+    records = trainer.train()
+    shutdown_distributed(d)
+    return records
 
 
 __all__ = [
@@ -815,5 +826,6 @@ __all__ = [
     "init_distributed",
     "load_reward_function",
     "run",
+    "shutdown_distributed",
     "text_reward",
 ]
