@@ -171,19 +171,19 @@ def format_samples(
     return "\n".join(lines)
 
 
-def plot_metrics(records: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
-    """Write a PNG grid of the :data:`PLOT_PANELS` metrics per iteration (matplotlib, Agg).
+def plot_figure(records: Sequence[dict[str, Any]], *, title: str | None = None) -> Any:
+    """A matplotlib figure (Agg) with one panel per :data:`PLOT_PANELS` entry, x = iteration.
 
     Each panel has a title, a y-axis label with its unit, the x axis "PPO iteration" and a legend
-    saying what each series is (:data:`SERIES_LABELS`); a series absent from the records (e.g.
-    the missing-EOS penalty when it is off, ``rule_score`` outside the embedded task) is left out.
-    """
+    saying what each series is (:data:`SERIES_LABELS`); a series absent from the records (the
+    missing-EOS penalty when it is off, ``rule_score`` outside the embedded task) is left out, a
+    panel with no series says "not logged". The caller closes the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    fig, axes = plt.subplots(2, 3, figsize=(15, 9), constrained_layout=True)
     its = [int(r["iteration"]) for r in records]
     for ax, (name, ylabel, keys) in zip(axes.flat, PLOT_PANELS, strict=True):
         for key in keys:
@@ -197,11 +197,19 @@ def plot_metrics(records: Sequence[dict[str, Any]], path: str | Path, *, title: 
         ax.set_xlabel("PPO iteration (one rollout batch + its update)", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
+        if ax.lines:  # below the panel: never over the curves
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
     fig.suptitle(title or f"refppo train: {len(records)} iterations", fontsize=13)
+    return fig
+
+
+def plot_metrics(records: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
+    """Write :func:`plot_figure` of ``records`` as a PNG to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(records, title=title)
     out = Path(path)
     fig.savefig(out, dpi=90)
     plt.close(fig)
