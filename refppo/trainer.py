@@ -620,7 +620,7 @@ class Trainer:
             if snapshot is None:
                 last = ckpt.latest_checkpoint(self.ckpt_dir)
                 kept = (
-                    f"the last checkpoint, {str(last)!r}, is intact" if last else "no checkpoint was written"
+                    f"the last checkpoint, {str(last)!r}, is intact" if last else "no checkpoint exists yet"
                 )
                 raise TrainingError(
                     f"iteration {it + 1}: non-finite {', '.join(bad)} (scores: mean {metrics['score']!r}); "
