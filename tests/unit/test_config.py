@@ -13,7 +13,7 @@ import pytest
 
 from refppo import config as config_mod
 from refppo.config import ConfigError, TrainConfig, load_config
-from refppo.conventions import KLEstimator, LossAgg
+from refppo.conventions import KLEstimator, LossAgg, ValueClipForm
 from refppo.train_cli import build_parser, resolve_config
 
 
@@ -186,3 +186,18 @@ def test_value_loss_agg_from_toml_and_set(tmp_path: Path) -> None:
     assert over.ppo.convention.value_loss_agg is LossAgg.SEQ_MEAN_TOKEN_SUM
     with pytest.raises(ConfigError, match="value_loss_agg"):
         TrainConfig().with_overrides(["ppo.value_loss_agg=mean"])
+
+
+def test_value_clip_form_from_toml_and_set(tmp_path: Path) -> None:
+    # A Convention field is a [ppo] key like the others (the config flattens Convention).
+    assert TrainConfig().ppo.convention.value_clip_form is ValueClipForm.AROUND_OLD
+    assert TrainConfig().to_dict()["ppo"]["value_clip_form"] == "around_old"
+    f = tmp_path / "c.toml"
+    f.write_text('[ppo]\nvalue_clip_form = "delta"\n')
+    assert load_config(f).ppo.convention.value_clip_form is ValueClipForm.DELTA
+    over = TrainConfig().with_overrides(["ppo.value_clip_form=delta"])
+    assert over.ppo.convention.value_clip_form is ValueClipForm.DELTA
+    with pytest.raises(
+        ConfigError, match="value_clip_form: unknown name 'clamp'; valid names are 'around_old', 'delta'"
+    ):
+        TrainConfig().with_overrides(["ppo.value_clip_form=clamp"])
