@@ -20,15 +20,36 @@ from typing import Any
 from refppo.atomic import PAUSE_ENV, atomic_write_bytes, pause_for_test
 from refppo.errors import RefPPOError
 
-PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("reward (score)", ("rollout/score", "rollout/raw_score", "rollout/rule_score")),
-    ("KL(π‖π_ref) per sequence", ("rollout/kl",)),
-    ("policy loss", ("ppo/pg_loss",)),
-    ("value loss", ("ppo/vf_loss",)),
-    ("clip fractions", ("ppo/pg_clipfrac", "ppo/vf_clipfrac")),
-    ("entropy per token", ("rollout/old_entropy",)),
+PlotPanel = tuple[str, str, tuple[str, ...]]
+"""(title, y-axis label with its unit, metric keys) of one panel."""
+
+PLOT_PANELS: tuple[PlotPanel, ...] = (
+    (
+        "Reward per response",
+        "reward (units of the reward model / function)",
+        ("rollout/score", "rollout/raw_score", "rollout/missing_eos_penalty", "rollout/rule_score"),
+    ),
+    ("KL(π_old ‖ π_ref) per response", "nats (sum over response tokens)", ("rollout/kl",)),
+    ("Policy loss (clipped surrogate)", "loss (aggregated per ppo.loss_agg)", ("ppo/pg_loss",)),
+    ("Value loss (clipped, × 0.5)", "loss (squared reward units)", ("ppo/vf_loss",)),
+    ("Clip fractions", "fraction of valid tokens clipped", ("ppo/pg_clipfrac", "ppo/vf_clipfrac")),
+    ("Entropy of the sampling policy", "nats per response token", ("rollout/old_entropy",)),
 )
-"""(title, metric keys) of each panel of ``plot.png``."""
+"""The panels of ``plot.png``, in reading order (2 rows × 3)."""
+
+SERIES_LABELS: dict[str, str] = {
+    "rollout/score": "score: reward that enters PPO (raw − missing-EOS penalty)",
+    "rollout/raw_score": "raw_score: reward model / function output",
+    "rollout/missing_eos_penalty": "missing-EOS penalty subtracted (mean per response)",
+    "rollout/rule_score": "rule_score: hidden rule, the true objective (embedded task; ≤ 1)",
+    "rollout/kl": "KL (ppo.kl_estimator)",
+    "ppo/pg_loss": "policy loss",
+    "ppo/vf_loss": "value loss",
+    "ppo/pg_clipfrac": "policy: ratio outside 1 ± ε",
+    "ppo/vf_clipfrac": "value: outside V_old ± ε_v",
+    "rollout/old_entropy": "entropy (token mean)",
+}
+"""Legend text of each plotted metric (what it is, not just its key)."""
 
 
 @dataclass(frozen=True)
@@ -172,23 +193,35 @@ class TensorBoard:
 
 
 class Progress:
-    """A tqdm bar over iterations with live reward / KL / loss (a no-op when disabled)."""
+    """Per-iteration progress on the main rank: a tqdm bar with live reward / KL / loss
+    (``bar=True``), or one plain line per iteration (``bar=False``, ``--no-progress``: logs and
+    pipes); nothing at all when ``enabled`` is false (the other ranks)."""
 
-    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+    def __init__(self, total: int, initial: int, enabled: bool, *, bar: bool = True) -> None:
         self.bar: Any = None
-        if enabled:
+        self.total = total
+        self.lines = enabled and not bar
+        if enabled and bar:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="ppo", unit="it", dynamic_ncols=True)
 
     def update(self, record: dict[str, Any]) -> None:
         """Advance one iteration and show the headline metrics."""
+        nan = float("nan")
+        if self.lines:
+            print(
+                f"iteration {record.get('iteration', '?')}/{self.total}: "
+                f"reward {record.get('rollout/score', nan):+.4f}  KL {record.get('rollout/kl', nan):.4f}  "
+                f"loss {record.get('ppo/loss', nan):+.4f}  {record.get('time/iteration', nan):.2f} s",
+                flush=True,
+            )
         if self.bar is None:
             return
         self.bar.set_postfix(
-            reward=f"{record.get('rollout/score', float('nan')):.3f}",
-            kl=f"{record.get('rollout/kl', float('nan')):.3f}",
-            loss=f"{record.get('ppo/loss', float('nan')):.3f}",
+            reward=f"{record.get('rollout/score', nan):.3f}",
+            kl=f"{record.get('rollout/kl', nan):.3f}",
+            loss=f"{record.get('ppo/loss', nan):.3f}",
             refresh=False,
         )
         self.bar.update(1)
@@ -216,26 +249,45 @@ def format_samples(
     return "\n".join(lines)
 
 
-def plot_metrics(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """Write a PNG grid of the :data:`PLOT_PANELS` metrics per iteration (matplotlib, Agg)."""
+def plot_figure(records: Sequence[dict[str, Any]], *, title: str | None = None) -> Any:
+    """A matplotlib figure (Agg) with one panel per :data:`PLOT_PANELS` entry, x = iteration.
+
+    Each panel has a title, a y-axis label with its unit, the x axis "PPO iteration" and a legend
+    saying what each series is (:data:`SERIES_LABELS`); a series absent from the records (the
+    missing-EOS penalty when it is off, ``rule_score`` outside the embedded task) is left out, a
+    panel with no series says "not logged". The caller closes the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7), constrained_layout=True)
+    fig, axes = plt.subplots(2, 3, figsize=(15, 9), constrained_layout=True)
     its = [int(r["iteration"]) for r in records]
-    for ax, (title, keys) in zip(axes.flat, PLOT_PANELS, strict=True):
+    for ax, (name, ylabel, keys) in zip(axes.flat, PLOT_PANELS, strict=True):
         for key in keys:
             ys = [r.get(key) for r in records]
             pts = [(x, float(y)) for x, y in zip(its, ys, strict=True) if isinstance(y, (int, float))]
             if pts:
-                ax.plot([x for x, _ in pts], [y for _, y in pts], label=key, marker=".")
-        ax.set_title(title)
-        ax.set_xlabel("iteration")
+                style = "--" if key == "rollout/missing_eos_penalty" else "-"
+                ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=SERIES_LABELS.get(key, key),
+                        marker=".")  # fmt: skip
+        ax.set_title(name, fontsize=11)
+        ax.set_xlabel("PPO iteration (one rollout batch + its update)", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
+        if ax.lines:  # below the panel: never over the curves
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    fig.suptitle(title or f"refppo train: {len(records)} iterations", fontsize=13)
+    return fig
+
+
+def plot_metrics(records: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
+    """Write :func:`plot_figure` of ``records`` as a PNG to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(records, title=title)
     out = Path(path)
     fig.savefig(out, dpi=90)
     plt.close(fig)

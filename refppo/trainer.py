@@ -26,14 +26,14 @@ Numbered skeleton of :meth:`Trainer.train`::
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import importlib
 import math
 import os
 import random
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,8 @@ from refppo.config import ConfigError, TrainConfig
 from refppo.errors import RefPPOError
 from refppo.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
 from refppo.logging_utils import MetricsLog, Progress, TensorBoard, format_samples, plot_metrics, read_metrics
+from refppo.reward_fn import RewardFunctionError, TextRewardFn, load_reward_function, text_reward
+from refppo.reward_fn import resolve_reward_function as resolve_reward_function
 from refppo.tasks.warmstart import sft, train_reward_model
 from refppo.tasks.words import PROMPT_HEAD, WordsTask, build_tokenizer, rule_reward
 
@@ -79,6 +81,15 @@ RESUMABLE_KEYS = (
     "checkpoint_every",
 )
 """``[run]`` keys that may change when resuming; any other config change is refused."""
+
+
+EMBEDDED_POLICIES = ("tiny_gpt2", "tiny_llama")
+"""``model.policy`` values built from a config (anything else is a local model directory)."""
+RULE_REWARD = "refppo.tasks.words:rule_reward"
+"""The embedded task's hidden rule as a text reward (``task.reward=rule``, and the logged ``rule_score``)."""
+SMALL_MODEL_PARAMS = 50_000_000
+"""Below this many policy parameters ``model.threads=0`` (auto) uses ONE intra-op thread on CPU
+(measured in benchmarks/bench_train.py --threads; see :func:`set_threads`)."""
 
 
 class TrainingError(RefPPOError):
@@ -178,46 +189,56 @@ def context_length(model: nn.Module) -> int | None:
     return None
 
 
-def load_reward_function(spec: str, tokenizer: Any) -> models.RewardFn:
-    """``package.module:function`` taking ``(prompt: str, response: str) -> float`` → an ids-level
-    :data:`refppo.models.RewardFn` (prompt/response decoded with ``tokenizer``, special tokens kept)."""
-    mod_name, _, fn_name = spec.partition(":")
-    if not mod_name or not fn_name:
-        raise TrainingError(f"--reward {spec!r}: expected package.module:function")
+@contextlib.contextmanager
+def _reward_errors_at(it: int) -> Iterator[None]:
+    """Prefix a reward function's error with the iteration (1-based) it happened in."""
     try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise TrainingError(f"--reward {spec!r}: cannot import module {mod_name!r}: {e}") from e
-    fn = getattr(mod, fn_name, None)
-    if not callable(fn):
-        raise TrainingError(f"--reward {spec!r}: module {mod_name!r} has no callable {fn_name!r}")
-    return text_reward(fn, tokenizer)
+        yield
+    except RewardFunctionError as e:
+        raise RewardFunctionError(f"iteration {it + 1}: {e}") from e.__cause__
 
 
-def text_reward(fn: Callable[[str, str], float], tokenizer: Any) -> models.RewardFn:
-    """Wrap a text reward ``fn(prompt, response) -> float`` as an ids-level reward.
+def _check_model_dir(flag: str, path: str) -> None:
+    p = Path(path)
+    if not p.is_dir():
+        raise TrainingError(f"{flag} {path!r}: no such directory (a local model directory is required)")
+    if not (p / "config.json").exists():
+        raise TrainingError(f"{flag} {path!r}: no config.json (not a transformers model directory)")
 
-    A call that does not fit the signature, or a result that is not a real number, stops the run
-    with a :class:`TrainingError` naming the function (a NaN/inf score is caught later as a
-    non-finite loss)."""
-    name = getattr(fn, "__qualname__", repr(fn))
 
-    def reward(prompt_ids: list[int], response_ids: list[int]) -> float:
-        p = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        r = tokenizer.decode(response_ids, skip_special_tokens=False)
-        try:
-            value = fn(p, r)
-        except TypeError as e:
-            raise TrainingError(
-                f"reward function {name}: calling it as f(prompt: str, response: str) failed: {e}"
-            ) from e
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TrainingError(
-                f"reward function {name}: expected a number, got {type(value).__name__} {value!r}"
-            )
-        return float(value)
+@contextlib.contextmanager
+def rank0_output(is_main: bool) -> Iterator[None]:
+    """transformers' progress bars and info/warning logs silenced on every rank but 0 (under
+    torchrun each rank loads the same model: one "Loading weights" bar is enough); errors still
+    print. No-op on the main rank."""
+    if is_main:
+        yield
+        return
+    from transformers.utils import logging as hf_logging_module
 
-    return reward
+    hf_logging: Any = hf_logging_module  # untyped module: its functions are called through Any
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def set_threads(requested: int, model: nn.Module, device: torch.device) -> int:
+    """Apply ``model.threads`` (see its docstring) and return the intra-op thread count in use.
+
+    ``requested > 0``: exactly that. ``0`` (auto): one thread on CPU for a policy below
+    :data:`SMALL_MODEL_PARAMS` parameters, else torch's default; on GPU torch's default."""
+    if requested > 0:
+        torch.set_num_threads(requested)
+    elif device.type == "cpu" and sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMS:
+        torch.set_num_threads(1)
+    return torch.get_num_threads()
 
 
 def _finite(x: float) -> bool:
@@ -279,8 +300,11 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg, d = self.cfg, self.dist
-        if cfg.model.threads:
-            torch.set_num_threads(cfg.model.threads)
+        embedded = cfg.model.policy in EMBEDDED_POLICIES
+        self._check_inputs(embedded)  # cheap checks first: a typo costs no model loading
+        user_reward: TextRewardFn | None = None
+        if cfg.task.reward not in ("model", "rule"):
+            user_reward = resolve_reward_function(cfg.task.reward)  # import + signature, before models
         seed_everything(cfg.run.seed)
         self.device = resolve_device(cfg.model.device, d)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
@@ -295,7 +319,6 @@ class Trainer:
         if self.resume and not resuming:
             raise TrainingError(f"--resume: no complete checkpoint under {str(self.ckpt_dir)!r}")
 
-        embedded = cfg.model.policy in ("tiny_gpt2", "tiny_llama")
         if embedded:
             self.tokenizer = build_tokenizer()
             arch: models.Arch = "gpt2" if cfg.model.policy == "tiny_gpt2" else "llama"
@@ -323,6 +346,7 @@ class Trainer:
                 f"the tokenizer of {cfg.model.policy!r} has no EOS token; responses could never end"
             )
         self.actor.to(self.device, self.param_dtype)
+        self.threads = set_threads(cfg.model.threads, self.actor, self.device)
         if embedded and (cfg.task.sft_steps or cfg.task.reward == "model"):
             longest = len(PROMPT_HEAD) + cfg.task.prompt_words[1] + cfg.task.response_words[1] + 1
             if longest > cfg.model.n_positions:
@@ -347,6 +371,7 @@ class Trainer:
         self.reference = models.make_reference(self.actor)
 
         # reward
+        keep = cfg.task.reward_special_tokens
         self.reward_model: models.RewardModel | None = None
         self.reward: models.Reward
         if cfg.task.reward == "model":
@@ -389,12 +414,13 @@ class Trainer:
             for p in self.reward_model.parameters():
                 p.requires_grad_(False)
             self.reward = self.reward_model
-        elif cfg.task.reward == "rule":
-            self.reward = text_reward(rule_reward, self.tokenizer)
         else:
-            self.reward = load_reward_function(cfg.task.reward, self.tokenizer)
+            fn, name = (rule_reward, RULE_REWARD) if user_reward is None else (user_reward, cfg.task.reward)
+            self.reward = text_reward(fn, self.tokenizer, keep_special_tokens=keep, name=name)
         # the hidden rule, logged alongside a learned reward (the embedded task's true objective)
-        self.rule: models.RewardFn | None = text_reward(rule_reward, self.tokenizer) if embedded else None
+        self.rule: models.RewardFn | None = None
+        if embedded:
+            self.rule = text_reward(rule_reward, self.tokenizer, keep_special_tokens=keep, name=RULE_REWARD)
 
         # critic
         with torch.random.fork_rng(devices=[]):
@@ -463,42 +489,58 @@ class Trainer:
             self.actor_train = nn.parallel.DistributedDataParallel(self.actor, device_ids=ids)
             self.critic_train = nn.parallel.DistributedDataParallel(self.critic, device_ids=ids)
 
+    def _check_inputs(self, embedded: bool) -> None:
+        """Checks that need no model, run before any model loads: the model directories exist, the
+        prompts file exists, and a local policy comes with its own prompts."""
+        cfg = self.cfg
+        if not embedded:
+            _check_model_dir("--model", cfg.model.policy)
+        if cfg.task.reward == "model" and cfg.model.reward_model is not None:
+            _check_model_dir("--reward-model", cfg.model.reward_model)
+        pf = cfg.task.prompts_file
+        if pf is not None and not Path(pf).is_file():
+            raise TrainingError(f"task.prompts_file {pf!r} (--prompts): no such file")
+        if not embedded and pf is None and not cfg.task.embedded_prompts:
+            raise TrainingError(
+                f"--model {cfg.model.policy!r} needs --prompts FILE (one prompt per line): without it the "
+                "only prompts are the embedded task's synthetic 'review : ...' lines; pass "
+                "--embedded-prompts (task.embedded_prompts=true) to train on those anyway"
+            )
+
     def _load_local_policy(self, path: str) -> tuple[Any, nn.Module]:
-        p = Path(path)
-        if not p.is_dir():
-            raise TrainingError(f"--model {path!r}: no such directory (a local model directory is required)")
-        if not (p / "config.json").exists():
-            raise TrainingError(f"--model {path!r}: no config.json (not a transformers model directory)")
         from transformers import AutoTokenizer
 
-        try:
-            tok = AutoTokenizer.from_pretrained(path)
-        except Exception as e:  # transformers raises OSError/ValueError/...: report them all the same way
-            raise TrainingError(f"--model {path!r}: cannot load its tokenizer: {e}") from e
-        try:
-            actor = models.load_actor(path)
-        except Exception as e:
-            raise TrainingError(f"--model {path!r}: cannot load it as a causal LM: {e}") from e
+        with rank0_output(self.dist.is_main):
+            try:
+                tok = AutoTokenizer.from_pretrained(path)
+            except Exception as e:  # transformers raises OSError/ValueError/...: report them all alike
+                raise TrainingError(f"--model {path!r}: cannot load its tokenizer: {e}") from e
+            try:
+                actor = models.load_actor(path)
+            except Exception as e:
+                raise TrainingError(f"--model {path!r}: cannot load it as a causal LM: {e}") from e
         return tok, actor
 
     def _load_local_reward(self, path: str) -> models.RewardModel:
-        p = Path(path)
-        if not (p.is_dir() and (p / "config.json").exists()):
-            raise TrainingError(f"--reward-model {path!r}: not a local transformers model directory")
-        try:
-            return models.load_reward_model(path)
-        except Exception as e:
-            raise TrainingError(f"--reward-model {path!r}: cannot load it: {e}") from e
+        with rank0_output(self.dist.is_main):
+            try:
+                return models.load_reward_model(path)
+            except Exception as e:
+                raise TrainingError(f"--reward-model {path!r}: cannot load it: {e}") from e
 
     def _read_prompts(self, path: str) -> list[str]:
-        p = Path(path)
-        if not p.is_file():
-            raise TrainingError(f"task.prompts_file {path!r} does not exist")
-        prompts = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not prompts:
+        """The prompts of ``path`` (one per line, blank lines skipped), each checked against the
+        context now, not mid-run; an error names the file and the line."""
+        numbered = [
+            (n, line.strip())
+            for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1)
+            if line.strip()
+        ]
+        if not numbered:
             raise TrainingError(f"task.prompts_file {path!r} holds no prompt")
-        self.encode_prompts(prompts)  # every prompt checked against the context now, not mid-run
-        return prompts
+        for n, text in numbered:
+            self._check_prompt(self._tokenize(text), text, where=f"{path}:{n}: ")
+        return [text for _, text in numbered]
 
     def _max_prompt_tokens(self) -> int:
         ctx = context_length(self.actor)
@@ -513,18 +555,28 @@ class Trainer:
         return limit or 10**9
 
     # ----------------------------------------------------------------------------------------- prompts
+    def _tokenize(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer(text, add_special_tokens=self.cfg.task.add_special_tokens)[
+            "input_ids"
+        ]
+        return ids
+
+    def _check_prompt(self, row: list[int], text: str, where: str = "") -> None:
+        if len(row) == 0:
+            raise TrainingError(f"{where}prompt {text!r} encodes to no tokens")
+        if len(row) > self.max_prompt_tokens:
+            shown = text if len(text) <= 80 else text[:80] + "…"
+            raise TrainingError(
+                f"{where}prompt of {len(row)} tokens is longer than the {self.max_prompt_tokens} allowed "
+                f"(context − rollout.max_new_tokens, or rollout.max_prompt_tokens): {shown!r}"
+            )
+
     def encode_prompts(self, texts: list[str]) -> tuple[Tensor, Tensor]:
-        """Token ids of ``texts``, checked against the context, left-padded."""
-        special = self.cfg.task.add_special_tokens
-        ids: list[list[int]] = [self.tokenizer(t, add_special_tokens=special)["input_ids"] for t in texts]
+        """Token ids of ``texts`` (``task.add_special_tokens``: with the tokenizer's BOS etc.),
+        checked against the context, left-padded: ``([B, P] ids, [B, P] mask)``."""
+        ids = [self._tokenize(t) for t in texts]
         for t, row in zip(texts, ids, strict=True):
-            if len(row) == 0:
-                raise TrainingError(f"prompt {t!r} encodes to no tokens")
-            if len(row) > self.max_prompt_tokens:
-                raise TrainingError(
-                    f"prompt of {len(row)} tokens is longer than the {self.max_prompt_tokens} allowed "
-                    f"(context − rollout.max_new_tokens, or rollout.max_prompt_tokens): {t[:80]!r}"
-                )
+            self._check_prompt(row, t)
         pid, pmask = models.left_pad(ids, int(self.tokenizer.pad_token_id))
         return pid.to(self.device), pmask.to(self.device)
 
@@ -546,7 +598,7 @@ class Trainer:
         hp = replace(cfg.ppo.hp, kl_coef=self.kl_ctl.value)
         snapshot = self._snapshot() if cfg.run.on_nan == "skip" else None
         t0 = time.perf_counter()
-        with self._autocast():
+        with self._autocast(), _reward_errors_at(it):
             batch = rl.generate_rollout(self.actor, prompt_ids, prompt_mask, self.rollout_cfg, self.generator)
             t1 = time.perf_counter()
             result = ppo.iteration(
@@ -570,18 +622,25 @@ class Trainer:
         t2 = time.perf_counter()
         metrics = self._reduce(result.metrics)
         if self.rule is not None:
-            rule = [self.rule(*batch.unpadded(b)) for b in range(batch.batch_size)]
+            with _reward_errors_at(it):
+                rule = [self.rule(*batch.unpadded(b)) for b in range(batch.batch_size)]
             metrics["rule_score"] = self._mean_over_ranks(sum(rule) / len(rule))
         record: dict[str, Any] = {"iteration": it + 1, "kl_coef": hp.kl_coef, "skipped": 0}
         for k, v in metrics.items():
             record[("rollout/" if k in ROLLOUT_KEYS or k == "rule_score" else "ppo/") + k] = v
+        if cfg.rollout.missing_eos_penalty is not None:  # mean penalty per response (plotted on its own)
+            record["rollout/missing_eos_penalty"] = metrics["raw_score"] - metrics["score"]
         bad = [k for k in ("loss", "pg_loss", "vf_loss") if not _finite(metrics.get(k, 0.0))]
         bad += [n for n, m in (("actor", self.actor), ("critic", self.critic)) if not _params_finite(m)]
         if bad:
             if snapshot is None:
+                last = ckpt.latest_checkpoint(self.ckpt_dir)
+                kept = (
+                    f"the last checkpoint, {str(last)!r}, is intact" if last else "no checkpoint exists yet"
+                )
                 raise TrainingError(
                     f"iteration {it + 1}: non-finite {', '.join(bad)} (scores: mean {metrics['score']!r}); "
-                    "stopping — the last checkpoint is intact. Lower optimizer.lr, check the reward, "
+                    f"stopping — {kept}. Lower optimizer.lr, check the reward, "
                     "or set run.on_nan=skip to drop such updates"
                 )
             self._restore(snapshot)
@@ -746,7 +805,7 @@ class Trainer:
         for note in log.notes:
             self.echo(f"metrics.jsonl: {note}")
         tb = TensorBoard(self.out_dir / "tensorboard", enabled=cfg.run.tensorboard and d.is_main)
-        bar = Progress(cfg.run.iterations, self.start_iteration, enabled=cfg.run.progress and d.is_main)
+        bar = Progress(cfg.run.iterations, self.start_iteration, enabled=d.is_main, bar=cfg.run.progress)
         records: list[dict[str, Any]] = []
         last_saved = self.start_iteration
         try:
