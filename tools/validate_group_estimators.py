@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Run the peers' OWN critic-free advantage estimators on grouped batches and compare with refppo.
 
-Not part of CI (by hand; ``tests/unit/test_validate_group_estimators.py`` runs it when the peer
-venvs exist). Two halves, two interpreters, as ``tools/validate_agg_modes.py`` (whose import
-stubs, ``_InertFinder`` and ``_mount``, this script imports rather than repeats):
+Not part of CI (by hand; ``tests/e2e/test_validate_group_estimators.py`` runs it when the peer
+venvs exist). Two halves, two interpreters, as ``tools/validate_agg_modes.py``; the import stubs
+are those of ``tools/peer_makers/common.py`` (``install_stubs``, ``mount``), imported, not copied:
 
 1. ``--peer-half IN OUT`` (a peers' venv, ``/work/shared/peers/README.md``) loads the batch
    (``torch.load(weights_only=True)``), calls each peer function and saves the results.
@@ -94,15 +94,15 @@ CONTRASTS: dict[str, dict[str, Any]] = {
 
 
 def _stubs() -> types.ModuleType:
-    """tools/validate_agg_modes.py, imported for its import stubs (it imports nothing from refppo)."""
+    """``tools/peer_makers/common.py``, imported for its import stubs and ``mount`` (no refppo import)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import validate_agg_modes as vam
+    from peer_makers import common
 
-    return vam
+    return common
 
 
 def _verl(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
-    _stubs()._mount("verl", site)
+    _stubs().mount("verl", site)
     from verl.trainer.ppo import core_algos as ca  # type: ignore[import-not-found]  # peers venv only
 
     tl, m, idx = x["score_tokens"], x["mask"], x["index"].numpy()
@@ -121,9 +121,9 @@ def _verl(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
 
 
 def _skyrl(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
-    vam = _stubs()
-    vam._mount("skyrl_train", site)
-    vam._mount("skyrl_train.utils", site)
+    pm = _stubs()
+    pm.mount("skyrl_train", site)
+    pm.mount("skyrl_train.utils", site)
     from skyrl_train.utils import ppo_utils as pu  # type: ignore[import-not-found]  # peers venv only
 
     tl, m, idx = x["score_tokens"], x["mask"], x["index"].numpy()
@@ -136,7 +136,7 @@ def _skyrl(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
 def _openrlhf(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
     import torch
 
-    vam = _stubs()
+    pm = _stubs()
     for n in (
         "openrlhf",
         "openrlhf.models",
@@ -144,7 +144,7 @@ def _openrlhf(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
         "openrlhf.trainer",
         "openrlhf.trainer.ppo_utils",
     ):
-        vam._mount(n, site)
+        pm.mount(n, site)
     # experience_maker imports RayActorGroup (the Ray launcher, which pulls in every model): not called.
     launcher = types.ModuleType("openrlhf.trainer.ray.launcher")
     setattr(launcher, "RayActorGroup", object)  # noqa: B010  (a bare module: mypy knows no attributes)
@@ -188,11 +188,12 @@ def _openrlhf(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
 
 def peer_half(inp: str, outp: str) -> int:
     import sysconfig
+    from importlib.metadata import PackageNotFoundError, version
 
     import torch
 
-    vam = _stubs()
-    sys.meta_path.insert(0, vam._InertFinder())
+    pm = _stubs()
+    pm.install_stubs()
     os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")
     site = sysconfig.get_paths()["purelib"]
     x = torch.load(inp, weights_only=True)
@@ -203,8 +204,9 @@ def peer_half(inp: str, outp: str) -> int:
         ("openrlhf", "openrlhf", _openrlhf),
         ("skyrl", "skyrl-train", _skyrl),
     ):
-        ver = vam._version(dist)
-        if ver == "absent":
+        try:
+            ver = version(dist)
+        except PackageNotFoundError:
             continue
         try:
             fn(x, site, out)
