@@ -201,3 +201,23 @@ def test_value_clip_form_from_toml_and_set(tmp_path: Path) -> None:
         ConfigError, match="value_clip_form: unknown name 'clamp'; valid names are 'around_old', 'delta'"
     ):
         TrainConfig().with_overrides(["ppo.value_clip_form=clamp"])
+
+
+def test_peer_convention_fields_from_toml_and_set(tmp_path: Path) -> None:
+    # The conventions added for the peers (issue #9) are [ppo] keys like the others.
+    from refppo.conventions import GaePadding, WhitenEps, Whitening
+
+    f = tmp_path / "c.toml"
+    f.write_text(
+        '[ppo]\ngae_padding = "through"\nwhiten_eps_at = "std"\nwhiten_rewards = "masked_no_shift"\n'
+        'kl_loss_agg = "seq-mean-token-mean"\nwhiten_advantages = "center"\n'
+    )
+    conv = load_config(f).ppo.convention
+    assert conv.gae_padding is GaePadding.THROUGH and conv.whiten_eps_at is WhitenEps.STD
+    assert conv.whiten_rewards is Whitening.MASKED_NO_SHIFT and conv.whiten_advantages is Whitening.CENTER
+    assert conv.kl_loss_agg is LossAgg.SEQ_MEAN_TOKEN_MEAN and conv.entropy_agg is None
+    over = TrainConfig().with_overrides(["ppo.entropy_agg=token-mean", "ppo.loss_agg=token-sum"])
+    assert over.ppo.convention.entropy_agg is LossAgg.TOKEN_MEAN
+    assert over.ppo.convention.loss_agg is LossAgg.TOKEN_SUM
+    with pytest.raises(ConfigError, match="gae_padding"):
+        TrainConfig().with_overrides(["ppo.gae_padding=sometimes"])
