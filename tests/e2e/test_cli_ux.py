@@ -132,7 +132,7 @@ def test_non_finite_loss_names_the_checkpoint_only_when_there_is_one(
 
 def test_reward_errors_are_reward_function_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mod = _module(tmp_path, monkeypatch, "ux_str_mod", "def f(prompt, response):\n    return [1.0, 2.0]\n")
-    t = Trainer(preset("test", f"task.reward={mod}:f", "task.sft_steps=0", f"run.out_dir={tmp_path}"))
+    t = Trainer(preset("test", f"task.reward={mod}:f", "task.sft_steps=0", f"run.out_dir={tmp_path / 'o'}"))
     with pytest.raises(
         RewardFunctionError, match=r"iteration 1: reward function .*expected a number, got list"
     ):
@@ -223,13 +223,21 @@ def test_auto_threads_use_one_thread_for_a_small_cpu_model(tmp_path: Path) -> No
         torch.set_num_threads(2)
         t = Trainer(
             preset(
-                "test", "model.threads=0", "task.reward=rule", "task.sft_steps=0", f"run.out_dir={tmp_path}"
+                "test",
+                "model.threads=0",
+                "task.reward=rule",
+                "task.sft_steps=0",
+                f"run.out_dir={tmp_path / 'a'}",
             )
         )
         assert t.threads == 1 and torch.get_num_threads() == 1
         t = Trainer(
             preset(
-                "test", "model.threads=2", "task.reward=rule", "task.sft_steps=0", f"run.out_dir={tmp_path}"
+                "test",
+                "model.threads=2",
+                "task.reward=rule",
+                "task.sft_steps=0",
+                f"run.out_dir={tmp_path / 'b'}",
             )
         )
         assert t.threads == 2 and torch.get_num_threads() == 2
