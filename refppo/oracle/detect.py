@@ -1,29 +1,37 @@
 """``--detect``: every convention that reproduces a dump, searched stage by stage.
 
-Conventions decompose along the pipeline, so the search never enumerates the full product:
+Conventions decompose along the pipeline, so the search never enumerates the full product. Each
+stage walks its named options; when none reproduces the stage's dumped quantity, its *solver*
+(:mod:`refppo.oracle.solve`) reads constants off the data and the stage is walked again:
 
-====== ============================================ =========================================
-stage  keys it adds                                  quantities it is checked against
-====== ============================================ =========================================
-kl     kl_estimator, KL clamps                       kl
-reward kl_in, score_at, score_clip                   token_rewards
+====== ============================================ ====================== ====================
+stage  keys it adds                                  checked against        solved from the data
+====== ============================================ ====================== ====================
+kl     kl_estimator, KL clamps                       kl                     log-ratio bounds and
+                                                                            value clamp
+reward kl_in, score_at, score_clip                   token_rewards          (fitted map, named)
 gae    (none: GAE itself)                            returns
-whiten whiten_advantages, whiten_variance            advantages
-policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac, approx_kl,
-       approx_kl                                     entropy_loss
+whiten whiten_advantages, whiten_variance            advantages             (fitted map, named)
+policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac,  dual-clip c, clip
+       approx_kl (cliprange, cliprange_high)         approx_kl, entropy     ranges ε_low/ε_high
 value  value_loss, vf_mask, value_loss_agg           vf_loss, vf_clipfrac
 loss   (none: the total)                             kl_loss, loss
-====== ============================================ =========================================
+====== ============================================ ====================== ====================
+
+A "fitted map" is reported (:attr:`Detection.fitted`) when no convention reproduces the stage:
+the affine map between the dump and refppo's raw values, for the batch or per row, with the
+statistics it matches named (:func:`refppo.oracle.solve.fit_normalisation`).
 
 After each stage, candidates whose outputs are bit-identical are merged into one group (so an
 inactive clamp, say, never doubles the work of the stages after it), and when the dump holds a
 quantity of the stage only the groups that reproduce it go on. When none does, the nearest groups
 go on and the stage is recorded as unmatched.
 
-The staged search composes the core functions itself (for speed), so its result is not trusted on
-its own: the :data:`VERIFIED` detected conventions closest to the base are re-checked through the
-one verified path (:func:`refppo.oracle.diagnose.check` → :mod:`refppo.pipeline`), and a
-convention that fails that re-check is dropped.
+The staged search (:mod:`refppo.oracle.search`) composes the core functions itself (for speed)
+and the solvers only propose, so its result is not trusted on its own: the :data:`VERIFIED`
+detected conventions closest to the base are re-checked through the one verified path
+(:func:`refppo.oracle.diagnose.check` → :mod:`refppo.pipeline`), and a convention that fails that
+re-check is dropped.
 """
 
 from __future__ import annotations

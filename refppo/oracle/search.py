@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition, Variance, Whitening
@@ -378,11 +377,11 @@ class Search:
         duals = [d for d in dict.fromkeys(duals) if d > 1.0][:8]
         base_clip = (hp.cliprange, hp.cliprange_high)
         clips = [c for c in dict.fromkeys(clips) if c != base_clip][:8]
-        for d in duals:
-            self.propose_value("dual_clip", d)
-        for lo, hi in clips:
-            self.propose_value("cliprange", lo)
-            self.propose_value("cliprange_high", hi)
+        for dc in duals:
+            self.propose_value("dual_clip", dc)
+        for lo_c, hi_c in clips:
+            self.propose_value("cliprange", lo_c)
+            self.propose_value("cliprange_high", hi_c)
         return {"duals": duals, "clips": clips} if (duals or clips) else {}
 
     def _clipfrac_ok(self, terms: PolicyTerms, lo: float, hi: float) -> bool:
@@ -397,7 +396,11 @@ class Search:
 def _nearest_note(g: Group) -> str:
     c = g.convs[0]
     keys = ("kl_estimator", "kl_in", "score_at", "score_clip")
-    return " (raw values under the nearest convention: " + ", ".join(f"{k}={c.get(k)}" for k in keys if k in c) + ")"
+    return (
+        " (raw values under the nearest convention: "
+        + ", ".join(f"{k}={c.get(k)}" for k in keys if k in c)
+        + ")"
+    )
 
 
 def pg_widen_for(search: Search, s: dict[str, Any]) -> Callable[[], float]:
@@ -411,7 +414,9 @@ def pg_widen_for(search: Search, s: dict[str, Any]) -> Callable[[], float]:
             setup = search.setup_for(
                 log_ratio_clamp=s["lrc"], cliprange=s["clip"][0], cliprange_high=s["clip"][1]
             )
-            cache[ck] = float(pg_tie_share(t["logprobs"], t["old_logprobs"], s["adv"], m, setup, search.tol.rtol))
+            cache[ck] = float(
+                pg_tie_share(t["logprobs"], t["old_logprobs"], s["adv"], m, setup, search.tol.rtol)
+            )
         return cache[ck]
 
     return widen

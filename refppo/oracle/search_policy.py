@@ -106,7 +106,13 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                     "clip": clip,
                 }
                 key = digest(g.state["ret_key"], pg, out.clipfrac, akl, ent, kll, agg)
-                upd = {"dual_clip": dual, "log_ratio_clamp": lrc, "loss_agg": agg, "approx_kl": ak, **upd_clip}
+                upd = {
+                    "dual_clip": dual,
+                    "log_ratio_clamp": lrc,
+                    "loss_agg": agg,
+                    "approx_kl": ak,
+                    **upd_clip,
+                }
                 yield upd, st, key
 
     def checks(s: dict[str, Any]) -> list[float | None]:

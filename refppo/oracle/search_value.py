@@ -49,7 +49,10 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
                         vf = aggregate_loss(out.per_token, mask, vagg, **norm).detach()
                     st = {**g.state, "vf_loss": vf, "vf_clipfrac": out.clipfrac, "vf_m": mask, "vl": vl}
                     key = digest(
-                        *(g.state[k] for k in ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss", "kl_loss")),
+                        *(
+                            g.state[k]
+                            for k in ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss", "kl_loss")
+                        ),
                         st["vf_loss"],
                         st["vf_clipfrac"],
                     )
@@ -63,7 +66,13 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
             if s["vl"] != "clipped":
                 return 0.0
             return vf_tie_widen(
-                values, t["old_values"], s["returns"], s["vf_m"], hp.cliprange_value, search.tol.rtol, s["vf_clipfrac"]
+                values,
+                t["old_values"],
+                s["returns"],
+                s["vf_m"],
+                hp.cliprange_value,
+                search.tol.rtol,
+                s["vf_clipfrac"],
             )
 
         return [

@@ -257,16 +257,22 @@ def fit_normalisation(
     row = _fit_rows(what, dumped, raw, mask, tol)
     if row is not None:
         return row
-    return NormFit("none", f"{what}: no affine map of refppo's raw {what} fits the dump, for the whole "
-                   f"batch or per row (best batch fit {what} = {s:.6g}·A + {b:.6g}, max residual "
-                   f"{res:.3g} > tol {tol:.3g})", s, math.nan, res)
+    return NormFit(
+        "none",
+        f"{what}: no affine map of refppo's raw {what} fits the dump, for the whole "
+        f"batch or per row (best batch fit {what} = {s:.6g}·A + {b:.6g}, max residual "
+        f"{res:.3g} > tol {tol:.3g})",
+        s,
+        math.nan,
+        res,
+    )
 
 
 def _name_batch(
     what: str, s: float, b: float, res: float, a: Tensor, full: Tensor, eps: float, tol: float
 ) -> NormFit:
     centres, scales = _stats(a, full, eps)
-    span = float((a.abs().max())) + 1e-300
+    span = float(a.abs().max()) + 1e-300
     names: dict[str, str] = {}
     # D = s·(A − c): centre c = −b/s; or D = s·(A − μ) + μ: b = μ·(1 − s) ("mean added back")
     c = -b / s if s != 0 else math.nan
@@ -335,10 +341,15 @@ def _fit_rows(what: str, dumped: Tensor, raw: Tensor, mask: Tensor, tol: float) 
     if "scale" not in names and float(((s - s[ok].mean()).abs() * span)[ok].max()) <= tol:
         names["scale"] = f"one factor {float(s[ok].mean()):.6g} for every row"
     centre_txt = names.get("centre", "centred at a per-row constant that matches no statistic tried")
-    scale_txt = names.get("scale", "a per-row factor that matches no statistic tried "
-                          f"(range {float(s[ok].min()):.4g} … {float(s[ok].max()):.4g})")
-    text = (f"{what} = (A − c_b)·s_b with one map per row: centre c_b = {centre_txt}; "
-            f"scale s_b = {scale_txt} (a per-row normalisation)")
+    scale_txt = names.get(
+        "scale",
+        "a per-row factor that matches no statistic tried "
+        f"(range {float(s[ok].min()):.4g} … {float(s[ok].max()):.4g})",
+    )
+    text = (
+        f"{what} = (A − c_b)·s_b with one map per row: centre c_b = {centre_txt}; "
+        f"scale s_b = {scale_txt} (a per-row normalisation)"
+    )
     return NormFit("row", text, math.nan, math.nan, float(resid), names)
 
 
@@ -398,7 +409,7 @@ def read_kl_clamps(
     # the departing tokens read as log-ratio bounds: those off the value plateau only, or all
     for sel0 in (~plateau, torch.ones_like(plateau)):
         lr = _bounds(est, db, yb, sel0)
-        cands = [{"kl_log_ratio_clamp": lr, "kl_value_clamp": None}]
+        cands: list[dict[str, Any]] = [{"kl_log_ratio_clamp": lr, "kl_value_clamp": None}]
         if vclamp is not None:
             cands += [{"kl_log_ratio_clamp": lr, "kl_value_clamp": vclamp}]
             cands += [{"kl_log_ratio_clamp": None, "kl_value_clamp": vclamp}]

@@ -92,7 +92,9 @@ def _rewrite_advantages(d: dict[str, torch.Tensor], per_row: bool) -> None:
 def test_detect_names_a_normalisation_no_convention_expresses(tmp_path: Path, per_row: bool) -> None:
     made = setup_for(None, {"whiten_advantages": "none"})
     start = setup_for(None)
-    d = refppo_dump(make_inputs(B=8, T=16, seed=3), made, keep=("kl", "token_rewards", "returns", "advantages"))
+    d = refppo_dump(
+        make_inputs(B=8, T=16, seed=3), made, keep=("kl", "token_rewards", "returns", "advantages")
+    )
     _rewrite_advantages(d, per_row)
     found = detect(load_dump(save(tmp_path, d, start)), start)
     assert not found.detected and found.unmatched_stages == ["advantages"]
