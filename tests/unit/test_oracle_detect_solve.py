@@ -125,3 +125,29 @@ def test_solve_min_hinge_against_direct_evaluation() -> None:
     flat = total(5.0)
     (x,) = solve_min_hinge(knots, coef, const, flat, 0.0, 10.0)
     assert abs(x - float(knots.max())) < 1e-9
+
+
+@pytest.mark.parametrize("first", ["kl", "token_rewards", "advantages", "pg_loss"])
+def test_the_diagnosis_prefilter_agrees_with_the_pipeline(tmp_path: Path, first: str) -> None:
+    """The cheap KL/reward pre-test of a diagnosis candidate rejects exactly the candidates whose
+    pipeline recompute already differs at kl/token_rewards (up to ``first``): it never changes
+    what explains a divergence, it only skips recomputes."""
+    from refppo.oracle.diagnose import ALTERNATIVES, compare_all
+    from refppo.oracle.fastcheck import rollout_prefix_ok
+    from refppo.oracle.recompute import BUGS, recompute
+
+    made = setup_for("openrlhf", {"kl_estimator": "k3"})
+    inp = make_inputs(B=6, T=12, seed=4)
+    inp["scores"] = inp["scores"] * 4.0
+    dump = load_dump(save(tmp_path, refppo_dump(inp, made), made))
+    upto = ["kl"] if first == "kl" else ["kl", "token_rewards"]
+    n_rejected = 0
+    for alts in ALTERNATIVES.values():
+        for upd in alts:
+            alt = made.with_convention({k: tuple(v) if isinstance(v, list) else v for k, v in upd.items()})
+            for bug in (None, *BUGS):
+                res = compare_all(dump, recompute(dump, alt, bug=bug))
+                truth = all(res[q].ok for q in upto)
+                assert rollout_prefix_ok(dump, alt, first, bug) == truth, (upd, bug)
+                n_rejected += not truth
+    assert n_rejected > 10  # the pre-test does reject candidates here
