@@ -15,10 +15,11 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import KLPlacement, LossAgg
-from refppo.core.aggregate import aggregate_loss
+from refppo.core.aggregate import aggregate_loss, aggregate_masked
 from refppo.core.policy import clipped_policy_loss
 from refppo.oracle.recompute import approx_kl_k2_all_positions
 from refppo.oracle.search import Group, Option, Search, digest, pg_widen_for
+from refppo.validate import count_true
 
 
 def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
@@ -38,6 +39,10 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     ak2 = approx_kl_k2_all_positions(logprobs, t["old_logprobs"], m) if has_lp else None
     ent_by_agg = {a: aggregate_loss(entropy, m, a, **norm) for a in aggs} if entropy is not None else {}
     kll_cache: dict[tuple[bytes, str], Tensor] = {}
+    # ``per_token`` of clipped_policy_loss is already 0 on padding and the mask is validated: the
+    # core's aggregate_masked with the token count computed once is aggregate_loss without the
+    # per-call re-validation, masking and counting (three full passes per candidate and mode).
+    n_tok = float(count_true(m))
 
     def make(extra: dict[str, list[Any]] | None) -> Callable[[Group], Iterable[Option]]:
         duals = list(dict.fromkeys(base_duals + list((extra or {}).get("duals", []))))
@@ -80,7 +85,7 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
         g: Group, out: Any, dual: Any, lrc: Any, eff_lrc: Any, clip: Any, upd_clip: dict[str, Any]
     ) -> Iterable[Option]:
         for agg in aggs:
-            pg = aggregate_loss(out.per_token, m, agg, **norm).detach()
+            pg = aggregate_masked(out.per_token, m, LossAgg(agg), token_count=n_tok, **norm).detach()
             ent = ent_by_agg.get(agg)
             kll = None
             if g.state["kl_in"] == KLPlacement.LOSS.value and g.state["kl_cur"] is not None:

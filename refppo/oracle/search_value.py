@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from refppo.core.aggregate import aggregate_loss
+from refppo.conventions import LossAgg
+from refppo.core.aggregate import aggregate_masked
 from refppo.core.value import value_loss
 from refppo.oracle.diagnose import ALTERNATIVES
 from refppo.oracle.recompute import vf_tie_widen
 from refppo.oracle.search import Group, Option, Search, digest
+from refppo.validate import count_true
 
 
 def value_stage(search: Search, groups: list[Group]) -> list[Group]:
@@ -24,6 +26,8 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
     value_aggs_all = [a["value_loss_agg"] for a in ALTERNATIVES["value_loss_agg"]]
     own_vagg = search.base.conv.value_loss_agg
     own_vagg_name = None if own_vagg is None else own_vagg.value
+
+    n_tok: dict[int, float] = {}  # token count of each mask (per_token is 0 on its padding)
 
     def opts(g: Group) -> Iterable[Option]:
         vaggs: list[str | None] = [own_vagg_name if own_vagg_name == g.state["agg"] else None]
@@ -46,7 +50,12 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
                     if vagg is None or vagg == g.state["agg"]:
                         vf = out.loss.detach()
                     else:
-                        vf = aggregate_loss(out.per_token, mask, vagg, **norm).detach()
+                        if id(mask) not in n_tok:
+                            n_tok[id(mask)] = float(count_true(mask))
+                        n = n_tok[id(mask)]
+                        vf = aggregate_masked(
+                            out.per_token, mask, LossAgg(vagg), token_count=n, **norm
+                        ).detach()
                     st = {**g.state, "vf_loss": vf, "vf_clipfrac": out.clipfrac, "vf_m": mask, "vl": vl}
                     key = digest(
                         *(
