@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor
 
@@ -74,7 +74,8 @@ def digest(*parts: Any) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for p in parts:
         if isinstance(p, Tensor):
-            h.update(p.detach().contiguous().numpy())  # the buffer itself: no 33 MB bytes copy
+            # the array's own buffer (no bytes copy); numpy's stubs do not declare the buffer protocol
+            h.update(cast(Any, p.detach().contiguous().numpy()))
         else:
             h.update(repr(p).encode())
         h.update(b"|")
