@@ -11,6 +11,8 @@ through the pipeline, which alone decides what explains the divergence.
 
 from __future__ import annotations
 
+from typing import Any
+
 from refppo.conventions import KLPlacement
 from refppo.core.kl import token_kl
 from refppo.core.rewards import token_rewards
@@ -21,26 +23,37 @@ from refppo.oracle.settings import Setup
 from refppo.pipeline import value_mask
 
 
-def rollout_prefix_ok(dump: Dump, setup: Setup, first: str, bug: str | None = None) -> bool:
+def rollout_prefix_ok(
+    dump: Dump, setup: Setup, first: str, bug: str | None = None, cache: dict[Any, Any] | None = None
+) -> bool:
     """False when ``kl`` or ``token_rewards`` (those the dump holds, up to ``first`` in pipeline
     order) differ under ``setup``/``bug``: the candidate cannot explain a divergence at ``first``.
 
     Only the bug ``kl_from_current_logprobs`` changes these two steps; the others act later.
+    ``cache`` (one dict per diagnosis) keeps the KL and its verdict per estimator/clamps/source, so
+    the candidates that change only the reward step (score position, clip, KL placement) pay for
+    the reward step alone.
     """
     t, m, conv, hp = dump.tensors, dump.mask, setup.conv, setup.hp
     if not (dump.has("kl") or dump.has("token_rewards")):
         return True
     tol = TOLERANCES[dump.dtype]
-    logp = t["logprobs"] if bug == "kl_from_current_logprobs" else t["old_logprobs"]
-    kl = token_kl(
-        logp,
-        t["ref_logprobs"],
-        m,
-        conv.kl_estimator,
-        log_ratio_clamp=conv.kl_log_ratio_clamp,
-        value_clamp=conv.kl_value_clamp,
-    )
-    if dump.has("kl") and not compare("kl", t["kl"], kl, m, tol).ok:
+    src = "logprobs" if bug == "kl_from_current_logprobs" else "old_logprobs"
+    key = (src, conv.kl_estimator, conv.kl_log_ratio_clamp, conv.kl_value_clamp)
+    memo = cache if cache is not None else {}
+    if key not in memo:
+        kl = token_kl(
+            t[src],
+            t["ref_logprobs"],
+            m,
+            conv.kl_estimator,
+            log_ratio_clamp=conv.kl_log_ratio_clamp,
+            value_clamp=conv.kl_value_clamp,
+        )
+        memo.clear()  # one KL at a time: never more than one extra [B, T] buffer
+        memo[key] = (kl, not dump.has("kl") or compare("kl", t["kl"], kl, m, tol).ok)
+    kl, kl_ok = memo[key]
+    if not kl_ok:
         return False
     if first == "kl" or not dump.has("token_rewards"):
         return True

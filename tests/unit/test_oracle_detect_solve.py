@@ -142,12 +142,13 @@ def test_the_diagnosis_prefilter_agrees_with_the_pipeline(tmp_path: Path, first:
     dump = load_dump(save(tmp_path, refppo_dump(inp, made), made))
     upto = ["kl"] if first == "kl" else ["kl", "token_rewards"]
     n_rejected = 0
+    cache: dict[object, object] = {}  # shared across candidates, as explain() does
     for alts in ALTERNATIVES.values():
         for upd in alts:
             alt = made.with_convention({k: tuple(v) if isinstance(v, list) else v for k, v in upd.items()})
             for bug in (None, *BUGS):
                 res = compare_all(dump, recompute(dump, alt, bug=bug))
                 truth = all(res[q].ok for q in upto)
-                assert rollout_prefix_ok(dump, alt, first, bug) == truth, (upd, bug)
+                assert rollout_prefix_ok(dump, alt, first, bug, cache) == truth, (upd, bug)
                 n_rejected += not truth
     assert n_rejected > 10  # the pre-test does reject candidates here
