@@ -14,7 +14,8 @@ gae    (none: GAE itself)                            returns
 whiten whiten_advantages, whiten_variance            advantages             (fitted map, named)
 policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac,  dual-clip c, clip
        approx_kl (cliprange, cliprange_high)         approx_kl, entropy     ranges ε_low/ε_high
-value  value_loss, vf_mask, value_loss_agg           vf_loss, vf_clipfrac
+value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac
+       value_loss_agg
 loss   (none: the total)                             kl_loss, loss
 ====== ============================================ ====================== ====================
 

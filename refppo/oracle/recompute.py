@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, ValueLoss, Variance, Whitening
+from refppo.conventions import KLPlacement, ValueLoss, Variance
 from refppo.core.gae import gae
 from refppo.core.kl import token_kl
-from refppo.core.masked import masked_whiten
+from refppo.core.normalize import normalize
 from refppo.oracle.load import TOLERANCES, Dump, validate
 from refppo.oracle.settings import Setup
 from refppo.pipeline import rollout_quantities, update_quantities
@@ -76,20 +76,22 @@ class Reference:
 
 
 def whiten(adv_raw: Tensor, mask: Tensor, setup: Setup) -> Tensor:
-    """The pipeline's whitening branch (step 4), for re-enacted bugs and the stage search."""
+    """The pipeline's normalisation (step 4), for re-enacted bugs and the stage search."""
     conv, hp = setup.conv, setup.hp
-    if conv.whiten_advantages is Whitening.NONE:
-        return torch.where(mask, adv_raw, torch.zeros((), dtype=adv_raw.dtype))
-    return masked_whiten(
+    return normalize(
         adv_raw,
         mask,
-        shift_mean=conv.whiten_advantages is Whitening.MASKED,
+        conv.whiten_advantages,
         unbiased=conv.whiten_variance is Variance.UNBIASED,
         eps=hp.whiten_eps,
+        eps_at=conv.whiten_eps_at,
     )
 
 
-def clipped_scores(scores: Tensor, score_clip: float | None) -> Tensor:
+def clipped_scores(scores: Tensor, score_clip: float | None, bias: float = 0.0, scale: float = 1.0) -> Tensor:
+    """``clip((s + bias)·scale, ±score_clip)`` (AReaL's order; bias 0 and scale 1 leave ``s`` as is)."""
+    if bias != 0.0 or scale != 1.0:
+        scores = (scores + bias) * scale
     return scores if score_clip is None else torch.clamp(scores, -score_clip, score_clip)
 
 
@@ -138,27 +140,26 @@ def pg_tie_share(
 
 
 def vf_tie_widen(
-    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float, pipeline: Tensor
+    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float
 ) -> float:
-    """Extra tolerance of ``vf_clipfrac``: near-boundary share plus the form difference.
+    """Extra tolerance of ``vf_clipfrac``: the share of value-mask tokens whose count is a real tie.
 
-    Inside the clip range the two usual ways of computing the clipped value — verl/TRL/DeepSpeed-Chat
-    ``clamp(V, V_old − ε_v, V_old + ε_v)`` (exactly ``V``) and refppo/OpenRLHF
-    ``V_old + clamp(V − V_old, ±ε_v)`` (``V`` up to 1 ulp) — can break the exact tie
-    ``(V_clip − R)² = (V − R)²`` differently; both counts are accepted, as are tokens with
-    ``|V − V_old|`` within ``rtol`` of ``ε_v``.
+    ``vf_clipfrac`` counts ``(V_clip − R)² > (V − R)²`` strictly. Two kinds of token sit on that
+    edge whatever the trainer's clip form: ``|V − V_old|`` within ``rtol`` of ``ε_v`` (on the clip
+    boundary), and ``V`` outside the range with ``R`` at the midpoint of ``V`` and ``V_clip`` (equal
+    squared errors). Tokens strictly *inside* the range are not widened for: there the two forms of
+    the clipped value (``value_clip_form`` = ``around_old`` / ``delta``) may differ by one rounding
+    step, and which one the trainer used is a convention, checked exactly, not a tolerance.
     """
     zero = torch.zeros((), dtype=values.dtype)
     v, vo, r = (torch.where(mask, x, zero) for x in (values, old, returns))
-    clamp_form = torch.maximum(torch.minimum(v, vo + eps_v), vo - eps_v)
-    hit = ((clamp_form - r) ** 2 > (v - r) ** 2) & mask
-    n = mask.sum().to(values.dtype)
-    other = float(hit.sum().to(values.dtype) / n)
-    near = ((v - vo).abs() - eps_v).abs() <= rtol * (v.abs() + vo.abs() + eps_v)  # on the clip boundary
-    e1, e2 = (v - r) ** 2, (clamp_form - r) ** 2
-    near = near | ((clamp_form != v) & ((e2 - e1).abs() <= rtol * (e1 + e2)))  # R near the midpoint
-    near = near & mask
-    return abs(float(pipeline) - other) + float(near.sum().to(values.dtype) / n)
+    dist = (v - vo).abs()
+    boundary = (dist - eps_v).abs() <= rtol * (v.abs() + vo.abs() + eps_v)
+    v_clip = torch.maximum(torch.minimum(v, vo + eps_v), vo - eps_v)
+    e1, e2 = (v - r) ** 2, (v_clip - r) ** 2
+    midpoint = (dist > eps_v) & ((e2 - e1).abs() <= rtol * (e1 + e2))
+    near = (boundary | midpoint) & mask
+    return float(near.sum().to(values.dtype) / mask.sum().to(values.dtype))
 
 
 ROLLOUT_QUANTITIES = frozenset({"kl", "token_rewards", "advantages", "returns"})
@@ -174,7 +175,7 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
     t = dump.tensors
     m = dump.mask
     conv, hp, ex = setup.conv, setup.hp, setup.extras
-    scores = clipped_scores(t["scores"], ex.score_clip)
+    scores = clipped_scores(t["scores"], ex.score_clip, ex.score_bias, ex.score_scale)
     kl_logp = t["old_logprobs"]
     if bug == "kl_from_current_logprobs":
         if "logprobs" not in t:
@@ -241,6 +242,8 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
             )
             if ex.approx_kl == "k2_all_positions":
                 vals["approx_kl"] = approx_kl_k2_all_positions(logprobs, t["old_logprobs"], m)
+            elif ex.approx_kl == "neg_k1":
+                vals["approx_kl"] = -uq.approx_kl
             else:
                 vals["approx_kl"] = uq.approx_kl
             vals["kl_loss"] = uq.kl_loss.detach()
@@ -248,9 +251,8 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
             vals["vf_loss"] = uq.vf_loss.detach()
             vals["vf_clipfrac"] = uq.vf_clipfrac
             if conv.value_loss is ValueLoss.CLIPPED:
-                vfc = uq.vf_clipfrac
                 widen["vf_clipfrac"] = lambda: vf_tie_widen(
-                    values, t["old_values"], returns, vf_mask, hp.cliprange_value, rtol, vfc
+                    values, t["old_values"], returns, vf_mask, hp.cliprange_value, rtol
                 )
         if "entropy" in t:
             vals["entropy_loss"] = uq.entropy_loss.detach()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from refppo.conventions import LossAgg
+from refppo.conventions import LossAgg, ValueClipForm
 from refppo.core.aggregate import aggregate_masked
 from refppo.core.value import value_loss
 from refppo.oracle.diagnose import ALTERNATIVES
@@ -29,11 +29,15 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
 
     n_tok: dict[int, float] = {}  # token count of each mask (per_token is 0 on its padding)
 
+    # value_clip_form only matters for a clipped loss: the unclipped one keeps the base's form.
+    own_form = search.base.conv.value_clip_form.value
+    value_kinds = [("clipped", f.value) for f in ValueClipForm] + [("unclipped", own_form)]
+
     def opts(g: Group) -> Iterable[Option]:
         vaggs: list[str | None] = [own_vagg_name if own_vagg_name == g.state["agg"] else None]
         if "values" in t:
             vaggs += [a for a in value_aggs_all if a is not None and a != g.state["agg"]]
-        for vl in ("clipped", "unclipped"):
+        for vl, form in value_kinds:
             for vfm in ("value", "response"):
                 mask = g.state["vm"] if vfm == "value" else m
                 out = value_loss(
@@ -43,6 +47,7 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
                     mask,
                     clip=hp.cliprange_value,
                     kind=vl,
+                    clip_form=form,
                     agg=g.state["agg"],
                     **norm,
                 )
@@ -65,7 +70,8 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
                         st["vf_loss"],
                         st["vf_clipfrac"],
                     )
-                    yield {"value_loss": vl, "vf_mask": vfm, "value_loss_agg": vagg}, st, key
+                    upd = {"value_loss": vl, "value_clip_form": form, "vf_mask": vfm}
+                    yield {**upd, "value_loss_agg": vagg}, st, key
 
     def checks(s: dict[str, Any]) -> list[float | None]:
         if "values" not in t:
@@ -81,7 +87,6 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
                 s["vf_m"],
                 hp.cliprange_value,
                 search.tol.rtol,
-                s["vf_clipfrac"],
             )
 
         return [

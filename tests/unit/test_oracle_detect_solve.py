@@ -66,13 +66,13 @@ def test_detect_solves_an_asymmetric_clip_range(tmp_path: Path) -> None:
 
 
 def _rewrite_advantages(d: dict[str, torch.Tensor], per_row: bool) -> None:
-    """Centre the raw advantages (mean over the batch's valid tokens, or over each row's, then
+    """Centre the raw advantages (mean over all B·T entries, or over each row's valid tokens, then
     divide by the row's unbiased std + 1e-6) with loops over Python floats."""
     m = d["response_mask"].bool().tolist()
     a = d["advantages"].tolist()
     out = [[0.0] * len(r) for r in a]
-    if not per_row:
-        vals = [a[b][t] for b in range(len(m)) for t in range(len(m[b])) if m[b][t]]
+    if not per_row:  # the mean over all B·T entries (padding's 0 included): no enum expresses it
+        vals = [a[b][t] if m[b][t] else 0.0 for b in range(len(m)) for t in range(len(m[b]))]
         mu = sum(vals) / len(vals)
         for b, t in itertools.product(range(len(m)), range(len(m[0]))):
             if m[b][t]:
@@ -104,7 +104,7 @@ def test_detect_names_a_normalisation_no_convention_expresses(tmp_path: Path, pe
         assert "1/(std+eps) of each row, unbiased" in fit
     else:
         assert fit.startswith("advantages = (A − ")
-        assert "centred with the mean over the valid tokens; not scaled" in fit
+        assert "centred with the mean over all B·T entries, padding included; not scaled" in fit
 
 
 def test_solve_min_hinge_against_direct_evaluation() -> None:
