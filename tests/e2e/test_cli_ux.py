@@ -227,7 +227,7 @@ def test_auto_threads_use_one_thread_for_a_small_cpu_model(tmp_path: Path) -> No
                 "model.threads=0",
                 "task.reward=rule",
                 "task.sft_steps=0",
-                f"run.out_dir={tmp_path / 'o'}",
+                f"run.out_dir={tmp_path / 'a'}",
             )
         )
         assert t.threads == 1 and torch.get_num_threads() == 1
@@ -237,7 +237,7 @@ def test_auto_threads_use_one_thread_for_a_small_cpu_model(tmp_path: Path) -> No
                 "model.threads=2",
                 "task.reward=rule",
                 "task.sft_steps=0",
-                f"run.out_dir={tmp_path / 'o2'}",
+                f"run.out_dir={tmp_path / 'b'}",
             )
         )
         assert t.threads == 2 and torch.get_num_threads() == 2
