@@ -5,16 +5,18 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# exact dependency versions for reproducible tests; CONSTRAINTS= installs the newest allowed instead
+CONSTRAINTS ?= tools/constraints.txt
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.refppo-installed
 
 .PHONY: setup demo test lint typecheck pytest verify bench golden clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile tools/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

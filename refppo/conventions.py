@@ -93,8 +93,10 @@ class LossAgg(StrEnum):
     - ``token-mean``: ``Σ_bt m L / Σ_bt m``;
     - ``seq-mean-token-mean``: ``(1/B) Σ_b (Σ_t m L / Σ_t m)``;
     - ``seq-mean-token-sum``: ``(1/B) Σ_b Σ_t m L``;
-    - ``seq-mean-token-sum-norm``: ``Σ_bt m L / H`` with a constant horizon ``H`` (default ``T``;
-      Dr. GRPO; verl ``agg_loss`` divides by ``loss_mask.shape[-1]``).
+    - ``seq-mean-token-sum-norm``: ``(1/B) Σ_b (Σ_t m L / H)`` with a constant horizon ``H``
+      (default ``T``; Dr. GRPO): the mean over sequences, as verl 0.9.1 ``agg_loss`` and
+      SkyRL-train 0.3.1 ``reduce_loss`` (``seq_mean_token_sum_norm``). ``B`` is the global
+      sequence count when a step is split (``seq_count``), as for the other seq modes.
     """
 
     TOKEN_MEAN = "token-mean"
@@ -104,10 +106,31 @@ class LossAgg(StrEnum):
 
 
 class ValueLoss(StrEnum):
-    """``clipped``: ``½ max((V−R)², (clip(V, V_old±ε_v)−R)²)`` (all peers); ``unclipped``: ``½ (V−R)²``."""
+    """``clipped``: ``½ max((V−R)², (V_clip−R)²)`` (all peers; ``V_clip`` by :class:`ValueClipForm`);
+    ``unclipped``: ``½ (V−R)²``."""
 
     CLIPPED = "clipped"
     UNCLIPPED = "unclipped"
+
+
+class ValueClipForm(StrEnum):
+    """How the clipped value ``V^clip`` of a clipped value loss is computed (equal in exact arithmetic).
+
+    - ``around_old``: ``clip(V, V_old − ε_v, V_old + ε_v)``: inside the range it is ``V`` itself, bit
+      for bit (verl 0.9.1 ``core_algos.py::compute_value_loss`` via
+      ``verl/utils/torch_functional.py::clip_by_value``; TRL ``PPOTrainer.train``; DeepSpeed-Chat
+      ``critic_loss_fn``; refppo default);
+    - ``delta``: ``V_old + clip(V − V_old, −ε_v, ε_v)``: inside the range it can land one rounding
+      step off ``V``, so a token where ``V_clip`` should tie with ``V`` can count as clipped
+      (OpenRLHF 0.11.2 ``openrlhf/models/loss.py::ValueLoss``; SkyRL-train 0.3.1
+      ``skyrl_train/utils/ppo_utils.py::ppo_critic_loss``; AReaL 1.0.4
+      ``areal/utils/functional/functional.py::ppo_critic_loss_fn``).
+
+    It changes ``vf_clipfrac`` (by whole tokens) and ``vf_loss`` (by rounding) in float32/bf16.
+    """
+
+    AROUND_OLD = "around_old"
+    DELTA = "delta"
 
 
 E = TypeVar("E", bound=Enum)
@@ -130,6 +153,7 @@ __all__ = [
     "KLPlacement",
     "LossAgg",
     "ScorePosition",
+    "ValueClipForm",
     "ValueLoss",
     "Variance",
     "Whitening",

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from refppo.cpu_numerics import PINNED_CPU_ENV
 from refppo.models import (
     Arch,
     Critic,
@@ -86,7 +87,9 @@ class Tolerances:
 
 
 CPU_REPLAY = Tolerances(atol=1e-5, rtol=1e-5, checksum=2e-4, frac_atol=0.0)
-"""Same seed, batched path, CPU. Bit-identical with 1 thread on the generating machine; with 2
+"""Same seed, batched path, CPU, kernels pinned to AVX2 (:mod:`refppo.cpu_numerics`). Bit-identical
+with 1 thread on the generating machine; unpinned, another CPU model moved whitened advantages by up
+to 5.4e-5; with 2
 threads tensors moved by <= 8.4e-7 and checksums by <= 3.9e-5 relative. The checksum margin is
 wide because Adam turns rounding noise into lr-sized steps where the exact gradient is 0 (e.g.
 the attention key bias: softmax is invariant to it)."""
@@ -408,6 +411,8 @@ def save(traj: Trajectory, case: GoldenCase, directory: str | os.PathLike[str]) 
             "transformers": _transformers_version(),
             "num_threads": torch.get_num_threads(),
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "pinned_env": {k: os.environ.get(k) for k in PINNED_CPU_ENV},
         },
         **traj.record,
     }

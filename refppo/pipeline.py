@@ -14,7 +14,8 @@ Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
     5. ratio         = exp(logprobs − old_logprobs)
     6. pg_loss, pg_clipfrac, approx_kl = clipped surrogate
     7. vf_loss, vf_clipfrac = value loss around old_values           (``value_loss_agg``, default
-                                                                        ``loss_agg``)
+                                                                        ``loss_agg``; clipped value
+                                                                        by ``value_clip_form``)
     8. entropy_loss, kl_loss (KL in the loss, on the current log-probs)
     9. loss          = pg_loss + vf_coef·vf_loss − ent_coef·entropy_loss + kl_coef·kl_loss
 
@@ -36,6 +37,7 @@ from refppo.conventions import (
     KLPlacement,
     LossAgg,
     ScorePosition,
+    ValueClipForm,
     ValueLoss,
     Variance,
     Whitening,
@@ -59,11 +61,18 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "whiten_variance": Variance,
     "loss_agg": LossAgg,
     "value_loss": ValueLoss,
+    "value_clip_form": ValueClipForm,
 }
 _OPTIONAL_ENUM_FIELDS: dict[str, type[Any]] = {
     "value_loss_agg": LossAgg,
 }
 """Enum fields that may also be None (parsed like ``_ENUM_FIELDS``; None stays None)."""
+_OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "value_loss_agg": None,
+    "value_clip_form": ValueClipForm.AROUND_OLD,
+}
+"""Fields added after the golden cases in ``spec/golden`` were written: :meth:`Convention.to_dict`
+leaves them out while they hold these defaults, so those stored dicts stay exact."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,11 @@ class Convention:
     """Aggregation of the value loss; None = same as ``loss_agg``. OpenRLHF's critic keeps the value
     loss ``token-mean`` whatever the actor's aggregation (its critic builds ``ValueLoss(value_clip)``)."""
 
+    value_clip_form: ValueClipForm = ValueClipForm.AROUND_OLD
+    """How the clipped value is computed: ``around_old`` ``clip(V, V_old ± ε_v)`` (verl, TRL,
+    DeepSpeed-Chat) or ``delta`` ``V_old + clip(V − V_old, ±ε_v)`` (OpenRLHF, SkyRL, AReaL); equal in
+    exact arithmetic, they can count a different ``vf_clipfrac`` in float32."""
+
     def __post_init__(self) -> None:
         for name, cls in _ENUM_FIELDS.items():
             object.__setattr__(self, name, parse(cls, getattr(self, name), what=name))
@@ -109,19 +123,20 @@ class Convention:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict (enum values as their names).
 
-        ``value_loss_agg`` is left out while it is None (its default), so that the dict of a
-        convention that does not use it is the one written before the field existed (the golden
-        cases in ``spec/golden`` store it); :meth:`from_dict` restores the None.
+        The fields of :data:`_OMITTED_AT_DEFAULT` (``value_loss_agg``, ``value_clip_form``) are left
+        out while they hold their defaults, so that the dict of a convention that does not use them
+        is the one written before they existed (the golden cases in ``spec/golden`` store it);
+        :meth:`from_dict` restores the defaults.
         """
         out = asdict(self)
         for name in _ENUM_FIELDS:
             out[name] = getattr(self, name).value
         for name in _OPTIONAL_ENUM_FIELDS:
             value = getattr(self, name)
-            if value is None:
+            out[name] = None if value is None else value.value
+        for name, default in _OMITTED_AT_DEFAULT.items():
+            if getattr(self, name) == default:
                 del out[name]
-            else:
-                out[name] = value.value
         if self.kl_log_ratio_clamp is not None:
             out["kl_log_ratio_clamp"] = list(self.kl_log_ratio_clamp)
         return out
@@ -338,6 +353,7 @@ def update_quantities(
         clip=hp.cliprange_value,
         kind=conv.value_loss,
         agg=conv.loss_agg if conv.value_loss_agg is None else conv.value_loss_agg,
+        clip_form=conv.value_clip_form,
         **val_norm,
     )
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)

@@ -24,6 +24,7 @@ from refppo.conventions import (
     KLPlacement,
     LossAgg,
     ScorePosition,
+    ValueClipForm,
     ValueLoss,
     Variance,
     Whitening,
@@ -156,12 +157,13 @@ def _aggregate(per_seq: list[list[Tensor]], agg: LossAgg, horizon: float, n_seq:
     """Aggregate per-sequence lists of 0-dim losses (one entry per valid token) by ``agg``."""
     total = torch.zeros(())
     n_tok = sum(len(s) for s in per_seq)
-    if agg is LossAgg.SEQ_MEAN_TOKEN_MEAN:
+    if agg in (LossAgg.SEQ_MEAN_TOKEN_MEAN, LossAgg.SEQ_MEAN_TOKEN_SUM_NORM):
+        # a mean over sequences of each row's token mean, or of its token sum over the horizon H
         for s in per_seq:
             seq_sum = torch.zeros(())
             for x in s:
                 seq_sum = seq_sum + x
-            total = total + seq_sum / len(s)
+            total = total + seq_sum / (len(s) if agg is LossAgg.SEQ_MEAN_TOKEN_MEAN else horizon)
         return total / n_seq, n_tok
     for s in per_seq:
         for x in s:
@@ -170,7 +172,7 @@ def _aggregate(per_seq: list[list[Tensor]], agg: LossAgg, horizon: float, n_seq:
         return total / n_tok, n_tok
     if agg is LossAgg.SEQ_MEAN_TOKEN_SUM:
         return total / n_seq, n_tok
-    return total / horizon, n_tok
+    raise ConventionError(f"ppo_update_naive: unknown loss_agg {agg!r}")
 
 
 def _kl_scalar(d: Tensor, est: KLEstimator) -> Tensor:
@@ -268,9 +270,11 @@ def ppo_update_naive(
                         r = ret[b][t]
                         unclipped = (v - r) ** 2
                         if conv.value_loss is ValueLoss.CLIPPED:
-                            vc = torch.clamp(
-                                v, vold[b][t] - hp.cliprange_value, vold[b][t] + hp.cliprange_value
-                            )
+                            eps_v = hp.cliprange_value
+                            if conv.value_clip_form is ValueClipForm.DELTA:
+                                vc = vold[b][t] + torch.clamp(v - vold[b][t], -eps_v, eps_v)
+                            else:
+                                vc = torch.clamp(v, vold[b][t] - eps_v, vold[b][t] + eps_v)
                             clipped = (vc - r) ** 2
                             if float(clipped.detach()) > float(unclipped.detach()):
                                 n_vclip += 1

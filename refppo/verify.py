@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -501,8 +502,28 @@ def devices() -> list[torch.device]:
     return out
 
 
+def device_problem(name: str) -> str | None:
+    """``None`` if ``name`` is a device this process can run on, else one line saying why not."""
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        return f"--device {name!r}: not a device name ({e})"
+    if dev.type == "cpu":
+        return None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            return f"--device {name!r}: CUDA is not available (torch {torch.__version__}, {build})"
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            return f"--device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible"
+        return None
+    if dev.type == "mps" and torch.backends.mps.is_available():
+        return None
+    return f"--device {name!r}: device type {dev.type!r} is not available here"
+
+
 def main(argv: list[str]) -> int:
-    """Entry point of ``refppo verify``; returns 0 iff every row passes."""
+    """Entry point of ``refppo verify``; returns 0 iff every row passes, 2 for an unusable ``--device``."""
     parser = argparse.ArgumentParser(
         prog="refppo verify",
         description="Check every vectorized core step against its naive twin on seeded ragged batches.",
@@ -513,6 +534,11 @@ def main(argv: list[str]) -> int:
         "--device", action="append", default=None, help="device to run on (repeatable; default cpu and cuda)"
     )
     args = parser.parse_args(argv)
+    for name in args.device or ():
+        problem = device_problem(name)
+        if problem is not None:
+            print(f"refppo verify: {problem}", file=sys.stderr)
+            return 2
     devs = [torch.device(d) for d in args.device] if args.device else devices()
     seeds = list(range(args.seed, args.seed + args.seeds))
     start = time.perf_counter()

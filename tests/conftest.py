@@ -12,6 +12,9 @@ profile     max_examples  purpose
 ``thorough`` 1000        before a release / after touching refppo/core: 1000 examples
 =========== ============ =============================================================
 
+Before torch runs anything, :func:`refppo.cpu_numerics.pin` selects torch's and MKL's AVX2 kernels
+(the golden trajectories replay bitwise on any AVX2 CPU; environment inherited by subprocesses).
+
 Tests marked ``@pytest.mark.gpu`` (marker declared in pyproject.toml) are skipped cleanly when
 ``torch.cuda.is_available()`` is False.
 """
@@ -20,9 +23,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-from hypothesis import HealthCheck, settings
+from refppo import cpu_numerics
+
+# Before torch runs any kernel: the AVX2 code paths of torch and MKL on every x86 CPU, so the golden
+# trajectories replay bitwise across machines (refppo/cpu_numerics.py says why).
+cpu_numerics.pin()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 # deadline=None: shared, loaded CI machines; timing is not what these tests check.
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large]

@@ -3,7 +3,8 @@
 Usage: ``python tools/make_golden.py [--out spec/golden] [--case gpt2 --case llama] [--check]``
 (``--check --device cuda`` replays on a GPU).
 
-Deterministic: one CPU thread (``torch.set_num_threads(1)``), ``torch.use_deterministic_algorithms``,
+Deterministic: torch's and MKL's AVX2 kernels on any x86 CPU (``refppo.cpu_numerics``), one CPU
+thread (``torch.set_num_threads(1)``), ``torch.use_deterministic_algorithms``,
 seeded models and a seeded ``torch.Generator`` for sampling and minibatch shuffling. ``--check``
 regenerates in memory and compares with the files on disk instead of writing; with
 ``--device cuda`` it replays on the GPU, compares with the CUDA tolerances and prints the largest
@@ -16,9 +17,13 @@ import argparse
 import os
 import sys
 
-import torch
+from refppo import cpu_numerics
 
-from refppo import golden
+cpu_numerics.pin()  # before torch runs any kernel (refppo/cpu_numerics.py)
+
+import torch  # noqa: E402
+
+from refppo import golden  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.device != "cpu" and not args.check:
         ap.error("--device is only for --check: goldens are always written from the CPU")
+    problem = cpu_numerics.pinned_problem()
+    if problem is not None:
+        print(f"make_golden: CPU kernels not pinned: {problem}", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     if args.device == "cpu":
         # (on CUDA this would also need CUBLAS_WORKSPACE_CONFIG; the CUDA replay has looser tolerances)

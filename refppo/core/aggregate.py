@@ -6,10 +6,17 @@ mode                     value                                   default normali
 token-mean               ``Σ_bt m L / N_tok``                    ``N_tok = Σ_bt m``
 seq-mean-token-mean      ``Σ_b (Σ_t m L / Σ_t m) / N_seq``        ``N_seq = B``
 seq-mean-token-sum       ``Σ_bt m L / N_seq``                    ``N_seq = B``
-seq-mean-token-sum-norm  ``Σ_bt m L / H``                        ``H = T`` (a constant horizon)
+seq-mean-token-sum-norm  ``Σ_b (Σ_t m L / H) / N_seq``          ``H = T`` (a constant horizon),
+                                                                 ``N_seq = B``
 ======================== ======================================= ===========================
 
-Names and formulas as verl ``verl/trainer/ppo/core_algos.py::agg_loss``. ``token_count`` and
+Names and formulas as verl 0.9.1 ``verl/trainer/ppo/core_algos.py::agg_loss``. The
+``seq-mean-token-sum-norm`` mode (Dr. GRPO) is a *mean over sequences* of each row's token sum over
+the constant ``H``, as verl 0.9.1 ``agg_loss`` (``masked_sum(seq_losses) / global_batch_size``, then
+``/ loss_scale_factor``) and SkyRL-train 0.3.1 ``skyrl_train/utils/ppo_utils.py::reduce_loss``
+(``seq_mean_token_sum_norm``: row sum / ``max_seq_len``, then ``mean`` over rows). Older verl
+releases divided the whole-batch sum by ``loss_mask.shape[-1]`` without the mean over sequences
+(verl issue #3741); no peer release checked here still does. ``token_count`` and
 ``seq_count`` let a caller that splits one optimizer step into micro-batches (and/or ranks) pass
 the *global* normalisers so that the sum of the micro-batch losses is exactly the loss of the
 whole batch — the bug class of verl issue #5625 (a mean of micro-batch means is not a token mean).
@@ -69,7 +76,7 @@ def aggregate_masked(
     if agg is LossAgg.SEQ_MEAN_TOKEN_SUM:
         return lm.sum() / n_seq
     h = check_positive("horizon", horizon) if horizon is not None else float(T)
-    return lm.sum() / h
+    return lm.sum() / n_seq / h
 
 
 def aggregate_loss_naive(
@@ -102,6 +109,7 @@ def aggregate_loss_naive(
         )
     elif agg == LossAgg.SEQ_MEAN_TOKEN_SUM:
         result = sum(seq_sums) / (seq_count if seq_count is not None else B)
-    else:
-        result = sum(seq_sums) / (horizon if horizon is not None else T)
+    else:  # seq-mean-token-sum-norm: the mean over sequences of (row sum / H)
+        h = horizon if horizon is not None else T
+        result = sum(s / h for s in seq_sums) / (seq_count if seq_count is not None else B)
     return pf.tensor_like(result, loss_mat)

@@ -4,14 +4,17 @@ Symbols: ``V_t`` current critic output (differentiable), ``V^old_t`` the critic'
 rollout (there is no "old critic" network: these cached values are all PPO keeps), ``R_t`` returns
 (value targets, constants), ``ε_v`` the value clip range::
 
-    V^clip_t = clip(V_t, V^old_t − ε_v, V^old_t + ε_v)
+    V^clip_t = clip(V_t, V^old_t − ε_v, V^old_t + ε_v)         (form ``around_old``, default)
+    V^clip_t = V^old_t + clip(V_t − V^old_t, −ε_v, ε_v)         (form ``delta``)
     ℓ^v_t    = ½·max((V_t − R_t)², (V^clip_t − R_t)²)      (clipped)
     ℓ^v_t    = ½·(V_t − R_t)²                               (unclipped)
     vf_loss  = agg(ℓ^v)
 
 As verl ``core_algos.compute_value_loss``, OpenRLHF ``models/loss.py::ValueLoss``, TRL and
 DeepSpeed-Chat ``critic_loss_fn`` (all use the ½ and the max). ``vf_clipfrac`` =
-mean over valid tokens of ``[(V^clip−R)² > (V−R)²]``.
+mean over valid tokens of ``[(V^clip−R)² > (V−R)²]``. The two forms of ``V^clip`` are equal in
+exact arithmetic, but in floating point ``delta`` can land one rounding step off ``V`` inside the
+range and count the tie as clipped (see :class:`refppo.conventions.ValueClipForm`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from refppo.conventions import LossAgg, ValueLoss, parse
+from refppo.conventions import LossAgg, ValueClipForm, ValueLoss, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.aggregate import aggregate_loss_naive, aggregate_masked
 from refppo.errors import HyperparameterError
@@ -50,9 +53,11 @@ def value_loss(
     token_count: float | None = None,
     seq_count: float | None = None,
     horizon: float | None = None,
+    clip_form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
 ) -> ValueLossOutput:
     """Clipped (or unclipped) value loss, aggregated by ``agg`` (module docstring)."""
     k = parse(ValueLoss, kind, what="value_loss")
+    form = parse(ValueClipForm, clip_form, what="value_clip_form")
     agg_mode = parse(LossAgg, agg, what="loss_agg")
     m = check_mask("mask", mask)
     values = check_bt("values", values, m)
@@ -68,10 +73,10 @@ def value_loss(
         if clip is None:
             raise HyperparameterError("clip: a clipped value loss needs a clip range, got None")
         eps_v = check_nonneg("clip", clip)
-        # clip(V, V_old − ε_v, V_old + ε_v), the form of verl ``compute_value_loss``: inside the range
-        # it returns V itself, bit for bit. The algebraically equal V_old + clip(V − V_old, ±ε_v)
-        # (OpenRLHF ``ValueLoss``) can land one rounding step off V and count ties as "clipped".
-        v_clipped = torch.clamp(v, min=v_old - eps_v, max=v_old + eps_v)
+        if form is ValueClipForm.AROUND_OLD:  # verl compute_value_loss: exactly V inside the range
+            v_clipped = torch.clamp(v, min=v_old - eps_v, max=v_old + eps_v)
+        else:  # OpenRLHF ValueLoss, SkyRL, AReaL: can land one rounding step off V
+            v_clipped = v_old + torch.clamp(v - v_old, min=-eps_v, max=eps_v)
         err_clipped = (v_clipped - ret) ** 2
         per_token = 0.5 * torch.maximum(err_unclipped, err_clipped)
         with torch.no_grad():
@@ -107,9 +112,11 @@ def value_loss_naive(
     token_count: float | None = None,
     seq_count: float | None = None,
     horizon: float | None = None,
+    clip_form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
 ) -> ValueLossNaive:
-    """Naive twin of :func:`value_loss`."""
+    """Naive twin of :func:`value_loss` (Python floats: float64 arithmetic)."""
     clipped = ValueLoss(kind) == ValueLoss.CLIPPED
+    delta = ValueClipForm(clip_form) == ValueClipForm.DELTA
     vs, vos, rs, ms = pf.rows(values), pf.rows(values_old), pf.rows(returns), pf.mask_rows(mask)
     per_token = []
     n_valid = n_clipped = 0
@@ -124,7 +131,10 @@ def value_loss_naive(
             e1 = (v - ret) ** 2
             if clipped:
                 assert clip is not None
-                v_c = min(max(v, v_old - clip), v_old + clip)
+                if delta:
+                    v_c = v_old + min(max(v - v_old, -clip), clip)
+                else:
+                    v_c = min(max(v, v_old - clip), v_old + clip)
                 e2 = (v_c - ret) ** 2
                 if e2 > e1:
                     n_clipped += 1

@@ -22,6 +22,10 @@ from torch import Tensor
 from refppo.oracle.load import Tolerance
 
 _TINY = 1e-300
+_AFTER_GAE = frozenset({"advantages", "returns"})
+"""Quantities computed by GAE's backward recursion: an error at the end is carried back in them."""
+_SCORED = frozenset({"token_rewards", "returns"})
+"""Quantities that hold the score at its slot."""
 
 
 @dataclass(frozen=True)
@@ -152,12 +156,19 @@ def _describe_tokens(
         notes.append(f"{name}: differs only at the last valid token of a row ({where})")
     elif bool((bad & ~at_last_cmp).sum() == 0):
         notes.append(f"{name}: differs only at the score slot one past the last valid token ({where})")
+    elif bool((bad & ~(at_last | at_last_cmp)).sum() == 0):
+        hint = ": the score sits one slot away from where this convention puts it" if name in _SCORED else ""
+        notes.append(
+            f"{name}: differs only at the last valid token of a row and at the score slot one past it "
+            f"({where}){hint}"
+        )
     elif n_bad == n_cmp:
         notes.append(f"{name}: differs everywhere ({where})")
     else:
         notes.append(f"{name}: differs at {where}")
-    # Where in each affected row is the error largest? (a terminal/bootstrap difference peaks at the end)
-    if n_rows > 0:
+    # Where in each affected row is the error largest? (a terminal/bootstrap difference peaks at the
+    # end). Only GAE's outputs carry an error back: for token_rewards or kl it would be a false lead.
+    if n_rows > 0 and name in _AFTER_GAE and not bool((bad & ~(at_last | at_last_cmp)).sum() == 0):
         peak = torch.where(cmp_mask, err, torch.full((), -1.0, dtype=err.dtype)).argmax(dim=1)
         at_end = (peak == last_valid) | (peak == last_cmp)
         if bool(at_end[rows].all()) and n_bad > n_rows:

@@ -11,7 +11,8 @@ gae    (none: GAE itself)                            returns
 whiten whiten_advantages, whiten_variance            advantages
 policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac, approx_kl,
        approx_kl                                     entropy_loss
-value  value_loss, vf_mask, value_loss_agg           vf_loss, vf_clipfrac
+value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac
+       value_loss_agg
 loss   (none: the total)                             kl_loss, loss
 ====== ============================================ =========================================
 
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, ScorePosition
+from refppo.conventions import KLPlacement, ScorePosition, ValueClipForm
 from refppo.core.aggregate import aggregate_loss
 from refppo.core.gae import gae
 from refppo.core.kl import token_kl
@@ -56,6 +57,9 @@ from refppo.oracle.recompute import (
 )
 from refppo.oracle.settings import Setup
 from refppo.pipeline import value_mask
+
+VALUE_CLIP_FORMS: tuple[str, ...] = tuple(f.value for f in ValueClipForm)
+"""The forms of the clipped value searched (``around_old``: verl/TRL; ``delta``: OpenRLHF/SkyRL/AReaL)."""
 
 MAX_EQUIV = 256
 """Equivalent conventions kept per group (the rest are counted)."""
@@ -358,11 +362,15 @@ class _Search:
         own_vagg = self.base.conv.value_loss_agg
         own_vagg_name = None if own_vagg is None else own_vagg.value
 
+        # value_clip_form only matters for a clipped loss: the unclipped one keeps the base's form.
+        own_form = self.base.conv.value_clip_form.value
+        value_kinds = [("clipped", f) for f in VALUE_CLIP_FORMS] + [("unclipped", own_form)]
+
         def value_opts(g: Group) -> Iterable[tuple[dict[str, Any], dict[str, Any], bytes]]:
             vaggs: list[str | None] = [own_vagg_name if own_vagg_name == g.state["agg"] else None]
             if "values" in t:
                 vaggs += [a for a in value_aggs_all if a is not None and a != g.state["agg"]]
-            for vl in ("clipped", "unclipped"):
+            for vl, form in value_kinds:
                 for vfm in ("value", "response"):
                     mask = g.state["vm"] if vfm == "value" else m
                     out = value_loss(
@@ -373,6 +381,7 @@ class _Search:
                         clip=hp.cliprange_value,
                         kind=vl,
                         agg=g.state["agg"],
+                        clip_form=form,
                         **norm,
                     )
                     for vagg in vaggs:
@@ -390,7 +399,8 @@ class _Search:
                             st["vf_loss"],
                             st["vf_clipfrac"],
                         )
-                        yield {"value_loss": vl, "vf_mask": vfm, "value_loss_agg": vagg}, st, key
+                        upd = {"value_loss": vl, "value_clip_form": form, "vf_mask": vfm}
+                        yield {**upd, "value_loss_agg": vagg}, st, key
 
         def value_checks(s: dict[str, Any]) -> list[float | None]:
             if "values" not in t:
@@ -400,13 +410,7 @@ class _Search:
                 if s["vl"] != "clipped":
                     return 0.0
                 return vf_tie_widen(
-                    values,
-                    t["old_values"],
-                    s["returns"],
-                    s["vf_m"],
-                    hp.cliprange_value,
-                    self.tol.rtol,
-                    s["vf_clipfrac"],
+                    values, t["old_values"], s["returns"], s["vf_m"], hp.cliprange_value, self.tol.rtol
                 )
 
             return [

@@ -3,7 +3,8 @@
 The explanation re-runs the reference with one convention key changed at a time (only keys that can
 affect the divergent quantity) and with each known bug of :data:`refppo.oracle.recompute.BUGS`
 re-enacted; a candidate *explains* the divergence when, under it, the divergent quantity and every
-quantity before it in pipeline order match the dump.
+quantity before it in pipeline order match the dump. A candidate under which later quantities still
+differ is reported as explaining the first divergence *only*, naming what still differs.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
         for a in (None, "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
     ],
     "value_loss": [{"value_loss": v} for v in ("clipped", "unclipped")],
+    "value_clip_form": [{"value_clip_form": f} for f in ("around_old", "delta")],
     "vf_mask": [{"vf_mask": v} for v in ("value", "response")],
     "approx_kl": [{"approx_kl": v} for v in ("k1", "k2_all_positions")],
 }
@@ -60,8 +62,8 @@ AFFECTS: dict[str, tuple[str, ...]] = {
     "pg_loss": (*_ADV, "dual_clip", "log_ratio_clamp", "loss_agg"),
     "pg_clipfrac": (*_ADV, "log_ratio_clamp"),
     "approx_kl": ("approx_kl",),
-    "vf_loss": (*_REW, "value_loss", "loss_agg", "value_loss_agg", "vf_mask"),
-    "vf_clipfrac": (*_REW, "value_loss", "vf_mask"),
+    "vf_loss": (*_REW, "value_loss", "value_clip_form", "loss_agg", "value_loss_agg", "vf_mask"),
+    "vf_clipfrac": (*_REW, "value_loss", "value_clip_form", "vf_mask"),
     "entropy_loss": ("loss_agg",),
     "kl_loss": (*_KL, "kl_in", "loss_agg"),
     "loss": tuple(ALTERNATIVES),
@@ -178,8 +180,8 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
                 everything = first_divergence(res) is None
                 users = _presets_using(upd)
                 tail = f" (as in preset {', '.join(users)})" if users else ""
-                rest = "; with it every quantity in the dump matches" if everything else ""
-                notes.append(f"explained by the convention {_fmt_updates(upd)}{tail}{rest}")
+                what = f"the convention {_fmt_updates(upd)}{tail}"
+                notes.append(_explained(what, first, res))
                 found.append({"kind": "convention", "change": alt_json(upd), "all_match": everything})
     for bug, text in BUGS.items():
         if first not in BUG_AFFECTS[bug]:
@@ -193,15 +195,32 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
         if maybe is not None:
             res = maybe
             everything = first_divergence(res) is None
-            rest = "; with it every quantity in the dump matches" if everything else ""
-            notes.append(f"explained by a known bug ({bug}): {text}{rest}")
+            notes.append(_explained(f"a known bug ({bug}): {text}", first, res))
             found.append({"kind": "bug", "bug": bug, "all_match": everything})
     if not notes:
         notes.append(
             "no single convention change or known bug explains it; "
             "run with --detect to search the convention space"
         )
+    elif not any(f["all_match"] for f in found):
+        notes.append(
+            f"no single convention change or known bug explains every quantity: besides what explains "
+            f"{first}, something else differs too (run with --detect to search the convention space)"
+        )
     return notes, found
+
+
+def _explained(what: str, first: str, res: dict[str, QuantityResult]) -> str:
+    """One diagnosis line for a candidate under which ``first`` and everything before it match.
+
+    A candidate that leaves later quantities differing is said to explain ``first`` only — it is
+    part of the story, not a fix ("... explains token_rewards only; advantages still differ").
+    """
+    still = [n for n, r in res.items() if not r.ok]
+    if not still:
+        return f"explained by {what}; with it every quantity in the dump matches"
+    verb = "differs" if len(still) == 1 else "differ"
+    return f"{what} explains {first} only; {', '.join(still)} still {verb} (not a fix on its own)"
 
 
 def alt_json(upd: dict[str, Any]) -> dict[str, Any]:
@@ -250,6 +269,5 @@ def check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> Check
             notes, found = explain(dump, setup, first)
             out.diagnosis += notes
             out.explained_by = found
-    for k in dump.ignored:
-        out.diagnosis.append(f"ignored unknown tensor key {k!r}")
+    out.diagnosis += dump.key_notes()
     return out

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from refppo.errors import RefPPOError
+from refppo.oracle.keys import alias_table, resolve_aliases, suggest
 
 REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "ref_logprobs", "old_values", "scores")
 UPDATE_INPUTS: tuple[str, ...] = ("logprobs", "values", "entropy")
@@ -76,6 +77,16 @@ class Dump:
     hparams_path: Path | None
     ignored: list[str] = field(default_factory=list)
     """Tensor keys the format does not know (ignored)."""
+    aliased: dict[str, str] = field(default_factory=dict)
+    """Peer names read as dump keys (``{alias: key}``, :data:`refppo.oracle.keys.ALIASES`)."""
+
+    def key_notes(self) -> list[str]:
+        """What the loader did with the dump's names: aliases read, unknown keys ignored (with hints)."""
+        notes = [f"read key {a!r} as {k} (a peer's name for it)" for a, k in sorted(self.aliased.items())]
+        for k in self.ignored:
+            hint = suggest(k, KNOWN_KEYS)
+            notes.append(f"ignored unknown tensor key {k!r}" + (f" (did you mean {hint}?)" if hint else ""))
+        return notes
 
     @property
     def B(self) -> int:  # noqa: N802  (B, T: the axis names used throughout refppo)
@@ -159,10 +170,14 @@ def load_dump(path: str | Path, hparams_file: str | Path | None = None) -> Dump:
 
 def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = None) -> Dump:
     """Check keys, shapes, dtypes, finiteness and masks; convert to float64."""
+    try:
+        raw, aliased = resolve_aliases(p, raw)
+    except ValueError as exc:
+        raise DumpError(str(exc)) from None
     ignored = sorted(k for k in raw if k not in KNOWN_KEYS)
     missing = [k for k in REQUIRED_INPUTS if k not in raw]
     if missing:
-        raise DumpError(f"{p}: missing required keys {missing}")
+        raise DumpError(f"{p}: missing required keys {missing}{_missing_hint(ignored)}")
     for k, v in raw.items():
         if k in KNOWN_KEYS and not isinstance(v, Tensor):
             raise DumpError(f"{p}: {k}: expected a tensor, got {type(v).__name__}")
@@ -238,7 +253,17 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
     if hparams_file is not None and not Path(hparams_file).is_file():
         raise DumpError(f"{hparams_file}: no such hyperparameter file")
     hparams = read_hparams(hp_path) if hp_path is not None else {}
-    return Dump(p, out, mask, dtype, hparams, hp_path, ignored)
+    return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased)
+
+
+def _missing_hint(unknown: list[str]) -> str:
+    """ "did you mean" for the dump's unknown keys, else the accepted peer names (one line)."""
+    hints = [f"{k!r} -> {s}" for k in unknown if (s := suggest(k, KNOWN_KEYS)) is not None]
+    if hints:
+        return f"; did you mean {', '.join(hints)}?"
+    if unknown:
+        return f"; unknown keys {unknown[:8]}; peer names accepted: {alias_table()}"
+    return ""
 
 
 @dataclass(frozen=True)

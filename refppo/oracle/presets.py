@@ -63,6 +63,7 @@ PRESETS: dict[str, Preset] = {
             "loss_agg": "token-mean",
             "value_loss_agg": None,
             "value_loss": "clipped",
+            "value_clip_form": "around_old",
             "dual_clip": None,
             "log_ratio_clamp": None,
             "score_clip": None,
@@ -90,6 +91,8 @@ PRESETS: dict[str, Preset] = {
             # ``${oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean}``, so None (= loss_agg).
             "value_loss_agg": None,
             "value_loss": "clipped",
+            # verl/trainer/ppo/core_algos.py::compute_value_loss: verl_F.clip_by_value(vpreds, values ± ε_v)
+            "value_clip_form": "around_old",
             "dual_clip": 3.0,
             "log_ratio_clamp": 20.0,
             "score_clip": None,
@@ -134,6 +137,8 @@ PRESETS: dict[str, Preset] = {
             # value loss stays token-mean when actor.loss_agg_mode is seq-mean-token-mean.
             "value_loss_agg": "token-mean",
             "value_loss": "clipped",
+            # openrlhf/models/loss.py::ValueLoss: old_values + (values − old_values).clamp(±ε_v)
+            "value_clip_form": "delta",
             "dual_clip": None,
             "log_ratio_clamp": 20.0,
             "score_clip": 10.0,
@@ -174,6 +179,8 @@ PRESETS: dict[str, Preset] = {
             "loss_agg": "token-mean",
             "value_loss_agg": None,
             "value_loss": "clipped",
+            # PPOTrainer.train: torch.clamp(vpred, mb_values − ε_v, mb_values + ε_v)
+            "value_clip_form": "around_old",
             "dual_clip": None,
             "log_ratio_clamp": None,
             "score_clip": None,
@@ -209,6 +216,8 @@ PRESETS: dict[str, Preset] = {
             "loss_agg": "token-mean",
             "value_loss_agg": None,
             "value_loss": "clipped",
+            # DeepSpeedPPOTrainer.critic_loss_fn: torch.clamp(values, old_values ± ε_v)
+            "value_clip_form": "around_old",
             "dual_clip": None,
             "log_ratio_clamp": None,
             "score_clip": 5.0,

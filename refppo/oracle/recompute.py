@@ -138,27 +138,26 @@ def pg_tie_share(
 
 
 def vf_tie_widen(
-    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float, pipeline: Tensor
+    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float
 ) -> float:
-    """Extra tolerance of ``vf_clipfrac``: near-boundary share plus the form difference.
+    """Extra tolerance of ``vf_clipfrac``: the share of value-mask tokens whose count is a real tie.
 
-    Inside the clip range the two usual ways of computing the clipped value — verl/TRL/DeepSpeed-Chat
-    ``clamp(V, V_old − ε_v, V_old + ε_v)`` (exactly ``V``) and refppo/OpenRLHF
-    ``V_old + clamp(V − V_old, ±ε_v)`` (``V`` up to 1 ulp) — can break the exact tie
-    ``(V_clip − R)² = (V − R)²`` differently; both counts are accepted, as are tokens with
-    ``|V − V_old|`` within ``rtol`` of ``ε_v``.
+    ``vf_clipfrac`` counts ``(V_clip − R)² > (V − R)²`` strictly. Two kinds of token sit on that
+    edge whatever the trainer's clip form: ``|V − V_old|`` within ``rtol`` of ``ε_v`` (on the clip
+    boundary), and ``V`` outside the range with ``R`` at the midpoint of ``V`` and ``V_clip`` (equal
+    squared errors). Tokens strictly *inside* the range are not widened for: there the two forms of
+    the clipped value (``value_clip_form`` = ``around_old`` / ``delta``) may differ by one rounding
+    step, and which one the trainer used is a convention, checked exactly, not a tolerance.
     """
     zero = torch.zeros((), dtype=values.dtype)
     v, vo, r = (torch.where(mask, x, zero) for x in (values, old, returns))
-    clamp_form = torch.maximum(torch.minimum(v, vo + eps_v), vo - eps_v)
-    hit = ((clamp_form - r) ** 2 > (v - r) ** 2) & mask
-    n = mask.sum().to(values.dtype)
-    other = float(hit.sum().to(values.dtype) / n)
-    near = ((v - vo).abs() - eps_v).abs() <= rtol * (v.abs() + vo.abs() + eps_v)  # on the clip boundary
-    e1, e2 = (v - r) ** 2, (clamp_form - r) ** 2
-    near = near | ((clamp_form != v) & ((e2 - e1).abs() <= rtol * (e1 + e2)))  # R near the midpoint
-    near = near & mask
-    return abs(float(pipeline) - other) + float(near.sum().to(values.dtype) / n)
+    dist = (v - vo).abs()
+    boundary = (dist - eps_v).abs() <= rtol * (v.abs() + vo.abs() + eps_v)
+    v_clip = torch.maximum(torch.minimum(v, vo + eps_v), vo - eps_v)
+    e1, e2 = (v - r) ** 2, (v_clip - r) ** 2
+    midpoint = (dist > eps_v) & ((e2 - e1).abs() <= rtol * (e1 + e2))
+    near = (boundary | midpoint) & mask
+    return float(near.sum().to(values.dtype) / mask.sum().to(values.dtype))
 
 
 ROLLOUT_QUANTITIES = frozenset({"kl", "token_rewards", "advantages", "returns"})
@@ -247,9 +246,8 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
             vals["vf_loss"] = uq.vf_loss.detach()
             vals["vf_clipfrac"] = uq.vf_clipfrac
             if conv.value_loss is ValueLoss.CLIPPED:
-                vfc = uq.vf_clipfrac
                 widen["vf_clipfrac"] = lambda: vf_tie_widen(
-                    values, t["old_values"], returns, vf_mask, hp.cliprange_value, rtol, vfc
+                    values, t["old_values"], returns, vf_mask, hp.cliprange_value, rtol
                 )
         if "entropy" in t:
             vals["entropy_loss"] = uq.entropy_loss.detach()

@@ -5,7 +5,8 @@ report) is the union of
 
 - the fields of :class:`refppo.pipeline.Convention` (``kl_estimator``, ``kl_in``, ``score_at``,
   ``whiten_advantages``, ``whiten_variance``, ``loss_agg``, ``value_loss``, ``dual_clip``,
-  ``log_ratio_clamp``, ``kl_log_ratio_clamp``, ``kl_value_clamp``, ``value_loss_agg``);
+  ``log_ratio_clamp``, ``kl_log_ratio_clamp``, ``kl_value_clamp``, ``value_loss_agg``,
+  ``value_clip_form``);
 - three oracle-only keys for conventions that sit *around* the pipeline rather than in it
   (:class:`Extras`): ``score_clip``, ``approx_kl`` and ``vf_mask``;
 - the fields of :class:`refppo.pipeline.Hyperparams` (``gamma``, ``lam``, ``kl_coef``, ...).
@@ -75,7 +76,10 @@ class Setup:
     def convention_dict(self) -> dict[str, Any]:
         """Conventions and extras as one flat JSON-friendly dict (the report's ``convention``)."""
         out = self.conv.to_dict()
-        out.setdefault("value_loss_agg", None)  # Convention.to_dict leaves out the default None
+        for name in CONVENTION_KEYS:  # Convention.to_dict leaves some defaults out (golden files)
+            if name not in out:
+                value = getattr(self.conv, name)
+                out[name] = getattr(value, "value", value)
         out.update(asdict(self.extras))
         return out
 

@@ -90,3 +90,17 @@ def test_verify_passes_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--seeds", "2", "--device", "cuda"]) == 0
     rows = _rows(capsys.readouterr().out)
     assert rows and all(v == "PASS" for v in rows.values())
+
+
+@pytest.mark.parametrize("name", ["cuda", "cuda:7", "xpu", "nonsense"])
+def test_verify_unusable_device_is_one_line_and_exit_2(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """#12 item 8: without CUDA, ``--device cuda`` used to print 30 FAIL rows; now one line, exit 2."""
+    usable = {"cuda": torch.cuda.is_available(), "cuda:7": torch.cuda.device_count() > 7}
+    if usable.get(name, False):
+        pytest.skip(f"{name} is usable on this machine; its refusal cannot be observed here")
+    assert main(["--seeds", "1", "--device", "cpu", "--device", name]) == 2
+    out, err = capsys.readouterr()
+    assert out == "", "no table is printed for an unusable device"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("refppo verify: --device "), err
+    assert repr(name) in lines[0]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from refppo import golden
+from refppo import cpu_numerics, golden
 
 GOLDEN_DIR = Path(__file__).resolve().parents[2] / "spec" / "golden"
 NAMES = sorted(golden.CASES)
@@ -25,7 +25,10 @@ NAMES = sorted(golden.CASES)
 
 @pytest.fixture(autouse=True, scope="module")
 def _deterministic() -> Iterator[None]:
-    """As tools/make_golden.py: one thread (also ~30x faster for these tiny models here)."""
+    """As tools/make_golden.py: AVX2 kernels (pinned by tests/conftest.py), one thread (also ~30x
+    faster for these tiny models here)."""
+    problem = cpu_numerics.pinned_problem()
+    assert problem is None, f"golden replay needs the pinned CPU kernels: {problem}"
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import Ragged, assert_exactly_equal, assert_twin_close, ragged_batches
 
-from refppo.conventions import LossAgg, ValueLoss
+from refppo.conventions import LossAgg, ValueClipForm, ValueLoss
 from refppo.core.value import value_loss, value_loss_naive
 
 kinds = st.sampled_from(list(ValueLoss))
@@ -29,6 +29,19 @@ def test_value_loss_matches_naive(b: Ragged, kind: ValueLoss, agg: LossAgg, clip
     assert_twin_close(got.loss, torch.tensor(want.loss, dtype=torch.float64), b.dtype, "loss")
     assert_twin_close(got.per_token, torch.tensor(want.per_token, dtype=torch.float64), b.dtype, "per_token")
     if b.dtype == torch.float64:
+        assert abs(float(got.clipfrac) - want.clipfrac) < 1e-12
+
+
+@given(ragged_batches(), aggs, clips, st.sampled_from(list(ValueClipForm)))
+def test_value_loss_matches_naive_for_each_clip_form(
+    b: Ragged, agg: LossAgg, clip: float, form: ValueClipForm
+) -> None:
+    v, v_old, ret = _inputs(b)
+    got = value_loss(v, v_old, ret, b.mask, clip=clip, agg=agg, clip_form=form)
+    want = value_loss_naive(v, v_old, ret, b.mask, clip=clip, agg=agg, clip_form=form)
+    assert_twin_close(got.loss, torch.tensor(want.loss, dtype=torch.float64), b.dtype, "loss")
+    assert_twin_close(got.per_token, torch.tensor(want.per_token, dtype=torch.float64), b.dtype, "per_token")
+    if b.dtype == torch.float64:  # the twin computes in float64: the same roundings only there
         assert abs(float(got.clipfrac) - want.clipfrac) < 1e-12
 
 

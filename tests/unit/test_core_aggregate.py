@@ -22,7 +22,7 @@ M = torch.tensor([[1, 1, 0], [1, 0, 0]])
         ("token-mean", 2.0),  # (1 + 2 + 3)/3
         ("seq-mean-token-mean", 2.25),  # (1.5 + 3)/2
         ("seq-mean-token-sum", 3.0),  # (3 + 3)/2
-        ("seq-mean-token-sum-norm", 2.0),  # 6/T = 6/3
+        ("seq-mean-token-sum-norm", 1.0),  # (3/T + 3/T)/B = (1 + 1)/2
     ],
 )
 def test_aggregation_modes_hand_example(mode: str, expected: float) -> None:
@@ -34,7 +34,21 @@ def test_explicit_normalisers_hand_example() -> None:
     assert aggregate_loss(L, M, "token-mean", token_count=4.0).item() == 1.5  # 6/4
     assert aggregate_loss(L, M, "seq-mean-token-mean", seq_count=3.0).item() == 1.5  # 4.5/3
     assert aggregate_loss(L, M, "seq-mean-token-sum", seq_count=4.0).item() == 1.5  # 6/4
-    assert aggregate_loss(L, M, "seq-mean-token-sum-norm", horizon=4.0).item() == 1.5  # 6/4
+    assert aggregate_loss(L, M, "seq-mean-token-sum-norm", horizon=4.0).item() == 0.75  # (3/4 + 3/4)/2
+    assert aggregate_loss(L, M, "seq-mean-token-sum-norm", seq_count=4.0).item() == 0.5  # (1 + 1)/4
+
+
+def test_seq_mean_token_sum_norm_is_a_mean_over_sequences() -> None:
+    # Dr. GRPO as verl 0.9.1 agg_loss and SkyRL-train 0.3.1 reduce_loss compute it: each row's
+    # token sum over the constant H, then the mean over the B rows — not Σ_bt m·L / H (B times
+    # larger). Four identical rows of loss 1 on 2 of 4 positions: each row 2/4, mean 0.5.
+    loss = torch.ones(4, 4, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 0]] * 4)
+    for fn in (aggregate_loss, aggregate_loss_naive):
+        assert fn(loss, mask, "seq-mean-token-sum-norm").item() == 0.5
+        assert fn(loss, mask, "seq-mean-token-sum-norm", horizon=8.0).item() == 0.25  # 2/8
+        # a micro-batch of 1 row with the global count 4: a quarter of the full loss
+        assert fn(loss[:1], mask[:1], "seq-mean-token-sum-norm", seq_count=4.0, horizon=4.0).item() == 0.125
 
 
 def test_mean_of_micro_batch_means_is_not_the_token_mean() -> None:

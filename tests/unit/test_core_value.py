@@ -86,3 +86,44 @@ def test_value_clip_inside_the_range_is_never_counted_as_clipped() -> None:
     out = value_loss(v, v_old, returns, mask, clip=1.0)
     assert float(out.clipfrac) == 0.0
     assert torch.equal(out.per_token, 0.5 * (v - returns) ** 2)
+
+
+def test_value_clip_forms_differ_by_one_rounding_step_in_float32() -> None:
+    # ε_v = 0.2. Token 0: V_old = 0.1, V = −0.05, R = −0.04: |V − V_old| = 0.15 < ε_v, so in exact
+    # arithmetic V_clip = V and the two squared errors tie (not clipped). In float32 the delta form
+    # V_old + clamp(V − V_old, ±ε_v) (OpenRLHF, SkyRL, AReaL) rounds V − V_old = −0.15 and lands one
+    # step below V (worked out with numpy below, independently of refppo), farther from R, so
+    # (V_clip − R)² > (V − R)² and the token counts as clipped; clamp(V, V_old ± ε_v) (verl, TRL)
+    # returns V itself. Token 1: V = V_old, nothing clipped in either form.
+    np = pytest.importorskip("numpy")
+    f32 = np.float32
+    v0, vo0, r0, eps = f32(-0.05), f32(0.1), f32(-0.04), f32(0.2)
+    delta_v = vo0 + np.clip(v0 - vo0, -eps, eps)
+    assert delta_v == np.nextafter(v0, f32(-1.0)), "delta form: one rounding step below V"
+    assert (delta_v - r0) ** 2 > (v0 - r0) ** 2  # ... which float32 resolves as 'clipped'
+    v = torch.tensor([[-0.05, 0.5]], dtype=torch.float32)
+    v_old = torch.tensor([[0.1, 0.5]], dtype=torch.float32)
+    ret = torch.tensor([[-0.04, 0.0]], dtype=torch.float32)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    around = value_loss(v, v_old, ret, mask, clip=0.2)
+    delta = value_loss(v, v_old, ret, mask, clip=0.2, clip_form="delta")
+    assert around.clipfrac.item() == 0.0
+    assert delta.clipfrac.item() == 0.5
+    # the loss itself moves by rounding only
+    assert abs(delta.loss.item() - around.loss.item()) <= 1e-9
+
+
+def test_value_clip_forms_agree_outside_rounding() -> None:
+    # The hand example above (float64, V outside the range at token 1): both forms clip token 1.
+    for form in ("around_old", "delta"):
+        out = value_loss(V, V_OLD, RET, MASK, clip=0.2, clip_form=form)
+        assert out.loss.item() == pytest.approx(0.2725, abs=1e-12)
+        assert out.clipfrac.item() == 0.5
+
+
+def test_unknown_value_clip_form_lists_valid_names() -> None:
+    with pytest.raises(
+        ConventionError,
+        match=re.escape("value_clip_form: unknown name 'clamp'; valid names are 'around_old', 'delta'"),
+    ):
+        value_loss(V, V_OLD, RET, MASK, clip=0.2, clip_form="clamp")

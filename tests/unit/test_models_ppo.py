@@ -198,6 +198,37 @@ def test_kl_in_loss_and_entropy_bonus_match_naive_update() -> None:
         torch.testing.assert_close(p1, p2, atol=1e-6, rtol=1e-5)
 
 
+def test_seq_mean_token_sum_norm_update_matches_naive_with_micro_batches() -> None:
+    # Dr. GRPO's mode is a mean over the minibatch's sequences (verl 0.9.1 agg_loss, SkyRL-train
+    # 0.3.1 reduce_loss): split into micro-batches of one row, each must divide by the minibatch's
+    # sequence count, not its own. The naive twin aggregates each minibatch whole, row by row.
+    conv = Convention(loss_agg=LossAgg.SEQ_MEAN_TOKEN_SUM_NORM, score_at=ScorePosition.AFTER_LAST_VALID)
+    hp = Hyperparams(ent_coef=0.05)
+    actor, critic, scored, q = setup(conv, hp)
+    cfg = PPOUpdateConfig(ppo_epochs=1, num_minibatches=2, micro_batch_size=1, max_grad_norm=None)
+    a1, c1, a2, c2 = (copy.deepcopy(m) for m in (actor, critic, actor, critic))
+    recs: list[MinibatchRecord] = []
+    opt1 = torch.optim.SGD([*a1.parameters(), *c1.parameters()], lr=0.05)
+    ppo_update(
+        a1, c1, opt1, None, scored, q, hp=hp, conv=conv, cfg=cfg,
+        generator=torch.Generator().manual_seed(0), on_minibatch=recs.append,
+    )  # fmt: skip
+    perms = [torch.cat([r.rows for r in recs])]
+    opt2 = torch.optim.SGD([*a2.parameters(), *c2.parameters()], lr=0.05)
+    steps = ppo_update_naive(a2, c2, opt2, None, scored, q, hp=hp, conv=conv, cfg=cfg, perms=perms)
+    for r, s in zip(recs, steps, strict=True):
+        for k in ("loss", "entropy", "pg_loss", "vf_loss", "actor_grad_norm"):
+            assert abs(r.stats[k] - s.stats[k]) <= 1e-5 * max(1.0, abs(s.stats[k])), (
+                k,
+                r.stats[k],
+                s.stats[k],
+            )
+    for p1, p2 in zip(
+        [*a1.parameters(), *c1.parameters()], [*a2.parameters(), *c2.parameters()], strict=True
+    ):
+        torch.testing.assert_close(p1, p2, atol=1e-6, rtol=1e-5)
+
+
 def test_iteration_metrics() -> None:
     actor = tiny_actor("llama", VOCAB, seed=0, hidden=32)
     critic = tiny_critic("llama", VOCAB, seed=1, hidden=32)

@@ -165,3 +165,76 @@ def test_mask_that_is_not_right_padded_is_refused(tmp_path: Path) -> None:
     path = save(tmp_path, d, s)
     with pytest.raises(DumpError, match=r"rows \[2\] are not right-padded"):
         load_dump(path)
+
+
+def _renamed(d: dict[str, torch.Tensor], renames: dict[str, str]) -> dict[str, torch.Tensor]:
+    out = dict(d)
+    for old, new in renames.items():
+        out[new] = out.pop(old)
+    return out
+
+
+def test_misnamed_key_gets_a_did_you_mean_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, d = _good(tmp_path)
+    path = save(tmp_path, _renamed(d, {"old_logprobs": "old_log_prob"}), name="typo.safetensors")
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "missing required keys ['old_logprobs']; did you mean 'old_log_prob' -> old_logprobs?" in err
+    assert err.count("\n") == 1
+
+
+def test_misnamed_output_key_is_ignored_with_a_hint(tmp_path: Path) -> None:
+    _, d = _good(tmp_path)
+    dump = load_dump(save(tmp_path, _renamed(d, {"advantages": "advantage"}), name="typo.safetensors"))
+    assert "ignored unknown tensor key 'advantage' (did you mean advantages?)" in dump.key_notes()
+
+
+def test_verl_and_openrlhf_names_are_read_as_aliases(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The names of spec/dump-format.md's verl and OpenRLHF tables: a dump written with them matches
+    # exactly as the canonical one does, and each renaming is named in the report.
+    _, d = _good(tmp_path)
+    verl = {
+        "old_logprobs": "old_log_probs",
+        "ref_logprobs": "ref_log_prob",
+        "token_rewards": "token_level_rewards",
+    }
+    verl |= {"pg_clipfrac": "actor/pg_clipfrac", "vf_loss": "critic/vf_loss", "values": "vpreds"}
+    orl = {"response_mask": "action_mask", "old_logprobs": "action_log_probs"}
+    orl |= {"ref_logprobs": "base_action_log_probs", "approx_kl": "ppo_kl"}
+    for name, renames in (("verl", verl), ("openrlhf", orl)):
+        path = save(tmp_path, _renamed(d, renames), name=f"{name}.safetensors")
+        assert main([str(path)]) == 0, name
+        out = capsys.readouterr().out
+        for alias, key in renames.items():
+            assert f"read key {key!r} as {alias}" in out
+        assert "ignored unknown tensor key" not in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (
+            {"old_log_probs": "old_logprobs"},
+            "keys 'old_logprobs' and 'old_log_probs' (verl name of old_logprobs)",
+        ),
+        (
+            {"action_log_probs": "old_logprobs", "old_log_probs": "old_logprobs"},
+            "(OpenRLHF name of old_logprobs) and 'old_log_probs' (verl name",
+        ),
+    ],
+    ids=["key-and-alias", "two-aliases"],
+)
+def test_two_names_for_one_quantity_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: dict[str, str], needle: str
+) -> None:
+    # An alias never silently shadows: two tensors for one quantity is bad input naming both.
+    _, d = _good(tmp_path)
+    d = {**d, **{alias: d[key].clone() for alias, key in extra.items()}}
+    if "old_log_probs" in extra and "action_log_probs" in extra:
+        del d["old_logprobs"]
+    path = save(tmp_path, d, name="twice.safetensors")
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "keep one of them" in err and err.count("\n") == 1
