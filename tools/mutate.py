@@ -9,7 +9,7 @@ Usage (from the repository root)::
 
 Scope: in ``refppo/core/*.py`` every function whose name does not end in ``_naive`` (the naive twins
 and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validation-only helpers
-(``kl._check_clamps``, ``masked._check_dim``, ``logprobs._prepare``); in ``refppo/pipeline.py``
+(``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``); in ``refppo/pipeline.py``
 ``value_mask``, ``rollout_quantities``, ``update_quantities``, the ``__post_init__`` checks
 of ``Convention`` and ``Hyperparams`` and their fields' numeric defaults (not the dict
 (de)serialisation or ``stats``). The numeric/bool default values of the in-scope functions'
@@ -19,7 +19,8 @@ inside ``raise`` (error-message formatting) and docstrings are never mutated.
 Operators (one change per mutant): arithmetic swap (``+ −``, ``* /``, ``** → *``), a dropped right
 term of ``+``/``−``, a dropped unary minus, comparison boundary (``< ↔ <=``) and negation
 (``< → >=``), ``== ↔ !=``, ``is ↔ is not``, ``and ↔ or``, ``& ↔ |``, a dropped ``~``/``not``,
-numeric constants (``0 ↔ 1``, ``c → c+1``, ``c → −c``), ``True ↔ False``, ``torch.where`` branch
+numeric constants (``0 ↔ 1``, ``c → c+1``, ``c → −c``; not ``−c`` for an axis index, see
+:func:`_axis_constants`), ``True ↔ False``, ``torch.where`` branch
 swap and mask inversion, a dropped ``torch.clamp`` bound, min/max swap (``torch.minimum ↔
 maximum``, ``amin ↔ amax``, builtin ``min ↔ max``), ``.detach()`` removal, slice bounds ±1, a
 dropped keyword argument (``**kwargs`` included; not ``what=``/``dtype=``/``device=`` or a
@@ -208,7 +209,42 @@ def _binop_alternatives(node: ast.BinOp) -> list[Alternative]:
     return out
 
 
-def _const_alternatives(node: ast.Constant) -> list[Alternative]:
+AXIS_FUNCS = {"sum", "unsqueeze", "squeeze", "count_true", "amax", "amin", "argsort", "gather", "scatter"}
+"""Calls whose integer arguments are axes of the core's fixed-rank ``[B, T]``/``[B]`` tensors."""
+
+
+def _axis_constants(tree: ast.AST) -> set[int]:
+    """ids of the constants that index an axis (``dim=1``, ``x.sum(1)``, ``x.shape[1]``).
+
+    For them ``c → −c`` is not generated: axis ``−1`` *is* axis ``1`` of a 2-dim tensor (and
+    ``−0 = 0``), an equivalent mutant by construction. The other constant changes still are.
+    """
+    marked: set[int] = set()
+
+    def mark(e: ast.expr) -> None:
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub):
+            e = e.operand
+        if isinstance(e, ast.Constant):
+            marked.add(id(e))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg == "dim":
+                    mark(kw.value)
+            if _attr_name(node.func) in AXIS_FUNCS:
+                for a in node.args:
+                    mark(a)
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "shape"
+        ):
+            mark(node.slice)
+    return marked
+
+
+def _const_alternatives(node: ast.Constant, axis: bool = False) -> list[Alternative]:
     v = node.value
     if isinstance(v, bool):
         return [("constant", lambda: ast.Constant(not v))]
@@ -216,7 +252,7 @@ def _const_alternatives(node: ast.Constant) -> list[Alternative]:
         return []
     values: list[int | float] = []
     for c in ((1 if v == 0 else 0), v + 1, -v):
-        if c != v and c not in values:
+        if c != v and c not in values and not (axis and c == -v):
             values.append(c)
     return [("constant", partial(ast.Constant, c)) for c in values]
 
@@ -296,6 +332,11 @@ class _Mutator(ast.NodeTransformer):
         self.found: list[Mutant] = []
         self.scope: list[str] = []
         self.active = False
+        self.axis: set[int] = set()
+
+    def visit_Module(self, node: ast.Module) -> ast.AST:
+        self.axis = _axis_constants(node)
+        return self.generic_visit(node)
 
     def _in_scope(self, qualname: str, name: str) -> bool:
         if self.mod == "pipeline":
@@ -358,7 +399,7 @@ class _Mutator(ast.NodeTransformer):
             operand = node.operand
             alternatives = [("unary", lambda: operand)]
         elif isinstance(node, ast.Constant):
-            alternatives = _const_alternatives(node)
+            alternatives = _const_alternatives(node, id(node) in self.axis)
         elif isinstance(node, ast.Call):
             alternatives = _call_alternatives(node)
         elif isinstance(node, ast.Slice):

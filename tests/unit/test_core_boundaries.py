@@ -23,7 +23,7 @@ from refppo.core.masked import masked_mean, masked_sum
 from refppo.core.policy import clipped_policy_loss, policy_ratio
 from refppo.core.value import value_loss
 from refppo.errors import HyperparameterError, MaskError, ShapeError
-from refppo.pipeline import Convention
+from refppo.pipeline import Convention, Hyperparams
 
 F64 = torch.float64
 
@@ -186,3 +186,38 @@ def test_rows_without_valid_token_are_refused_where_a_mean_needs_them() -> None:
         clipped_policy_loss(x, x, x, EMPTY_ROW_MASK)
     with pytest.raises(MaskError, match=msg):
         value_loss(x, x, x, EMPTY_ROW_MASK)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline's Convention/Hyperparams refuse at construction what the core would refuse later
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dual_clip": math.inf}, r"dual_clip: expected c > 1 or None, got inf"),
+        ({"dual_clip": math.nan}, r"dual_clip: expected c > 1 or None, got nan"),
+        ({"log_ratio_clamp": 0.0}, r"log_ratio_clamp: expected a finite number > 0, got 0\.0"),
+        ({"log_ratio_clamp": math.inf}, r"log_ratio_clamp: expected a finite number > 0, got inf"),
+        ({"kl_log_ratio_clamp": (1.0, -1.0)}, r"kl_log_ratio_clamp: expected lo <= hi, got \(1\.0, -1\.0\)"),
+        ({"kl_log_ratio_clamp": (None, math.inf)}, r"kl_log_ratio_clamp: hi must be finite or None, got inf"),
+        ({"kl_value_clamp": 0.0}, r"kl_value_clamp: expected a number > 0, got 0\.0"),
+    ],
+)
+def test_convention_refuses_at_construction_what_the_core_refuses(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(HyperparameterError, match=f"^{message}$"):
+        Convention(**kwargs)  # type: ignore[arg-type]  # parametrized kwargs
+
+
+def test_convention_accepts_the_boundary_values_the_core_accepts() -> None:
+    c = Convention(dual_clip=1.5, log_ratio_clamp=20.0, kl_log_ratio_clamp=(0.3, 0.3), kl_value_clamp=0.5)
+    assert (c.dual_clip, c.kl_log_ratio_clamp, c.kl_value_clamp) == (1.5, (0.3, 0.3), 0.5)
+
+
+def test_hyperparams_refuse_a_cliprange_of_one() -> None:
+    with pytest.raises(HyperparameterError, match=r"^cliprange: expected a number in \[0, 1\), got 1\.0$"):
+        Hyperparams(cliprange=1.0)
+    assert Hyperparams(cliprange=0.99).cliprange == 0.99
