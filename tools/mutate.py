@@ -32,8 +32,12 @@ not refppo: the child installs an import hook that loads the mutated module (com
 mutated tree: same file name and line numbers), then runs ``pytest -x -q -p no:cacheprovider`` on
 that module's test subset (:func:`subset`) with the Hypothesis ``ci`` profile (derandomized: the same
 examples as CI) minus its shrink phase (a failure needs no minimal example here). Tests run fastest
-first (their durations are measured on the unmutated code, which must pass). A child that runs past
-its timeout is killed and counted as ``timeout`` (neither killed nor survived).
+first (their durations are measured on the unmutated code; a test that fails there is excluded and
+listed in the report). A child that runs past its timeout (2 × the subset's baseline + 20 s) is
+killed and counted as ``timeout`` (neither killed nor survived). ``--killed-in`` carries the killed
+mutants of an earlier ``--json`` result (valid when tests were only added since); survivors listed
+in ``tools/mutate_equivalent.json`` (key and one-line reason) are reported as equivalent and left
+out of the score's denominator.
 """
 
 from __future__ import annotations
