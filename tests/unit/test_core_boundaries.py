@@ -22,7 +22,7 @@ from refppo.core.logprobs import entropy_from_logits, logprobs_from_logits
 from refppo.core.masked import masked_mean, masked_sum
 from refppo.core.policy import clipped_policy_loss, policy_ratio
 from refppo.core.value import value_loss
-from refppo.errors import HyperparameterError, MaskError, ShapeError
+from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError
 from refppo.pipeline import Convention, Hyperparams
 
 F64 = torch.float64
@@ -221,3 +221,18 @@ def test_hyperparams_refuse_a_cliprange_of_one() -> None:
     with pytest.raises(HyperparameterError, match=r"^cliprange: expected a number in \[0, 1\), got 1\.0$"):
         Hyperparams(cliprange=1.0)
     assert Hyperparams(cliprange=0.99).cliprange == 0.99
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixed dtypes in the value loss: each of the three inputs is checked
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("odd", ["values", "values_old", "returns"])
+def test_value_loss_refuses_any_one_input_of_another_dtype(odd: str) -> None:
+    x = {k: torch.zeros(1, 2, dtype=F64) for k in ("values", "values_old", "returns")}
+    x[odd] = x[odd].float()
+    with pytest.raises(
+        DtypeError, match=f"expected one floating dtype for all inputs, got .*{odd}=torch.float32"
+    ):
+        value_loss(x["values"], x["values_old"], x["returns"], MASK2)

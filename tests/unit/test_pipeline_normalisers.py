@@ -16,10 +16,18 @@ import pytest
 import torch
 
 from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition
+from refppo.core.kl import token_kl
 from refppo.core.objective import entropy_bonus, kl_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.value import value_loss
-from refppo.pipeline import Convention, Hyperparams, Normalisers, update_quantities, value_mask
+from refppo.pipeline import (
+    Convention,
+    Hyperparams,
+    Normalisers,
+    rollout_quantities,
+    update_quantities,
+    value_mask,
+)
 
 B, T = 4, 6
 LENGTHS = [6, 2, 4, 3]
@@ -156,3 +164,53 @@ def test_update_quantities_value_token_count_applies_to_the_value_loss_only() ->
     want = _direct(x, vm, hp, conv, {}, {"token_count": 40.0})
     assert _close(got["vf"], want["vf"]) and _close(got["pg"], want["pg"])
     assert not _close(_direct(x, vm, hp, conv, {}, {})["vf"], want["vf"])
+
+
+def test_value_mask_keeps_width_t_when_no_row_reaches_the_last_position() -> None:
+    # Lengths 2 and 3 of T = 5, score at the last valid token: the value mask is the mask itself,
+    # [B, T] wide although no score sits at T − 1.
+    mask = torch.arange(5).expand(2, 5) < torch.tensor([[2], [3]])
+    vm = value_mask(mask, ScorePosition.LAST_VALID)
+    assert vm.shape == (2, 5) and bool((vm == mask).all())
+    # after_last_valid adds the slot after the last valid token: positions 2 and 3.
+    want = torch.arange(5).expand(2, 5) <= torch.tensor([[2], [3]])
+    assert bool((value_mask(mask, ScorePosition.AFTER_LAST_VALID) == want).all())
+
+
+def test_rollout_quantities_passes_the_kl_clamps_to_token_kl() -> None:
+    x = _batch(seed=11)
+    conv = Convention(kl_estimator=KLEstimator.K3, kl_log_ratio_clamp=(-0.1, 0.1), kl_value_clamp=0.005)
+    rq = rollout_quantities(
+        scores=torch.randn(B, generator=torch.Generator().manual_seed(1), dtype=torch.float64),
+        old_logprobs=x["old_logprobs"],
+        ref_logprobs=x["ref_logprobs"],
+        old_values=x["old_values"],
+        mask=x["mask"],
+        hp=Hyperparams(),
+        conv=conv,
+    )
+    args = (x["old_logprobs"], x["ref_logprobs"], x["mask"], KLEstimator.K3)
+    want = token_kl(*args, log_ratio_clamp=(-0.1, 0.1), value_clamp=0.005)
+    assert bool((rq.kl == want).all())
+    # Both clamps bind on this batch (k3 at d = 0.1 is 0.00484 < 0.005, at d = −0.1 0.00517 > 0.005):
+    # without either the KL differs.
+    assert not bool((token_kl(*args, value_clamp=0.005) == want).all())
+    assert not bool((token_kl(*args, log_ratio_clamp=(-0.1, 0.1)) == want).all())
+
+
+def test_rollout_rewards_carry_no_kl_when_kl_is_in_the_loss() -> None:
+    # kl_in = loss: the reward is the score alone (spec/ppo.md, token_rewards with kl = None), so
+    # each row's rewards sum to its score and the reported reward KL is 0.
+    x = _batch(seed=12)
+    scores = torch.tensor([0.5, -1.0, 2.0, 0.25], dtype=torch.float64)
+    rq = rollout_quantities(
+        scores=scores,
+        old_logprobs=x["old_logprobs"],
+        ref_logprobs=x["ref_logprobs"],
+        old_values=x["old_values"],
+        mask=x["mask"],
+        hp=Hyperparams(kl_coef=0.3),
+        conv=Convention(kl_in=KLPlacement.LOSS),
+    )
+    assert rq.token_rewards.sum(dim=1).tolist() == scores.tolist()
+    assert bool((rq.kl == 0).all())
