@@ -19,6 +19,7 @@ from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition
 from refppo.core.kl import token_kl
 from refppo.core.objective import entropy_bonus, kl_loss
 from refppo.core.policy import clipped_policy_loss
+from refppo.core.rewards import token_rewards
 from refppo.core.value import value_loss
 from refppo.pipeline import (
     Convention,
@@ -214,3 +215,22 @@ def test_rollout_rewards_carry_no_kl_when_kl_is_in_the_loss() -> None:
     )
     assert rq.token_rewards.sum(dim=1).tolist() == scores.tolist()
     assert bool((rq.kl == 0).all())
+
+
+@pytest.mark.parametrize("where", list(ScorePosition))
+def test_rollout_rewards_put_the_score_where_the_convention_says(where: ScorePosition) -> None:
+    # The reward-model score lands at p(L) of the convention (rewards.token_rewards, called directly).
+    x = _batch(seed=13)
+    scores = torch.tensor([0.5, -1.0, 2.0, 0.25], dtype=torch.float64)
+    hp, conv = Hyperparams(kl_coef=0.1), Convention(score_at=where)
+    rq = rollout_quantities(
+        scores=scores,
+        old_logprobs=x["old_logprobs"],
+        ref_logprobs=x["ref_logprobs"],
+        old_values=x["old_values"],
+        mask=x["mask"],
+        hp=hp,
+        conv=conv,
+    )
+    want = token_rewards(scores, rq.kl, x["mask"], 0.1, score_at=where)
+    assert bool((rq.token_rewards == want).all())
