@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 
+from refppo.core.aggregate import aggregate_loss
 from refppo.core.kl import token_kl
 from refppo.core.logprobs import entropy_from_logits, logprobs_from_logits
 from refppo.core.masked import masked_mean, masked_sum
@@ -236,3 +237,40 @@ def test_value_loss_refuses_any_one_input_of_another_dtype(odd: str) -> None:
         DtypeError, match=f"expected one floating dtype for all inputs, got .*{odd}=torch.float32"
     ):
         value_loss(x["values"], x["values_old"], x["returns"], MASK2)
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy and value losses pass their normalisers to the aggregation
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "norm"),
+    [
+        ("token-mean", {"token_count": 5.0}),
+        ("seq-mean-token-mean", {"seq_count": 5.0}),
+        ("seq-mean-token-sum", {"seq_count": 5.0}),
+        ("seq-mean-token-sum-norm", {"horizon": 5.0}),
+        ("seq-mean-token-sum-norm", {"seq_count": 5.0}),
+    ],
+)
+def test_policy_and_value_losses_pass_their_normalisers_on(mode: str, norm: dict[str, float]) -> None:
+    # Compared with aggregate_loss (the core's aggregation) called directly on the per-token loss.
+    m = torch.tensor([[1, 1, 0]])
+    v = value_loss(
+        _t([[1.0, 2.0, 0.0]]),
+        _t([[0.0, 0.0, 0.0]]),
+        _t([[0.0, 0.0, 0.0]]),
+        m,
+        kind="unclipped",
+        agg=mode,
+        **norm,
+    )
+    want_v = aggregate_loss(v.per_token, m, mode, **norm)
+    assert v.loss.item() == want_v.item()
+    assert want_v.item() != aggregate_loss(v.per_token, m, mode).item()  # the normaliser matters
+    lp = _t([[0.1, -0.2, 0.0]])
+    p = clipped_policy_loss(lp, torch.zeros(1, 3, dtype=F64), _t([[1.0, 2.0, 0.0]]), m, agg=mode, **norm)
+    want_p = aggregate_loss(p.per_token, m, mode, **norm)
+    assert p.loss.item() == want_p.item()
+    assert want_p.item() != aggregate_loss(p.per_token, m, mode).item()
