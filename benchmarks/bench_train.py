@@ -20,12 +20,19 @@ RSS: the max over rounds, each process's own ``ru_maxrss``). TRL's setup is fixe
     .venv/bin/python benchmarks/bench_train.py                         # trl-parity config
     .venv/bin/python benchmarks/bench_train.py --config FILE --iterations 10 --warmup 2 --naive
     .venv/bin/python benchmarks/bench_train.py --trl --rounds 3 --naive --json bench.json
+    .venv/bin/python benchmarks/bench_train.py --threads 1,2 --rounds 3 --set model.n_embd=256
+
+``--threads N1,N2,...`` times the same config in fresh processes with ``model.threads`` = each
+value in turn (``--rounds`` rounds, order rotating), to choose the default thread count
+(``model.threads=0``, auto, in refppo/trainer.py ``set_threads``); ``--config`` defaults to the
+``refppo train`` defaults with the rule reward and no warm start in this mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,7 +57,7 @@ def bench(config: str, iterations: int, warmup: int, overrides: list[str]) -> tu
 
     out = tempfile.mkdtemp(prefix="refppo-bench-")
     cfg = load_config(
-        config,
+        None if config == "default" else config,
         [
             *overrides,
             f"run.out_dir={out}",
@@ -100,6 +107,7 @@ def bench(config: str, iterations: int, warmup: int, overrides: list[str]) -> tu
         "overrides": overrides,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "policy_params": sum(p.numel() for p in trainer.actor.parameters()),
         "iterations_timed": len(timed),
         "warmup": warmup,
         "setup_s": setup_s,
@@ -244,9 +252,43 @@ def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def compare_threads(args: argparse.Namespace) -> dict[str, Any]:
+    """``args.rounds`` × one fresh process per thread count (order rotating); median s/iteration."""
+    counts = [int(n) for n in args.threads.split(",")]
+    base = [sys.executable, str(Path(__file__).resolve()), "--iterations", str(args.iterations)]
+    base += ["--warmup", str(args.warmup)]
+    if args.config_given:
+        base += ["--config", args.config]
+    else:  # `refppo train` defaults (tiny GPT-2), programmatic reward: nothing to train first
+        base += [
+            "--config=default",
+            "--set=task.reward=rule",
+            "--set=task.sft_steps=0",
+            "--set=task.rm_steps=0",
+        ]
+    base += [f"--set={o}" for o in args.overrides]
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
+    for r in range(args.rounds):
+        for n in counts[r % len(counts) :] + counts[: r % len(counts)]:
+            runs[n].append(_child([*base, f"--set=model.threads={n}"]))
+    params = runs[counts[0]][0].get("policy_params")
+    print(f"\nthreads compared: {args.rounds} rounds x ({args.warmup} warm-up + {args.iterations} timed)")
+    print(f"policy parameters: {params}; cores: {os.cpu_count()}; load average: {os.getloadavg()}")
+    print("| threads | s/iter (median of rounds) | per round |")
+    print("|---|---|---|")
+    summary = {}
+    for n in counts:
+        per = [float(x["median_iteration_s"]) for x in runs[n]]
+        summary[n] = _median(per)
+        print(f"| {n} | {summary[n]:.3f} | {', '.join(f'{v:.3f}' for v in per)} |")
+    return {"rounds": args.rounds, "policy_params": params, "summary": summary, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(HERE / "configs" / "trl-parity.toml"))
+    p.add_argument(
+        "--config", default=str(HERE / "configs" / "trl-parity.toml"), help="TOML file, or `default`"
+    )
     p.add_argument("--iterations", type=int, default=8, help="timed iterations (after warm-up)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
@@ -258,7 +300,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--trl-python", default="/tmp/trl-venv/bin/python", help="python of the TRL venv")
     p.add_argument("--rounds", type=int, default=3, help="with --trl: refppo/TRL process pairs")
+    p.add_argument("--threads", metavar="N1,N2", help="compare model.threads values, fresh processes")
     args = p.parse_args(argv)
+    args.config_given = args.config != p.get_default("config")
+    if args.threads:
+        out = compare_threads(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        return 0
     if args.trl:
         out = side_by_side(args)
         if args.json:

@@ -27,7 +27,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: refppo <command> [options]", "", "commands:"]
+    lines = ["usage: refppo <command> [options]   (refppo --version: the installed version)", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in _COMMANDS.items()]
     lines.append("\n`refppo <command> --help` describes each command's options.")
     return "\n".join(lines)
@@ -39,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        from refppo import __version__
+
+        print(f"refppo {__version__}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in _COMMANDS:
         print(f"refppo: unknown command {name!r}; valid commands are {', '.join(_COMMANDS)}", file=sys.stderr)

@@ -69,7 +69,10 @@ class ModelConfig:
     dtype: str = "auto"
     """``float32``, ``bfloat16``, ``float64`` or ``auto`` (bfloat16 on GPU, float32 on CPU)."""
     threads: int = 0
-    """``torch.set_num_threads`` (0: leave torch's default)."""
+    """Intra-op CPU threads (``torch.set_num_threads``). 0 (auto): ONE thread when the policy has
+    fewer than 50M parameters and runs on CPU, torch's default (one per core) otherwise. Small
+    models gain nothing from a second thread and lose badly when the cores are shared (measured:
+    benchmarks/bench_train.py --threads); set N to force N threads."""
 
     def __post_init__(self) -> None:
         _choice("model.critic_init", self.critic_init, ("policy", "reward"))
@@ -96,12 +99,19 @@ class TaskConfig:
     reward: str = "model"
     """``model`` (a reward model: ``model.reward_model`` or one trained here on preference pairs
     labelled by the task's hidden rule), ``rule`` (the hidden rule itself, programmatic), or
-    ``package.module:function`` taking ``(prompt: str, response: str)`` and returning a float,
-    called once per response, the response decoded with its special tokens
-    (``--reward module:function``)."""
+    ``package.module:function`` (``--reward``; the module is looked up in the current directory
+    first, as ``python -m``) called as ``function(prompt: str, response: str)`` once per response
+    and returning one finite real number (what it receives: :mod:`refppo.reward_fn`)."""
+    reward_special_tokens: bool = False
+    """What a reward function (``module:function`` or ``rule``) sees: false (default) decodes the
+    prompt and response with ``skip_special_tokens=True`` (no EOS, no sampled padding, no BOS);
+    true keeps every special token spelled out (``</s>``, ``<pad>``, ``<s>``)."""
     add_special_tokens: bool = False
     """Tokenize prompts with the tokenizer's special tokens (e.g. the BOS of Llama-style models);
-    False: the prompt text's tokens only (the embedded task)."""
+    False: the prompt text's tokens only, no BOS (the embedded task)."""
+    embedded_prompts: bool = False
+    """With a local policy (``--model DIR``) and no ``prompts_file``, train on the embedded task's
+    synthetic prompts anyway (``--embedded-prompts``); false: such a run is refused."""
     sft_steps: int = 150
     """Warm-start (supervised) steps on task samples before PPO; 0 skips the warm start (as for
     ``--model DIR``, which is assumed to be trained already)."""
@@ -257,7 +267,8 @@ class RunConfig:
     checkpoint_every: int = 0
     """Save a checkpoint every N iterations (0: only at the end)."""
     progress: bool = True
-    """Show a tqdm progress bar with live reward / KL / loss."""
+    """Show a tqdm progress bar with live reward / KL / loss; false (``--no-progress``): one plain
+    line per iteration instead (for logs and pipes)."""
     plot: bool = True
     """Write plot.png (reward, KL, losses, clip fractions, entropy per iteration) at the end."""
     tensorboard: bool = False

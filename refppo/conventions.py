@@ -69,12 +69,21 @@ class Whitening(StrEnum):
     - ``none``;
     - ``masked``: ``(A − μ)/sqrt(σ² + eps)``;
     - ``masked_no_shift``: ``(A − μ)/sqrt(σ² + eps) + μ`` (the mean is added back, as
-      ``masked_whiten(shift_mean=False)`` in TRL ``trl/core.py`` and lm-human-preferences).
+      ``masked_whiten(shift_mean=False)`` in TRL ``trl/core.py`` and lm-human-preferences);
+    - ``center``: ``A − μ`` (no scaling);
+    - ``scale``: ``A / sqrt(ms + eps)`` with ``ms = Σ m A² / (N−1)`` (or ``/N``): no centring.
+
+    How ``eps`` enters is :class:`WhitenEps`; ``N−1`` or ``N`` is :class:`Variance`.
     """
 
     NONE = "none"
     MASKED = "masked"
     MASKED_NO_SHIFT = "masked_no_shift"
+    CENTER = "center"
+    """``A − μ``: centred, not scaled (AReaL ``adv_norm`` with ``std_level: null``)."""
+    SCALE = "scale"
+    """``A / rms(A)``: scaled by the root mean square ``sqrt(Σ m A² / (N−1 or N))``, not centred
+    (AReaL ``adv_norm`` with ``mean_level: null``: its std is taken around a zero mean)."""
 
 
 class Variance(StrEnum):
@@ -87,6 +96,35 @@ class Variance(StrEnum):
     POPULATION = "population"
 
 
+class WhitenEps(StrEnum):
+    """Where the whitening's ``eps`` enters the scale (``σ²`` the variance, ``σ`` its square root).
+
+    - ``variance``: ``1/sqrt(σ² + eps)`` (verl ``masked_whiten``, TRL, SkyRL ``masked_whiten``, refppo);
+    - ``clamp``: ``1/sqrt(max(σ², eps))`` (OpenRLHF ``compute_advantages_and_returns``,
+      SkyRL ``normalize_advantages_dict``: ``clamp(var, min=1e-8).rsqrt()``);
+    - ``std``: ``1/(σ + eps)`` (AReaL ``areal/utils/data.py::Normalization``, eps 1e-5).
+    """
+
+    VARIANCE = "variance"
+    CLAMP = "clamp"
+    STD = "std"
+
+
+class GaePadding(StrEnum):
+    """How GAE treats the right padding of the value mask.
+
+    - ``masked``: the recursion stops at the last valid slot (``V`` beyond it counts 0; refppo,
+      verl, OpenRLHF, TRL, AReaL);
+    - ``through``: the recursion runs over all ``T`` positions with the values as given, padding
+      included (rewards are 0 there), so ``δ_{L−1} = r + γ·V[L] − V[L−1]`` reads the first padded
+      value. SkyRL-train 0.3.1 ``skyrl_train/utils/ppo_utils.py::compute_gae_advantage_return``
+      (adapted from TRL but without TRL's value masking).
+    """
+
+    MASKED = "masked"
+    THROUGH = "through"
+
+
 class LossAgg(StrEnum):
     """How a ``[B, T]`` loss matrix ``L`` with mask ``m`` becomes a scalar (names as in verl ``agg_loss``).
 
@@ -96,13 +134,15 @@ class LossAgg(StrEnum):
     - ``seq-mean-token-sum-norm``: ``(1/B) Σ_b (Σ_t m L / H)`` with a constant horizon ``H``
       (default ``T``; Dr. GRPO): the mean over sequences, as verl 0.9.1 ``agg_loss`` and
       SkyRL-train 0.3.1 ``reduce_loss`` (``seq_mean_token_sum_norm``). ``B`` is the global
-      sequence count when a step is split (``seq_count``), as for the other seq modes.
+      sequence count when a step is split (``seq_count``), as for the other seq modes;
+    - ``token-sum``: ``Σ_bt m L`` (verl 0.9.1 ``agg_loss`` mode ``token-sum``).
     """
 
     TOKEN_MEAN = "token-mean"
     SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
     SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+    TOKEN_SUM = "token-sum"
 
 
 class ValueLoss(StrEnum):
@@ -149,6 +189,7 @@ def parse(enum_cls: type[E], value: str | E, *, what: str | None = None) -> E:
 
 
 __all__ = [
+    "GaePadding",
     "KLEstimator",
     "KLPlacement",
     "LossAgg",
@@ -156,6 +197,7 @@ __all__ = [
     "ValueClipForm",
     "ValueLoss",
     "Variance",
+    "WhitenEps",
     "Whitening",
     "parse",
 ]

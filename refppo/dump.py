@@ -17,20 +17,25 @@ A few lines in the trainer, right after the step's losses are computed::
     )
 
 Tensors are detached, moved to the CPU and made contiguous; ``response_mask`` is stored as uint8.
-The hyperparameters and convention keys go to the sidecar ``<path>.json``.
+The hyperparameters and convention keys go to the sidecar ``<path>.json``. Both files are written
+atomically (temp file, fsync, rename): a crash never leaves a half-written dump, nor a dump beside
+another dump's sidecar.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from refppo.atomic import fsync_dir, fsync_file, temp_path
 
 
 def _to_tensor(name: str, value: Any) -> Tensor:
@@ -95,25 +100,47 @@ def write_dump(
     p = Path(path)
     data = {k: _to_tensor(k, v) for k, v in tensors.items()}
     suffix = p.suffix.lower()
-    p.parent.mkdir(parents=True, exist_ok=True)
+    write: Callable[[Path], object]
     if suffix == ".safetensors":
         from safetensors.torch import save_file
 
-        save_file(data, str(p))
+        def write(tmp: Path) -> None:
+            save_file(data, str(tmp))
     elif suffix == ".pt":
-        torch.save(data, str(p))
+
+        def write(tmp: Path) -> None:
+            torch.save(data, str(tmp))
     elif suffix == ".npz":
         import numpy as np
 
         arrays: dict[str, Any] = {k: v.numpy() for k, v in data.items()}
-        np.savez(str(p), **arrays)
+
+        def write(tmp: Path) -> None:
+            np.savez(str(tmp), **arrays)  # tmp ends in .npz, so savez adds no suffix
     else:
         raise ValueError(f"{p}: unknown dump type {suffix!r}; use .safetensors, .pt or .npz")
     side: dict[str, Any] = {}
     side.update(_as_dict(hparams))
     side.update(_as_dict(convention))
+    text = json.dumps({k: _jsonable(v) for k, v in side.items()}, indent=2, sort_keys=True) + "\n"
+    # Crash safety (kill -9 at any point): both files are complete before either is renamed into
+    # place, and the old dump goes first, so a dump is never paired with another dump's sidecar:
+    # what a crash can leave is the old pair, no dump, or the new pair.
+    p.parent.mkdir(parents=True, exist_ok=True)
     sc = sidecar_for(p)
-    sc.write_text(json.dumps({k: _jsonable(v) for k, v in side.items()}, indent=2, sort_keys=True) + "\n")
+    tmp_dump, tmp_side = temp_path(p, suffix), temp_path(sc)
+    try:
+        write(tmp_dump)
+        fsync_file(tmp_dump)
+        tmp_side.write_text(text)
+        fsync_file(tmp_side)
+        p.unlink(missing_ok=True)
+        os.replace(tmp_side, sc)
+        os.replace(tmp_dump, p)
+    finally:
+        tmp_dump.unlink(missing_ok=True)
+        tmp_side.unlink(missing_ok=True)
+    fsync_dir(p.parent)
     return sc
 
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from refppo.core.logprobs import entropy_from_logits, logprobs_from_logits
-from refppo.errors import ShapeError
+from refppo.errors import RefPPOError, ShapeError
 from refppo.types import SeqFloat, TokenFloat
 
 Arch: TypeAlias = Literal["gpt2", "llama"]
@@ -275,6 +275,10 @@ class Critic(nn.Module):
         return critic
 
 
+class RewardModelError(RefPPOError):
+    """A reward-model directory whose weights did not all load (e.g. a causal LM: no score head)."""
+
+
 class RewardModel(nn.Module):
     """An ``AutoModelForSequenceClassification`` with one label; score at each row's last real token.
 
@@ -305,9 +309,39 @@ class RewardModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str]) -> RewardModel:
+        """``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)``, refused with a
+        :class:`RewardModelError` unless EVERY weight, the score head included, came from the
+        checkpoint: transformers silently initialises a missing head at random (a causal LM
+        directory loads "fine" with a random ``score.weight``), and PPO against a random score
+        trains on noise. Checked with ``output_loading_info=True`` (``missing_keys``,
+        ``mismatched_keys``); transformers' own load report is kept quiet, the error says it all."""
         from transformers import AutoModelForSequenceClassification
+        from transformers.utils import logging as hf_logging_module
 
-        return cls(AutoModelForSequenceClassification.from_pretrained(path, num_labels=1))
+        hf_logging: Any = hf_logging_module  # untyped module: its functions are called through Any
+
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the LOAD REPORT table: replaced by the one-line error below
+        try:
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, output_loading_info=True
+            )
+        finally:
+            hf_logging.set_verbosity(level)
+        missing = sorted(info.get("missing_keys") or ())
+        mismatched = sorted(
+            str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()
+        )
+        if missing or mismatched:
+            head = [k for k in missing if k.split(".")[0] in ("score", "classifier")]
+            what = (
+                f"its score head ({', '.join(head)}) is not in the checkpoint — is it a causal LM rather "
+                "than a trained reward model (a sequence classifier with one label)?"
+                if head
+                else f"weights missing from the checkpoint or of another shape: {[*missing, *mismatched][:5]}"
+            )
+            raise RewardModelError(f"{what} Refusing to score with randomly initialised weights")
+        return cls(model)
 
 
 Reward: TypeAlias = RewardModel | RewardFn

@@ -7,9 +7,11 @@ Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
 
     1. kl            = token_kl(old_logprobs, ref_logprobs)            (KL placed in the reward)
     2. token_rewards = [0, …, 0, score] − β·kl                        (score at ``score_at``)
-    3. advantages, returns = GAE(token_rewards, old_values)            (returns from raw advantages)
-    4. advantages    = whiten(advantages)                              (``whiten_advantages``;
-                                                                        global under DDP)
+    2b. token_rewards = normalize(token_rewards)                      (``whiten_rewards``, TRL)
+    3. advantages, returns = GAE(token_rewards, old_values)            (``gae_padding``)
+    4. advantages    = normalize(advantages)                           (``whiten_advantages``,
+                                                                        ``whiten_eps_at``; global
+                                                                        under DDP)
     --- per PPO epoch / minibatch, with the current policy and critic ---
     5. ratio         = exp(logprobs − old_logprobs)
     6. pg_loss, pg_clipfrac, approx_kl = clipped surrogate
@@ -34,6 +36,7 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import (
+    GaePadding,
     KLEstimator,
     KLPlacement,
     LossAgg,
@@ -41,12 +44,14 @@ from refppo.conventions import (
     ValueClipForm,
     ValueLoss,
     Variance,
+    WhitenEps,
     Whitening,
     parse,
 )
 from refppo.core.gae import gae
 from refppo.core.kl import check_kl_clamps, token_kl
-from refppo.core.masked import AllReduce, masked_whiten
+from refppo.core.masked import AllReduce
+from refppo.core.normalize import normalize
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.rewards import score_positions, token_rewards
@@ -62,15 +67,25 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "whiten_variance": Variance,
     "loss_agg": LossAgg,
     "value_loss": ValueLoss,
+    "whiten_eps_at": WhitenEps,
+    "whiten_rewards": Whitening,
+    "gae_padding": GaePadding,
     "value_clip_form": ValueClipForm,
 }
 _OPTIONAL_ENUM_FIELDS: dict[str, type[Any]] = {
     "value_loss_agg": LossAgg,
+    "kl_loss_agg": LossAgg,
+    "entropy_agg": LossAgg,
 }
 """Enum fields that may also be None (parsed like ``_ENUM_FIELDS``; None stays None)."""
 _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "value_loss_agg": None,
     "value_clip_form": ValueClipForm.AROUND_OLD,
+    "whiten_eps_at": WhitenEps.VARIANCE,
+    "whiten_rewards": Whitening.NONE,
+    "gae_padding": GaePadding.MASKED,
+    "kl_loss_agg": None,
+    "entropy_agg": None,
 }
 """Fields added after the golden cases in ``spec/golden`` were written: :meth:`Convention.to_dict`
 leaves them out while they hold these defaults, so those stored dicts stay exact."""
@@ -106,6 +121,19 @@ class Convention:
     value_loss_agg: LossAgg | None = None
     """Aggregation of the value loss; None = same as ``loss_agg``. OpenRLHF's critic keeps the value
     loss ``token-mean`` whatever the actor's aggregation (its critic builds ``ValueLoss(value_clip)``)."""
+    whiten_eps_at: WhitenEps = WhitenEps.VARIANCE
+    """Where the whitening's eps enters: ``1/sqrt(σ²+eps)``, ``1/sqrt(max(σ², eps))`` (OpenRLHF) or
+    ``1/(σ+eps)`` (AReaL); also used by ``whiten_rewards``."""
+    whiten_rewards: Whitening = Whitening.NONE
+    """Normalisation of the token rewards over the value mask, after the KL and the score and before
+    GAE (TRL ``whiten_rewards=True``: ``masked_no_shift``)."""
+    gae_padding: GaePadding = GaePadding.MASKED
+    """GAE stops at the value mask (``masked``) or runs through the padding (``through``: SkyRL)."""
+    kl_loss_agg: LossAgg | None = None
+    """Aggregation of the KL loss (``kl_in=loss``); None = ``loss_agg``. SkyRL-train averages per row
+    (``seq-mean-token-mean``) whatever its policy-loss reduction."""
+    entropy_agg: LossAgg | None = None
+    """Aggregation of the entropy term; None = ``loss_agg``. SkyRL-train: ``token-mean`` always."""
 
     value_clip_form: ValueClipForm = ValueClipForm.AROUND_OLD
     """How the clipped value is computed: ``around_old`` ``clip(V, V_old ± ε_v)`` (verl, TRL,
@@ -129,9 +157,10 @@ class Convention:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict (enum values as their names).
 
-        The fields of :data:`_OMITTED_AT_DEFAULT` (``value_loss_agg``, ``value_clip_form``) are left
-        out while they hold their defaults, so that the dict of a convention that does not use them
-        is the one written before they existed (the golden cases in ``spec/golden`` store it);
+        The fields of :data:`_OMITTED_AT_DEFAULT` (``value_loss_agg``, ``value_clip_form``,
+        ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``, ``entropy_agg``) are
+        left out while they hold their defaults, so that the dict of a convention that does not use
+        them is the one written before they existed (the golden cases in ``spec/golden`` store it);
         :meth:`from_dict` restores the defaults.
         """
         out = asdict(self)
@@ -259,18 +288,28 @@ def rollout_quantities(
     beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
     rewards = token_rewards(scores, kl if beta > 0 else None, m, beta, score_at=conv.score_at)
     vmask = value_mask(m, conv.score_at)
-    adv_raw, returns = gae(rewards, old_values, vmask, gamma=hp.gamma, lam=hp.lam)
-    if conv.whiten_advantages is Whitening.NONE:
-        adv = torch.where(m, adv_raw, torch.zeros((), dtype=adv_raw.dtype, device=adv_raw.device))
-    else:
-        adv = masked_whiten(
-            adv_raw,
-            m,
-            shift_mean=conv.whiten_advantages is Whitening.MASKED,
-            unbiased=conv.whiten_variance is Variance.UNBIASED,
+    unbiased = conv.whiten_variance is Variance.UNBIASED
+    if conv.whiten_rewards is not Whitening.NONE:
+        rewards = normalize(
+            rewards,
+            vmask,
+            conv.whiten_rewards,
+            unbiased=unbiased,
             eps=hp.whiten_eps,
+            eps_at=conv.whiten_eps_at,
             all_reduce=all_reduce,
         )
+    gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
+    adv_raw, returns = gae(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam)
+    adv = normalize(
+        adv_raw,
+        m,
+        conv.whiten_advantages,
+        unbiased=unbiased,
+        eps=hp.whiten_eps,
+        eps_at=conv.whiten_eps_at,
+        all_reduce=all_reduce,
+    )
     if conv.kl_in is KLPlacement.LOSS:
         kl = torch.zeros_like(kl)
     return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
@@ -365,7 +404,8 @@ def update_quantities(
         **val_norm,
     )
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    ent = entropy_bonus(entropy, m, conv.loss_agg, **pol_norm) if entropy is not None else zero
+    ent_agg = conv.loss_agg if conv.entropy_agg is None else conv.entropy_agg
+    ent = entropy_bonus(entropy, m, ent_agg, **pol_norm) if entropy is not None else zero
     if conv.kl_in is KLPlacement.LOSS:
         if ref_logprobs is None:
             raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
@@ -374,7 +414,7 @@ def update_quantities(
             ref_logprobs,
             m,
             conv.kl_estimator,
-            conv.loss_agg,
+            conv.loss_agg if conv.kl_loss_agg is None else conv.kl_loss_agg,
             log_ratio_clamp=conv.kl_log_ratio_clamp,
             value_clamp=conv.kl_value_clamp,
             **pol_norm,

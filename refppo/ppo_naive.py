@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from refppo.conventions import (
+    GaePadding,
     KLEstimator,
     KLPlacement,
     LossAgg,
@@ -31,7 +32,7 @@ from refppo.conventions import (
 )
 from refppo.core.gae import gae_naive
 from refppo.core.kl import token_kl_naive
-from refppo.core.masked import masked_whiten_naive
+from refppo.core.normalize import normalize_naive
 from refppo.core.rewards import token_rewards_naive
 from refppo.errors import ConventionError
 from refppo.models import Reward, RewardModel, SequenceBatch, eval_mode, make_reference
@@ -125,17 +126,21 @@ def rollout_quantities_naive(
     beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
     rewards = token_rewards_naive(scores, kl if beta > 0 else None, mask, beta, score_at=conv.score_at)
     vmask = value_mask_naive(mask, conv.score_at)
-    adv_raw, returns = gae_naive(rewards, old_values, vmask, gamma=hp.gamma, lam=hp.lam)
-    if conv.whiten_advantages is Whitening.NONE:
-        adv = adv_raw * mask.to(adv_raw.dtype)
-    else:
-        adv = masked_whiten_naive(
-            adv_raw,
-            mask,
-            shift_mean=conv.whiten_advantages is Whitening.MASKED,
-            unbiased=conv.whiten_variance is Variance.UNBIASED,
+    unbiased = conv.whiten_variance is Variance.UNBIASED
+    if conv.whiten_rewards is not Whitening.NONE:
+        rewards = normalize_naive(
+            rewards,
+            vmask,
+            conv.whiten_rewards,
+            unbiased=unbiased,
             eps=hp.whiten_eps,
+            eps_at=conv.whiten_eps_at,
         )
+    gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
+    adv_raw, returns = gae_naive(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam)
+    adv = normalize_naive(
+        adv_raw, mask, conv.whiten_advantages, unbiased=unbiased, eps=hp.whiten_eps, eps_at=conv.whiten_eps_at
+    )
     if conv.kl_in is KLPlacement.LOSS:
         kl = torch.zeros_like(kl)
     return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
@@ -168,6 +173,8 @@ def _aggregate(per_seq: list[list[Tensor]], agg: LossAgg, horizon: float, n_seq:
     for s in per_seq:
         for x in s:
             total = total + x
+    if agg is LossAgg.TOKEN_SUM:
+        return total, n_tok
     if agg is LossAgg.TOKEN_MEAN:
         return total / n_tok, n_tok
     if agg is LossAgg.SEQ_MEAN_TOKEN_SUM:
@@ -288,11 +295,13 @@ def ppo_update_naive(
                 pg_loss, n_tok = _aggregate(pol, conv.loss_agg, horizon, len(rows))
                 vf_agg = conv.value_loss_agg if conv.value_loss_agg is not None else conv.loss_agg
                 vf_loss, n_vtok = _aggregate(vals, vf_agg, horizon, len(rows))
-                ent_loss, _ = _aggregate(ents, conv.loss_agg, horizon, len(rows))
+                ent_agg = conv.entropy_agg if conv.entropy_agg is not None else conv.loss_agg
+                ent_loss, _ = _aggregate(ents, ent_agg, horizon, len(rows))
                 loss = pg_loss + hp.vf_coef * vf_loss - hp.ent_coef * ent_loss
                 kl_loss = torch.zeros(())
                 if conv.kl_in is KLPlacement.LOSS:
-                    kl_loss, _ = _aggregate(kls, conv.loss_agg, horizon, len(rows))
+                    kl_agg = conv.kl_loss_agg if conv.kl_loss_agg is not None else conv.loss_agg
+                    kl_loss, _ = _aggregate(kls, kl_agg, horizon, len(rows))
                     loss = loss + hp.kl_coef * kl_loss
                 torch.autograd.backward(loss)
                 gn_a = _clip(actor, cfg.max_grad_norm)

@@ -22,7 +22,11 @@ Numbered skeleton (as lm-human-preferences / TRL ppov2)::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +121,38 @@ def _forward_accepts(model: nn.Module, name: str) -> bool:
     return name in params or any(q.kind is inspect.Parameter.VAR_KEYWORD for q in params.values())
 
 
+CACHE_DEPRECATION_WARNING = r"`past_key_values` is deprecated"
+"""Start of transformers ≥ 5's FutureWarning for the ``past_key_values`` keyword (renamed ``cache``;
+removal announced for 5.40, which pyproject's ``transformers<5.40`` excludes)."""
+CACHE_DEPRECATION_LOG = "`past_key_values`/`cache_params` are deprecated"
+"""The same deprecation, logged once by ``transformers.utils.generic``."""
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_cache_deprecation() -> Iterator[None]:
+    """Silence transformers' ``past_key_values`` deprecation — the FutureWarning (by message and
+    category) and its log line (by message) — for the calls made inside, and nothing else: the
+    keyword still works in every supported version and the KV-cached rollout relies on it."""
+    logger = logging.getLogger("transformers.utils.generic")
+    drop = _DropMessage(CACHE_DEPRECATION_LOG)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=CACHE_DEPRECATION_WARNING, category=FutureWarning)
+        logger.addFilter(drop)
+        try:
+            yield
+        finally:
+            logger.removeFilter(drop)
+
+
 @torch.no_grad()
 def generate_rollout(
     actor: nn.Module,
@@ -152,7 +188,8 @@ def generate_rollout(
         if _forward_accepts(actor, "logits_to_keep"):
             extra["logits_to_keep"] = 1
     past: Any = None  # the model's cache after the previous step (None: run the whole prefix)
-    with eval_mode(actor):
+    quiet = quiet_cache_deprecation() if cached else contextlib.nullcontext()
+    with eval_mode(actor), quiet:
         for t in range(cfg.max_new_tokens):
             if past is None:
                 out = actor(

@@ -4,19 +4,22 @@ Examples::
 
     refppo train                                      # embedded task, defaults (CPU or GPU)
     refppo train --config benchmarks/configs/trl-parity.toml --set run.iterations=5
-    refppo train --model DIR --reward-model RM_DIR --device cuda
-    refppo train --model DIR --reward mypkg.rewards:score    # score(prompt: str, response: str) -> float
-    refppo train --model DIR --reward-model RM_DIR --prompts prompts.txt   # one prompt per line
+    refppo train --model DIR --reward-model RM_DIR --prompts prompts.txt --device cuda
+    refppo train --model DIR --reward mypkg.rewards:score --prompts prompts.txt
+                               # score(prompt: str, response: str) -> float; ./mypkg found as python -m
     refppo train --out runs/a --resume                       # continue from the newest checkpoint
+    refppo train --out runs/a --overwrite                    # replace the run in runs/a
     torchrun --nproc-per-node 2 -m refppo train --set rollout.batch_size=64
     refppo train --print-config                              # the resolved config as JSON
+    refppo train --help-config [SECTION]                     # every --set key: type, default, meaning
 
-Precedence: defaults < ``--config`` file < dedicated flags < ``--set`` (applied in order).
+Precedence: defaults < --config file < dedicated flags < --set (applied in order).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -29,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="refppo train",
         description="PPO training (RLHF) on the embedded task or a local model. Every hyperparameter is "
-        "in the config (see refppo/config.py, or --print-config); --set SECTION.KEY=VALUE overrides any.",
+        "in the config (--help-config describes every key, --print-config prints the resolved values); "
+        "--set SECTION.KEY=VALUE overrides any.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("Examples::", 1)[1] if __doc__ else None,
     )
@@ -49,15 +53,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reward", metavar="MODULE:FUNCTION", help="programmatic reward f(prompt, response) -> float"
     )
-    p.add_argument("--prompts", metavar="FILE", help="text file, one prompt per line (task.prompts_file)")
+    p.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="text file, one prompt per line (task.prompts_file); required with --model DIR",
+    )
+    p.add_argument(
+        "--embedded-prompts",
+        action="store_true",
+        help="with --model DIR and no --prompts: train on the embedded task's synthetic prompts "
+        "anyway (task.embedded_prompts)",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="model.device")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float64"], help="model.dtype")
     p.add_argument("--iterations", type=int, help="run.iterations")
     p.add_argument("--seed", type=int, help="run.seed")
     p.add_argument("--out", metavar="DIR", help="run.out_dir")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the out dir")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    p.add_argument(
+        "--resume-fallback",
+        action="store_true",
+        help="with --resume: if the newest checkpoint is damaged, say why and resume from the previous "
+        "complete one (default: stop with an error naming the damaged file)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a fresh run in a non-empty out dir that holds a refppo run (its run.json): deletes "
+        "refppo's files there (checkpoints, metrics, plot, config), keeps any other file; "
+        "without it a non-empty out dir is refused",
+    )
+    p.add_argument(
+        "--no-progress", action="store_true", help="one plain line per iteration instead of the tqdm bar"
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    p.add_argument(
+        "--help-config",
+        nargs="?",
+        const="",
+        metavar="SECTION",
+        help="describe every --set key (type, default, meaning), or those of one SECTION, and exit",
+    )
     return p
 
 
@@ -82,6 +118,8 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
         value = getattr(args, name)
         if value is not None:
             flags.append(f"{key}={value}")
+    if args.embedded_prompts:
+        flags.append("task.embedded_prompts=true")
     if args.no_progress:
         flags.append("run.progress=false")
     return load_config(args.config, [*flags, *args.overrides])
@@ -90,6 +128,17 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``refppo train``; returns the exit code (2: bad config or input)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.help_config is not None:
+        from refppo.config_doc import describe_config, sections
+
+        if args.help_config and args.help_config not in sections():
+            print(
+                f"refppo train: error: --help-config {args.help_config!r}: sections are {sections()}",
+                file=sys.stderr,
+            )
+            return 2
+        print(describe_config(args.help_config or None))
+        return 0
     try:
         cfg = resolve_config(args)
         if args.print_config:
@@ -97,11 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from refppo.trainer import run
 
-        records = run(cfg, resume=args.resume)
+        records = run(cfg, resume=args.resume, overwrite=args.overwrite, resume_fallback=args.resume_fallback)
     except RefPPOError as e:
         print(f"refppo train: error: {e}", file=sys.stderr)
         return 2
-    if records:
+    if records and int(os.environ.get("RANK", "0")) == 0:  # under torchrun: one summary, rank 0's
         last = records[-1]
         print(
             f"done: {len(records)} iterations, final reward {last.get('rollout/score', float('nan')):.4f}, "

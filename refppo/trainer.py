@@ -26,15 +26,14 @@ Numbered skeleton of :meth:`Trainer.train`::
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import importlib
-import json
 import math
 import os
 import random
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,12 +44,15 @@ import torch.distributed as torch_dist
 from torch import Tensor, nn
 
 from refppo import checkpoint as ckpt
-from refppo import models, ppo
+from refppo import models, ppo, rundir
 from refppo import rollout as rl
+from refppo.atomic import atomic_write_text, atomic_write_with, pause_for_test
 from refppo.config import ConfigError, TrainConfig
 from refppo.errors import RefPPOError
 from refppo.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
 from refppo.logging_utils import MetricsLog, Progress, TensorBoard, format_samples, plot_metrics, read_metrics
+from refppo.reward_fn import RewardFunctionError, TextRewardFn, load_reward_function, text_reward
+from refppo.reward_fn import resolve_reward_function as resolve_reward_function
 from refppo.tasks.warmstart import sft, train_reward_model
 from refppo.tasks.words import PROMPT_HEAD, WordsTask, build_tokenizer, rule_reward
 
@@ -79,6 +81,15 @@ RESUMABLE_KEYS = (
     "checkpoint_every",
 )
 """``[run]`` keys that may change when resuming; any other config change is refused."""
+
+
+EMBEDDED_POLICIES = ("tiny_gpt2", "tiny_llama")
+"""``model.policy`` values built from a config (anything else is a local model directory)."""
+RULE_REWARD = "refppo.tasks.words:rule_reward"
+"""The embedded task's hidden rule as a text reward (``task.reward=rule``, and the logged ``rule_score``)."""
+SMALL_MODEL_PARAMS = 50_000_000
+"""Below this many policy parameters ``model.threads=0`` (auto) uses ONE intra-op thread on CPU
+(measured in benchmarks/bench_train.py --threads; see :func:`set_threads`)."""
 
 
 class TrainingError(RefPPOError):
@@ -178,46 +189,56 @@ def context_length(model: nn.Module) -> int | None:
     return None
 
 
-def load_reward_function(spec: str, tokenizer: Any) -> models.RewardFn:
-    """``package.module:function`` taking ``(prompt: str, response: str) -> float`` → an ids-level
-    :data:`refppo.models.RewardFn` (prompt/response decoded with ``tokenizer``, special tokens kept)."""
-    mod_name, _, fn_name = spec.partition(":")
-    if not mod_name or not fn_name:
-        raise TrainingError(f"--reward {spec!r}: expected package.module:function")
+@contextlib.contextmanager
+def _reward_errors_at(it: int) -> Iterator[None]:
+    """Prefix a reward function's error with the iteration (1-based) it happened in."""
     try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise TrainingError(f"--reward {spec!r}: cannot import module {mod_name!r}: {e}") from e
-    fn = getattr(mod, fn_name, None)
-    if not callable(fn):
-        raise TrainingError(f"--reward {spec!r}: module {mod_name!r} has no callable {fn_name!r}")
-    return text_reward(fn, tokenizer)
+        yield
+    except RewardFunctionError as e:
+        raise RewardFunctionError(f"iteration {it + 1}: {e}") from e.__cause__
 
 
-def text_reward(fn: Callable[[str, str], float], tokenizer: Any) -> models.RewardFn:
-    """Wrap a text reward ``fn(prompt, response) -> float`` as an ids-level reward.
+def _check_model_dir(flag: str, path: str) -> None:
+    p = Path(path)
+    if not p.is_dir():
+        raise TrainingError(f"{flag} {path!r}: no such directory (a local model directory is required)")
+    if not (p / "config.json").exists():
+        raise TrainingError(f"{flag} {path!r}: no config.json (not a transformers model directory)")
 
-    A call that does not fit the signature, or a result that is not a real number, stops the run
-    with a :class:`TrainingError` naming the function (a NaN/inf score is caught later as a
-    non-finite loss)."""
-    name = getattr(fn, "__qualname__", repr(fn))
 
-    def reward(prompt_ids: list[int], response_ids: list[int]) -> float:
-        p = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        r = tokenizer.decode(response_ids, skip_special_tokens=False)
-        try:
-            value = fn(p, r)
-        except TypeError as e:
-            raise TrainingError(
-                f"reward function {name}: calling it as f(prompt: str, response: str) failed: {e}"
-            ) from e
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TrainingError(
-                f"reward function {name}: expected a number, got {type(value).__name__} {value!r}"
-            )
-        return float(value)
+@contextlib.contextmanager
+def rank0_output(is_main: bool) -> Iterator[None]:
+    """transformers' progress bars and info/warning logs silenced on every rank but 0 (under
+    torchrun each rank loads the same model: one "Loading weights" bar is enough); errors still
+    print. No-op on the main rank."""
+    if is_main:
+        yield
+        return
+    from transformers.utils import logging as hf_logging_module
 
-    return reward
+    hf_logging: Any = hf_logging_module  # untyped module: its functions are called through Any
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def set_threads(requested: int, model: nn.Module, device: torch.device) -> int:
+    """Apply ``model.threads`` (see its docstring) and return the intra-op thread count in use.
+
+    ``requested > 0``: exactly that. ``0`` (auto): one thread on CPU for a policy below
+    :data:`SMALL_MODEL_PARAMS` parameters, else torch's default; on GPU torch's default."""
+    if requested > 0:
+        torch.set_num_threads(requested)
+    elif device.type == "cpu" and sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMS:
+        torch.set_num_threads(1)
+    return torch.get_num_threads()
 
 
 def _finite(x: float) -> bool:
@@ -228,7 +249,13 @@ def _finite(x: float) -> bool:
 
 
 class Trainer:
-    """One training run of ``cfg`` (see the module docstring)."""
+    """One training run of ``cfg`` (see the module docstring).
+
+    ``resume``: continue the run in ``run.out_dir`` from its newest complete checkpoint (which must
+    belong to that run: same run id and config hash, see :mod:`refppo.rundir`). ``resume_fallback``
+    (with ``resume``): when that checkpoint is damaged, say so and try the previous complete one.
+    ``overwrite`` (without ``resume``): a non-empty ``run.out_dir`` that is a refppo run is cleared
+    (refppo's entries only) instead of refused."""
 
     def __init__(
         self,
@@ -236,15 +263,25 @@ class Trainer:
         *,
         dist: DistContext | None = None,
         resume: bool = False,
+        overwrite: bool = False,
+        resume_fallback: bool = False,
         echo: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.dist = dist or DistContext()
         cfg.check_world_size(self.dist.world_size)
-        self.resume = resume
+        self.resume, self.overwrite, self.resume_fallback = resume, overwrite, resume_fallback
+        if resume and overwrite:
+            raise TrainingError("--resume continues the run in the out dir, --overwrite replaces it")
+        if resume_fallback and not resume:
+            raise TrainingError("--resume-fallback only applies with --resume")
         self.out_dir = Path(cfg.run.out_dir)
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise TrainingError(f"run.out_dir {str(self.out_dir)!r} exists and is not a directory")
+        if not resume:
+            rundir.check_fresh(self.out_dir, overwrite=overwrite)  # before any model loads
+        self.config_hash = rundir.config_hash(cfg.to_dict(), RESUMABLE_KEYS)
+        self.identity = rundir.new_identity(self.config_hash)  # --resume: replaced by run.json's
         self.ckpt_dir = self.out_dir / "checkpoints"
         self._echo = echo
         self.start_iteration = 0
@@ -263,8 +300,11 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg, d = self.cfg, self.dist
-        if cfg.model.threads:
-            torch.set_num_threads(cfg.model.threads)
+        embedded = cfg.model.policy in EMBEDDED_POLICIES
+        self._check_inputs(embedded)  # cheap checks first: a typo costs no model loading
+        user_reward: TextRewardFn | None = None
+        if cfg.task.reward not in ("model", "rule"):
+            user_reward = resolve_reward_function(cfg.task.reward)  # import + signature, before models
         seed_everything(cfg.run.seed)
         self.device = resolve_device(cfg.model.device, d)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
@@ -279,7 +319,6 @@ class Trainer:
         if self.resume and not resuming:
             raise TrainingError(f"--resume: no complete checkpoint under {str(self.ckpt_dir)!r}")
 
-        embedded = cfg.model.policy in ("tiny_gpt2", "tiny_llama")
         if embedded:
             self.tokenizer = build_tokenizer()
             arch: models.Arch = "gpt2" if cfg.model.policy == "tiny_gpt2" else "llama"
@@ -307,6 +346,7 @@ class Trainer:
                 f"the tokenizer of {cfg.model.policy!r} has no EOS token; responses could never end"
             )
         self.actor.to(self.device, self.param_dtype)
+        self.threads = set_threads(cfg.model.threads, self.actor, self.device)
         if embedded and (cfg.task.sft_steps or cfg.task.reward == "model"):
             longest = len(PROMPT_HEAD) + cfg.task.prompt_words[1] + cfg.task.response_words[1] + 1
             if longest > cfg.model.n_positions:
@@ -331,6 +371,7 @@ class Trainer:
         self.reference = models.make_reference(self.actor)
 
         # reward
+        keep = cfg.task.reward_special_tokens
         self.reward_model: models.RewardModel | None = None
         self.reward: models.Reward
         if cfg.task.reward == "model":
@@ -373,12 +414,13 @@ class Trainer:
             for p in self.reward_model.parameters():
                 p.requires_grad_(False)
             self.reward = self.reward_model
-        elif cfg.task.reward == "rule":
-            self.reward = text_reward(rule_reward, self.tokenizer)
         else:
-            self.reward = load_reward_function(cfg.task.reward, self.tokenizer)
+            fn, name = (rule_reward, RULE_REWARD) if user_reward is None else (user_reward, cfg.task.reward)
+            self.reward = text_reward(fn, self.tokenizer, keep_special_tokens=keep, name=name)
         # the hidden rule, logged alongside a learned reward (the embedded task's true objective)
-        self.rule: models.RewardFn | None = text_reward(rule_reward, self.tokenizer) if embedded else None
+        self.rule: models.RewardFn | None = None
+        if embedded:
+            self.rule = text_reward(rule_reward, self.tokenizer, keep_special_tokens=keep, name=RULE_REWARD)
 
         # critic
         with torch.random.fork_rng(devices=[]):
@@ -447,42 +489,58 @@ class Trainer:
             self.actor_train = nn.parallel.DistributedDataParallel(self.actor, device_ids=ids)
             self.critic_train = nn.parallel.DistributedDataParallel(self.critic, device_ids=ids)
 
+    def _check_inputs(self, embedded: bool) -> None:
+        """Checks that need no model, run before any model loads: the model directories exist, the
+        prompts file exists, and a local policy comes with its own prompts."""
+        cfg = self.cfg
+        if not embedded:
+            _check_model_dir("--model", cfg.model.policy)
+        if cfg.task.reward == "model" and cfg.model.reward_model is not None:
+            _check_model_dir("--reward-model", cfg.model.reward_model)
+        pf = cfg.task.prompts_file
+        if pf is not None and not Path(pf).is_file():
+            raise TrainingError(f"task.prompts_file {pf!r} (--prompts): no such file")
+        if not embedded and pf is None and not cfg.task.embedded_prompts:
+            raise TrainingError(
+                f"--model {cfg.model.policy!r} needs --prompts FILE (one prompt per line): without it the "
+                "only prompts are the embedded task's synthetic 'review : ...' lines; pass "
+                "--embedded-prompts (task.embedded_prompts=true) to train on those anyway"
+            )
+
     def _load_local_policy(self, path: str) -> tuple[Any, nn.Module]:
-        p = Path(path)
-        if not p.is_dir():
-            raise TrainingError(f"--model {path!r}: no such directory (a local model directory is required)")
-        if not (p / "config.json").exists():
-            raise TrainingError(f"--model {path!r}: no config.json (not a transformers model directory)")
         from transformers import AutoTokenizer
 
-        try:
-            tok = AutoTokenizer.from_pretrained(path)
-        except Exception as e:  # transformers raises OSError/ValueError/...: report them all the same way
-            raise TrainingError(f"--model {path!r}: cannot load its tokenizer: {e}") from e
-        try:
-            actor = models.load_actor(path)
-        except Exception as e:
-            raise TrainingError(f"--model {path!r}: cannot load it as a causal LM: {e}") from e
+        with rank0_output(self.dist.is_main):
+            try:
+                tok = AutoTokenizer.from_pretrained(path)
+            except Exception as e:  # transformers raises OSError/ValueError/...: report them all alike
+                raise TrainingError(f"--model {path!r}: cannot load its tokenizer: {e}") from e
+            try:
+                actor = models.load_actor(path)
+            except Exception as e:
+                raise TrainingError(f"--model {path!r}: cannot load it as a causal LM: {e}") from e
         return tok, actor
 
     def _load_local_reward(self, path: str) -> models.RewardModel:
-        p = Path(path)
-        if not (p.is_dir() and (p / "config.json").exists()):
-            raise TrainingError(f"--reward-model {path!r}: not a local transformers model directory")
-        try:
-            return models.load_reward_model(path)
-        except Exception as e:
-            raise TrainingError(f"--reward-model {path!r}: cannot load it: {e}") from e
+        with rank0_output(self.dist.is_main):
+            try:
+                return models.load_reward_model(path)
+            except Exception as e:
+                raise TrainingError(f"--reward-model {path!r}: cannot load it: {e}") from e
 
     def _read_prompts(self, path: str) -> list[str]:
-        p = Path(path)
-        if not p.is_file():
-            raise TrainingError(f"task.prompts_file {path!r} does not exist")
-        prompts = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not prompts:
+        """The prompts of ``path`` (one per line, blank lines skipped), each checked against the
+        context now, not mid-run; an error names the file and the line."""
+        numbered = [
+            (n, line.strip())
+            for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1)
+            if line.strip()
+        ]
+        if not numbered:
             raise TrainingError(f"task.prompts_file {path!r} holds no prompt")
-        self.encode_prompts(prompts)  # every prompt checked against the context now, not mid-run
-        return prompts
+        for n, text in numbered:
+            self._check_prompt(self._tokenize(text), text, where=f"{path}:{n}: ")
+        return [text for _, text in numbered]
 
     def _max_prompt_tokens(self) -> int:
         ctx = context_length(self.actor)
@@ -497,18 +555,28 @@ class Trainer:
         return limit or 10**9
 
     # ----------------------------------------------------------------------------------------- prompts
+    def _tokenize(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer(text, add_special_tokens=self.cfg.task.add_special_tokens)[
+            "input_ids"
+        ]
+        return ids
+
+    def _check_prompt(self, row: list[int], text: str, where: str = "") -> None:
+        if len(row) == 0:
+            raise TrainingError(f"{where}prompt {text!r} encodes to no tokens")
+        if len(row) > self.max_prompt_tokens:
+            shown = text if len(text) <= 80 else text[:80] + "…"
+            raise TrainingError(
+                f"{where}prompt of {len(row)} tokens is longer than the {self.max_prompt_tokens} allowed "
+                f"(context − rollout.max_new_tokens, or rollout.max_prompt_tokens): {shown!r}"
+            )
+
     def encode_prompts(self, texts: list[str]) -> tuple[Tensor, Tensor]:
-        """Token ids of ``texts``, checked against the context, left-padded."""
-        special = self.cfg.task.add_special_tokens
-        ids: list[list[int]] = [self.tokenizer(t, add_special_tokens=special)["input_ids"] for t in texts]
+        """Token ids of ``texts`` (``task.add_special_tokens``: with the tokenizer's BOS etc.),
+        checked against the context, left-padded: ``([B, P] ids, [B, P] mask)``."""
+        ids = [self._tokenize(t) for t in texts]
         for t, row in zip(texts, ids, strict=True):
-            if len(row) == 0:
-                raise TrainingError(f"prompt {t!r} encodes to no tokens")
-            if len(row) > self.max_prompt_tokens:
-                raise TrainingError(
-                    f"prompt of {len(row)} tokens is longer than the {self.max_prompt_tokens} allowed "
-                    f"(context − rollout.max_new_tokens, or rollout.max_prompt_tokens): {t[:80]!r}"
-                )
+            self._check_prompt(row, t)
         pid, pmask = models.left_pad(ids, int(self.tokenizer.pad_token_id))
         return pid.to(self.device), pmask.to(self.device)
 
@@ -530,7 +598,7 @@ class Trainer:
         hp = replace(cfg.ppo.hp, kl_coef=self.kl_ctl.value)
         snapshot = self._snapshot() if cfg.run.on_nan == "skip" else None
         t0 = time.perf_counter()
-        with self._autocast():
+        with self._autocast(), _reward_errors_at(it):
             batch = rl.generate_rollout(self.actor, prompt_ids, prompt_mask, self.rollout_cfg, self.generator)
             t1 = time.perf_counter()
             result = ppo.iteration(
@@ -554,18 +622,25 @@ class Trainer:
         t2 = time.perf_counter()
         metrics = self._reduce(result.metrics)
         if self.rule is not None:
-            rule = [self.rule(*batch.unpadded(b)) for b in range(batch.batch_size)]
+            with _reward_errors_at(it):
+                rule = [self.rule(*batch.unpadded(b)) for b in range(batch.batch_size)]
             metrics["rule_score"] = self._mean_over_ranks(sum(rule) / len(rule))
         record: dict[str, Any] = {"iteration": it + 1, "kl_coef": hp.kl_coef, "skipped": 0}
         for k, v in metrics.items():
             record[("rollout/" if k in ROLLOUT_KEYS or k == "rule_score" else "ppo/") + k] = v
+        if cfg.rollout.missing_eos_penalty is not None:  # mean penalty per response (plotted on its own)
+            record["rollout/missing_eos_penalty"] = metrics["raw_score"] - metrics["score"]
         bad = [k for k in ("loss", "pg_loss", "vf_loss") if not _finite(metrics.get(k, 0.0))]
         bad += [n for n, m in (("actor", self.actor), ("critic", self.critic)) if not _params_finite(m)]
         if bad:
             if snapshot is None:
+                last = ckpt.latest_checkpoint(self.ckpt_dir)
+                kept = (
+                    f"the last checkpoint, {str(last)!r}, is intact" if last else "no checkpoint exists yet"
+                )
                 raise TrainingError(
                     f"iteration {it + 1}: non-finite {', '.join(bad)} (scores: mean {metrics['score']!r}); "
-                    "stopping — the last checkpoint is intact. Lower optimizer.lr, check the reward, "
+                    f"stopping — {kept}. Lower optimizer.lr, check the reward, "
                     "or set run.on_nan=skip to drop such updates"
                 )
             self._restore(snapshot)
@@ -622,58 +697,89 @@ class Trainer:
         return out
 
     def save(self, iteration: int) -> Path:
-        """Checkpoint after ``iteration`` completed iterations (call on every rank)."""
-        path = ckpt.save_checkpoint(
+        """Checkpoint after ``iteration`` completed iterations (call on every rank): every rank writes
+        into a staging folder, then the main rank seals it and renames it into place (atomic)."""
+        d = self.dist
+        if d.is_main:
+            ckpt.begin_checkpoint(self.ckpt_dir, iteration)
+        d.barrier()
+        staging = ckpt.save_checkpoint(
             self.ckpt_dir,
             iteration,
             models=self._models(),
             optimizers={"policy": self.actor_opt, "critic": self.critic_opt},
             rng=ckpt.rng_state(self.task_rng, self.generator),
-            rank=self.dist.rank,
+            rank=d.rank,
             state={
                 "kl_controller": self.kl_ctl.state_dict(),
                 "config": self.cfg.to_dict(),
-                "world_size": self.dist.world_size,
+                "world_size": d.world_size,
+                "run_id": self.identity.run_id,
+                "config_hash": self.config_hash,
             },
-            is_main=self.dist.is_main,
+            is_main=d.is_main,
         )
-        self.dist.barrier()
-        if self.dist.is_main:
-            ckpt.mark_complete(path)
-        self.dist.barrier()
+        d.barrier()
+        path = ckpt.staging_dir(self.ckpt_dir, iteration).with_name(f"iter_{iteration:06d}")
+        if d.is_main:
+            pause_for_test(f"checkpoint:{iteration}")  # test-only: the kill tests stop here
+            path = ckpt.mark_complete(staging)
+        d.barrier()
         return path
 
     def _load(self) -> None:
-        path = ckpt.latest_checkpoint(self.ckpt_dir)
-        assert path is not None
-        state = json.loads((path / "state.json").read_text())
-        self._check_resume_config(state.get("config", {}), int(state.get("world_size", 1)))
+        """Resume from the newest complete checkpoint; with ``resume_fallback``, a damaged one is
+        skipped (and named) in favour of the previous one. A checkpoint of another run or config is
+        never skipped: it is refused."""
+        ident = rundir.read_identity(self.out_dir)
+        if ident is None:
+            raise TrainingError(
+                f"--resume: {str(self.out_dir)!r} has no {rundir.RUN_FILE}, so its checkpoints cannot be "
+                "shown to belong to one run (written by refppo before run identities?); start a fresh run"
+            )
+        self.identity = ident
+        candidates = ckpt.complete_checkpoints(self.ckpt_dir)[::-1]
+        for i, path in enumerate(candidates):
+            try:
+                c = self._load_one(path, ident)
+            except ckpt.CheckpointError as e:
+                more = i + 1 < len(candidates)
+                if self.resume_fallback and more:
+                    self.echo(f"--resume-fallback: skipped {path.name}: {e}")
+                    continue
+                hint = "; --resume-fallback resumes from the previous complete checkpoint" if more else ""
+                raise ckpt.CheckpointError(f"--resume: {e}{hint}") from None
+            self.start_iteration = c.iteration
+            self.echo(f"resumed from {path} (iteration {c.iteration})")
+            return
+
+    def _load_one(self, path: Path, ident: rundir.RunIdentity) -> ckpt.Checkpoint:
+        state = ckpt.read_state(path)
+        self._check_resume_config(state, ident, path)
         c, rng = ckpt.load_checkpoint(
             path,
             models=self._models(),
             optimizers={"policy": self.actor_opt, "critic": self.critic_opt},
             rank=self.dist.rank,
         )
+        try:
+            self.kl_ctl.load_state_dict(c.state["kl_controller"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ckpt.CheckpointError(
+                f"checkpoint {str(path)!r}: state.json has no valid 'kl_controller' ({e})"
+            ) from None
         ckpt.set_rng_state(rng, self.task_rng, self.generator)
-        self.kl_ctl.load_state_dict(c.state["kl_controller"])
-        self.start_iteration = c.iteration
-        self.echo(f"resumed from {path} (iteration {c.iteration})")
+        return c
 
-    def _check_resume_config(self, saved: dict[str, Any], saved_world: int) -> None:
-        now = self.cfg.to_dict()
-        diffs: list[str] = []
-        for section, values in now.items():
-            for key, value in values.items():
-                if section == "run" and key in RESUMABLE_KEYS:
-                    continue
-                old = saved.get(section, {}).get(key)
-                if old != value:
-                    diffs.append(f"{section}.{key}: {old!r} -> {value!r}")
-        if diffs:
-            raise TrainingError(
-                "--resume with a different config (only run.iterations and logging may change): "
-                + "; ".join(diffs)
-            )
+    def _check_resume_config(self, state: dict[str, Any], ident: rundir.RunIdentity, path: Path) -> None:
+        """The checkpoint ``state`` belongs to this run (run id of ``run.json``), has this config
+        (except :data:`RESUMABLE_KEYS`; also by hash) and this world size; else TrainingError."""
+        problem = rundir.resume_mismatch(
+            state, ident, self.cfg.to_dict(), self.config_hash, RESUMABLE_KEYS, path
+        )
+        if problem is not None:
+            raise TrainingError(problem)
+        saved_world = int(state.get("world_size", 1))
         if saved_world != self.dist.world_size:
             raise TrainingError(
                 f"--resume: checkpoint was written by {saved_world} ranks, now {self.dist.world_size}"
@@ -683,16 +789,23 @@ class Trainer:
     def train(self) -> list[dict[str, Any]]:
         """Run to ``run.iterations``; returns every record of this run (main rank; others: [])."""
         cfg, d = self.cfg, self.dist
+        if self.resume and self.start_iteration >= cfg.run.iterations:
+            self.echo(
+                f"nothing to do: the checkpoint is at iteration {self.start_iteration} and "
+                f"run.iterations={cfg.run.iterations} (raise --iterations to train further)"
+            )
+            return []
         if d.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.json").write_text(self.cfg.to_json() + "\n")
+            self._prepare_out_dir()
         log = MetricsLog(
             self.out_dir / "metrics.jsonl",
             resume_from=self.start_iteration if self.resume else None,
             enabled=d.is_main,
         )
+        for note in log.notes:
+            self.echo(f"metrics.jsonl: {note}")
         tb = TensorBoard(self.out_dir / "tensorboard", enabled=cfg.run.tensorboard and d.is_main)
-        bar = Progress(cfg.run.iterations, self.start_iteration, enabled=cfg.run.progress and d.is_main)
+        bar = Progress(cfg.run.iterations, self.start_iteration, enabled=d.is_main, bar=cfg.run.progress)
         records: list[dict[str, Any]] = []
         last_saved = self.start_iteration
         try:
@@ -718,23 +831,51 @@ class Trainer:
         if d.is_main and cfg.run.plot:
             all_records = read_metrics(self.out_dir / "metrics.jsonl")
             if all_records:
-                path = plot_metrics(all_records, self.out_dir / "plot.png")
+                path = self.out_dir / "plot.png"
+                atomic_write_with(path, lambda tmp: plot_metrics(all_records, tmp), suffix=".png")
                 self.echo(f"plot: {path}")
         return records
+
+    def _prepare_out_dir(self) -> None:
+        """Main rank, before the first iteration: a fresh run clears the out dir (``overwrite``,
+        refppo's entries only) and writes ``run.json``; every run writes ``config.json`` (atomically)."""
+        if not self.resume:
+            if self.overwrite:
+                kept = rundir.clear_run(self.out_dir)
+                if kept:
+                    self.echo(f"--overwrite: kept {len(kept)} entries not refppo's: {', '.join(kept)}")
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            rundir.write_identity(self.out_dir, self.identity)
+        atomic_write_text(self.out_dir / "config.json", self.cfg.to_json() + "\n")
 
 
 def _params_finite(m: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in m.parameters())
 
 
-def run(cfg: TrainConfig, *, resume: bool = False) -> list[dict[str, Any]]:
-    """Build a :class:`Trainer` (joining a torchrun job if there is one) and train."""
+def shutdown_distributed(d: DistContext) -> None:
+    """Leave the torchrun job after this rank finished training (no-op on one process).
+
+    ``barrier()`` first, so no rank closes its gloo/NCCL connections while a peer is still in a
+    collective or writing its checkpoint/plot; then ``destroy_process_group()``. Called on
+    success only (as torchtitan's ``train.py`` main, pytorch/torchtitan#1342): after an error
+    the other ranks may be blocked in a collective this rank will never join, so a barrier or a
+    destroy could hang until the backend timeout; the error propagates and torchrun stops them."""
+    if d.world_size > 1 and torch_dist.is_initialized():
+        torch_dist.barrier()
+        torch_dist.destroy_process_group()
+
+
+def run(
+    cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, resume_fallback: bool = False
+) -> list[dict[str, Any]]:
+    """Build a :class:`Trainer` (joining a torchrun job if there is one), train, and leave the job
+    cleanly (:func:`shutdown_distributed`). The flags: see :class:`Trainer`."""
     d = init_distributed(cfg.model.device)
-    try:
-        return Trainer(cfg, dist=d, resume=resume).train()
-    finally:
-        if d.world_size > 1 and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+    trainer = Trainer(cfg, dist=d, resume=resume, overwrite=overwrite, resume_fallback=resume_fallback)
+    records = trainer.train()
+    shutdown_distributed(d)
+    return records
 
 
 __all__ = [
@@ -744,5 +885,6 @@ __all__ = [
     "init_distributed",
     "load_reward_function",
     "run",
+    "shutdown_distributed",
     "text_reward",
 ]

@@ -4,7 +4,9 @@
 Run by hand with the interpreter of a virtual environment holding ``trl==1.12.0`` (set up as in
 ``benchmarks/bench_trl_ppo.py``)::
 
-    /tmp/trl-venv/bin/python tools/validate_trl_preset.py [--keep DIR]
+    /work/peervenv/trl/bin/python tools/validate_trl_preset.py [--keep DIR]
+
+(the venv is built by ``tools/build_peer_venvs.sh``; ``$REFPPO_PEERS_ROOT`` moves it).
 
 It prints ``SKIPPED: trl not importable`` and exits 0 when ``trl`` cannot be imported.
 
@@ -52,7 +54,8 @@ Cases: ``full`` (no stop token: every row full width, k1, TRL defaults), ``ragge
 (``stop_token="eos"``, EOS made likely, ``missing_eos_penalty = 1``: right-padded rows of different
 lengths, some without EOS), ``ragged_k3_epoch2`` (ragged, ``kl_estimator = "k3"``, non-default
 γ, λ, β, ε, ε_v, vf_coef, two PPO epochs with a large learning rate, captured in the SECOND epoch so
-that the ratio and the value prediction have moved and both clip branches are exercised).
+that the ratio and the value prediction have moved and both clip branches are exercised),
+``ragged_whiten_rewards`` (``whiten_rewards=True``: checked with ``--set whiten_rewards=masked_no_shift``).
 
 Exit codes: 0 every case matches (or trl is not importable: SKIPPED), 1 a mismatch.
 """
@@ -122,6 +125,14 @@ CASES: dict[str, dict[str, Any]] = {
             "num_ppo_epochs": 2,
             "learning_rate": 3e-3,
         },
+    },
+    "ragged_whiten_rewards": {
+        "stop_token": "eos",
+        "eos_boost": 1.0,
+        "capture_epoch": 0,
+        "config": {"missing_eos_penalty": 1.0, "whiten_rewards": True, "gamma": 0.95, "lam": 0.9},
+        # PPOConfig.whiten_rewards: masked_whiten(rewards, mask=~padding_mask_p1, shift_mean=False)
+        "set": {"whiten_rewards": "masked_no_shift"},
     },
 }
 
@@ -301,16 +312,25 @@ def make(out: Path) -> dict[str, Any]:
             path = path.with_suffix(".pt")
             torch.save({k: v.detach().contiguous() for k, v in tensors.items()}, str(path))
             Path(str(path) + ".json").write_text(json.dumps({**side["hparams"], **side["convention"]}))
-        status[case] = {"dump": str(path), "kl_estimator": side["convention"]["kl_estimator"], "facts": facts}
+        status[case] = {
+            "dump": str(path),
+            "kl_estimator": side["convention"]["kl_estimator"],
+            "set": spec.get("set", {}),
+            "facts": facts,
+        }
     (out / "status.json").write_text(json.dumps(status, indent=2))
     return status
 
 
-def diff(path: str, estimator: str, refppo_python: str) -> tuple[int, dict[str, Any]]:
+def diff(
+    path: str, estimator: str, refppo_python: str, extra: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
     """Stage 2: ``refppo diff PATH --preset trl --set kl_estimator=E --json``, in-process if refppo
     imports here. The preset's conventions outrank the sidecar's (``spec/dump-format.md``), so
     TRL's ``kl_estimator`` is passed with ``--set``, as for the other peers."""
     argv = [path, "--preset", "trl", "--set", f"kl_estimator={estimator}", "--json"]
+    for k, v in (extra or {}).items():
+        argv += ["--set", f"{k}={v}"]
     try:
         import contextlib
         import io
@@ -350,10 +370,10 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         status = make(out)
         for case, st in status.items():
-            rc, rep = diff(st["dump"], st["kl_estimator"], args.refppo_python)
+            rc, rep = diff(st["dump"], st["kl_estimator"], args.refppo_python, st.get("set"))
             worst = max((q["max_abs_err"] for q in rep["quantities"].values()), default=0.0)
             verdict = "MATCH" if rc == 0 else f"MISMATCH at {rep['first_divergence']}"
-            print(f"trl {case:<18} {verdict}  ({len(rep['quantities'])} quantities, max abs err {worst:.2e})")
+            print(f"trl {case:<22} {verdict}  ({len(rep['quantities'])} quantities, max abs err {worst:.2e})")
             print(f"    {json.dumps(st['facts'])}")
             conv = rep["convention"]
             print(f"    estimator={conv['kl_estimator']} hparams={json.dumps(rep['hparams'])}")

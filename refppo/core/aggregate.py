@@ -8,6 +8,7 @@ seq-mean-token-mean      ``Σ_b (Σ_t m L / Σ_t m) / N_seq``        ``N_seq = B
 seq-mean-token-sum       ``Σ_bt m L / N_seq``                    ``N_seq = B``
 seq-mean-token-sum-norm  ``Σ_b (Σ_t m L / H) / N_seq``          ``H = T`` (a constant horizon),
                                                                  ``N_seq = B``
+token-sum                ``Σ_bt m L``                            none (verl ``token-sum``)
 ======================== ======================================= ===========================
 
 Names and formulas as verl 0.9.1 ``verl/trainer/ppo/core_algos.py::agg_loss``. The
@@ -69,6 +70,8 @@ def aggregate_masked(
     if agg is LossAgg.TOKEN_MEAN:
         n_tok = float(count_true(m)) if token_count is None else check_positive("token_count", token_count)
         return lm.sum() / n_tok
+    if agg is LossAgg.TOKEN_SUM:
+        return lm.sum()
     n_seq = check_positive("seq_count", seq_count) if seq_count is not None else float(B)
     if agg is LossAgg.SEQ_MEAN_TOKEN_MEAN:
         per_seq = lm.sum(dim=1) / count_true(m, 1).to(lm.dtype)
@@ -101,7 +104,9 @@ def aggregate_loss_naive(
         seq_sums.append(s)
         seq_lens.append(n)
     B, T = len(ms), len(ms[0])
-    if agg == LossAgg.TOKEN_MEAN:
+    if agg == LossAgg.TOKEN_SUM:
+        result = sum(seq_sums)
+    elif agg == LossAgg.TOKEN_MEAN:
         result = sum(seq_sums) / (token_count if token_count is not None else sum(seq_lens))
     elif agg == LossAgg.SEQ_MEAN_TOKEN_MEAN:
         result = sum(s / n for s, n in zip(seq_sums, seq_lens, strict=True)) / (

@@ -40,6 +40,12 @@ def _openrlhf_kl_clamps(estimator: str) -> KlClamps:
     return {"kl_log_ratio_clamp": None, "kl_value_clamp": 10.0}
 
 
+def _areal_kl_clamps(estimator: str) -> KlClamps:
+    """AReaL 1.0.4 ``areal/utils/data.py::KLEstimator._compute_approx_kl`` (``apply_clamp=True``):
+    every estimate is clamped to [−10, 10]; the log-ratio is not clamped."""
+    return {"kl_log_ratio_clamp": None, "kl_value_clamp": 10.0}
+
+
 @dataclass(frozen=True)
 class Preset:
     """One peer: fixed convention keys, a KL-clamp rule, default hyperparameters, sources."""
@@ -69,6 +75,11 @@ PRESETS: dict[str, Preset] = {
             "score_clip": None,
             "approx_kl": "k1",
             "vf_mask": "value",
+            "whiten_eps_at": "variance",
+            "whiten_rewards": "none",
+            "gae_padding": "masked",
+            "kl_loss_agg": None,
+            "entropy_agg": None,
         },
         hparams={},
         kl_clamps=_no_kl_clamps,
@@ -98,6 +109,13 @@ PRESETS: dict[str, Preset] = {
             "score_clip": None,
             "approx_kl": "k1",
             "vf_mask": "value",
+            # masked_whiten: rsqrt(var + 1e-8); KL loss and entropy use actor.loss_agg_mode
+            # (verl/workers/utils/losses.py::ppo_loss calls agg_loss with config.loss_agg_mode).
+            "whiten_eps_at": "variance",
+            "whiten_rewards": "none",
+            "gae_padding": "masked",
+            "kl_loss_agg": None,
+            "entropy_agg": None,
         },
         hparams={
             "gamma": 1.0,
@@ -144,6 +162,15 @@ PRESETS: dict[str, Preset] = {
             "score_clip": 10.0,
             "approx_kl": "k1",
             "vf_mask": "value",
+            # compute_advantages_and_returns: (A − μ)·clamp(var, min=1e-8).rsqrt().
+            "whiten_eps_at": "clamp",
+            "whiten_rewards": "none",
+            "gae_padding": "masked",
+            # trainer/ray/ppo_actor.py::training_step calls models/loss.py::aggregate_loss for the KL
+            # loss and the entropy without token_level_loss (default True): token-mean whatever the
+            # actor's loss_agg_mode.
+            "kl_loss_agg": "token-mean",
+            "entropy_agg": "token-mean",
         },
         hparams={
             "gamma": 1.0,
@@ -186,6 +213,13 @@ PRESETS: dict[str, Preset] = {
             "score_clip": None,
             "approx_kl": "k2_all_positions",
             "vf_mask": "value",
+            # whiten_rewards=False by default (PPOConfig); True is ``--set whiten_rewards=masked_no_shift``
+            # (masked_whiten(rewards, ~padding_mask_p1, shift_mean=False)).
+            "whiten_eps_at": "variance",
+            "whiten_rewards": "none",
+            "gae_padding": "masked",
+            "kl_loss_agg": None,
+            "entropy_agg": None,
         },
         hparams={
             "gamma": 1.0,
@@ -223,6 +257,11 @@ PRESETS: dict[str, Preset] = {
             "score_clip": 5.0,
             "approx_kl": "k1",
             "vf_mask": "response",
+            "whiten_eps_at": "variance",
+            "whiten_rewards": "none",
+            "gae_padding": "masked",
+            "kl_loss_agg": None,
+            "entropy_agg": None,
         },
         hparams={
             "gamma": 1.0,
@@ -241,9 +280,130 @@ PRESETS: dict[str, Preset] = {
             "dschat/rlhf/ppo_trainer.py::DeepSpeedPPOTrainer.critic_loss_fn",
         ),
     ),
+    # SkyRL-train 0.3.1 (PPO with a critic: advantage_estimator=gae): skyrl_train/utils/ppo_utils.py
+    # (compute_approx_kl, compute_gae_advantage_return, masked_whiten, ppo_policy_loss, reduce_loss,
+    # ppo_critic_loss), skyrl_train/trainer.py (apply_reward_kl_penalty, postprocess_generator_output),
+    # skyrl_train/workers/worker.py (PolicyWorkerBase._forward_backward_micro: KL loss, entropy).
+    "skyrl": Preset(
+        name="skyrl",
+        conventions={
+            # algorithm.kl_estimator_type: "k3" (config/ppo_base_config.yaml).
+            "kl_estimator": "k3",
+            # algorithm.use_kl_loss: true, use_kl_in_reward: false (the defaults).
+            "kl_in": "loss",
+            # trainer.py::postprocess_generator_output: per_token_reward[-1] = reward.
+            "score_at": "last_valid",
+            # compute_gae_advantage_return always ends with masked_whiten (unbiased, rsqrt(var+1e-8)).
+            "whiten_advantages": "masked",
+            "whiten_variance": "unbiased",
+            "whiten_eps_at": "variance",
+            "whiten_rewards": "none",
+            # compute_gae_advantage_return runs over every position with the critic's values as given.
+            "gae_padding": "through",
+            # algorithm.loss_reduction: token_mean (reduce_loss); sequence_mean = seq-mean-token-mean,
+            # seq_mean_token_sum_norm = seq-mean-token-sum-norm with horizon = max_seq_len.
+            "loss_agg": "token-mean",
+            # ppo_critic_loss: masked_mean(loss, mask, dim=-1).mean() whatever loss_reduction.
+            "value_loss_agg": "seq-mean-token-mean",
+            "value_loss": "clipped",
+            # V_old + clamp(V − V_old, ±ε_v) (ppo_critic_loss / ppo_critic_loss_fn).
+            "value_clip_form": "delta",
+            # policy_loss_type: regular; dual_clip uses clip_ratio_c (3.0).
+            "dual_clip": None,
+            # _safe_exp_delta(log_probs − old_log_probs, clip=20.0).
+            "log_ratio_clamp": 20.0,
+            "score_clip": None,
+            "approx_kl": "k1",
+            "vf_mask": "value",
+            # worker.py: kl_loss = masked_mean(kl, mask, dim=-1).mean(); entropy = masked_mean(entropy, mask).
+            "kl_loss_agg": "seq-mean-token-mean",
+            "entropy_agg": "token-mean",
+        },
+        hparams={
+            "gamma": 1.0,
+            "lam": 1.0,
+            "kl_coef": 0.001,
+            "cliprange": 0.2,
+            "cliprange_value": 0.2,
+            "vf_coef": 0.0,
+            "ent_coef": 0.0,
+        },
+        kl_clamps=_verl_kl_clamps,
+        sources=(
+            "skyrl_train/utils/ppo_utils.py::compute_approx_kl (k3: log-ratio and value clamps as verl)",
+            "skyrl_train/trainer.py::RayPPOTrainer.apply_reward_kl_penalty",
+            "skyrl_train/trainer.py::RayPPOTrainer.postprocess_generator_output (score at the last token)",
+            "skyrl_train/utils/ppo_utils.py::compute_gae_advantage_return (through padding; masked_whiten)",
+            "skyrl_train/utils/ppo_utils.py::masked_whiten",
+            "skyrl_train/utils/ppo_utils.py::ppo_policy_loss",
+            "skyrl_train/utils/ppo_utils.py::reduce_loss",
+            "skyrl_train/utils/ppo_utils.py::ppo_critic_loss (delta clip form, per-row mean)",
+            "skyrl_train/workers/worker.py::PolicyWorkerBase (KL loss per row, entropy token-mean)",
+            "skyrl_train/config/ppo_base_config.yaml (defaults)",
+        ),
+    ),
+    # AReaL 1.0.4: areal/trainer/ppo/actor.py (PPOActor._compute_advantages, grpo_loss_fn),
+    # areal/trainer/ppo/critic.py (ppo_loss_fn), areal/utils/functional/functional.py
+    # (ppo_actor_loss_fn, ppo_critic_loss_fn), areal/utils/data.py (KLEstimator, Normalization).
+    "areal": Preset(
+        name="areal",
+        conventions={
+            # PPOActorConfig.kl_estimator: "k1"; KLEstimator clamps every estimate to [−10, 10].
+            "kl_estimator": "k1",
+            "kl_in": "reward",
+            # _compute_advantages: rewards[seqlens − 2] += score (rolled frame: the last valid token).
+            "score_at": "last_valid",
+            # PPOActorConfig.adv_norm: None. With adv_norm {mean_level: batch, std_level: batch}:
+            # --set whiten_advantages=masked; std_level null: center; mean_level null: scale.
+            "whiten_advantages": "none",
+            "whiten_variance": "unbiased",
+            # Normalization: (x − μ)/(σ + eps), NormConfig.eps 1e-5 (hparam whiten_eps below).
+            "whiten_eps_at": "std",
+            "whiten_rewards": "none",
+            "gae_padding": "masked",
+            # ppo_actor_loss_fn / ppo_critic_loss_fn: sum over valid tokens / their count.
+            "loss_agg": "token-mean",
+            "value_loss_agg": None,
+            "value_loss": "clipped",
+            # V_old + clamp(V − V_old, ±ε_v) (ppo_critic_loss / ppo_critic_loss_fn).
+            "value_clip_form": "delta",
+            # PPOActorConfig.c_clip: None (dual clip off).
+            "dual_clip": None,
+            # ppo_actor_loss_fn: exp(logprobs − proximal_logprobs), no clamp.
+            "log_ratio_clamp": None,
+            # PPOActorConfig.reward_clip: 20, after (score + reward_bias)·reward_scaling.
+            "score_clip": 20.0,
+            "score_bias": 0.0,
+            "score_scale": 1.0,
+            # the logged approx_kl is logprobs − proximal_logprobs (the opposite of verl's ppo_kl).
+            "approx_kl": "neg_k1",
+            "vf_mask": "value",
+            "kl_loss_agg": None,
+            "entropy_agg": None,
+        },
+        hparams={
+            "gamma": 1.0,
+            "lam": 1.0,
+            "kl_coef": 0.1,
+            "cliprange": 0.2,
+            "cliprange_value": 0.5,
+            "vf_coef": 0.0,
+            "ent_coef": 0.0,
+            "whiten_eps": 1e-5,
+        },
+        kl_clamps=_areal_kl_clamps,
+        sources=(
+            "areal/utils/data.py::KLEstimator._compute_approx_kl (k1, k2, k3; clamp ±10)",
+            "areal/trainer/ppo/actor.py::PPOActor._compute_advantages (score bias/scale/clip, KL, GAE)",
+            "areal/utils/data.py::Normalization (adv_norm: (A − μ)/(σ + eps))",
+            "areal/utils/functional/functional.py::ppo_actor_loss_fn (asymmetric clip, c_clip)",
+            "areal/utils/functional/functional.py::ppo_critic_loss_fn (delta clip form, ½·mse, token-mean)",
+            "areal/api/cli_args.py::PPOActorConfig, PPOCriticConfig, NormConfig (defaults)",
+        ),
+    ),
 }
 
-PEER_PRESETS: tuple[str, ...] = ("verl", "openrlhf", "trl", "deepspeed-chat")
+PEER_PRESETS: tuple[str, ...] = ("verl", "openrlhf", "trl", "deepspeed-chat", "skyrl", "areal")
 
 
 def get_preset(name: str) -> Preset:

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, ValueLoss, Variance, Whitening
+from refppo.conventions import KLPlacement, ValueLoss, Variance
 from refppo.core.gae import gae
 from refppo.core.kl import token_kl
-from refppo.core.masked import masked_whiten
+from refppo.core.normalize import normalize
 from refppo.oracle.load import TOLERANCES, Dump, validate
 from refppo.oracle.settings import Setup
 from refppo.pipeline import rollout_quantities, update_quantities
@@ -76,20 +76,22 @@ class Reference:
 
 
 def whiten(adv_raw: Tensor, mask: Tensor, setup: Setup) -> Tensor:
-    """The pipeline's whitening branch (step 4), for re-enacted bugs and the stage search."""
+    """The pipeline's normalisation (step 4), for re-enacted bugs and the stage search."""
     conv, hp = setup.conv, setup.hp
-    if conv.whiten_advantages is Whitening.NONE:
-        return torch.where(mask, adv_raw, torch.zeros((), dtype=adv_raw.dtype))
-    return masked_whiten(
+    return normalize(
         adv_raw,
         mask,
-        shift_mean=conv.whiten_advantages is Whitening.MASKED,
+        conv.whiten_advantages,
         unbiased=conv.whiten_variance is Variance.UNBIASED,
         eps=hp.whiten_eps,
+        eps_at=conv.whiten_eps_at,
     )
 
 
-def clipped_scores(scores: Tensor, score_clip: float | None) -> Tensor:
+def clipped_scores(scores: Tensor, score_clip: float | None, bias: float = 0.0, scale: float = 1.0) -> Tensor:
+    """``clip((s + bias)·scale, ±score_clip)`` (AReaL's order; bias 0 and scale 1 leave ``s`` as is)."""
+    if bias != 0.0 or scale != 1.0:
+        scores = (scores + bias) * scale
     return scores if score_clip is None else torch.clamp(scores, -score_clip, score_clip)
 
 
@@ -173,7 +175,7 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
     t = dump.tensors
     m = dump.mask
     conv, hp, ex = setup.conv, setup.hp, setup.extras
-    scores = clipped_scores(t["scores"], ex.score_clip)
+    scores = clipped_scores(t["scores"], ex.score_clip, ex.score_bias, ex.score_scale)
     kl_logp = t["old_logprobs"]
     if bug == "kl_from_current_logprobs":
         if "logprobs" not in t:
@@ -208,7 +210,8 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
     widen: dict[str, Callable[[], float]] = {}
     rtol = TOLERANCES[dump.dtype].rtol
     vals: dict[str, Tensor] = {
-        "kl": reference_kl(dump, setup, kl_logp),
+        # with the KL in the reward, rq.kl is this very estimate (same call): reuse it
+        "kl": rq.kl if conv.kl_in is KLPlacement.REWARD else reference_kl(dump, setup, kl_logp),
         "token_rewards": rq.token_rewards,
         "advantages": adv,
         "returns": returns,
@@ -239,6 +242,8 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
             )
             if ex.approx_kl == "k2_all_positions":
                 vals["approx_kl"] = approx_kl_k2_all_positions(logprobs, t["old_logprobs"], m)
+            elif ex.approx_kl == "neg_k1":
+                vals["approx_kl"] = -uq.approx_kl
             else:
                 vals["approx_kl"] = uq.approx_kl
             vals["kl_loss"] = uq.kl_loss.detach()

@@ -6,9 +6,10 @@ report) is the union of
 - the fields of :class:`refppo.pipeline.Convention` (``kl_estimator``, ``kl_in``, ``score_at``,
   ``whiten_advantages``, ``whiten_variance``, ``loss_agg``, ``value_loss``, ``dual_clip``,
   ``log_ratio_clamp``, ``kl_log_ratio_clamp``, ``kl_value_clamp``, ``value_loss_agg``,
-  ``value_clip_form``);
-- three oracle-only keys for conventions that sit *around* the pipeline rather than in it
-  (:class:`Extras`): ``score_clip``, ``approx_kl`` and ``vf_mask``;
+  ``value_clip_form``, ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``,
+  ``entropy_agg``);
+- oracle-only keys for conventions that sit *around* the pipeline rather than in it
+  (:class:`Extras`): ``score_clip``, ``score_bias``, ``score_scale``, ``approx_kl`` and ``vf_mask``;
 - the fields of :class:`refppo.pipeline.Hyperparams` (``gamma``, ``lam``, ``kl_coef``, ...).
 """
 
@@ -21,10 +22,12 @@ from typing import Any
 from refppo.errors import ConventionError, HyperparameterError
 from refppo.pipeline import Convention, Hyperparams
 
-APPROX_KL_METRICS = ("k1", "k2_all_positions")
+APPROX_KL_METRICS = ("k1", "k2_all_positions", "neg_k1")
 """``k1``: masked mean of ``old_logprobs − logprobs`` (verl ``ppo_kl``, OpenRLHF ``ppo_kl``, refppo).
 ``k2_all_positions``: ``½·Σ_valid d² / (B·T)`` — TRL's ``approxkl``, an unmasked mean over every
-position, where TRL's INVALID_LOGPROB sentinel (1.0 on both sides) makes padding contribute 0."""
+position, where TRL's INVALID_LOGPROB sentinel (1.0 on both sides) makes padding contribute 0.
+``neg_k1``: masked mean of ``logprobs − old_logprobs`` (AReaL 1.0.4 ``ppo_actor_loss_fn`` logs
+``approx_kl = logprobs − proximal_logprobs``, the opposite sign of verl's ``ppo_kl``)."""
 
 VF_MASKS = ("value", "response")
 """Mask of the value loss: ``value`` = response mask plus the score slot (refppo pipeline, TRL
@@ -38,6 +41,11 @@ class Extras:
 
     score_clip: float | None = None
     """Symmetric clamp of the scores before they enter the reward (OpenRLHF 10, DeepSpeed-Chat 5)."""
+    score_bias: float = 0.0
+    """Added to the scores before ``score_scale`` and ``score_clip`` (AReaL ``reward_bias``)."""
+    score_scale: float = 1.0
+    """Multiplies ``score + score_bias`` before ``score_clip`` (AReaL ``reward_scaling``):
+    the reward's score is ``clip((s + score_bias)·score_scale, ±score_clip)``."""
     approx_kl: str = "k1"
     """Which ``approx_kl`` metric the trainer logs (see :data:`APPROX_KL_METRICS`)."""
     vf_mask: str = "value"
@@ -46,6 +54,9 @@ class Extras:
     def __post_init__(self) -> None:
         if self.score_clip is not None and not (math.isfinite(self.score_clip) and self.score_clip > 0):
             raise HyperparameterError(f"score_clip: expected a number > 0 or null, got {self.score_clip!r}")
+        for name in ("score_bias", "score_scale"):
+            if not math.isfinite(getattr(self, name)):
+                raise HyperparameterError(f"{name}: expected a finite number, got {getattr(self, name)!r}")
         if self.approx_kl not in APPROX_KL_METRICS:
             raise ConventionError(
                 f"approx_kl: unknown name {self.approx_kl!r}; valid names are {list(APPROX_KL_METRICS)}"
@@ -61,8 +72,9 @@ REQUIRED_HPARAMS: tuple[str, ...] = ("gamma", "lam", "kl_coef", "cliprange", "cl
 ALL_KEYS: tuple[str, ...] = CONVENTION_KEYS + EXTRA_KEYS + HPARAM_KEYS
 
 _FLOAT_OR_NONE = {"dual_clip", "log_ratio_clamp", "kl_value_clamp", "score_clip"}
+_FLOAT_EXTRAS = {"score_bias", "score_scale"}
 _FLOAT_OR_NONE_HP = {"cliprange_high", "horizon"}
-_NAME_OR_NONE = {"value_loss_agg"}
+_NAME_OR_NONE = {"value_loss_agg", "kl_loss_agg", "entropy_agg"}
 
 
 @dataclass(frozen=True)
@@ -124,7 +136,7 @@ def parse_value(key: str, value: Any) -> Any:
                 None if (p is None or (isinstance(p, str) and _none_word(p))) else _to_float(p) for p in parts
             )
             return (lo, hi)
-        if key in HPARAM_KEYS:
+        if key in HPARAM_KEYS or key in _FLOAT_EXTRAS:
             return _to_float(value)
     except (TypeError, ValueError) as exc:
         raise HyperparameterError(f"{key}: expected a number, got {value!r}") from exc

@@ -5,24 +5,35 @@ differ per rank), with micro-batching, run ``refppo.ppo.ppo_update`` with its ``
 ``all_reduce`` hooks under ``DistributedDataParallel``; the resulting parameters must equal those
 of one process running ``ppo_update`` over the whole batch. float64, plain SGD (Adam would hide a
 constant loss-scale error), tolerance ``TOL`` absolute (see there). This file is also the worker script
-(``python test_ddp.py RANK WORLD PORT OUT``).
+(``python test_ddp.py RANK WORLD INIT OUT``, ``INIT`` a ``file://`` rendezvous path).
 
 A second test checks global advantage whitening: on 2 gloo processes, ``rollout_quantities`` with
 the ``all_reduce`` hook on each rank's rows equals one process on the whole batch (the per-rank
 whitening without the hook does not), and one whole ``refppo.ppo.iteration`` (given rollout batch,
 no sampling; scoring, rollout quantities and update all on the rank's shard) equals one process
-over the whole batch (``python test_ddp.py RANK WORLD PORT OUT iteration``).
+over the whole batch (``python test_ddp.py RANK WORLD INIT OUT iteration``).
 
-A third test runs the real trainer under ``torchrun --nproc-per-node 2`` (gloo, CPU).
+A third test runs the real trainer under ``torchrun --standalone --nproc-per-node 2`` (gloo, CPU).
+
+Teardown (issue 12 item 17; a worker used to die at exit with "terminate called without an active
+exception"): the workers rendezvous through a ``FileStore`` in the test's tmp dir (no TCP port, no
+store-server thread in rank 0 whose exit takes the store from under rank 1), end with
+``barrier()`` then ``destroy_process_group()``, check that no other thread is alive, and leave by
+``os._exit`` after flushing (see :func:`_finish`). The parent kills every rank as soon as one fails
+and prints each rank's exit status, stdout and stderr. torchrun's ``--standalone`` rendezvous binds
+port 0 itself (no free-port-then-release race).
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import socket
+import signal
 import subprocess
 import sys
+import threading
+import time
+import traceback
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -49,10 +60,96 @@ in the path by ~1e-8."""
 HP = Hyperparams(kl_coef=0.05, cliprange=0.2, vf_coef=0.5, ent_coef=0.01)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+WORKER_TIMEOUT_S = 1200
+"""Guard against a hung rank (not an assertion on speed): a run takes ~40 s on an idle core and
+several minutes on the shared 2-core CI machine; past this the ranks are killed and the test fails
+with their output."""
+
+
+def _spawn_workers(tmp_path: Path, out: Path, *extra: str) -> None:
+    """Run ``WORLD`` ranks of this file as worker processes and wait for all of them.
+
+    Rendezvous: a ``FileStore`` at ``tmp_path/rendezvous`` (fresh per test), so there is no port
+    to pick and no race for one. Each rank's stdout/stderr go to files (no pipe can fill and block
+    a rank); as soon as one rank exits non-zero the others are killed (they would otherwise wait in
+    a collective for the gloo timeout), and the assertion message carries every rank's exit status
+    (signal name for a crash such as SIGABRT) and output."""
+    init = (tmp_path / "rendezvous").as_uri()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+    }
+    logs = [tmp_path / f"rank{r}.log" for r in range(WORLD)]
+    procs = []
+    for r, log in enumerate(logs):
+        with log.open("wb") as fh:
+            argv = [sys.executable, __file__, str(r), str(WORLD), init, str(out), *extra]
+            procs.append(subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    report = []
+    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        code = p.returncode
+        status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        report.append(f"--- rank {r}: {status}\n{log.read_text(errors='replace')[-4000:]}")
+    assert all(p.returncode == 0 for p in procs), "\n".join(report)
+
+
+def _join(init: str, rank: int, world: int) -> Any:
+    """Join the gloo group through the ``file://`` store ``init``; returns ``torch.distributed``."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    return dist
+
+
+def _leave(dist: Any) -> None:
+    """Clean teardown: every rank reaches the barrier only after its last collective and its
+    results file, so no rank closes its gloo connections while a peer still uses them; then
+    destroy the group."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _save(obj: Any, path: str) -> None:
+    """Atomic, durable ``torch.save`` (temp file in the same dir, fsync, ``os.replace``): the
+    parent never reads a half-written results file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _finish(code: int) -> None:
+    """End a worker process without interpreter finalisation and C++ static destructors.
+
+    By now the results are on disk (fsync'd) and the group is destroyed and was left behind a
+    barrier, so no peer needs this process any more. But a DDP-wrapped model keeps the gloo
+    process group alive from C++ past ``destroy_process_group()`` (not freed by ``gc.collect()``
+    either), so its threads (``gloo_tcp_loop``, two ``pt_gloo_runloop``) still run when the
+    process exits, racing interpreter finalisation and the static destructors: where the
+    exit-time abort of issue 12 item 17 ("terminate called without an active exception") comes
+    from. ``os._exit`` ends the process without that race. A Python thread still alive here would be
+    a bug of the worker itself: it is reported and the exit status is 3."""
+    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if code == 0 and others:
+        print(f"threads still alive at exit: {others}", file=sys.stderr)
+        code = 3
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _setup() -> tuple[nn.Module, nn.Module, nn.Module, ScoredRollout]:
@@ -146,13 +243,9 @@ def _params(actor: nn.Module, critic: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def worker(rank: int, world: int, port: int, out: str) -> None:
+def worker(rank: int, world: int, init: str, out: str) -> None:
     """One rank: for every loss-aggregation mode, a DDP update on this rank's half of the batch."""
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist = _join(init, rank, world)
     actor0, _, critic0, scored = _setup()
     rows = _rows(rank)
 
@@ -178,28 +271,13 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         )
         results[agg.value] = _params(actor, critic)
     if rank == 0:
-        torch.save(results, out)
-    dist.destroy_process_group()
+        _save(results, out)
+    _leave(dist)
 
 
 def test_ddp_update_equals_single_process_for_every_loss_agg(tmp_path: Path) -> None:
     out = tmp_path / "ddp.pt"
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(WORLD), str(port), str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(WORLD)
-    ]
-    logs = [p.communicate(timeout=240)[0].decode() for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    _spawn_workers(tmp_path, out)
     ddp = torch.load(out, weights_only=True)
 
     actor0, _, critic0, scored = _setup()
@@ -223,7 +301,8 @@ def test_ddp_update_equals_single_process_for_every_loss_agg(tmp_path: Path) -> 
 
 
 def test_torchrun_two_process_training_run(tmp_path: Path) -> None:
-    """`torchrun --nproc-per-node 2 -m refppo train` (gloo, CPU) writes one log and per-rank RNG state."""
+    """`torchrun --standalone --nproc-per-node 2 -m refppo train` (gloo, CPU) writes one log and
+    per-rank RNG state."""
     from refppo.tasks.presets import TEST
 
     out = tmp_path / "run"
@@ -231,10 +310,9 @@ def test_torchrun_two_process_training_run(tmp_path: Path) -> None:
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",
         "--nproc-per-node",
         "2",
-        "--master-port",
-        str(_free_port()),
         "-m",
         "refppo",
         "train",
@@ -244,8 +322,20 @@ def test_torchrun_two_process_training_run(tmp_path: Path) -> None:
     for s in TEST:
         argv += ["--set", s]
     argv += ["--set", "task.reward=rule", "--set", "task.sft_steps=3"]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = tmp_path / "torchrun.log"
+    with log.open("wb") as fh:  # own session: a timeout kills the agent AND its workers
+        proc = subprocess.Popen(
+            argv, cwd=Path(__file__).parents[2], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        proc.wait(timeout=WORKER_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, (
+        f"torchrun: exit {proc.returncode}\n" + log.read_text(errors="replace")[-6000:]
+    )
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2  # rank 0 only
     ck = out / "checkpoints" / "iter_000002"
@@ -302,15 +392,11 @@ def _iterate(
     return result.quantities.advantages
 
 
-def worker_iteration(rank: int, world: int, port: int, out: str) -> None:
+def worker_iteration(rank: int, world: int, init: str, out: str) -> None:
     """One rank: rollout quantities on its rows (global and per-rank whitening), then one iteration
     on its rows under DDP and, as a control, one ppo_update from the per-rank-whitened quantities.
     Every rank saves ``OUT.rankR``."""
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist = _join(init, rank, world)
     actor0, reference, critic0, scored = _setup()
     rows = _rows(rank)
     shard = scored.select(rows)
@@ -333,28 +419,13 @@ def worker_iteration(rank: int, world: int, port: int, out: str) -> None:
         actor, critic = copy.deepcopy(actor0), copy.deepcopy(critic0)
         _update(actor, critic, shard, local, conv, micro=1, world=world, all_reduce=all_reduce, wrap=ddp)
         results[f"{name}/params_local_whitening"] = _params(actor, critic)
-    torch.save(results, f"{out}.rank{rank}")
-    dist.destroy_process_group()
+    _save(results, f"{out}.rank{rank}")
+    _leave(dist)
 
 
 def test_ddp_global_whitening_and_iteration_equal_single_process(tmp_path: Path) -> None:
     out = tmp_path / "whiten.pt"
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(WORLD), str(port), str(out), "iteration"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(WORLD)
-    ]
-    logs = [p.communicate(timeout=240)[0].decode() for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    _spawn_workers(tmp_path, out, "iteration")
     ranks = [torch.load(f"{out}.rank{r}", weights_only=True) for r in range(WORLD)]
 
     actor0, reference, critic0, scored = _setup()
@@ -391,8 +462,10 @@ def test_ddp_global_whitening_and_iteration_equal_single_process(tmp_path: Path)
 
 
 if __name__ == "__main__":
-    args = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
-    if sys.argv[5:] == ["iteration"]:
-        worker_iteration(*args)
-    else:
-        worker(*args)
+    try:
+        args = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        (worker_iteration if sys.argv[5:] == ["iteration"] else worker)(*args)
+    except BaseException:
+        traceback.print_exc()
+        _finish(1)
+    _finish(0)

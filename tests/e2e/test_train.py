@@ -102,7 +102,9 @@ def test_rule_reward_path_scores_are_the_rule(tmp_path: Path) -> None:
     want = []
     for i in range(b.batch_size):
         p, r = b.unpadded(i)
-        s = rule_reward(t.tokenizer.decode(p), t.tokenizer.decode(r))
+        s = rule_reward(
+            t.tokenizer.decode(p, skip_special_tokens=True), t.tokenizer.decode(r, skip_special_tokens=True)
+        )
         want.append(s - (0.0 if bool(result.scored.has_eos[i]) else 1.0))  # missing_eos_penalty = 1
     assert result.scored.scores.tolist() == pytest.approx(want, abs=1e-6)
 
@@ -118,6 +120,7 @@ def test_reward_function_from_module(tmp_path: Path, monkeypatch: pytest.MonkeyP
             f"run.out_dir={tmp_path / 'o'}",
             "task.reward=my_reward_mod:length_reward",
             "rollout.missing_eos_penalty=none",
+            "task.reward_special_tokens=true",  # every sampled token is one word, EOS included
         )
     )
     _, result, _ = t.step(0)
@@ -139,7 +142,11 @@ def test_local_model_dir_and_reward_model_dir(tmp_path: Path) -> None:
     rm.model.save_pretrained(tmp_path / "rm")
     out = tmp_path / "run"
     rc = train_main(
-        _argv(out, "--model", str(policy), "--reward-model", str(tmp_path / "rm"), keep_policy=False)
+        _argv(
+            out,
+            *("--model", str(policy), "--reward-model", str(tmp_path / "rm"), "--embedded-prompts"),
+            keep_policy=False,
+        )
     )
     assert rc == 0
     recs = read_metrics(out / "metrics.jsonl")
@@ -151,6 +158,7 @@ def test_local_model_dir_and_reward_model_dir(tmp_path: Path) -> None:
             f"model.policy={policy}",
             f"model.reward_model={tmp_path / 'rm'}",
             "task.sft_steps=0",
+            "task.embedded_prompts=true",
             f"run.out_dir={tmp_path / 'o2'}",
         )
     )
@@ -177,7 +185,13 @@ def test_missing_model_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.Captu
 
 def test_tokenizer_without_pad_token_is_a_clear_error(tmp_path: Path) -> None:
     policy = _save_tiny_lm(tmp_path / "policy", pad=False)
-    cfg = preset("test", f"model.policy={policy}", "task.reward=rule", f"run.out_dir={tmp_path}")
+    cfg = preset(
+        "test",
+        f"model.policy={policy}",
+        "task.reward=rule",
+        "task.embedded_prompts=true",
+        f"run.out_dir={tmp_path / 'o'}",
+    )
     with pytest.raises(TrainingError, match="no pad token"):
         Trainer(cfg)
 
@@ -197,8 +211,10 @@ def test_prompt_longer_than_context_is_a_clear_error(tmp_path: Path) -> None:
 def test_nan_loss_raises_or_is_skipped_with_weights_restored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a finite reward (a NaN one is refused at the reward since issue 12) whose square overflows
+    # float32: the value loss goes non-finite
     (tmp_path / "nan_reward_mod.py").write_text(
-        "def f(prompt: str, response: str) -> float:\n    return float('nan')\n"
+        "def f(prompt: str, response: str) -> float:\n    return 3e38\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     base = ("task.reward=nan_reward_mod:f", f"run.out_dir={tmp_path / 'o'}")
@@ -338,7 +354,7 @@ def test_trainer_step_is_ppo_iteration(tmp_path: Path) -> None:
     [
         ("def f(prompt, response):\n    return 'good'\n", "expected a number, got str 'good'"),
         ("def f(prompt, response):\n    return None\n", "expected a number, got NoneType"),
-        ("def f(prompt):\n    return 1.0\n", "calling it as f(prompt: str, response: str) failed"),
+        ("def f(prompt):\n    return 1.0\n", "f(prompt) cannot be called as f(prompt: str, response: str)"),
     ],
     ids=["string", "none", "arity"],
 )

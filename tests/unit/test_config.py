@@ -13,7 +13,7 @@ import pytest
 
 from refppo import config as config_mod
 from refppo.config import ConfigError, TrainConfig, load_config
-from refppo.conventions import KLEstimator, LossAgg
+from refppo.conventions import KLEstimator, LossAgg, ValueClipForm
 from refppo.train_cli import build_parser, resolve_config
 
 
@@ -186,3 +186,38 @@ def test_value_loss_agg_from_toml_and_set(tmp_path: Path) -> None:
     assert over.ppo.convention.value_loss_agg is LossAgg.SEQ_MEAN_TOKEN_SUM
     with pytest.raises(ConfigError, match="value_loss_agg"):
         TrainConfig().with_overrides(["ppo.value_loss_agg=mean"])
+
+
+def test_value_clip_form_from_toml_and_set(tmp_path: Path) -> None:
+    # A Convention field is a [ppo] key like the others (the config flattens Convention).
+    assert TrainConfig().ppo.convention.value_clip_form is ValueClipForm.AROUND_OLD
+    assert TrainConfig().to_dict()["ppo"]["value_clip_form"] == "around_old"
+    f = tmp_path / "c.toml"
+    f.write_text('[ppo]\nvalue_clip_form = "delta"\n')
+    assert load_config(f).ppo.convention.value_clip_form is ValueClipForm.DELTA
+    over = TrainConfig().with_overrides(["ppo.value_clip_form=delta"])
+    assert over.ppo.convention.value_clip_form is ValueClipForm.DELTA
+    with pytest.raises(
+        ConfigError, match="value_clip_form: unknown name 'clamp'; valid names are 'around_old', 'delta'"
+    ):
+        TrainConfig().with_overrides(["ppo.value_clip_form=clamp"])
+
+
+def test_peer_convention_fields_from_toml_and_set(tmp_path: Path) -> None:
+    # The conventions added for the peers (issue #9) are [ppo] keys like the others.
+    from refppo.conventions import GaePadding, WhitenEps, Whitening
+
+    f = tmp_path / "c.toml"
+    f.write_text(
+        '[ppo]\ngae_padding = "through"\nwhiten_eps_at = "std"\nwhiten_rewards = "masked_no_shift"\n'
+        'kl_loss_agg = "seq-mean-token-mean"\nwhiten_advantages = "center"\n'
+    )
+    conv = load_config(f).ppo.convention
+    assert conv.gae_padding is GaePadding.THROUGH and conv.whiten_eps_at is WhitenEps.STD
+    assert conv.whiten_rewards is Whitening.MASKED_NO_SHIFT and conv.whiten_advantages is Whitening.CENTER
+    assert conv.kl_loss_agg is LossAgg.SEQ_MEAN_TOKEN_MEAN and conv.entropy_agg is None
+    over = TrainConfig().with_overrides(["ppo.entropy_agg=token-mean", "ppo.loss_agg=token-sum"])
+    assert over.ppo.convention.entropy_agg is LossAgg.TOKEN_MEAN
+    assert over.ppo.convention.loss_agg is LossAgg.TOKEN_SUM
+    with pytest.raises(ConfigError, match="gae_padding"):
+        TrainConfig().with_overrides(["ppo.gae_padding=sometimes"])

@@ -138,8 +138,9 @@ def test_update_quantities_passes_the_global_normalisers_to_every_term(agg: Loss
     # loss) give another value, so a dropped normaliser cannot pass the comparison above.
     local = _direct(mx, vm, hp, conv, {}, {})
     wrong_val = _direct(mx, vm, hp, conv, pol, pol)
-    assert not _close(local["pg"], want["pg"])
-    assert not _close(local["vf"], want["vf"])
+    if agg is not LossAgg.TOKEN_SUM:  # token-sum takes no normaliser
+        assert not _close(local["pg"], want["pg"])
+        assert not _close(local["vf"], want["vf"])
     if agg is LossAgg.TOKEN_MEAN:
         assert not _close(wrong_val["vf"], want["vf"])
 
