@@ -28,6 +28,7 @@ GAE and the value loss (TRL ``padding_mask_p1``), while the policy loss keeps ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -48,7 +49,7 @@ from refppo.conventions import (
     parse,
 )
 from refppo.core.gae import gae
-from refppo.core.kl import token_kl
+from refppo.core.kl import check_kl_clamps, token_kl
 from refppo.core.masked import AllReduce
 from refppo.core.normalize import normalize
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
@@ -56,7 +57,7 @@ from refppo.core.policy import clipped_policy_loss
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.core.value import value_loss
 from refppo.errors import ConventionError, HyperparameterError
-from refppo.validate import check_mask, check_nonneg, check_unit_interval
+from refppo.validate import check_mask, check_nonneg, check_positive, check_unit_interval
 
 _ENUM_FIELDS: dict[str, type[Any]] = {
     "kl_estimator": KLEstimator,
@@ -145,8 +146,13 @@ class Convention:
         for name, cls in _OPTIONAL_ENUM_FIELDS.items():
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, parse(cls, getattr(self, name), what=name))
-        if self.dual_clip is not None and not self.dual_clip > 1.0:
+        # The core's own checks, at construction (a config error before any model is loaded):
+        # dual-clip c finite and > 1 (policy.clipped_policy_loss), the clamps (kl, policy_ratio).
+        if self.dual_clip is not None and not (math.isfinite(self.dual_clip) and self.dual_clip > 1.0):
             raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
+        if self.log_ratio_clamp is not None:
+            check_positive("log_ratio_clamp", self.log_ratio_clamp)
+        check_kl_clamps(self.kl_log_ratio_clamp, self.kl_value_clamp, prefix="kl_")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict (enum values as their names).
@@ -220,6 +226,8 @@ class Hyperparams:
             check_nonneg(name, getattr(self, name))
         if self.cliprange_high is not None:
             check_nonneg("cliprange_high", self.cliprange_high)
+        if self.cliprange >= 1.0:  # as clipped_policy_loss's clip_low, at construction
+            raise HyperparameterError(f"cliprange: expected a number in [0, 1), got {self.cliprange!r}")
 
 
 def value_mask(mask: Tensor, score_at: ScorePosition) -> Tensor:

@@ -34,16 +34,23 @@ from refppo.validate import check_bt, check_mask, check_same_dtype
 LogRatioClamp = tuple[float | None, float | None]
 
 
-def _check_clamps(log_ratio_clamp: LogRatioClamp | None, value_clamp: float | None) -> None:
+def check_kl_clamps(
+    log_ratio_clamp: LogRatioClamp | None, value_clamp: float | None, *, prefix: str = ""
+) -> None:
+    """``log_ratio_clamp`` ``(lo, hi)``: finite or None, ``lo <= hi``; ``value_clamp``: finite, > 0.
+
+    ``prefix`` goes before the names in the messages (``kl_`` for the pipeline's Convention fields).
+    """
+    lr, vc = f"{prefix}log_ratio_clamp", f"{prefix}value_clamp"
     if log_ratio_clamp is not None:
         lo, hi = log_ratio_clamp
         for side, bound in (("lo", lo), ("hi", hi)):
             if bound is not None and not math.isfinite(bound):
-                raise HyperparameterError(f"log_ratio_clamp: {side} must be finite or None, got {bound!r}")
+                raise HyperparameterError(f"{lr}: {side} must be finite or None, got {bound!r}")
         if lo is not None and hi is not None and lo > hi:
-            raise HyperparameterError(f"log_ratio_clamp: expected lo <= hi, got ({lo}, {hi})")
+            raise HyperparameterError(f"{lr}: expected lo <= hi, got ({lo}, {hi})")
     if value_clamp is not None and not (math.isfinite(value_clamp) and value_clamp > 0):
-        raise HyperparameterError(f"value_clamp: expected a number > 0, got {value_clamp!r}")
+        raise HyperparameterError(f"{vc}: expected a number > 0, got {value_clamp!r}")
 
 
 def token_kl(
@@ -61,7 +68,7 @@ def token_kl(
     logp = check_bt("logp", logp, m)
     logp_ref = check_bt("logp_ref", logp_ref, m)
     check_same_dtype(logp=logp, logp_ref=logp_ref)
-    _check_clamps(log_ratio_clamp, value_clamp)
+    check_kl_clamps(log_ratio_clamp, value_clamp)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     d = torch.where(m, logp - logp_ref, zero)
     if log_ratio_clamp is not None and log_ratio_clamp != (None, None):
