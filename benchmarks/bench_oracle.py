@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Wall-clock of ``tools/diff_against.py`` on a B=256, T=2048 dump (run by hand; not a test).
+"""Wall-clock and peak RSS of ``tools/diff_against.py`` on float32 dumps (run by hand; not a test).
 
-Targets (issue #5): without ``--detect`` at most 1.5x ``python -c "import torch, safetensors"``;
-with ``--detect`` under 30 s. Prints the median of ``--repeat`` runs of each command.
+Targets: issue #5 (B=256, T=2048): without ``--detect`` at most 1.5x
+``python -c "import torch, safetensors"``, with ``--detect`` under 30 s. Issue #9 (B=1024, T=8192,
+a 268 MB dump): a mismatch with its diagnosis at most 10 s beyond the import baseline, ``--detect``
+at most 60 s, peak RSS at most 2.5x the dump's size. Prints the median of ``--repeat`` runs of
+each command, its ratio to the import baseline measured in the same run, and the peak RSS of the
+child process (``ru_maxrss`` of a one-child wrapper).
 
     .venv/bin/python benchmarks/bench_oracle.py [--B 256] [--T 2048] [--repeat 3]
+    .venv/bin/python benchmarks/bench_oracle.py --B 1024 --T 8192 --repeat 3   # issue #9
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -59,14 +63,24 @@ def make_dump(path: Path, B: int, T: int, preset: str, keep_intermediates: bool 
     write_dump(path, {**tensors, **outs}, hparams=HP)
 
 
-def timed(cmd: list[str], repeat: int) -> tuple[float, int]:
-    times, rc = [], 0
+_WRAP = (
+    "import resource, subprocess, sys, time; t0 = time.perf_counter(); "
+    "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+    "dt = time.perf_counter() - t0; "
+    "print(dt, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode)"
+)
+
+
+def timed(cmd: list[str], repeat: int) -> tuple[float, float, int]:
+    """Median wall-clock (s), largest peak RSS (MB) and the exit code of ``repeat`` runs of ``cmd``."""
+    times, rss, rc = [], 0.0, 0
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-        times.append(time.perf_counter() - t0)
-        rc = p.returncode
-    return statistics.median(times), rc
+        out = subprocess.run([sys.executable, "-c", _WRAP, *cmd], capture_output=True, text=True, cwd=REPO)
+        dt, kb, code = out.stdout.split()
+        times.append(float(dt))
+        rss = max(rss, int(kb) / 1024.0)
+        rc = int(code)
+    return statistics.median(times), rss, rc
 
 
 def main() -> int:
@@ -91,11 +105,15 @@ def main() -> int:
             ("diff --detect, losses-only dump", [py, tool, str(losses), "--detect"]),
         ]
         base = None
-        print(f"B={a.B} T={a.T} float32, median of {a.repeat} runs")
+        size = full.stat().st_size / 2**20
+        print(f"B={a.B} T={a.T} float32 ({size:.0f} MB), median of {a.repeat} runs")
         for label, cmd in rows:
-            t, rc = timed(cmd, a.repeat if "detect" not in label else 1)
+            t, rss, rc = timed(cmd, a.repeat)
             base = t if base is None else base
-            print(f"{label:<44} {t:7.2f} s  ({t / base:4.2f}x baseline)  exit {rc}")
+            print(
+                f"{label:<44} {t:7.2f} s  ({t / base:4.2f}x baseline, +{t - base:5.2f} s)  "
+                f"peak RSS {rss:6.0f} MB ({rss / size:4.2f}x dump)  exit {rc}"
+            )
     return 0
 
 

@@ -201,3 +201,29 @@ __all__ = [
     "Whitening",
     "parse",
 ]
+
+
+class AdvantageEstimator(StrEnum):
+    """How the advantage is estimated (:mod:`refppo.core.gae`, :mod:`refppo.core.group`).
+
+    - ``gae``: GAE with a critic (refppo default);
+    - ``grpo``: ``(s − μ_G)/(σ_G + ε)`` within each prompt's group (verl ``grpo``, OpenRLHF
+      ``group_norm``);
+    - ``dr-grpo``: ``s − μ_G`` (verl ``grpo`` with ``norm_adv_by_std_in_grpo=False``, OpenRLHF
+      ``dr_grpo``);
+    - ``rloo``: ``s_i − mean_{j≠i} s_j`` (verl ``rloo``, OpenRLHF ``rloo``);
+    - ``reinforce++``: discounted returns of the token rewards, whitened over the batch (verl
+      ``reinforce_plus_plus``, OpenRLHF ``reinforce``);
+    - ``reinforce++-baseline``: ``s − μ_G``, whitened over the batch (verl
+      ``reinforce_plus_plus_baseline``, OpenRLHF ``reinforce_baseline``).
+    """
+
+    GAE = "gae"
+    GRPO = "grpo"
+    DR_GRPO = "dr-grpo"
+    RLOO = "rloo"
+    REINFORCE_PP = "reinforce++"
+    REINFORCE_PP_BASELINE = "reinforce++-baseline"
+
+
+__all__ += ["AdvantageEstimator"]

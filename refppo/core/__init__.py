@@ -9,6 +9,8 @@ log-probs, entropy from logits     ``logprobs.logprobs_from_logits``,     ``*_na
 per-token KL estimators            ``kl.token_kl``                        ``kl.token_kl_naive``
 token-level rewards                ``rewards.token_rewards``              ``rewards.token_rewards_naive``
 GAE advantages and returns         ``gae.gae``                            ``gae.gae_naive``
+critic-free advantages (GRPO,      ``group.group_advantages``,            ``group.*_naive``
+Dr. GRPO, RLOO, REINFORCE++)       ``group.reinforce_pp_advantages``
 ratio, clipped surrogate           ``policy.policy_ratio``,               ``policy.clipped_policy_loss_naive``
                                    ``policy.clipped_policy_loss``
 value loss (clipped/unclipped)     ``value.value_loss``                   ``value.value_loss_naive``
@@ -22,6 +24,12 @@ Equations: spec/ppo.md. Every tensor is response-aligned ``[B, T]`` (see :mod:`r
 
 from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
 from refppo.core.gae import gae, gae_naive
+from refppo.core.group import (
+    group_advantages,
+    group_advantages_naive,
+    reinforce_pp_advantages,
+    reinforce_pp_advantages_naive,
+)
 from refppo.core.kl import token_kl, token_kl_naive
 from refppo.core.logprobs import (
     entropy_from_logits,
@@ -72,6 +80,8 @@ __all__ = [
     "entropy_from_logits_naive",
     "gae",
     "gae_naive",
+    "group_advantages",
+    "group_advantages_naive",
     "kl_loss",
     "kl_loss_naive",
     "logprobs_from_logits",
@@ -85,6 +95,8 @@ __all__ = [
     "masked_whiten",
     "masked_whiten_naive",
     "policy_ratio",
+    "reinforce_pp_advantages",
+    "reinforce_pp_advantages_naive",
     "score_positions",
     "token_kl",
     "token_kl_naive",

@@ -43,7 +43,7 @@ def _score_positions(m: Tensor, where: ScorePosition) -> Tensor:
     """:func:`score_positions` on an already validated bool mask."""
     B, T = m.shape
     pos = torch.arange(T, device=m.device).expand(B, T)
-    last_valid = torch.where(m, pos, torch.full_like(pos, -1)).amax(dim=1)
+    last_valid = torch.where(m, pos, -1).amax(dim=1)  # a scalar -1: no [B, T] int64 buffer
     if where is ScorePosition.LAST_VALID:
         return last_valid
     if where is ScorePosition.AFTER_LAST_VALID:

@@ -1,6 +1,7 @@
 """``refppo diff`` / ``tools/diff_against.py``: compare a dumped PPO step with the reference.
 
-Exit codes: 0 the dump matches (with ``--detect``: some convention reproduces it), 1 a mismatch,
+Exit codes: 0 the dump matches the checked convention (defaults < sidecar < ``--preset`` <
+``--set``), 1 it does not — with or without ``--detect``, whose findings are in the report —,
 2 bad input (one line on stderr, never a traceback).
 """
 
@@ -151,8 +152,8 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(json_report(dump, result, args.preset, detection, nearest_result), indent=2))
     else:
         print(text_report(dump, result, args.preset, detection, nearest_result))
-    if detection is not None:
-        return 0 if detection.detected else 1
+    # The exit code is the checked convention's verdict, with or without --detect: a CI gate that
+    # names a convention must not pass because some other convention reproduces the dump.
     return 0 if result.match else 1
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from refppo.oracle.load import Tolerance
+from refppo.validate import count_true
 
 _TINY = 1e-300
 _AFTER_GAE = frozenset({"advantages", "returns"})
@@ -72,11 +73,14 @@ def compare(
         scale = float(ref.abs().max())
         pad = 0
     else:
-        diff_all = (dump - ref).abs()
+        # Few full passes and fresh [B, T] buffers: this runs for every quantity of every candidate.
+        diff_all = (dump - ref).abs_()
         max_abs = float(torch.where(cmp_mask, diff_all, zero).max())  # NaN propagates through max
-        scale = float(torch.where(cmp_mask, ref.abs(), zero).max())
-        outside = torch.where(cmp_mask, zero, diff_all)
-        pad = int((~(outside <= tol.of(scale))).sum())
+        lo, hi = (float(x) for x in torch.aminmax(torch.where(cmp_mask, ref, zero)))
+        scale = math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi)  # = max |ref|
+        differs = ~(diff_all <= tol.of(scale))  # NaN differs
+        differs &= ~cmp_mask
+        pad = int(count_true(differs))
     finite = math.isfinite(max_abs)
     if not finite:
         max_abs = math.inf
@@ -141,20 +145,20 @@ def _describe_tokens(
     err = torch.where(cmp_mask, (dump - ref).abs(), torch.zeros((), dtype=ref.dtype))
     err = torch.where(cmp_mask & ~torch.isfinite(dump), torch.full((), math.inf, dtype=ref.dtype), err)
     bad = cmp_mask & ~(err <= tol)
-    n_bad, n_cmp = int(bad.sum()), int(cmp_mask.sum())
+    n_bad, n_cmp = int(count_true(bad)), int(count_true(cmp_mask))
     if n_bad == 0:
         return notes
     rows = bad.any(dim=1)
-    n_rows = int(rows.sum())
+    n_rows = int(count_true(rows))
     pos = torch.arange(T).expand(B, T)
-    last_valid = torch.where(mask, pos, torch.full_like(pos, -1)).amax(dim=1)
-    last_cmp = torch.where(cmp_mask, pos, torch.full_like(pos, -1)).amax(dim=1)
+    last_valid = torch.where(mask, pos, -1).amax(dim=1)
+    last_cmp = torch.where(cmp_mask, pos, -1).amax(dim=1)
     at_last = pos == last_valid.unsqueeze(1)
     at_last_cmp = pos == last_cmp.unsqueeze(1)
     where = f"{n_bad} of {n_cmp} compared positions, in {n_rows} of {B} rows"
-    if bool((bad & ~at_last).sum() == 0):
+    if not bool((bad & ~at_last).any()):
         notes.append(f"{name}: differs only at the last valid token of a row ({where})")
-    elif bool((bad & ~at_last_cmp).sum() == 0):
+    elif not bool((bad & ~at_last_cmp).any()):
         notes.append(f"{name}: differs only at the score slot one past the last valid token ({where})")
     elif bool((bad & ~(at_last | at_last_cmp)).sum() == 0):
         hint = ": the score sits one slot away from where this convention puts it" if name in _SCORED else ""

@@ -14,6 +14,7 @@ from typing import Any
 
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare, describe
+from refppo.oracle.fastcheck import rollout_prefix_ok
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.presets import PRESETS
 from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
@@ -156,8 +157,11 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
     # A rollout-stage divergence is first tested on the rollout stage alone (cheap); only a
     # candidate that passes is recomputed in full, to say whether it explains everything.
     early = first in ROLLOUT_QUANTITIES
+    kl_cache: dict[Any, Any] = {}
 
     def compare_candidate(alt: Setup, bug: str | None = None) -> dict[str, QuantityResult] | None:
+        if not rollout_prefix_ok(dump, alt, first, bug, kl_cache):  # differs at kl/token_rewards already
+            return None
         res = compare_all(dump, recompute(dump, alt, bug=bug, rollout_only=early))
         if not _prefix_ok(res, first):
             return None
@@ -265,6 +269,7 @@ def check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> Check
         )
         if r.padding_diff:
             out.diagnosis.append(f"{first}: also differs at {r.padding_diff} padded positions (not compared)")
+        del ref  # the candidates below recompute their own: never hold two references at once
         if explain_divergence:
             notes, found = explain(dump, setup, first)
             out.diagnosis += notes

@@ -210,7 +210,8 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
     widen: dict[str, Callable[[], float]] = {}
     rtol = TOLERANCES[dump.dtype].rtol
     vals: dict[str, Tensor] = {
-        "kl": reference_kl(dump, setup, kl_logp),
+        # with the KL in the reward, rq.kl is this very estimate (same call): reuse it
+        "kl": rq.kl if conv.kl_in is KLPlacement.REWARD else reference_kl(dump, setup, kl_logp),
         "token_rewards": rq.token_rewards,
         "advantages": adv,
         "returns": returns,

@@ -41,17 +41,9 @@ def json_report(
         },
     }
     if detection is not None:
-        out["detected"] = detection.detected
-        out["detected_count"] = detection.n_detected
-        out["undetermined_keys"] = detection.undetermined
-        out["nearest"] = None
-        if detection.nearest is not None and nearest is not None:
-            out["nearest"] = {
-                "convention": detection.nearest,
-                "unmatched_stages": detection.unmatched_stages,
-                "still_differs": [n for n, r in nearest.quantities.items() if not r.ok],
-                "quantities": {n: r.as_json() for n, r in nearest.quantities.items()},
-            }
+        from refppo.oracle.detect_report import detection_json
+
+        out.update(detection_json(result, detection, nearest))
     return out
 
 
@@ -101,26 +93,7 @@ def text_report(
         lines.append("diagnosis:")
         lines += [f"  - {d}" for d in result.diagnosis]
     if detection is not None:
-        lines.append("")
-        if detection.detected:
-            lines.append(
-                f"detect: {detection.n_detected} convention(s) reproduce the dump"
-                + (
-                    f" (showing {len(detection.detected)})"
-                    if detection.n_detected > len(detection.detected)
-                    else ""
-                )
-                + ", nearest to the one checked first:"
-            )
-            lines += [f"  * {_conv_line(c)}" for c in detection.detected[:10]]
-            if detection.undetermined:
-                lines.append(f"  keys the dump does not pin down: {', '.join(detection.undetermined)}")
-        else:
-            lines.append("detect: no convention in the search space reproduces the dump.")
-            if detection.nearest is not None:
-                lines.append(f"  nearest: {_conv_line(detection.nearest)}")
-                if nearest is not None:
-                    still = [n for n, r in nearest.quantities.items() if not r.ok]
-                    lines.append(f"  still differs: {', '.join(still) or '(nothing: within tolerance)'}")
-                    lines += [f"    - {d}" for d in nearest.diagnosis if d.startswith(tuple(still))][:6]
+        from refppo.oracle.detect_report import detection_text
+
+        lines += detection_text(result, detection, nearest)
     return "\n".join(lines)

@@ -58,12 +58,33 @@ def test_detect_json(trl_dump: Path) -> None:
     p = _run(
         str(trl_dump), "--preset", "verl", "--set", "gamma=0.99", "--set", "lam=0.9", "--detect", "--json"
     )
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr  # the convention named (verl) mismatches: a CI gate fails ...
     rep = json.loads(p.stdout)
-    assert rep["match"] is False  # the convention checked (verl) still differs ...
+    assert rep["match"] is False
     assert rep["detected"] and all(
         c["score_at"] == "after_last_valid" for c in rep["detected"]
-    )  # ... TRL's doesn't
+    )  # ... even though TRL's convention reproduces the dump
+    assert rep["detected_count"] >= len(rep["detected"]) == len(rep["detected_changes"])
+    for full, ch in zip(rep["detected"], rep["detected_changes"], strict=True):
+        assert ch == {k: v for k, v in full.items() if v != rep["convention"].get(k)}
+        assert ch["score_at"] == "after_last_valid"
+
+
+def test_detect_exit_code_follows_the_named_convention(trl_dump: Path) -> None:
+    """With --detect the exit code is still the checked convention's verdict (0 only on its match)."""
+    ok = _run(str(trl_dump), "--preset", "trl", "--detect")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = _run(str(trl_dump), "--preset", "trl", "--set", "score_at=last_valid", "--detect")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    out = bad.stdout
+    head = next(line for line in out.splitlines() if line.startswith("detect: "))
+    n = int(head.split()[1])
+    shown = [line for line in out.splitlines() if line.startswith("  * ")]
+    assert f"{n} convention(s) reproduce the dump; showing {len(shown)}" in head
+    assert 0 < len(shown) <= 10 and n >= len(shown)
+    # only the keys that differ from the checked convention are printed
+    assert all("score_at=after_last_valid" in line for line in shown)
+    assert not any("kl_estimator=" in line or "whiten_variance=" in line for line in shown)
 
 
 @pytest.mark.parametrize(

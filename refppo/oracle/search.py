@@ -1,0 +1,426 @@
+"""The staged search behind ``--detect`` (see :mod:`refppo.oracle.detect` for the stage table).
+
+Each stage first walks its named options (every member of the convention enums, the peers' clamp
+bundles, the checked setting's own constants); when none reproduces the dumped quantity of the
+stage, the stage's *solver* (:mod:`refppo.oracle.solve`) reads the constants off the data and the
+stage is walked again with the proposals added. A stage that still matches nothing keeps its
+nearest groups and records a fitted description of what the dump holds (:attr:`_Search.fitted`).
+
+The search composes the core functions itself (for speed); :func:`refppo.oracle.detect.detect`
+re-checks what it reports through :mod:`refppo.pipeline`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+from torch import Tensor
+
+from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition, Variance, Whitening
+from refppo.core.aggregate import aggregate_loss
+from refppo.core.gae import gae
+from refppo.core.kl import token_kl
+from refppo.core.policy import clipped_policy_loss, policy_ratio
+from refppo.core.rewards import token_rewards
+from refppo.errors import RefPPOError
+from refppo.oracle.compare import compare
+from refppo.oracle.diagnose import ALTERNATIVES, CLAMP_BUNDLES
+from refppo.oracle.load import TOLERANCES, Dump
+from refppo.oracle.recompute import (
+    approx_kl_k2_all_positions,
+    clipped_scores,
+    pg_tie_share,
+    whiten,
+)
+from refppo.oracle.settings import Setup
+from refppo.oracle.solve import (
+    PolicyTerms,
+    clipfrac_of,
+    fit_normalisation,
+    loss_weights,
+    nice,
+    read_kl_clamps,
+    solve_clip_ranges,
+    solve_dual_clip,
+)
+from refppo.pipeline import value_mask
+
+MAX_EQUIV = 256
+"""Equivalent conventions kept per group (the rest are counted)."""
+NEAREST = 3
+"""Groups kept after a stage that no group reproduces."""
+SOLVE_GROUPS = 3
+"""Groups (advantage variants) the policy solvers are run on."""
+
+Option = tuple[dict[str, Any], dict[str, Any], bytes]
+
+
+@dataclass
+class Group:
+    """Candidates whose outputs so far are identical: their partial conventions and shared state."""
+
+    convs: list[dict[str, Any]]
+    n_equiv: int
+    state: dict[str, Any]
+    worst: float = 0.0
+    """Largest err/tol ratio over the quantities checked so far (0 = all matched exactly)."""
+    unmatched: list[str] = field(default_factory=list)
+
+
+def digest(*parts: Any) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        if isinstance(p, Tensor):
+            # the array's own buffer (no bytes copy); numpy's stubs do not declare the buffer protocol
+            h.update(cast(Any, p.detach().contiguous().numpy()))
+        else:
+            h.update(repr(p).encode())
+        h.update(b"|")
+    return h.digest()
+
+
+class Search:
+    def __init__(self, dump: Dump, base: Setup) -> None:
+        self.dump = dump
+        self.base = base
+        self.t = dump.tensors
+        self.m = dump.mask
+        self.hp = base.hp
+        self.tol = TOLERANCES[dump.dtype]
+        self.unmatched: list[str] = []
+        self.fitted: list[str] = []
+        """One line per stage no convention reproduces: the map fitted between dump and refppo."""
+        self.solved: dict[str, list[Any]] = {}
+        """Constants the solvers proposed, by key (whether or not the pipeline confirmed them)."""
+        self.norm = {"horizon": self.hp.horizon} if self.hp.horizon is not None else {}
+
+    # ----- helpers -------------------------------------------------------------------------
+    def ratio(
+        self, name: str, ref: Tensor, cmp_mask: Tensor | None, widen: Callable[[], float] | None = None
+    ) -> float | None:
+        if not self.dump.has(name):
+            return None
+        r = compare(name, self.t[name], ref, cmp_mask, self.tol)
+        if not r.ok and widen is not None:
+            r = compare(name, self.t[name], ref, cmp_mask, self.tol, widen=widen())
+        if r.ok:
+            return 0.0
+        return r.max_abs_err / r.tol if r.tol > 0 else float("inf")
+
+    def expand(
+        self,
+        groups: list[Group],
+        options: Callable[[Group], Iterable[Option]],
+        checks: Callable[[dict[str, Any]], list[float | None]],
+        stage: str,
+    ) -> list[Group]:
+        """Expand each group by ``options`` (``(conv update, new state, digest)``), merge, filter."""
+        merged: dict[bytes, Group] = {}
+        for g in groups:
+            for upd, st, key in options(g):
+                new_convs = [{**c, **upd} for c in g.convs]
+                if key in merged:
+                    tgt = merged[key]
+                    room = MAX_EQUIV - len(tgt.convs)
+                    tgt.convs.extend(new_convs[: max(room, 0)])
+                    tgt.n_equiv += g.n_equiv
+                    tgt.worst = min(tgt.worst, g.worst)
+                    continue
+                merged[key] = Group(new_convs, g.n_equiv, st, g.worst, list(g.unmatched))
+        out = list(merged.values())
+        scored: list[tuple[float, Group]] = []
+        any_check = False
+        for g in out:
+            ratios = [r for r in checks(g.state) if r is not None]
+            any_check = any_check or bool(ratios)
+            scored.append((max(ratios) if ratios else 0.0, g))
+        if not any_check:
+            return out
+        ok = [g for s, g in scored if s == 0.0]
+        if ok:
+            return ok
+        self.unmatched.append(stage)
+        scored.sort(key=lambda sg: max(sg[0], sg[1].worst))
+        kept = []
+        for s, g in scored[:NEAREST]:
+            g.worst = max(g.worst, s)
+            g.unmatched.append(stage)
+            kept.append(g)
+        return kept
+
+    def stage(
+        self,
+        groups: list[Group],
+        make_options: Callable[[Any], Callable[[Group], Iterable[Option]]],
+        checks: Callable[[dict[str, Any]], list[float | None]],
+        name: str,
+        propose: Callable[[list[Group]], Any] | None = None,
+    ) -> list[Group]:
+        """Walk the named options; when none reproduces the stage, walk again with the solver's."""
+        out = self.expand(groups, make_options(None), checks, name)
+        if name in self.unmatched and propose is not None:
+            extra = propose(groups)
+            if extra:
+                self.unmatched.remove(name)
+                out = self.expand(groups, make_options(extra), checks, name)
+        return out
+
+    def propose_value(self, key: str, value: Any) -> None:
+        """Record a solver's proposal for ``key`` (None, "no clamp", is not a proposal)."""
+        if value is None:
+            return
+        v = list(value) if isinstance(value, tuple) else value
+        if v not in self.solved.setdefault(key, []):
+            self.solved[key].append(v)
+
+    def setup_for(self, **upd: Any) -> Setup:
+        """The base setting with some convention keys and the clip hyperparameters replaced."""
+        hp_keys = {"cliprange", "cliprange_high"}
+        hp_up = {k: v for k, v in upd.items() if k in hp_keys}
+        s = self.base.with_convention({k: v for k, v in upd.items() if k not in hp_keys})
+        return Setup(s.conv, s.extras, replace(s.hp, **hp_up)) if hp_up else s
+
+    # ----- stages -------------------------------------------------------------------------
+    def run(self) -> list[Group]:
+        groups = [Group([{}], 1, {})]
+        groups = self._kl(groups)
+        groups = self._rewards(groups)
+        groups = self._gae(groups)
+        groups = self._whiten(groups)
+        t = self.t
+        if not ("logprobs" in t or "values" in t):
+            return groups
+        from refppo.oracle.search_policy import policy_stage
+        from refppo.oracle.search_value import value_stage
+
+        groups = policy_stage(self, groups)
+        groups = value_stage(self, groups)
+        return self._loss(groups)
+
+    def _kl(self, groups: list[Group]) -> list[Group]:
+        t, m = self.t, self.m
+        clamp_opts = list(CLAMP_BUNDLES.values())
+        own = {
+            "kl_log_ratio_clamp": self.base.conv.kl_log_ratio_clamp,
+            "kl_value_clamp": self.base.conv.kl_value_clamp,
+        }
+        if own not in clamp_opts:
+            clamp_opts.append(own)
+        has_lp = "logprobs" in t
+
+        def make(extra: list[tuple[str, dict[str, Any]]] | None) -> Callable[[Group], Iterable[Option]]:
+            pairs = [(e.value, cl) for e in KLEstimator for cl in clamp_opts] + list(extra or [])
+
+            def opts(g: Group) -> Iterable[Option]:
+                for est, cl in pairs:
+                    kw = {"log_ratio_clamp": cl["kl_log_ratio_clamp"], "value_clamp": cl["kl_value_clamp"]}
+                    try:
+                        kl_old = token_kl(t["old_logprobs"], t["ref_logprobs"], m, est, **kw)
+                        kl_cur = token_kl(t["logprobs"], t["ref_logprobs"], m, est, **kw) if has_lp else None
+                    except RefPPOError:
+                        continue
+                    key = digest(kl_old, kl_cur)
+                    yield {"kl_estimator": est, **cl}, {"kl": kl_old, "kl_cur": kl_cur, "kl_key": key}, key
+
+            return opts
+
+        def propose(_: list[Group]) -> list[tuple[str, dict[str, Any]]]:
+            if "kl" not in t:
+                return []
+            tol = self.tol.of(float(t["kl"].abs().max()))
+            out = []
+            for est in KLEstimator:
+                for b in read_kl_clamps(t["kl"], t["old_logprobs"], t["ref_logprobs"], m, est.value, tol):
+                    if b not in clamp_opts:
+                        out.append((est.value, b))
+                        self.propose_value("kl_log_ratio_clamp", b["kl_log_ratio_clamp"])
+                        self.propose_value("kl_value_clamp", b["kl_value_clamp"])
+            return out
+
+        return self.stage(groups, make, lambda s: [self.ratio("kl", s["kl"], m)], "kl", propose)
+
+    def _rewards(self, groups: list[Group]) -> list[Group]:
+        t, m, hp = self.t, self.m, self.hp
+        clip_opts: list[float | None] = [None, 5.0, 10.0]
+        if self.base.extras.score_clip not in clip_opts:
+            clip_opts.append(self.base.extras.score_clip)
+
+        def opts(g: Group) -> Iterable[Option]:
+            for kl_in in KLPlacement:
+                for score_at in ScorePosition:
+                    for sc in clip_opts:
+                        scores = clipped_scores(t["scores"], sc)
+                        use_kl = kl_in is KLPlacement.REWARD and hp.kl_coef > 0
+                        kl = g.state["kl"] if use_kl else None
+                        r = token_rewards(scores, kl, m, hp.kl_coef, score_at=score_at)
+                        vm = value_mask(m, score_at)
+                        st = {**g.state, "rewards": r, "vm": vm, "kl_in": kl_in.value}
+                        key = digest(g.state["kl_key"], r, vm, kl_in.value)
+                        yield {"kl_in": kl_in.value, "score_at": score_at.value, "score_clip": sc}, st, key
+
+        def check(s: dict[str, Any]) -> list[float | None]:
+            return [self.ratio("token_rewards", s["rewards"], s["vm"])]
+
+        out = self.expand(groups, opts, check, "token_rewards")
+        if "token_rewards" in self.unmatched and out:
+            s = out[0].state
+            tol = self.tol.of(float(t["token_rewards"].abs().max()))
+            fit = fit_normalisation("token_rewards", t["token_rewards"], s["rewards"], s["vm"], tol)
+            self.fitted.append(fit.text + _nearest_note(out[0]))
+        return out
+
+    def _gae(self, groups: list[Group]) -> list[Group]:
+        t, hp = self.t, self.hp
+
+        def opts(g: Group) -> Iterable[Option]:
+            adv_raw, ret = gae(g.state["rewards"], t["old_values"], g.state["vm"], gamma=hp.gamma, lam=hp.lam)
+            ret_key = digest(ret, g.state["vm"])
+            st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
+            yield {}, st, digest(g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw)
+
+        return self.expand(groups, opts, lambda s: [self.ratio("returns", s["returns"], s["vm"])], "returns")
+
+    def _whiten(self, groups: list[Group]) -> list[Group]:
+        t, m = self.t, self.m
+        whiten_opts = [(w.value, v.value) for w in Whitening for v in Variance]
+        whiten_opts = [(w, v) for w, v in whiten_opts if w != "none"]
+        whiten_opts.insert(0, ("none", self.base.conv.whiten_variance.value))
+
+        def opts(g: Group) -> Iterable[Option]:
+            for w, v in whiten_opts:
+                upd = {"whiten_advantages": w, "whiten_variance": v}
+                try:
+                    adv = whiten(g.state["adv_raw"], m, self.base.with_convention(upd))
+                except RefPPOError:
+                    continue
+                st = {**g.state, "adv": adv}
+                yield upd, st, digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv)
+
+        out = self.expand(groups, opts, lambda s: [self.ratio("advantages", s["adv"], m)], "advantages")
+        if "advantages" in self.unmatched and out:
+            s = out[0].state
+            tol = self.tol.of(float(t["advantages"].abs().max()))
+            fit = fit_normalisation("advantages", t["advantages"], s["adv_raw"], m, tol, self.hp.whiten_eps)
+            self.fitted.append(fit.text + _nearest_note(out[0]))
+        return out
+
+    def _loss(self, groups: list[Group]) -> list[Group]:
+        hp, t = self.hp, self.t
+        has_lp = "logprobs" in t
+
+        def opts(g: Group) -> Iterable[Option]:
+            s = g.state
+            total = s["pg_loss"] + hp.vf_coef * s["vf_loss"]
+            if s["entropy_loss"] is not None:
+                total = total - hp.ent_coef * s["entropy_loss"]
+            if s["kl_loss"] is not None:
+                total = total + hp.kl_coef * s["kl_loss"]
+            st = {**s, "loss": total}
+            yield {}, st, digest(total, s["pg_loss"], s["vf_loss"], s["kl_loss"])
+
+        def checks(s: dict[str, Any]) -> list[float | None]:
+            out: list[float | None] = []
+            if has_lp and "values" in t:
+                out.append(self.ratio("loss", s["loss"], None))
+            if s["kl_loss"] is not None:
+                out.append(self.ratio("kl_loss", s["kl_loss"], None))
+            return out
+
+        return self.expand(groups, opts, checks, "loss")
+
+    # ----- policy solvers ------------------------------------------------------------------
+    def propose_policy(self, groups: list[Group]) -> dict[str, list[Any]]:
+        """Dual-clip constants and clip ranges under which ``pg_loss`` is reproduced.
+
+        Solved per advantage variant (the first :data:`SOLVE_GROUPS` groups), per aggregation
+        mode and per log-ratio clamp; clip-range pairs must also give the dump's ``pg_clipfrac``.
+        """
+        t, m, hp = self.t, self.m, self.hp
+        if "pg_loss" not in t or "logprobs" not in t:
+            return {}
+        target = float(t["pg_loss"])
+        duals: list[float] = []
+        clips: list[tuple[float, float | None]] = []
+        lrcs = list(dict.fromkeys([None, self.base.conv.log_ratio_clamp, 20.0]))
+        seen_adv: set[int] = set()
+        for g in groups[:SOLVE_GROUPS]:
+            adv = g.state["adv"]
+            if id(adv) in seen_adv:
+                continue
+            seen_adv.add(id(adv))
+            for lrc in lrcs:
+                ratio = policy_ratio(t["logprobs"], t["old_logprobs"], m, log_ratio_clamp=lrc)
+                plain = clipped_policy_loss(
+                    t["logprobs"],
+                    t["old_logprobs"],
+                    adv,
+                    m,
+                    clip_low=hp.cliprange,
+                    clip_high=hp.cliprange_high,
+                    log_ratio_clamp=lrc,
+                ).per_token[m]
+                for agg in LossAgg:
+                    w = loss_weights(lambda x, a=agg: aggregate_loss(x, m, a, **self.norm), m, adv.dtype)
+                    terms = PolicyTerms(adv[m].double(), ratio[m].double(), w[m].double())
+                    for c in solve_dual_clip(terms, plain, target):
+                        duals += nice(c)
+                    for dual in dict.fromkeys([self.base.conv.dual_clip, None]):
+                        known = tuple(dict.fromkeys([hp.cliprange, hp.cliprange_high or hp.cliprange]))
+                        for lo, hi in solve_clip_ranges(terms, target, dual=dual, known=known):
+                            if not self._clipfrac_ok(terms, lo, hi):
+                                continue
+                            lo_n, hi_n = nice(lo)[0], nice(hi)[0]
+                            if 0.0 <= lo_n < 1.0:
+                                clips.append((lo_n, None if hi_n == lo_n else hi_n))
+        duals = [d for d in dict.fromkeys(duals) if d > 1.0][:8]
+        base_clip = (hp.cliprange, hp.cliprange_high)
+        clips = [c for c in dict.fromkeys(clips) if c != base_clip][:8]
+        for dc in duals:
+            self.propose_value("dual_clip", dc)
+        for lo_c, hi_c in clips:
+            self.propose_value("cliprange", lo_c)
+            self.propose_value("cliprange_high", hi_c)
+        return {"duals": duals, "clips": clips} if (duals or clips) else {}
+
+    def _clipfrac_ok(self, terms: PolicyTerms, lo: float, hi: float) -> bool:
+        if "pg_clipfrac" not in self.t:
+            return True
+        got = float(self.t["pg_clipfrac"])
+        # ties at the boundary and rounding of a float32 trainer: a few tokens either way
+        slack = self.tol.of(abs(got)) + 4.0 / max(terms.adv.numel(), 1)
+        return abs(clipfrac_of(terms, lo, hi) - got) <= slack + self.tol.rtol
+
+
+def _nearest_note(g: Group) -> str:
+    c = g.convs[0]
+    keys = ("kl_estimator", "kl_in", "score_at", "score_clip")
+    return (
+        " (raw values under the nearest convention: "
+        + ", ".join(f"{k}={c.get(k)}" for k in keys if k in c)
+        + ")"
+    )
+
+
+def pg_widen_for(search: Search, s: dict[str, Any]) -> Callable[[], float]:
+    """The tie-widening of ``pg_clipfrac`` for a policy-stage state (cached per adv/clamp/clip)."""
+    t, m = search.t, search.m
+    cache: dict[Any, float] = search.__dict__.setdefault("_widen_cache", {})
+
+    def widen() -> float:
+        ck = (id(s["adv"]), s["lrc"], s["clip"])
+        if ck not in cache:
+            setup = search.setup_for(
+                log_ratio_clamp=s["lrc"], cliprange=s["clip"][0], cliprange_high=s["clip"][1]
+            )
+            cache[ck] = float(
+                pg_tie_share(t["logprobs"], t["old_logprobs"], s["adv"], m, setup, search.tol.rtol)
+            )
+        return cache[ck]
+
+    return widen
+
+
+__all__ = ["ALTERNATIVES", "Group", "Search", "approx_kl_k2_all_positions", "digest", "pg_widen_for"]

@@ -1,0 +1,138 @@
+"""The policy stage of the ``--detect`` search: dual clip, log-ratio clamp, clip ranges, aggregation.
+
+Named options first (no dual clip / verl's ``c = 3`` / the checked setting's; no clamp / 20; every
+``loss_agg``; both ``approx_kl`` metrics; the checked clip ranges). When none reproduces
+``pg_loss`` and ``pg_clipfrac``, :meth:`refppo.oracle.search.Search.propose_policy` solves the
+dual-clip constant and the clip ranges from the data and the stage is walked again with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import KLPlacement, LossAgg
+from refppo.core.aggregate import aggregate_loss, aggregate_masked
+from refppo.core.policy import clipped_policy_loss
+from refppo.oracle.recompute import approx_kl_k2_all_positions
+from refppo.oracle.search import Group, Option, Search, digest, pg_widen_for
+from refppo.validate import count_true
+
+
+def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
+    t, m, hp = search.t, search.m, search.hp
+    has_lp = "logprobs" in t
+    logprobs = t.get("logprobs", t["old_logprobs"])
+    base_duals: list[float | None] = list(dict.fromkeys([None, 3.0, search.base.conv.dual_clip]))
+    lrcs: list[float | None] = list(dict.fromkeys([None, 20.0, search.base.conv.log_ratio_clamp]))
+    aggs = [a.value for a in LossAgg]
+    norm = search.norm
+    entropy = t.get("entropy")
+    base_clip = (hp.cliprange, hp.cliprange_high)
+
+    # Work shared by every candidate of the stage, done once.
+    d_valid = torch.where(m, logprobs - t["old_logprobs"], torch.zeros((), dtype=logprobs.dtype))
+    max_abs_d = float(d_valid.abs().max())
+    ak2 = approx_kl_k2_all_positions(logprobs, t["old_logprobs"], m) if has_lp else None
+    ent_by_agg = {a: aggregate_loss(entropy, m, a, **norm) for a in aggs} if entropy is not None else {}
+    kll_cache: dict[tuple[bytes, str], Tensor] = {}
+    # ``per_token`` of clipped_policy_loss is already 0 on padding and the mask is validated: the
+    # core's aggregate_masked with the token count computed once is aggregate_loss without the
+    # per-call re-validation, masking and counting (three full passes per candidate and mode).
+    n_tok = float(count_true(m))
+
+    def make(extra: dict[str, list[Any]] | None) -> Callable[[Group], Iterable[Option]]:
+        duals = list(dict.fromkeys(base_duals + list((extra or {}).get("duals", []))))
+        clips = [base_clip, *(extra or {}).get("clips", [])]
+
+        def opts(g: Group) -> Iterable[Option]:
+            adv = g.state["adv"]
+            computed: dict[tuple[Any, ...], Any] = {}
+            for clip in clips:
+                lo, hi = clip
+                for dual in duals:
+                    for lrc in lrcs:
+                        # A clamp that never binds, or a dual clip that never acts, changes
+                        # nothing: reuse the result instead of recomputing it.
+                        eff_lrc = lrc if (lrc is not None and max_abs_d > lrc) else None
+                        eff_dual = dual
+                        if dual is not None and dual > 1.0 + (hi if hi is not None else lo):
+                            dc = d_valid if eff_lrc is None else torch.clamp(d_valid, -eff_lrc, eff_lrc)
+                            if not bool((m & (adv < 0) & (torch.exp(dc) > dual)).any()):
+                                eff_dual = None
+                        ck = (clip, eff_dual, eff_lrc)
+                        if ck not in computed:
+                            computed[ck] = clipped_policy_loss(
+                                logprobs,
+                                t["old_logprobs"],
+                                adv,
+                                m,
+                                clip_low=lo,
+                                clip_high=hi,
+                                dual_clip=eff_dual,
+                                log_ratio_clamp=eff_lrc,
+                            )
+                        out = computed[ck]
+                        upd_clip = {} if clip == base_clip else {"cliprange": lo, "cliprange_high": hi}
+                        yield from _agg_options(g, out, dual, lrc, eff_lrc, clip, upd_clip)
+
+        return opts
+
+    def _agg_options(
+        g: Group, out: Any, dual: Any, lrc: Any, eff_lrc: Any, clip: Any, upd_clip: dict[str, Any]
+    ) -> Iterable[Option]:
+        for agg in aggs:
+            pg = aggregate_masked(out.per_token, m, LossAgg(agg), token_count=n_tok, **norm).detach()
+            ent = ent_by_agg.get(agg)
+            kll = None
+            if g.state["kl_in"] == KLPlacement.LOSS.value and g.state["kl_cur"] is not None:
+                kk = (g.state["kl_key"], agg)
+                if kk not in kll_cache:
+                    kll_cache[kk] = aggregate_loss(g.state["kl_cur"], m, agg, **norm)
+                kll = kll_cache[kk]
+            for ak in ("k1", "k2_all_positions"):
+                akl = out.approx_kl if ak == "k1" else ak2
+                st = {
+                    "returns": g.state["returns"],
+                    "ret_key": g.state["ret_key"],
+                    "vm": g.state["vm"],
+                    "kl_in": g.state["kl_in"],
+                    "pg_loss": pg,
+                    "pg_clipfrac": out.clipfrac,
+                    "approx_kl": akl,
+                    "entropy_loss": ent,
+                    "kl_loss": kll,
+                    "agg": agg,
+                    "adv": g.state["adv"],
+                    "lrc": eff_lrc,
+                    "clip": clip,
+                }
+                key = digest(g.state["ret_key"], pg, out.clipfrac, akl, ent, kll, agg)
+                upd = {
+                    "dual_clip": dual,
+                    "log_ratio_clamp": lrc,
+                    "loss_agg": agg,
+                    "approx_kl": ak,
+                    **upd_clip,
+                }
+                yield upd, st, key
+
+    def checks(s: dict[str, Any]) -> list[float | None]:
+        if not has_lp:
+            return []
+        pg_r = search.ratio("pg_loss", s["pg_loss"], None)
+        out = [pg_r]
+        # Only a candidate whose pg_loss matches needs the (costlier) tie-widened clipfrac check.
+        if pg_r is None or pg_r == 0.0:
+            out.append(search.ratio("pg_clipfrac", s["pg_clipfrac"], None, pg_widen_for(search, s)))
+        else:
+            out.append(search.ratio("pg_clipfrac", s["pg_clipfrac"], None))
+        out.append(search.ratio("approx_kl", s["approx_kl"], None))
+        if s["entropy_loss"] is not None:
+            out.append(search.ratio("entropy_loss", s["entropy_loss"], None))
+        return out
+
+    return search.stage(groups, make, checks, "policy", search.propose_policy if has_lp else None)
