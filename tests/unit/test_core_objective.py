@@ -44,3 +44,31 @@ def test_kl_loss_hand_example() -> None:
 def test_negative_coefficients_are_rejected(name: str) -> None:
     with pytest.raises(HyperparameterError, match=f"{name}: expected a finite number >= 0, got -1.0"):
         total_loss(_s(0.0), **{name: -1.0})
+
+
+# ----- normalisers and clamps reach the aggregation (found by tools/mutate.py: dropping them survived)
+
+
+def test_entropy_bonus_passes_its_normalisers_to_the_aggregation() -> None:
+    """Row 0: H = (1, 2), row 1: H = (3, pad). Valid sum 6 over 3 tokens.
+
+    - token-mean with a global ``token_count=12`` (micro-batch of a larger step): 6/12 = 0.5
+      (without the normaliser: 6/3 = 2);
+    - seq-mean-token-sum-norm with ``horizon=4`` and ``seq_count=4``: (3/4 + 3/4)/4 = 0.375
+      (without them: (3/2 + 3/2)/2 = 1.5 with H = T = 2)."""
+    ent = torch.tensor([[1.0, 2.0], [3.0, float("nan")]], dtype=torch.float64)
+    mask = torch.tensor([[True, True], [True, False]])
+    assert float(entropy_bonus(ent, mask, "token-mean", token_count=12.0)) == 0.5
+    got = entropy_bonus(ent, mask, "seq-mean-token-sum-norm", horizon=4.0, seq_count=4.0)
+    assert float(got) == 0.375
+
+
+def test_kl_loss_applies_the_log_ratio_clamp() -> None:
+    """k1 of d = log π − log π_ref = 5 clamped to [−1, 1] is 1 (unclamped: 5); the padded token
+    (NaN) is never read; token-mean over the one valid token."""
+    logp = torch.tensor([[5.0, float("nan")]], dtype=torch.float64)
+    ref = torch.tensor([[0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, False]])
+    assert float(kl_loss(logp, ref, mask, "k1", "token-mean", log_ratio_clamp=(-1.0, 1.0))) == 1.0
+    assert float(kl_loss(logp, ref, mask, "k1", "token-mean")) == 5.0
+    assert float(kl_loss(logp, ref, mask, "k1", "token-mean", value_clamp=2.0)) == 2.0
