@@ -72,3 +72,12 @@ def test_kl_loss_applies_the_log_ratio_clamp() -> None:
     assert float(kl_loss(logp, ref, mask, "k1", "token-mean", log_ratio_clamp=(-1.0, 1.0))) == 1.0
     assert float(kl_loss(logp, ref, mask, "k1", "token-mean")) == 5.0
     assert float(kl_loss(logp, ref, mask, "k1", "token-mean", value_clamp=2.0)) == 2.0
+
+
+def test_kl_loss_passes_its_normalisers_to_the_aggregation() -> None:
+    """k1 of d = (1, 2) on one row, token-mean with a global ``token_count=6``: 3/6 = 0.5 (without
+    the normaliser 3/2 = 1.5)."""
+    logp = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+    ref = torch.zeros(1, 2, dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    assert float(kl_loss(logp, ref, mask, "k1", "token-mean", token_count=6.0)) == 0.5
