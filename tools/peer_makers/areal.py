@@ -18,18 +18,10 @@ import types
 from pathlib import Path
 from typing import Any
 
+from peer_makers.common import HP as COMMON_HP
 from peer_makers.common import inputs, install_stubs, mount, save
 
-HP: dict[str, float] = {
-    "gamma": 0.99,
-    "lam": 0.95,
-    "kl_coef": 0.05,
-    "cliprange": 0.2,
-    "cliprange_value": 0.5,
-    "vf_coef": 0.0,
-    "ent_coef": 0.0,
-    "whiten_eps": 1e-5,
-}
+HP: dict[str, float] = {**COMMON_HP, "whiten_eps": 1e-5}
 
 # (name, kl_estimator, adv_norm (mean_level, std_level, unbiased) or None, reward (bias, scale, clip),
 #  eps_clip_higher, c_clip); the second case uses NormConfig.eps = 0.1 (EPS_CASES) so that σ + eps and

@@ -23,6 +23,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+HP: dict[str, float] = {
+    "gamma": 0.99,
+    "lam": 0.95,
+    "kl_coef": 0.05,
+    "cliprange": 0.2,
+    "cliprange_value": 0.5,
+    "vf_coef": 0.0,
+    "ent_coef": 0.0,
+}
+"""Hyperparameters shared by every maker's sidecar (a maker may add its own keys)."""
+
 STUBBED: tuple[str, ...] = (
     "ray",
     "vllm",

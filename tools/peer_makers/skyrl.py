@@ -15,17 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from peer_makers.common import inputs, install_stubs, mount, save
-
-HP: dict[str, float] = {
-    "gamma": 0.99,
-    "lam": 0.95,
-    "kl_coef": 0.05,
-    "cliprange": 0.2,
-    "cliprange_value": 0.5,
-    "vf_coef": 0.0,
-    "ent_coef": 0.0,
-}
+from peer_makers.common import HP, inputs, install_stubs, mount, save
 
 # (name, kl_estimator, kl_in, loss_reduction, policy_loss_type, eps_low, eps_high, ent_coef)
 CASES: list[tuple[str, str, str, str, str, float, float, float]] = [

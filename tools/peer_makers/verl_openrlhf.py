@@ -25,17 +25,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from peer_makers.common import inputs, install_stubs, mount, save
-
-HP: dict[str, float] = {
-    "gamma": 0.99,
-    "lam": 0.95,
-    "kl_coef": 0.05,
-    "cliprange": 0.2,
-    "cliprange_value": 0.5,
-    "vf_coef": 0.0,
-    "ent_coef": 0.0,
-}
+from peer_makers.common import HP, inputs, install_stubs, mount, save
 
 VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl", "abs": "abs"}
 
