@@ -17,6 +17,7 @@ import torch
 
 from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition
 from refppo.core.kl import token_kl
+from refppo.core.normalize import normalize
 from refppo.core.objective import entropy_bonus, kl_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.rewards import token_rewards
@@ -235,3 +236,122 @@ def test_rollout_rewards_put_the_score_where_the_convention_says(where: ScorePos
     )
     want = token_rewards(scores, rq.kl, x["mask"], 0.1, score_at=where)
     assert bool((rq.token_rewards == want).all())
+
+
+# ----- every non-default convention reaches its core step (survivors of tools/mutate.py's final run)
+
+
+def test_update_quantities_passes_every_policy_value_and_kl_convention() -> None:
+    """|l − l_old| = 0.8 on every token (ρ = e^±0.8, clamped to e^±0.6) and advantages of both signs,
+    so the upper clip, the dual clip (1.5 < e^0.6) and the clamp all bind. Non-default clip ranges,
+    dual clip, log-ratio clamp, value clip range and form, KL
+    clamps and
+    KL in the loss: ``update_quantities`` equals each core step called directly with them, and each
+    setting changes the value on this batch (so dropping one cannot pass)."""
+    x = _batch(seed=17)
+    vm = x["mask"]
+    hp = Hyperparams(cliprange=0.1, cliprange_high=0.35, cliprange_value=0.05, kl_coef=0.3, vf_coef=0.5)
+    conv = Convention(
+        dual_clip=1.5,
+        log_ratio_clamp=0.6,
+        value_clip_form="delta",
+        kl_in=KLPlacement.LOSS,
+        kl_estimator=KLEstimator.K3,
+        kl_log_ratio_clamp=(-0.1, 0.15),
+        kl_value_clamp=0.008,
+    )
+    x["logprobs"] = x["old_logprobs"] + 0.8 * torch.sign(
+        torch.randn(B, T, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    )
+    got = _pipeline(x, vm, hp, conv, Normalisers())
+    pol = {"clip_low": 0.1, "clip_high": 0.35, "dual_clip": 1.5, "log_ratio_clamp": 0.6}
+    lp = (x["logprobs"], x["old_logprobs"], x["advantages"], x["mask"])
+    pg = float(clipped_policy_loss(*lp, **pol).loss)
+    va = (x["values"], x["old_values"], x["returns"], vm)
+    vf = float(value_loss(*va, clip=0.05, kind="clipped", clip_form="delta").loss)
+    kla = (x["logprobs"], x["ref_logprobs"], x["mask"], KLEstimator.K3, LossAgg.TOKEN_MEAN)
+    kl = float(kl_loss(*kla, log_ratio_clamp=(-0.1, 0.15), value_clamp=0.008))
+    assert _close(got["pg"], pg) and _close(got["vf"], vf) and _close(got["kl"], kl), (got, pg, vf, kl)
+    # each setting matters here
+    for drop in ("clip_high", "dual_clip", "log_ratio_clamp"):
+        other = {k: v for k, v in pol.items() if k != drop}
+        assert not _close(float(clipped_policy_loss(*lp, **other).loss), pg), drop
+    assert not _close(float(value_loss(*va, kind="clipped", clip_form="delta").loss), vf)
+    assert not _close(float(value_loss(*va, clip=0.05, kind="unclipped").loss), vf)
+    assert not _close(float(kl_loss(*kla, value_clamp=0.008)), kl)
+    assert not _close(float(kl_loss(*kla, log_ratio_clamp=(-0.1, 0.15))), kl)
+
+
+def test_rollout_quantities_passes_every_whitening_setting_and_the_all_reduce() -> None:
+    """Population variance, a large eps applied as ``1/(σ + ε)``, and reward whitening: the rewards and
+    advantages equal ``normalize`` called directly with those settings; the all-reduce hook is used by
+    both normalisations."""
+    x = _batch(seed=23)
+    scores = torch.randn(B, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    hp = Hyperparams(whiten_eps=0.5, kl_coef=0.1)
+    conv = Convention(whiten_variance="population", whiten_eps_at="std", whiten_rewards="masked")
+    calls: list[int] = []
+
+    def one_rank(t: torch.Tensor) -> torch.Tensor:  # a SUM all-reduce over a single rank
+        calls.append(int(t.numel()))
+        return t
+
+    args = {
+        "old_logprobs": x["old_logprobs"],
+        "ref_logprobs": x["ref_logprobs"],
+        "old_values": x["old_values"],
+    }
+    rq = rollout_quantities(scores=scores, mask=x["mask"], hp=hp, conv=conv, all_reduce=one_rank, **args)
+    assert len(calls) >= 4, "both normalisations (rewards and advantages) all-reduce their moments"
+    base = rollout_quantities(scores=scores, mask=x["mask"], hp=hp, conv=Convention(), **args)
+    vm = rq.value_mask
+    raw_rewards = token_rewards(scores, base.kl, x["mask"], 0.1, score_at=ScorePosition.LAST_VALID)
+    settings = {"unbiased": False, "eps": 0.5, "eps_at": "std"}
+    want_r = normalize(raw_rewards, vm, "masked", **settings)
+    assert torch.allclose(rq.token_rewards, want_r, rtol=0, atol=1e-12)
+    want_a = normalize(rq.advantages_raw, x["mask"], "masked", **settings)
+    assert torch.allclose(rq.advantages, want_a, rtol=0, atol=1e-12)
+    for key, default in (("unbiased", True), ("eps", 1e-8), ("eps_at", "variance")):
+        other = {**settings, key: default}
+        assert not torch.allclose(normalize(rq.advantages_raw, x["mask"], "masked", **other), want_a), key
+        assert not torch.allclose(normalize(raw_rewards, vm, "masked", **other), want_r), key
+
+
+def test_update_quantities_passes_the_value_loss_kind_and_clip_form() -> None:
+    """``value_loss=unclipped``: the pipeline's value loss is ½(V − R)² averaged (here 0.5·(0.1² +
+    0.2²)/2 = 0.0125 with V = (0.3, 0.5), R = (0.2, 0.3), V_old far away so the clipped loss would
+    differ). ``value_clip_form=delta`` in float32: the tie of tests/unit/test_core_value.py (V_old
+    0.1, V −0.05, R −0.04, ε_v 0.2) counts as clipped only in the delta form (vf_clipfrac 1 vs 0)."""
+    one = torch.ones(1, 2, dtype=torch.bool)
+    f64 = {"dtype": torch.float64}
+    base = {
+        "logprobs": torch.zeros(1, 2, **f64),
+        "old_logprobs": torch.zeros(1, 2, **f64),
+        "advantages": torch.zeros(1, 2, **f64),
+        "mask": one,
+    }
+    v, v_old, ret = (
+        torch.tensor([[0.3, 0.5]], **f64),
+        torch.tensor([[2.0, 2.0]], **f64),
+        torch.tensor([[0.2, 0.3]], **f64),
+    )
+    hp = Hyperparams(cliprange_value=0.2)
+    uq = update_quantities(
+        **base, values=v, old_values=v_old, returns=ret, hp=hp, conv=Convention(value_loss="unclipped")
+    )
+    assert abs(float(uq.vf_loss) - 0.0125) <= 1e-15
+    clipped = update_quantities(**base, values=v, old_values=v_old, returns=ret, hp=hp, conv=Convention())
+    assert abs(float(clipped.vf_loss) - 0.0125) > 0.1
+    f32 = {"dtype": torch.float32}
+    tie = {
+        "logprobs": torch.zeros(1, 1, **f32),
+        "old_logprobs": torch.zeros(1, 1, **f32),
+        "advantages": torch.zeros(1, 1, **f32),
+        "mask": torch.ones(1, 1, dtype=torch.bool),
+        "values": torch.tensor([[-0.05]], **f32),
+        "old_values": torch.tensor([[0.1]], **f32),
+        "returns": torch.tensor([[-0.04]], **f32),
+        "hp": hp,
+    }
+    assert float(update_quantities(**tie, conv=Convention(value_clip_form="delta")).vf_clipfrac) == 1.0
+    assert float(update_quantities(**tie, conv=Convention()).vf_clipfrac) == 0.0
