@@ -258,23 +258,22 @@ class RolloutQuantities:
     """Mask of GAE and the value loss (see :func:`value_mask`)."""
 
 
-def rollout_quantities(
+def reward_quantities(
     *,
     scores: Tensor,
     old_logprobs: Tensor,
     ref_logprobs: Tensor,
-    old_values: Tensor,
     mask: Tensor,
     hp: Hyperparams,
     conv: Convention,
     all_reduce: AllReduce | None = None,
-) -> RolloutQuantities:
-    """Steps 1–4 of the module docstring.
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Steps 1–2 of the module docstring: ``(kl, token_rewards, value_mask)``, all ``[B, T]``.
 
-    ``all_reduce`` (a SUM all-reduce across ranks; None on one process): the tensors are this
-    rank's rows and the whitening moments (step 4) are all-reduced, so each rank's advantages equal
-    its rows of one process whitening the whole global batch (as verl). Steps 1–3 are per row and
-    need no communication. Every rank must call it (the whitening is a collective).
+    The per-token KL of the old vs reference log-probs (always, also when KL is placed in the loss),
+    the token rewards (score at ``score_at``, ``−β·KL`` when KL is in the reward, then the optional
+    reward whitening over the value mask) and the value mask. :func:`rollout_quantities` continues
+    from here; the oracle's diagnosis pre-test stops here (the same calls, so the same values).
     """
     m = check_mask("response_mask", mask)
     kl = token_kl(
@@ -288,17 +287,48 @@ def rollout_quantities(
     beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
     rewards = token_rewards(scores, kl if beta > 0 else None, m, beta, score_at=conv.score_at)
     vmask = value_mask(m, conv.score_at)
-    unbiased = conv.whiten_variance is Variance.UNBIASED
     if conv.whiten_rewards is not Whitening.NONE:
         rewards = normalize(
             rewards,
             vmask,
             conv.whiten_rewards,
-            unbiased=unbiased,
+            unbiased=conv.whiten_variance is Variance.UNBIASED,
             eps=hp.whiten_eps,
             eps_at=conv.whiten_eps_at,
             all_reduce=all_reduce,
         )
+    return kl, rewards, vmask
+
+
+def rollout_quantities(
+    *,
+    scores: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor,
+    old_values: Tensor,
+    mask: Tensor,
+    hp: Hyperparams,
+    conv: Convention,
+    all_reduce: AllReduce | None = None,
+) -> RolloutQuantities:
+    """Steps 1–4 of the module docstring (steps 1–2: :func:`reward_quantities`).
+
+    ``all_reduce`` (a SUM all-reduce across ranks; None on one process): the tensors are this
+    rank's rows and the whitening moments (step 4) are all-reduced, so each rank's advantages equal
+    its rows of one process whitening the whole global batch (as verl). Steps 1–3 are per row and
+    need no communication. Every rank must call it (the whitening is a collective).
+    """
+    m = check_mask("response_mask", mask)
+    kl, rewards, vmask = reward_quantities(
+        scores=scores,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        mask=m,
+        hp=hp,
+        conv=conv,
+        all_reduce=all_reduce,
+    )
+    unbiased = conv.whiten_variance is Variance.UNBIASED
     gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
     adv_raw, returns = gae(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam)
     adv = normalize(

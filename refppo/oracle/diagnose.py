@@ -157,10 +157,9 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
     # A rollout-stage divergence is first tested on the rollout stage alone (cheap); only a
     # candidate that passes is recomputed in full, to say whether it explains everything.
     early = first in ROLLOUT_QUANTITIES
-    kl_cache: dict[Any, Any] = {}
 
     def compare_candidate(alt: Setup, bug: str | None = None) -> dict[str, QuantityResult] | None:
-        if not rollout_prefix_ok(dump, alt, first, bug, kl_cache):  # differs at kl/token_rewards already
+        if not rollout_prefix_ok(dump, alt, first, bug):  # differs at kl/token_rewards already
             return None
         res = compare_all(dump, recompute(dump, alt, bug=bug, rollout_only=early))
         if not _prefix_ok(res, first):
