@@ -16,6 +16,9 @@ others only when nothing reproduces the stage (or when the dump lacks the stage'
 nothing can be checked there). The stages compose the core functions the pipeline composes
 (:func:`refppo.pipeline.reward_quantities`, :func:`refppo.pipeline.rollout_quantities`); what the
 search reports is re-checked through the pipeline by :func:`refppo.oracle.detect.detect`.
+
+When nothing reproduces ``returns`` or ``advantages``, the stages after it read the dump's own
+tensor (:func:`_carry_dumped`), so the policy and value conventions are still identified.
 """
 
 from __future__ import annotations
@@ -173,7 +176,10 @@ def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
     def check(st: dict[str, Any]) -> list[float | None]:
         return [s.ratio("returns", st["returns"], st["vm"])]
 
-    return s.stage(groups, make, check, "returns", lambda _: True)
+    out = s.stage(groups, make, check, "returns", lambda _: True)
+    if "returns" in s.unmatched and out:
+        _carry_dumped(out, "returns", t["returns"])
+    return out
 
 
 def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
@@ -222,4 +228,18 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
         tol = s.tol.of(float(t["advantages"].abs().max()))
         fit = fit_normalisation("advantages", t["advantages"], st["adv_raw"], m, tol, s.hp.whiten_eps)
         s.fitted.append(fit.text + nearest_note(out[0]))
+        _carry_dumped(out, "adv", t["advantages"], m)
     return out
+
+
+def _carry_dumped(groups: list[Group], key: str, dumped: Tensor, mask: Tensor | None = None) -> None:
+    """After a stage nothing reproduces, the later stages read the dump's own tensor.
+
+    The loss conventions can then still be identified (the nearest convention names them) when the
+    trainer's advantages or returns come from a normalisation no convention expresses; the stage
+    itself stays unmatched, so nothing is reported as detected.
+    """
+    zero = torch.zeros((), dtype=dumped.dtype)
+    for g in groups:  # compared where the stage compares: the response mask, or the group's value mask
+        given = torch.where(g.state["vm"] if mask is None else mask, dumped, zero)
+        g.state = {**g.state, key: given}

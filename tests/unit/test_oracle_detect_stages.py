@@ -65,3 +65,53 @@ def test_detect_solves_score_bias_and_scale(tmp_path: Path) -> None:
     assert {(c["score_bias"], c["score_scale"]) for c in found.detected} == {(-0.5, 2.0)}
     assert found.solved["score_bias"] == [-0.5] and found.solved["score_scale"] == [2.0]
     _recheck(dump, start, found)
+
+
+def test_detect_identifies_the_loss_conventions_behind_advantages_it_cannot_reproduce(tmp_path: Path) -> None:
+    # The advantages are normalised per row (no convention expresses that); the losses were computed
+    # from THOSE advantages with seq-mean-token-mean aggregation and k2-over-all-positions approx_kl.
+    # The policy and value stages must read the dump's own advantages and returns, so that only the
+    # advantages stage stays unmatched and the nearest convention names the loss conventions.
+    import torch
+
+    from refppo.oracle.recompute import approx_kl_k2_all_positions
+    from refppo.pipeline import Hyperparams, update_quantities
+
+    made = setup_for(None, {"whiten_advantages": "none", "loss_agg": "seq-mean-token-mean"})
+    start = setup_for(None)
+    d = refppo_dump(make_inputs(B=8, T=16, seed=3), made)
+    m = d["response_mask"].bool()
+    adv = [[0.0] * m.shape[1] for _ in range(m.shape[0])]
+    for b in range(m.shape[0]):  # each row centred and scaled by its own population std
+        vals = [float(d["advantages"][b, t]) for t in range(m.shape[1]) if m[b, t]]
+        mu = sum(vals) / len(vals)
+        sd = (sum((v - mu) ** 2 for v in vals) / len(vals)) ** 0.5
+        for t in range(m.shape[1]):
+            if m[b, t]:
+                adv[b][t] = (float(d["advantages"][b, t]) - mu) / (sd + 1e-3)
+    d["advantages"] = torch.tensor(adv, dtype=torch.float64)
+    hp = Hyperparams(**{k: v for k, v in made.hparams_dict().items() if v is not None})
+    vm = m.clone()
+    lens = m.sum(1)
+    vm[torch.arange(m.shape[0]), lens - 1] = True
+    q = update_quantities(
+        logprobs=d["logprobs"],
+        values=d["values"],
+        old_logprobs=d["old_logprobs"],
+        old_values=d["old_values"],
+        advantages=d["advantages"],
+        returns=d["returns"],
+        mask=m,
+        value_mask_=vm,
+        entropy=d["entropy"],
+        hp=hp,
+        conv=made.conv,
+    )
+    for k in ("loss", "pg_loss", "vf_loss", "entropy_loss", "pg_clipfrac", "vf_clipfrac"):
+        d[k] = getattr(q, k).detach()
+    d["approx_kl"] = approx_kl_k2_all_positions(d["logprobs"], d["old_logprobs"], m)
+    found = detect(load_dump(save(tmp_path, d, start)), start)
+    assert not found.detected and found.unmatched_stages == ["advantages"], found.unmatched_stages
+    assert found.nearest is not None
+    assert found.nearest["loss_agg"] == "seq-mean-token-mean"
+    assert found.nearest["approx_kl"] == "k2_all_positions"
