@@ -20,7 +20,10 @@ from torch import Tensor
 from refppo.errors import RefPPOError
 from refppo.oracle.keys import alias_table, resolve_aliases, suggest
 
-REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "ref_logprobs", "old_values", "scores")
+REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "ref_logprobs", "scores")
+CRITIC_INPUTS: tuple[str, ...] = ("old_values",)
+"""Required unless the checked convention's estimator needs no critic (``advantage`` ≠ ``gae``):
+checked by :func:`check_inputs_for` once the convention is known."""
 UPDATE_INPUTS: tuple[str, ...] = ("logprobs", "values", "entropy")
 TOKEN_OUTPUTS: tuple[str, ...] = ("kl", "token_rewards", "advantages", "returns")
 SCALAR_OUTPUTS: tuple[str, ...] = (
@@ -43,7 +46,11 @@ TOKEN_KEYS: tuple[str, ...] = (
     "entropy",
     *TOKEN_OUTPUTS,
 )
-KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS))
+INTEGER_KEYS: set[str] = {"group_index"}
+"""Keys whose tensors hold integers (kept as int64, never cast to the compute dtype)."""
+ROW_INTEGER_KEYS: tuple[str, ...] = ("group_index",)
+"""Integer keys of shape ``[B]``: ``group_index`` (the prompt each row answers; group estimators)."""
+KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *INTEGER_KEYS))
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NEEDS_UPDATE = {
     "pg_loss": ("logprobs",),
@@ -55,6 +62,8 @@ _NEEDS_UPDATE = {
     "kl_loss": ("logprobs",),
     "loss": ("logprobs", "values"),
 }
+_NEEDS_CRITIC = ("values", "vf_loss", "vf_clipfrac")
+"""Keys that make no sense without ``old_values`` (the value loss is clipped around them)."""
 
 
 class DumpError(RefPPOError):
@@ -181,12 +190,18 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
     for k, v in raw.items():
         if k in KNOWN_KEYS and not isinstance(v, Tensor):
             raise DumpError(f"{p}: {k}: expected a tensor, got {type(v).__name__}")
+    critic = "old_values" in raw
     for k, needs in _NEEDS_UPDATE.items():
+        if k == "loss" and not critic:
+            needs = ("logprobs",)  # a critic-free step's loss has no value term
         absent = [n for n in needs if n not in raw]
         if k in raw and absent:
             raise DumpError(
                 f"{p}: {k} is given but the update-step inputs {absent} it is computed from are not"
             )
+    given = [k for k in _NEEDS_CRITIC if k in raw]
+    if given and not critic:
+        raise DumpError(f"{p}: {given} are given but old_values (the critic's rollout values) is not")
     mask_raw: Tensor = raw["response_mask"]
     if mask_raw.dim() != 2:
         raise DumpError(f"{p}: response_mask: expected 2 dims [B, T], got shape {list(mask_raw.shape)}")
@@ -213,8 +228,10 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
         )
     out: dict[str, Tensor] = {"response_mask": mask}
     dtypes: list[torch.dtype] = []
+    for k in sorted(INTEGER_KEYS & set(raw)):
+        out[k] = _integer_key(p, k, raw[k], B)
     for k in KNOWN_KEYS:
-        if k not in raw or k == "response_mask":
+        if k not in raw or k == "response_mask" or k in INTEGER_KEYS:
             continue
         t: Tensor = raw[k]
         if t.dtype not in _FLOATS:
@@ -239,10 +256,11 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
     # tolerances, and it halves the memory traffic of a B=256, T=2048 step).
     cdtype = torch.float64 if dtype == torch.float64 else torch.float32
     for k in list(out):
-        if k == "response_mask":
+        if k == "response_mask" or k in INTEGER_KEYS:
             continue
         tc = out[k].to(cdtype)
-        if (k in REQUIRED_INPUTS or k in UPDATE_INPUTS) and not math.isfinite(float(tc.sum())):
+        checked = k in REQUIRED_INPUTS or k in CRITIC_INPUTS or k in UPDATE_INPUTS
+        if checked and not math.isfinite(float(tc.sum())):
             finite = torch.isfinite(tc)  # slow path only when the one-pass sum says something is off
             bad = ~finite if k == "scores" else (~finite & mask)
             if bool(bad.any()):
@@ -254,6 +272,30 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
         raise DumpError(f"{hparams_file}: no such hyperparameter file")
     hparams = read_hparams(hp_path) if hp_path is not None else {}
     return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased)
+
+
+def _integer_key(p: Path, k: str, t: Tensor, B: int) -> Tensor:
+    """An integer-valued key as int64 (``group_index`` is ``[B]``)."""
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise DumpError(f"{p}: {k}: expected an integer tensor, got dtype {t.dtype}")
+    if k in ROW_INTEGER_KEYS and tuple(t.shape) != (B,):
+        raise DumpError(f"{p}: {k}: expected shape [B] = [{B}] (from response_mask), got {list(t.shape)}")
+    return t.detach().to(torch.int64)
+
+
+def check_inputs_for(dump: Dump, advantage: str) -> None:
+    """The inputs the estimator ``advantage`` needs: ``old_values`` for ``gae``, ``group_index`` for a
+    group estimator (``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``). One-line DumpError."""
+    if advantage == "gae" and "old_values" not in dump.tensors:
+        raise DumpError(
+            f"{dump.path}: missing required key 'old_values' (advantage=gae needs the critic's rollout "
+            "values; a critic-free dump names its estimator: --set advantage=grpo, rloo, reinforce++, ...)"
+        )
+    if advantage not in ("gae", "reinforce++") and "group_index" not in dump.tensors:
+        raise DumpError(
+            f"{dump.path}: missing key 'group_index' (advantage={advantage} needs [B] integers: "
+            "the prompt each row answers)"
+        )
 
 
 def _missing_hint(unknown: list[str]) -> str:

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, ValueLoss, Variance
+from refppo.conventions import AdvantageEstimator, KLPlacement, ValueLoss, Variance
 from refppo.core.gae import gae
 from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
-from refppo.oracle.load import TOLERANCES, Dump, validate
+from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, validate
 from refppo.oracle.settings import Setup
 from refppo.pipeline import rollout_quantities, update_quantities
 
@@ -162,6 +162,8 @@ def vf_tie_widen(
     return float(near.sum().to(values.dtype) / mask.sum().to(values.dtype))
 
 
+_GAE_BUGS = frozenset({"gae_bootstrap_from_padding", "gae_through_padding"})
+
 ROLLOUT_QUANTITIES = frozenset({"kl", "token_rewards", "advantages", "returns"})
 """The quantities of steps 1–4 (:func:`refppo.pipeline.rollout_quantities`); the rest need the update."""
 
@@ -175,6 +177,9 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
     t = dump.tensors
     m = dump.mask
     conv, hp, ex = setup.conv, setup.hp, setup.extras
+    check_inputs_for(dump, conv.advantage.value)
+    if bug in _GAE_BUGS and conv.advantage is not AdvantageEstimator.GAE:
+        raise ValueError(f"the bug {bug} needs GAE (advantage=gae)")
     scores = clipped_scores(t["scores"], ex.score_clip, ex.score_bias, ex.score_scale)
     kl_logp = t["old_logprobs"]
     if bug == "kl_from_current_logprobs":
@@ -185,10 +190,11 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
         scores=scores,
         old_logprobs=kl_logp,
         ref_logprobs=t["ref_logprobs"],
-        old_values=t["old_values"],
+        old_values=t.get("old_values"),
         mask=m,
         hp=hp,
         conv=conv,
+        group_index=t.get("group_index"),
     )
     adv_raw, returns, adv = rq.advantages_raw, rq.returns, rq.advantages
     if bug == "gae_through_padding":
@@ -218,13 +224,13 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
     }
     if not rollout_only and ("logprobs" in t or "values" in t):
         logprobs = t.get("logprobs", t["old_logprobs"])
-        values = t.get("values", t["old_values"])
+        values = t.get("values", t.get("old_values"))
         vf_mask = rq.value_mask if ex.vf_mask == "value" else m
         uq = update_quantities(
             logprobs=logprobs,
             values=values,
             old_logprobs=t["old_logprobs"],
-            old_values=t["old_values"],
+            old_values=t.get("old_values"),
             advantages=adv,
             returns=returns,
             mask=m,
@@ -247,7 +253,7 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
             else:
                 vals["approx_kl"] = uq.approx_kl
             vals["kl_loss"] = uq.kl_loss.detach()
-        if "values" in t:
+        if "values" in t and values is not None:
             vals["vf_loss"] = uq.vf_loss.detach()
             vals["vf_clipfrac"] = uq.vf_clipfrac
             if conv.value_loss is ValueLoss.CLIPPED:
@@ -256,7 +262,7 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
                 )
         if "entropy" in t:
             vals["entropy_loss"] = uq.entropy_loss.detach()
-        if "logprobs" in t and "values" in t:
+        if "logprobs" in t and ("values" in t or "old_values" not in t):
             vals["loss"] = uq.loss.detach()
     return Reference(vals, m, rq.value_mask, adv_raw, widen)
 
