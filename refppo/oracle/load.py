@@ -191,6 +191,9 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
         if k in KNOWN_KEYS and not isinstance(v, Tensor):
             raise DumpError(f"{p}: {k}: expected a tensor, got {type(v).__name__}")
     critic = "old_values" in raw
+    given = [k for k in _NEEDS_CRITIC if k in raw]
+    if given and not critic:
+        raise DumpError(f"{p}: {given} are given but old_values (the critic's rollout values) is not")
     for k, needs in _NEEDS_UPDATE.items():
         if k == "loss" and not critic:
             needs = ("logprobs",)  # a critic-free step's loss has no value term
@@ -199,9 +202,6 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
             raise DumpError(
                 f"{p}: {k} is given but the update-step inputs {absent} it is computed from are not"
             )
-    given = [k for k in _NEEDS_CRITIC if k in raw]
-    if given and not critic:
-        raise DumpError(f"{p}: {given} are given but old_values (the critic's rollout values) is not")
     mask_raw: Tensor = raw["response_mask"]
     if mask_raw.dim() != 2:
         raise DumpError(f"{p}: response_mask: expected 2 dims [B, T], got shape {list(mask_raw.shape)}")
