@@ -60,7 +60,7 @@ from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.core.value import value_loss
-from refppo.errors import ConventionError, HyperparameterError
+from refppo.errors import ConventionError, HyperparameterError, MaskError
 from refppo.validate import check_mask, check_nonneg, check_positive, check_unit_interval
 
 _ENUM_FIELDS: dict[str, type[Any]] = {
@@ -438,17 +438,26 @@ def critic_free_advantages(
         s = scores.to(rewards.dtype)
         if conv.kl_in is KLPlacement.REWARD and hp.kl_coef > 0:
             penalty = torch.where(mask, -hp.kl_coef * kl, zero)
-    return group_advantages(
-        s,
-        group_index,
-        mask,
-        estimator=conv.advantage,
-        unbiased_std=conv.group_std is Variance.UNBIASED,
-        eps=conv.group_eps,
-        singleton=conv.group_singleton.value,
-        token_penalty=penalty,
-        whiten=False,
-    )
+    try:
+        return group_advantages(
+            s,
+            group_index,
+            mask,
+            estimator=conv.advantage,
+            unbiased_std=conv.group_std is Variance.UNBIASED,
+            eps=conv.group_eps,
+            singleton=conv.group_singleton.value,
+            token_penalty=penalty,
+            whiten=False,
+        )
+    except MaskError as exc:
+        if "have one response" not in str(exc):
+            raise
+        ids = str(exc).split("groups ", 1)[1].split(" have", 1)[0]
+        raise ConventionError(
+            f"group_index: prompts {ids} have one response under group_singleton=error "
+            "(set group_singleton=score, as verl/SkyRL GRPO, or zero, as verl rloo_vectorized)"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,10 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
     critic = "old_values" in raw
     given = [k for k in _NEEDS_CRITIC if k in raw]
     if given and not critic:
-        raise DumpError(f"{p}: {given} are given but old_values (the critic's rollout values) is not")
+        raise DumpError(
+            f"{p}: missing required key 'old_values' (the critic's rollout values): {given} are given "
+            "and need it (a critic-free dump leaves out every value quantity)"
+        )
     for k, needs in _NEEDS_UPDATE.items():
         if k == "loss" and not critic:
             needs = ("logprobs",)  # a critic-free step's loss has no value term

@@ -84,6 +84,7 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
                         upd.update(whiten_variance=var, whiten_eps_at=eps_at)
                         fixed = (var, eps_at)
                     st = {**g.state, "rewards": r, "vm": vm, "kl_in": kl_in.value, "fixed_whiten": fixed}
+                    st["scores"] = scores  # the critic-free estimators group them (search_estimator)
                     yield upd, st, digest(g.state["kl_key"], r, vm, kl_in.value, fixed)
 
         return opts
@@ -149,7 +150,7 @@ def _propose_score_map(s: Search, groups: list[Group]) -> list[tuple[float, floa
 
 def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
     """``returns`` (and the raw advantages): GAE over the value mask, or through the padding."""
-    t, hp = s.t, s.hp
+    t = s.t
     own = s.base.conv.gae_padding.value
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
@@ -157,19 +158,7 @@ def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
         pads = list(dict.fromkeys([own, *(p.value for p in GaePadding)])) if walk_all else [own]
 
         def opts(g: Group) -> Iterable[Option]:
-            vm = g.state["vm"]
-            for pad in pads:
-                gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
-                adv_raw, ret = gae(g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam)
-                ret_key = digest(ret, vm)
-                st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
-                yield (
-                    {"gae_padding": pad},
-                    st,
-                    digest(
-                        g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw, g.state.get("fixed_whiten")
-                    ),
-                )
+            yield from gae_options(s, g, pads)
 
         return opts
 
@@ -180,6 +169,24 @@ def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
     if "returns" in s.unmatched and out:
         _carry_dumped(out, "returns", t["returns"])
     return out
+
+
+def gae_options(s: Search, g: Group, pads: list[str]) -> Iterable[Option]:
+    """GAE over the value mask or through the padding, for each ``gae_padding`` in ``pads``."""
+    t, hp = s.t, s.hp
+    vm = g.state["vm"]
+    for pad in pads:
+        gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
+        adv_raw, ret = gae(g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam)
+        yield with_raw_advantages(g, {"gae_padding": pad}, adv_raw, ret)
+
+
+def with_raw_advantages(g: Group, upd: dict[str, Any], adv_raw: Tensor, ret: Tensor) -> Option:
+    """The option of step 3 (GAE or a critic-free estimator): its raw advantages and returns."""
+    ret_key = digest(ret, g.state["vm"])
+    st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
+    key = digest(g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw, g.state.get("fixed_whiten"))
+    return upd, st, key
 
 
 def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:

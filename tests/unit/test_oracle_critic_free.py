@@ -41,7 +41,17 @@ def _grpo_dump(beta: float = 0.1, eps: float = 1e-6) -> dict[str, torch.Tensor]:
     adv = group_advantages_naive(
         torch.tensor(folded, dtype=torch.float64), GROUPS, m, estimator="grpo", eps=eps
     )
-    return {**x, "group_index": GROUPS.clone(), "advantages": adv, "returns": adv.clone()}
+    kl = [[o[i][t] - r[i][t] if m[i, t] else 0.0 for t in range(10)] for i in range(B)]
+    last = [int(m[i].sum()) - 1 for i in range(B)]
+    rewards = [
+        [(float(x["scores"][i]) if t == last[i] else 0.0) - beta * kl[i][t] for t in range(10)]
+        for i in range(B)
+    ]
+    outs = {
+        "kl": torch.tensor(kl, dtype=torch.float64),
+        "token_rewards": torch.tensor(rewards, dtype=torch.float64),
+    }
+    return {**x, **outs, "group_index": GROUPS.clone(), "advantages": adv, "returns": adv.clone()}
 
 
 def _write(tmp: Path, d: dict[str, torch.Tensor], hp: dict[str, float] | None = None) -> Path:
@@ -91,7 +101,11 @@ def test_the_advantage_can_come_from_the_sidecar(tmp_path: Path, capsys: pytest.
         ("wide_index", ["--set", "advantage=grpo"], r"group_index: expected shape \[B\] = \[8\]"),
         ("no_index", ["--set", "advantage=rloo"], r"missing key 'group_index' \(advantage=rloo needs"),
         ("none", [], r"missing required key 'old_values' \(advantage=gae"),
-        ("vf_loss", ["--set", "advantage=grpo"], r"\['vf_loss'\] are given but old_values"),
+        (
+            "vf_loss",
+            ["--set", "advantage=grpo"],
+            r"missing required key 'old_values' .*\['vf_loss'\] are given",
+        ),
         ("none", ["--preset", "trl", "--set", "advantage=grpo"], r"--preset trl: no critic-free estimator"),
         ("none", ["--set", "advantage=ppo"], r"advantage: unknown name 'ppo'"),
         ("none", ["--set", "group_eps=tiny"], r"group_eps: expected a number"),
