@@ -117,6 +117,16 @@ def test_reinforce_pp_is_discounted_returns_whitened_by_step_4(var: str, eps_at:
         whiten_unbiased=var == "unbiased", whiten_eps=hp.whiten_eps, whiten_eps_form=form,
     )  # fmt: skip
     torch.testing.assert_close(rq.advantages, want, rtol=1e-10, atol=1e-12)
+    # the returns are the discounted returns before the whitening: R_t = Σ_{k≥t} γ^{k−t} r_k (loops)
+    r, ms = rq.token_rewards.tolist(), m.tolist()
+
+    def to_go(i: int, t: int) -> float:
+        return sum(0.9 ** (k - t) * r[i][k] for k in range(t, T) if ms[i][k]) if ms[i][t] else 0.0
+
+    ret = [[to_go(i, t) for t in range(T)] for i in range(B)]
+    torch.testing.assert_close(
+        torch.where(m, rq.returns, 0.0), torch.tensor(ret, dtype=F64), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_reinforce_pp_baseline_equals_naive() -> None:
