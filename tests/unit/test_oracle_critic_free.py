@@ -185,3 +185,20 @@ def test_variants_state_what_the_peers_do() -> None:
     with pytest.raises(ConventionError, match="areal: no critic-free estimator"):
         critic_free_variant("areal", "grpo")
     assert Variance.UNBIASED.value == v["group_std"]
+
+
+def test_text_report_names_group_options_only_without_gae(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out, _ = _diff(
+        capsys, str(_write(tmp_path, _grpo_dump())), "--preset", "verl", "--set", "advantage=grpo"
+    )
+    assert "group_kl=fold" in out and "group_eps=1e-06" in out
+    x = make_inputs(B=4, T=6, seed=1)
+    p = tmp_path / "gae.safetensors"
+    write_dump(p, x, hparams=HP)
+    _diff(capsys, str(p))  # inputs only: exit 2, nothing to compare
+    write_dump(p, {**x, "pg_loss": torch.tensor(0.1, dtype=torch.float64)}, hparams=HP)
+    _, out, _ = _diff(capsys, str(p))
+    line = next(ln for ln in out.splitlines() if ln.startswith("convention:"))
+    assert "advantage=gae" in line and "group_" not in line
