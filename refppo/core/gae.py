@@ -64,6 +64,11 @@ def envelope(mask: Tensor) -> Tensor:
     return m.to(torch.uint8).flip(1).cummax(dim=1).values.flip(1).to(torch.bool)
 
 
+def has_holes(mask: Tensor) -> bool:
+    """Whether a row of the bool ``[B, T]`` mask has an interior hole (a valid token after a masked one)."""
+    return bool((mask[:, 1:] & ~mask[:, :-1]).any())
+
+
 def gae(
     rewards: TokenFloat,
     values: TokenFloat,
@@ -104,8 +109,8 @@ def _gae_skip(rewards: Tensor, values: Tensor, m: Tensor, gamma: float, lam: flo
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     r = torch.where(m, rewards, zero)
     v = torch.where(m, values, zero)
-    has_holes = bool((m[:, 1:] & ~m[:, :-1]).any())  # a valid token right after a masked one
-    if has_holes:
+    holed = has_holes(m)  # a valid token right after a masked one
+    if holed:
         # Valid positions first, in their original order (stable), masked positions after them.
         order = torch.argsort((~m).to(torch.uint8), dim=1, stable=True)
         r, v = r.gather(1, order), v.gather(1, order)
@@ -116,7 +121,7 @@ def _gae_skip(rewards: Tensor, values: Tensor, m: Tensor, gamma: float, lam: flo
     v_next = torch.nn.functional.pad(v[:, 1:], (0, 1))
     delta = torch.where(mc, r + gamma * v_next - v, zero)
     adv = torch.where(mc, _discounted_reverse_cumsum(delta, gamma * lam), zero)
-    if has_holes:
+    if holed:
         adv = torch.zeros_like(adv).scatter(1, order, adv)
         v = torch.where(m, values, zero)
     returns = torch.where(m, adv + v, zero)

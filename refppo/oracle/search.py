@@ -19,9 +19,18 @@ from typing import Any, cast
 
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition, Variance, Whitening
+from refppo.conventions import (
+    GaeHoles,
+    KLEstimator,
+    KLPlacement,
+    LossAgg,
+    ScorePosition,
+    Variance,
+    WhitenHoles,
+    Whitening,
+)
 from refppo.core.aggregate import aggregate_loss
-from refppo.core.gae import gae
+from refppo.core.gae import envelope, gae, has_holes
 from refppo.core.kl import token_kl
 from refppo.core.policy import clipped_policy_loss, policy_ratio
 from refppo.core.rewards import token_rewards
@@ -275,11 +284,19 @@ class Search:
     def _gae(self, groups: list[Group]) -> list[Group]:
         t, hp = self.t, self.hp
 
+        # with interior holes (multi-turn) every gae_holes convention; else they all agree: the base's
+        hole_opts = list(GaeHoles) if has_holes(self.m) else [self.base.conv.gae_holes]
+
         def opts(g: Group) -> Iterable[Option]:
-            adv_raw, ret = gae(g.state["rewards"], t["old_values"], g.state["vm"], gamma=hp.gamma, lam=hp.lam)
-            ret_key = digest(ret, g.state["vm"])
-            st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
-            yield {}, st, digest(g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw)
+            for h in hole_opts:
+                vm = g.state["vm"]
+                adv_raw, ret = gae(
+                    g.state["rewards"], t["old_values"], vm, gamma=hp.gamma, lam=hp.lam, holes=h
+                )
+                ret_key = digest(ret, vm, h.value)
+                st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
+                upd = {"gae_holes": h.value} if len(hole_opts) > 1 else {}
+                yield upd, st, digest(g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw)
 
         return self.expand(groups, opts, lambda s: [self.ratio("returns", s["returns"], s["vm"])], "returns")
 
@@ -289,15 +306,20 @@ class Search:
         whiten_opts = [(w, v) for w, v in whiten_opts if w != "none"]
         whiten_opts.insert(0, ("none", self.base.conv.whiten_variance.value))
 
+        over = [(WhitenHoles.EXCLUDE, m), (WhitenHoles.INCLUDE, envelope(m))] if has_holes(m) else [(None, m)]
+
         def opts(g: Group) -> Iterable[Option]:
             for w, v in whiten_opts:
-                upd = {"whiten_advantages": w, "whiten_variance": v}
-                try:
-                    adv = whiten(g.state["adv_raw"], m, self.base.with_convention(upd))
-                except RefPPOError:
-                    continue
-                st = {**g.state, "adv": adv}
-                yield upd, st, digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv)
+                for wh, wm in over:
+                    upd = {"whiten_advantages": w, "whiten_variance": v}
+                    if wh is not None:
+                        upd["whiten_holes"] = wh.value
+                    try:
+                        adv = whiten(g.state["adv_raw"], wm, self.base.with_convention(upd))
+                    except RefPPOError:
+                        continue
+                    st = {**g.state, "adv": adv}
+                    yield upd, st, digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv)
 
         out = self.expand(groups, opts, lambda s: [self.ratio("advantages", s["adv"], m)], "advantages")
         if "advantages" in self.unmatched and out:
