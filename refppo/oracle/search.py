@@ -30,7 +30,7 @@ from refppo.conventions import (
     Whitening,
 )
 from refppo.core.aggregate import aggregate_loss
-from refppo.core.gae import envelope, gae, has_holes
+from refppo.core.gae import gae, has_holes
 from refppo.core.kl import token_kl
 from refppo.core.policy import clipped_policy_loss, policy_ratio
 from refppo.core.rewards import token_rewards
@@ -306,16 +306,17 @@ class Search:
         whiten_opts = [(w, v) for w, v in whiten_opts if w != "none"]
         whiten_opts.insert(0, ("none", self.base.conv.whiten_variance.value))
 
-        over = [(WhitenHoles.EXCLUDE, m), (WhitenHoles.INCLUDE, envelope(m))] if has_holes(m) else [(None, m)]
+        holed = has_holes(m)
+        over = [WhitenHoles.EXCLUDE, WhitenHoles.INCLUDE] if holed else [None]  # whiten() takes the envelope
 
         def opts(g: Group) -> Iterable[Option]:
             for w, v in whiten_opts:
-                for wh, wm in over:
+                for wh in over:
                     upd = {"whiten_advantages": w, "whiten_variance": v}
                     if wh is not None:
                         upd["whiten_holes"] = wh.value
                     try:
-                        adv = whiten(g.state["adv_raw"], wm, self.base.with_convention(upd))
+                        adv = whiten(g.state["adv_raw"], m, self.base.with_convention(upd))
                     except RefPPOError:
                         continue
                     st = {**g.state, "adv": adv}
