@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GaePadding, GroupKL, GroupSingleton, Variance
+from refppo.conventions import AdvantageEstimator, GaeHoles, GaePadding, GroupKL, GroupSingleton, Variance
+from refppo.core.gae import has_holes
 from refppo.core.group import group_scalar_advantages
 from refppo.errors import RefPPOError
 from refppo.oracle.search import SOLVE_GROUPS, Group, Option, Search
@@ -96,12 +97,13 @@ def estimator_stage(s: Search, groups: list[Group]) -> list[Group]:
         walk_all = extra is not None or "returns" not in t
         opts_list = _options(s, walk_all, extra or [])
         pads = list(dict.fromkeys([own_pad, *(p.value for p in GaePadding)])) if walk_all else [own_pad]
+        holes = list(GaeHoles) if has_holes(s.m) else [s.base.conv.gae_holes]
 
         def opts(g: Group) -> Iterable[Option]:
             for upd in opts_list:
                 if upd["advantage"] == "gae":
                     if "old_values" in t:
-                        for gu, st, key in gae_options(s, g, pads):
+                        for gu, st, key in gae_options(s, g, pads, holes):
                             yield {**upd, **gu}, st, key
                     continue
                 opt = _critic_free(s, g, upd)
