@@ -114,10 +114,28 @@ def _mb_loss(
     return loss  # (the entropy term reads no logprobs or values: it adds no gradient here)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Which rank and micro-batch each row goes to."""
+
+    rank: tuple[int, ...] = tuple(RANK)
+    micro: tuple[int, ...] = tuple(MICRO)
+    W: int = 2
+    K: int = 2
+
+    def sidecar(self) -> dict[str, int]:
+        return {"world_size": self.W, "micro_batches": self.K}
+
+
+TWO_RANKS_TWO_MB = Layout()
+ONE_RANK_THREE_MB = Layout(rank=(0,) * 8, micro=(0, 0, 1, 1, 1, 2, 2, 2), W=1, K=3)
+
+
 def trainer_grads(
-    t: dict[str, Tensor], conv: dict[str, Any], bugs: Bugs, W: int = 2, K: int = 2
+    t: dict[str, Tensor], conv: dict[str, Any], bugs: Bugs, layout: Layout = TWO_RANKS_TWO_MB
 ) -> dict[str, Tensor]:
     """``grad_logprobs``, ``grad_values`` of the step as this trainer's optimizer would see them."""
+    W, K = layout.W, layout.K
     mask = t["response_mask"].bool()
     n_step, s_step = float(mask.sum()), float(mask.shape[0])
     g_lp = torch.zeros_like(t["logprobs"])
@@ -150,7 +168,7 @@ def step_dump(
     seed: int = 3,
     keep_scalars: bool = False,
     dtype: torch.dtype = torch.float64,
-    layout: Layout = Layout(),
+    layout: Layout = TWO_RANKS_TWO_MB,
 ) -> dict[str, Tensor]:
     """A v2 dump: inputs, rollout outputs, the trainer's gradients, ``micro_batch`` and ``rank``."""
     conv = dict(conv or {})
@@ -169,7 +187,7 @@ def save_step(
     tmp: Path,
     d: dict[str, Tensor],
     conv: dict[str, Any] | None = None,
-    layout: Layout = Layout(),
+    layout: Layout = TWO_RANKS_TWO_MB,
     **extra: Any,
 ) -> Path:
     path = tmp / "step.safetensors"
