@@ -168,14 +168,16 @@ def hypotheses(
             + "; ".join(facs),
             lambda: _split(inp, setup, [x[1] for x in ranks], 1.0 / W, ref, dump),
         ))  # fmt: skip
-    consts = {
-        "W": (W, "gradients summed over ranks where DDP averages them (or a normaliser missing 1/W)"),
-        "K": (K, "the accumulation's 1/K missing (K micro-batch gradients summed)"),
-        "W·K": (W * K, "both 1/W and 1/K missing"),
-        "1/W": (1.0 / W, "an extra 1/W (a rank's loss divided by W and averaged again by DDP)"),
-        "1/K": (1.0 / K, "an extra 1/K (a loss already normalised over the step divided by K again)"),
-        "1/(W·K)": (1.0 / (W * K), "an extra 1/(W·K)"),
-    }
+    consts: dict[str, tuple[float, str]] = {}
+    if W > 1:
+        consts["W"] = (W, "gradients summed over ranks where DDP averages them (or a normaliser missing 1/W)")
+        consts["1/W"] = (1.0 / W, "an extra 1/W (a rank's loss divided by W and averaged again by DDP)")
+    if K > 1:
+        consts["K"] = (K, "the accumulation's 1/K missing (K micro-batch gradients summed)")
+        consts["1/K"] = (1.0 / K, "an extra 1/K (a loss already normalised over the step divided by K again)")
+    if W > 1 and K > 1:
+        consts["W·K"] = (W * K, "both 1/W and 1/K missing")
+        consts["1/(W·K)"] = (1.0 / (W * K), "an extra 1/(W·K)")
     by_value: dict[float, list[tuple[str, str]]] = {}
     for label, (c, text) in consts.items():
         if c != 1.0:
