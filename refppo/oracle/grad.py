@@ -77,23 +77,21 @@ def pipeline_grads(
     setup: Setup,
     *,
     norm: Normalisers | None = None,
-    wrt_advantages: bool = False,
     objective: str = "loss",
 ) -> dict[str, Tensor]:
-    """``∂J/∂logprobs``, ``∂J/∂values`` [B, T] (and ``∂J/∂advantages`` with ``wrt_advantages``).
+    """``∂J/∂logprobs``, ``∂J/∂values`` [B, T], and the (detached) ``ratio`` [B, T].
 
     ``J`` is ``update_quantities(...).<objective>`` (``loss`` or ``pg_loss``) under ``setup`` and
     ``norm``; the gradients are zeroed outside the policy / value mask (see the module docstring).
     """
     lp = inp.logprobs.detach().clone().requires_grad_(True)
     v = inp.values.detach().clone().requires_grad_(True)
-    adv = inp.advantages.detach().clone().requires_grad_(wrt_advantages)
     uq = update_quantities(
         logprobs=lp,
         values=v,
         old_logprobs=inp.old_logprobs,
         old_values=inp.old_values,
-        advantages=adv,
+        advantages=inp.advantages,
         returns=inp.returns,
         mask=inp.mask,
         value_mask_=inp.value_mask,
@@ -103,13 +101,10 @@ def pipeline_grads(
         conv=setup.conv,
         norm=norm,
     )
-    leaves = (lp, v, adv) if wrt_advantages else (lp, v)
-    grads = torch.autograd.grad(getattr(uq, objective), leaves, allow_unused=True)
+    g_lp, g_v = torch.autograd.grad(getattr(uq, objective), (lp, v), allow_unused=True)
     zero = torch.zeros((), dtype=inp.logprobs.dtype)
-    masks = (inp.mask, inp.value_mask, inp.mask)
-    names = ("grad_logprobs", "grad_values", "grad_advantages")
-    out: dict[str, Tensor] = {}
-    for name, g, m in zip(names, grads, masks, strict=False):
+    out: dict[str, Tensor] = {"ratio": uq.ratio.detach()}
+    for name, g, m in (("grad_logprobs", g_lp, inp.mask), ("grad_values", g_v, inp.value_mask)):
         out[name] = zero.expand_as(m).clone() if g is None else torch.where(m, g, zero)
     return out
 

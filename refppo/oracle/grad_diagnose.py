@@ -19,7 +19,7 @@ loss_agg                      another aggregation mode (per-row factors: sequenc
 padded tokens counted         token-mean normaliser = every position ``B·T`` (a mask leak)
 clip not in the gradient      the policy clip (and dual clip) removed: the unclipped branch's
                               gradient at tokens the reference clips
-advantages not detached       ``grad_values − ∂pg/∂advantages`` (autograd through the pipeline)
+advantages not detached       ``grad_values − ∂pg/∂advantages`` (from the pipeline's gradients)
 KL estimator                  ``kl_in = loss`` with another ``kl_estimator``
 ============================ ==================================================================
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -93,11 +94,11 @@ def ratio_lines(dump: Dump, name: str, ref: Tensor, cmp_mask: Tensor, tol: float
     pad = torch.where(cmp_mask, zero, d)
     leak = ~(pad.abs() <= tol)  # NaN counts
     if bool(leak.any()):
-        rows = leak.any(dim=1).nonzero().flatten().tolist()
-        where = sorted({_where(r, k, dump) for r, k, g in groups(dump) if set(g.tolist()) & set(rows)})
+        leak_rows: list[int] = leak.any(dim=1).nonzero().flatten().tolist()
+        where = sorted({_where(r, k, dump) for r, k, g in groups(dump) if set(g.tolist()) & set(leak_rows)})
         lines.append(
             f"{name}: a padding leak: nonzero gradient at {int(leak.sum())} padded positions in rows "
-            f"{rows[:8]} ({', '.join(where)}); the reference is 0 there"
+            f"{leak_rows[:8]} ({', '.join(where)}); the reference is 0 there"
         )
     return lines
 
@@ -167,19 +168,24 @@ def hypotheses(
             + "; ".join(facs),
             lambda: _split(inp, setup, [x[1] for x in ranks], 1.0 / W, ref, dump),
         ))  # fmt: skip
-    consts = {
-        "W": (W, "gradients summed over ranks where DDP averages them (or a normaliser missing 1/W)"),
-        "K": (K, "the accumulation's 1/K missing (K micro-batch gradients summed)"),
-        "W·K": (W * K, "both 1/W and 1/K missing"),
-        "1/W": (1.0 / W, "an extra 1/W (a rank's loss divided by W and averaged again by DDP)"),
-        "1/K": (1.0 / K, "an extra 1/K (a loss already normalised over the step divided by K again)"),
-        "1/(W·K)": (1.0 / (W * K), "an extra 1/(W·K)"),
-    }
-    seen = {1.0}
+    consts: dict[str, tuple[float, str]] = {}
+    if W > 1:
+        consts["W"] = (W, "gradients summed over ranks where DDP averages them (or a normaliser missing 1/W)")
+        consts["1/W"] = (1.0 / W, "an extra 1/W (a rank's loss divided by W and averaged again by DDP)")
+    if K > 1:
+        consts["K"] = (K, "the accumulation's 1/K missing (K micro-batch gradients summed)")
+        consts["1/K"] = (1.0 / K, "an extra 1/K (a loss already normalised over the step divided by K again)")
+    if W > 1 and K > 1:
+        consts["W·K"] = (W * K, "both 1/W and 1/K missing")
+        consts["1/(W·K)"] = (1.0 / (W * K), "an extra 1/(W·K)")
+    by_value: dict[float, list[tuple[str, str]]] = {}
     for label, (c, text) in consts.items():
-        if c not in seen:
-            seen.add(c)
-            out.append((f"factor_{label}", f"a constant factor {label} = {c:g}: {text}", _times(ref, c)))
+        if c != 1.0:
+            by_value.setdefault(c, []).append((label, text))
+    for c, named in by_value.items():  # W = K: one factor, both readings named
+        labels = " = ".join(lab for lab, _ in named)
+        text = "; or ".join(t for _, t in named)
+        out.append((f"factor_{labels}", f"a constant factor {labels} = {c:g}: {text}", _times(ref, c)))
     for agg in LossAgg:
         if agg is not setup.conv.loss_agg:
             alt = setup.with_convention({"loss_agg": agg})
@@ -223,7 +229,29 @@ def _grads(inp: UpdateInputs, setup: Setup, norm: Normalisers | None = None) -> 
 
 
 def _not_detached(inp: UpdateInputs, setup: Setup, ref: Grads) -> Grads:
-    g_adv = pipeline_grads(inp, setup, wrt_advantages=True, objective="pg_loss")["grad_advantages"]
+    """``grad_values − ∂pg_loss/∂A``: a trainer whose advantages (``A = R − V``) keep ``V``'s graph.
+
+    The core treats the advantages as constants (``clipped_policy_loss`` detaches them), so
+    ``∂pg/∂A = −w·ρ_eff`` per token is assembled from the pipeline's own outputs: ``w·ρ`` is
+    ``−∂pg/∂logprobs`` with ``A = 1`` and no clip, ``ρ`` is ``update_quantities(...).ratio``, and
+    the tokens on the unclipped branch are those with ``∂pg/∂logprobs ≠ 0`` under the clip;
+    elsewhere ``ρ_eff`` is the clip bound ``clamp(ρ, 1 − ε_low, 1 + ε_high)``, or ``c`` where the
+    dual clip caps a negative advantage.
+    """
+    ones = replace(inp, advantages=torch.ones_like(inp.advantages))
+    w_rho = -pipeline_grads(ones, unclipped(setup), objective="pg_loss")["grad_logprobs"]
+    g_pg = pipeline_grads(inp, setup, objective="pg_loss")
+    rho = g_pg["ratio"]
+    hp, c = setup.hp, setup.conv.dual_clip
+    hi = hp.cliprange if hp.cliprange_high is None else hp.cliprange_high
+    rho_eff = torch.clamp(rho, 1.0 - hp.cliprange, 1.0 + hi)
+    if c is not None:
+        rho_eff = torch.where(
+            (inp.advantages < 0) & (rho > 1.0 + hi), torch.full((), c, dtype=rho.dtype), rho_eff
+        )
+    rho_eff = torch.where(g_pg["grad_logprobs"] != 0, rho, rho_eff)
+    safe = torch.where(inp.mask, rho, torch.ones((), dtype=rho.dtype))
+    g_adv = torch.where(inp.mask, -w_rho * rho_eff / safe, torch.zeros((), dtype=rho.dtype))
     return {**ref, "grad_values": ref["grad_values"] - g_adv}
 
 

@@ -300,7 +300,7 @@ def _step_layout(path: Path | None, hparams: dict[str, Any]) -> StepLayout:
     return StepLayout(**vals)
 
 
-def _integer_key(p: Path, k: str, t: Any, B: int) -> Tensor:
+def _integer_key(p: Path, k: str, t: Tensor, B: int) -> Tensor:
     """An integer-valued key as int64 (``micro_batch`` and ``rank`` are ``[B]``)."""
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
         raise DumpError(f"{p}: {k}: expected an integer tensor, got dtype {t.dtype}")
