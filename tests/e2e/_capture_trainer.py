@@ -25,7 +25,14 @@ from torch import Tensor, nn
 from refppo.capture import StepRecorder
 from refppo.conventions import LossAgg
 from refppo.core.aggregate import aggregate_loss
-from refppo.pipeline import Convention, Hyperparams, Normalisers, RolloutQuantities, rollout_quantities, update_quantities
+from refppo.pipeline import (
+    Convention,
+    Hyperparams,
+    Normalisers,
+    RolloutQuantities,
+    rollout_quantities,
+    update_quantities,
+)
 
 WORLD = 2
 VOCAB, HIDDEN, T = 13, 8, 6
@@ -124,7 +131,9 @@ def setup() -> tuple[Policy, Critic, Batch]:
         lp, v = policy(ids), critic(ids)
     noise = lambda s: s * torch.randn(B, T, generator=g, dtype=torch.float64)  # noqa: E731
     old = lp + noise(0.25)
-    batch = Batch(ids, mask, old, old + noise(0.1), v + noise(0.3), torch.randn(B, generator=g, dtype=torch.float64))
+    batch = Batch(
+        ids, mask, old, old + noise(0.1), v + noise(0.3), torch.randn(B, generator=g, dtype=torch.float64)
+    )
     return policy, critic, batch
 
 
@@ -153,8 +162,15 @@ def _leak(m: Tensor) -> Tensor:
 
 
 def micro_loss(
-    rows: list[int], width: int, lp: Tensor, v: Tensor, b: Batch, q: RolloutQuantities, conv: Convention,
-    bug: str | None, where: tuple[int, int],
+    rows: list[int],
+    width: int,
+    lp: Tensor,
+    v: Tensor,
+    b: Batch,
+    q: RolloutQuantities,
+    conv: Convention,
+    bug: str | None,
+    where: tuple[int, int],
 ) -> dict[str, Tensor]:
     """The losses this micro-batch passes to backward (``loss``) and records, by ``bug``."""
     sel = (torch.tensor(rows), slice(0, width))
@@ -193,7 +209,9 @@ def micro_loss(
     return {"loss": scale * loss, "pg_loss": scale * pg, "vf_loss": scale * uq.vf_loss}
 
 
-def step(rank: int, dist: Any, policy: Policy, critic: Critic, b: Batch, agg: str, bug: str | None, path: Path) -> None:
+def step(
+    rank: int, dist: Any, policy: Policy, critic: Critic, b: Batch, agg: str, bug: str | None, path: Path
+) -> None:
     """One optimizer step of this rank's micro-batches, recorded and dumped."""
     conv = Convention(loss_agg=LossAgg(agg))
     q = quantities(b, conv)
@@ -210,10 +228,11 @@ def step(rank: int, dist: Any, policy: Policy, critic: Critic, b: Batch, agg: st
         ids = b.ids[torch.tensor(rows), : width + 1]
         lp, v = pol_m(ids), cri_m(ids)
         losses = micro_loss(rows, width, lp, v, b, q, conv, bug, (r, k))
-        sel = (torch.tensor(rows), slice(0, width))
+        idx = torch.tensor(rows)
+        sel = (idx, slice(0, width))
         rec.record(
             micro_batch=k, logprobs=lp, values=v, response_mask=b.mask[sel], old_logprobs=b.old_logprobs[sel],
-            ref_logprobs=b.ref_logprobs[sel], old_values=b.old_values[sel], scores=b.scores[torch.tensor(rows)],
+            ref_logprobs=b.ref_logprobs[sel], old_values=b.old_values[sel], scores=b.scores[idx],
             advantages=q.advantages[sel], returns=q.returns[sel], **losses,
         )  # fmt: skip
         losses["loss"].backward()

@@ -32,11 +32,11 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-import _capture_trainer as ct  # noqa: E402  (the worker script sits beside this test)
+import _capture_trainer as ct  # the worker script beside this test
 
-from refppo.conventions import LossAgg  # noqa: E402
-from refppo.oracle.cli import main as refppo_diff  # noqa: E402
-from refppo.pipeline import Convention, update_quantities  # noqa: E402
+from refppo.conventions import LossAgg
+from refppo.oracle.cli import main as refppo_diff
+from refppo.pipeline import Convention, update_quantities
 
 TOL = 1e-12
 """Absolute tolerance on float64 gradients of size ~0.01–0.3: DDP's all-reduce and the
@@ -48,7 +48,10 @@ WORKER_TIMEOUT_S = 1200
 
 def _spawn(tmp_path: Path, out: Path) -> None:
     init = (tmp_path / "rendezvous").as_uri()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+    }
     logs = [tmp_path / f"rank{r}.log" for r in range(ct.WORLD)]
     procs = []
     for r, log in enumerate(logs):
@@ -201,7 +204,9 @@ def test_capture_ddp_injected_bug_is_caught_and_named(dumps: Path, bug: str) -> 
         unclipped = torch.where(ref["mask"], -ref["adv"] * ratio / n_tok, torch.zeros(()))  # ∂(−A·ρ/N)/∂logp
         clipped = (ref["grad_logprobs"] == 0) & ref["mask"] & (ref["adv"] != 0)
         assert int(clipped.sum()) >= 3  # the case exercises the clip
-        assert _err(d["grad_logprobs"], unclipped) <= TOL and _err(d["grad_values"], ref["grad_values"]) <= TOL
+        assert (
+            _err(d["grad_logprobs"], unclipped) <= TOL and _err(d["grad_values"], ref["grad_values"]) <= TOL
+        )
     elif bug == "padding_leak":
         leak_rows = torch.tensor(_groups(bug)[2][2])  # rank 1, micro-batch 0
         for key, m in (("grad_logprobs", ref["mask"]), ("grad_values", ref["vmask"])):
@@ -216,10 +221,17 @@ def test_capture_ddp_injected_bug_is_caught_and_named(dumps: Path, bug: str) -> 
     q = rep["quantities"]
     assert not (q["grad_logprobs"]["ok"] and q["grad_values"]["ok"]), diag  # type: ignore[index]
     named = [e["bug"] for e in rep["explained_by"]]  # type: ignore[attr-defined, union-attr]
-    assert EXPLAINED[bug] in named, diag
+    assert EXPLAINED[bug] in [n.split(" ")[0] for n in named], diag  # W = K = 2 is named "factor_W = K"
     if bug == "token_mean_per_micro":
-        assert "micro-batch 0 of rank 0: factor 1.4" in diag and "micro-batch 0 of rank 1: factor 1.75" in diag
+        assert (
+            "micro-batch 0 of rank 0: factor 1.4" in diag and "micro-batch 0 of rank 1: factor 1.75" in diag
+        )
     if bug == "seq_count_per_micro":
-        assert "micro-batch 0 of rank 0: factor 2" in diag and "micro-batch 1 of rank 0: factor 0.6667" in diag
+        assert (
+            "micro-batch 0 of rank 0: factor 2" in diag and "micro-batch 1 of rank 0: factor 0.6667" in diag
+        )
     if bug == "padding_leak":
-        assert "micro-batch 0 of rank 1" in diag and "micro-batch 0 of rank 0" not in diag.split("padding leak")[1]
+        assert (
+            "micro-batch 0 of rank 1" in diag
+            and "micro-batch 0 of rank 0" not in diag.split("padding leak")[1]
+        )
