@@ -84,7 +84,8 @@ def _group_factor_text(count: str) -> list[str]:
                 n_step, n = float(sum(LENGTHS)), float(sum(LENGTHS[b] for b in rows))
             else:
                 n_step, n = 8.0, float(len(rows))
-            out.append(f"micro-batch {k} of rank {r}: factor {n_step / (4 * n):.4g}")
+            if n_step != 4 * n:  # the groups holding a quarter of the step are not off
+                out.append(f"micro-batch {k} of rank {r}: factor {n_step / (4 * n):.4g}")
     return out
 
 
