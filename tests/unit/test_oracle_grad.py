@@ -136,6 +136,33 @@ CASES: list[tuple[str, dict[str, Any], Bugs, Layout, str, str, list[str]]] = [
         ["summed over ranks", "1/K missing"],
     ),
     (
+        "per-rank normaliser",
+        {},
+        Bugs(rank_norm=True),
+        TWO_RANKS_TWO_MB,
+        "grad_logprobs",
+        "rank_normaliser",
+        [f"rank 0: factor {48 / (2 * 22):.4g}", f"rank 1: factor {48 / (2 * 26):.4g}"],  # 22 + 26 tokens
+    ),
+    (
+        "padded positions counted by the token mean",
+        {},
+        Bugs(count_padding=True),
+        TWO_RANKS_TWO_MB,
+        "grad_logprobs",
+        "loss_agg=seq-mean-token-sum-norm|padded_tokens_counted",  # Σ m·L/(B·T) is both, exactly
+        ["(80 = B·T, not 48 tokens)"],
+    ),
+    (
+        "sequence normalisation where the convention says token-mean",
+        {},
+        Bugs(loss_agg="seq-mean-token-mean"),
+        TWO_RANKS_TWO_MB,
+        "grad_logprobs",
+        "loss_agg=seq-mean-token-mean",
+        ["per-row factors range"],
+    ),
+    (
         "advantages not detached",
         {},
         Bugs(adv_not_detached=True),
@@ -191,7 +218,7 @@ def test_injected_bug_is_caught_and_named(
     rc, rep = run(tmp_path, step_dump(conv, bugs, layout=layout), capsys, conv, layout)
     assert rc == 1
     assert rep["first_divergence"] == first
-    assert [e["bug"] for e in rep["explained_by"]] == [bug_id], rep["diagnosis"]
+    assert [e["bug"] for e in rep["explained_by"]] == bug_id.split("|"), rep["diagnosis"]
     text = "\n".join(rep["diagnosis"])
     for t in texts:
         assert t in text, (t, text)
