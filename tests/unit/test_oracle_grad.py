@@ -54,6 +54,11 @@ def test_correct_step_matches_every_mode(
     assert rc == 0, rep["diagnosis"]
     assert list(rep["quantities"])[-2:] == ["grad_logprobs", "grad_values"]  # pipeline order, after loss
     assert all(q["ok"] for q in rep["quantities"].values())
+    assert (rep["dump"]["world_size"], rep["dump"]["micro_batches"], rep["dump"]["separate_critic"]) == (
+        2,
+        2,
+        False,
+    )
 
 
 @pytest.mark.parametrize("layout", [ONE_RANK_THREE_MB, TWO_RANKS_ONE_MB], ids=["1x3", "2x1"])
