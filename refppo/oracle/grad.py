@@ -14,9 +14,10 @@ mask (``grad_values``) get 0: a trainer's nonzero gradient there is a padding le
 
 Ties at a clip boundary: where the trainer's rounding can put a token on either side of ``1 ± ε``
 (or ``|V − V_old| = ε_v``, or equal value-loss branches), the dump may hold either branch's
-gradient; there the reference takes whichever of the clipped or unclipped gradient (the same
-pipeline with the clip removed) is nearer the dump. The tie tokens are those that widen the clip
-fractions' tolerance (:func:`refppo.oracle.recompute.pg_tie_mask`, ``vf_tie_mask``).
+gradient; there the reference takes whichever branch's gradient is nearest the dump: its own, the
+unclipped one (the same pipeline with the clip removed) or the clipped one (:func:`reference_grads`).
+The tie tokens are those that widen the clip fractions' tolerance
+(:func:`refppo.oracle.recompute.pg_tie_mask`, ``vf_tie_mask``).
 """
 
 from __future__ import annotations
@@ -119,15 +120,30 @@ def unclipped(setup: Setup) -> Setup:
 def reference_grads(
     inp: UpdateInputs, setup: Setup, dump: dict[str, Tensor], ties: dict[str, Tensor]
 ) -> dict[str, Tensor]:
-    """The reference ``grad_*`` present in ``dump``; at ``ties[name]`` tokens the branch nearer the dump."""
+    """The reference ``grad_*`` present in ``dump``; at ``ties[name]`` tokens the branch nearest the dump.
+
+    The branches of a tie token: the reference's own gradient, the unclipped branch's (the pipeline
+    with the clip removed) and the clipped branch's, whose policy or value term is constant there:
+    for ``grad_logprobs`` the unclipped gradient less its ``pg_loss`` part (the KL-loss part stays),
+    for ``grad_values`` 0.
+    """
     ref = pipeline_grads(inp, setup)
     out = {k: ref[k] for k in GRAD_QUANTITIES if k in dump}
     tied = {k: t for k, t in ties.items() if k in out and bool(t.any())}
     if tied:
-        alt = pipeline_grads(inp, unclipped(setup))
+        free = unclipped(setup)
+        alt = pipeline_grads(inp, free)
+        pg_free = pipeline_grads(inp, free, objective="pg_loss")["grad_logprobs"]
+        clipped = {
+            "grad_logprobs": alt["grad_logprobs"] - pg_free,
+            "grad_values": torch.zeros_like(alt["grad_values"]),
+        }
         for k, t in tied.items():
-            nearer = (dump[k] - alt[k]).abs() < (dump[k] - out[k]).abs()
-            out[k] = torch.where(t & nearer, alt[k], out[k])
+            best = out[k]
+            for cand in (alt[k], clipped[k]):
+                nearer = (dump[k] - cand).abs() < (dump[k] - best).abs()
+                best = torch.where(t & nearer, cand, best)
+            out[k] = best
     return out
 
 

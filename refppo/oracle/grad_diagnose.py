@@ -146,17 +146,22 @@ def hypotheses(
     unit = "token count" if what == "N" else "sequence count"
     out: list[tuple[str, str, Callable[[], Grads]]] = []
     if len(gs) > 1 and setup.conv.loss_agg is not LossAgg.TOKEN_SUM:
-        facs = []
+        facs, even = [], []
         for r, k, rows in gs:
             n = count(rows)[1]
+            if n * K * W == n_step:
+                even.append(_where(r, k, dump))
+                continue
             facs.append(
                 f"{_where(r, k, dump)}: factor {n_step / (K * W * n):.4g} = {what}_step/(K·W·{what}_mb)"
                 f" = {n_step:g}/({K}·{W}·{n:g})"
             )
+        if even:
+            facs.append(f"factor 1 ({what}_mb = {what}_step/(K·W)): {', '.join(even)}")
         out.append((
             "local_normaliser",
             f"a per-micro-batch normaliser: each micro-batch divides by its own {unit} and the micro-batch "
-            f"losses are averaged (1/(K·W)); " + "; ".join(facs),
+            f"losses are averaged (1/(K·W)); off: " + "; ".join(facs),
             lambda: _split(inp, setup, [g[2] for g in gs], 1.0 / (K * W), ref, dump),
         ))  # fmt: skip
     if W > 1 and K > 1 and setup.conv.loss_agg is not LossAgg.TOKEN_SUM:

@@ -190,8 +190,17 @@ def load_dump(path: str | Path, hparams_file: str | Path | None = None) -> Dump:
     return validate(p, raw, hparams_file)
 
 
-def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = None) -> Dump:
-    """Check keys, shapes, dtypes, finiteness and masks; convert to float64."""
+def validate(
+    p: Path,
+    raw: dict[str, Any],
+    hparams_file: str | Path | None = None,
+    *,
+    hparams: dict[str, Any] | None = None,
+) -> Dump:
+    """Check keys, shapes, dtypes, finiteness and masks; convert to float64.
+
+    ``hparams``: the sidecar's object given in memory (instead of a file beside ``p``).
+    """
     try:
         raw, aliased = resolve_aliases(p, raw)
     except ValueError as exc:
@@ -235,11 +244,14 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
         )
     out: dict[str, Tensor] = {"response_mask": mask}
     dtypes: list[torch.dtype] = []
-    hp_path = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
+    hp_path = Path(hparams_file) if hparams_file is not None else sidecar_path(p) if hparams is None else None
     if hparams_file is not None and not Path(hparams_file).is_file():
         raise DumpError(f"{hparams_file}: no such hyperparameter file")
-    hparams = read_hparams(hp_path) if hp_path is not None else {}
-    step = _step_layout(hp_path, hparams)
+    if hparams is not None:
+        hp_path = None
+    else:
+        hparams = read_hparams(hp_path) if hp_path is not None else {}
+    step = _step_layout(hp_path or p, hparams)
     hparams = {k: v for k, v in hparams.items() if k not in STEP_KEYS}
     for k in sorted(INTEGER_KEYS & set(raw)):
         out[k] = _integer_key(p, k, raw[k], B)
@@ -283,7 +295,7 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
     return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased, step)
 
 
-def _step_layout(path: Path | None, hparams: dict[str, Any]) -> StepLayout:
+def _step_layout(path: Path, hparams: dict[str, Any]) -> StepLayout:
     """The v2 sidecar keys (positive integers ``world_size``, ``micro_batches``; bool ``separate_critic``)."""
     vals: dict[str, Any] = {}
     for k in ("world_size", "micro_batches"):

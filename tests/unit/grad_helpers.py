@@ -47,6 +47,12 @@ class Bugs:
     """Rows whose padding is not masked out of the policy loss (their padded advantages hold junk)."""
     kl_estimator: str | None = None
     """The KL-in-loss estimator the trainer really uses (None: the convention's)."""
+    rank_norm: bool = False
+    """Each rank normalises by its own count (accumulating its micro-batches correctly), DDP 1/W."""
+    count_padding: bool = False
+    """The token-mean normaliser counts every position, B·T, padding included."""
+    loss_agg: str | None = None
+    """The aggregation the trainer really uses (None: the convention's)."""
 
 
 def _kl(d: Tensor, est: str) -> Tensor:
@@ -98,7 +104,7 @@ def _mb_loss(
         clipped = ratio + (clipped - ratio).detach()
     pg_tok = torch.maximum(-adv * ratio, -adv * clipped)
     zero = torch.zeros((), dtype=lp.dtype)
-    agg = conv.get("loss_agg", "token-mean")
+    agg = bugs.loss_agg or conv.get("loss_agg", "token-mean")
     T = m.shape[1]
     pg = _agg(torch.where(pm, pg_tok, zero), m, agg, norm["tok"], norm["seq"], T)
     vo, ret = t["old_values"][rows], t["returns"][rows]
@@ -149,6 +155,11 @@ def trainer_grads(
             v = t["values"][rows].clone().requires_grad_(True)
             if bugs.local_norm:  # own counts, averaged over the K micro-batches
                 norm, scale = {"tok": float(mask[rows].sum()), "seq": float(rows.numel())}, 1.0 / K
+            elif bugs.rank_norm:  # the rank's own counts; its micro-batch sums add up to the rank's loss
+                mine = [b for b in range(len(LENGTHS)) if layout.rank[b] == r]
+                norm, scale = {"tok": float(mask[mine].sum()), "seq": float(len(mine))}, 1.0
+            elif bugs.count_padding:
+                norm, scale = {"tok": float(mask.numel()), "seq": s_step}, float(W)
             elif bugs.missing_accum:  # the mean micro-batch size, and no 1/K
                 norm, scale = {"tok": n_step / (K * W), "seq": s_step / (K * W)}, 1.0
             else:  # global normalisers; ×W so that DDP's mean over ranks gives the step's loss

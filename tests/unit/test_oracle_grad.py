@@ -54,6 +54,11 @@ def test_correct_step_matches_every_mode(
     assert rc == 0, rep["diagnosis"]
     assert list(rep["quantities"])[-2:] == ["grad_logprobs", "grad_values"]  # pipeline order, after loss
     assert all(q["ok"] for q in rep["quantities"].values())
+    assert (rep["dump"]["world_size"], rep["dump"]["micro_batches"], rep["dump"]["separate_critic"]) == (
+        2,
+        2,
+        False,
+    )
 
 
 @pytest.mark.parametrize("layout", [ONE_RANK_THREE_MB, TWO_RANKS_ONE_MB], ids=["1x3", "2x1"])
@@ -84,7 +89,8 @@ def _group_factor_text(count: str) -> list[str]:
                 n_step, n = float(sum(LENGTHS)), float(sum(LENGTHS[b] for b in rows))
             else:
                 n_step, n = 8.0, float(len(rows))
-            out.append(f"micro-batch {k} of rank {r}: factor {n_step / (4 * n):.4g}")
+            if n_step != 4 * n:  # the groups holding a quarter of the step are not off
+                out.append(f"micro-batch {k} of rank {r}: factor {n_step / (4 * n):.4g}")
     return out
 
 
@@ -133,6 +139,33 @@ CASES: list[tuple[str, dict[str, Any], Bugs, Layout, str, str, list[str]]] = [
         "grad_logprobs",
         "factor_W = K",
         ["summed over ranks", "1/K missing"],
+    ),
+    (
+        "per-rank normaliser",
+        {},
+        Bugs(rank_norm=True),
+        TWO_RANKS_TWO_MB,
+        "grad_logprobs",
+        "rank_normaliser",
+        [f"rank 0: factor {48 / (2 * 22):.4g}", f"rank 1: factor {48 / (2 * 26):.4g}"],  # 22 + 26 tokens
+    ),
+    (
+        "padded positions counted by the token mean",
+        {},
+        Bugs(count_padding=True),
+        TWO_RANKS_TWO_MB,
+        "grad_logprobs",
+        "loss_agg=seq-mean-token-sum-norm|padded_tokens_counted",  # Σ m·L/(B·T) is both, exactly
+        ["(80 = B·T, not 48 tokens)"],
+    ),
+    (
+        "sequence normalisation where the convention says token-mean",
+        {},
+        Bugs(loss_agg="seq-mean-token-mean"),
+        TWO_RANKS_TWO_MB,
+        "grad_logprobs",
+        "loss_agg=seq-mean-token-mean",
+        ["per-row factors range"],
     ),
     (
         "advantages not detached",
@@ -190,7 +223,7 @@ def test_injected_bug_is_caught_and_named(
     rc, rep = run(tmp_path, step_dump(conv, bugs, layout=layout), capsys, conv, layout)
     assert rc == 1
     assert rep["first_divergence"] == first
-    assert [e["bug"] for e in rep["explained_by"]] == [bug_id], rep["diagnosis"]
+    assert [e["bug"] for e in rep["explained_by"]] == bug_id.split("|"), rep["diagnosis"]
     text = "\n".join(rep["diagnosis"])
     for t in texts:
         assert t in text, (t, text)
@@ -251,3 +284,44 @@ def test_v1_dump_without_step_keys_is_unchanged(tmp_path: Path, capsys: pytest.C
     d.pop("micro_batch")
     rc, rep = run(tmp_path, d, capsys, layout=Layout(rank=(0,) * 8, micro=(0,) * 8, W=1, K=1))
     assert rc == 0 and "grad_logprobs" not in rep["quantities"]
+
+
+def _tie_token(d: dict[str, torch.Tensor]) -> tuple[int, int, float]:
+    """A valid token with A > 0 and a float32 log-prob on whose ratio float32 and float64 arithmetic
+    disagree about the clip (``exp(lp − old) > 1.2`` in one and not the other): a tie the dtype breaks."""
+    adv, old = d["advantages"], d["old_logprobs"]
+    bound32 = torch.tensor(1.2, dtype=torch.float32)
+    for b in range(8):
+        for t in range(LENGTHS[b]):
+            if float(adv[b, t]) <= 0:
+                continue
+            o32 = old[b, t].to(torch.float32)
+            lp = (o32.double() + torch.log(torch.tensor(1.2, dtype=torch.float64))).to(torch.float32)
+            for _ in range(40):
+                lp = torch.nextafter(lp, torch.tensor(-1e9, dtype=torch.float32))
+            for _ in range(80):
+                clipped32 = bool(torch.exp(lp - o32) > bound32)
+                clipped64 = float(torch.exp(lp.double() - o32.double())) > 1.2
+                if clipped32 != clipped64:
+                    return b, t, float(lp)
+                lp = torch.nextafter(lp, torch.tensor(1e9, dtype=torch.float32))
+    raise AssertionError("no float32 tie token in this dump")
+
+
+def test_clip_boundary_tie_accepts_either_branch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A float32 step whose trainer (float64 arithmetic) puts a boundary token on one side of the clip
+    while float32 arithmetic puts it on the other: the gradient there is the trainer's choice."""
+    from grad_helpers import trainer_grads
+
+    d = step_dump()
+    b, t, lp = _tie_token(d)
+    d["old_logprobs"] = d["old_logprobs"].to(torch.float32).double()
+    d["logprobs"] = d["logprobs"].to(torch.float32).double()
+    d["logprobs"][b, t] = lp
+    d.update(trainer_grads(d, {}, Bugs()))
+    d32 = {k: (v.to(torch.float32) if v.is_floating_point() else v) for k, v in d.items()}
+    rc, rep = run(tmp_path, d32, capsys)
+    assert rc == 0, rep["diagnosis"]
+    d32["grad_logprobs"][b, t] = 7.77 * d32["grad_logprobs"].abs().max()  # neither branch: a mismatch
+    rc, rep = run(tmp_path, d32, capsys)
+    assert rc == 1 and rep["first_divergence"] == "grad_logprobs"
