@@ -228,6 +228,10 @@ class StepRecorder:
         if not self._micro:
             return "write: nothing was recorded on this rank"
         first = self._micro[0]
+        indices = sorted(m.index for m in self._micro)
+        if indices != list(range(len(indices))):
+            n = len(indices) - 1
+            return f"write: micro_batch indices must be 0..{n} (one per micro-batch), got {indices}"
         for m in self._micro:
             pairs: tuple[tuple[str, set[str], set[str]], ...] = (
                 ("keys", set(m.tensors), set(first.tensors)),

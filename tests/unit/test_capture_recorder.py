@@ -197,5 +197,9 @@ def test_recorder_misuse_fails_with_one_line(tmp_path: Path) -> None:
     mixed.record(**kw, micro_batch=1)
     with pytest.raises(CaptureError, match=r"micro-batch 1 recorded keys .* but micro-batch 0"):
         mixed.write(tmp_path / "z.safetensors")
+    gap = StepRecorder(hparams=HP)
+    gap.record(**kw, micro_batch=1)
+    with pytest.raises(CaptureError, match=r"micro_batch indices must be 0\.\.0 .*got \[1\]"):
+        gap.write(tmp_path / "g.safetensors")
     with pytest.raises(CaptureError, match="reduce: expected 'mean' or 'sum'"):
         StepRecorder(reduce="avg")  # type: ignore[arg-type]  # the misuse under test
