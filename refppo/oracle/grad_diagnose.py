@@ -278,6 +278,12 @@ def explain_grad(
     notes: list[str] = []
     for n in bad:
         notes += ratio_lines(dump, n, ref[n], cmp[n], results[n].tol)
+    if "grad_values" in bad and setup.hp.vf_coef == 0.0:
+        notes.append(
+            "grad_values: vf_coef = 0 makes the reference gradient 0 (v1's advice for a critic with its "
+            "own optimizer): set separate_critic: true and vf_coef to the value loss's weight in the "
+            "critic's objective"
+        )
     found: list[dict[str, Any]] = []
     others_ok = all(r.ok for k, r in results.items() if k not in GRAD_QUANTITIES)
     for hid, text, make in hypotheses(dump, setup, inp, ref_full):

@@ -325,3 +325,12 @@ def test_clip_boundary_tie_accepts_either_branch(tmp_path: Path, capsys: pytest.
     d32["grad_logprobs"][b, t] = 7.77 * d32["grad_logprobs"].abs().max()  # neither branch: a mismatch
     rc, rep = run(tmp_path, d32, capsys)
     assert rc == 1 and rep["first_divergence"] == "grad_logprobs"
+
+
+def test_vf_coef_zero_with_grad_values_points_at_separate_critic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = step_dump()
+    rc, rep = run(tmp_path, d, capsys, vf_coef=0.0)  # the v1 advice, kept in a v2 dump
+    assert rc == 1 and rep["first_divergence"] == "grad_values"
+    assert any("set separate_critic: true" in line for line in rep["diagnosis"]), rep["diagnosis"]
