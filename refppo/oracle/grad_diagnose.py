@@ -316,7 +316,12 @@ def explain_grad(
         except (RefPPOError, ValueError):
             continue
         if _reproduces(dump, cand, names):
-            tail = "; with it every quantity in the dump matches" if others_ok else ""
+            still = [k for k, r in results.items() if k not in GRAD_QUANTITIES and not r.ok]
+            tail = (
+                "; with it every quantity in the dump matches"
+                if others_ok
+                else f"; it explains the gradient only: {', '.join(still)} still differ"
+            )
             notes.append(f"explained by {text}{tail}")
             found.append({"kind": "gradient", "bug": hid, "all_match": others_ok})
     if not found and _leak_only(dump, ref, names, cmp):
