@@ -110,14 +110,13 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def run_trl(case: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Run one TRL PPO iteration; return (dump tensors, hparams, convention) and some facts."""
+def build_trainer(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """TRL's ``PPOTrainer`` (and its ``PPOConfig``) on the tiny offline set-up of case ``spec``."""
     import torch
     from datasets import Dataset  # type: ignore[import-not-found]  # trl venv only
     from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
     from trl.experimental.ppo import PPOConfig, PPOTrainer  # type: ignore[import-not-found]  # trl venv only
 
-    from refppo.capture.adapters.trl import capture_train_locals, dump_from_locals, trl_hparams
     from refppo.tasks.words import WordsTask, build_tokenizer
 
     torch.set_num_threads(2)
@@ -167,6 +166,14 @@ def run_trl(case: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     conf = PPOConfig(output_dir=out, **conf_kw)
     trainer = PPOTrainer(args=conf, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
                          train_dataset=ds, value_model=value)  # fmt: skip
+    return trainer, conf
+
+
+def run_trl(case: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Run one TRL PPO iteration; return (dump tensors, hparams, convention) and some facts."""
+    from refppo.capture.adapters.trl import capture_train_locals, dump_from_locals, trl_hparams
+
+    trainer, conf = build_trainer(spec)
     c = capture_train_locals(trainer, epoch=int(spec["capture_epoch"]))
     tensors = dump_from_locals(c)
     mask = tensors["response_mask"]

@@ -50,7 +50,7 @@ OPENRLHF_FIELDS: dict[str, str] = {
 OPENRLHF_INFO: dict[str, str] = {"ppo_clip_ratio": "pg_clipfrac", "ppo_kl": "approx_kl"}
 """``experience.info`` key (set by ``ppo_actor.training_step``) → dump key."""
 
-_REQUIRED = ("action_mask", "action_log_probs", "base_action_log_probs", "values", "rewards")
+_REQUIRED = ("action_mask", "action_log_probs", "values", "rewards")
 
 
 def _field(experience: Any, name: str) -> Tensor | None:
@@ -69,6 +69,7 @@ def from_openrlhf(
     values: Tensor | None = None,
     entropy: Tensor | None = None,
     kl: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
     token_rewards: Tensor | None = None,
     entropy_loss: Any = None,
     kl_loss: Any = None,
@@ -83,9 +84,13 @@ def from_openrlhf(
     …)``, or the loss alone); ``value_loss``: ``ValueLoss.forward``'s output; ``token_rewards``: the
     output of ``models/utils.py::compute_reward`` (not kept in the ``Experience``); ``loss``: the
     actor's total (``actor_loss + kl_loss·kl_ctl − entropy_loss·entropy_coef``); the rest as in
-    :func:`refppo.capture.adapters.from_verl`. Raises ``ValueError`` naming a missing field.
+    :func:`refppo.capture.adapters.from_verl`. ``ref_logprobs``: with ``algo.kl.use_loss`` off,
+    ``make_experience`` drops ``base_action_log_probs`` (it sets them to None once ``kl`` is
+    computed): keep them and pass them here. Raises ``ValueError`` naming a missing field.
     """
     missing = [k for k in _REQUIRED if _field(experience, k) is None]
+    if ref_logprobs is None and _field(experience, "base_action_log_probs") is None:
+        missing.append("base_action_log_probs (None unless algo.kl.use_loss: pass ref_logprobs=)")
     if missing:
         raise ValueError(f"OpenRLHF Experience: missing {', '.join(missing)} (needed for a dump)")
     out: dict[str, Tensor] = {}
@@ -93,6 +98,8 @@ def from_openrlhf(
         t = _field(experience, name)
         if t is not None:
             out[key] = t.detach()
+    if ref_logprobs is not None:
+        out["ref_logprobs"] = ref_logprobs.detach()
     if kl is not None:
         out["kl"] = kl.detach()
     if token_rewards is not None:
