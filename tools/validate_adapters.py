@@ -45,11 +45,11 @@ def make(out: Path, peer: str, v2: bool) -> int:
     import importlib.metadata
     import traceback
 
-    from peer_makers.adapters import MAKERS
+    from peer_makers.adapters import maker
 
     status: dict[str, Any] = {"version": importlib.metadata.version(PACKAGE[peer])}
     try:
-        status["cases"] = MAKERS[peer](out, v2)
+        status["cases"] = maker(peer)(out, v2)
     except Exception as exc:  # report why the peer could not run, then stop
         status["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
         status["tb"] = traceback.format_exc().strip().splitlines()[-6:]
