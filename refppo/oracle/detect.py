@@ -9,9 +9,11 @@ stage  keys it adds                                  checked against        solv
 ====== ============================================ ====================== ====================
 kl     kl_estimator, KL clamps                       kl                     log-ratio bounds and
                                                                             value clamp
-reward kl_in, score_at, score_clip                   token_rewards          (fitted map, named)
-gae    (none: GAE itself)                            returns
-whiten whiten_advantages, whiten_variance            advantages             (fitted map, named)
+reward kl_in, score_at, score_clip, whiten_rewards  token_rewards          score bias and scale
+       (score_bias, score_scale)                                            (else a fitted map)
+gae    gae_padding                                   returns
+whiten whiten_advantages, whiten_variance,           advantages             (fitted map, named)
+       whiten_eps_at
 policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac,  dual-clip c, clip
        approx_kl (cliprange, cliprange_high)         approx_kl, entropy     ranges ε_low/ε_high
 value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac
@@ -28,7 +30,8 @@ inactive clamp, say, never doubles the work of the stages after it), and when th
 quantity of the stage only the groups that reproduce it go on. When none does, the nearest groups
 go on and the stage is recorded as unmatched.
 
-The staged search (:mod:`refppo.oracle.search`) composes the core functions itself (for speed)
+The staged search (:mod:`refppo.oracle.search`; the reward, GAE and whitening stages in
+:mod:`refppo.oracle.search_rollout`) composes the core functions itself (for speed)
 and the solvers only propose, so its result is not trusted on its own: the :data:`VERIFIED`
 detected conventions closest to the base are re-checked through the one verified path
 (:func:`refppo.oracle.diagnose.check` → :mod:`refppo.pipeline`), and a convention that fails that
