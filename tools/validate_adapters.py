@@ -72,10 +72,17 @@ def _diff(dump: Path, peer: str, conv: dict[str, Any]) -> tuple[int, dict[str, A
     argv = [str(dump), "--preset", peer]
     for k, v in conv.items():
         argv += ["--set", f"{k}={v}"]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    buf, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         rc = diff_main([*argv, "--json"])
-    return rc, json.loads(buf.getvalue()), "refppo diff " + " ".join(argv[1:])
+    command = "refppo diff " + " ".join(argv[1:])
+    if rc == 2:  # bad input: one line on stderr, no report
+        return (
+            rc,
+            {"quantities": {}, "first_divergence": None, "diagnosis": [err.getvalue().strip()]},
+            command,
+        )
+    return rc, json.loads(buf.getvalue()), command
 
 
 def run_peer(peer: str, py: Path, out: Path, v2: bool) -> dict[str, Any]:
@@ -97,7 +104,18 @@ def run_peer(peer: str, py: Path, out: Path, v2: bool) -> dict[str, Any]:
         name = case["name"]
         conv = json.loads((out / f"{name}.set.json").read_text())
         rc, rep, command = _diff(out / f"{name}.safetensors", peer, conv)
-        crc, crep, _ = _diff(out / f"{name}.control.safetensors", peer, conv)
+        controls = []
+        for i, quantity in enumerate(case["controls"]):
+            crc, crep, _ = _diff(out / f"{name}.control{i}.safetensors", peer, conv)
+            first = crep.get("first_divergence")
+            controls.append(
+                {
+                    "corrupted": quantity,
+                    "rc": crc,
+                    "first_divergence": first,
+                    "caught": crc == 1 and first == quantity,
+                }
+            )
         quantities = {q: (r["max_abs_err"], r["tol"], r["ok"]) for q, r in rep["quantities"].items()}
         cases.append(
             {
@@ -105,17 +123,12 @@ def run_peer(peer: str, py: Path, out: Path, v2: bool) -> dict[str, Any]:
                 "ok": rc == 0,
                 "first_divergence": rep.get("first_divergence"),
                 "diagnosis": rep.get("diagnosis", []),
-                "dtype": rep["dump"]["dtype"],
+                "dtype": rep.get("dump", {}).get("dtype"),
                 "max_abs_err": max((e for e, _, _ in quantities.values()), default=0.0),
                 "quantities": quantities,
                 "keys": case["keys"],
                 "command": command,
-                "control": {
-                    "corrupted": case["control_breaks"],
-                    "rc": crc,
-                    "first_divergence": crep.get("first_divergence"),
-                    "caught": crc == 1 and crep.get("first_divergence") == case["control_breaks"],
-                },
+                "controls": controls,
             }
         )
     return {"version": status["version"], "cases": cases}
@@ -138,19 +151,17 @@ def _print(result: dict[str, Any]) -> int:
                 f"{c['dtype']}, max abs err {c['max_abs_err']:.2e})"
             )
             print(f"    {c['command']}")
-            ctl = c["control"]
-            what = (
-                "caught"
-                if ctl["caught"]
-                else f"NOT CAUGHT (exit {ctl['rc']}, first {ctl['first_divergence']})"
-            )
-            print(f"    control ({ctl['corrupted']} corrupted in the container): {what}")
+            for ctl in c["controls"]:
+                first = ctl["first_divergence"]
+                what = "caught" if ctl["caught"] else f"NOT CAUGHT (exit {ctl['rc']}, first {first})"
+                print(f"    control (must first diverge at {ctl['corrupted']}): {what}")
+                failures += not ctl["caught"]
             if not c["ok"]:
                 for q, (err, tol, ok) in c["quantities"].items():
                     print(f"    {q:<14} max_abs_err={err:.3e} tol={tol:.1e} ok={ok}")
                 for d in c["diagnosis"]:
                     print(f"    ! {d}")
-            failures += (not c["ok"]) + (not ctl["caught"])
+            failures += not c["ok"]
     return failures
 
 

@@ -127,5 +127,5 @@ def make(out: Path, v2: bool) -> list[dict[str, Any]]:
         dump = from_openrlhf(exp, **kw)
         exp.returns = corrupt(exp.returns, exp.action_mask)
         control = from_openrlhf(exp, ref_logprobs=kw["ref_logprobs"], kl=kw["kl"], value_loss=vf, values=vp)
-        made.append(save_case(out, case["name"], dump, control, "returns", openrlhf_hparams(args), v2))
+        made.append(save_case(out, case["name"], dump, [(control, "returns")], openrlhf_hparams(args), v2))
     return made

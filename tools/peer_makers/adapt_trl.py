@@ -19,5 +19,5 @@ def make(out: Path, v2: bool) -> list[dict[str, Any]]:
         trainer, conf = build_trainer(spec)
         dump = trace_ppo_step(trainer, epoch=int(spec["capture_epoch"]))
         control = dict(dump, token_rewards=corrupt(dump["token_rewards"], dump["response_mask"]))
-        made.append(save_case(out, f"trl_{case}", dump, control, "token_rewards", trl_hparams(conf), v2))
+        made.append(save_case(out, f"trl_{case}", dump, [(control, "token_rewards")], trl_hparams(conf), v2))
     return made

@@ -128,7 +128,12 @@ def _verl_container(v: dict[str, Any], case: dict[str, Any], seed: int) -> tuple
 
 
 def _verl_update(
-    v: dict[str, Any], data: Any, extra: dict[str, Any], config: dict[str, Any], case: dict[str, Any]
+    v: dict[str, Any],
+    data: Any,
+    extra: dict[str, Any],
+    config: dict[str, Any],
+    case: dict[str, Any],
+    global_info: bool = True,
 ) -> dict[str, Any]:
     """verl's own losses on the batch, micro-batch by micro-batch; returns the adapter's kwargs."""
     import torch
@@ -169,7 +174,10 @@ def _verl_update(
         rows = torch.arange(start, end)
         micro[rows] = i
         td = data.batch[start:end]
-        v["tu"].assign_non_tensor(td, dp_size=1, batch_num_tokens=int(m.sum()), global_batch_size=B)
+        if global_info:  # what FSDPEngine.forward_backward_batch and the trainer assign
+            v["tu"].assign_non_tensor(td, dp_size=1, batch_num_tokens=int(m.sum()), global_batch_size=B)
+        else:  # agg_loss's fallback: each micro-batch normalised by its own counts
+            v["tu"].assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
         out = {
             "log_probs": _no_padding(lp[rows], m[rows], P),
             "entropy": _no_padding(x["entropy"][rows], m[rows], P),
@@ -227,9 +235,17 @@ def make(out: Path, v2: bool) -> list[dict[str, Any]]:
             else:
                 raise AssertionError("from_verl took a clip fraction averaged over micro-batches")
         dump = from_verl(data, kw.pop("metrics"), **kw)
+        controls = []
+        if v2 and len(case["splits"]) > 1:  # verl's losses without the global batch info
+            local = _verl_update(v, data, extra, config, case, global_info=False)
+            keys = ("logprobs", "values", "micro_batch")
+            controls.append((from_verl(data, None, **{k: local[k] for k in keys}), "grad_logprobs"))
         data.batch["advantages"] = corrupt(data.batch["advantages"], data.batch["response_mask"])
-        control = from_verl(data, None, logprobs=kw["logprobs"], values=kw["values"])
+        control = from_verl(
+            data, None, logprobs=kw["logprobs"], values=kw["values"], micro_batch=kw["micro_batch"]
+        )
         hp, conv = verl_hparams(config)
         hp["micro_batches"] = len(case["splits"])  # dump v2: K per rank per optimizer step
-        made.append(save_case(out, case["name"], dump, control, "advantages", (hp, conv), v2))
+        controls.append((control, "advantages"))
+        made.append(save_case(out, case["name"], dump, controls, (hp, conv), v2))
     return made

@@ -56,15 +56,17 @@ def save_case(
     out: Path,
     name: str,
     dump: dict[str, Any],
-    control: dict[str, Any],
-    quantity: str,
+    controls: list[tuple[dict[str, Any], str]],
     side: tuple[Any, Any],
     v2: bool,
 ) -> dict[str, Any]:
+    """Write the dump ``name`` and its controls ``name.control<i>`` (each: tensors, the quantity
+    at which it must first diverge); returns what the runner needs."""
     hp, conv = side
     _write(out, name, dump, hp, conv, v2)
-    _write(out, f"{name}.control", control, hp, conv, v2)
-    return {"name": name, "control_breaks": quantity, "keys": sorted(dump)}
+    for i, (control, _) in enumerate(controls):
+        _write(out, f"{name}.control{i}", control, hp, conv, v2)
+    return {"name": name, "controls": [q for _, q in controls], "keys": sorted(dump)}
 
 
 def corrupt(t: Any, mask: Any) -> Any:
