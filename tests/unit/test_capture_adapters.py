@@ -227,3 +227,76 @@ def test_trl_hparams_map_whiten_rewards() -> None:
     hp, conv = trl_hparams(conf)
     assert hp["vf_coef"] == 0.1 and "separate_critic" not in hp  # one optimizer for policy and value head
     assert conv == {"kl_estimator": "k1", "whiten_rewards": "masked_no_shift"}
+
+
+def test_rows_of_a_v2_step_carry_their_micro_batch_and_rank() -> None:
+    dump = from_verl(_verl_batch(), micro_batch=torch.tensor([1, 0]), rank=torch.tensor([0, 1]))
+    assert dump["micro_batch"].tolist() == [1, 0] and dump["rank"].tolist() == [0, 1]
+    with pytest.raises(ValueError, match=r"rank: expected a \[B\] integer tensor, got torch.float32"):
+        from_openrlhf(_experience(True), rank=torch.zeros(2))
+
+
+class _FakePPOTrainer:
+    """A ``train`` with the local names of TRL's ``PPOTrainer.train``: 2 PPO epochs, one minibatch and
+    one micro-batch each, the rows of the micro-batch shuffled as ``[1, 0]``; the loss's gradient on
+    ``new_logprobs`` is ``(epoch + 1)·C`` and on ``vpred`` 1."""
+
+    C = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+
+    def train(self) -> None:
+        logprobs = ref_logprobs = values = kl = rewards = advantages = returns = torch.zeros(2, 3)
+        scores, sequence_lengths = torch.zeros(2), torch.tensor([2, 2])
+        padding_mask = padding_mask_p1 = torch.zeros(2, 3, dtype=torch.bool)
+        contain_eos_token = torch.ones(2, dtype=torch.bool)
+        leaf = torch.zeros(2, 3, requires_grad=True)
+        for ppo_epoch_idx in range(2):
+            minibatch_idx = 0
+            gradient_accumulation_idx = 0
+            micro_batch_inds = [1, 0]
+            new_logprobs = leaf * 1.0
+            vpred = leaf + 1.0
+            pg_loss = vf_loss = pg_clipfrac = vf_clipfrac = torch.tensor(0.0)
+            loss = (new_logprobs * self.C * (ppo_epoch_idx + 1.0)).sum() + vpred.sum()
+            loss.backward()
+            approxkl = torch.tensor(0.5)
+            del loss, approxkl
+        del logprobs, ref_logprobs, values, kl, rewards, advantages, returns, scores, sequence_lengths
+        del padding_mask, padding_mask_p1, contain_eos_token, micro_batch_inds, pg_loss, vf_loss
+        del pg_clipfrac, vf_clipfrac, minibatch_idx, gradient_accumulation_idx
+        _after_the_step()
+
+
+def _after_the_step() -> None:
+    """Called by the fake ``train`` after the captured step: a restored outer tracer sees it."""
+
+
+def test_trl_tracer_keeps_the_gradients_of_the_chosen_epoch_and_restores_a_previous_tracer() -> None:
+    import sys
+
+    from refppo.capture.adapters import trace_ppo_step
+
+    seen: list[str] = []
+
+    def outer(frame: Any, event: str, arg: Any) -> Any:
+        seen.append(frame.f_code.co_name)
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(outer)
+    try:
+        dump = trace_ppo_step(_FakePPOTrainer(), epoch=1)
+        after = sys.gettrace()
+    finally:
+        sys.settrace(previous)
+    assert after is outer and "_after_the_step" in seen  # restored as soon as the step was copied
+    # epoch 1 (factor 2), the micro-batch's rows [1, 0] put back in rollout order
+    assert dump["grad_logprobs"].tolist() == [[8.0, 10.0, 12.0], [2.0, 4.0, 6.0]]
+    assert dump["grad_values"].tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+    assert trace_ppo_step(_FakePPOTrainer(), epoch=0, grads=False).keys().isdisjoint({"grad_logprobs"})
+
+
+def test_trl_tracer_says_when_it_never_saw_the_step() -> None:
+    from refppo.capture.adapters import trace_ppo_step
+
+    with pytest.raises(RuntimeError, match=r"never saw `approxkl` in _FakePPOTrainer.train \(PPO epoch 5\)"):
+        trace_ppo_step(_FakePPOTrainer(), epoch=5)

@@ -103,3 +103,16 @@ def float_dtype(*tensors: Tensor | None) -> torch.dtype:
         if t is not None and t.is_floating_point():
             return t.dtype
     return torch.float32
+
+
+def row_origin(micro_batch: Tensor | None, rank: Tensor | None) -> dict[str, Tensor]:
+    """Dump v2 ``micro_batch`` / ``rank`` [B] (integers): where each row of the step was processed."""
+    out: dict[str, Tensor] = {}
+    for key, t in (("micro_batch", micro_batch), ("rank", rank)):
+        if t is not None:
+            if t.is_floating_point() or t.dim() != 1:
+                raise ValueError(
+                    f"{key}: expected a [B] integer tensor, got {t.dtype} of shape {tuple(t.shape)}"
+                )
+            out[key] = t.detach()
+    return out

@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import Tensor
 
-from refppo.capture.adapters._common import float_dtype, from_metrics, scalar, update_inputs
+from refppo.capture.adapters._common import float_dtype, from_metrics, row_origin, scalar, update_inputs
 
 OPENRLHF_FIELDS: dict[str, str] = {
     "action_mask": "response_mask",
@@ -77,6 +77,7 @@ def from_openrlhf(
     grad_logprobs: Tensor | None = None,
     grad_values: Tensor | None = None,
     micro_batch: Tensor | None = None,
+    rank: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """``{dump key: tensor}`` from an OpenRLHF ``Experience`` and the update's outputs.
 
@@ -120,8 +121,7 @@ def from_openrlhf(
     ):
         if value is not None:
             out[key] = scalar(key, value[0] if isinstance(value, tuple) else value, dtype)
-    if micro_batch is not None:
-        out["micro_batch"] = micro_batch.detach()
+    out.update(row_origin(micro_batch, rank))
     return out
 
 

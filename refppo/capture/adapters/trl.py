@@ -74,6 +74,7 @@ class _Tracer:
         self.grads = grads
         self.locals: dict[str, Any] | None = None
         self.live: dict[str, Tensor] = {}
+        self.previous = sys.gettrace()  # a debugger's or coverage's tracer, restored once done
 
     def global_trace(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         if event == "call" and frame.f_code is self.code:
@@ -103,7 +104,7 @@ class _Tracer:
                     self.live[name] = t
         if "approxkl" in loc:
             self.locals = {k: _copy(loc[k]) for k in WANTED if k in loc}
-            sys.settrace(None)
+            sys.settrace(self.previous)
             return None
         return self.local_trace
 
@@ -113,12 +114,11 @@ def capture_train_locals(trainer: Any, *, epoch: int = 0, grads: bool = True) ->
     ``epoch`` (first minibatch, first micro-batch), plus ``grad_new_logprobs`` / ``grad_vpred``
     when ``grads`` and autograd reached them. Raises ``RuntimeError`` naming what was not seen."""
     tracer = _Tracer(type(trainer).train.__code__, epoch, grads)
-    previous = sys.gettrace()
     sys.settrace(tracer.global_trace)
     try:
         trainer.train()
     finally:
-        sys.settrace(previous)
+        sys.settrace(tracer.previous)
     if tracer.locals is None:
         raise RuntimeError(
             f"the tracer never saw `approxkl` in {type(trainer).__name__}.train (PPO epoch {epoch})"

@@ -32,7 +32,15 @@ from typing import Any
 
 from torch import Tensor
 
-from refppo.capture.adapters._common import batch_of, float_dtype, from_metrics, get, scalar, update_inputs
+from refppo.capture.adapters._common import (
+    batch_of,
+    float_dtype,
+    from_metrics,
+    get,
+    row_origin,
+    scalar,
+    update_inputs,
+)
 
 VERL_BATCH: dict[str, str] = {
     "old_log_probs": "old_logprobs",
@@ -82,6 +90,7 @@ def from_verl(
     grad_logprobs: Tensor | None = None,
     grad_values: Tensor | None = None,
     micro_batch: Tensor | None = None,
+    rank: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """``{dump key: tensor}`` from a verl ``DataProto`` (or its ``.batch``) and its loss metrics.
 
@@ -91,7 +100,8 @@ def from_verl(
     ``entropy`` [B, T] — the update's forward outputs, padded like ``responses``; ``kl`` [B, T] —
     ``kl_penalty(old_log_probs, ref_log_prob)`` if you kept it; ``loss`` — the ``policy_loss``
     ``ppo_loss`` returned (summed over micro-batches); ``grad_*`` — explicit gradients (default:
-    ``.grad`` of ``logprobs`` / ``values``); ``micro_batch`` [B] — the micro-batch of each row.
+    ``.grad`` of ``logprobs`` / ``values``); ``micro_batch``, ``rank`` [B] — the micro-batch and the
+    data-parallel rank of each row (dump v2; the sidecar then names ``micro_batches``/``world_size``).
     Raises ``ValueError`` naming the verl key that is missing.
     """
     b = batch_of(batch)
@@ -120,8 +130,7 @@ def from_verl(
     out.update(from_metrics(metrics, VERL_METRICS, dtype))
     if loss is not None:
         out["loss"] = scalar("loss", loss, dtype)
-    if micro_batch is not None:
-        out["micro_batch"] = micro_batch.detach()
+    out.update(row_origin(micro_batch, rank))
     return out
 
 
