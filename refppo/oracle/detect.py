@@ -16,8 +16,8 @@ whiten whiten_advantages, whiten_variance,           advantages             (fit
        whiten_eps_at
 policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac,  dual-clip c, clip
        approx_kl (cliprange, cliprange_high)         approx_kl, entropy     ranges ε_low/ε_high
-value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac
-       value_loss_agg
+value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac   value clip range ε_v
+       value_loss_agg (cliprange_value)
 loss   (none: the total)                             kl_loss, loss
 ====== ============================================ ====================== ====================
 
@@ -48,7 +48,7 @@ from refppo.oracle.load import Dump
 from refppo.oracle.search import Search
 from refppo.oracle.settings import Setup
 
-HP_KEYS = ("cliprange", "cliprange_high")
+HP_KEYS = ("cliprange", "cliprange_high", "cliprange_value")
 """Hyperparameters the solvers can recover (an entry of ``detected`` names them when they differ)."""
 
 
@@ -91,8 +91,9 @@ VERIFIED = 5
 def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
     """Search the convention space around ``base``.
 
-    Its hyperparameters are kept, except the clip ranges when the policy stage's solver finds
-    others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``).
+    Its hyperparameters are kept, except the clip ranges when the policy or value stage's solver
+    finds others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``/
+    ``cliprange_value``).
     """
     search = Search(dump, base)
     groups = search.run()

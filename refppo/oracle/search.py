@@ -172,7 +172,7 @@ class Search:
 
     def setup_for(self, **upd: Any) -> Setup:
         """The base setting with some convention keys and the clip hyperparameters replaced."""
-        hp_keys = {"cliprange", "cliprange_high"}
+        hp_keys = {"cliprange", "cliprange_high", "cliprange_value"}
         hp_up = {k: v for k, v in upd.items() if k in hp_keys}
         s = self.base.with_convention({k: v for k, v in upd.items() if k not in hp_keys})
         return Setup(s.conv, s.extras, replace(s.hp, **hp_up)) if hp_up else s

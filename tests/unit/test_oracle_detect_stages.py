@@ -115,3 +115,37 @@ def test_detect_identifies_the_loss_conventions_behind_advantages_it_cannot_repr
     assert found.nearest is not None
     assert found.nearest["loss_agg"] == "seq-mean-token-mean"
     assert found.nearest["approx_kl"] == "k2_all_positions"
+
+
+@pytest.mark.parametrize("eps_v", [0.35, 0.05])
+def test_detect_solves_the_value_clip_range(tmp_path: Path, eps_v: float) -> None:
+    # the sidecar says cliprange_value=0.2; the trainer clipped its values at eps_v
+    made = setup_for(None, {}, {"cliprange_value": eps_v})
+    start = setup_for(None)
+    d = refppo_dump(make_inputs(B=8, T=16, seed=5), made)
+    dump = load_dump(save(tmp_path, d, start))
+    assert not check(dump, start).match
+    found = detect(dump, start)
+    assert found.detected, (found.unmatched_stages, found.fitted)
+    assert {c["cliprange_value"] for c in found.detected} == {eps_v}
+    assert found.solved["cliprange_value"] == [eps_v]
+    _recheck(dump, start, found)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "token-sum"])
+def test_value_clip_solver_terms_equal_the_core_value_loss(agg: str) -> None:
+    # the solver's closed form of vf_loss(ε) against refppo.core.value.value_loss at several ε
+    import torch
+
+    from refppo.core.value import value_loss
+    from refppo.oracle.search_value import ValueTerms, solve_value_clip
+
+    d = make_inputs(B=6, T=10, seed=2)
+    m = d["response_mask"].bool()
+    ret = torch.randn(6, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    terms = ValueTerms.of(d["values"], d["old_values"], ret, m, agg, {})
+    for eps in (0.0, 0.07, 0.3, 1.1, 50.0):
+        core = value_loss(d["values"], d["old_values"], ret, m, clip=eps, kind="clipped", agg=agg).loss
+        assert abs(terms.loss(eps) - float(core)) <= 1e-12 * max(1.0, abs(float(core)))
+    target = float(value_loss(d["values"], d["old_values"], ret, m, clip=0.3, kind="clipped", agg=agg).loss)
+    assert 0.3 in solve_value_clip(terms, target, tol=1e-9)
