@@ -283,11 +283,13 @@ def check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> Check
         del ref  # the candidates below recompute their own: never hold two references at once
         if explain_divergence:
             notes, found = explain(dump, setup, first)
+            if grad_bad and inp is not None:  # e.g. pg_loss logged per micro-batch: the gradient says why
+                g_notes, g_found = explain_grad(dump, setup, inp, results)
+                if g_found and not found:  # the gradient's explanation replaces "nothing explains it"
+                    notes = [n for n in notes if not n.startswith("no single convention change")]
+                notes += g_notes
+                found += g_found
             out.diagnosis += notes
             out.explained_by = found
-            if grad_bad and inp is not None:  # e.g. pg_loss logged per micro-batch: the gradient says why
-                notes, found = explain_grad(dump, setup, inp, results)
-                out.diagnosis += notes
-                out.explained_by += found
     out.diagnosis += dump.key_notes()
     return out

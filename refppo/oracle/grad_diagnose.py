@@ -134,18 +134,30 @@ def _count_text(dump: Dump, setup: Setup, inp: UpdateInputs) -> Callable[[Tensor
     return count
 
 
-def hypotheses(
-    dump: Dump, setup: Setup, inp: UpdateInputs, ref: Grads
-) -> list[tuple[str, str, Callable[[], Grads]]]:
-    """``(id, description, candidate gradient)`` of every hypothesis that applies to this dump."""
+Hypothesis = tuple[str, str, Callable[[], Grads]]
+"""``(id, description, candidate gradient)``."""
+
+
+def hypotheses(dump: Dump, setup: Setup, inp: UpdateInputs, ref: Grads) -> list[Hypothesis]:
+    """Every hypothesis that applies to this dump (module docstring), in the order they are tried."""
+    return [
+        *_normaliser_hypotheses(dump, setup, inp, ref),
+        *_factor_hypotheses(dump, ref),
+        *_convention_hypotheses(setup, inp, ref),
+    ]
+
+
+def _normaliser_hypotheses(dump: Dump, setup: Setup, inp: UpdateInputs, ref: Grads) -> list[Hypothesis]:
+    """Local normalisers: per (rank, micro-batch) group, and per rank."""
     W, K = dump.step.world_size, dump.step.micro_batches
     gs = groups(dump)
     count = _count_text(dump, setup, inp)
-    all_rows = torch.arange(dump.B)
-    what, n_step = count(all_rows)
+    what, n_step = count(torch.arange(dump.B))
     unit = "token count" if what == "N" else "sequence count"
-    out: list[tuple[str, str, Callable[[], Grads]]] = []
-    if len(gs) > 1 and setup.conv.loss_agg is not LossAgg.TOKEN_SUM:
+    out: list[Hypothesis] = []
+    if setup.conv.loss_agg is LossAgg.TOKEN_SUM:
+        return out  # no normaliser: a local one is the global one
+    if len(gs) > 1:
         facs, even = [], []
         for r, k, rows in gs:
             n = count(rows)[1]
@@ -164,7 +176,7 @@ def hypotheses(
             f"losses are averaged (1/(K·W)); off: " + "; ".join(facs),
             lambda: _split(inp, setup, [g[2] for g in gs], 1.0 / (K * W), ref, dump),
         ))  # fmt: skip
-    if W > 1 and K > 1 and setup.conv.loss_agg is not LossAgg.TOKEN_SUM:
+    if W > 1 and K > 1:
         ranks = [(r, torch.cat([g[2] for g in gs if g[0] == r])) for r in sorted({g[0] for g in gs})]
         facs = [f"rank {r}: factor {n_step / (W * count(rows)[1]):.4g}" for r, rows in ranks]
         out.append((
@@ -173,6 +185,12 @@ def hypotheses(
             + "; ".join(facs),
             lambda: _split(inp, setup, [x[1] for x in ranks], 1.0 / W, ref, dump),
         ))  # fmt: skip
+    return out
+
+
+def _factor_hypotheses(dump: Dump, ref: Grads) -> list[Hypothesis]:
+    """The reference times W, K, W·K or an inverse; one hypothesis per value (W = K: both named)."""
+    W, K = dump.step.world_size, dump.step.micro_batches
     consts: dict[str, tuple[float, str]] = {}
     if W > 1:
         consts["W"] = (W, "gradients summed over ranks where DDP averages them (or a normaliser missing 1/W)")
@@ -185,21 +203,27 @@ def hypotheses(
         consts["1/(W·K)"] = (1.0 / (W * K), "an extra 1/(W·K)")
     by_value: dict[float, list[tuple[str, str]]] = {}
     for label, (c, text) in consts.items():
-        if c != 1.0:
-            by_value.setdefault(c, []).append((label, text))
-    for c, named in by_value.items():  # W = K: one factor, both readings named
+        by_value.setdefault(c, []).append((label, text))
+    out: list[Hypothesis] = []
+    for c, named in by_value.items():
         labels = " = ".join(lab for lab, _ in named)
         text = "; or ".join(t for _, t in named)
         out.append((f"factor_{labels}", f"a constant factor {labels} = {c:g}: {text}", _times(ref, c)))
+    return out
+
+
+def _convention_hypotheses(setup: Setup, inp: UpdateInputs, ref: Grads) -> list[Hypothesis]:
+    """Another aggregation, padding counted, the clip not in the gradient, A not detached, KL estimator."""
+    out: list[Hypothesis] = []
     for agg in LossAgg:
         if agg is not setup.conv.loss_agg:
             alt = setup.with_convention({"loss_agg": agg})
             out.append((f"loss_agg={agg.value}", f"the aggregation loss_agg={agg.value}", _grads(inp, alt)))
     if setup.conv.loss_agg is LossAgg.TOKEN_MEAN:
-        n_all = float(inp.mask.numel())
+        n_all, n_tok = float(inp.mask.numel()), float(inp.mask.sum())
         out.append((
             "padded_tokens_counted",
-            f"the token-mean normaliser counts padded positions ({n_all:g} = B·T, not {n_step:g} tokens)",
+            f"the token-mean normaliser counts padded positions ({n_all:g} = B·T, not {n_tok:g} tokens)",
             _grads(inp, setup, Normalisers(token_count=n_all, value_token_count=n_all)),
         ))  # fmt: skip
     out.append((
@@ -278,6 +302,12 @@ def explain_grad(
     notes: list[str] = []
     for n in bad:
         notes += ratio_lines(dump, n, ref[n], cmp[n], results[n].tol)
+    if "grad_values" in bad and setup.hp.vf_coef == 0.0:
+        notes.append(
+            "grad_values: vf_coef = 0 makes the reference gradient 0 (v1's advice for a critic with its "
+            "own optimizer): set separate_critic: true and vf_coef to the value loss's weight in the "
+            "critic's objective"
+        )
     found: list[dict[str, Any]] = []
     others_ok = all(r.ok for k, r in results.items() if k not in GRAD_QUANTITIES)
     for hid, text, make in hypotheses(dump, setup, inp, ref_full):
@@ -286,7 +316,12 @@ def explain_grad(
         except (RefPPOError, ValueError):
             continue
         if _reproduces(dump, cand, names):
-            tail = "; with it every quantity in the dump matches" if others_ok else ""
+            still = [k for k, r in results.items() if k not in GRAD_QUANTITIES and not r.ok]
+            tail = (
+                "; with it every quantity in the dump matches"
+                if others_ok
+                else f"; it explains the gradient only: {', '.join(still)} still differ"
+            )
             notes.append(f"explained by {text}{tail}")
             found.append({"kind": "gradient", "bug": hid, "all_match": others_ok})
     if not found and _leak_only(dump, ref, names, cmp):

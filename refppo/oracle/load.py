@@ -244,12 +244,11 @@ def validate(
         )
     out: dict[str, Tensor] = {"response_mask": mask}
     dtypes: list[torch.dtype] = []
-    hp_path = Path(hparams_file) if hparams_file is not None else sidecar_path(p) if hparams is None else None
-    if hparams_file is not None and not Path(hparams_file).is_file():
-        raise DumpError(f"{hparams_file}: no such hyperparameter file")
-    if hparams is not None:
-        hp_path = None
-    else:
+    hp_path: Path | None = None
+    if hparams is None:
+        hp_path = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
+        if hparams_file is not None and not Path(hparams_file).is_file():
+            raise DumpError(f"{hparams_file}: no such hyperparameter file")
         hparams = read_hparams(hp_path) if hp_path is not None else {}
     step = _step_layout(hp_path or p, hparams)
     hparams = {k: v for k, v in hparams.items() if k not in STEP_KEYS}

@@ -103,6 +103,8 @@ def _mb_loss(
     if bugs.clip_straight_through:
         clipped = ratio + (clipped - ratio).detach()
     pg_tok = torch.maximum(-adv * ratio, -adv * clipped)
+    if conv.get("dual_clip") is not None:  # the cap −c·A where A < 0
+        pg_tok = torch.where(adv < 0, torch.minimum(pg_tok, -conv["dual_clip"] * adv), pg_tok)
     zero = torch.zeros((), dtype=lp.dtype)
     agg = bugs.loss_agg or conv.get("loss_agg", "token-mean")
     T = m.shape[1]
