@@ -202,3 +202,23 @@ def test_text_report_names_group_options_only_without_gae(
     _, out, _ = _diff(capsys, str(p))
     line = next(ln for ln in out.splitlines() if ln.startswith("convention:"))
     assert "advantage=gae" in line and "group_" not in line
+
+
+def test_critic_free_gradient_is_checked_without_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """dump v2's ``grad_logprobs`` of a GRPO step: ∂pg_loss/∂logprobs from the core directly (autograd)."""
+    d = _grpo_dump()
+    m = d["response_mask"].bool()
+    lp = d["logprobs"].clone().requires_grad_(True)
+    pg = clipped_policy_loss(
+        lp, d["old_logprobs"], d["advantages"], m, clip_low=0.2, dual_clip=3.0, log_ratio_clamp=20.0
+    )
+    (g,) = torch.autograd.grad(pg.loss, lp)
+    d["grad_logprobs"] = torch.where(m, g, torch.zeros((), dtype=torch.float64))
+    argv = ["--preset", "verl", "--set", "advantage=grpo", "--json"]
+    rc, out, _ = _diff(capsys, str(_write(tmp_path, d, {"vf_coef": 0.5})), *argv)
+    assert rc == 0 and "grad_logprobs" in json.loads(out)["quantities"], out
+    d["grad_logprobs"] = 2.0 * d["grad_logprobs"]  # a normaliser off by 2
+    rc, _, _ = _diff(capsys, str(_write(tmp_path, d, {"vf_coef": 0.5})), *argv)
+    assert rc == 1
