@@ -364,6 +364,7 @@ def rollout_quantities(
     conv: Convention,
     all_reduce: AllReduce | None = None,
     group_index: Tensor | None = None,
+    groups_on_rank: bool = False,
 ) -> RolloutQuantities:
     """Steps 1–4 of the module docstring (steps 1–2: :func:`reward_quantities`).
 
@@ -376,6 +377,9 @@ def rollout_quantities(
     estimator of :func:`critic_free_advantages` (``old_values`` unused, may be None; the group
     estimators need ``group_index`` ``[B]``, the prompt each row answers). Critic-free
     ``returns`` are the raw advantages (verl and OpenRLHF return them as the returns).
+    ``groups_on_rank``: with ``all_reduce``, the caller guarantees that every group's rows are on
+    this rank (the trainer samples whole groups per rank and checks it), so the per-process group
+    statistics are the global ones; without it a group estimator under ``all_reduce`` is refused.
     """
     m = check_mask("response_mask", mask)
     kl, rewards, vmask = reward_quantities(
@@ -401,7 +405,7 @@ def rollout_quantities(
     else:
         adv_raw = critic_free_advantages(
             scores=scores, kl=kl, rewards=rewards, mask=m, value_mask_=vmask, group_index=group_index,
-            hp=hp, conv=conv, distributed=all_reduce is not None,
+            hp=hp, conv=conv, distributed=all_reduce is not None and not groups_on_rank,
         )  # fmt: skip
         returns = adv_raw
     adv = normalize(

@@ -206,7 +206,7 @@ def _record(
     rec: StepRecorder,
     k: int,
     logp: Tensor,
-    values: Tensor,
+    values: Tensor | None,
     entropy: Tensor,
     idx: Tensor,
     scored: ScoredRollout,
@@ -233,7 +233,7 @@ def _record(
 
 def ppo_update(
     actor: nn.Module,
-    critic: nn.Module,
+    critic: nn.Module | None,
     actor_optimizer: torch.optim.Optimizer,
     critic_optimizer: torch.optim.Optimizer | None,
     scored: ScoredRollout,
@@ -256,6 +256,8 @@ def ppo_update(
     before clipping), plus ``first_ratio_max_dev``, ``first_pg_clipfrac`` and ``first_approx_kl``
     of the first minibatch of the first epoch. ``capture``: record one optimizer step (every
     micro-batch, as passed to backward) and write it as one v2 dump after its backward(s).
+    ``critic=None`` (a critic-free ``conv.advantage``): no value forward and no value loss
+    (``vf_loss``, ``vf_clipfrac`` and ``critic_grad_norm`` are 0); pass ``critic_optimizer=None``.
     """
     if world_size < 1:
         raise HyperparameterError(f"world_size: expected >= 1, got {world_size}")
@@ -269,16 +271,18 @@ def ppo_update(
     vmask = quantities.value_mask
     advantages = quantities.advantages.to(scored.old_logprobs.dtype)
     returns = quantities.returns.to(scored.old_values.dtype)
-    actor_params, critic_params = _params(actor), _params(critic)
+    actor_params = _params(actor)
+    critic_params = _params(critic) if critic is not None else []
+    models = (actor,) if critic is None else (actor, critic)
     optimizers = [actor_optimizer] + ([critic_optimizer] if critic_optimizer is not None else [])
     sums: dict[str, float] = {}
     first: dict[str, float] = {}
     n_steps = 0
     device = mask.device
-    with eval_mode(actor, critic):
+    with eval_mode(*models):
         if cfg.dropout_in_update:
-            actor.train()
-            critic.train()
+            for model in models:
+                model.train()
         for epoch in range(cfg.ppo_epochs):
             perm = torch.randperm(B, generator=generator) if cfg.shuffle else torch.arange(B)
             perm = perm.to(device)
@@ -309,12 +313,12 @@ def ppo_update(
                     idx = rows[k * micro : (k + 1) * micro]
                     sub = batch.select(idx)
                     logp, ent = response_logprobs(actor, sub, scored.temperature)
-                    values = response_values(critic, sub)
+                    values = response_values(critic, sub) if critic is not None else None
                     uq = update_quantities(
                         logprobs=logp,
                         values=values,
                         old_logprobs=scored.old_logprobs[idx],
-                        old_values=scored.old_values[idx],
+                        old_values=scored.old_values[idx] if critic is not None else None,
                         advantages=advantages[idx],
                         returns=returns[idx],
                         mask=mask[idx],
@@ -430,7 +434,7 @@ class IterationResult:
 def iteration(
     actor: nn.Module,
     reference: nn.Module,
-    critic: nn.Module,
+    critic: nn.Module | None,
     reward: Reward,
     actor_optimizer: torch.optim.Optimizer,
     critic_optimizer: torch.optim.Optimizer | None,
@@ -448,11 +452,16 @@ def iteration(
     batch: SequenceBatch | None = None,
     on_minibatch: Callable[[MinibatchRecord], None] | None = None,
     capture: CaptureRequest | None = None,
+    group_index: Tensor | None = None,
+    groups_on_rank: bool = False,
 ) -> IterationResult:
     """Rollout → scoring → rollout quantities → update (module docstring, steps 1–4).
 
     ``batch``: replay these responses instead of sampling (the prompts must be ``prompt_ids``);
-    the generator is then not used for sampling.
+    the generator is then not used for sampling. ``critic=None``: a critic-free
+    ``conv.advantage`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
+    answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
+    are on this rank (see :func:`refppo.pipeline.rollout_quantities`).
     """
     if batch is None:
         batch = generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator)
@@ -475,6 +484,8 @@ def iteration(
         hp=hp,
         conv=conv,
         all_reduce=all_reduce,
+        group_index=group_index,
+        groups_on_rank=groups_on_rank,
     )
     metrics = rollout_metrics(scored, quantities, hp, conv)
     metrics.update(
