@@ -113,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = summarize(records)
     n = len(records)
     gain = s["rule_last"] - s["rule_first"]
+    parts = "" if cfg.critic_free else ", reward model"
     kind = (
         "verifiable, [0, 1] minus EOS penalty"
         if cfg.critic_free
@@ -127,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  (gain {gain:+.3f})\n"
         f"KL(policy || reference) per response: last {s['kl_last']:.3f} nats, max {s['kl_max']:.3f}"
         f"  (β = {cfg.ppo.hp.kl_coef})\n"
-        f"wall time {wall:.0f} s (warm start, reward model and PPO); metrics: {args.out}/metrics.jsonl, "
+        f"wall time {wall:.0f} s (warm start{parts} and training); metrics: {args.out}/metrics.jsonl, "
         f"plot: {args.out}/plot.png"
     )
     if gain < MIN_RULE_GAIN:

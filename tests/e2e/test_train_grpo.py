@@ -120,3 +120,18 @@ def test_verify_reward_reads_the_prompt() -> None:
     assert verify_reward(p, "good bad plot") == 0.5  # a tie is not positive
     assert verify_reward("review : a song", "good plot") == 0.5
     assert verify_reward("review : a song", "awful") == 0.0
+
+
+def test_grpo_demo_learns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`refppo demo --grpo` meets the PPO demo's bar (exit 0: the hidden-rule score rises by at
+    least ``MIN_RULE_GAIN``, first → last 3 iterations) and its verifiable reward rises too.
+    Measured: reward +0.268 → +0.474, hidden rule +0.063 → +0.310 (30 iterations, seed 0)."""
+    from refppo.demo import MIN_RULE_GAIN, main, summarize
+
+    out = tmp_path / "demo"
+    assert main(["--grpo", "--out", str(out), "--set", "run.progress=false", "--set", "run.plot=false"]) == 0
+    s = summarize(read_metrics(out / "metrics.jsonl"))
+    assert s["rule_last"] - s["rule_first"] >= MIN_RULE_GAIN
+    assert s["reward_last"] - s["reward_first"] >= MIN_RULE_GAIN
+    assert not (out / "checkpoints" / "iter_000030" / "critic.safetensors").exists()
+    assert "GRPO (no critic)" in capsys.readouterr().out
