@@ -16,6 +16,10 @@ Two halves, two interpreters:
    errors and the command that reproduces it. Each case also has a *control*: the same diff with
    the option the case exercises flipped, which must NOT match (else the case proves nothing).
 
+Critic-free cases (issue #13: GRPO, Dr. GRPO, RLOO, REINFORCE++ and its baseline, no critic in the
+dump) come from ``tools/peer_makers/critic_free.py``; its makers are named ``PEER:critic-free`` and
+checked under ``--preset PEER`` with the case's ``--set advantage=...``.
+
 TRL 1.12.0 runs in its own venv through ``tools/validate_trl_preset.py`` (TRL's whole
 ``PPOTrainer.train``, captured with a tracer). A venv that is not built (no ``READY`` stamp) is
 reported as SKIPPED. ``$REFPPO_PEERS_PYTHON`` still overrides the ``verl-openrlhf`` interpreter.
