@@ -213,8 +213,14 @@ def _record(
     q: RolloutQuantities,
     uq: UpdateQuantities,
     world_size: int,
+    group_index: Tensor | None,
 ) -> None:
-    """Record micro-batch ``k`` (rows ``idx``); the losses as passed to backward (× world_size)."""
+    """Record micro-batch ``k`` (rows ``idx``); the losses as passed to backward (× world_size);
+    a critic-free step (``values`` None) carries no value quantity (``old_values``, ``values``,
+    ``grad_values``, ``vf_loss``: the oracle's critic-free dump) and its rows' ``group_index``."""
+    more: dict[str, Tensor] = {"group_index": group_index[idx]} if group_index is not None else {}
+    if values is not None:
+        more["old_values"] = scored.old_values[idx]
     rec.record(
         micro_batch=k,
         logprobs=logp,
@@ -222,12 +228,16 @@ def _record(
         response_mask=scored.batch.response_mask[idx],
         old_logprobs=scored.old_logprobs[idx],
         ref_logprobs=scored.ref_logprobs[idx],
-        old_values=scored.old_values[idx],
         scores=scored.scores[idx],
         entropy=entropy,
         advantages=q.advantages[idx],
         returns=q.returns[idx],
-        **{n: getattr(uq, n) * world_size for n in ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss")},
+        **{
+            n: getattr(uq, n) * world_size
+            for n in ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss")
+            if n != "vf_loss" or values is not None
+        },
+        **more,
     )
 
 
@@ -248,6 +258,7 @@ def ppo_update(
     ptx_batch: PtxBatch | None = None,
     on_minibatch: Callable[[MinibatchRecord], None] | None = None,
     capture: CaptureRequest | None = None,
+    group_index: Tensor | None = None,
 ) -> dict[str, float]:
     """K PPO epochs over shuffled minibatches of one scored rollout (module docstring, step 4).
 
@@ -255,7 +266,8 @@ def ppo_update(
     ptx_loss, pg_clipfrac, approx_kl, vf_clipfrac, actor_grad_norm, critic_grad_norm`` (grad norms
     before clipping), plus ``first_ratio_max_dev``, ``first_pg_clipfrac`` and ``first_approx_kl``
     of the first minibatch of the first epoch. ``capture``: record one optimizer step (every
-    micro-batch, as passed to backward) and write it as one v2 dump after its backward(s).
+    micro-batch, as passed to backward) and write it as one v2 dump after its backward(s);
+    ``group_index`` ``[B]`` is written with it (critic-free group estimators).
     ``critic=None`` (a critic-free ``conv.advantage``): no value forward and no value loss
     (``vf_loss``, ``vf_clipfrac`` and ``critic_grad_norm`` are 0); pass ``critic_optimizer=None``.
     """
@@ -330,7 +342,9 @@ def ppo_update(
                         norm=norm,
                     )
                     if rec is not None:
-                        _record(rec, k, logp, values, ent, idx, scored, quantities, uq, world_size)
+                        _record(
+                            rec, k, logp, values, ent, idx, scored, quantities, uq, world_size, group_index
+                        )
                     torch.autograd.backward(uq.loss * world_size)
                     st["loss"] += float(uq.loss.detach())
                     st["pg_loss"] += float(uq.pg_loss.detach())
@@ -505,6 +519,7 @@ def iteration(
             ptx_batch=ptx_batch,
             on_minibatch=on_minibatch,
             capture=capture,
+            group_index=group_index,
         )
     )
     return IterationResult(metrics, scored, quantities)

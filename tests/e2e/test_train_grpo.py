@@ -135,3 +135,45 @@ def test_grpo_demo_learns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert s["reward_last"] - s["reward_first"] >= MIN_RULE_GAIN
     assert not (out / "checkpoints" / "iter_000030" / "critic.safetensors").exists()
     assert "GRPO (no critic)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("adv", ["grpo", "rloo"])
+def test_critic_free_dump_iteration_matches_the_oracle(tmp_path: Path, adv: str) -> None:
+    """`run.dump_iteration` on a critic-free run: a dump without any value quantity, with
+    ``group_index``, that `refppo diff` matches under the critic-free convention; control: a
+    group reassignment (rows of two prompts swapped) mismatches the advantages."""
+    import contextlib
+    import io
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from refppo.oracle.cli import main as refppo_diff
+
+    extra = (*GROUPED, f"ppo.advantage={adv}", "ppo.whiten_advantages=none", "ppo.minibatches=1")
+    Trainer(preset("test", *extra, "run.dump_iteration=2", f"run.out_dir={tmp_path}")).train()
+    path = tmp_path / "dumps" / "iter_000002.safetensors"
+    d = load_file(str(path))
+    assert not {"old_values", "values", "grad_values", "vf_loss"} & set(d)
+    assert (
+        d["group_index"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+        or sorted(d["group_index"].tolist()) == [0] * 4 + [1] * 4
+    )
+
+    def diff(p: Path) -> tuple[int, dict[str, object]]:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code = refppo_diff([str(p), "--json"])
+        return code, json.loads(buf.getvalue())
+
+    code, rep = diff(path)
+    assert code == 0, rep
+    assert {"advantages", "grad_logprobs", "loss"} <= set(rep["quantities"])  # type: ignore[arg-type]
+    gi = d["group_index"].clone()
+    i, j = int((gi == 0).nonzero()[0]), int((gi == 1).nonzero()[0])
+    gi[i], gi[j] = 1, 0  # one row of each prompt moved to the other group
+    bad = tmp_path / "bad.safetensors"
+    save_file(dict(d, group_index=gi), str(bad))
+    Path(f"{bad}.json").write_text(Path(f"{path}.json").read_text())
+    code, rep = diff(bad)
+    assert code == 1 and not rep["quantities"]["advantages"]["ok"]  # type: ignore[index]
