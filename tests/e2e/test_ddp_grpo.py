@@ -143,6 +143,40 @@ def test_ddp_group_estimators_with_whole_groups_per_rank_equal_single_process(tm
         assert worst <= ddp.TOL, f"{name}: DDP vs single process parameters differ by {worst:.3e}"
 
 
+def test_torchrun_grpo_training_run(tmp_path: Path) -> None:
+    """`torchrun --standalone --nproc-per-node 2 -m refppo train --set ppo.advantage=grpo` (gloo,
+    CPU): one group of 4 per rank; no critic files in the checkpoint; one log."""
+    import os
+    import signal
+    import subprocess
+
+    from refppo.tasks.presets import TEST
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    argv += ["-m", "refppo", "train", "--out", str(out)]
+    for s in (*TEST, "task.reward=rule", "task.sft_steps=3", "ppo.advantage=grpo", "rollout.group_size=4"):
+        argv += ["--set", s]
+    log = tmp_path / "torchrun.log"
+    with log.open("wb") as fh:  # own session: a timeout kills the agent AND its workers
+        proc = subprocess.Popen(
+            argv, cwd=Path(__file__).parents[2], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        proc.wait(timeout=ddp.WORKER_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text(errors="replace")
+    assert proc.returncode == 0, f"torchrun: exit {proc.returncode}\n" + text[-6000:]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    ck = out / "checkpoints" / "iter_000002"
+    names = {p.name for p in ck.iterdir()}
+    assert {"rng_rank0.pt", "rng_rank1.pt", "COMPLETE", "optim_policy.pt"} <= names
+    assert not any("critic" in n for n in names), names
+
+
 if __name__ == "__main__":
     try:
         worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
