@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Run verl's OWN GSPO policy loss on one batch and compare refppo's ``policy_loss=gspo`` with it.
+"""Run verl's and SkyRL-train's OWN GSPO policy losses on one batch and compare refppo's ``policy_loss=gspo``.
 
 Not part of CI (by hand; ``tests/e2e/test_validate_gspo.py`` runs it when the peer venv exists).
 Two halves, two interpreters, as ``tools/validate_group_estimators.py``; the import stubs are those
 of ``tools/peer_makers/common.py`` (imported, not copied):
 
-1. ``--peer-half IN OUT`` (the verl venv, ``/work/shared/peers/README.md``) loads the batch
+1. ``--peer-half IN OUT`` (a peers venv, ``/work/shared/peers/README.md``) loads the batch
    (``torch.load(weights_only=True)``), calls verl 0.9.1
    ``verl/trainer/ppo/core_algos.py::compute_policy_loss_gspo`` (through
-   ``get_policy_loss_fn("gspo")``, with a real ``verl.workers.config.ActorConfig``) for every case,
-   back-propagates, and saves the loss, ``pg_clipfrac``, ``ppo_kl`` and ``∂loss/∂log_prob``.
+   ``get_policy_loss_fn("gspo")``, with a real ``verl.workers.config.ActorConfig``) and/or
+   SkyRL-train 0.3.1 ``skyrl_train/utils/ppo_utils.py::gspo_policy_loss`` (``loss_reduction``
+   token_mean, sequence_mean, seq_mean_token_sum_norm with ``max_seq_len`` = T) for every case,
+   back-propagates, and saves the loss, the clip fraction, verl's ``ppo_kl`` and ``∂loss/∂log_prob``.
 2. Without it (refppo's interpreter) it writes the batch, runs half 1 and compares each case with
    ``refppo.core.gspo.gspo_policy_loss`` (``log_ratio_max = 10``, verl's hard-coded clamp): loss,
    clip fraction, approx KL and the autograd gradient, plus the closed-form twin
@@ -23,7 +25,8 @@ log-ratio (± 0.02 per token) put the sequence ratios below, inside and above th
 between 1.2 and 1.28 (clipped only by the symmetric range), one row's ``S_b`` at 11 > κ = 10;
 finite junk 7.5 on the padding (verl multiplies by the mask, NaN would poison its sums). Cases:
 the five ``loss_agg`` modes × advantages constant along each row (outcome) or per token × the clip
-range symmetric 0.2 or asymmetric (0.2, 0.28): 20 comparisons.
+range symmetric 0.2 or asymmetric (0.2, 0.28): 20 comparisons with verl; SkyRL's three reductions ×
+the same: 12.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +51,23 @@ OFFSETS = (-0.5, -0.1, 0.1, 0.5, 0.0, 11.0, 0.22, -0.25)
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
 CLIPS = ((0.2, 0.2), (0.2, 0.28))
 ADVS = ("outcome", "token")
-PEER_ENV = "/work/peervenv/verl-openrlhf/bin/python"
+PEER_ENVS = ("/work/peervenv/verl-openrlhf/bin/python", "/work/peervenv/skyrl-areal/bin/python")
+SKYRL_REDUCTION = {
+    "token-mean": "token_mean",
+    "seq-mean-token-mean": "sequence_mean",
+    "seq-mean-token-sum-norm": "seq_mean_token_sum_norm",
+}
+"""refppo ``loss_agg`` -> SkyRL-train ``loss_reduction`` (``max_seq_len`` = T for the last)."""
 
 
-def cases() -> list[tuple[str, str, tuple[float, float]]]:
-    """``(agg, advantage kind, (ε_low, ε_high))`` of every comparison."""
-    return [(agg, adv, clip) for agg in AGGS for adv in ADVS for clip in CLIPS]
+def cases(peer: str) -> list[tuple[str, str, tuple[float, float]]]:
+    """``(agg, advantage kind, (ε_low, ε_high))`` of every comparison with ``peer``."""
+    aggs = AGGS if peer == "verl" else tuple(SKYRL_REDUCTION)
+    return [(agg, adv, clip) for agg in aggs for adv in ADVS for clip in CLIPS]
 
 
-def case_key(agg: str, adv: str, clip: tuple[float, float]) -> str:
-    return f"{agg}/{adv}/{clip[0]}-{clip[1]}"
+def case_key(peer: str, agg: str, adv: str, clip: tuple[float, float]) -> str:
+    return f"{peer}/{agg}/{adv}/{clip[0]}-{clip[1]}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -64,9 +75,60 @@ def case_key(agg: str, adv: str, clip: tuple[float, float]) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+def _verl(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from peer_makers import common as pm
+
+    pm.mount("verl", site)
+    from verl.trainer.ppo import core_algos as ca  # type: ignore[import-not-found]  # peers venv only
+    from verl.workers.config import ActorConfig  # type: ignore[import-not-found]  # peers venv only
+
+    fn = ca.get_policy_loss_fn("gspo")
+    for agg, adv, (lo, hi) in cases("verl"):
+        cfg = ActorConfig(
+            strategy="fsdp", clip_ratio=lo, clip_ratio_low=lo, clip_ratio_high=hi,
+            ppo_micro_batch_size_per_gpu=1, rollout_n=1,
+        )  # fmt: skip
+        lp = x["log_prob"].clone().requires_grad_(True)
+        loss, metrics = fn(x["old_log_prob"], lp, x[f"adv_{adv}"], x["mask"], loss_agg_mode=agg, config=cfg)
+        loss.backward()
+        key = case_key("verl", agg, adv, (lo, hi))
+        out[key + "/loss"] = loss.detach()
+        out[key + "/grad"] = lp.grad
+        out[key + "/clipfrac"] = torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64)
+        out[key + "/ppo_kl"] = torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64)
+
+
+def _skyrl(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from peer_makers import common as pm
+
+    pm.mount("skyrl_train", site)
+    pm.mount("skyrl_train.utils", site)
+    from skyrl_train.utils import ppo_utils as pu  # type: ignore[import-not-found]  # peers venv only
+
+    for agg, adv, (lo, hi) in cases("skyrl"):
+        cfg = types.SimpleNamespace(
+            loss_reduction=SKYRL_REDUCTION[agg], eps_clip_low=lo, eps_clip_high=hi, max_seq_len=T
+        )
+        lp = x["log_prob"].clone().requires_grad_(True)
+        loss, clip_ratio = pu.gspo_policy_loss(
+            lp, x["old_log_prob"], x[f"adv_{adv}"], cfg, loss_mask=x["mask"]
+        )
+        loss.backward()
+        key = case_key("skyrl", agg, adv, (lo, hi))
+        out[key + "/loss"] = loss.detach()
+        out[key + "/grad"] = lp.grad
+        out[key + "/clipfrac"] = torch.tensor(clip_ratio, dtype=torch.float64)
+
+
 def peer_half(inp: str, outp: str) -> int:
     import sysconfig
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     import torch
 
@@ -75,28 +137,22 @@ def peer_half(inp: str, outp: str) -> int:
 
     pm.install_stubs()
     os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")
-    pm.mount("verl", sysconfig.get_paths()["purelib"])
-    from verl.trainer.ppo import core_algos as ca  # type: ignore[import-not-found]  # peers venv only
-    from verl.workers.config import ActorConfig  # type: ignore[import-not-found]  # peers venv only
-
+    site = sysconfig.get_paths()["purelib"]
     x = torch.load(inp, weights_only=True)
-    fn = ca.get_policy_loss_fn("gspo")
     out: dict[str, Any] = {}
-    for agg, adv, (lo, hi) in cases():
-        cfg = ActorConfig(
-            strategy="fsdp", clip_ratio=lo, clip_ratio_low=lo, clip_ratio_high=hi,
-            ppo_micro_batch_size_per_gpu=1, rollout_n=1,
-        )  # fmt: skip
-        lp = x["log_prob"].clone().requires_grad_(True)
-        loss, metrics = fn(x["old_log_prob"], lp, x[f"adv_{adv}"], x["mask"], loss_agg_mode=agg, config=cfg)
-        loss.backward()
-        key = case_key(agg, adv, (lo, hi))
-        out[key + "/loss"] = loss.detach()
-        out[key + "/grad"] = lp.grad
-        out[key + "/clipfrac"] = torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64)
-        out[key + "/ppo_kl"] = torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64)
+    status: dict[str, str] = {}
+    for name, dist, fn in (("verl", "verl", _verl), ("skyrl", "skyrl-train", _skyrl)):
+        try:
+            ver = version(dist)
+        except PackageNotFoundError:
+            continue
+        try:
+            fn(x, site, out)
+            status[name] = f"{dist} {ver}"
+        except Exception as exc:  # report and go on: one peer failing is not fatal to the other
+            status[name] = f"{dist} {ver}: FAILED {type(exc).__name__}: {str(exc)[:300]}"
     torch.save(out, outp)
-    Path(outp + ".json").write_text(json.dumps({"verl": f"verl {version('verl')}"}))
+    Path(outp + ".json").write_text(json.dumps(status))
     return 0
 
 
@@ -170,14 +226,13 @@ def _err(a: Any, b: Any, m: Any = None) -> tuple[float, float]:
     return float((a - b).abs().max()), TOL * max(1.0, float(b.abs().max()))
 
 
-def validate(python: str) -> int:
+def _run_peer(python: str, x: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """Half 1 in ``python``: (results, status) or None (printed why)."""
     import torch
 
-    x = make_batch()
-    m = x["mask"].bool()
     if not Path(python).exists():
         print(f"SKIPPED: no interpreter {python}")
-        return 1
+        return None
     with tempfile.TemporaryDirectory() as tmp:
         inp, outp = os.path.join(tmp, "batch.pt"), os.path.join(tmp, "out.pt")
         torch.save(x, inp)
@@ -187,23 +242,29 @@ def validate(python: str) -> int:
         )  # fmt: skip
         if proc.returncode != 0:
             print(f"FAILED {python}: {' | '.join(proc.stderr.strip().splitlines()[-3:])}")
-            return 1
-        print(f"{python}: {json.loads(Path(outp + '.json').read_text())}")
-        got = torch.load(outp, weights_only=True)
+            return None
+        status: dict[str, str] = json.loads(Path(outp + ".json").read_text())
+        print(f"{python}: {status}")
+        return torch.load(outp, weights_only=True), status
+
+
+def _compare(peer: str, x: dict[str, Any], got: dict[str, Any], worst: dict[str, float]) -> tuple[int, int]:
+    """(comparisons, failures) of one peer's results."""
+    m = x["mask"].bool()
     failures = compared = 0
-    worst: dict[str, float] = {}
-    for agg, adv, clip in cases():
-        key = case_key(agg, adv, clip)
+    for agg, adv, clip in cases(peer):
+        key = case_key(peer, agg, adv, clip)
         ref = refppo_case(x, agg, adv, clip)
         peer_grad = got[key + "/grad"]
         pad_ok = bool((peer_grad[~m] == 0).all()) and bool((ref["grad"][~m] == 0).all())
         errs = {
             "loss": _err(ref["loss"], got[key + "/loss"]),
             "clipfrac": _err(ref["clipfrac"], got[key + "/clipfrac"]),
-            "ppo_kl": _err(ref["ppo_kl"], got[key + "/ppo_kl"]),
             "grad": _err(ref["grad"], peer_grad, m),
             "twin": _err(ref["twin"], peer_grad, m),
         }
+        if key + "/ppo_kl" in got:
+            errs["ppo_kl"] = _err(ref["ppo_kl"], got[key + "/ppo_kl"])
         gap = _err(ref["vanilla_grad"], peer_grad, m)
         ok = pad_ok and all(e <= tol for e, tol in errs.values()) and gap[0] > gap[1]
         failures += not ok
@@ -211,7 +272,26 @@ def validate(python: str) -> int:
         for name, (e, _) in errs.items():
             worst[name] = max(worst.get(name, 0.0), e)
         detail = "  ".join(f"{n} {e:.1e}" for n, (e, _) in errs.items())
-        print(f"  {'OK ' if ok else 'BAD'} {key:<42} {detail}  vanilla differs by {gap[0]:.1e}")
+        print(f"  {'OK ' if ok else 'BAD'} {key:<48} {detail}  vanilla differs by {gap[0]:.1e}")
+    return compared, failures
+
+
+def validate(pythons: list[str]) -> int:
+    x = make_batch()
+    failures = compared = 0
+    worst: dict[str, float] = {}
+    for python in pythons:
+        res = _run_peer(python, x)
+        if res is None:
+            failures += 1
+            continue
+        got, status = res
+        for peer, line in status.items():
+            if "FAILED" in line:
+                failures += 1
+                continue
+            c, f = _compare(peer, x, got, worst)
+            compared, failures = compared + c, failures + f
     print("max abs errors: " + ", ".join(f"{n} {e:.2e}" for n, e in worst.items()))
     print(f"{compared} comparisons, {failures} failure(s)")
     return 1 if failures or not compared else 0
@@ -220,11 +300,13 @@ def validate(python: str) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--peer-half", nargs=2, metavar=("IN", "OUT"), help="(internal) run in the verl venv")
-    ap.add_argument("--peers-python", default=PEER_ENV, help=f"the verl venv's python (default {PEER_ENV})")
+    ap.add_argument(
+        "--peers-python", action="append", help=f"a peers venv's python (repeatable; default {PEER_ENVS})"
+    )
     args = ap.parse_args()
     if args.peer_half:
         return peer_half(*args.peer_half)
-    return validate(args.peers_python)
+    return validate(args.peers_python or list(PEER_ENVS))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Run tools/validate_gspo.py: verl 0.9.1's own ``compute_policy_loss_gspo`` vs refppo's ``policy_loss=gspo``.
+"""Run tools/validate_gspo.py: verl 0.9.1's ``compute_policy_loss_gspo`` and SkyRL-train 0.3.1's
+``gspo_policy_loss`` (their own code) vs refppo's ``policy_loss=gspo``.
 
-Needs the verl side venv (/work/shared/peers/README.md); skipped with the reason where it is absent.
+Needs the peer side venvs (/work/shared/peers/README.md); skipped with the reason where absent.
 The script exits 1 when a loss, clip fraction, approx KL or gradient (autograd or the closed-form
 twin) differs from verl's by more than 1e-7 relative, when a gradient reaches a padded position, or
 when refppo's token-ratio ``vanilla`` loss does NOT differ from verl's GSPO on the same case.
@@ -16,15 +17,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "validate_gspo.py"
-PEER = Path("/work/peervenv/verl-openrlhf/bin/python")
+PEERS = (Path("/work/peervenv/verl-openrlhf/bin/python"), Path("/work/peervenv/skyrl-areal/bin/python"))
 
 
 @pytest.mark.skipif(
-    not PEER.exists(), reason=f"peer venv absent: {PEER} (built as /work/shared/peers/README.md says)"
+    not all(p.exists() for p in PEERS),
+    reason="peer venvs absent: "
+    + ", ".join(str(p) for p in PEERS if not p.exists())
+    + " (built as /work/shared/peers/README.md says)",
 )
-def test_verl_gspo_policy_loss_matches_refppo() -> None:
+def test_verl_gspo_policy_loss_matches_refppo() -> None:  # and SkyRL's (name kept: spec cites it)
     proc = subprocess.run(
-        [sys.executable, str(TOOL), "--peers-python", str(PEER)],
+        [sys.executable, str(TOOL), *(a for p in PEERS for a in ("--peers-python", str(p)))],
         capture_output=True,
         text=True,
         timeout=900,
@@ -32,5 +36,5 @@ def test_verl_gspo_policy_loss_matches_refppo() -> None:
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "'verl 0.9.1'" in out, out  # the peer ran, at the version the presets cite
-    assert "20 comparisons, 0 failure(s)" in out, out
+    assert "'verl 0.9.1'" in out and "'skyrl-train 0.3.1'" in out, out  # both peers ran, pinned versions
+    assert "32 comparisons, 0 failure(s)" in out, out  # 20 with verl, 12 with SkyRL
