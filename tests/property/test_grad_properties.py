@@ -178,21 +178,27 @@ def test_kl_loss_grad_matches_autograd(
     assert_grad_close(x.grad, twin, b.mask, b.dtype, f"∂kl/∂logp ({est}, {clamp}, {vc}, {agg})", ties)
 
 
-convs = st.builds(
-    Convention,
-    kl_estimator=st.sampled_from(list(KLEstimator)),
-    kl_in=st.sampled_from(list(KLPlacement)),
-    score_at=st.sampled_from(list(ScorePosition)),
-    loss_agg=aggs,
-    value_loss=st.sampled_from(list(ValueLoss)),
-    dual_clip=st.sampled_from([None, 3.0]),
-    log_ratio_clamp=st.sampled_from([None, 0.5]),
-    kl_log_ratio_clamp=st.sampled_from([None, (-1.0, 1.0)]),
-    kl_value_clamp=st.sampled_from([None, 0.8]),
-    value_loss_agg=st.one_of(st.none(), aggs),
-    kl_loss_agg=st.one_of(st.none(), aggs),
-    value_clip_form=st.sampled_from(list(ValueClipForm)),
-)
+def _convs(policy_loss: str, duals: list[float | None]) -> st.SearchStrategy[Convention]:
+    return st.builds(
+        Convention,
+        kl_estimator=st.sampled_from(list(KLEstimator)),
+        kl_in=st.sampled_from(list(KLPlacement)),
+        score_at=st.sampled_from(list(ScorePosition)),
+        loss_agg=aggs,
+        value_loss=st.sampled_from(list(ValueLoss)),
+        dual_clip=st.sampled_from(duals),
+        log_ratio_clamp=st.sampled_from([None, 0.5]),
+        kl_log_ratio_clamp=st.sampled_from([None, (-1.0, 1.0)]),
+        kl_value_clamp=st.sampled_from([None, 0.8]),
+        value_loss_agg=st.one_of(st.none(), aggs),
+        kl_loss_agg=st.one_of(st.none(), aggs),
+        value_clip_form=st.sampled_from(list(ValueClipForm)),
+        policy_loss=st.just(policy_loss),
+    )
+
+
+# GSPO has no dual-clip (a Convention with both is refused)
+convs = st.one_of(_convs("vanilla", [None, 3.0]), _convs("gspo", [None]))
 hps = st.builds(
     Hyperparams,
     kl_coef=st.sampled_from([0.05, 0.5]),
