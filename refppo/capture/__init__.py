@@ -1,0 +1,9 @@
+"""Capture one optimizer step of any PyTorch trainer as a v2 dump for ``refppo diff``.
+
+:class:`StepRecorder` (see :mod:`refppo.capture.recorder`): ``record`` each micro-batch before its
+backward, ``write`` once after the step's backward(s) on every rank; rank 0 writes one dump.
+"""
+
+from refppo.capture.recorder import CaptureError, StepRecorder
+
+__all__ = ["CaptureError", "StepRecorder"]
