@@ -2,6 +2,7 @@
 
 :class:`StepRecorder` (see :mod:`refppo.capture.recorder`): ``record`` each micro-batch before its
 backward, ``write`` once after the step's backward(s) on every rank; rank 0 writes one dump.
+:mod:`refppo.capture.adapters` builds a dump from the peers' own containers (verl, OpenRLHF, TRL).
 """
 
 from refppo.capture.recorder import CaptureError, StepRecorder
