@@ -280,6 +280,24 @@ class AdvantageEstimator(StrEnum):
 __all__ += ["AdvantageEstimator"]
 
 
+class PolicyLoss(StrEnum):
+    """Which importance ratio the clipped surrogate uses (:mod:`refppo.core.policy`, :mod:`refppo.core.gspo`).
+
+    - ``vanilla``: the token ratio ``ρ_t = exp(l_t − l^old_t)`` (PPO; verl 0.9.1 policy loss mode
+      ``vanilla``, the default of every peer; refppo default);
+    - ``gspo``: the sequence ratio ``s_b = exp(mean_t m·(l − l^old))`` of GSPO (Zheng et al. 2025),
+      in its token form ``sg(s_b)·π_t/sg(π_t)`` (verl 0.9.1
+      ``verl/trainer/ppo/core_algos.py::compute_policy_loss_gspo``, mode ``gspo``): clipped per
+      sequence, no dual-clip; ``log_ratio_clamp`` is then the *upper* clamp of ``log s`` (verl: 10).
+    """
+
+    VANILLA = "vanilla"
+    GSPO = "gspo"
+
+
+__all__ += ["PolicyLoss"]
+
+
 class GroupSingleton(StrEnum):
     """What a group estimator does with a prompt that has one response (:mod:`refppo.core.group`).
 

@@ -16,7 +16,8 @@ Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
                                                                         under DDP)
     --- per PPO epoch / minibatch, with the current policy and critic ---
     5. ratio         = exp(logprobs − old_logprobs)
-    6. pg_loss, pg_clipfrac, approx_kl = clipped surrogate
+    6. pg_loss, pg_clipfrac, approx_kl = clipped surrogate            (``policy_loss``: token ratio,
+                                                                        or GSPO's sequence ratio)
     7. vf_loss, vf_clipfrac = value loss around old_values           (``value_loss_agg``, default
                                                                         ``loss_agg``; clipped value
                                                                         by ``value_clip_form``)
@@ -49,6 +50,7 @@ from refppo.conventions import (
     KLEstimator,
     KLPlacement,
     LossAgg,
+    PolicyLoss,
     ScorePosition,
     ValueClipForm,
     ValueLoss,
@@ -60,6 +62,7 @@ from refppo.conventions import (
 )
 from refppo.core.gae import envelope, gae
 from refppo.core.group import discounted_returns, group_advantages
+from refppo.core.gspo import gspo_policy_loss
 from refppo.core.kl import check_kl_clamps, token_kl
 from refppo.core.masked import AllReduce
 from refppo.core.normalize import normalize
@@ -82,6 +85,7 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "whiten_rewards": Whitening,
     "gae_padding": GaePadding,
     "value_clip_form": ValueClipForm,
+    "policy_loss": PolicyLoss,
     "advantage": AdvantageEstimator,
     "group_std": Variance,
     "group_singleton": GroupSingleton,
@@ -103,6 +107,7 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "gae_padding": GaePadding.MASKED,
     "kl_loss_agg": None,
     "entropy_agg": None,
+    "policy_loss": PolicyLoss.VANILLA,
     "advantage": AdvantageEstimator.GAE,
     "group_std": Variance.UNBIASED,
     "group_singleton": GroupSingleton.ERROR,
@@ -163,6 +168,10 @@ class Convention:
     """How the clipped value is computed: ``around_old`` ``clip(V, V_old ± ε_v)`` (verl, TRL,
     DeepSpeed-Chat) or ``delta`` ``V_old + clip(V − V_old, ±ε_v)`` (OpenRLHF, SkyRL, AReaL); equal in
     exact arithmetic, they can count a different ``vf_clipfrac`` in float32."""
+    policy_loss: PolicyLoss = PolicyLoss.VANILLA
+    """The importance ratio of the clipped surrogate: ``vanilla`` (per token) or ``gspo`` (GSPO's
+    length-normalised sequence ratio, :mod:`refppo.core.gspo`; needs ``dual_clip`` None, and takes
+    ``log_ratio_clamp`` as the upper clamp of the log sequence ratio, verl: 10)."""
     gae_holes: GaeHoles = GaeHoles.SKIP
     """How GAE crosses interior mask holes (multi-turn tool tokens): ``skip`` (verl), ``zero``
     (OpenRLHF agent mode), ``through`` (SkyRL); no effect on a right-padded mask."""
@@ -198,6 +207,11 @@ class Convention:
             raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
         if self.log_ratio_clamp is not None:
             check_positive("log_ratio_clamp", self.log_ratio_clamp)
+        if self.policy_loss is PolicyLoss.GSPO and self.dual_clip is not None:
+            raise ConventionError(
+                f"dual_clip: policy_loss=gspo has no dual-clip (verl compute_policy_loss_gspo), "
+                f"got dual_clip={self.dual_clip!r}; set dual_clip=none"
+            )
         check_kl_clamps(self.kl_log_ratio_clamp, self.kl_value_clamp, prefix="kl_")
         check_nonneg("group_eps", self.group_eps)
         if self.group_kl is GroupKL.TO_GO and self.whiten_rewards is not Whitening.NONE:
@@ -211,7 +225,7 @@ class Convention:
 
         The fields of :data:`_OMITTED_AT_DEFAULT` (``value_loss_agg``, ``value_clip_form``,
         ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``, ``entropy_agg``,
-        ``gae_holes``, ``whiten_holes``) are
+        ``policy_loss``, ``gae_holes``, ``whiten_holes``) are
         left out while they hold their defaults, so that the dict of a convention that does not use
         them is the one written before they existed (the golden cases in ``spec/golden`` store it);
         :meth:`from_dict` restores the defaults.
@@ -553,18 +567,31 @@ def update_quantities(
     val_norm = dict(pol_norm)
     if nm.value_token_count is not None:
         val_norm["token_count"] = nm.value_token_count
-    pg = clipped_policy_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        m,
-        clip_low=hp.cliprange,
-        clip_high=hp.cliprange_high,
-        dual_clip=conv.dual_clip,
-        agg=conv.loss_agg,
-        log_ratio_clamp=conv.log_ratio_clamp,
-        **pol_norm,
-    )
+    if conv.policy_loss is PolicyLoss.GSPO:
+        pg = gspo_policy_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            m,
+            clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high,
+            agg=conv.loss_agg,
+            log_ratio_max=conv.log_ratio_clamp,
+            **pol_norm,
+        )
+    else:
+        pg = clipped_policy_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            m,
+            clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high,
+            dual_clip=conv.dual_clip,
+            agg=conv.loss_agg,
+            log_ratio_clamp=conv.log_ratio_clamp,
+            **pol_norm,
+        )
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     if values is None or old_values is None:
         if conv.advantage is AdvantageEstimator.GAE:

@@ -12,6 +12,8 @@ hypothesis                    recomputed gradient
 ============================ ==================================================================
 local normaliser              each (rank, micro-batch) group through the pipeline with its OWN
                               normalisers (token / sequence count), averaged by ``1/(K·W)``
+local normaliser, summed      the same with the micro-batch losses summed: ``1/W`` only (verl
+                              0.9.1's losses without the global batch info)
 rank normaliser               each rank's rows with that rank's normalisers, ``1/W`` (DDP mean)
 constant factor               the reference × ``W``, ``K``, ``W·K`` or an inverse (DDP sum where
                               it averages, a missing or extra ``1/K`` of accumulation)
@@ -175,6 +177,18 @@ def _normaliser_hypotheses(dump: Dump, setup: Setup, inp: UpdateInputs, ref: Gra
             f"a per-micro-batch normaliser: each micro-batch divides by its own {unit} and the micro-batch "
             f"losses are averaged (1/(K·W)); off: " + "; ".join(facs),
             lambda: _split(inp, setup, [g[2] for g in gs], 1.0 / (K * W), ref, dump),
+        ))  # fmt: skip
+    if len(gs) > 1 and K > 1:  # (K = 1: summed and averaged are the same step)
+        facs = [
+            f"{_where(r, k, dump)}: factor {n_step / (W * count(rows)[1]):.4g} = {what}_step/(W·{what}_mb)"
+            for r, k, rows in gs
+        ]
+        out.append((
+            "local_normaliser_summed",
+            f"a per-micro-batch normaliser whose micro-batch losses are summed, not averaged: each "
+            f"micro-batch divides by its own {unit} and no 1/K is applied (verl 0.9.1's losses without "
+            f"the global batch info); " + "; ".join(facs),
+            lambda: _split(inp, setup, [g[2] for g in gs], 1.0 / W, ref, dump),
         ))  # fmt: skip
     if W > 1 and K > 1:
         ranks = [(r, torch.cat([g[2] for g in gs if g[0] == r])) for r in sorted({g[0] for g in gs})]

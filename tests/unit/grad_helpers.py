@@ -35,6 +35,8 @@ class Bugs:
 
     local_norm: bool = False
     """Each micro-batch normalised by its own count, the micro-batch losses averaged (1/K), DDP 1/W."""
+    local_norm_summed: bool = False
+    """Each micro-batch normalised by its own count, the micro-batch losses summed (no 1/K), DDP 1/W."""
     ddp_sum: bool = False
     """Gradients summed over ranks where DDP averages (no 1/W)."""
     missing_accum: bool = False
@@ -157,6 +159,8 @@ def trainer_grads(
             v = t["values"][rows].clone().requires_grad_(True)
             if bugs.local_norm:  # own counts, averaged over the K micro-batches
                 norm, scale = {"tok": float(mask[rows].sum()), "seq": float(rows.numel())}, 1.0 / K
+            elif bugs.local_norm_summed:  # own counts, the K micro-batch losses summed
+                norm, scale = {"tok": float(mask[rows].sum()), "seq": float(rows.numel())}, 1.0
             elif bugs.rank_norm:  # the rank's own counts; its micro-batch sums add up to the rank's loss
                 mine = [b for b in range(len(LENGTHS)) if layout.rank[b] == r]
                 norm, scale = {"tok": float(mask[mine].sum()), "seq": float(len(mine))}, 1.0

@@ -111,7 +111,26 @@ def _group_factor_text(count: str) -> list[str]:
     return out
 
 
+def _summed_factor_text() -> list[str]:
+    """Every group's factor N_step/(W·N_mb) (summed micro-batch means, DDP 1/W), from the layout."""
+    out = []
+    for r in (0, 1):
+        for k in (0, 1):
+            n = float(sum(LENGTHS[b] for b in range(8) if RANK[b] == r and MICRO[b] == k))
+            out.append(f"micro-batch {k} of rank {r}: factor {sum(LENGTHS) / (2 * n):.4g}")
+    return out
+
+
 CASES: list[tuple[str, dict[str, Any], Bugs, Layout, str, str, list[str]]] = [
+    (
+        "per-micro-batch token-mean summed (verl without the global batch info)",
+        {},
+        Bugs(local_norm_summed=True),
+        TWO_RANKS_TWO_MB,
+        "grad_logprobs",
+        "local_normaliser_summed",
+        ["micro-batch losses are summed", *_summed_factor_text()],
+    ),
     (
         "per-micro-batch token-mean averaged",
         {},
