@@ -611,7 +611,8 @@ class Trainer:
         else:
             texts = self.task.prompts(local, self.task_rng)
         texts, group_index = train_group.expand_groups(texts, g, d.rank)
-        train_group.check_groups_on_rank(group_index, d.world_size, self.device)
+        if g > 1:  # groups of one are unique by construction; the PPO path gains no collective
+            train_group.check_groups_on_rank(group_index, d.world_size, self.device)
         prompt_ids, prompt_mask = self.encode_prompts(texts)
         hp = replace(cfg.ppo.hp, kl_coef=self.kl_ctl.value)
         snapshot = self._snapshot() if cfg.run.on_nan == "skip" else None
