@@ -20,6 +20,7 @@ USAGE_EXAMPLE = """examples:
   refppo diff step.safetensors                       # hyperparameters from step.safetensors.json
   refppo diff step.pt --preset trl --hparams hp.json
   refppo diff step.npz --preset verl --set kl_estimator=k3 --detect --json
+  refppo diff step.safetensors --actor ckpt/actor --ref ckpt/ref --critic ckpt/critic
 """
 
 
@@ -53,6 +54,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--detect", action="store_true", help="search every convention that reproduces the dump")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    m = p.add_argument_group(
+        "re-scoring with the trainer's models (needs input_ids and attention_mask in the dump)",
+        "Each DIR is a local Hugging Face checkpoint; refppo re-scores the dump's rows with its own "
+        "read-outs (one teacher-forced pass, temperature from the sidecar) and compares.",
+    )
+    m.add_argument(
+        "--actor",
+        metavar="DIR",
+        help="causal LM holding the weights that PRODUCED the compared log-probs (old_logprobs: the "
+        "policy at rollout; with --actor-key logprobs, the policy at the update step)",
+    )
+    m.add_argument("--actor-key", choices=("old_logprobs", "logprobs"), default="old_logprobs")
+    m.add_argument(
+        "--ref", metavar="DIR", help="causal LM of the reference policy (compared with ref_logprobs)"
+    )
+    m.add_argument(
+        "--critic",
+        metavar="DIR",
+        help="refppo's critic, or a token-/sequence-classification model with one label read per position",
+    )
+    m.add_argument("--critic-key", choices=("old_values", "values"), default="old_values")
+    m.add_argument(
+        "--reward-model", metavar="DIR", help="sequence classifier, one label (compared with scores)"
+    )
+    m.add_argument(
+        "--ratio-eps",
+        type=float,
+        default=0.01,
+        metavar="EPS",
+        help="precision statistics: share of tokens whose exp(Δ log-prob) leaves [1-EPS, 1+EPS] (0.01)",
+    )
+    m.add_argument("--device", default="cpu", help="torch device for the re-scoring (cpu)")
     return p
 
 
@@ -111,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     _threads()
     from refppo.oracle.detect import detect, setup_from_json
     from refppo.oracle.diagnose import check
-    from refppo.oracle.load import load_dump
+    from refppo.oracle.load import SIDECAR_SCORING_KEYS, load_dump
     from refppo.oracle.presets import resolve_preset
     from refppo.oracle.report import json_report, text_report
     from refppo.oracle.settings import build_setup, parse_value
@@ -123,7 +156,15 @@ def _run(args: argparse.Namespace) -> int:
         k, v = item.split("=", 1)
         overrides[k.strip()] = parse_value(k.strip(), v)
     dump = load_dump(Path(args.dump), args.hparams)
-    sidecar = {k: parse_value(k, v) for k, v in dump.hparams.items()}
+    rescored = None
+    if any((args.actor, args.ref, args.critic, args.reward_model)):
+        from refppo.oracle.recompute import PIPELINE_ORDER
+        from refppo.oracle.rescore_cli import print_rescore_only, rescore_from_args
+
+        rescored = rescore_from_args(args, dump)
+        if not any(dump.has(k) for k in PIPELINE_ORDER):  # inputs only: the re-score is the check
+            return print_rescore_only(args, dump, rescored)
+    sidecar = {k: parse_value(k, v) for k, v in dump.hparams.items() if k not in SIDECAR_SCORING_KEYS}
     preset_conv = preset_hp = None
     notes: list[str] = []
     if args.preset:
@@ -149,12 +190,22 @@ def _run(args: argparse.Namespace) -> int:
         if detection.nearest is not None:
             nearest_result = check(dump, setup_from_json(setup, detection.nearest), explain_divergence=False)
     if args.json:
-        print(json.dumps(json_report(dump, result, args.preset, detection, nearest_result), indent=2))
+        rep = json_report(dump, result, args.preset, detection, nearest_result)
+        if rescored is not None:
+            from refppo.oracle.rescore_report import rescore_json
+
+            rep["rescore"] = rescore_json(*rescored)
+        print(json.dumps(rep, indent=2))
     else:
         print(text_report(dump, result, args.preset, detection, nearest_result))
+        if rescored is not None:
+            from refppo.oracle.rescore_report import rescore_text
+
+            print("\n" + rescore_text(*rescored))
     # The exit code is the checked convention's verdict, with or without --detect: a CI gate that
     # names a convention must not pass because some other convention reproduces the dump.
-    return 0 if result.match else 1
+    rescore_ok = rescored is None or all(i.ok for i in rescored[0])
+    return 0 if result.match and rescore_ok else 1
 
 
 if __name__ == "__main__":

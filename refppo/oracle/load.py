@@ -43,7 +43,14 @@ TOKEN_KEYS: tuple[str, ...] = (
     "entropy",
     *TOKEN_OUTPUTS,
 )
-KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS))
+INTEGER_KEYS: frozenset[str] = frozenset({"input_ids", "attention_mask", "position_ids"})
+"""Integer-valued dump keys (kept as ``torch.long``, never converted to the compute dtype).
+``input_ids``, ``attention_mask``, ``position_ids``: the ``[B, P+T]`` sequences for re-scoring
+(:mod:`refppo.oracle.rescore_inputs`)."""
+SEQUENCE_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids")
+SIDECAR_SCORING_KEYS: frozenset[str] = frozenset({"temperature"})
+"""Sidecar keys of the scoring pass (not PPO settings): read by the re-scoring, not by ``Setup``."""
+KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *INTEGER_KEYS))
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NEEDS_UPDATE = {
     "pg_loss": ("logprobs",),
@@ -212,9 +219,16 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
             "masks with interior holes, e.g. multi-turn observation tokens, are not part of the format)"
         )
     out: dict[str, Tensor] = {"response_mask": mask}
+    if any(k in raw for k in INTEGER_KEYS):
+        from refppo.oracle.rescore_inputs import validate_sequences
+
+        try:
+            out.update(validate_sequences(raw, mask))
+        except ValueError as exc:
+            raise DumpError(f"{p}: {exc}") from None
     dtypes: list[torch.dtype] = []
     for k in KNOWN_KEYS:
-        if k not in raw or k == "response_mask":
+        if k not in raw or k == "response_mask" or k in INTEGER_KEYS:
             continue
         t: Tensor = raw[k]
         if t.dtype not in _FLOATS:
@@ -239,7 +253,7 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
     # tolerances, and it halves the memory traffic of a B=256, T=2048 step).
     cdtype = torch.float64 if dtype == torch.float64 else torch.float32
     for k in list(out):
-        if k == "response_mask":
+        if k == "response_mask" or k in INTEGER_KEYS:
             continue
         tc = out[k].to(cdtype)
         if (k in REQUIRED_INPUTS or k in UPDATE_INPUTS) and not math.isfinite(float(tc.sum())):
@@ -253,6 +267,10 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
     if hparams_file is not None and not Path(hparams_file).is_file():
         raise DumpError(f"{hparams_file}: no such hyperparameter file")
     hparams = read_hparams(hp_path) if hp_path is not None else {}
+    if "temperature" in hparams:
+        tau: Any = hparams["temperature"]
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (math.isfinite(tau) and tau > 0):
+            raise DumpError(f"{hp_path}: temperature: expected a finite number > 0, got {tau!r}")
     return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased)
 
 
