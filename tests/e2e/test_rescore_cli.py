@@ -150,5 +150,7 @@ def test_plain_diff_does_not_import_transformers(ckpts: Path, tmp_path: Path) ->
         "assert 'transformers' not in sys.modules, 'transformers imported'\nsys.exit(rc)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_GUARD_S)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_GUARD_S
+    )
     assert r.returncode == 0, r.stdout + r.stderr

@@ -173,3 +173,48 @@ def test_precision_stats_share_outside() -> None:
     st = precision_stats(d, torch.zeros_like(d), torch.ones_like(d, dtype=torch.bool), 0.01)
     assert st["share_outside"] == 0.5 and st["max_abs"] == pytest.approx(0.02)
     assert st["mean_abs"] == pytest.approx(0.045 / 4)
+
+
+def _critic_rows_dump(tmp: Path, vals: torch.Tensor) -> Path:
+    return write_rows(tmp, ROWS, name="critic.safetensors", old_values=vals)
+
+
+def test_refppo_critic_and_sequence_classification_critic(tmp_path: Path) -> None:
+    """Both other critic kinds: refppo's own (backbone + value_head.safetensors) and TRL's kind (a
+    sequence classifier whose score head is read at every position); the trainer's pass by hand."""
+    from safetensors.torch import load_file
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    from refppo.models import tiny_critic
+
+    am, ids = ROWS["attention_mask"], ROWS["input_ids"]
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    P = ids.shape[1] - ROWS["response_mask"].shape[1]
+    tiny_critic("llama", 96, hidden=32, layers=2, heads=2).save_pretrained(tmp_path / "critic")
+    backbone = AutoModel.from_pretrained(tmp_path / "critic").eval()
+    head = load_file(str(tmp_path / "critic" / "value_head.safetensors"))
+    with torch.no_grad():
+        h = backbone(input_ids=ids, attention_mask=am, position_ids=pos).last_hidden_state
+    v = (h @ head["weight"].T + head["bias"])[..., 0][:, P - 1 : P - 1 + 6]
+    item = _rescore(tmp_path, "critic", _critic_rows_dump(tmp_path, v), "old_values")
+    assert item.ok and item.result.max_abs_err < 1e-5, item.result
+
+    save_reward(tmp_path / "seq", "gpt2")  # a sequence classifier with one label
+    (tmp_path / "seq" / "rm").rename(tmp_path / "critic2")
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "critic2").eval()
+    with torch.no_grad():
+        h = model.base_model(input_ids=ids, attention_mask=am, position_ids=pos).last_hidden_state
+        v2 = model.score(h)[..., 0][:, P : P + 6]  # read one slot late
+    models = load_models(None, None, str(tmp_path / "critic2"), None)
+    (item2,) = rescore_dump(load_dump(_critic_rows_dump(tmp_path, v2)), models, {"critic": "old_values"})
+    assert [f.name for f in item2.findings] == ["critic_read_late"], item2.notes
+
+
+def test_ref_gets_the_temperature_too(tmp_path: Path) -> None:
+    save_actor(tmp_path, "llama", name="ref")
+    lp = trainer_logprobs(tmp_path / "ref", ROWS)
+    models = load_models(None, str(tmp_path / "ref"), None, None)
+    (item,) = rescore_dump(
+        load_dump(write_rows(tmp_path, ROWS, ref_logprobs=lp)), models, {"ref": "ref_logprobs"}
+    )
+    assert item.ok and item.result.max_abs_err < 1e-5

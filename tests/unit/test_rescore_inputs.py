@@ -44,7 +44,10 @@ def test_good_rows_split_into_prompt_and_response(tmp_path: Path) -> None:
         ({"attention_mask": None}, "input_ids is given without attention_mask"),
         ({"input_ids": None}, "attention_mask is given without input_ids"),
         ({"input_ids": ROWS["input_ids"].float()}, "input_ids: expected an integer tensor"),
-        ({"input_ids": ROWS["input_ids"][:, 5:], "attention_mask": ROWS["attention_mask"][:, 5:]}, "leaves no prompt"),
+        (
+            {"input_ids": ROWS["input_ids"][:, 5:], "attention_mask": ROWS["attention_mask"][:, 5:]},
+            "leaves no prompt",
+        ),
         ({"attention_mask": ROWS["attention_mask"][:, 1:]}, "attention_mask: expected shape [5, 11]"),
         ({"input_ids": ROWS["input_ids"][:3]}, "input_ids: expected shape [B, P+T] with B = 5"),
         ({"attention_mask": ROWS["attention_mask"] * 2}, "attention_mask: expected only 0/1"),
