@@ -3,10 +3,10 @@
 Layout (spec/dump-format.md, "Re-scoring keys"): ``input_ids`` and ``attention_mask`` are
 ``[B, S]`` with ``S = P + T``: the LEFT-padded prompt (width ``P``) followed by the RIGHT-padded
 response (width ``T``, the width of ``response_mask``), the layout of verl
-(``verl/trainer/ppo/ray_trainer.py``: ``batch["input_ids"]`` = prompts + responses,
-``response_mask`` = the response slice of ``attention_mask``), OpenRLHF
-(``experience_maker.py``: ``sequences`` with ``attention_mask``, ``action_mask`` the last
-``num_actions`` columns) and TRL (``ppo_trainer.py``: ``query_responses`` = queries + responses).
+(``batch["input_ids"]`` = prompts + responses, ``response_mask`` = the response slice of
+``attention_mask``), OpenRLHF (``sequences`` with ``attention_mask``, ``action_mask`` the last
+``num_actions`` columns) and TRL (``trl/experimental/ppo/ppo_trainer.py``: ``query_responses`` =
+queries + responses; run in ``tools/validate_rescore_trl.py``).
 Only the validation and the split into a :class:`refppo.models.SequenceBatch` live here; the
 read-outs are :mod:`refppo.models`'.
 """
@@ -102,10 +102,12 @@ class RescoreError(RefPPOError):
 class LabelCritic(nn.Module):
     """A token- or sequence-classification model with one label read at every position: ``[B, S]``.
 
-    ``token``: ``model(...).logits[..., 0]`` (verl's critic is an ``AutoModelForTokenClassification``
-    with one label, ``verl/workers/critic/dp_critic.py::_forward_micro_batch``); ``sequence``: the
-    score head applied to every hidden state (TRL's value model, ``trl/trainer/utils.py::get_reward``:
-    ``model.score(hidden_states[-1])``), through :meth:`refppo.models.RewardModel.per_position`.
+    ``token``: ``model(...).logits[..., 0]`` (verl 0.9.1's critic is a ``*ForTokenClassification``
+    with one label, ``verl/workers/engine/fsdp/transformer_impl.py::FSDPEngineWithValueHead``);
+    ``sequence``: the score head applied to every hidden state (TRL 1.12.0's value model,
+    ``trl/experimental/utils.py::get_reward``: ``model.score(hidden_states[-1])``; equal
+    to refppo's re-score in ``tools/validate_rescore_trl.py``), through
+    :meth:`refppo.models.RewardModel.per_position`.
     """
 
     def __init__(self, model: Any, kind: str) -> None:

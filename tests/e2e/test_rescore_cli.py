@@ -154,3 +154,14 @@ def test_plain_diff_does_not_import_transformers(ckpts: Path, tmp_path: Path) ->
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_GUARD_S
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_gpu_check_script_runs_on_cpu() -> None:
+    """tools/rescore_gpu_check.py (the GPU variant in tools/gpu_check.sh), run with --device cpu."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(REPO / "tools" / "rescore_gpu_check.py"), "--device", "cpu"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=HANG_GUARD_S)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rescore check on cpu: OK" in r.stdout
+    assert r.stdout.count("named ['temperature_not_applied']") == 2
+    assert r.stdout.count("bf16 pass, dump_vs_float32") == 2

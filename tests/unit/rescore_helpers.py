@@ -87,15 +87,16 @@ def trainer_logprobs(
     *,
     tau: float = TAU,
     dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
 ) -> Tensor:
     """log softmax(logits/τ)[y_t] as a trainer computes it, with ``bug`` injected:
     ``no_temperature``, ``temperature_twice``, ``labels_off_by_one``, ``no_position_offset``,
     ``dropout``, or ``tau=...`` for another value."""
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(path).to(dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(path).to(device=device, dtype=dtype)
     model.train(bug == "dropout")
-    ids, am = rows["input_ids"], rows["attention_mask"]
+    ids, am = rows["input_ids"].to(device), rows["attention_mask"].to(device)
     T = rows["response_mask"].shape[1]
     P = ids.shape[1] - T
     kw = {} if bug == "no_position_offset" else {"position_ids": _pos(am)}
@@ -107,7 +108,7 @@ def trainer_logprobs(
         lg = lg / tau
     if bug == "temperature_twice":
         lg = lg / tau
-    lp = torch.log_softmax(lg, -1).gather(-1, ids[:, P:].unsqueeze(-1)).squeeze(-1)
+    lp = torch.log_softmax(lg, -1).gather(-1, ids[:, P:].unsqueeze(-1)).squeeze(-1).cpu()
     return torch.where(rows["response_mask"].bool(), lp, torch.ones(()))  # TRL-like junk on padding
 
 
