@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="precision statistics: share of tokens whose exp(Δ log-prob) leaves [1-EPS, 1+EPS] (0.01)",
     )
     m.add_argument("--device", default="cpu", help="torch device for the re-scoring (cpu)")
+    m.add_argument(
+        "--dtype",
+        choices=("float32", "float64", "bfloat16", "float16", "checkpoint"),
+        default="float32",
+        help="precision of the re-scoring (float32; checkpoint: as the weights are stored)",
+    )
     return p
 
 

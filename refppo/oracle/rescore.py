@@ -120,13 +120,20 @@ class Rescorer:
                 out = per_pos.gather(1, at.unsqueeze(1)).squeeze(1)
         return out.detach().to(device="cpu", dtype=torch.float64)
 
-    def logits(self, position_ids: Tensor | None = None) -> Tensor:
-        """Response-aligned logits ``[B, T, V]`` (float64, CPU), for the temperature solve."""
+    def valid_logits(self, mask: Tensor, limit: int = 4096) -> tuple[Tensor, Tensor, Tensor]:
+        """``(logits [1, N, V], tokens [1, N], flat index [N])`` at up to ``limit`` valid positions
+        (evenly spaced over the row-major order), float64 on the CPU: the temperature solve's input,
+        bounded in memory whatever B·T·V."""
         b = self.batch
-        pos = b.position_ids if position_ids is None else position_ids.to(self.device)
         with torch.no_grad(), mode(self.model, train=False):
-            full = sequence_logits(self.model, b, pos)
-        return response_slice(full, b.prompt_width, b.response_width).to("cpu", torch.float64)
+            lg = response_slice(sequence_logits(self.model, b), b.prompt_width, b.response_width)
+        flat = mask.reshape(-1).nonzero().squeeze(1)
+        if flat.numel() > limit:
+            flat = flat[torch.linspace(0, flat.numel() - 1, limit).round().long()]
+        V = lg.shape[-1]
+        sel = lg.reshape(-1, V).index_select(0, flat.to(lg.device)).to("cpu", torch.float64)
+        toks = b.response_ids.reshape(-1).index_select(0, flat.to(lg.device)).cpu()
+        return sel.unsqueeze(0), toks.unsqueeze(0), flat
 
     def in_dtype(self, dtype: torch.dtype) -> Rescorer:
         """The same rows through a copy of the model cast to ``dtype`` (the precision report)."""
@@ -250,20 +257,40 @@ def fmt_stats(s: dict[str, float]) -> str:
     )
 
 
+SCORING_DTYPES: dict[str, torch.dtype | None] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "checkpoint": None,
+}
+"""``--dtype``: the re-scoring precision (default float32; ``checkpoint``: as stored — transformers
+5 loads a bf16 checkpoint in bf16)."""
+
+
 def load_models(
-    actor: str | None, ref: str | None, critic: str | None, reward_model: str | None
+    actor: str | None,
+    ref: str | None,
+    critic: str | None,
+    reward_model: str | None,
+    dtype: str = "float32",
 ) -> dict[str, nn.Module]:
-    """Each given local checkpoint directory, loaded for its role (eval mode)."""
+    """Each given local checkpoint directory, loaded for its role (eval mode), cast to ``dtype``."""
     from refppo.models import load_reward_model
-    from refppo.oracle.rescore_inputs import load_causal_lm, load_value_model
+    from refppo.oracle.rescore_inputs import check_model_dir, load_causal_lm, load_value_model
 
     loaders: dict[str, tuple[str | None, Callable[[str], nn.Module]]] = {
         "actor": (actor, lambda p: load_causal_lm("actor", p)),
         "ref": (ref, lambda p: load_causal_lm("ref", p)),
         "critic": (critic, load_value_model),
-        "reward-model": (reward_model, lambda p: load_reward_model(p).eval()),
+        "reward-model": (
+            reward_model,
+            lambda p: load_reward_model(check_model_dir("reward-model", p)).eval(),
+        ),
     }
-    return {role: load(path) for role, (path, load) in loaders.items() if path is not None}
+    cast = SCORING_DTYPES[dtype]
+    models = {role: load(path) for role, (path, load) in loaders.items() if path is not None}
+    return {role: (m if cast is None else m.to(cast)) for role, m in models.items()}
 
 
 def items_ok(items: list[RescoreItem]) -> bool:

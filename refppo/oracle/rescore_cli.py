@@ -14,7 +14,7 @@ def rescore_from_args(args: argparse.Namespace, dump: Dump) -> tuple[list[Rescor
     """``(items, τ)``: each given model's re-score compared with its dump key."""
     if not (0.0 < args.ratio_eps < 1.0):
         raise RescoreError(f"--ratio-eps: expected a number in (0, 1), got {args.ratio_eps}")
-    models = load_models(args.actor, args.ref, args.critic, args.reward_model)
+    models = load_models(args.actor, args.ref, args.critic, args.reward_model, args.dtype)
     keys = {
         "actor": args.actor_key,
         "ref": "ref_logprobs",

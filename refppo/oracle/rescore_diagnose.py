@@ -122,8 +122,9 @@ def _temperature(item: RescoreItem, r: Rescorer, d: Tensor, dump: Dump, tol: Any
         if res.ok:
             item.findings.append(Finding(name, text, res))
             return
-    lg = r.logits()
-    t_hat = solve_temperature(lg, r.batch.response_ids.cpu(), dump.mask, d.to(torch.float64))
+    lg, toks, flat = r.valid_logits(dump.mask)
+    target = d.to(torch.float64).reshape(-1)[flat].unsqueeze(0)
+    t_hat = solve_temperature(lg, toks, torch.ones_like(toks, dtype=torch.bool), target)
     item.notes.append(f"temperature solved from the log-probs: τ̂={t_hat:.6g} (sidecar τ={tau:g})")
     if abs(t_hat - tau) <= 1e-4 * tau:
         return

@@ -130,7 +130,7 @@ class LabelCritic(nn.Module):
         return values
 
 
-def _check_dir(role: str, path: str | os.PathLike[str]) -> Path:
+def check_model_dir(role: str, path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if not (p / "config.json").is_file():
         raise RescoreError(f"--{role} {p}: not a local Hugging Face model directory (no config.json)")
@@ -141,7 +141,7 @@ def load_causal_lm(role: str, path: str | os.PathLike[str]) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained`` of a local directory, in eval mode."""
     from refppo.models import load_actor
 
-    model: nn.Module = load_actor(_check_dir(role, path))
+    model: nn.Module = load_actor(check_model_dir(role, path))
     return model.eval()
 
 
@@ -152,7 +152,7 @@ def load_value_model(path: str | os.PathLike[str]) -> nn.Module:
 
     from refppo.models import VALUE_HEAD_FILE, load_critic
 
-    p = _check_dir("critic", path)
+    p = check_model_dir("critic", path)
     if (p / VALUE_HEAD_FILE).is_file():
         return load_critic(p).eval()
     archs = list(AutoConfig.from_pretrained(p).architectures or [])

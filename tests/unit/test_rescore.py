@@ -220,3 +220,34 @@ def test_ref_gets_the_temperature_too(tmp_path: Path) -> None:
         load_dump(write_rows(tmp_path, ROWS, ref_logprobs=lp)), models, {"ref": "ref_logprobs"}
     )
     assert item.ok and item.result.max_abs_err < 1e-5
+
+
+def test_solve_temperature_recovers_tau() -> None:
+    """The 1-D solve on synthetic logits, target written with torch.log_softmax directly."""
+    from refppo.oracle.rescore_diagnose import solve_temperature
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(2, 7, 50, generator=g, dtype=torch.float64) * 3
+    y = torch.randint(0, 50, (2, 7), generator=g)
+    for tau in (0.3, 1.0, 1.7, 8.0):
+        target = torch.log_softmax(z / tau, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        t_hat = solve_temperature(z, y, torch.ones(2, 7, dtype=torch.bool), target)
+        assert t_hat == pytest.approx(tau, rel=1e-6)
+
+
+def test_bf16_checkpoint_is_rescored_in_float32_by_default(tmp_path: Path) -> None:
+    """transformers 5 loads a bf16 checkpoint in bf16; the re-score casts to float32 (``--dtype``)."""
+    from transformers import AutoModelForCausalLM
+
+    d = save_actor(tmp_path, "llama")
+    AutoModelForCausalLM.from_pretrained(d).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    lp = trainer_logprobs(tmp_path / "bf16", ROWS)  # the trainer's pass in float32 on those weights
+    dump = load_dump(write_rows(tmp_path, ROWS, old_logprobs=lp))
+    (item,) = rescore_dump(
+        dump, load_models(str(tmp_path / "bf16"), None, None, None), {"actor": "old_logprobs"}
+    )
+    assert item.ok and item.result.max_abs_err < 1e-5 and "dump_vs_float32" in item.precision
+    (as_stored,) = rescore_dump(
+        dump, load_models(str(tmp_path / "bf16"), None, None, None, "checkpoint"), {"actor": "old_logprobs"}
+    )
+    assert "dump_vs_bfloat16" in as_stored.precision and "dump_vs_float32" not in as_stored.precision
