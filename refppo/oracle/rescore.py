@@ -55,7 +55,8 @@ class Variant:
 
     temperature: float
     offset: int = 0
-    """Read-out slice ``[P-1+offset, P+T-1+offset)``: ±1 = labels / values one position off."""
+    """Read-out slice ``[P-1+offset, P+T-1+offset)``: ±1 = labels / values one position off; for
+    the reward model, the read position moved by ``offset`` (clamped to the sequence)."""
     position_ids: Tensor | None = None
     """None: refppo's ``clamp(cumsum(mask) − 1, 0)``."""
     read_at: Tensor | None = None
@@ -117,6 +118,7 @@ class Rescorer:
                 rm: Any = self.model  # a RewardModel: the score head at every position
                 per_pos = rm.per_position(b.input_ids, b.attention_mask, pos)
                 at = last_valid_index(b.attention_mask) if v.read_at is None else v.read_at.to(self.device)
+                at = (at + v.offset).clamp(0, per_pos.shape[1] - 1)
                 out = per_pos.gather(1, at.unsqueeze(1)).squeeze(1)
         return out.detach().to(device="cpu", dtype=torch.float64)
 

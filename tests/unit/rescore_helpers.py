@@ -126,7 +126,8 @@ def trainer_values(path: Path, rows: dict[str, Tensor], bug: str | None = None) 
 
 
 def trainer_scores(path: Path, rows: dict[str, Tensor], bug: str | None = None) -> Tensor:
-    """The score at the last real token; ``pad_eos``: transformers' own pooling (last non-pad id)."""
+    """The score at the last real token; ``pad_eos``: transformers' own pooling (last non-pad id);
+    ``early``: one position before the last real token."""
     from transformers import AutoModelForSequenceClassification
 
     model: Any = AutoModelForSequenceClassification.from_pretrained(path).eval()
@@ -137,6 +138,8 @@ def trainer_scores(path: Path, rows: dict[str, Tensor], bug: str | None = None) 
         h = model.base_model(input_ids=ids, attention_mask=am, position_ids=_pos(am)).last_hidden_state
         per = model.score(h)[..., 0]
     last = torch.tensor([int(am[b].nonzero().max()) for b in range(ids.shape[0])])
+    if bug == "early":
+        last = last - 1
     return per[torch.arange(ids.shape[0]), last]
 
 

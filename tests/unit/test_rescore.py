@@ -149,6 +149,14 @@ def test_reward_pad_eos_confusion(tmp_path: Path) -> None:
     assert [f.name for f in item.findings] == ["reward_pad_eos_confusion"], item.notes
 
 
+def test_reward_read_one_position_early(ckpt: tuple[Arch, Path]) -> None:
+    _, tmp = ckpt
+    sc = trainer_scores(tmp / "rm", ROWS, "early")
+    item = _rescore(tmp, "reward-model", write_rows(tmp, ROWS, name="early.safetensors", scores=sc), "scores")
+    assert not item.ok
+    assert [f.name for f in item.findings] == ["reward_read_early"], item.notes
+
+
 def test_precision_report_bf16_vs_fp32(ckpt: tuple[Arch, Path]) -> None:
     """A trainer scoring in bf16: statistics of Δ, recomputed here from the two passes."""
     _, tmp = ckpt
