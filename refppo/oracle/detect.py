@@ -9,13 +9,15 @@ stage  keys it adds                                  checked against        solv
 ====== ============================================ ====================== ====================
 kl     kl_estimator, KL clamps                       kl                     log-ratio bounds and
                                                                             value clamp
-reward kl_in, score_at, score_clip                   token_rewards          (fitted map, named)
-gae    (none: GAE itself)                            returns
-whiten whiten_advantages, whiten_variance            advantages             (fitted map, named)
+reward kl_in, score_at, score_clip, whiten_rewards  token_rewards          score bias and scale
+       (score_bias, score_scale)                                            (else a fitted map)
+gae    gae_padding                                   returns
+whiten whiten_advantages, whiten_variance,           advantages             (fitted map, named)
+       whiten_eps_at
 policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac,  dual-clip c, clip
        approx_kl (cliprange, cliprange_high)         approx_kl, entropy     ranges ε_low/ε_high
-value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac
-       value_loss_agg
+value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac   value clip range ε_v
+       value_loss_agg (cliprange_value)
 loss   (none: the total)                             kl_loss, loss
 ====== ============================================ ====================== ====================
 
@@ -28,7 +30,8 @@ inactive clamp, say, never doubles the work of the stages after it), and when th
 quantity of the stage only the groups that reproduce it go on. When none does, the nearest groups
 go on and the stage is recorded as unmatched.
 
-The staged search (:mod:`refppo.oracle.search`) composes the core functions itself (for speed)
+The staged search (:mod:`refppo.oracle.search`; the reward, GAE and whitening stages in
+:mod:`refppo.oracle.search_rollout`) composes the core functions itself (for speed)
 and the solvers only propose, so its result is not trusted on its own: the :data:`VERIFIED`
 detected conventions closest to the base are re-checked through the one verified path
 (:func:`refppo.oracle.diagnose.check` → :mod:`refppo.pipeline`), and a convention that fails that
@@ -45,7 +48,7 @@ from refppo.oracle.load import Dump
 from refppo.oracle.search import Search
 from refppo.oracle.settings import Setup
 
-HP_KEYS = ("cliprange", "cliprange_high")
+HP_KEYS = ("cliprange", "cliprange_high", "cliprange_value")
 """Hyperparameters the solvers can recover (an entry of ``detected`` names them when they differ)."""
 
 
@@ -88,8 +91,9 @@ VERIFIED = 5
 def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
     """Search the convention space around ``base``.
 
-    Its hyperparameters are kept, except the clip ranges when the policy stage's solver finds
-    others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``).
+    Its hyperparameters are kept, except the clip ranges when the policy or value stage's solver
+    finds others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``/
+    ``cliprange_value``).
     """
     search = Search(dump, base)
     groups = search.run()

@@ -19,34 +19,28 @@ from typing import Any, cast
 
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition, Variance, Whitening
+from refppo.conventions import KLEstimator, LossAgg
 from refppo.core.aggregate import aggregate_loss
-from refppo.core.gae import gae
 from refppo.core.kl import token_kl
 from refppo.core.policy import clipped_policy_loss, policy_ratio
-from refppo.core.rewards import token_rewards
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import compare
 from refppo.oracle.diagnose import ALTERNATIVES, CLAMP_BUNDLES
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.recompute import (
     approx_kl_k2_all_positions,
-    clipped_scores,
     pg_tie_share,
-    whiten,
 )
 from refppo.oracle.settings import Setup
 from refppo.oracle.solve import (
     PolicyTerms,
     clipfrac_of,
-    fit_normalisation,
     loss_weights,
     nice,
     read_kl_clamps,
     solve_clip_ranges,
     solve_dual_clip,
 )
-from refppo.pipeline import value_mask
 
 MAX_EQUIV = 256
 """Equivalent conventions kept per group (the rest are counted)."""
@@ -178,7 +172,7 @@ class Search:
 
     def setup_for(self, **upd: Any) -> Setup:
         """The base setting with some convention keys and the clip hyperparameters replaced."""
-        hp_keys = {"cliprange", "cliprange_high"}
+        hp_keys = {"cliprange", "cliprange_high", "cliprange_value"}
         hp_up = {k: v for k, v in upd.items() if k in hp_keys}
         s = self.base.with_convention({k: v for k, v in upd.items() if k not in hp_keys})
         return Setup(s.conv, s.extras, replace(s.hp, **hp_up)) if hp_up else s
@@ -186,10 +180,12 @@ class Search:
     # ----- stages -------------------------------------------------------------------------
     def run(self) -> list[Group]:
         groups = [Group([{}], 1, {})]
+        from refppo.oracle.search_rollout import gae_stage, reward_stage, whiten_stage
+
         groups = self._kl(groups)
-        groups = self._rewards(groups)
-        groups = self._gae(groups)
-        groups = self._whiten(groups)
+        groups = reward_stage(self, groups)
+        groups = gae_stage(self, groups)
+        groups = whiten_stage(self, groups)
         t = self.t
         if not ("logprobs" in t or "values" in t):
             return groups
@@ -241,71 +237,6 @@ class Search:
             return out
 
         return self.stage(groups, make, lambda s: [self.ratio("kl", s["kl"], m)], "kl", propose)
-
-    def _rewards(self, groups: list[Group]) -> list[Group]:
-        t, m, hp = self.t, self.m, self.hp
-        clip_opts: list[float | None] = [None, 5.0, 10.0]
-        if self.base.extras.score_clip not in clip_opts:
-            clip_opts.append(self.base.extras.score_clip)
-
-        def opts(g: Group) -> Iterable[Option]:
-            for kl_in in KLPlacement:
-                for score_at in ScorePosition:
-                    for sc in clip_opts:
-                        scores = clipped_scores(t["scores"], sc)
-                        use_kl = kl_in is KLPlacement.REWARD and hp.kl_coef > 0
-                        kl = g.state["kl"] if use_kl else None
-                        r = token_rewards(scores, kl, m, hp.kl_coef, score_at=score_at)
-                        vm = value_mask(m, score_at)
-                        st = {**g.state, "rewards": r, "vm": vm, "kl_in": kl_in.value}
-                        key = digest(g.state["kl_key"], r, vm, kl_in.value)
-                        yield {"kl_in": kl_in.value, "score_at": score_at.value, "score_clip": sc}, st, key
-
-        def check(s: dict[str, Any]) -> list[float | None]:
-            return [self.ratio("token_rewards", s["rewards"], s["vm"])]
-
-        out = self.expand(groups, opts, check, "token_rewards")
-        if "token_rewards" in self.unmatched and out:
-            s = out[0].state
-            tol = self.tol.of(float(t["token_rewards"].abs().max()))
-            fit = fit_normalisation("token_rewards", t["token_rewards"], s["rewards"], s["vm"], tol)
-            self.fitted.append(fit.text + _nearest_note(out[0]))
-        return out
-
-    def _gae(self, groups: list[Group]) -> list[Group]:
-        t, hp = self.t, self.hp
-
-        def opts(g: Group) -> Iterable[Option]:
-            adv_raw, ret = gae(g.state["rewards"], t["old_values"], g.state["vm"], gamma=hp.gamma, lam=hp.lam)
-            ret_key = digest(ret, g.state["vm"])
-            st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
-            yield {}, st, digest(g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw)
-
-        return self.expand(groups, opts, lambda s: [self.ratio("returns", s["returns"], s["vm"])], "returns")
-
-    def _whiten(self, groups: list[Group]) -> list[Group]:
-        t, m = self.t, self.m
-        whiten_opts = [(w.value, v.value) for w in Whitening for v in Variance]
-        whiten_opts = [(w, v) for w, v in whiten_opts if w != "none"]
-        whiten_opts.insert(0, ("none", self.base.conv.whiten_variance.value))
-
-        def opts(g: Group) -> Iterable[Option]:
-            for w, v in whiten_opts:
-                upd = {"whiten_advantages": w, "whiten_variance": v}
-                try:
-                    adv = whiten(g.state["adv_raw"], m, self.base.with_convention(upd))
-                except RefPPOError:
-                    continue
-                st = {**g.state, "adv": adv}
-                yield upd, st, digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv)
-
-        out = self.expand(groups, opts, lambda s: [self.ratio("advantages", s["adv"], m)], "advantages")
-        if "advantages" in self.unmatched and out:
-            s = out[0].state
-            tol = self.tol.of(float(t["advantages"].abs().max()))
-            fit = fit_normalisation("advantages", t["advantages"], s["adv_raw"], m, tol, self.hp.whiten_eps)
-            self.fitted.append(fit.text + _nearest_note(out[0]))
-        return out
 
     def _loss(self, groups: list[Group]) -> list[Group]:
         hp, t = self.hp, self.t
@@ -394,9 +325,9 @@ class Search:
         return abs(clipfrac_of(terms, lo, hi) - got) <= slack + self.tol.rtol
 
 
-def _nearest_note(g: Group) -> str:
+def nearest_note(g: Group) -> str:
     c = g.convs[0]
-    keys = ("kl_estimator", "kl_in", "score_at", "score_clip")
+    keys = ("kl_estimator", "kl_in", "score_at", "score_clip", "whiten_rewards")
     return (
         " (raw values under the nearest convention: "
         + ", ".join(f"{k}={c.get(k)}" for k in keys if k in c)

@@ -1,0 +1,245 @@
+"""The rollout stages of ``--detect`` (:mod:`refppo.oracle.search`): rewards, GAE, whitening.
+
+========= ======================================================= =================================
+stage     keys it walks                                             solver (when nothing reproduces)
+========= ======================================================= =================================
+reward    ``kl_in``, ``score_at``, ``score_clip``; then             the score map ``(s + b)·k`` read
+          ``whiten_rewards`` (with ``whiten_variance`` and          off the score slots: AReaL's
+          ``whiten_eps_at``, which the later whitening shares)      ``reward_bias``/``reward_scaling``
+gae       ``gae_padding``                                           —
+whiten    ``whiten_advantages``, ``whiten_variance``; then          —
+          ``whiten_eps_at``
+========= ======================================================= =================================
+
+Each stage first walks the checked setting's own value of the keys after "then" and adds the
+others only when nothing reproduces the stage (or when the dump lacks the stage's quantity, so
+nothing can be checked there). The stages compose the core functions the pipeline composes
+(:func:`refppo.pipeline.reward_quantities`, :func:`refppo.pipeline.rollout_quantities`); what the
+search reports is re-checked through the pipeline by :func:`refppo.oracle.detect.detect`.
+
+When nothing reproduces ``returns`` or ``advantages``, the stages after it read the dump's own
+tensor (:func:`_carry_dumped`), so the policy and value conventions are still identified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from itertools import product
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import GaePadding, KLPlacement, ScorePosition, Variance, WhitenEps, Whitening
+from refppo.core.gae import gae
+from refppo.core.normalize import normalize
+from refppo.core.rewards import score_positions, token_rewards
+from refppo.errors import RefPPOError
+from refppo.oracle.recompute import clipped_scores, whiten
+from refppo.oracle.search import SOLVE_GROUPS, Group, Option, Search, digest, nearest_note
+from refppo.oracle.solve import fit_normalisation, nice
+from refppo.pipeline import value_mask
+
+WhitenKey = tuple[str, str, str]
+"""``(whiten_rewards, whiten_variance, whiten_eps_at)``."""
+
+
+def _whiten_reward_opts(s: Search, walk_all: bool) -> list[WhitenKey]:
+    c = s.base.conv
+    own: WhitenKey = (c.whiten_rewards.value, c.whiten_variance.value, c.whiten_eps_at.value)
+    if not walk_all:
+        return [own]
+    kinds = [w.value for w in Whitening if w is not Whitening.NONE]
+    every = [(w, v.value, e.value) for w in kinds for v in Variance for e in WhitenEps]
+    return list(dict.fromkeys([own, ("none", own[1], own[2]), *every]))
+
+
+def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
+    """``token_rewards``: KL placement, score slot, score clip and map, reward whitening."""
+    t, m, hp = s.t, s.m, s.hp
+    ex = s.base.extras
+    clip_opts: list[float | None] = list(dict.fromkeys([None, 5.0, 10.0, ex.score_clip]))
+    checkable = "token_rewards" in t
+
+    def make(extra: list[tuple[float, float]] | None) -> Callable[[Group], Iterable[Option]]:
+        """``extra``: None on the first walk, then the solved score maps (maybe none)."""
+        maps = list(dict.fromkeys([(ex.score_bias, ex.score_scale), *(extra or [])]))
+        wr_opts = _whiten_reward_opts(s, walk_all=extra is not None or not checkable)
+
+        def opts(g: Group) -> Iterable[Option]:
+            for kl_in, score_at, (bias, scale), sc in product(KLPlacement, ScorePosition, maps, clip_opts):
+                use_kl = kl_in is KLPlacement.REWARD and hp.kl_coef > 0
+                vm = value_mask(m, score_at)
+                scores = clipped_scores(t["scores"], sc, bias, scale)
+                r0 = token_rewards(
+                    scores, g.state["kl"] if use_kl else None, m, hp.kl_coef, score_at=score_at
+                )
+                base = {"kl_in": kl_in.value, "score_at": score_at.value, "score_clip": sc}
+                base.update(score_bias=bias, score_scale=scale)
+                for wr, var, eps_at in wr_opts:
+                    upd: dict[str, Any] = {**base, "whiten_rewards": wr}
+                    r, fixed = r0, None
+                    if wr != "none":  # the advantage whitening shares the two keys
+                        r = _whitened(r0, vm, wr, var, eps_at, hp.whiten_eps)
+                        upd.update(whiten_variance=var, whiten_eps_at=eps_at)
+                        fixed = (var, eps_at)
+                    st = {**g.state, "rewards": r, "vm": vm, "kl_in": kl_in.value, "fixed_whiten": fixed}
+                    yield upd, st, digest(g.state["kl_key"], r, vm, kl_in.value, fixed)
+
+        return opts
+
+    def check(st: dict[str, Any]) -> list[float | None]:
+        return [s.ratio("token_rewards", st["rewards"], st["vm"])]
+
+    def propose(gs: list[Group]) -> list[tuple[float, float]]:
+        maps = _propose_score_map(s, gs)
+        # an empty proposal still walks the reward whitening: return a list that is truthy
+        return maps or [(ex.score_bias, ex.score_scale)]
+
+    out = s.stage(groups, make, check, "token_rewards", propose)
+    if "token_rewards" in s.unmatched and out:
+        st = out[0].state
+        tol = s.tol.of(float(t["token_rewards"].abs().max()))
+        fit = fit_normalisation("token_rewards", t["token_rewards"], st["rewards"], st["vm"], tol)
+        s.fitted.append(fit.text + nearest_note(out[0]))
+    return out
+
+
+def _whitened(r: Tensor, vm: Tensor, kind: str, var: str, eps_at: str, eps: float) -> Tensor:
+    return normalize(r, vm, kind, unbiased=var == Variance.UNBIASED.value, eps=eps, eps_at=eps_at)
+
+
+def _propose_score_map(s: Search, groups: list[Group]) -> list[tuple[float, float]]:
+    """Score maps ``(b, k)`` with ``token_rewards[slot] = k·(s + b) − β·kl[slot]`` on every row.
+
+    For each KL placement and score slot of the nearest groups, the dump's reward at the slot minus
+    the KL part (the core's :func:`token_rewards` with zero scores) is fitted against the scores by
+    least squares; a fit whose residual is within tolerance on every row is proposed (rounded to
+    round numbers by :func:`nice`). Needs two rows with different scores.
+    """
+    t, m, hp = s.t, s.m, s.hp
+    scores = t["scores"].double()
+    if scores.numel() < 2 or float(scores.max() - scores.min()) == 0.0:
+        return []
+    target = t["token_rewards"]
+    tol = s.tol.of(float(target.abs().max()))
+    rows = torch.arange(m.shape[0])
+    out: list[tuple[float, float]] = []
+    for g in groups[:SOLVE_GROUPS]:
+        for kl_in in KLPlacement:
+            use_kl = kl_in is KLPlacement.REWARD and hp.kl_coef > 0
+            kl = g.state["kl"] if use_kl else None
+            for score_at in ScorePosition:
+                rest = token_rewards(torch.zeros_like(t["scores"]), kl, m, hp.kl_coef, score_at=score_at)
+                pos = score_positions(m, score_at)
+                y = (target[rows, pos] - rest[rows, pos]).double()
+                xc = scores - scores.mean()
+                k = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+                c = float(y.mean()) - k * float(scores.mean())
+                if k == 0.0 or float((y - (k * scores + c)).abs().max()) > tol:
+                    continue
+                b = c / k if abs(c) > tol else 0.0
+                out.append((nice(b)[0] if b != 0.0 else 0.0, nice(k)[0]))
+    out = list(dict.fromkeys(out))[:8]
+    for b, k in out:
+        s.propose_value("score_bias", b)
+        s.propose_value("score_scale", k)
+    return out
+
+
+def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
+    """``returns`` (and the raw advantages): GAE over the value mask, or through the padding."""
+    t, hp = s.t, s.hp
+    own = s.base.conv.gae_padding.value
+
+    def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
+        walk_all = extra is not None or "returns" not in t
+        pads = list(dict.fromkeys([own, *(p.value for p in GaePadding)])) if walk_all else [own]
+
+        def opts(g: Group) -> Iterable[Option]:
+            vm = g.state["vm"]
+            for pad in pads:
+                gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
+                adv_raw, ret = gae(g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam)
+                ret_key = digest(ret, vm)
+                st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
+                yield (
+                    {"gae_padding": pad},
+                    st,
+                    digest(
+                        g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw, g.state.get("fixed_whiten")
+                    ),
+                )
+
+        return opts
+
+    def check(st: dict[str, Any]) -> list[float | None]:
+        return [s.ratio("returns", st["returns"], st["vm"])]
+
+    out = s.stage(groups, make, check, "returns", lambda _: True)
+    if "returns" in s.unmatched and out:
+        _carry_dumped(out, "returns", t["returns"])
+    return out
+
+
+def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
+    """``advantages``: the advantage whitening, its variance and where its eps sits."""
+    t, m = s.t, s.m
+    c = s.base.conv
+
+    def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
+        eps_ats = [c.whiten_eps_at.value]
+        if extra is not None or "advantages" not in t:
+            eps_ats = list(dict.fromkeys([*eps_ats, *(e.value for e in WhitenEps)]))
+
+        def opts(g: Group) -> Iterable[Option]:
+            fixed = g.state.get("fixed_whiten")
+            for w in Whitening:
+                for v in Variance:
+                    for e in eps_ats if fixed is None else [fixed[1]]:
+                        if fixed is not None and v.value != fixed[0]:
+                            continue
+                        if (
+                            w is Whitening.NONE
+                            and (v is not c.whiten_variance or e != eps_ats[0])
+                            and fixed is None
+                        ):
+                            continue  # unwhitened advantages do not depend on the two keys
+                        upd = {"whiten_advantages": w.value, "whiten_variance": v.value, "whiten_eps_at": e}
+                        try:
+                            adv = whiten(g.state["adv_raw"], m, s.base.with_convention(upd))
+                        except RefPPOError:
+                            continue
+                        st = {**g.state, "adv": adv}
+                        yield (
+                            upd,
+                            st,
+                            digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv, fixed),
+                        )
+
+        return opts
+
+    def check(st: dict[str, Any]) -> list[float | None]:
+        return [s.ratio("advantages", st["adv"], m)]
+
+    out = s.stage(groups, make, check, "advantages", lambda _: True)
+    if "advantages" in s.unmatched and out:
+        st = out[0].state
+        tol = s.tol.of(float(t["advantages"].abs().max()))
+        fit = fit_normalisation("advantages", t["advantages"], st["adv_raw"], m, tol, s.hp.whiten_eps)
+        s.fitted.append(fit.text + nearest_note(out[0]))
+        _carry_dumped(out, "adv", t["advantages"], m)
+    return out
+
+
+def _carry_dumped(groups: list[Group], key: str, dumped: Tensor, mask: Tensor | None = None) -> None:
+    """After a stage nothing reproduces, the later stages read the dump's own tensor.
+
+    The loss conventions can then still be identified (the nearest convention names them) when the
+    trainer's advantages or returns come from a normalisation no convention expresses; the stage
+    itself stays unmatched, so nothing is reported as detected.
+    """
+    zero = torch.zeros((), dtype=dumped.dtype)
+    for g in groups:  # compared where the stage compares: the response mask, or the group's value mask
+        given = torch.where(g.state["vm"] if mask is None else mask, dumped, zero)
+        g.state = {**g.state, key: given}
