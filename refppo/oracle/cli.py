@@ -65,7 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="causal LM holding the weights that PRODUCED the compared log-probs (old_logprobs: the "
         "policy at rollout; with --actor-key logprobs, the policy at the update step)",
     )
-    m.add_argument("--actor-key", choices=("old_logprobs", "logprobs"), default="old_logprobs")
+    m.add_argument(
+        "--actor-key",
+        choices=("old_logprobs", "logprobs"),
+        default="old_logprobs",
+        help="the dump key the actor's re-score is compared with (old_logprobs)",
+    )
     m.add_argument(
         "--ref", metavar="DIR", help="causal LM of the reference policy (compared with ref_logprobs)"
     )
@@ -74,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="refppo's critic, or a token-/sequence-classification model with one label read per position",
     )
-    m.add_argument("--critic-key", choices=("old_values", "values"), default="old_values")
+    m.add_argument(
+        "--critic-key",
+        choices=("old_values", "values"),
+        default="old_values",
+        help="the dump key the critic's re-score is compared with (old_values)",
+    )
     m.add_argument(
         "--reward-model", metavar="DIR", help="sequence classifier, one label (compared with scores)"
     )

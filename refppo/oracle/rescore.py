@@ -24,7 +24,6 @@ model flag is given).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -108,9 +107,8 @@ class Rescorer:
             if self.role in LOGPROB_ROLES:
                 full = sequence_logits(self.model, b, pos)
                 lg = response_slice(full, b.prompt_width, b.response_width, v.offset)
-                out = logprobs_from_logits(
-                    lg.float(), b.response_ids, b.response_mask, temperature=v.temperature
-                )
+                lg = lg if lg.dtype in (torch.float32, torch.float64) else lg.float()
+                out = logprobs_from_logits(lg, b.response_ids, b.response_mask, temperature=v.temperature)
             elif self.role == "critic":
                 vals = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=pos)
                 out = response_slice(vals, b.prompt_width, b.response_width, v.offset)
@@ -293,11 +291,3 @@ def load_models(
     cast = SCORING_DTYPES[dtype]
     models = {role: load(path) for role, (path, load) in loaders.items() if path is not None}
     return {role: (m if cast is None else m.to(cast)) for role, m in models.items()}
-
-
-def items_ok(items: list[RescoreItem]) -> bool:
-    return all(i.ok for i in items)
-
-
-def finite(x: float) -> float:
-    return x if math.isfinite(x) else math.inf

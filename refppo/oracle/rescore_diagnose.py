@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from refppo.core.logprobs import logprobs_from_logits
+from refppo.errors import ShapeError
 from refppo.models import position_ids_from_mask
 from refppo.oracle.load import Dump
 from refppo.oracle.rescore import (
@@ -65,7 +66,7 @@ def diagnose_item(item: RescoreItem, r: Rescorer, dump: Dump, ref: Tensor, tol: 
             break
         try:
             check(*_offset_text(r.role, off), Variant(tau, offset=off))
-        except Exception:  # a slice out of range (P = 1 for offset −1): hypothesis not testable
+        except ShapeError:  # a slice out of range (P = 1 for offset −1): hypothesis not testable
             item.notes.append(f"offset {off:+d} not testable with prompt width {r.batch.prompt_width}")
     if not item.findings and r.role == "reward-model":
         _reward_slots(item, r, tau, check)
