@@ -9,7 +9,7 @@ with the dump:
 role           refppo's read-out                                       dump key compared
 =============  ======================================================  ===============================
 actor          ``log softmax(logits/τ)[y_t]``, logits ``[P-1, P+T-1)``  ``old_logprobs`` (or ``logprobs``)
-ref            the same, τ applied as well (TRL, verl)                  ``ref_logprobs``
+ref            the same, τ applied as well (TRL)                        ``ref_logprobs``
 critic         ``V(x, y_<t)`` = per-position value at ``[P-1, P+T-1)``   ``old_values`` (or ``values``)
 reward-model   the score head at each row's last real token             ``scores``
 =============  ======================================================  ===============================
