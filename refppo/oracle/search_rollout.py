@@ -6,8 +6,9 @@ stage     keys it walks                                             solver (when
 reward    ``kl_in``, ``score_at``, ``score_clip``; then             the score map ``(s + b)·k`` read
           ``whiten_rewards`` (with ``whiten_variance`` and          off the score slots: AReaL's
           ``whiten_eps_at``, which the later whitening shares)      ``reward_bias``/``reward_scaling``
-gae       ``gae_padding``                                           —
-whiten    ``whiten_advantages``, ``whiten_variance``; then          —
+gae       ``gae_padding``; ``gae_holes`` when the mask has holes    —
+whiten    ``whiten_advantages``, ``whiten_variance`` (and           —
+          ``whiten_holes`` when the mask has holes); then
           ``whiten_eps_at``
 ========= ======================================================= =================================
 
@@ -30,8 +31,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import GaePadding, KLPlacement, ScorePosition, Variance, WhitenEps, Whitening
-from refppo.core.gae import gae
+from refppo.conventions import (
+    GaeHoles,
+    GaePadding,
+    KLPlacement,
+    ScorePosition,
+    Variance,
+    WhitenEps,
+    WhitenHoles,
+    Whitening,
+)
+from refppo.core.gae import gae, has_holes
 from refppo.core.normalize import normalize
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.errors import RefPPOError
@@ -148,9 +158,11 @@ def _propose_score_map(s: Search, groups: list[Group]) -> list[tuple[float, floa
 
 
 def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
-    """``returns`` (and the raw advantages): GAE over the value mask, or through the padding."""
+    """``returns`` (and the raw advantages): GAE over the value mask, or through the padding; across
+    interior mask holes by every ``gae_holes`` convention (multi-turn dumps only)."""
     t, hp = s.t, s.hp
     own = s.base.conv.gae_padding.value
+    holes = list(GaeHoles) if has_holes(s.m) else [s.base.conv.gae_holes]
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
         walk_all = extra is not None or "returns" not in t
@@ -158,13 +170,14 @@ def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
 
         def opts(g: Group) -> Iterable[Option]:
             vm = g.state["vm"]
-            for pad in pads:
+            for pad, h in product(pads, holes):
                 gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
-                adv_raw, ret = gae(g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam)
+                r = g.state["rewards"]
+                adv_raw, ret = gae(r, t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam, holes=h)
                 ret_key = digest(ret, vm)
                 st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
                 yield (
-                    {"gae_padding": pad},
+                    {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {}),
                     st,
                     digest(
                         g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw, g.state.get("fixed_whiten")
@@ -186,6 +199,8 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
     """``advantages``: the advantage whitening, its variance and where its eps sits."""
     t, m = s.t, s.m
     c = s.base.conv
+    # whiten() takes the envelope under whiten_holes=include; only a mask with holes tells them apart
+    holes: list[str | None] = [h.value for h in WhitenHoles] if has_holes(m) else [None]
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
         eps_ats = [c.whiten_eps_at.value]
@@ -194,7 +209,7 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
 
         def opts(g: Group) -> Iterable[Option]:
             fixed = g.state.get("fixed_whiten")
-            for w in Whitening:
+            for w, wh in product(Whitening, holes):
                 for v in Variance:
                     for e in eps_ats if fixed is None else [fixed[1]]:
                         if fixed is not None and v.value != fixed[0]:
@@ -206,6 +221,8 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
                         ):
                             continue  # unwhitened advantages do not depend on the two keys
                         upd = {"whiten_advantages": w.value, "whiten_variance": v.value, "whiten_eps_at": e}
+                        if wh is not None:
+                            upd["whiten_holes"] = wh
                         try:
                             adv = whiten(g.state["adv_raw"], m, s.base.with_convention(upd))
                         except RefPPOError:
