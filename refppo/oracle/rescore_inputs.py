@@ -68,11 +68,16 @@ def validate_sequences(raw: dict[str, Any], response_mask: Tensor) -> dict[str, 
     if bool(((am != 0) & (am != 1)).any()):
         raise ValueError("attention_mask: expected only 0/1 values")
     resp = am[:, S - T :].bool()
-    off = (resp != response_mask.bool()).any(dim=1)
-    if bool(off.any()):
+    uncovered = (response_mask.bool() & ~resp).any(dim=1)
+    if bool(uncovered.any()):
         raise ValueError(
-            f"attention_mask: rows {_rows(off)}: the last T = {T} columns differ from response_mask "
-            "(expected the left-padded prompt, then the response exactly as response_mask marks it)"
+            f"attention_mask: rows {_rows(uncovered)}: a response_mask token is not attended in the last "
+            f"T = {T} columns (expected the left-padded prompt, then the response, response_mask ⊆ attention)"
+        )
+    not_right = (resp[:, 1:] & ~resp[:, :-1]).any(dim=1)
+    if bool(not_right.any()):
+        raise ValueError(
+            f"attention_mask: rows {_rows(not_right)}: the response part is not right-padded (1…1 0…0)"
         )
     prompt = am[:, : S - T]
     not_left = (prompt[:, 1:] < prompt[:, :-1]).any(dim=1)
@@ -89,10 +94,13 @@ def validate_sequences(raw: dict[str, Any], response_mask: Tensor) -> dict[str, 
 
 
 def sequence_batch(tensors: dict[str, Tensor], response_mask: Tensor) -> SequenceBatch:
-    """The dump's rows as a :class:`SequenceBatch` (prompt = the first ``S − T`` columns)."""
+    """The dump's rows as a :class:`SequenceBatch` (prompt = the first ``S − T`` columns).
+
+    Its ``response_mask`` is the response part of ``attention_mask`` (what the model attends,
+    right-padded); the dump's ``response_mask`` (⊆ it) is where the re-score is compared."""
     ids, am = tensors["input_ids"], tensors["attention_mask"]
     P = int(ids.shape[1]) - int(response_mask.shape[1])
-    return SequenceBatch(ids[:, :P], am[:, :P].bool(), ids[:, P:], response_mask.bool())
+    return SequenceBatch(ids[:, :P], am[:, :P].bool(), ids[:, P:], am[:, P:].bool())
 
 
 class RescoreError(RefPPOError):

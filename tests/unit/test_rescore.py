@@ -157,6 +157,25 @@ def test_reward_read_one_position_early(ckpt: tuple[Arch, Path]) -> None:
     assert [f.name for f in item.findings] == ["reward_read_early"], item.notes
 
 
+def test_multi_turn_holes_rescored_on_the_trained_tokens(ckpt: tuple[Arch, Path]) -> None:
+    """response_mask with a hole (tool output attended, not trained): the trainer's one pass over the
+    whole sequence is matched on the trained tokens; without the temperature it is still named."""
+    _, tmp = ckpt
+    rows = {**ROWS, "response_mask": ROWS["response_mask"].clone()}
+    rows["response_mask"][0, 2:4] = 0
+    rows["response_mask"][3, 1:3] = 0
+    for bug, names in ((None, []), ("no_temperature", ["temperature_not_applied"])):
+        lp = trainer_logprobs(tmp / "actor", {**ROWS}, bug)  # the trainer attends every real token
+        item = _rescore(
+            tmp,
+            "actor",
+            write_rows(tmp, rows, name=f"holes{bug}.safetensors", old_logprobs=lp),
+            "old_logprobs",
+        )
+        assert item.ok == (bug is None) and [f.name for f in item.findings] == names, item.notes
+        assert item.precision["dump_vs_float32"]["tokens"] == int(rows["response_mask"].sum())
+
+
 def test_precision_report_bf16_vs_fp32(ckpt: tuple[Arch, Path]) -> None:
     """A trainer scoring in bf16: statistics of Δ, recomputed here from the two passes."""
     _, tmp = ckpt

@@ -62,11 +62,25 @@ def test_bad_sequences_one_line(tmp_path: Path, changes: dict[str, Any], message
     assert message in text and "\n" not in text and "step.safetensors" in text
 
 
-def test_response_part_must_equal_response_mask(tmp_path: Path) -> None:
+def test_response_part_must_cover_response_mask_and_be_right_padded(tmp_path: Path) -> None:
     am = ROWS["attention_mask"].clone()
-    am[3, -1] = 1  # row 3's response is 5 long in response_mask, 6 in attention_mask
-    with pytest.raises(DumpError, match=r"attention_mask: rows \[3\]: the last T = 6 columns differ"):
+    am[3, -2] = 0  # row 3's 5th response token is in response_mask but not attended
+    with pytest.raises(DumpError, match=r"attention_mask: rows \[3\]: a response_mask token is not attended"):
         _load(tmp_path, attention_mask=am)
+    am = ROWS["attention_mask"].clone()
+    am[1, -1] = 1  # row 1: response 1 1 0 0 0 1 in attention
+    with pytest.raises(DumpError, match=r"rows \[1\]: the response part is not right-padded"):
+        _load(tmp_path, attention_mask=am)
+
+
+def test_attention_may_cover_more_than_response_mask(tmp_path: Path) -> None:
+    """Multi-turn: tool-output tokens attended (attention 1) inside a hole of response_mask."""
+    rm = ROWS["response_mask"].clone()
+    rm[0, 2:4] = 0  # row 0 (6 tokens): 1 1 0 0 1 1
+    d = _load(tmp_path, response_mask=rm)
+    b = sequence_batch(d.tensors, d.mask)
+    assert torch.equal(b.response_mask, ROWS["attention_mask"][:, 5:].bool())  # what the model reads
+    assert torch.equal(d.mask, rm.bool())  # where the re-score is compared
 
 
 def test_prompt_must_be_left_padded(tmp_path: Path) -> None:
