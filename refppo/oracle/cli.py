@@ -158,12 +158,8 @@ def preset_overrides_note(
 
 def _run(args: argparse.Namespace) -> int:
     _threads()
-    from refppo.oracle.detect import detect, setup_from_json
-    from refppo.oracle.diagnose import check
-    from refppo.oracle.load import SIDECAR_SCORING_KEYS, load_dump
-    from refppo.oracle.presets import resolve_preset
-    from refppo.oracle.report import json_report, text_report
-    from refppo.oracle.settings import build_setup, parse_value
+    from refppo.oracle.run import as_dump, check_step
+    from refppo.oracle.settings import parse_value
 
     overrides: dict[str, Any] = {}
     for item in args.sets:
@@ -171,7 +167,7 @@ def _run(args: argparse.Namespace) -> int:
             return _fail(f"--set: expected KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         overrides[k.strip()] = parse_value(k.strip(), v)
-    dump = load_dump(Path(args.dump), args.hparams)
+    dump = as_dump(Path(args.dump), hparams_file=args.hparams)
     rescored = None
     if any((args.actor, args.ref, args.critic, args.reward_model)):
         from refppo.oracle.recompute import PIPELINE_ORDER
@@ -180,48 +176,25 @@ def _run(args: argparse.Namespace) -> int:
         rescored = rescore_from_args(args, dump)
         if not any(dump.has(k) for k in PIPELINE_ORDER):  # inputs only: the re-score is the check
             return print_rescore_only(args, dump, rescored)
-    sidecar = {k: parse_value(k, v) for k, v in dump.hparams.items() if k not in SIDECAR_SCORING_KEYS}
-    preset_conv = preset_hp = None
-    notes: list[str] = []
-    if args.preset:
-        # The KL estimator is a run setting in every peer (TRL kl_estimator, verl kl_penalty,
-        # OpenRLHF kl_estimator): the run's own (--set, else the sidecar) wins over the preset's.
-        estimator = overrides.get("kl_estimator", sidecar.get("kl_estimator"))
-        preset_conv, preset_hp = resolve_preset(args.preset, None if estimator is None else str(estimator))
-        notes = preset_overrides_note(args.preset, preset_conv, sidecar, overrides)
-    setup = build_setup(preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=overrides)
-    result = check(dump, setup)
-    if not result.quantities:
-        from refppo.oracle.recompute import PIPELINE_ORDER
-
-        return _fail(
-            f"{args.dump}: the dump holds inputs only, none of the trainer outputs "
-            f"({', '.join(PIPELINE_ORDER)}): nothing to compare"
-        )
-    result.diagnosis[:0] = notes
-    detection = None
-    nearest_result = None
-    if args.detect:
-        detection = detect(dump, setup)
-        if detection.nearest is not None:
-            nearest_result = check(dump, setup_from_json(setup, detection.nearest), explain_divergence=False)
+    outcome = check_step(dump, preset=args.preset, overrides=overrides, detect_conventions=args.detect)
     if args.json:
-        rep = json_report(dump, result, args.preset, detection, nearest_result)
+        rep = outcome.json()
         if rescored is not None:
             from refppo.oracle.rescore_report import rescore_json
 
             rep["rescore"] = rescore_json(*rescored)
         print(json.dumps(rep, indent=2))
     else:
-        print(text_report(dump, result, args.preset, detection, nearest_result))
+        print(outcome.text())
         if rescored is not None:
             from refppo.oracle.rescore_report import rescore_text
 
             print("\n" + rescore_text(*rescored))
     # The exit code is the checked convention's verdict, with or without --detect: a CI gate that
-    # names a convention must not pass because some other convention reproduces the dump.
+    # names a convention must not pass because some other convention reproduces the dump. With
+    # model flags, every re-scored key must match as well.
     rescore_ok = rescored is None or all(i.ok for i in rescored[0])
-    return 0 if result.match and rescore_ok else 1
+    return 0 if outcome.match and rescore_ok else 1
 
 
 if __name__ == "__main__":
