@@ -8,10 +8,10 @@ Not part of CI. Run by hand with the interpreter of the TRL side venv (``tools/b
 It prints ``SKIPPED: trl not importable`` and exits 0 when ``trl`` cannot be imported.
 
 What runs: TRL 1.12.0's ``PPOTrainer.train`` (``trl/experimental/ppo/ppo_trainer.py``), unmodified,
-for one PPO iteration on the tiny offline setup of ``tools/validate_trl_preset.py`` (whose run and
-``sys.settrace`` capture are reused). At the first line of the first micro-batch (the first line
-where the local ``mb_advantage`` exists: before its forward pass and optimizer step, so every model
-still holds its rollout weights; the preset tool's capture point comes after ``optimizer.step()``)
+for one PPO iteration on the tiny offline setup of ``tools/validate_trl_preset.py`` (whose run is
+reused, with the ``sys.settrace`` capture of ``refppo.capture.adapters.trl``). At the first line
+of the first micro-batch (the first line where the local ``mb_advantage`` exists: before its forward pass and optimizer step, so every model
+still holds its rollout weights; the adapter's capture point comes after ``optimizer.step()``)
 this script also takes the locals ``query_responses`` and ``context_length`` and saves, with
 ``save_pretrained``, the policy (``model.policy``), ``ref_policy``, the value model (``model.value_model``, a
 ``GPT2ForSequenceClassification`` read at every position by TRL's ``get_reward``) and
@@ -67,12 +67,13 @@ def run_case(tool: Any, case: str, spec: dict[str, Any], out: Path) -> Path:
     """One TRL iteration; writes the dump (with the re-scoring keys) and the four checkpoints."""
     import torch
 
+    from refppo.capture.adapters import trl as trl_adapter
     from refppo.dump import write_dump
 
     extra: dict[str, Any] = {}
-    base = tool._Capture
+    base = trl_adapter._Tracer
 
-    class Capture(base):  # type: ignore[misc, valid-type]  # a class of the tool module, loaded at run time
+    class Capture(base):  # type: ignore[misc, valid-type]  # the adapter's tracer, extended below
         def local_trace(self, frame: types.FrameType, event: str, arg: Any) -> Any:
             loc = frame.f_locals
             if event == "line" and "models" not in extra and "mb_advantage" in loc:
@@ -91,11 +92,11 @@ def run_case(tool: Any, case: str, spec: dict[str, Any], out: Path) -> Path:
                     m.save_pretrained(out / case / name)
             return base.local_trace(self, frame, event, arg)
 
-    tool._Capture = Capture
+    trl_adapter._Tracer = Capture  # capture_train_locals builds its tracer from this module name
     try:
         tensors, _side, _facts = tool.run_trl(case, spec)
     finally:
-        tool._Capture = base
+        trl_adapter._Tracer = base
     qr, P = extra["query_responses"], extra["context_length"]
     mask = tensors["response_mask"].bool()
     am = torch.cat([(qr[:, :P] != extra["pad"]).long(), mask.long()], dim=1)
