@@ -10,10 +10,11 @@ It prints ``SKIPPED: trl not importable`` and exits 0 when ``trl`` cannot be imp
 What runs: TRL 1.12.0's ``PPOTrainer.train`` (``trl/experimental/ppo/ppo_trainer.py``), unmodified,
 for one PPO iteration on the tiny offline setup of ``tools/validate_trl_preset.py`` (whose run is
 reused, with the ``sys.settrace`` capture of ``refppo.capture.adapters.trl``). At the first line
-of the first micro-batch (the first line where the local ``mb_advantage`` exists: before its forward pass and optimizer step, so every model
-still holds its rollout weights; the adapter's capture point comes after ``optimizer.step()``)
-this script also takes the locals ``query_responses`` and ``context_length`` and saves, with
-``save_pretrained``, the policy (``model.policy``), ``ref_policy``, the value model (``model.value_model``, a
+of the first micro-batch (the first line where the local ``mb_advantage`` exists: before its
+forward pass and optimizer step, so every model still holds its rollout weights; the adapter's
+capture point comes after ``optimizer.step()``) this script also takes the locals
+``query_responses`` and ``context_length`` and saves, with ``save_pretrained``, the policy
+(``model.policy``), ``ref_policy``, the value model (``model.value_model``, a
 ``GPT2ForSequenceClassification`` read at every position by TRL's ``get_reward``) and
 ``reward_model``. The dump gets ``input_ids = query_responses`` and ``attention_mask`` = (query
 tokens != pad) followed by the response mask, and the sidecar ``temperature`` = ``args.temperature``.
@@ -92,11 +93,12 @@ def run_case(tool: Any, case: str, spec: dict[str, Any], out: Path) -> Path:
                     m.save_pretrained(out / case / name)
             return base.local_trace(self, frame, event, arg)
 
-    trl_adapter._Tracer = Capture  # capture_train_locals builds its tracer from this module name
+    adapter: Any = trl_adapter  # its module attribute is swapped for the run (mypy: a class name)
+    adapter._Tracer = Capture  # capture_train_locals builds its tracer from this module name
     try:
         tensors, _side, _facts = tool.run_trl(case, spec)
     finally:
-        trl_adapter._Tracer = base
+        adapter._Tracer = base
     qr, P = extra["query_responses"], extra["context_length"]
     mask = tensors["response_mask"].bool()
     am = torch.cat([(qr[:, :P] != extra["pad"]).long(), mask.long()], dim=1)
