@@ -125,6 +125,55 @@ class GaePadding(StrEnum):
     THROUGH = "through"
 
 
+class GaeHoles(StrEnum):
+    """How GAE crosses interior mask holes (multi-turn tool/observation tokens, mask 0 between 1s).
+
+    For a valid position ``t`` whose next valid position is ``u = t + h + 1`` (``h ≥ 1`` holes)::
+
+        skip:     δ_t = r_t + γ·V_u − V_t,              Â_t = δ_t + γλ·Â_u
+                  (the recursion over the valid positions only: the holes are transparent, their
+                  rewards and values are never read; verl 0.9.1
+                  ``verl/trainer/ppo/core_algos.py::compute_gae_advantage_return``, which carries
+                  ``nextvalues`` and ``lastgaelam`` across masked positions; refppo default)
+        zero:     the plain recursion over every position up to the row's last valid one, with
+                  ``r`` and ``V`` set to 0 on the holes: ``δ_t = r_t − V_t``, each hole but the last
+                  adds a factor γλ and the last one ``γ·V_u``:
+                  ``Â_t = r_t − V_t + (γλ)^h·(γ·V_u + γλ·Â_u)``
+                  (OpenRLHF 0.11.2 ``trainer/ppo_utils/experience_maker.py::get_advantages_and_returns``:
+                  ``values = action_mask * values``, ``rewards = action_mask * rewards``, agent mode)
+        through:  the plain recursion over every position up to the row's last valid one with ``r``
+                  and ``V`` as given on the holes (the critic's values at the tool tokens are read):
+                  each hole is a time step (SkyRL-train 0.3.1
+                  ``skyrl_train/utils/ppo_utils.py::compute_gae_advantage_return``, which receives the
+                  right-padded ``response_mask``, not the ``loss_mask`` with the holes)
+
+    On a right-padded mask (no holes) the three are the same computation, bit for bit. Outputs are 0
+    outside the positions the recursion visits (the holes for ``skip``, the padding for all).
+    """
+
+    SKIP = "skip"
+    ZERO = "zero"
+    THROUGH = "through"
+
+
+class WhitenHoles(StrEnum):
+    """Which tokens the advantage whitening's moments run over when the mask has interior holes.
+
+    - ``exclude``: the valid tokens only (the mask; verl 0.9.1 ``masked_whiten(advantages,
+      response_mask)``, OpenRLHF 0.11.2 ``compute_advantages_and_returns`` over ``action_mask``;
+      refppo default);
+    - ``include``: the envelope of each row, every position up to its last valid token, holes
+      included (SkyRL-train 0.3.1 ``trainer.py::compute_advantages_and_returns`` whitens over the
+      right-padded ``response_mask`` while its losses use ``loss_mask``).
+
+    Equal on a right-padded mask. ``include`` whitens the advantages the recursion left at the holes
+    (0 under ``gae_holes=skip``).
+    """
+
+    EXCLUDE = "exclude"
+    INCLUDE = "include"
+
+
 class LossAgg(StrEnum):
     """How a ``[B, T]`` loss matrix ``L`` with mask ``m`` becomes a scalar (names as in verl ``agg_loss``).
 
@@ -189,6 +238,7 @@ def parse(enum_cls: type[E], value: str | E, *, what: str | None = None) -> E:
 
 
 __all__ = [
+    "GaeHoles",
     "GaePadding",
     "KLEstimator",
     "KLPlacement",
@@ -198,6 +248,7 @@ __all__ = [
     "ValueLoss",
     "Variance",
     "WhitenEps",
+    "WhitenHoles",
     "Whitening",
     "parse",
 ]

@@ -8,8 +8,10 @@ Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
     1. kl            = token_kl(old_logprobs, ref_logprobs)            (KL placed in the reward)
     2. token_rewards = [0, …, 0, score] − β·kl                        (score at ``score_at``)
     2b. token_rewards = normalize(token_rewards)                      (``whiten_rewards``, TRL)
-    3. advantages, returns = GAE(token_rewards, old_values)            (``gae_padding``)
+    3. advantages, returns = GAE(token_rewards, old_values)            (``gae_padding``,
+                                                                        ``gae_holes``)
     4. advantages    = normalize(advantages)                           (``whiten_advantages``,
+                                                                        ``whiten_holes``,
                                                                         ``whiten_eps_at``; global
                                                                         under DDP)
     --- per PPO epoch / minibatch, with the current policy and critic ---
@@ -24,6 +26,9 @@ Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
 Masks: ``mask`` marks response tokens. With ``score_at=after_last_valid`` (TRL, DeepSpeed-Chat)
 the score sits one slot after the last valid token; that slot then joins the *value* mask used by
 GAE and the value loss (TRL ``padding_mask_p1``), while the policy loss keeps ``mask``.
+``mask`` may have interior holes (multi-turn tool-output tokens, 0 between 1s): every loss and KL
+term runs over its valid tokens only, the score's ``last_valid`` is the row's last 1, and GAE and
+the whitening cross the holes by ``gae_holes`` and ``whiten_holes``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import (
+    GaeHoles,
     GaePadding,
     KLEstimator,
     KLPlacement,
@@ -45,10 +51,11 @@ from refppo.conventions import (
     ValueLoss,
     Variance,
     WhitenEps,
+    WhitenHoles,
     Whitening,
     parse,
 )
-from refppo.core.gae import gae
+from refppo.core.gae import envelope, gae
 from refppo.core.kl import check_kl_clamps, token_kl
 from refppo.core.masked import AllReduce
 from refppo.core.normalize import normalize
@@ -71,6 +78,8 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "whiten_rewards": Whitening,
     "gae_padding": GaePadding,
     "value_clip_form": ValueClipForm,
+    "gae_holes": GaeHoles,
+    "whiten_holes": WhitenHoles,
 }
 _OPTIONAL_ENUM_FIELDS: dict[str, type[Any]] = {
     "value_loss_agg": LossAgg,
@@ -86,6 +95,8 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "gae_padding": GaePadding.MASKED,
     "kl_loss_agg": None,
     "entropy_agg": None,
+    "gae_holes": GaeHoles.SKIP,
+    "whiten_holes": WhitenHoles.EXCLUDE,
 }
 """Fields added after the golden cases in ``spec/golden`` were written: :meth:`Convention.to_dict`
 leaves them out while they hold these defaults, so those stored dicts stay exact."""
@@ -139,6 +150,12 @@ class Convention:
     """How the clipped value is computed: ``around_old`` ``clip(V, V_old ± ε_v)`` (verl, TRL,
     DeepSpeed-Chat) or ``delta`` ``V_old + clip(V − V_old, ±ε_v)`` (OpenRLHF, SkyRL, AReaL); equal in
     exact arithmetic, they can count a different ``vf_clipfrac`` in float32."""
+    gae_holes: GaeHoles = GaeHoles.SKIP
+    """How GAE crosses interior mask holes (multi-turn tool tokens): ``skip`` (verl), ``zero``
+    (OpenRLHF agent mode), ``through`` (SkyRL); no effect on a right-padded mask."""
+    whiten_holes: WhitenHoles = WhitenHoles.EXCLUDE
+    """The advantage whitening's moments over the valid tokens (``exclude``: verl, OpenRLHF) or over
+    each row's envelope, holes included (``include``: SkyRL); no effect on a right-padded mask."""
 
     def __post_init__(self) -> None:
         for name, cls in _ENUM_FIELDS.items():
@@ -158,7 +175,8 @@ class Convention:
         """JSON-friendly dict (enum values as their names).
 
         The fields of :data:`_OMITTED_AT_DEFAULT` (``value_loss_agg``, ``value_clip_form``,
-        ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``, ``entropy_agg``) are
+        ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``, ``entropy_agg``,
+        ``gae_holes``, ``whiten_holes``) are
         left out while they hold their defaults, so that the dict of a convention that does not use
         them is the one written before they existed (the golden cases in ``spec/golden`` store it);
         :meth:`from_dict` restores the defaults.
@@ -330,10 +348,10 @@ def rollout_quantities(
     )
     unbiased = conv.whiten_variance is Variance.UNBIASED
     gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
-    adv_raw, returns = gae(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam)
+    adv_raw, returns = gae(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes)
     adv = normalize(
         adv_raw,
-        m,
+        m if conv.whiten_holes is WhitenHoles.EXCLUDE else envelope(m),
         conv.whiten_advantages,
         unbiased=unbiased,
         eps=hp.whiten_eps,

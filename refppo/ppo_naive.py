@@ -28,6 +28,7 @@ from refppo.conventions import (
     ValueClipForm,
     ValueLoss,
     Variance,
+    WhitenHoles,
     Whitening,
 )
 from refppo.core.gae import gae_naive
@@ -93,7 +94,7 @@ def value_mask_naive(mask: Tensor, score_at: ScorePosition) -> Tensor:
     out = []
     for row in rows:
         T = len(row)
-        L = sum(1 for ok in row if ok)
+        L = 1 + max(t for t, ok in enumerate(row) if ok)  # the last valid token + 1 (holes allowed)
         if score_at is ScorePosition.LAST_VALID:
             slot = L - 1
         elif score_at is ScorePosition.AFTER_LAST_VALID:
@@ -137,9 +138,20 @@ def rollout_quantities_naive(
             eps_at=conv.whiten_eps_at,
         )
     gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
-    adv_raw, returns = gae_naive(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam)
+    adv_raw, returns = gae_naive(
+        rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
+    )
+    wmask = mask
+    if conv.whiten_holes is WhitenHoles.INCLUDE:  # each row up to its last valid token, holes included
+        rows = mask.bool().tolist()
+        wmask = torch.tensor([[any(row[t:]) for t in range(len(row))] for row in rows], dtype=torch.bool)
     adv = normalize_naive(
-        adv_raw, mask, conv.whiten_advantages, unbiased=unbiased, eps=hp.whiten_eps, eps_at=conv.whiten_eps_at
+        adv_raw,
+        wmask,
+        conv.whiten_advantages,
+        unbiased=unbiased,
+        eps=hp.whiten_eps,
+        eps_at=conv.whiten_eps_at,
     )
     if conv.kl_in is KLPlacement.LOSS:
         kl = torch.zeros_like(kl)

@@ -1,4 +1,4 @@
-"""Generalized Advantage Estimation (Schulman et al. 2016) over right-padded responses.
+"""Generalized Advantage Estimation (Schulman et al. 2016) over right-padded responses, with holes.
 
 For one row, let ``t_0 < t_1 < … < t_{L−1}`` be its valid positions (mask 1). Along them::
 
@@ -13,6 +13,13 @@ there are 0. For right-padding this equals the plain recursion with ``r, V`` zer
 observation tokens) the holes are transparent as in verl ``core_algos.compute_gae_advantage_return``
 (PR #2337). To credit a score placed one slot after the last valid token (TRL's convention) pass a
 mask that includes that slot.
+
+Interior holes (``holes``, :class:`~refppo.conventions.GaeHoles`): the above is ``skip``. ``zero``
+and ``through`` run the plain recursion over every position of the row's *envelope* ``e`` (the
+positions up to its last valid one, :func:`envelope`), reading on the holes 0 (``zero``: r and V
+zeroed, OpenRLHF) or the given ``r, V`` (``through``: SkyRL); their outputs are non-zero on the
+holes (what the recursion left there) and 0 beyond the envelope. With no holes ``e = m`` and all
+three are the same computation.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from refppo.conventions import GaeHoles, parse
 from refppo.core import _pyfloat as pf
 from refppo.types import ResponseMask, TokenFloat
 from refppo.validate import check_bt, check_mask, check_same_dtype, check_unit_interval
@@ -46,8 +54,29 @@ def _discounted_reverse_cumsum(x: Tensor, g: float) -> Tensor:
     return y
 
 
+def envelope(mask: Tensor) -> Tensor:
+    """``e[b, t] = any(m[b, t:])``, bool ``[B, T]``: every position up to each row's last valid one.
+
+    Equal to ``m`` for a right-padded mask; with interior holes it fills them (the right-padded
+    ``response_mask`` of a multi-turn row whose ``loss_mask`` has the holes).
+    """
+    m = check_mask("mask", mask, require_nonempty_rows=False)
+    return m.to(torch.uint8).flip(1).cummax(dim=1).values.flip(1).to(torch.bool)
+
+
+def has_holes(mask: Tensor) -> bool:
+    """Whether a row of the bool ``[B, T]`` mask has an interior hole (a valid token after a masked one)."""
+    return bool((mask[:, 1:] & ~mask[:, :-1]).any())
+
+
 def gae(
-    rewards: TokenFloat, values: TokenFloat, mask: ResponseMask, *, gamma: float, lam: float
+    rewards: TokenFloat,
+    values: TokenFloat,
+    mask: ResponseMask,
+    *,
+    gamma: float,
+    lam: float,
+    holes: GaeHoles | str = GaeHoles.SKIP,
 ) -> tuple[TokenFloat, TokenFloat]:
     """Advantages and returns ``([B, T], [B, T])``, both 0 at padded positions.
 
@@ -55,19 +84,33 @@ def gae(
     front (a stable sort, so interior holes disappear and the row is a plain prefix), then
     ``δ_i = r_i + γ·V_{i+1} − V_i`` and ``Â_i = Σ_l (γλ)^l δ_{i+l}`` (the definition, as a
     log-depth scan, :func:`_discounted_reverse_cumsum`), then scattered back.
+    ``holes`` = ``zero``/``through``: the same over the envelope (module docstring) after setting
+    ``r, V`` on the holes to 0 (``zero``) or keeping them (``through``).
     """
+    how = parse(GaeHoles, holes, what="gae_holes")
     m = check_mask("mask", mask)
     rewards = check_bt("rewards", rewards, m)
     values = check_bt("values", values, m)
     check_same_dtype(rewards=rewards, values=values)
     gamma = check_unit_interval("gamma", gamma)
     lam = check_unit_interval("lam", lam)
+    if how is not GaeHoles.SKIP:
+        e = envelope(m)
+        if how is GaeHoles.ZERO:
+            zero = torch.zeros((), dtype=values.dtype, device=values.device)
+            rewards, values = torch.where(m, rewards, zero), torch.where(m, values, zero)
+        m = e
+    return _gae_skip(rewards, values, m, gamma, lam)
+
+
+def _gae_skip(rewards: Tensor, values: Tensor, m: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """:func:`gae` with ``holes=skip`` on validated inputs (``m`` bool)."""
     T = m.shape[1]
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     r = torch.where(m, rewards, zero)
     v = torch.where(m, values, zero)
-    has_holes = bool((m[:, 1:] & ~m[:, :-1]).any())  # a valid token right after a masked one
-    if has_holes:
+    holed = has_holes(m)  # a valid token right after a masked one
+    if holed:
         # Valid positions first, in their original order (stable), masked positions after them.
         order = torch.argsort((~m).to(torch.uint8), dim=1, stable=True)
         r, v = r.gather(1, order), v.gather(1, order)
@@ -78,7 +121,7 @@ def gae(
     v_next = torch.nn.functional.pad(v[:, 1:], (0, 1))
     delta = torch.where(mc, r + gamma * v_next - v, zero)
     adv = torch.where(mc, _discounted_reverse_cumsum(delta, gamma * lam), zero)
-    if has_holes:
+    if holed:
         adv = torch.zeros_like(adv).scatter(1, order, adv)
         v = torch.where(m, values, zero)
     returns = torch.where(m, adv + v, zero)
@@ -86,14 +129,32 @@ def gae(
 
 
 def gae_naive(
-    rewards: TokenFloat, values: TokenFloat, mask: ResponseMask, *, gamma: float, lam: float
+    rewards: TokenFloat,
+    values: TokenFloat,
+    mask: ResponseMask,
+    *,
+    gamma: float,
+    lam: float,
+    holes: GaeHoles | str = GaeHoles.SKIP,
 ) -> tuple[TokenFloat, TokenFloat]:
-    """Naive twin of :func:`gae`: the discounted sum of TD residuals, term by term."""
+    """Naive twin of :func:`gae`: the discounted sum of TD residuals, term by term.
+
+    ``skip``: over the valid positions only. ``zero``/``through``: over every position up to the
+    row's last valid one, reading ``0`` (``zero``) or the given ``r, V`` (``through``) on the holes.
+    """
+    how = GaeHoles(holes)
     rs, vs, ms = pf.rows(rewards), pf.rows(values), pf.mask_rows(mask)
     adv_out, ret_out = [], []
     for r_row, v_row, m_row in zip(rs, vs, ms, strict=True):
         T = len(m_row)
-        valid = [t for t in range(T) if m_row[t]]
+        last = max(t for t in range(T) if m_row[t])
+        if how is GaeHoles.SKIP:
+            valid = [t for t in range(T) if m_row[t]]
+        else:
+            valid = list(range(last + 1))
+            if how is GaeHoles.ZERO:
+                r_row = [x if m_row[t] else 0.0 for t, x in enumerate(r_row)]
+                v_row = [x if m_row[t] else 0.0 for t, x in enumerate(v_row)]
         L = len(valid)
         deltas = []
         for i in range(L):

@@ -11,9 +11,11 @@ kl     kl_estimator, KL clamps                       kl                     log-
                                                                             value clamp
 reward kl_in, score_at, score_clip, whiten_rewards  token_rewards          score bias and scale
        (score_bias, score_scale)                                            (else a fitted map)
-gae    gae_padding                                   returns
+gae    gae_padding, gae_holes (only when the mask    returns
+       has holes)
 whiten whiten_advantages, whiten_variance,           advantages             (fitted map, named)
-       whiten_eps_at
+       whiten_eps_at, whiten_holes (only when the
+       mask has holes)
 policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac,  dual-clip c, clip
        approx_kl (cliprange, cliprange_high)         approx_kl, entropy     ranges ε_low/ε_high
 value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac   value clip range ε_v
@@ -43,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from refppo.core.gae import has_holes
 from refppo.oracle.diagnose import alt_json, check
 from refppo.oracle.load import Dump
 from refppo.oracle.search import Search
@@ -125,6 +128,8 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
         n_total = sum(g.n_equiv for g in matched)
         keys = list(base_json) + [k for k in HP_KEYS if convs and k in convs[0]]
         undetermined = sorted(k for k in keys if len({repr(c.get(k)) for c in convs}) > 1)
+        if not has_holes(dump.tensors["response_mask"]):  # right-padded: every hole convention agrees
+            undetermined = sorted({*undetermined, "gae_holes", "whiten_holes"})
         if convs:
             confirmed = {
                 k: [v for v in vs if any(c.get(k) == v for c in convs[:limit])] for k, vs in solved.items()

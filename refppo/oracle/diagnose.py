@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from refppo.core.gae import has_holes
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare, describe
 from refppo.oracle.fastcheck import rollout_prefix_ok
@@ -246,11 +247,11 @@ def check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> Check
     out = CheckResult(setup, results, first)
     if not results:
         out.diagnosis.append("the dump holds no trainer outputs to compare (only inputs)")
+    where = "masked positions (padding and holes)" if has_holes(dump.mask) else "padded positions"
     for name, r in results.items():
         if r.ok and r.padding_diff:
             out.diagnosis.append(
-                f"{name}: also differs at {r.padding_diff} padded positions "
-                "(not compared: padding is ignored)"
+                f"{name}: also differs at {r.padding_diff} {where} (not compared: they are ignored)"
             )
     if first is not None:
         r = results[first]
@@ -267,7 +268,7 @@ def check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> Check
             r.tol,
         )
         if r.padding_diff:
-            out.diagnosis.append(f"{first}: also differs at {r.padding_diff} padded positions (not compared)")
+            out.diagnosis.append(f"{first}: also differs at {r.padding_diff} {where} (not compared)")
         del ref  # the candidates below recompute their own: never hold two references at once
         if explain_divergence:
             notes, found = explain(dump, setup, first)

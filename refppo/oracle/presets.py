@@ -78,6 +78,8 @@ PRESETS: dict[str, Preset] = {
             "whiten_eps_at": "variance",
             "whiten_rewards": "none",
             "gae_padding": "masked",
+            "gae_holes": "skip",
+            "whiten_holes": "exclude",
             "kl_loss_agg": None,
             "entropy_agg": None,
         },
@@ -114,6 +116,11 @@ PRESETS: dict[str, Preset] = {
             "whiten_eps_at": "variance",
             "whiten_rewards": "none",
             "gae_padding": "masked",
+            # Multi-turn (response_mask zero on tool-output tokens): compute_gae_advantage_return
+            # carries nextvalues/lastgaelam across masked positions ("skip observation tokens") and
+            # masked_whiten's moments use response_mask (run: tools/peer_makers/holes.py).
+            "gae_holes": "skip",
+            "whiten_holes": "exclude",
             "kl_loss_agg": None,
             "entropy_agg": None,
         },
@@ -166,6 +173,11 @@ PRESETS: dict[str, Preset] = {
             "whiten_eps_at": "clamp",
             "whiten_rewards": "none",
             "gae_padding": "masked",
+            # Agent mode (action_mask zero on environment feedback): get_advantages_and_returns
+            # multiplies values and rewards by action_mask, then recurses over every position; the
+            # batch whitening uses action_mask (run: tools/peer_makers/holes.py).
+            "gae_holes": "zero",
+            "whiten_holes": "exclude",
             # trainer/ray/ppo_actor.py::training_step calls models/loss.py::aggregate_loss for the KL
             # loss and the entropy without token_level_loss (default True): token-mean whatever the
             # actor's loss_agg_mode.
@@ -218,6 +230,9 @@ PRESETS: dict[str, Preset] = {
             "whiten_eps_at": "variance",
             "whiten_rewards": "none",
             "gae_padding": "masked",
+            # No multi-turn PPO path: refppo's defaults (not validated with holes).
+            "gae_holes": "skip",
+            "whiten_holes": "exclude",
             "kl_loss_agg": None,
             "entropy_agg": None,
         },
@@ -260,6 +275,9 @@ PRESETS: dict[str, Preset] = {
             "whiten_eps_at": "variance",
             "whiten_rewards": "none",
             "gae_padding": "masked",
+            # No multi-turn path: refppo's defaults (not validated with holes).
+            "gae_holes": "skip",
+            "whiten_holes": "exclude",
             "kl_loss_agg": None,
             "entropy_agg": None,
         },
@@ -300,6 +318,11 @@ PRESETS: dict[str, Preset] = {
             "whiten_rewards": "none",
             # compute_gae_advantage_return runs over every position with the critic's values as given.
             "gae_padding": "through",
+            # Multi-turn (loss_mask zero on observation tokens): GAE gets the right-padded
+            # response_mask, so it runs through the holes with the critic's values there, and
+            # masked_whiten's moments include them; losses use loss_mask (tools/peer_makers/holes.py).
+            "gae_holes": "through",
+            "whiten_holes": "include",
             # algorithm.loss_reduction: token_mean (reduce_loss); sequence_mean = seq-mean-token-mean,
             # seq_mean_token_sum_norm = seq-mean-token-sum-norm with horizon = max_seq_len.
             "loss_agg": "token-mean",
@@ -361,6 +384,9 @@ PRESETS: dict[str, Preset] = {
             "whiten_eps_at": "std",
             "whiten_rewards": "none",
             "gae_padding": "masked",
+            # Not validated with holes: refppo's defaults.
+            "gae_holes": "skip",
+            "whiten_holes": "exclude",
             # ppo_actor_loss_fn / ppo_critic_loss_fn: sum over valid tokens / their count.
             "loss_agg": "token-mean",
             "value_loss_agg": None,

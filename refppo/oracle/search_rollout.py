@@ -6,8 +6,9 @@ stage     keys it walks                                             solver (when
 reward    ``kl_in``, ``score_at``, ``score_clip``; then             the score map ``(s + b)·k`` read
           ``whiten_rewards`` (with ``whiten_variance`` and          off the score slots: AReaL's
           ``whiten_eps_at``, which the later whitening shares)      ``reward_bias``/``reward_scaling``
-gae       ``gae_padding``                                           —
-whiten    ``whiten_advantages``, ``whiten_variance``; then          —
+gae       ``gae_padding``; ``gae_holes`` when the mask has holes    —
+whiten    ``whiten_advantages``, ``whiten_variance``;               —
+          ``whiten_holes`` when the mask has holes; then
           ``whiten_eps_at``
 ========= ======================================================= =================================
 
@@ -30,8 +31,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import GaePadding, KLPlacement, ScorePosition, Variance, WhitenEps, Whitening
-from refppo.core.gae import gae
+from refppo.conventions import (
+    GaeHoles,
+    GaePadding,
+    KLPlacement,
+    ScorePosition,
+    Variance,
+    WhitenEps,
+    WhitenHoles,
+    Whitening,
+)
+from refppo.core.gae import envelope, gae, has_holes
 from refppo.core.normalize import normalize
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.errors import RefPPOError
@@ -148,9 +158,13 @@ def _propose_score_map(s: Search, groups: list[Group]) -> list[tuple[float, floa
 
 
 def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
-    """``returns`` (and the raw advantages): GAE over the value mask, or through the padding."""
+    """``returns`` (and the raw advantages): GAE over the value mask, or through the padding.
+
+    With interior holes (multi-turn) every ``gae_holes`` convention; else they all agree: the base's.
+    """
     t, hp = s.t, s.hp
     own = s.base.conv.gae_padding.value
+    hole_opts = list(GaeHoles) if has_holes(s.m) else [s.base.conv.gae_holes]
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
         walk_all = extra is not None or "returns" not in t
@@ -158,13 +172,16 @@ def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
 
         def opts(g: Group) -> Iterable[Option]:
             vm = g.state["vm"]
-            for pad in pads:
+            for pad, h in product(pads, hole_opts):
                 gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
-                adv_raw, ret = gae(g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam)
-                ret_key = digest(ret, vm)
+                adv_raw, ret = gae(
+                    g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam, holes=h
+                )
+                ret_key = digest(ret, vm, h.value)
                 st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
+                upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(hole_opts) > 1 else {})
                 yield (
-                    {"gae_padding": pad},
+                    upd,
                     st,
                     digest(
                         g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw, g.state.get("fixed_whiten")
@@ -186,6 +203,7 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
     """``advantages``: the advantage whitening, its variance and where its eps sits."""
     t, m = s.t, s.m
     c = s.base.conv
+    over = [(WhitenHoles.EXCLUDE, m), (WhitenHoles.INCLUDE, envelope(m))] if has_holes(m) else [(None, m)]
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
         eps_ats = [c.whiten_eps_at.value]
@@ -205,17 +223,21 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
                             and fixed is None
                         ):
                             continue  # unwhitened advantages do not depend on the two keys
-                        upd = {"whiten_advantages": w.value, "whiten_variance": v.value, "whiten_eps_at": e}
-                        try:
-                            adv = whiten(g.state["adv_raw"], m, s.base.with_convention(upd))
-                        except RefPPOError:
-                            continue
-                        st = {**g.state, "adv": adv}
-                        yield (
-                            upd,
-                            st,
-                            digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv, fixed),
-                        )
+                        for wh, wm in over:
+                            upd = {
+                                "whiten_advantages": w.value,
+                                "whiten_variance": v.value,
+                                "whiten_eps_at": e,
+                            }
+                            if wh is not None:
+                                upd["whiten_holes"] = wh.value
+                            try:
+                                adv = whiten(g.state["adv_raw"], wm, s.base.with_convention(upd))
+                            except RefPPOError:
+                                continue
+                            st = {**g.state, "adv": adv}
+                            key = digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv, fixed)
+                            yield upd, st, key
 
         return opts
 

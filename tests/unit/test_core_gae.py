@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 import torch
 from strategies import assert_twin_close
 
 from refppo.core.gae import gae, gae_naive
-from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError
+from refppo.errors import ConventionError, DtypeError, HyperparameterError, MaskError, ShapeError
 
 NAN, INF = float("nan"), float("inf")
 
@@ -105,3 +106,54 @@ def test_gae_long_rows_with_holes_match_naive(dtype: torch.dtype, gamma: float, 
     adv_n, ret_n = gae_naive(r, v, m, gamma=gamma, lam=lam)
     assert_twin_close(adv, adv_n, dtype, "advantages")
     assert_twin_close(ret, ret_n, dtype, "returns")
+
+
+# ---- masks with holes (issue #11): one row, hand-computed, for each gae_holes convention ----------
+# mask (1 1 0 0 1 1 0 0), r = (0 0 5 5 0 1 9 9), V = (1 … 8), γ = 0.9, λ = 0.8 (γλ = 0.72).
+HOLE_R = torch.tensor([[0.0, 0.0, 5.0, 5.0, 0.0, 1.0, 9.0, 9.0]], dtype=torch.float64)
+HOLE_V = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]], dtype=torch.float64)
+HOLE_M = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 0]])
+Twin = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@pytest.mark.parametrize("fn", [gae, gae_naive])
+def test_gae_holes_skip_hand_example(fn: Twin) -> None:
+    # valid 5: δ = 1 − 6 = −5; valid 4: δ = 0.9·6 − 5 = 0.4, A = 0.4 − 0.72·5 = −3.2;
+    # valid 1 (next valid 4): δ = 0.9·5 − 2 = 2.5, A = 2.5 − 0.72·3.2 = 0.196;
+    # valid 0: δ = 0.9·2 − 1 = 0.8, A = 0.8 + 0.72·0.196 = 0.94112. The holes' r = 5 are never read.
+    # verl 0.9.1 compute_gae_advantage_return on this row gave (0.9411, 0.1960, ·, ·, −3.2, −5.0).
+    adv, ret = fn(HOLE_R, HOLE_V, HOLE_M, gamma=0.9, lam=0.8, holes="skip")
+    assert adv[0].tolist() == pytest.approx([0.94112, 0.196, 0, 0, -3.2, -5.0, 0, 0], abs=1e-12)
+    assert ret[0].tolist() == pytest.approx([1.94112, 2.196, 0, 0, 1.8, 1.0, 0, 0], abs=1e-12)
+
+
+@pytest.mark.parametrize("fn", [gae, gae_naive])
+def test_gae_holes_zero_hand_example(fn: Twin) -> None:
+    # r, V := 0 on the holes, recursion over positions 0..5: A5 = −5, A4 = −3.2,
+    # A3 = 0.9·5 − 0 + 0.72·(−3.2) = 2.196, A2 = 0 + 0.72·2.196 = 1.58112,
+    # A1 = 0 + 0 − 2 + 0.72·1.58112 = −0.8615936, A0 = 0.9·2 − 1 + 0.72·A1 = 0.179652608.
+    adv, ret = fn(HOLE_R, HOLE_V, HOLE_M, gamma=0.9, lam=0.8, holes="zero")
+    want = [0.179652608, -0.8615936, 1.58112, 2.196, -3.2, -5.0, 0, 0]
+    assert adv[0].tolist() == pytest.approx(want, abs=1e-12)
+    assert ret[0].tolist() == pytest.approx(
+        [want[0] + 1, want[1] + 2, want[2], want[3], 1.8, 1.0, 0, 0], abs=1e-12
+    )
+
+
+@pytest.mark.parametrize("fn", [gae, gae_naive])
+def test_gae_holes_through_hand_example(fn: Twin) -> None:
+    # r, V as given on the holes, recursion over positions 0..5: A5 = −5, A4 = −3.2,
+    # A3 = 5 + 0.9·5 − 4 − 0.72·3.2 = 3.196, A2 = 5 + 0.9·4 − 3 + 0.72·3.196 = 7.90112,
+    # A1 = 0.9·3 − 2 + 0.72·7.90112 = 6.3888064, A0 = 0.9·2 − 1 + 0.72·6.3888064 = 5.399940608.
+    adv, ret = fn(HOLE_R, HOLE_V, HOLE_M, gamma=0.9, lam=0.8, holes="through")
+    want = [5.399940608, 6.3888064, 7.90112, 3.196, -3.2, -5.0, 0, 0]
+    assert adv[0].tolist() == pytest.approx(want, abs=1e-12)
+    ret_want = [want[t] + HOLE_V[0, t].item() for t in range(6)] + [0.0, 0.0]  # R = A + V on 0..5
+    assert ret[0].tolist() == pytest.approx(ret_want, abs=1e-12)
+
+
+def test_gae_holes_unknown_name_lists_the_valid_ones() -> None:
+    with pytest.raises(
+        ConventionError, match=r"gae_holes: unknown name 'reset'; valid names are 'skip', 'zero', 'through'"
+    ):
+        gae(HOLE_R, HOLE_V, HOLE_M, gamma=0.9, lam=0.8, holes="reset")

@@ -154,17 +154,20 @@ def test_npz_with_object_arrays_is_refused(tmp_path: Path) -> None:
         load_dump(p)
 
 
-def test_mask_that_is_not_right_padded_is_refused(tmp_path: Path) -> None:
-    """The dump format is right-padded; a row with an interior hole is bad input, not a mismatch."""
-    s = setup_for("trl")
-    d = refppo_dump(make_inputs(seed=3), s)
-    m = d["response_mask"].clone()
+def test_mask_with_interior_holes_is_accepted(tmp_path: Path) -> None:
+    """Multi-turn masks (tool-output tokens zeroed between valid tokens) load as they are (refused
+    with exit 2 before issue #11); the holes stay holes, the diff compares the valid tokens."""
+    x = make_inputs(seed=3)
+    m = x["response_mask"].clone()
     m[2] = 0
-    m[2, 1:4] = 1  # 0 1 1 1 0 ...: not right-padded
-    d["response_mask"] = m
-    path = save(tmp_path, d, s)
-    with pytest.raises(DumpError, match=r"rows \[2\] are not right-padded"):
-        load_dump(path)
+    m[2, 1:4] = 1  # 0 1 1 1 0 ...: leading and trailing zeros
+    m[0, 3:6] = 0  # a full row with an interior hole
+    x["response_mask"] = m
+    s = setup_for("verl")
+    path = save(tmp_path, refppo_dump(x, s), s)
+    d = load_dump(path)
+    assert d.tensors["response_mask"].tolist() == m.bool().tolist()
+    assert main([str(path), "--preset", "verl"]) == 0
 
 
 def _renamed(d: dict[str, torch.Tensor], renames: dict[str, str]) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from peer_makers import holes
 from peer_makers.common import HP, inputs, install_stubs, mount, save
 
 # (name, kl_estimator, kl_in, loss_reduction, policy_loss_type, eps_low, eps_high, ent_coef)
@@ -111,4 +112,19 @@ def make(out: Path) -> list[str]:
             conv["dual_clip"] = DUAL_C
         control = CONTROLS.get(name, {"gae_padding": "masked"})
         made.append(save(out, f"skyrl_{name}", dump, hp, conv, control))
-    return made
+
+    def cfg_for(reduction: str, T: int) -> Any:
+        return OmegaConf.create(
+            {
+                "policy_loss_type": "regular",
+                "loss_reduction": reduction,
+                "eps_clip_low": 0.2,
+                "eps_clip_high": 0.2,
+                "clip_ratio_c": DUAL_C,
+                "use_tis": False,
+                "max_seq_len": T,
+                "value_clip": HP["cliprange_value"],
+            }
+        )
+
+    return made + holes.skyrl_cases(pu, out, cfg_for)

@@ -25,6 +25,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from peer_makers import holes
 from peer_makers.common import HP, inputs, install_stubs, mount, save
 
 VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl", "abs": "abs"}
@@ -114,7 +115,7 @@ def make_verl(out: Path) -> list[str]:
         name = f"verl_{est}_{kl_in}_{agg}_c{c}" + (f"_hi{hi}" if hi else "")
         other = "token-mean" if agg != "token-mean" else "seq-mean-token-mean"
         made.append(save(out, name, dump, hp, conv, {"loss_agg": other}))
-    return made
+    return made + holes.verl_cases(ca, out, _VerlActorConfig(0.2, 0.2, None, 3.0))
 
 
 # (estimator, kl_in, token_level, eps_low, eps_high, dual_clip, entropy_coef)
@@ -200,4 +201,11 @@ def make_openrlhf(out: Path) -> list[str]:
         control: dict[str, Any] = {"kl_loss_agg": "none"} if kl_in == "loss" and not token_level else {}
         control = control or ({"dual_clip": "none"} if dual else {"whiten_variance": "unbiased"})
         made.append(save(out, name, dump, hp, conv, control))
-    return made
+    fns = {
+        "compute_approx_kl": compute_approx_kl,
+        "compute_reward": compute_reward,
+        "gae": RemoteExperienceMaker.get_advantages_and_returns,
+        "PolicyLoss": PolicyLoss,
+        "ValueLoss": ValueLoss,
+    }
+    return made + holes.openrlhf_cases(fns, out)

@@ -1,0 +1,168 @@
+"""Masks with interior holes (multi-turn tool-output tokens; issue #11): every GAE hole convention
+against its naive twin and against the recursion it claims, right-padded invariance (bit for bit),
+and the whitening, KL, score slot, loss aggregation and whole rollout step over holed masks
+against their naive twins."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from strategies import Ragged, assert_twin_close, ragged_batches
+from torch import Tensor
+
+from refppo.conventions import GaeHoles, LossAgg
+from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
+from refppo.core.gae import envelope, gae, gae_naive
+from refppo.core.kl import token_kl, token_kl_naive
+from refppo.core.normalize import normalize, normalize_naive
+from refppo.core.rewards import score_positions
+from refppo.pipeline import Convention, Hyperparams, rollout_quantities
+from refppo.ppo_naive import rollout_quantities_naive
+
+HOLES = tuple(h.value for h in GaeHoles)
+unit = st.floats(0.0, 1.0)
+
+
+def holed_mask(b: Ragged, share: float = 0.35) -> Tensor:
+    """``b.mask`` with random interior holes: never a row's last valid token (so rows stay non-empty
+    and the envelope is the right-padded mask)."""
+    T = b.T
+    last = torch.where(b.mask, torch.arange(T), -1).amax(dim=1, keepdim=True)
+    punch = (torch.rand(b.B, T, generator=b.gen) < share) & (torch.arange(T) < last)
+    return b.mask & ~punch
+
+
+def tool_values(b: Ragged, m: Tensor, x: Tensor) -> Tensor:
+    """``x`` with finite values on the holes (tool tokens are real tokens) and its junk on the padding."""
+    real = b.valid(-2.0, 2.0)
+    return torch.where(b.mask & ~m, real, x)
+
+
+@given(ragged_batches(max_B=8, max_T=32), st.sampled_from(HOLES), unit, unit)
+def test_every_hole_convention_matches_its_naive_twin(
+    b: Ragged, holes: str, gamma: float, lam: float
+) -> None:
+    m = holed_mask(b)
+    r, v = tool_values(b, m, b.floats(-1.0, 1.0)), tool_values(b, m, b.floats(-2.0, 2.0))
+    if holes != "through":  # skip and zero never read the holes: junk there must not leak
+        r, v = torch.where(m | ~b.mask, r, float("nan")), torch.where(m | ~b.mask, v, float("inf"))
+    adv, ret = gae(r, v, m, gamma=gamma, lam=lam, holes=holes)
+    adv_n, ret_n = gae_naive(r, v, m, gamma=gamma, lam=lam, holes=holes)
+    assert_twin_close(adv, adv_n, b.dtype, f"advantages ({holes})")
+    assert_twin_close(ret, ret_n, b.dtype, f"returns ({holes})")
+    assert bool((adv[~envelope(m)] == 0).all()) and bool((ret[~envelope(m)] == 0).all())
+    if holes == "skip":
+        assert bool((adv[~m] == 0).all())
+
+
+@given(ragged_batches(max_B=8, max_T=32, dtypes=(torch.float64,)), unit, unit)
+def test_hole_conventions_satisfy_their_recursions(b: Ragged, gamma: float, lam: float) -> None:
+    """The stated equations (spec/ppo.md, "Masks with holes"), checked on the outputs position by
+    position: skip ``Â_t = r_t + γV_u − V_t + γλÂ_u`` (u the next valid position), zero
+    ``Â_t = r_t − V_t + (γλ)^h·(γV_u + γλÂ_u)`` (h holes in between), through the plain recursion
+    over every position of the envelope."""
+    m = holed_mask(b)
+    r, v = tool_values(b, m, b.floats(-1.0, 1.0)), tool_values(b, m, b.floats(-2.0, 2.0))
+    gl = gamma * lam
+    out = {h: gae(r, v, m, gamma=gamma, lam=lam, holes=h)[0].tolist() for h in HOLES}
+    R, V, M = r.tolist(), v.tolist(), m.tolist()
+    for i in range(b.B):
+        valid = [t for t in range(b.T) if M[i][t]]
+        for k, t in enumerate(valid):
+            u = valid[k + 1] if k + 1 < len(valid) else None
+            v_u = V[i][u] if u is not None else 0.0
+            a_skip = out["skip"][i][u] if u is not None else 0.0
+            a_zero = out["zero"][i][u] if u is not None else 0.0
+            exp_skip = R[i][t] + gamma * v_u - V[i][t] + gl * a_skip
+            if u is None or u == t + 1:
+                exp_zero = R[i][t] + gamma * v_u - V[i][t] + gl * a_zero
+            else:
+                exp_zero = R[i][t] - V[i][t] + gl ** (u - t - 1) * (gamma * v_u + gl * a_zero)
+            assert abs(out["skip"][i][t] - exp_skip) <= 1e-9 * (1 + abs(exp_skip))
+            assert abs(out["zero"][i][t] - exp_zero) <= 1e-9 * (1 + abs(exp_zero))
+        last = valid[-1]
+        for t in range(last + 1):
+            nxt = V[i][t + 1] if t < last else 0.0
+            a_next = out["through"][i][t + 1] if t < last else 0.0
+            exp = R[i][t] + gamma * nxt - V[i][t] + gl * a_next
+            assert abs(out["through"][i][t] - exp) <= 1e-9 * (1 + abs(exp))
+
+
+@given(ragged_batches(max_B=8, max_T=32), st.sampled_from(HOLES), unit, unit)
+def test_right_padded_masks_are_unchanged_by_every_hole_convention(
+    b: Ragged, holes: str, gamma: float, lam: float
+) -> None:
+    """Without holes every convention is today's GAE, bit for bit (junk on the padding included)."""
+    r, v = b.floats(-1.0, 1.0), b.floats(-2.0, 2.0)
+    base = gae(r, v, b.mask, gamma=gamma, lam=lam)
+    got = gae(r, v, b.mask, gamma=gamma, lam=lam, holes=holes)
+    assert torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])
+    assert torch.equal(envelope(b.mask), b.mask)
+
+
+@given(ragged_batches(max_B=8, max_T=32, min_total_valid=2), st.sampled_from(("masked", "center", "scale")))
+def test_whitening_over_a_holed_mask_uses_the_valid_tokens_only(b: Ragged, kind: str) -> None:
+    m = holed_mask(b)
+    assume(int(m.sum()) >= 2)
+    x = b.floats(-3.0, 3.0)
+    assume(float(x[m].double().std(unbiased=False)) >= (1e-9 if b.dtype == torch.float64 else 5e-2))
+    got = normalize(x, m, kind, eps=1e-6)
+    assert_twin_close(got, normalize_naive(x, m, kind, eps=1e-6), b.dtype, "whitening")
+    junk = torch.where(m, x, torch.full((), 1e30, dtype=x.dtype))  # huge values on the holes
+    assert torch.equal(normalize(junk, m, kind, eps=1e-6), got)
+
+
+@given(ragged_batches(max_B=8, max_T=32), st.sampled_from(tuple(a.value for a in LossAgg)))
+def test_loss_aggregation_over_a_holed_mask_matches_naive(b: Ragged, agg: str) -> None:
+    m = holed_mask(b)
+    x = torch.where(m, b.floats(-2.0, 2.0), float("nan"))  # NaN on every hole and pad
+    assert_twin_close(aggregate_loss(x, m, agg), aggregate_loss_naive(x, m, agg), b.dtype, agg)
+
+
+@given(ragged_batches(max_B=8, max_T=32), st.sampled_from(("k1", "k2", "k3", "abs")))
+def test_kl_is_zero_on_holes_and_matches_naive(b: Ragged, est: str) -> None:
+    m = holed_mask(b)
+    lp, ref = b.floats(-3.0, -0.1), b.floats(-3.0, -0.1)
+    got = token_kl(lp, ref, m, est)
+    assert_twin_close(got, token_kl_naive(lp, ref, m, est), b.dtype, "kl")
+    assert bool((got[~m] == 0).all())
+
+
+@given(ragged_batches(max_B=8, max_T=32))
+def test_last_valid_is_the_last_one_of_a_holed_row(b: Ragged) -> None:
+    m = holed_mask(b)
+    expected = [max(t for t in range(b.T) if row[t]) for row in m.tolist()]
+    assert score_positions(m, "last_valid").tolist() == expected
+
+
+@given(
+    ragged_batches(max_B=6, max_T=16, min_total_valid=2, dtypes=(torch.float64,)),
+    st.sampled_from(HOLES),
+    st.sampled_from(("exclude", "include")),
+    st.sampled_from(("masked", "through")),
+    st.sampled_from(("last_valid", "after_last_valid")),
+)
+def test_rollout_step_with_holes_matches_the_naive_pipeline(
+    b: Ragged, holes: str, wh: str, padding: str, score_at: str
+) -> None:
+    m = holed_mask(b)
+    assume(int(m.sum()) >= 2)
+    old = tool_values(b, m, b.floats(-3.0, -0.1))
+    ref = tool_values(b, m, b.floats(-3.0, -0.1))
+    vals = tool_values(b, m, b.floats(-2.0, 2.0))
+    if padding == "through":  # the recursion reads the padding: real values there
+        vals = torch.where(b.mask, vals, b.valid(-2.0, 2.0))
+    conv = Convention(gae_holes=holes, whiten_holes=wh, gae_padding=padding, score_at=score_at)
+    hp = Hyperparams(gamma=0.95, lam=0.9, kl_coef=0.1)
+    s = b.scores()
+    got = rollout_quantities(
+        scores=s, old_logprobs=old, ref_logprobs=ref, old_values=vals, mask=m, hp=hp, conv=conv
+    )
+    exp = rollout_quantities_naive(
+        scores=s, old_logprobs=old, ref_logprobs=ref, old_values=vals, mask=m, hp=hp, conv=conv
+    )
+    for name in ("kl", "token_rewards", "advantages_raw", "returns"):
+        assert_twin_close(getattr(got, name), getattr(exp, name), b.dtype, name)
+    assume(float(got.advantages_raw[m].std()) > 1e-6)
+    assert_twin_close(got.advantages[m], exp.advantages[m], b.dtype, "advantages")
