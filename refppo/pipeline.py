@@ -255,8 +255,8 @@ def value_mask(mask: Tensor, score_at: ScorePosition) -> Tensor:
     """
     m = check_mask("response_mask", mask)
     pos = score_positions(m, score_at)
-    slot = torch.nn.functional.one_hot(pos, num_classes=m.shape[1]).to(torch.bool)
-    return m | slot
+    # m | one_hot(pos), without the [B, T] int64 one-hot: a copy of m with each row's slot set
+    return m.clone().scatter_(1, pos.unsqueeze(1), True)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 from refppo.core.gae import has_holes
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare, describe
-from refppo.oracle.fastcheck import rollout_prefix_ok
+from refppo.oracle.fastcheck import PrefixCheck
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.presets import PRESETS
 from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
@@ -96,12 +96,20 @@ class CheckResult:
         return self.first_divergence is None
 
 
-def compare_all(dump: Dump, ref: Reference) -> dict[str, QuantityResult]:
-    """Every quantity present in both the dump and the reference, in pipeline order."""
+def compare_all(
+    dump: Dump, ref: Reference, known: dict[str, QuantityResult] | None = None
+) -> dict[str, QuantityResult]:
+    """Every quantity present in both the dump and the reference, in pipeline order.
+
+    ``known``: results already compared for some of them (the same tensors: ``ref`` continues the
+    rollout they were compared on), taken as they are.
+    """
     tol = TOLERANCES[dump.dtype]
     out: dict[str, QuantityResult] = {}
     for name in PIPELINE_ORDER:
-        if dump.has(name) and name in ref.values:
+        if known is not None and name in known:
+            out[name] = known[name]
+        elif dump.has(name) and name in ref.values:
             cm = ref.compare_mask(name)
             res = compare(name, dump.tensors[name], ref.values[name], cm, tol)
             if not res.ok and name in ref.widen:  # clip fractions: allow rounding ties (computed lazily)
@@ -158,14 +166,17 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
     # A rollout-stage divergence is first tested on the rollout stage alone (cheap); only a
     # candidate that passes is recomputed in full, to say whether it explains everything.
     early = first in ROLLOUT_QUANTITIES
+    prefix_ok = PrefixCheck(dump, first)
 
     def compare_candidate(alt: Setup, bug: str | None = None) -> dict[str, QuantityResult] | None:
-        if not rollout_prefix_ok(dump, alt, first, bug):  # differs at kl/token_rewards already
+        if not prefix_ok(alt, bug):  # differs at kl/token_rewards already
             return None
-        res = compare_all(dump, recompute(dump, alt, bug=bug, rollout_only=early))
+        ro = recompute(dump, alt, bug=bug, rollout_only=early)
+        res = compare_all(dump, ro)
         if not _prefix_ok(res, first):
             return None
-        return compare_all(dump, recompute(dump, alt, bug=bug)) if early else res
+        # continue the rollout just recomputed with the update stage (not steps 1-4 again)
+        return compare_all(dump, recompute(dump, alt, bug=bug, rollout=ro), known=res) if early else res
 
     for key in AFFECTS[first]:
         for upd in ALTERNATIVES[key]:

@@ -7,10 +7,17 @@ only steps 1–2 of the pipeline (:func:`refppo.pipeline.reward_quantities`, whi
 :func:`~refppo.pipeline.rollout_quantities` itself calls) and rejects a candidate whose
 ``kl`` or ``token_rewards`` already differ. A candidate it lets through is then recomputed in full
 through the pipeline, which alone decides what explains the divergence.
+
+Most candidates change a key that steps 1–2 do not read (the whitening, GAE or loss conventions):
+:class:`PrefixCheck` remembers each verdict under :func:`reward_key`, what those steps read, so
+they are computed once per distinct key, not once per candidate.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from refppo.conventions import KLPlacement, Whitening
 from refppo.oracle.compare import compare
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.recompute import clipped_scores
@@ -46,4 +53,36 @@ def rollout_prefix_ok(dump: Dump, setup: Setup, first: str, bug: str | None = No
     return compare("token_rewards", t["token_rewards"], rewards, vmask, tol).ok
 
 
-__all__ = ["rollout_prefix_ok"]
+def reward_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
+    """Everything of ``setup``/``bug`` that :func:`rollout_prefix_ok` reads: two settings with the
+    same key get the same ``kl``, ``token_rewards`` and value mask from
+    :func:`refppo.pipeline.reward_quantities` (checked key by key in the unit tests).
+
+    The KL estimator and its clamps, the log-probs the KL reads, the score slot, the KL coefficient
+    as it enters the reward (0 with the KL in the loss), the score map, and the reward whitening
+    with (only when it is on) its variance, eps placement and eps.
+    """
+    c, hp, ex = setup.conv, setup.hp, setup.extras
+    beta = hp.kl_coef if c.kl_in is KLPlacement.REWARD else 0.0
+    white: tuple[Any, ...] = (c.whiten_rewards,)
+    if c.whiten_rewards is not Whitening.NONE:
+        white = (c.whiten_rewards, c.whiten_variance, c.whiten_eps_at, hp.whiten_eps)
+    kl = (c.kl_estimator, c.kl_log_ratio_clamp, c.kl_value_clamp, bug == "kl_from_current_logprobs")
+    return (*kl, c.score_at, beta, ex.score_clip, ex.score_bias, ex.score_scale, *white)
+
+
+class PrefixCheck:
+    """:func:`rollout_prefix_ok` for one dump and first divergence, each :func:`reward_key` once."""
+
+    def __init__(self, dump: Dump, first: str) -> None:
+        self.dump, self.first = dump, first
+        self.verdicts: dict[tuple[Any, ...], bool] = {}
+
+    def __call__(self, setup: Setup, bug: str | None = None) -> bool:
+        key = reward_key(setup, bug)
+        if key not in self.verdicts:
+            self.verdicts[key] = rollout_prefix_ok(self.dump, setup, self.first, bug)
+        return self.verdicts[key]
+
+
+__all__ = ["PrefixCheck", "reward_key", "rollout_prefix_ok"]
