@@ -74,13 +74,15 @@ def compare(
         pad = 0
     else:
         # Few full passes and fresh [B, T] buffers: this runs for every quantity of every candidate.
-        diff_all = (dump - ref).abs_()
-        max_abs = float(torch.where(cmp_mask, diff_all, zero).max())  # NaN propagates through max
         lo, hi = (float(x) for x in torch.aminmax(torch.where(cmp_mask, ref, zero)))
         scale = math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi)  # = max |ref|
-        differs = ~(diff_all <= tol.of(scale))  # NaN differs
-        differs &= ~cmp_mask
+        outside = ~cmp_mask
+        diff_all = (dump - ref).abs_()
+        differs = (diff_all <= tol.of(scale)).logical_not_()  # NaN differs
+        differs &= outside
         pad = int(count_true(differs))
+        del differs
+        max_abs = float(diff_all.masked_fill_(outside, 0.0).max())  # NaN propagates through max
     finite = math.isfinite(max_abs)
     if not finite:
         max_abs = math.inf

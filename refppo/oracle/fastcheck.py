@@ -26,16 +26,28 @@ from refppo.pipeline import reward_quantities
 
 
 def rollout_prefix_ok(dump: Dump, setup: Setup, first: str, bug: str | None = None) -> bool:
+    """False when ``kl`` or ``token_rewards`` differ (see :func:`_prefix`)."""
+    return _prefix(dump, setup, first, bug, None)[0]
+
+
+def _prefix(
+    dump: Dump, setup: Setup, first: str, bug: str | None, kl_ok: bool | None
+) -> tuple[bool, bool | None]:
     """False when ``kl`` or ``token_rewards`` (those the dump holds, up to ``first`` in pipeline
     order) differ under ``setup``/``bug``: the candidate cannot explain a divergence at ``first``.
 
     Computed by :func:`refppo.pipeline.reward_quantities` on the scores as
     :func:`refppo.oracle.recompute.recompute` prepares them (clip, AReaL's bias and scale). Only the
     bug ``kl_from_current_logprobs`` changes these two steps; the others act later.
+
+    ``kl_ok``: the verdict on ``kl`` when already known (it depends on the KL part of
+    :func:`reward_key` only). Returns ``(verdict, verdict on kl or None when not compared)``.
     """
     t, m, conv, hp, ex = dump.tensors, dump.mask, setup.conv, setup.hp, setup.extras
     if not (dump.has("kl") or dump.has("token_rewards")):
-        return True
+        return True, None
+    if kl_ok is False:
+        return False, False
     tol = TOLERANCES[dump.dtype]
     src = "logprobs" if bug == "kl_from_current_logprobs" else "old_logprobs"
     kl, rewards, vmask = reward_quantities(
@@ -46,11 +58,17 @@ def rollout_prefix_ok(dump: Dump, setup: Setup, first: str, bug: str | None = No
         hp=hp,
         conv=conv,
     )
-    if dump.has("kl") and not compare("kl", t["kl"], kl, m, tol).ok:
-        return False
+    if dump.has("kl") and kl_ok is None:
+        kl_ok = compare("kl", t["kl"], kl, m, tol).ok
+    if kl_ok is False:
+        return False, False
     if first == "kl" or not dump.has("token_rewards"):
-        return True
-    return compare("token_rewards", t["token_rewards"], rewards, vmask, tol).ok
+        return True, kl_ok
+    return compare("token_rewards", t["token_rewards"], rewards, vmask, tol).ok, kl_ok
+
+
+_KL_PART = 4
+"""The first entries of :func:`reward_key`: what ``token_kl`` reads (estimator, clamps, log-probs)."""
 
 
 def reward_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
@@ -68,20 +86,27 @@ def reward_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
     if c.whiten_rewards is not Whitening.NONE:
         white = (c.whiten_rewards, c.whiten_variance, c.whiten_eps_at, hp.whiten_eps)
     kl = (c.kl_estimator, c.kl_log_ratio_clamp, c.kl_value_clamp, bug == "kl_from_current_logprobs")
+    assert len(kl) == _KL_PART
     return (*kl, c.score_at, beta, ex.score_clip, ex.score_bias, ex.score_scale, *white)
 
 
 class PrefixCheck:
-    """:func:`rollout_prefix_ok` for one dump and first divergence, each :func:`reward_key` once."""
+    """:func:`rollout_prefix_ok` for one dump and first divergence, each :func:`reward_key` once,
+    and ``kl`` compared once per KL part of the key (a differing KL rejects without computing)."""
 
     def __init__(self, dump: Dump, first: str) -> None:
         self.dump, self.first = dump, first
         self.verdicts: dict[tuple[Any, ...], bool] = {}
+        self.kl_verdicts: dict[tuple[Any, ...], bool] = {}
 
     def __call__(self, setup: Setup, bug: str | None = None) -> bool:
         key = reward_key(setup, bug)
         if key not in self.verdicts:
-            self.verdicts[key] = rollout_prefix_ok(self.dump, setup, self.first, bug)
+            kl_key = key[:_KL_PART]
+            ok, kl_ok = _prefix(self.dump, setup, self.first, bug, self.kl_verdicts.get(kl_key))
+            if kl_ok is not None:
+                self.kl_verdicts[kl_key] = kl_ok
+            self.verdicts[key] = ok
         return self.verdicts[key]
 
 
