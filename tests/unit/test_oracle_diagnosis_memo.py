@@ -100,3 +100,34 @@ def test_update_stage_continues_a_rollout_only_reference(tmp_path: Path, bug: st
     direct = compare_all(dump, whole)
     assert not all(r.ok for r in direct.values())  # a mismatching setting: the comparison says so
     assert compare_all(dump, cont, known=compare_all(dump, ro)) == direct
+
+
+def test_index_helpers_match_their_definitions() -> None:
+    """The last-True / score-slot / value-mask helpers without ``[B, T]`` int64 buffers equal the
+    definitions they replaced (``where(m, arange(T), -1).amax(1)``, ``m | one_hot(pos)``), empty rows
+    included."""
+    from refppo.conventions import ScorePosition
+    from refppo.core.rewards import _score_positions
+    from refppo.oracle.compare import _last_true, _one_per_row
+    from refppo.pipeline import value_mask
+
+    g = torch.Generator().manual_seed(1)
+    n_empty = 0
+    for B, T in [(1, 1), (3, 5), (40, 97), (17, 1)]:
+        for trial in range(12):
+            m = torch.rand(B, T, generator=g) < torch.rand(1, generator=g)
+            if trial % 3 == 0:
+                m[0] = False
+            n_empty += int((~m.any(dim=1)).sum())
+            pos = torch.arange(T).expand(B, T)
+            last = torch.where(m, pos, -1).amax(dim=1)
+            assert torch.equal(_last_true(m), last)
+            assert torch.equal(_one_per_row(last, T), pos == last.unsqueeze(1))
+            assert torch.equal(_score_positions(m, ScorePosition.LAST_VALID), last)
+            full = m.clone()
+            full[:, 0] = True
+            for where in ScorePosition:
+                p = _score_positions(full, where)
+                one_hot = torch.nn.functional.one_hot(p, num_classes=T).to(torch.bool)
+                assert torch.equal(value_mask(full, where), full | one_hot)
+    assert n_empty > 4
