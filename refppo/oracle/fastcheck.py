@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
+
 from refppo.conventions import KLPlacement, Whitening
 from refppo.oracle.compare import compare
 from refppo.oracle.load import TOLERANCES, Dump
@@ -31,7 +33,12 @@ def rollout_prefix_ok(dump: Dump, setup: Setup, first: str, bug: str | None = No
 
 
 def _prefix(
-    dump: Dump, setup: Setup, first: str, bug: str | None, kl_ok: bool | None
+    dump: Dump,
+    setup: Setup,
+    first: str,
+    bug: str | None,
+    kl_ok: bool | None,
+    kl_memo: dict[tuple[Any, ...], Tensor] | None = None,
 ) -> tuple[bool, bool | None]:
     """False when ``kl`` or ``token_rewards`` (those the dump holds, up to ``first`` in pipeline
     order) differ under ``setup``/``bug``: the candidate cannot explain a divergence at ``first``.
@@ -42,6 +49,8 @@ def _prefix(
 
     ``kl_ok``: the verdict on ``kl`` when already known (it depends on the KL part of
     :func:`reward_key` only). Returns ``(verdict, verdict on kl or None when not compared)``.
+    ``kl_memo``: holds the KL of one KL key (the last one computed), passed back to
+    :func:`~refppo.pipeline.reward_quantities` for a setting with the same key.
     """
     t, m, conv, hp, ex = dump.tensors, dump.mask, setup.conv, setup.hp, setup.extras
     if not (dump.has("kl") or dump.has("token_rewards")):
@@ -50,6 +59,7 @@ def _prefix(
         return False, False
     tol = TOLERANCES[dump.dtype]
     src = "logprobs" if bug == "kl_from_current_logprobs" else "old_logprobs"
+    kl_key = reward_key(setup, bug)[:_KL_PART]
     kl, rewards, vmask = reward_quantities(
         scores=clipped_scores(t["scores"], ex.score_clip, ex.score_bias, ex.score_scale),
         old_logprobs=t[src],
@@ -57,7 +67,11 @@ def _prefix(
         mask=m,
         hp=hp,
         conv=conv,
+        kl=None if kl_memo is None else kl_memo.get(kl_key),
     )
+    if kl_memo is not None and kl_key not in kl_memo:  # one [B, T] KL held at a time
+        kl_memo.clear()
+        kl_memo[kl_key] = kl
     if dump.has("kl") and kl_ok is None:
         kl_ok = compare("kl", t["kl"], kl, m, tol).ok
     if kl_ok is False:
@@ -98,12 +112,13 @@ class PrefixCheck:
         self.dump, self.first = dump, first
         self.verdicts: dict[tuple[Any, ...], bool] = {}
         self.kl_verdicts: dict[tuple[Any, ...], bool] = {}
+        self.kl_memo: dict[tuple[Any, ...], Tensor] = {}
 
     def __call__(self, setup: Setup, bug: str | None = None) -> bool:
         key = reward_key(setup, bug)
         if key not in self.verdicts:
             kl_key = key[:_KL_PART]
-            ok, kl_ok = _prefix(self.dump, setup, self.first, bug, self.kl_verdicts.get(kl_key))
+            ok, kl_ok = _prefix(self.dump, setup, self.first, bug, self.kl_verdicts.get(kl_key), self.kl_memo)
             if kl_ok is not None:
                 self.kl_verdicts[kl_key] = kl_ok
             self.verdicts[key] = ok
