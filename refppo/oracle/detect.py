@@ -11,11 +11,9 @@ kl     kl_estimator, KL clamps                       kl                     log-
                                                                             value clamp
 reward kl_in, score_at, score_clip, whiten_rewards  token_rewards          score bias and scale
        (score_bias, score_scale)                                            (else a fitted map)
-gae    gae_padding, gae_holes (only when the mask    returns
-       has holes)
+gae    gae_padding; gae_holes (mask with holes)      returns
 whiten whiten_advantages, whiten_variance,           advantages             (fitted map, named)
-       whiten_eps_at, whiten_holes (only when the
-       mask has holes)
+       whiten_eps_at; whiten_holes (mask with holes)
 policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac,  dual-clip c, clip
        approx_kl (cliprange, cliprange_high)         approx_kl, entropy     ranges ε_low/ε_high
 value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac   value clip range ε_v

@@ -118,7 +118,7 @@ PRESETS: dict[str, Preset] = {
             "gae_padding": "masked",
             # Multi-turn (response_mask zero on tool-output tokens): compute_gae_advantage_return
             # carries nextvalues/lastgaelam across masked positions ("skip observation tokens") and
-            # masked_whiten's moments use response_mask (run: tools/peer_makers/holes.py).
+            # masked_whiten's moments use response_mask (run: tools/peer_makers/holes.py::verl_cases).
             "gae_holes": "skip",
             "whiten_holes": "exclude",
             "kl_loss_agg": None,
@@ -175,7 +175,7 @@ PRESETS: dict[str, Preset] = {
             "gae_padding": "masked",
             # Agent mode (action_mask zero on environment feedback): get_advantages_and_returns
             # multiplies values and rewards by action_mask, then recurses over every position; the
-            # batch whitening uses action_mask (run: tools/peer_makers/holes.py).
+            # batch whitening uses action_mask (run: tools/peer_makers/holes.py::openrlhf_cases).
             "gae_holes": "zero",
             "whiten_holes": "exclude",
             # trainer/ray/ppo_actor.py::training_step calls models/loss.py::aggregate_loss for the KL
@@ -320,7 +320,7 @@ PRESETS: dict[str, Preset] = {
             "gae_padding": "through",
             # Multi-turn (loss_mask zero on observation tokens): GAE gets the right-padded
             # response_mask, so it runs through the holes with the critic's values there, and
-            # masked_whiten's moments include them; losses use loss_mask (tools/peer_makers/holes.py).
+            # masked_whiten's moments include them; losses use loss_mask (holes.py::skyrl_cases).
             "gae_holes": "through",
             "whiten_holes": "include",
             # algorithm.loss_reduction: token_mean (reduce_loss); sequence_mean = seq-mean-token-mean,
@@ -384,7 +384,9 @@ PRESETS: dict[str, Preset] = {
             "whiten_eps_at": "std",
             "whiten_rewards": "none",
             "gae_padding": "masked",
-            # Not validated with holes: refppo's defaults.
+            # Multi-turn (loss_mask zero on tool outputs): _compute_advantages carries nextvalues and
+            # lastgaelam across masked positions (as verl) and adv_norm uses loss_mask
+            # (run: tools/peer_makers/holes.py::areal_cases).
             "gae_holes": "skip",
             "whiten_holes": "exclude",
             # ppo_actor_loss_fn / ppo_critic_loss_fn: sum over valid tokens / their count.

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, ValueLoss, Variance
-from refppo.core.gae import gae
+from refppo.conventions import KLPlacement, ValueLoss, Variance, WhitenHoles
+from refppo.core.gae import envelope, gae
 from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
 from refppo.oracle.load import TOLERANCES, Dump, validate
@@ -76,11 +76,14 @@ class Reference:
 
 
 def whiten(adv_raw: Tensor, mask: Tensor, setup: Setup) -> Tensor:
-    """The pipeline's normalisation (step 4), for re-enacted bugs and the stage search."""
+    """The pipeline's normalisation (step 4), for re-enacted bugs and the stage search.
+
+    Over ``mask``, or its envelope (holes included) under ``whiten_holes=include``, as the pipeline.
+    """
     conv, hp = setup.conv, setup.hp
     return normalize(
         adv_raw,
-        mask,
+        envelope(mask) if conv.whiten_holes is WhitenHoles.INCLUDE else mask,
         conv.whiten_advantages,
         unbiased=conv.whiten_variance is Variance.UNBIASED,
         eps=hp.whiten_eps,
@@ -220,7 +223,7 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         boot = torch.where(last + 1 < T, t["old_values"].gather(1, nxt.unsqueeze(1)).squeeze(1), 0.0)
         onehot = torch.nn.functional.one_hot(last, num_classes=T).to(torch.bool)
         r_bug = rq.token_rewards + torch.where(onehot, hp.gamma * boot.unsqueeze(1), 0.0)
-        adv_raw, returns = gae(r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam)
+        adv_raw, returns = gae(r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes)
         adv = whiten(adv_raw, m, setup)
     elif bug == "whiten_over_padding":
         adv = torch.where(m, whiten(adv_raw, torch.ones_like(m), setup), torch.zeros((), dtype=adv_raw.dtype))

@@ -7,8 +7,8 @@ reward    ``kl_in``, ``score_at``, ``score_clip``; then             the score ma
           ``whiten_rewards`` (with ``whiten_variance`` and          off the score slots: AReaL's
           ``whiten_eps_at``, which the later whitening shares)      ``reward_bias``/``reward_scaling``
 gae       ``gae_padding``; ``gae_holes`` when the mask has holes    —
-whiten    ``whiten_advantages``, ``whiten_variance``;               —
-          ``whiten_holes`` when the mask has holes; then
+whiten    ``whiten_advantages``, ``whiten_variance`` (and           —
+          ``whiten_holes`` when the mask has holes); then
           ``whiten_eps_at``
 ========= ======================================================= =================================
 
@@ -41,7 +41,7 @@ from refppo.conventions import (
     WhitenHoles,
     Whitening,
 )
-from refppo.core.gae import envelope, gae, has_holes
+from refppo.core.gae import gae, has_holes
 from refppo.core.normalize import normalize
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.errors import RefPPOError
@@ -158,13 +158,11 @@ def _propose_score_map(s: Search, groups: list[Group]) -> list[tuple[float, floa
 
 
 def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
-    """``returns`` (and the raw advantages): GAE over the value mask, or through the padding.
-
-    With interior holes (multi-turn) every ``gae_holes`` convention; else they all agree: the base's.
-    """
+    """``returns`` (and the raw advantages): GAE over the value mask, or through the padding; across
+    interior mask holes by every ``gae_holes`` convention (multi-turn dumps only)."""
     t, hp = s.t, s.hp
     own = s.base.conv.gae_padding.value
-    hole_opts = list(GaeHoles) if has_holes(s.m) else [s.base.conv.gae_holes]
+    holes = list(GaeHoles) if has_holes(s.m) else [s.base.conv.gae_holes]
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
         walk_all = extra is not None or "returns" not in t
@@ -172,16 +170,14 @@ def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
 
         def opts(g: Group) -> Iterable[Option]:
             vm = g.state["vm"]
-            for pad, h in product(pads, hole_opts):
+            for pad, h in product(pads, holes):
                 gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
-                adv_raw, ret = gae(
-                    g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam, holes=h
-                )
-                ret_key = digest(ret, vm, h.value)
+                r = g.state["rewards"]
+                adv_raw, ret = gae(r, t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam, holes=h)
+                ret_key = digest(ret, vm)
                 st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
-                upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(hole_opts) > 1 else {})
                 yield (
-                    upd,
+                    {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {}),
                     st,
                     digest(
                         g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw, g.state.get("fixed_whiten")
@@ -203,7 +199,8 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
     """``advantages``: the advantage whitening, its variance and where its eps sits."""
     t, m = s.t, s.m
     c = s.base.conv
-    over = [(WhitenHoles.EXCLUDE, m), (WhitenHoles.INCLUDE, envelope(m))] if has_holes(m) else [(None, m)]
+    # whiten() takes the envelope under whiten_holes=include; only a mask with holes tells them apart
+    holes: list[str | None] = [h.value for h in WhitenHoles] if has_holes(m) else [None]
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
         eps_ats = [c.whiten_eps_at.value]
@@ -212,7 +209,7 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
 
         def opts(g: Group) -> Iterable[Option]:
             fixed = g.state.get("fixed_whiten")
-            for w in Whitening:
+            for w, wh in product(Whitening, holes):
                 for v in Variance:
                     for e in eps_ats if fixed is None else [fixed[1]]:
                         if fixed is not None and v.value != fixed[0]:
@@ -223,21 +220,19 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
                             and fixed is None
                         ):
                             continue  # unwhitened advantages do not depend on the two keys
-                        for wh, wm in over:
-                            upd = {
-                                "whiten_advantages": w.value,
-                                "whiten_variance": v.value,
-                                "whiten_eps_at": e,
-                            }
-                            if wh is not None:
-                                upd["whiten_holes"] = wh.value
-                            try:
-                                adv = whiten(g.state["adv_raw"], wm, s.base.with_convention(upd))
-                            except RefPPOError:
-                                continue
-                            st = {**g.state, "adv": adv}
-                            key = digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv, fixed)
-                            yield upd, st, key
+                        upd = {"whiten_advantages": w.value, "whiten_variance": v.value, "whiten_eps_at": e}
+                        if wh is not None:
+                            upd["whiten_holes"] = wh
+                        try:
+                            adv = whiten(g.state["adv_raw"], m, s.base.with_convention(upd))
+                        except RefPPOError:
+                            continue
+                        st = {**g.state, "adv": adv}
+                        yield (
+                            upd,
+                            st,
+                            digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv, fixed),
+                        )
 
         return opts
 

@@ -1,7 +1,8 @@
 """Multi-turn dumps with holes from the peers' OWN code (``tools/peer_makers/holes.py``, run in the
 side venvs) reproduced by each preset and its hole convention (issue #11).
 
-verl 0.9.1 and OpenRLHF 0.11.2 (``verl-openrlhf`` venv) and SkyRL-train 0.3.1 (``skyrl-areal`` venv)
+verl 0.9.1 and OpenRLHF 0.11.2 (``verl-openrlhf`` venv), SkyRL-train 0.3.1 and AReaL 1.0.4
+(``skyrl-areal`` venv)
 each make dumps whose ``response_mask`` has interior holes; ``refppo diff --preset <peer>`` must
 match them, the flipped hole convention must not, and ``--detect`` from refppo's defaults must name
 the peer's hole convention. Without a venv the test is SKIPPED with the reason.
@@ -36,13 +37,20 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
     "skyrl-areal": {
         "skyrl_holes_token_mean": ("through", "include"),
         "skyrl_holes_sequence_mean": ("through", "include"),
+        "areal_holes_plain": ("skip", "exclude"),
+        "areal_holes_advnorm": ("skip", "exclude"),
     },
 }
 
 
-NO_DETECT = {"skyrl_holes_sequence_mean"}
-"""Its rows are right-padded and SkyRL's GAE also runs through the padding (``gae_padding=through``),
-a key ``--detect`` does not search; its full-row twin ``skyrl_holes_token_mean`` is detected."""
+NO_DETECT = {"areal_holes_plain", "areal_holes_advnorm"}
+"""``--detect`` reproduces no AReaL dump, holes or not (its ``approx_kl=neg_k1`` is not among the
+policy stage's options; a limitation older than holes)."""
+DETECT_PINS: dict[str, dict[str, str]] = {
+    # right-padded rows: SkyRL's GAE runs through the padding too, so gae_padding=through decides and
+    # gae_holes is moot; the whitening over the envelope is still pinned down
+    "skyrl_holes_sequence_mean": {"gae_padding": "through", "whiten_holes": "include"},
+}
 
 
 def _diff_json(argv: list[str]) -> tuple[int, dict[str, Any]]:
@@ -74,7 +82,8 @@ def test_peer_dumps_with_holes_are_reproduced(group: str, tmp_path: Path) -> Non
         _, rep = _diff_json([str(tmp_path / f"{name}.pt"), "--detect"])
         detected = rep["detected"]
         assert detected, (name, rep.get("nearest"))
-        assert {(c["gae_holes"], c["whiten_holes"]) for c in detected} == {(holes, wh)}, (name, detected[:3])
+        pins = DETECT_PINS.get(name, {"gae_holes": holes, "whiten_holes": wh})
+        assert all(all(c[k] == v for k, v in pins.items()) for c in detected), (name, detected[:3])
 
 
 def test_skyrl_full_rows_are_reproduced_by_gae_holes_through_alone(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from peer_makers import holes
 from peer_makers.common import HP as COMMON_HP
 from peer_makers.common import inputs, install_stubs, mount, save
 
@@ -161,4 +162,12 @@ def make(out: Path) -> list[str]:
         if c_clip is not None:
             conv["dual_clip"] = c_clip
         made.append(save(out, f"areal_{name}", dump, hp, conv, CONTROLS[name]))
-    return made
+    fns = {
+        "NormConfig": NormConfig,
+        "PPOActor": PPOActor,
+        "KLEstimator": KLEstimator,
+        "Normalization": Normalization,
+        "ppo_actor_loss_fn": ppo_actor_loss_fn,
+        "ppo_critic_loss_fn": ppo_critic_loss_fn,
+    }
+    return made + holes.areal_cases(fns, out, HP)
