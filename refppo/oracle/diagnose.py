@@ -15,7 +15,7 @@ from typing import Any
 from refppo.core.gae import has_holes
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare, describe
-from refppo.oracle.fastcheck import PrefixCheck
+from refppo.oracle.fastcheck import PrefixCheck, RolloutMemo
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.presets import PRESETS
 from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
@@ -250,9 +250,14 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> CheckResult:
-    """Compare every quantity under ``setup``; diagnose and explain the first divergence."""
-    ref = recompute(dump, setup)
+def check(
+    dump: Dump, setup: Setup, *, explain_divergence: bool = True, rollouts: RolloutMemo | None = None
+) -> CheckResult:
+    """Compare every quantity under ``setup``; diagnose and explain the first divergence.
+
+    ``rollouts``: steps 1–4 are taken from (and kept in) this memo (``--detect``'s re-checks).
+    """
+    ref = recompute(dump, setup, rollout=None if rollouts is None else rollouts.get(setup))
     results = compare_all(dump, ref)
     first = first_divergence(results)
     out = CheckResult(setup, results, first)

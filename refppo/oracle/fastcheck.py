@@ -22,7 +22,7 @@ from torch import Tensor
 from refppo.conventions import KLPlacement, Whitening
 from refppo.oracle.compare import compare
 from refppo.oracle.load import TOLERANCES, Dump
-from refppo.oracle.recompute import clipped_scores
+from refppo.oracle.recompute import Reference, clipped_scores, recompute
 from refppo.oracle.settings import Setup
 from refppo.pipeline import reward_quantities
 
@@ -125,4 +125,34 @@ class PrefixCheck:
         return self.verdicts[key]
 
 
-__all__ = ["PrefixCheck", "reward_key", "rollout_prefix_ok"]
+def rollout_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
+    """Everything of ``setup``/``bug`` that steps 1–4 (``recompute(rollout_only=True)``) read:
+    :func:`reward_key`, the bug, where the KL sits, GAE's and the advantage whitening's keys, and
+    ``γ``, ``λ`` and the whitening eps (checked key by key in the unit tests)."""
+    c, hp = setup.conv, setup.hp
+    gae_keys = (c.gae_padding, c.gae_holes, hp.gamma, hp.lam)
+    white = (c.whiten_advantages, c.whiten_variance, c.whiten_eps_at, c.whiten_holes, hp.whiten_eps)
+    return (*reward_key(setup, bug), bug, c.kl_in, *gae_keys, *white)
+
+
+class RolloutMemo:
+    """The rollout-only :class:`~refppo.oracle.recompute.Reference` of the last :func:`rollout_key`
+    asked for, so that settings differing only in the update stage (``--detect``'s re-checks of
+    its nearest conventions) recompute steps 1–4 once: ``recompute(rollout=memo.get(setup))``.
+    One rollout (four or five ``[B, T]`` tensors) is held at a time."""
+
+    def __init__(self, dump: Dump) -> None:
+        self.dump = dump
+        self.key: tuple[Any, ...] | None = None
+        self.ref: Reference | None = None
+
+    def get(self, setup: Setup, bug: str | None = None) -> Reference:
+        key = rollout_key(setup, bug)
+        if self.ref is None or key != self.key:
+            self.ref = None  # release the previous rollout before computing the next
+            self.ref = recompute(self.dump, setup, bug=bug, rollout_only=True)
+            self.key = key
+        return self.ref
+
+
+__all__ = ["PrefixCheck", "RolloutMemo", "reward_key", "rollout_key", "rollout_prefix_ok"]

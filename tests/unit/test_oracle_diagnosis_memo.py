@@ -13,6 +13,7 @@ import pytest
 import torch
 from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
+from refppo.conventions import GaeHoles, GaePadding, KLPlacement, Variance, WhitenEps, WhitenHoles, Whitening
 from refppo.oracle.diagnose import ALTERNATIVES, compare_all
 from refppo.oracle.fastcheck import PrefixCheck, reward_key, rollout_prefix_ok
 from refppo.oracle.load import load_dump
@@ -131,3 +132,54 @@ def test_index_helpers_match_their_definitions() -> None:
                 one_hot = torch.nn.functional.one_hot(p, num_classes=T).to(torch.bool)
                 assert torch.equal(value_mask(full, where), full | one_hot)
     assert n_empty > 4
+
+
+@pytest.mark.parametrize("base_name", sorted(BASES))
+def test_rollout_key_covers_what_the_rollout_reads(tmp_path: Path, base_name: str) -> None:
+    """Settings (and bugs) with the same :func:`rollout_key` get bit-identical steps 1-4, so the
+    rollout memo of ``--detect``'s re-checks changes no result; a check through the memo equals one
+    without it."""
+    from refppo.oracle.diagnose import check
+    from refppo.oracle.fastcheck import RolloutMemo, rollout_key
+
+    preset, upd = BASES[base_name]
+    base = setup_for(preset, upd)
+    inp = make_inputs(B=5, T=11, seed=7)
+    m = inp["response_mask"]
+    rows = [b for b in range(m.shape[0]) if int(m[b].sum()) >= 4]
+    m[rows, 1] = 0  # interior holes (multi-turn): the hole conventions then matter
+    assert rows
+    dump = load_dump(save(tmp_path, refppo_dump(inp, base), base))
+    seen: dict[tuple[object, ...], object] = {}
+    n_shared = 0
+    memo = RolloutMemo(dump)
+    enums = {
+        "gae_padding": GaePadding,
+        "gae_holes": GaeHoles,
+        "whiten_holes": WhitenHoles,
+        "whiten_advantages": Whitening,
+        "whiten_variance": Variance,
+        "whiten_eps_at": WhitenEps,
+        "kl_in": KLPlacement,
+    }
+    every = [base.with_convention({k: v}) for k, cls in enums.items() for v in cls]
+    for alt in _alternatives(base) + every:
+        for bug in (None, *BUGS):
+            try:
+                ro = recompute(dump, alt, bug=bug, rollout_only=True)
+            except ValueError:
+                continue
+            key = rollout_key(alt, bug)
+            if key in seen:
+                n_shared += 1
+                prev = seen[key]
+                for name, v in ro.values.items():
+                    assert torch.equal(prev.values[name], v), (alt, bug, name)  # type: ignore[attr-defined]
+                assert torch.equal(prev.value_mask, ro.value_mask)  # type: ignore[attr-defined]
+                assert torch.equal(prev.advantages_raw, ro.advantages_raw)  # type: ignore[attr-defined]
+            else:
+                seen[key] = ro
+        via = check(dump, alt, explain_divergence=False, rollouts=memo)
+        direct = check(dump, alt, explain_divergence=False)
+        assert via.quantities == direct.quantities and via.diagnosis == direct.diagnosis, alt
+    assert len(seen) > 3 and n_shared > 10
