@@ -276,10 +276,21 @@ class RunConfig:
     on_nan: str = "raise"
     """A non-finite loss: ``raise`` (stop with an error naming the iteration) or ``skip`` (drop that
     iteration's remaining updates, restore the weights from before the update, log ``skipped=1``)."""
+    dump_iteration: int | None = None
+    """Write the last optimizer step of iteration N (1-based, as ``iteration`` in metrics.jsonl) as a
+    v2 dump for ``refppo diff`` (``refppo.capture``: every micro-batch of every rank, with the
+    gradients ∂J/∂logprobs and ∂J/∂values) to ``<run.out_dir>/dumps/iter_<N>.safetensors``; none: off.
+    Needs ``ppo.minibatches=1`` unless advantages and rewards are not whitened (the oracle whitens
+    over the dump's rows, which must then be the whole rollout batch)."""
 
     def __post_init__(self) -> None:
         if self.iterations < 0 or self.sample_every < 0 or self.checkpoint_every < 0:
             raise ConfigError("run.iterations, run.sample_every and run.checkpoint_every must be ≥ 0")
+        if self.dump_iteration is not None and not 1 <= self.dump_iteration <= self.iterations:
+            raise ConfigError(
+                f"run.dump_iteration: expected an iteration in 1..{self.iterations} (run.iterations), "
+                f"got {self.dump_iteration}"
+            )
         _choice("run.on_nan", self.on_nan, ("raise", "skip"))
 
 
@@ -306,6 +317,14 @@ class TrainConfig:
         self.check_world_size(1)
         if self.model.critic_init == "reward" and self.task.reward != "model":
             raise ConfigError("model.critic_init='reward' needs task.reward='model'")
+        conv = self.ppo.convention
+        whitened = conv.whiten_advantages.value != "none" or conv.whiten_rewards.value != "none"
+        if self.run.dump_iteration is not None and self.ppo.minibatches > 1 and whitened:
+            raise ConfigError(
+                f"run.dump_iteration needs ppo.minibatches=1 (got {self.ppo.minibatches}) while advantages "
+                "or rewards are whitened: the oracle whitens over the dump's rows, so they must be the "
+                "whole rollout batch (or set ppo.whiten_advantages=none and ppo.whiten_rewards=none)"
+            )
 
     # ----------------------------------------------------------------------------------- derived sizes
     def check_world_size(self, world_size: int) -> None:

@@ -8,7 +8,8 @@ Public API (stable; the trainer, tools/make_golden.py and the tests call it)::
     MinibatchRecord                    what ``on_minibatch`` receives after each optimizer step
     ppo_update(actor, critic, actor_optimizer, critic_optimizer, scored, quantities, *, hp, conv,
                cfg, generator, world_size=1, all_reduce=None, ptx_batch=None,
-               on_minibatch=None) -> dict[str, float]
+               on_minibatch=None, capture=None) -> dict[str, float]
+    CaptureRequest                     frozen: epoch, minibatch, recorder, path (one step as a v2 dump)
     IterationResult                    frozen: metrics, scored, quantities
     iteration(actor, reference, critic, reward, actor_optimizer, critic_optimizer, prompt_ids,
               prompt_mask, *, rollout_cfg, update_cfg, hp, conv, generator, world_size=1,
@@ -73,6 +74,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from refppo.capture import StepRecorder
 from refppo.conventions import KLPlacement
 from refppo.core.kl import token_kl
 from refppo.core.masked import AllReduce, masked_mean, masked_sum
@@ -90,6 +92,7 @@ from refppo.pipeline import (
     Hyperparams,
     Normalisers,
     RolloutQuantities,
+    UpdateQuantities,
     rollout_quantities,
     update_quantities,
 )
@@ -126,6 +129,20 @@ class PPOUpdateConfig:
             raise HyperparameterError(f"max_grad_norm: expected > 0 or None, got {self.max_grad_norm}")
         if not (math.isfinite(self.ptx_coef) and self.ptx_coef >= 0):
             raise HyperparameterError(f"ptx_coef: expected >= 0, got {self.ptx_coef}")
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    """Dump one optimizer step of :func:`ppo_update` as a v2 dump through ``recorder``
+    (:class:`refppo.capture.StepRecorder`, ``reduce="mean"``: DDP averages) to ``path``."""
+
+    epoch: int
+    minibatch: int
+    recorder: StepRecorder
+    path: str
+
+    def wants(self, epoch: int, minibatch: int) -> StepRecorder | None:
+        return self.recorder if (epoch, minibatch) == (self.epoch, self.minibatch) else None
 
 
 @dataclass(frozen=True)
@@ -185,6 +202,35 @@ def _grad_norm(params: list[nn.Parameter], max_norm: float | None) -> float:
     return float(torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm is not None else math.inf))
 
 
+def _record(
+    rec: StepRecorder,
+    k: int,
+    logp: Tensor,
+    values: Tensor,
+    entropy: Tensor,
+    idx: Tensor,
+    scored: ScoredRollout,
+    q: RolloutQuantities,
+    uq: UpdateQuantities,
+    world_size: int,
+) -> None:
+    """Record micro-batch ``k`` (rows ``idx``); the losses as passed to backward (× world_size)."""
+    rec.record(
+        micro_batch=k,
+        logprobs=logp,
+        values=values,
+        response_mask=scored.batch.response_mask[idx],
+        old_logprobs=scored.old_logprobs[idx],
+        ref_logprobs=scored.ref_logprobs[idx],
+        old_values=scored.old_values[idx],
+        scores=scored.scores[idx],
+        entropy=entropy,
+        advantages=q.advantages[idx],
+        returns=q.returns[idx],
+        **{n: getattr(uq, n) * world_size for n in ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss")},
+    )
+
+
 def ppo_update(
     actor: nn.Module,
     critic: nn.Module,
@@ -201,13 +247,15 @@ def ppo_update(
     all_reduce: AllReduce | None = None,
     ptx_batch: PtxBatch | None = None,
     on_minibatch: Callable[[MinibatchRecord], None] | None = None,
+    capture: CaptureRequest | None = None,
 ) -> dict[str, float]:
     """K PPO epochs over shuffled minibatches of one scored rollout (module docstring, step 4).
 
     Returns the means over all minibatch steps of ``loss, pg_loss, vf_loss, entropy, kl_loss,
     ptx_loss, pg_clipfrac, approx_kl, vf_clipfrac, actor_grad_norm, critic_grad_norm`` (grad norms
     before clipping), plus ``first_ratio_max_dev``, ``first_pg_clipfrac`` and ``first_approx_kl``
-    of the first minibatch of the first epoch.
+    of the first minibatch of the first epoch. ``capture``: record one optimizer step (every
+    micro-batch, as passed to backward) and write it as one v2 dump after its backward(s).
     """
     if world_size < 1:
         raise HyperparameterError(f"world_size: expected >= 1, got {world_size}")
@@ -256,6 +304,7 @@ def ppo_update(
                 clip_w = akl_w = vclip_w = 0.0
                 ratio_dev = 0.0
                 lp_parts: list[Tensor] = []
+                rec = capture.wants(epoch, mb) if capture is not None else None
                 for k in range(n_micro):
                     idx = rows[k * micro : (k + 1) * micro]
                     sub = batch.select(idx)
@@ -276,6 +325,8 @@ def ppo_update(
                         conv=conv,
                         norm=norm,
                     )
+                    if rec is not None:
+                        _record(rec, k, logp, values, ent, idx, scored, quantities, uq, world_size)
                     torch.autograd.backward(uq.loss * world_size)
                     st["loss"] += float(uq.loss.detach())
                     st["pg_loss"] += float(uq.pg_loss.detach())
@@ -294,6 +345,8 @@ def ppo_update(
                     torch.autograd.backward(cfg.ptx_coef * lm)
                     st["ptx_loss"] = float(lm.detach())
                     st["loss"] += cfg.ptx_coef * st["ptx_loss"]
+                if rec is not None and capture is not None:
+                    rec.write(capture.path)  # a collective: every rank reaches it
                 st["pg_clipfrac"] = clip_w / n_tok_local
                 st["approx_kl"] = akl_w / n_tok_local
                 st["vf_clipfrac"] = vclip_w / n_vtok_local
@@ -394,6 +447,7 @@ def iteration(
     ptx_batch: PtxBatch | None = None,
     batch: SequenceBatch | None = None,
     on_minibatch: Callable[[MinibatchRecord], None] | None = None,
+    capture: CaptureRequest | None = None,
 ) -> IterationResult:
     """Rollout → scoring → rollout quantities → update (module docstring, steps 1–4).
 
@@ -439,6 +493,7 @@ def iteration(
             all_reduce=all_reduce,
             ptx_batch=ptx_batch,
             on_minibatch=on_minibatch,
+            capture=capture,
         )
     )
     return IterationResult(metrics, scored, quantities)
@@ -446,6 +501,7 @@ def iteration(
 
 __all__ = [
     "AllReduce",
+    "CaptureRequest",
     "IterationResult",
     "MinibatchRecord",
     "PPOUpdateConfig",

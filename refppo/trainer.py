@@ -44,7 +44,7 @@ import torch.distributed as torch_dist
 from torch import Tensor, nn
 
 from refppo import checkpoint as ckpt
-from refppo import models, ppo, rundir
+from refppo import models, ppo, rundir, train_dump
 from refppo import rollout as rl
 from refppo.atomic import atomic_write_text, atomic_write_with, pause_for_test
 from refppo.config import ConfigError, TrainConfig
@@ -79,6 +79,7 @@ RESUMABLE_KEYS = (
     "tensorboard",
     "sample_every",
     "checkpoint_every",
+    "dump_iteration",
 )
 """``[run]`` keys that may change when resuming; any other config change is refused."""
 
@@ -597,6 +598,7 @@ class Trainer:
         prompt_ids, prompt_mask = self.encode_prompts(texts)
         hp = replace(cfg.ppo.hp, kl_coef=self.kl_ctl.value)
         snapshot = self._snapshot() if cfg.run.on_nan == "skip" else None
+        capture = train_dump.request(cfg, it, self.out_dir, hp)
         t0 = time.perf_counter()
         with self._autocast(), _reward_errors_at(it):
             batch = rl.generate_rollout(self.actor, prompt_ids, prompt_mask, self.rollout_cfg, self.generator)
@@ -618,7 +620,10 @@ class Trainer:
                 world_size=d.world_size,
                 all_reduce=d.all_reduce(),
                 batch=batch,
+                capture=capture,
             )
+        if capture is not None:
+            self.echo(f"iteration {it + 1}: wrote {capture.path} (check it: refppo diff {capture.path})")
         t2 = time.perf_counter()
         metrics = self._reduce(result.metrics)
         if self.rule is not None:

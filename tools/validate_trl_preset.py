@@ -16,15 +16,13 @@ offline setup: random-init GPT-2 policy / value / reward models (vocab 64, n_emb
 16 prompts of 8 tokens (refppo's words task and tokenizer), 12 new tokens, fp32, CPU,
 ``num_mini_batches = 1`` and ``gradient_accumulation_steps = 1`` (the minibatch is the whole batch).
 
-How the tensors are captured (no TRL code is copied or restated): ``sys.settrace`` installs a line
-tracer on the frame of ``PPOTrainer.train`` only. At the first line event of the chosen PPO epoch
-where the local ``approxkl`` exists (the line after ``approxkl = 0.5 * (logprobs_diff**2).mean()``,
-first minibatch, first micro-batch), it copies the frame's locals: the rollout tensors ``logprobs``,
-``ref_logprobs``, ``values``, ``scores`` (after ``missing_eos_penalty``), ``kl``, ``rewards``,
-``advantages`` (whitened, padding zeroed), ``returns``, ``padding_mask``, ``padding_mask_p1``,
-``sequence_lengths``, and the update tensors ``new_logprobs``, ``vpred``, ``pg_loss``, ``vf_loss``,
-``pg_clipfrac``, ``vf_clipfrac``, ``approxkl``, ``loss`` plus ``micro_batch_inds`` (TRL shuffles the
-batch with ``np.random.permutation``; the update tensors are put back into rollout order).
+How the tensors are captured (no TRL code is copied or restated): with the supported tracer
+``refppo.capture.adapters.trl`` (``capture_train_locals`` + ``dump_from_locals``): ``sys.settrace`` on
+the frame of ``PPOTrainer.train`` only, copying its locals at the first line of the chosen PPO epoch
+(first minibatch, first micro-batch) where ``approxkl`` exists, and keeping the gradients of
+``new_logprobs`` / ``vpred`` through ``retain_grad`` (dump v2 ``grad_logprobs`` / ``grad_values``).
+TRL shuffles the batch with ``np.random.permutation``; the update tensors are put back into rollout
+order.
 
 Dump mapping (refppo ``spec/dump-format.md``):
 
@@ -69,37 +67,12 @@ import random
 import subprocess
 import sys
 import tempfile
-import types
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
 B, T, PROMPT_LEN = 16, 12, 8
-
-WANTED = (
-    "logprobs",
-    "ref_logprobs",
-    "values",
-    "scores",
-    "kl",
-    "rewards",
-    "advantages",
-    "returns",
-    "padding_mask",
-    "padding_mask_p1",
-    "sequence_lengths",
-    "micro_batch_inds",
-    "new_logprobs",
-    "vpred",
-    "pg_loss",
-    "vf_loss",
-    "pg_clipfrac",
-    "vf_clipfrac",
-    "approxkl",
-    "loss",
-    "contain_eos_token",
-)
 
 CASES: dict[str, dict[str, Any]] = {
     "full": {"stop_token": None, "eos_boost": 0.0, "capture_epoch": 0, "config": {}},
@@ -137,46 +110,8 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-class _Capture:
-    """A ``sys.settrace`` tracer that copies the locals of ``PPOTrainer.train`` once."""
-
-    def __init__(self, code: types.CodeType, epoch: int) -> None:
-        self.code = code
-        self.epoch = epoch
-        self.locals: dict[str, Any] | None = None
-
-    def global_trace(self, frame: types.FrameType, event: str, arg: Any) -> Any:
-        if event == "call" and frame.f_code is self.code:
-            return self.local_trace
-        return None
-
-    def local_trace(self, frame: types.FrameType, event: str, arg: Any) -> Any:
-        if self.locals is not None:
-            return None
-        if event == "line":
-            loc = frame.f_locals
-            if (
-                "approxkl" in loc
-                and loc.get("ppo_epoch_idx") == self.epoch
-                and loc.get("minibatch_idx") == 0
-                and loc.get("gradient_accumulation_idx") == 0
-            ):
-                self.locals = {k: _copy(loc[k]) for k in WANTED if k in loc}
-                sys.settrace(None)
-                return None
-        return self.local_trace
-
-
-def _copy(x: Any) -> Any:
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    return copy.deepcopy(x)
-
-
-def run_trl(case: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Run one TRL PPO iteration; return (dump tensors, hparams, convention) and some facts."""
+def build_trainer(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """TRL's ``PPOTrainer`` (and its ``PPOConfig``) on the tiny offline set-up of case ``spec``."""
     import torch
     from datasets import Dataset  # type: ignore[import-not-found]  # trl venv only
     from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
@@ -231,60 +166,22 @@ def run_trl(case: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     conf = PPOConfig(output_dir=out, **conf_kw)
     trainer = PPOTrainer(args=conf, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
                          train_dataset=ds, value_model=value)  # fmt: skip
-    cap = _Capture(type(trainer).train.__code__, int(spec["capture_epoch"]))
-    sys.settrace(cap.global_trace)
-    try:
-        trainer.train()
-    finally:
-        sys.settrace(None)
-    if cap.locals is None:
-        raise RuntimeError(f"{case}: the tracer never saw `approxkl` in PPOTrainer.train")
-    c = cap.locals
-    missing = [k for k in WANTED if k not in c]
-    if missing:
-        raise RuntimeError(f"{case}: locals not found in PPOTrainer.train: {missing}")
+    return trainer, conf
 
-    order = torch.as_tensor(c["micro_batch_inds"], dtype=torch.long)
-    if sorted(order.tolist()) != list(range(B)):
-        raise RuntimeError(f"{case}: the first minibatch is not the whole batch: {order.tolist()}")
 
-    def unshuffle(x: Any) -> Any:
-        full = torch.empty_like(x)
-        full[order] = x
-        return full
+def run_trl(case: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Run one TRL PPO iteration; return (dump tensors, hparams, convention) and some facts."""
+    from refppo.capture.adapters.trl import capture_train_locals, dump_from_locals, trl_hparams
 
-    mask = ~c["padding_mask"]
+    trainer, conf = build_trainer(spec)
+    c = capture_train_locals(trainer, epoch=int(spec["capture_epoch"]))
+    tensors = dump_from_locals(c)
+    mask = tensors["response_mask"]
     lengths = mask.sum(1)
     if int(lengths.min()) < 1:
         raise RuntimeError(f"{case}: a row has no valid response token (lengths {lengths.tolist()})")
-    tensors = {
-        "response_mask": mask,
-        "old_logprobs": c["logprobs"],
-        "ref_logprobs": c["ref_logprobs"],
-        "old_values": c["values"],
-        "scores": c["scores"],
-        "logprobs": unshuffle(c["new_logprobs"]),
-        "values": unshuffle(c["vpred"]),
-        "kl": c["kl"],
-        "token_rewards": c["rewards"],
-        "advantages": c["advantages"],
-        "returns": c["returns"],
-        "pg_loss": c["pg_loss"],
-        "pg_clipfrac": c["pg_clipfrac"],
-        "approx_kl": c["approxkl"],
-        "vf_loss": c["vf_loss"],
-        "vf_clipfrac": c["vf_clipfrac"],
-        "loss": c["loss"],
-    }
-    hp = {
-        "gamma": float(conf.gamma),
-        "lam": float(conf.lam),
-        "kl_coef": float(conf.kl_coef),
-        "cliprange": float(conf.cliprange),
-        "cliprange_value": float(conf.cliprange_value),
-        "vf_coef": float(conf.vf_coef),
-        "ent_coef": 0.0,
-    }
+    hp, convention = trl_hparams(conf)
+    convention.pop("whiten_rewards", None)  # checked with the case's --set (the preset outranks the sidecar)
     facts = {
         "response_lengths": lengths.tolist(),
         "rows_without_eos": int((~c["contain_eos_token"]).sum()),
@@ -293,7 +190,7 @@ def run_trl(case: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
         "vf_clipfrac": float(c["vf_clipfrac"]),
         "approxkl": float(c["approxkl"]),
     }
-    return tensors, {"hparams": hp, "convention": {"kl_estimator": str(conf.kl_estimator)}}, facts
+    return tensors, {"hparams": hp, "convention": convention}, facts
 
 
 def make(out: Path) -> dict[str, Any]:

@@ -17,6 +17,8 @@ value loss (clipped/unclipped)     ``value.value_loss``                   ``valu
 loss aggregation                   ``aggregate.aggregate_loss``           ``aggregate.aggregate_loss_naive``
 entropy bonus, KL loss, total      ``objective.{entropy_bonus,kl_loss,    ``*_naive``
                                    total_loss}``
+per-token gradients of the losses  torch autograd through the above    ``grad.*_grad_naive``,
+                                                                         ``grad.objective_grads_naive``
 =================================  =====================================  ==========================
 
 Equations: spec/ppo.md. Every tensor is response-aligned ``[B, T]`` (see :mod:`refppo.types`).
@@ -24,6 +26,12 @@ Equations: spec/ppo.md. Every tensor is response-aligned ``[B, T]`` (see :mod:`r
 
 from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
 from refppo.core.gae import gae, gae_naive
+from refppo.core.grad import (
+    kl_loss_grad_naive,
+    objective_grads_naive,
+    policy_grad_naive,
+    value_grad_naive,
+)
 from refppo.core.group import (
     group_advantages,
     group_advantages_naive,
@@ -83,6 +91,7 @@ __all__ = [
     "group_advantages",
     "group_advantages_naive",
     "kl_loss",
+    "kl_loss_grad_naive",
     "kl_loss_naive",
     "logprobs_from_logits",
     "logprobs_from_logits_naive",
@@ -94,6 +103,8 @@ __all__ = [
     "masked_var_naive",
     "masked_whiten",
     "masked_whiten_naive",
+    "objective_grads_naive",
+    "policy_grad_naive",
     "policy_ratio",
     "reinforce_pp_advantages",
     "reinforce_pp_advantages_naive",
@@ -104,6 +115,7 @@ __all__ = [
     "token_rewards_naive",
     "total_loss",
     "total_loss_naive",
+    "value_grad_naive",
     "value_loss",
     "value_loss_naive",
 ]

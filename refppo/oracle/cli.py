@@ -109,12 +109,8 @@ def preset_overrides_note(
 
 def _run(args: argparse.Namespace) -> int:
     _threads()
-    from refppo.oracle.detect import detect, setup_from_json
-    from refppo.oracle.diagnose import check
-    from refppo.oracle.load import load_dump
-    from refppo.oracle.presets import resolve_preset
-    from refppo.oracle.report import json_report, text_report
-    from refppo.oracle.settings import build_setup, parse_value
+    from refppo.oracle.run import check_step
+    from refppo.oracle.settings import parse_value
 
     overrides: dict[str, Any] = {}
     for item in args.sets:
@@ -122,39 +118,17 @@ def _run(args: argparse.Namespace) -> int:
             return _fail(f"--set: expected KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         overrides[k.strip()] = parse_value(k.strip(), v)
-    dump = load_dump(Path(args.dump), args.hparams)
-    sidecar = {k: parse_value(k, v) for k, v in dump.hparams.items()}
-    preset_conv = preset_hp = None
-    notes: list[str] = []
-    if args.preset:
-        # The KL estimator is a run setting in every peer (TRL kl_estimator, verl kl_penalty,
-        # OpenRLHF kl_estimator): the run's own (--set, else the sidecar) wins over the preset's.
-        estimator = overrides.get("kl_estimator", sidecar.get("kl_estimator"))
-        preset_conv, preset_hp = resolve_preset(args.preset, None if estimator is None else str(estimator))
-        notes = preset_overrides_note(args.preset, preset_conv, sidecar, overrides)
-    setup = build_setup(preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=overrides)
-    result = check(dump, setup)
-    if not result.quantities:
-        from refppo.oracle.recompute import PIPELINE_ORDER
-
-        return _fail(
-            f"{args.dump}: the dump holds inputs only, none of the trainer outputs "
-            f"({', '.join(PIPELINE_ORDER)}): nothing to compare"
-        )
-    result.diagnosis[:0] = notes
-    detection = None
-    nearest_result = None
-    if args.detect:
-        detection = detect(dump, setup)
-        if detection.nearest is not None:
-            nearest_result = check(dump, setup_from_json(setup, detection.nearest), explain_divergence=False)
-    if args.json:
-        print(json.dumps(json_report(dump, result, args.preset, detection, nearest_result), indent=2))
-    else:
-        print(text_report(dump, result, args.preset, detection, nearest_result))
+    outcome = check_step(
+        Path(args.dump),
+        preset=args.preset,
+        overrides=overrides,
+        hparams_file=args.hparams,
+        detect_conventions=args.detect,
+    )
+    print(json.dumps(outcome.json(), indent=2) if args.json else outcome.text())
     # The exit code is the checked convention's verdict, with or without --detect: a CI gate that
     # names a convention must not pass because some other convention reproduces the dump.
-    return 0 if result.match else 1
+    return 0 if outcome.match else 1
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from refppo.core.gae import has_holes
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare, describe
 from refppo.oracle.fastcheck import PrefixCheck, RolloutMemo
+from refppo.oracle.grad import GRAD_QUANTITIES, grad_tolerance
+from refppo.oracle.grad_diagnose import explain_grad
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.presets import PRESETS
 from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
@@ -111,7 +113,8 @@ def compare_all(
             out[name] = known[name]
         elif dump.has(name) and name in ref.values:
             cm = ref.compare_mask(name)
-            res = compare(name, dump.tensors[name], ref.values[name], cm, tol)
+            qtol = grad_tolerance(tol) if name in GRAD_QUANTITIES else tol
+            res = compare(name, dump.tensors[name], ref.values[name], cm, qtol)
             if not res.ok and name in ref.widen:  # clip fractions: allow rounding ties (computed lazily)
                 res = compare(name, dump.tensors[name], ref.values[name], cm, tol, widen=ref.widen[name]())
             out[name] = res
@@ -269,7 +272,16 @@ def check(
             out.diagnosis.append(
                 f"{name}: also differs at {r.padding_diff} {where} (not compared: they are ignored)"
             )
-    if first is not None:
+    grad_bad = any(not r.ok for n, r in results.items() if n in GRAD_QUANTITIES)
+    if first is not None and first in GRAD_QUANTITIES:
+        r = results[first]
+        out.diagnosis.append(f"first divergence: {first} (max abs err {r.max_abs_err:.3g} > tol {r.tol:.3g})")
+        if explain_divergence and ref.update_inputs is not None:
+            notes, found = explain_grad(dump, setup, ref.update_inputs, results)
+            out.diagnosis += notes
+            out.explained_by = found
+    elif first is not None:
+        inp = ref.update_inputs
         r = results[first]
         out.diagnosis.append(
             f"first divergence: {first} (max abs err {r.max_abs_err:.3g} > tol {r.tol:.3g}); "
@@ -288,6 +300,12 @@ def check(
         del ref  # the candidates below recompute their own: never hold two references at once
         if explain_divergence:
             notes, found = explain(dump, setup, first)
+            if grad_bad and inp is not None:  # e.g. pg_loss logged per micro-batch: the gradient says why
+                g_notes, g_found = explain_grad(dump, setup, inp, results)
+                if g_found and not found:  # the gradient's explanation replaces "nothing explains it"
+                    notes = [n for n in notes if not n.startswith("no single convention change")]
+                notes += g_notes
+                found += g_found
             out.diagnosis += notes
             out.explained_by = found
     out.diagnosis += dump.key_notes()

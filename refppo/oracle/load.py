@@ -43,7 +43,15 @@ TOKEN_KEYS: tuple[str, ...] = (
     "entropy",
     *TOKEN_OUTPUTS,
 )
-KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS))
+GRAD_KEYS: tuple[str, ...] = ("grad_logprobs", "grad_values")
+"""v2: ∂J/∂``logprobs`` and ∂J/∂``values`` of the whole optimizer step, [B, T] (spec/dump-format.md)."""
+INTEGER_KEYS: set[str] = {"micro_batch", "rank"}
+"""Keys whose tensors hold integers (kept as int64, never cast to the compute dtype)."""
+ROW_INTEGER_KEYS: tuple[str, ...] = ("micro_batch", "rank")
+"""v2: where each row was processed, [B]: its micro-batch (per rank) and its data-parallel rank."""
+STEP_KEYS: tuple[str, ...] = ("world_size", "micro_batches", "separate_critic")
+"""v2 sidecar keys describing the optimizer step (read here, not by the settings)."""
+KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *GRAD_KEYS, *INTEGER_KEYS))
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NEEDS_UPDATE = {
     "pg_loss": ("logprobs",),
@@ -54,11 +62,23 @@ _NEEDS_UPDATE = {
     "entropy_loss": ("entropy",),
     "kl_loss": ("logprobs",),
     "loss": ("logprobs", "values"),
+    "grad_logprobs": ("logprobs",),
+    "grad_values": ("values",),
 }
 
 
 class DumpError(RefPPOError):
     """A dump (or its hyperparameters) that the oracle cannot use; the message is one line."""
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """v2 sidecar keys: ``world_size`` W and ``micro_batches`` K (per rank per optimizer step), and
+    ``separate_critic`` (the critic has its own optimizer: the ``loss`` key holds no value term)."""
+
+    world_size: int = 1
+    micro_batches: int = 1
+    separate_critic: bool = False
 
 
 @dataclass
@@ -73,12 +93,14 @@ class Dump:
     dtype: torch.dtype
     """Lowest floating precision among the trainer's tensors (decides the tolerances)."""
     hparams: dict[str, Any]
-    """The sidecar's raw key/value pairs (validated later by the settings)."""
+    """The sidecar's raw key/value pairs (validated later by the settings), less :data:`STEP_KEYS`."""
     hparams_path: Path | None
     ignored: list[str] = field(default_factory=list)
     """Tensor keys the format does not know (ignored)."""
     aliased: dict[str, str] = field(default_factory=dict)
     """Peer names read as dump keys (``{alias: key}``, :data:`refppo.oracle.keys.ALIASES`)."""
+    step: StepLayout = field(default_factory=lambda: StepLayout())
+    """v2: how the rows were split over ranks and micro-batches (defaults: one of each)."""
 
     def key_notes(self) -> list[str]:
         """What the loader did with the dump's names: aliases read, unknown keys ignored (with hints)."""
@@ -168,8 +190,17 @@ def load_dump(path: str | Path, hparams_file: str | Path | None = None) -> Dump:
     return validate(p, raw, hparams_file)
 
 
-def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = None) -> Dump:
-    """Check keys, shapes, dtypes, finiteness and masks; convert to float64."""
+def validate(
+    p: Path,
+    raw: dict[str, Any],
+    hparams_file: str | Path | None = None,
+    *,
+    hparams: dict[str, Any] | None = None,
+) -> Dump:
+    """Check keys, shapes, dtypes, finiteness and masks; convert to float64.
+
+    ``hparams``: the sidecar's object given in memory (instead of a file beside ``p``).
+    """
     try:
         raw, aliased = resolve_aliases(p, raw)
     except ValueError as exc:
@@ -209,13 +240,24 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
     # crosses them by the gae_holes / whiten_holes conventions (spec/dump-format.md, "Masks").
     out: dict[str, Tensor] = {"response_mask": mask}
     dtypes: list[torch.dtype] = []
+    hp_path: Path | None = None
+    if hparams is None:
+        hp_path = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
+        if hparams_file is not None and not Path(hparams_file).is_file():
+            raise DumpError(f"{hparams_file}: no such hyperparameter file")
+        hparams = read_hparams(hp_path) if hp_path is not None else {}
+    step = _step_layout(hp_path or p, hparams)
+    hparams = {k: v for k, v in hparams.items() if k not in STEP_KEYS}
+    for k in sorted(INTEGER_KEYS & set(raw)):
+        out[k] = _integer_key(p, k, raw[k], B)
+    _check_rows(p, out, step)
     for k in KNOWN_KEYS:
-        if k not in raw or k == "response_mask":
+        if k not in raw or k == "response_mask" or k in INTEGER_KEYS:
             continue
         t: Tensor = raw[k]
         if t.dtype not in _FLOATS:
             raise DumpError(f"{p}: {k}: expected a floating-point tensor, got dtype {t.dtype}")
-        if k in TOKEN_KEYS:
+        if k in TOKEN_KEYS or k in GRAD_KEYS:
             if tuple(t.shape) != (B, T):
                 raise DumpError(
                     f"{p}: {k}: expected shape [B, T] = [{B}, {T}] (from response_mask), got {list(t.shape)}"
@@ -235,7 +277,7 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
     # tolerances, and it halves the memory traffic of a B=256, T=2048 step).
     cdtype = torch.float64 if dtype == torch.float64 else torch.float32
     for k in list(out):
-        if k == "response_mask":
+        if k == "response_mask" or k in INTEGER_KEYS:
             continue
         tc = out[k].to(cdtype)
         if (k in REQUIRED_INPUTS or k in UPDATE_INPUTS) and not math.isfinite(float(tc.sum())):
@@ -245,11 +287,55 @@ def validate(p: Path, raw: dict[str, Any], hparams_file: str | Path | None = Non
                 where = [int(i) for i in bad.nonzero()[0]]
                 raise DumpError(f"{p}: {k}: non-finite value at valid position {where}")
         out[k] = tc
-    hp_path = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
-    if hparams_file is not None and not Path(hparams_file).is_file():
-        raise DumpError(f"{hparams_file}: no such hyperparameter file")
-    hparams = read_hparams(hp_path) if hp_path is not None else {}
-    return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased)
+    return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased, step)
+
+
+def _step_layout(path: Path, hparams: dict[str, Any]) -> StepLayout:
+    """The v2 sidecar keys (positive integers ``world_size``, ``micro_batches``; bool ``separate_critic``)."""
+    vals: dict[str, Any] = {}
+    for k in ("world_size", "micro_batches"):
+        if k in hparams:
+            v = hparams[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise DumpError(f"{path}: {k}: expected a positive integer, got {v!r}")
+            vals[k] = v
+    if "separate_critic" in hparams:
+        v = hparams["separate_critic"]
+        if not isinstance(v, bool):
+            raise DumpError(f"{path}: separate_critic: expected true or false, got {v!r}")
+        vals["separate_critic"] = v
+    return StepLayout(**vals)
+
+
+def _integer_key(p: Path, k: str, t: Tensor, B: int) -> Tensor:
+    """An integer-valued key as int64 (``micro_batch`` and ``rank`` are ``[B]``)."""
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise DumpError(f"{p}: {k}: expected an integer tensor, got dtype {t.dtype}")
+    if k in ROW_INTEGER_KEYS and tuple(t.shape) != (B,):
+        raise DumpError(f"{p}: {k}: expected shape [B] = [{B}] (from response_mask), got {list(t.shape)}")
+    return t.detach().to(torch.int64)
+
+
+def _check_rows(p: Path, out: dict[str, Tensor], step: StepLayout) -> None:
+    """``rank`` in ``[0, world_size)`` and ``micro_batch`` in ``[0, micro_batches)``."""
+    for k, n, name in (
+        ("rank", step.world_size, "world_size"),
+        ("micro_batch", step.micro_batches, "micro_batches"),
+    ):
+        if k not in out:
+            continue
+        bad = ((out[k] < 0) | (out[k] >= n)).nonzero().flatten().tolist()
+        if bad:
+            raise DumpError(
+                f"{p}: {k}: row {bad[0]} holds {int(out[k][bad[0]])}, outside [0, {name}={n}) "
+                f"(set {name} in the sidecar)"
+            )
+    if step.world_size > 1 and "rank" not in out:
+        raise DumpError(f"{p}: rank: missing while the sidecar says world_size={step.world_size}")
+    if step.micro_batches > 1 and "micro_batch" not in out:
+        raise DumpError(
+            f"{p}: micro_batch: missing while the sidecar says micro_batches={step.micro_batches}"
+        )
 
 
 def _missing_hint(unknown: list[str]) -> str:

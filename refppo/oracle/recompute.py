@@ -20,6 +20,7 @@ from refppo.conventions import KLPlacement, ValueLoss, Variance, WhitenHoles
 from refppo.core.gae import envelope, gae
 from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
+from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
 from refppo.oracle.load import TOLERANCES, Dump, validate
 from refppo.oracle.settings import Setup
 from refppo.pipeline import rollout_quantities, update_quantities
@@ -37,6 +38,8 @@ PIPELINE_ORDER: tuple[str, ...] = (
     "entropy_loss",
     "kl_loss",
     "loss",
+    "grad_logprobs",
+    "grad_values",
 )
 """Pipeline order: the first quantity in this order that differs is the first divergence."""
 
@@ -65,9 +68,14 @@ class Reference:
     advantages_raw: Tensor
     widen: dict[str, Callable[[], float]] = field(default_factory=dict)
     """Extra tolerance of the clip fractions (rounding ties: :func:`pg_tie_share`, :func:`vf_tie_widen`)."""
+    update_inputs: UpdateInputs | None = None
+    """What ``update_quantities`` was given (the gradient diagnosis re-runs it on variants)."""
 
     def compare_mask(self, name: str) -> Tensor | None:
-        """Positions compared for a [B, T] quantity; None for a scalar."""
+        """Positions compared for a [B, T] quantity; None for a scalar. Gradients: every position
+        (padding compared with 0)."""
+        if name in GRAD_QUANTITIES:
+            return torch.ones_like(self.mask)
         if name in ("token_rewards", "returns"):
             return self.value_mask
         if name in ("kl", "advantages"):
@@ -121,7 +129,16 @@ def approx_kl_k2_all_positions(logprobs: Tensor, old_logprobs: Tensor, mask: Ten
 def pg_tie_share(
     logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup, rtol: float
 ) -> Tensor:
-    """Share of valid tokens (A ≠ 0) whose ratio lies within ``rtol`` of a clip boundary ``1 ± ε``.
+    """Share of valid tokens of :func:`pg_tie_mask`."""
+    near = pg_tie_mask(logprobs, old, adv, mask, setup, rtol)
+    return near.sum().to(logprobs.dtype) / mask.sum().to(logprobs.dtype)
+
+
+def pg_tie_mask(
+    logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup, rtol: float
+) -> Tensor:
+    """Valid tokens (A ≠ 0) whose ratio lies within ``rtol`` of a clip boundary ``1 ± ε`` (or of
+    the dual-clip constant ``c``), or whose advantage is within ``rtol·max|A|`` of 0.
 
     ``pg_clipfrac`` counts tokens where the clipped branch is *strictly* larger; on a boundary that
     decision is a tie that the trainer's rounding (its dtype) breaks either way, so the tolerance of
@@ -136,16 +153,25 @@ def pg_tie_share(
     near = ((ratio - (1.0 - setup.hp.cliprange)).abs() <= rtol * ratio) | (
         (ratio - (1.0 + hi)).abs() <= rtol * ratio
     )
+    if setup.conv.dual_clip is not None:
+        near |= (ratio - setup.conv.dual_clip).abs() <= rtol * ratio
     a = torch.where(mask, adv, zero)
     tiny_adv = (a.abs() <= rtol * a.abs().max()) & (a != 0)  # the sign of A decides which branch is larger
-    near = (near | tiny_adv) & mask
-    return near.sum().to(d.dtype) / mask.sum().to(d.dtype)
+    return (near | tiny_adv) & mask
 
 
 def vf_tie_widen(
     values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float
 ) -> float:
-    """Extra tolerance of ``vf_clipfrac``: the share of value-mask tokens whose count is a real tie.
+    """Share of value-mask tokens of :func:`vf_tie_mask`."""
+    near = vf_tie_mask(values, old, returns, mask, eps_v, rtol)
+    return float(near.sum().to(values.dtype) / mask.sum().to(values.dtype))
+
+
+def vf_tie_mask(
+    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float
+) -> Tensor:
+    """Extra tolerance of ``vf_clipfrac``: the value-mask tokens whose count is a real tie.
 
     ``vf_clipfrac`` counts ``(V_clip − R)² > (V − R)²`` strictly. Two kinds of token sit on that
     edge whatever the trainer's clip form: ``|V − V_old|`` within ``rtol`` of ``ε_v`` (on the clip
@@ -161,8 +187,7 @@ def vf_tie_widen(
     v_clip = torch.maximum(torch.minimum(v, vo + eps_v), vo - eps_v)
     e1, e2 = (v - r) ** 2, (v_clip - r) ** 2
     midpoint = (dist > eps_v) & ((e2 - e1).abs() <= rtol * (e1 + e2))
-    near = (boundary | midpoint) & mask
-    return float(near.sum().to(values.dtype) / mask.sum().to(values.dtype))
+    return (boundary | midpoint) & mask
 
 
 ROLLOUT_QUANTITIES = frozenset({"kl", "token_rewards", "advantages", "returns"})
@@ -287,7 +312,24 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
         if "entropy" in t:
             vals["entropy_loss"] = uq.entropy_loss.detach()
         if "logprobs" in t and "values" in t:
-            vals["loss"] = uq.loss.detach()
+            # separate_critic: the ``loss`` key is the actor's objective (no value term)
+            vf_term = hp.vf_coef * uq.vf_loss if dump.step.separate_critic else 0.0
+            vals["loss"] = (uq.loss - vf_term).detach()
+        inp = UpdateInputs(
+            logprobs, values, t["old_logprobs"], t["old_values"], adv, returns, m, vf_mask,
+            t["ref_logprobs"], t.get("entropy"),
+        )  # fmt: skip
+        if any(k in t for k in GRAD_QUANTITIES):
+            ties = {
+                "grad_logprobs": pg_tie_mask(logprobs, t["old_logprobs"], adv, m, setup, rtol),
+                "grad_values": vf_tie_mask(
+                    values, t["old_values"], returns, vf_mask, hp.cliprange_value, rtol
+                )
+                if conv.value_loss is ValueLoss.CLIPPED
+                else torch.zeros_like(m),
+            }
+            vals.update(reference_grads(inp, setup, t, ties))
+        return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen, inp)
     return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen)
 
 

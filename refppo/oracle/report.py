@@ -38,6 +38,9 @@ def json_report(
             "rtol": tol.rtol,
             "atol": tol.atol,
             "hparams_file": str(dump.hparams_path) if dump.hparams_path else None,
+            "world_size": dump.step.world_size,
+            "micro_batches": dump.step.micro_batches,
+            "separate_critic": dump.step.separate_critic,
         },
     }
     if detection is not None:
@@ -45,6 +48,15 @@ def json_report(
 
         out.update(detection_json(result, detection, nearest))
     return out
+
+
+def _step_text(dump: Dump) -> str:
+    """`` step: W ranks × K micro-batches`` for a v2 dump that says so (empty for a v1 dump)."""
+    st = dump.step
+    if st.world_size == 1 and st.micro_batches == 1 and not st.separate_critic:
+        return ""
+    critic = ", separate critic" if st.separate_critic else ""
+    return f"\nstep:       {st.world_size} rank(s) × {st.micro_batches} micro-batch(es) per rank{critic}"
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +86,7 @@ def text_report(
     tol = TOLERANCES[dump.dtype]
     lines = [
         f"refppo diff: {dump.path}  (B={dump.B}, T={dump.T}, {_dtype_name(dump)}: "
-        f"rtol={tol.rtol:g}, atol={tol.atol:g}; preset {preset or 'none'})",
+        f"rtol={tol.rtol:g}, atol={tol.atol:g}; preset {preset or 'none'}){_step_text(dump)}",
         f"convention: {_conv_line(result.setup.convention_dict())}",
         "hparams:    " + " ".join(f"{k}={v}" for k, v in result.setup.hparams_dict().items()),
         "",

@@ -97,3 +97,40 @@ def test_json_report_example_is_real_output_under_refppo_defaults(
     for name, q in shown["quantities"].items():
         if name != "...":
             assert real["quantities"][name]["ok"] == q["ok"], name
+
+
+def _v2_block(lang: str) -> str:
+    return _block("## v2: the whole optimizer step", lang)
+
+
+def test_v2_worked_example_is_real_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from grad_helpers import Bugs, save_step, step_dump
+
+    shown = json.loads(_v2_block("json"))
+    path = save_step(tmp_path, step_dump({}, Bugs(local_norm=True)), {})
+    assert main([str(path), "--json"]) == 1
+    real = json.loads(capsys.readouterr().out)
+    for key in ("match", "first_divergence", "diagnosis", "explained_by", "preset"):
+        assert shown[key] == real[key], key
+    for key in ("B", "T", "dtype"):
+        assert shown["dump"][key] == real["dump"][key], key
+    assert list(shown["quantities"]) == list(real["quantities"])
+    for name, q in shown["quantities"].items():
+        assert real["quantities"][name]["ok"] == q["ok"], name
+        for k in ("max_abs_err", "max_rel_err", "tol"):
+            if k in q:  # shown to 2-3 significant digits
+                assert abs(real["quantities"][name][k] - q[k]) <= 0.01 * q[k], (name, k)
+
+
+def test_v2_ci_example_runs_as_a_user_test(tmp_path: Path) -> None:
+    from grad_helpers import Bugs, step_dump
+
+    code = _block("### Check your trainer in CI", "python")
+    ns: dict[str, object] = {"run_one_optimizer_step": lambda tmp: step_dump()}
+    exec(compile(code, str(DOC), "exec"), ns)
+    test = ns["test_one_optimizer_step_matches_refppo"]
+    assert callable(test)
+    test(tmp_path)  # a correct step passes
+    ns["run_one_optimizer_step"] = lambda tmp: step_dump(bugs=Bugs(ddp_sum=True))
+    with pytest.raises(AssertionError, match="summed over ranks where DDP averages"):
+        test(tmp_path)

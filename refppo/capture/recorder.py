@@ -1,0 +1,338 @@
+"""``StepRecorder``: capture one optimizer step of any PyTorch trainer as ONE v2 dump.
+
+The trainer's micro-batch loop calls :meth:`StepRecorder.record` with each micro-batch's tensors
+*before* its backward; tensor hooks on ``logprobs`` and ``values`` (when they require grad) keep
+``g = ∂(loss passed to backward)/∂logprobs`` of that micro-batch. After the step's last backward
+(before or after ``optimizer.step()``), every rank calls :meth:`StepRecorder.write`::
+
+    rec = StepRecorder(hparams=hp, conventions={"loss_agg": "token-mean"}, reduce="mean")
+    for k, mb in enumerate(micro_batches):
+        logprobs, values = policy(mb), critic(mb)
+        rec.record(micro_batch=k, logprobs=logprobs, values=values, response_mask=mb.mask,
+                   old_logprobs=mb.old_logprobs, ref_logprobs=mb.ref_logprobs,
+                   old_values=mb.old_values, scores=mb.scores,
+                   advantages=mb.advantages, returns=mb.returns)
+        loss(logprobs, values, mb).backward()
+    rec.write("step.safetensors")          # every rank; rank 0 writes
+    optimizer.step()
+
+What the dump holds (spec/dump-format.md, contract v2): the rows of every micro-batch of every
+rank (``[B, T]``, ``B = Σ_r Σ_k b_rk``, ``T`` the widest micro-batch, zero-padded with mask 0),
+``micro_batch`` and ``rank`` per row, and
+
+    grad_logprobs[row] = s · g_rk[row],   s = 1/W for reduce="mean" (DDP averages gradients),
+                                          s = 1   for reduce="sum"  (gradients summed over ranks)
+
+which is ``∂J/∂logprobs`` of the objective ``J`` the optimizer stepped on (likewise
+``grad_values``). The loss scalars (``pg_loss`` … ``loss``), when recorded, are summed over
+micro-batches and ranks with the same factor ``s``: record the losses *as passed to backward*.
+The sidecar holds ``hparams``, ``conventions``, ``world_size``, ``micro_batches`` (per rank, the
+largest count when ranks differ) and ``separate_critic``.
+
+Ranks are gathered with tensor ``all_gather`` (padded to a common shape; never pickled objects).
+Every rank must call :meth:`write` (it is a collective); an error found on any rank (a missing
+backward, mismatched keys) is raised on every rank, so no rank hangs waiting for the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torch.utils.hooks import RemovableHandle
+
+from refppo.capture import gather
+from refppo.dump import write_dump
+from refppo.errors import RefPPOError
+
+TOKEN_KEYS: tuple[str, ...] = (
+    "response_mask",
+    "old_logprobs",
+    "ref_logprobs",
+    "old_values",
+    "logprobs",
+    "values",
+    "entropy",
+    "advantages",
+    "returns",
+    "kl",
+    "token_rewards",
+)
+"""Per-token ``[b, T]`` keys a micro-batch may carry (dump names, spec/dump-format.md)."""
+ROW_KEYS: tuple[str, ...] = ("scores",)
+LOSS_KEYS: tuple[str, ...] = ("pg_loss", "vf_loss", "entropy_loss", "kl_loss", "loss")
+"""Additive loss scalars: summed over micro-batches and ranks (times ``1/W`` under ``mean``)."""
+GRAD_KEYS: dict[str, str] = {"logprobs": "grad_logprobs", "values": "grad_values"}
+Reduce = Literal["mean", "sum"]
+
+
+class CaptureError(RefPPOError):
+    """The recorder was misused (the message is one line naming what is wrong)."""
+
+
+@dataclass
+class _Micro:
+    """One recorded micro-batch: detached CPU copies, and the gradients the hooks caught."""
+
+    index: int
+    tensors: dict[str, Tensor]
+    losses: dict[str, float]
+    grads: dict[str, Tensor | None] = field(default_factory=dict)
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    if obj is None:
+        return {}
+    to_dict = getattr(obj, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise CaptureError(f"expected a mapping or a dataclass, got {type(obj).__name__}")
+
+
+def _dist() -> tuple[int, int]:
+    """``(rank, world_size)`` from ``torch.distributed`` when initialised, else ``(0, 1)``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_gather(out: list[Tensor], t: Tensor) -> None:
+    """``torch.distributed.all_gather`` on the backend's device (CUDA for NCCL), back to CPU."""
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+    bufs = [o.to(dev) for o in out]
+    dist.all_gather(bufs, t.to(dev))
+    for o, b in zip(out, bufs, strict=True):
+        o.copy_(b.cpu())
+
+
+def _scalar(name: str, value: Tensor | float) -> float:
+    v = float(value.detach()) if isinstance(value, Tensor) else float(value)
+    if not math.isfinite(v):
+        raise CaptureError(f"record: loss {name!r} is not finite ({v})")
+    return v
+
+
+class StepRecorder:
+    """Records one optimizer step's micro-batches on this rank; :meth:`write` makes one v2 dump.
+
+    ``hparams``/``conventions``: mappings or refppo's ``Hyperparams``/``Convention`` (written to the
+    sidecar). ``reduce``: how the ranks' parameter gradients are combined — ``"mean"`` (DDP, FSDP:
+    averaged) or ``"sum"``. ``separate_critic``: the critic has its own optimizer (sidecar key).
+    """
+
+    def __init__(
+        self,
+        *,
+        hparams: Mapping[str, Any] | Any = None,
+        conventions: Mapping[str, Any] | Any = None,
+        reduce: Reduce = "mean",
+        separate_critic: bool = False,
+    ) -> None:
+        if reduce not in ("mean", "sum"):
+            raise CaptureError(f"reduce: expected 'mean' or 'sum', got {reduce!r}")
+        self.hparams = _as_dict(hparams)
+        self.conventions = _as_dict(conventions)
+        self.reduce: Reduce = reduce
+        self.separate_critic = bool(separate_critic)
+        self._micro: list[_Micro] = []
+        self._handles: list[RemovableHandle] = []
+        self._written = False
+
+    # ------------------------------------------------------------------------------------ record
+    def record(
+        self,
+        *,
+        micro_batch: int | None = None,
+        response_mask: Tensor,
+        old_logprobs: Tensor,
+        ref_logprobs: Tensor,
+        old_values: Tensor,
+        scores: Tensor,
+        logprobs: Tensor | None = None,
+        values: Tensor | None = None,
+        **more: Tensor | float,
+    ) -> None:
+        """Record one micro-batch (call it before that micro-batch's backward).
+
+        Token tensors are ``[b, T]`` (``T`` may differ between micro-batches), ``scores`` ``[b]``;
+        ``more`` takes the other keys of :data:`TOKEN_KEYS` (``advantages``, ``returns``,
+        ``entropy``, ...) and the loss scalars of :data:`LOSS_KEYS`.
+        """
+        if self._written:
+            raise CaptureError("record: this recorder has already written its dump; make a new one per step")
+        k = len(self._micro) if micro_batch is None else int(micro_batch)
+        if any(m.index == k for m in self._micro):
+            raise CaptureError(f"record: micro_batch={k} was already recorded in this step")
+        given: dict[str, Any] = {
+            "response_mask": response_mask,
+            "old_logprobs": old_logprobs,
+            "ref_logprobs": ref_logprobs,
+            "old_values": old_values,
+            "scores": scores,
+            "logprobs": logprobs,
+            "values": values,
+            **more,
+        }
+        unknown = sorted(set(given) - set(TOKEN_KEYS) - set(ROW_KEYS) - set(LOSS_KEYS))
+        if unknown:
+            valid = sorted({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS})
+            raise CaptureError(f"record: unknown keys {unknown}; valid keys are {valid}")
+        micro = _Micro(k, {}, {})
+        shape = tuple(response_mask.shape)
+        if len(shape) != 2:
+            raise CaptureError(f"record: response_mask must be [b, T], got shape {list(shape)}")
+        for name, value in given.items():
+            if value is None:
+                continue
+            if name in LOSS_KEYS:
+                micro.losses[name] = _scalar(name, value)
+                continue
+            if not isinstance(value, Tensor):
+                raise CaptureError(f"record: {name} must be a tensor, got {type(value).__name__}")
+            want = shape if name in TOKEN_KEYS else shape[:1]
+            if tuple(value.shape) != want:
+                raise CaptureError(f"record: {name} has shape {list(value.shape)}, expected {list(want)}")
+            t = value.detach().to("cpu", copy=True)
+            micro.tensors[name] = t.to(torch.uint8) if name == "response_mask" else t
+            if name in GRAD_KEYS and value.requires_grad:
+                micro.grads[name] = None
+                # Tensor.register_hook is untyped in torch's stubs
+                self._handles.append(value.register_hook(self._hook(micro, name)))  # type: ignore[no-untyped-call]
+        self._micro.append(micro)
+
+    @staticmethod
+    def _hook(micro: _Micro, name: str) -> Any:
+        def keep(grad: Tensor) -> None:
+            g = grad.detach().to("cpu", copy=True)
+            prev = micro.grads[name]
+            micro.grads[name] = g if prev is None else prev + g
+
+        return keep
+
+    # ------------------------------------------------------------------------------------- write
+    def _local_problem(self) -> str:
+        """'' when this rank's recording is complete, else what is wrong (one line)."""
+        if not self._micro:
+            return "write: nothing was recorded on this rank"
+        first = self._micro[0]
+        indices = sorted(m.index for m in self._micro)
+        if indices != list(range(len(indices))):
+            n = len(indices) - 1
+            return f"write: micro_batch indices must be 0..{n} (one per micro-batch), got {indices}"
+        for m in self._micro:
+            pairs: tuple[tuple[str, set[str], set[str]], ...] = (
+                ("keys", set(m.tensors), set(first.tensors)),
+                ("grads", set(m.grads), set(first.grads)),
+                ("losses", set(m.losses), set(first.losses)),
+            )
+            for name, got, want in pairs:
+                if got != want:
+                    return (
+                        f"write: micro-batch {m.index} recorded {name} {sorted(got)} but micro-batch "
+                        f"{first.index} recorded {sorted(want)}"
+                    )
+            for key, g in m.grads.items():
+                if g is None:
+                    return (
+                        f"write: no gradient captured for {key} of micro-batch {m.index}: call write() "
+                        "after the backward of every recorded micro-batch (and record the very tensor "
+                        "the loss is computed from)"
+                    )
+        return ""
+
+    def _local_tensors(self, rank: int, world: int) -> dict[str, Tensor]:
+        """This rank's rows of every key (micro-batches in recording order), gradients scaled."""
+        scale = 1.0 / world if self.reduce == "mean" else 1.0
+        out: dict[str, Tensor] = {}
+        for key in self._micro[0].tensors:
+            out[key] = gather.concat_padded([m.tensors[key] for m in self._micro], key in TOKEN_KEYS)
+        for key, gkey in GRAD_KEYS.items():
+            if key in self._micro[0].grads:
+                parts = [g * scale for m in self._micro if (g := m.grads[key]) is not None]
+                out[gkey] = gather.concat_padded(parts, token=True)
+        sizes = [int(m.tensors["response_mask"].shape[0]) for m in self._micro]
+        out["micro_batch"] = torch.cat(
+            [torch.full((n,), m.index) for n, m in zip(sizes, self._micro, strict=True)]
+        )
+        out["rank"] = torch.full((sum(sizes),), rank, dtype=torch.int64)
+        return out
+
+    def write(self, path: str | Path) -> Path | None:
+        """Gather every rank's rows and write ONE dump on rank 0 (every rank must call it).
+
+        Returns the sidecar's path on rank 0, None on the other ranks. Call it after the step's
+        last backward; the recorder is spent afterwards.
+        """
+        if self._written:
+            raise CaptureError("write: this recorder has already written its dump; make a new one per step")
+        self._written = True
+        for h in self._handles:
+            h.remove()
+        rank, world = _dist()
+        problem = self._local_problem()
+        local = self._local_tensors(rank, world) if not problem else {}
+        names = sorted(local) + [f"loss:{k}" for k in sorted(self._micro[0].losses)] if local else []
+        if world > 1:
+            flags = gather.gather_ints([int(bool(problem)), hash_names(names)], world, _all_gather)
+            bad = [r for r, f in enumerate(flags) if f[0]]
+            if problem:
+                raise CaptureError(f"rank {rank}: {problem}")
+            if bad:
+                raise CaptureError(f"write: rank(s) {bad} failed to record this step (see their error)")
+            if len({f[1] for f in flags}) > 1:
+                raise CaptureError(f"write: ranks recorded different keys (this rank: {names})")
+        elif problem:
+            raise CaptureError(problem)
+        tensors, losses, n_micro = self._gathered(local, world)
+        if rank != 0:
+            return None
+        tensors.update({k: torch.tensor(v, dtype=torch.float64) for k, v in losses.items()})
+        side = {**self.conventions, "world_size": world, "micro_batches": n_micro}
+        side["separate_critic"] = self.separate_critic
+        return write_dump(path, tensors, hparams=self.hparams, convention=side)
+
+    def _gathered(
+        self, local: dict[str, Tensor], world: int
+    ) -> tuple[dict[str, Tensor], dict[str, float], int]:
+        """Every rank's rows, the loss sums (scaled) and the micro-batch count (largest per rank)."""
+        scale = 1.0 / world if self.reduce == "mean" else 1.0
+        loss_keys = sorted(self._micro[0].losses)
+        sums = [scale * sum(m.losses[k] for m in self._micro) for k in loss_keys]
+        if world == 1:
+            return local, dict(zip(loss_keys, sums, strict=True)), len(self._micro)
+        mask = local["response_mask"]
+        sizes = gather.gather_ints(
+            [int(mask.shape[0]), int(mask.shape[1]), len(self._micro)], world, _all_gather
+        )
+        out = {k: gather.gather_rows(v, sizes, _all_gather) for k, v in sorted(local.items())}
+        totals = [0.0] * len(loss_keys)
+        if loss_keys:
+            vec = torch.tensor(sums, dtype=torch.float64)
+            parts = [torch.zeros_like(vec) for _ in range(world)]
+            _all_gather(parts, vec)
+            totals = [float(v) for v in torch.stack(parts).sum(dim=0)]
+        return out, dict(zip(loss_keys, totals, strict=True)), max(s[2] for s in sizes)
+
+
+def hash_names(names: list[str]) -> int:
+    """A stable 62-bit fingerprint of a list of key names (equal lists ⇔ equal on every rank)."""
+    import hashlib
+
+    digest = hashlib.sha256("\n".join(names).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 2
+
+
+__all__ = ["GRAD_KEYS", "LOSS_KEYS", "ROW_KEYS", "TOKEN_KEYS", "CaptureError", "StepRecorder"]

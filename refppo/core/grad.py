@@ -1,0 +1,348 @@
+"""Closed-form per-token gradients of the losses: the naive twin of autograd through the core.
+
+Every function here is a *naive twin*: plain Python floats (IEEE double), one token at a time,
+reading like the equations below; the vectorized side is torch autograd through
+:func:`~refppo.core.policy.clipped_policy_loss`, :func:`~refppo.core.value.value_loss`,
+:func:`~refppo.core.objective.kl_loss` and :func:`refppo.pipeline.update_quantities`. Outputs are
+float64 ``[B, T]`` tensors (on the input's device), exactly 0 at padded positions.
+
+Aggregation weight ``w(b,t) = ∂agg(L)/∂L[b,t]`` at a valid token (0 on padding), with the global
+normalisers ``N_tok`` (``token_count``), ``N_seq`` (``seq_count``), ``H`` (``horizon``) when given,
+else the local ones (valid tokens, rows ``B``, padded length ``T``); ``L_b`` = valid tokens of row b::
+
+    token-mean 1/N_tok   seq-mean-token-mean 1/(L_b·N_seq)   seq-mean-token-sum 1/N_seq
+    seq-mean-token-sum-norm 1/(H·N_seq)   token-sum 1
+
+Policy loss, with ``d = l − l^old``, ``ρ = exp(clamp(d, −κ, κ))``, ``L1 = −Aρ``,
+``L2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``, ``ℓ = max(L1, L2)`` (dual-clip: ``min(ℓ, −cA)`` where A < 0)::
+
+    ∂pg/∂l = w · s_min · (−A)·(s1 + s2·[1−ε_low ≤ ρ ≤ 1+ε_high]) · ρ · [−κ ≤ d ≤ κ]
+
+Value loss, ``V^clip`` by the clip form, ``e1 = (V−R)²``, ``e2 = (V^clip−R)²``::
+
+    ∂vf/∂V = w · (s1·(V − R) + s2·(V^clip − R)·[V^clip passes V])      (clipped)
+    ∂vf/∂V = w · (V − R)                                                (unclipped)
+
+KL loss (current vs reference log-probs), ``d = l − l^ref`` clamped to ``[lo, hi]``, estimate ``k``::
+
+    ∂kl/∂l = w · k'(d) · [lo ≤ d ≤ hi] · [−c_v ≤ k ≤ c_v]
+    k' = 1 (k1), d (k2), 1 − e^{−d} (k3), sign d (abs; 0 at d = 0)
+
+Objective (:func:`refppo.pipeline.update_quantities`): ``∂J/∂l = ∂pg/∂l + kl_coef·∂kl/∂l`` (the KL
+term only with ``kl_in = loss``), ``∂J/∂V = vf_coef·∂vf/∂V``. The entropy is an *input* of the
+pipeline (a tensor given beside the log-probs, not computed from them), so it contributes nothing to
+``∂J/∂l``; through a model both come from the same logits, which is the model's business.
+
+**Ties: the subgradient autograd takes (torch 2.13, checked in tests/unit/test_core_grad.py).**
+
+- ``torch.maximum(x, y)`` / ``torch.minimum``: the *shares* ``(s1, s2)`` are ``(1, 0)`` when x wins
+  strictly, ``(0, 1)`` when y does, ``(½, ½)`` on a tie ``x == y``. ``s_min`` is the share of ``ℓ``
+  in the dual-clip ``min(ℓ, −cA)``: 1, 0, or ½ when ``ρ = c`` exactly; it is 1 where ``A ≥ 0``.
+- ``torch.clamp(x, lo, hi)`` (scalar or tensor bounds) passes the gradient on the closed interval
+  ``lo ≤ x ≤ hi``: *inclusive* at the boundary, 0 strictly outside.
+- ``torch.where(m, x, 0)`` sends nothing to the branch it did not pick: padding gets exact zeros.
+- ``abs`` at 0 has gradient ``sign(0) = 0``.
+
+Consequences: inside the clip range (boundaries included) ``L1 == L2`` and both halves carry the
+same gradient, so the unclipped gradient is whole; strictly outside it is whole or 0. A tie of
+``L1`` and ``L2`` outside the range (only by rounding when ``A ≠ 0``) gives half. For the clipped
+value loss, ``V`` on the boundary ``V^old ± ε_v`` gives the whole ``(V − R)``; ``R`` exactly midway
+between ``V`` (outside the range) and the bound gives ``½(V − R)``. The twin applies these rules to
+its own double-precision values, so it takes the same branch as autograd wherever the decision does
+not hinge on the last rounding step of the core's dtype (ties that are exact in every dtype:
+``d = 0``, dyadic ``d = ±κ``, ``V − V^old = ±ε_v``; property tests force them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ValueClipForm, ValueLoss
+from refppo.core import _pyfloat as pf
+from refppo.core.kl import LogRatioClamp
+from refppo.errors import ConventionError
+
+if TYPE_CHECKING:  # the pipeline imports the core; the core needs its types only for annotations
+    from refppo.pipeline import Convention, Hyperparams, Normalisers
+
+Rows = list[list[float]]
+
+
+def _shares(x: float, y: float) -> tuple[float, float]:
+    """Gradient shares of ``(x, y)`` in ``max(x, y)`` (swap the arguments for ``min``)."""
+    if x > y:
+        return 1.0, 0.0
+    if y > x:
+        return 0.0, 1.0
+    return 0.5, 0.5
+
+
+def _inside(x: float, lo: float | None, hi: float | None) -> bool:
+    """Whether ``clamp(x, lo, hi)`` passes the gradient: ``lo ≤ x ≤ hi`` (None: no bound)."""
+    return (lo is None or x >= lo) and (hi is None or x <= hi)
+
+
+def _clamp(x: float, lo: float | None, hi: float | None) -> float:
+    if lo is not None and x < lo:
+        x = lo
+    if hi is not None and x > hi:
+        x = hi
+    return x
+
+
+def agg_weights_naive(
+    mask: Tensor,
+    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
+    *,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> Rows:
+    """``w(b,t) = ∂agg(L)/∂L[b,t]`` (module docstring); 0 at padded positions."""
+    mode = LossAgg(agg)
+    ms = pf.mask_rows(mask)
+    B, T = len(ms), len(ms[0])
+    n_tok = token_count if token_count is not None else float(sum(sum(r) for r in ms))
+    n_seq = seq_count if seq_count is not None else float(B)
+    h = horizon if horizon is not None else float(T)
+    out: Rows = []
+    for row in ms:
+        length = sum(row)
+        if mode == LossAgg.TOKEN_MEAN:
+            w = 1.0 / n_tok
+        elif mode == LossAgg.TOKEN_SUM:
+            w = 1.0
+        elif mode == LossAgg.SEQ_MEAN_TOKEN_MEAN:
+            w = 1.0 / (length * n_seq)
+        elif mode == LossAgg.SEQ_MEAN_TOKEN_SUM:
+            w = 1.0 / n_seq
+        else:  # seq-mean-token-sum-norm
+            w = 1.0 / (h * n_seq)
+        out.append([w if ok else 0.0 for ok in row])
+    return out
+
+
+def _out(rows: Rows, like: Tensor) -> Tensor:
+    return torch.tensor(rows, dtype=torch.float64, device=like.device)
+
+
+def _pg_token(
+    d: float, a: float, eps_lo: float, eps_hi: float, dual: float | None, kappa: float | None
+) -> float:
+    """``∂ℓ/∂l`` of one valid token (before the aggregation weight)."""
+    neg_a = -a
+    ratio = math.exp(_clamp(d, -kappa, kappa) if kappa is not None else d)
+    lo, hi = 1.0 - eps_lo, 1.0 + eps_hi
+    l1, l2 = neg_a * ratio, neg_a * _clamp(ratio, lo, hi)
+    s1, s2 = _shares(l1, l2)
+    d_ell_d_ratio = neg_a * (s1 + s2 * float(_inside(ratio, lo, hi)))
+    s_min = 1.0
+    if dual is not None and neg_a > 0:  # the cap −c·A exists where A < 0 only
+        # ℓ's share in min(ℓ, cap) is the cap's share in max(cap, ℓ): 1 when ℓ < cap, ½ on a tie
+        s_min = _shares(neg_a * dual, max(l1, l2))[0]
+    pass_kappa = kappa is None or _inside(d, -kappa, kappa)
+    return d_ell_d_ratio * s_min * ratio if pass_kappa else 0.0
+
+
+def policy_grad_naive(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
+    log_ratio_clamp: float | None = None,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> Tensor:
+    """``∂pg_loss/∂logp`` ``[B, T]`` of :func:`~refppo.core.policy.clipped_policy_loss` (same args)."""
+    eps_hi = clip_high if clip_high is not None else clip_low
+    w = agg_weights_naive(mask, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
+    lp, lo, advs, ms = pf.rows(logp), pf.rows(logp_old), pf.rows(advantages), pf.mask_rows(mask)
+    out: Rows = []
+    for b, mrow in enumerate(ms):
+        row = []
+        for t, ok in enumerate(mrow):
+            if not ok:
+                row.append(0.0)
+                continue
+            g = _pg_token(lp[b][t] - lo[b][t], advs[b][t], clip_low, eps_hi, dual_clip, log_ratio_clamp)
+            row.append(w[b][t] * g)
+        out.append(row)
+    return _out(out, logp)
+
+
+def _vf_token(v: float, v_old: float, ret: float, clip: float | None, delta_form: bool) -> float:
+    """``∂ℓ^v/∂V`` of one valid token of the *clipped* value loss (before the weight)."""
+    assert clip is not None
+    if delta_form:  # V_old + clamp(V − V_old, ±ε): clamp sees V − V_old
+        v_c = v_old + _clamp(v - v_old, -clip, clip)
+        passes = _inside(v - v_old, -clip, clip)
+    else:  # clamp(V, V_old − ε, V_old + ε)
+        v_c = _clamp(v, v_old - clip, v_old + clip)
+        passes = _inside(v, v_old - clip, v_old + clip)
+    s1, s2 = _shares((v - ret) ** 2, (v_c - ret) ** 2)
+    return s1 * (v - ret) + s2 * (v_c - ret) * float(passes)
+
+
+def value_grad_naive(
+    values: Tensor,
+    values_old: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    kind: ValueLoss | str = ValueLoss.CLIPPED,
+    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+    clip_form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
+) -> Tensor:
+    """``∂vf_loss/∂values`` ``[B, T]`` of :func:`~refppo.core.value.value_loss` (same args)."""
+    clipped = ValueLoss(kind) == ValueLoss.CLIPPED
+    delta_form = ValueClipForm(clip_form) == ValueClipForm.DELTA
+    w = agg_weights_naive(mask, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
+    vs, vos, rs, ms = pf.rows(values), pf.rows(values_old), pf.rows(returns), pf.mask_rows(mask)
+    out: Rows = []
+    for b, mrow in enumerate(ms):
+        row = []
+        for t, ok in enumerate(mrow):
+            if not ok:
+                row.append(0.0)
+                continue
+            v, v_old, ret = vs[b][t], vos[b][t], rs[b][t]
+            g = _vf_token(v, v_old, ret, clip, delta_form) if clipped else v - ret
+            row.append(w[b][t] * g)
+        out.append(row)
+    return _out(out, values)
+
+
+def _kl_token(
+    d: float, est: KLEstimator, log_ratio_clamp: LogRatioClamp | None, value_clamp: float | None
+) -> float:
+    """``∂k/∂l`` of one valid token (before the weight)."""
+    lo, hi = log_ratio_clamp if log_ratio_clamp is not None else (None, None)
+    if not _inside(d, lo, hi):
+        return 0.0
+    d = _clamp(d, lo, hi)
+    if est == KLEstimator.K1:
+        k, dk = d, 1.0
+    elif est == KLEstimator.K2:
+        k, dk = 0.5 * d * d, d
+    elif est == KLEstimator.K3:
+        k, dk = math.exp(-d) - 1.0 + d, 1.0 - math.exp(-d)
+    else:  # abs; sign(0) = 0
+        k, dk = abs(d), float((d > 0) - (d < 0))
+    if value_clamp is not None and not _inside(k, -value_clamp, value_clamp):
+        return 0.0
+    return dk
+
+
+def kl_loss_grad_naive(
+    logp: Tensor,
+    logp_ref: Tensor,
+    mask: Tensor,
+    estimator: KLEstimator | str = KLEstimator.K3,
+    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
+    *,
+    log_ratio_clamp: LogRatioClamp | None = None,
+    value_clamp: float | None = None,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> Tensor:
+    """``∂kl_loss/∂logp`` ``[B, T]`` of :func:`~refppo.core.objective.kl_loss` (same args)."""
+    est = KLEstimator(estimator)
+    w = agg_weights_naive(mask, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
+    lp, lr, ms = pf.rows(logp), pf.rows(logp_ref), pf.mask_rows(mask)
+    out: Rows = []
+    for b, mrow in enumerate(ms):
+        out.append(
+            [
+                w[b][t] * _kl_token(lp[b][t] - lr[b][t], est, log_ratio_clamp, value_clamp) if ok else 0.0
+                for t, ok in enumerate(mrow)
+            ]
+        )
+    return _out(out, logp)
+
+
+def objective_grads_naive(
+    *,
+    logprobs: Tensor,
+    values: Tensor,
+    old_logprobs: Tensor,
+    old_values: Tensor,
+    advantages: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    value_mask_: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    hp: Hyperparams,
+    conv: Convention,
+    norm: Normalisers | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(∂J/∂logprobs, ∂J/∂values)`` of :func:`refppo.pipeline.update_quantities` (same args).
+
+    ``J = pg + vf_coef·vf − ent_coef·entropy + kl_coef·kl`` with the pipeline's normalisers: the
+    policy and KL terms use ``token_count``, ``seq_count`` and ``hp.horizon``; the value term the same
+    but ``value_token_count`` for ``token_count`` when given, over ``value_mask_`` (default ``mask``).
+    ``entropy`` is accepted (the pipeline's arguments) and unused: the entropy is an input, so
+    ``ent_coef·entropy`` adds nothing to either gradient.
+    """
+    del entropy
+    pol: dict[str, float | None] = {
+        "token_count": norm.token_count if norm else None,
+        "seq_count": norm.seq_count if norm else None,
+        "horizon": hp.horizon,
+    }
+    val = dict(pol)
+    if norm is not None and norm.value_token_count is not None:
+        val["token_count"] = norm.value_token_count
+    g_lp = policy_grad_naive(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=hp.cliprange,
+        clip_high=hp.cliprange_high,
+        dual_clip=conv.dual_clip,
+        agg=conv.loss_agg,
+        log_ratio_clamp=conv.log_ratio_clamp,
+        **pol,
+    )
+    if conv.kl_in is KLPlacement.LOSS:
+        if ref_logprobs is None:
+            raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
+        g_kl = kl_loss_grad_naive(
+            logprobs,
+            ref_logprobs,
+            mask,
+            conv.kl_estimator,
+            conv.loss_agg if conv.kl_loss_agg is None else conv.kl_loss_agg,
+            log_ratio_clamp=conv.kl_log_ratio_clamp,
+            value_clamp=conv.kl_value_clamp,
+            **pol,
+        )
+        g_lp = g_lp + hp.kl_coef * g_kl
+    g_v = value_grad_naive(
+        values,
+        old_values,
+        returns,
+        mask if value_mask_ is None else value_mask_,
+        clip=hp.cliprange_value,
+        kind=conv.value_loss,
+        agg=conv.loss_agg if conv.value_loss_agg is None else conv.value_loss_agg,
+        clip_form=conv.value_clip_form,
+        **val,
+    )
+    return g_lp, hp.vf_coef * g_v

@@ -1,0 +1,43 @@
+"""``run.dump_iteration``: the trainer's own step as a v2 dump, through ``refppo.capture``.
+
+The trainer checked by its own oracle: :func:`request` asks :func:`refppo.ppo.ppo_update` to
+record the LAST optimizer step of the chosen iteration (last epoch, last minibatch: the ratio has
+moved away from 1, so the clip is exercised) with a :class:`refppo.capture.StepRecorder`, the very
+recorder any other trainer uses (one capture path). Every rank records its micro-batches; rank 0
+writes ``<out_dir>/dumps/iter_<N>.safetensors`` and its sidecar (the iteration's hyperparameters,
+with the KL controller's current β, and the conventions). ``refppo diff`` on it must match.
+
+Why the last minibatch equals the oracle's view only with ``ppo.minibatches=1`` (or no whitening):
+the trainer whitens over the whole rollout batch, the oracle over the dump's rows
+(:meth:`refppo.config.TrainConfig.__post_init__` refuses the other combinations).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from refppo.capture import StepRecorder
+from refppo.config import TrainConfig
+from refppo.pipeline import Hyperparams
+from refppo.ppo import CaptureRequest
+
+
+def dump_path(out_dir: Path, iteration: int) -> Path:
+    """Where iteration ``iteration`` (1-based) is dumped."""
+    return out_dir / "dumps" / f"iter_{iteration:06d}.safetensors"
+
+
+def request(cfg: TrainConfig, it: int, out_dir: Path, hp: Hyperparams) -> CaptureRequest | None:
+    """The capture request of 0-based iteration ``it``, or None when it is not the one to dump."""
+    if cfg.run.dump_iteration is None or cfg.run.dump_iteration != it + 1:
+        return None
+    recorder = StepRecorder(hparams=hp, conventions=cfg.ppo.convention, reduce="mean")
+    return CaptureRequest(
+        epoch=cfg.ppo.epochs - 1,
+        minibatch=cfg.ppo.minibatches - 1,
+        recorder=recorder,
+        path=str(dump_path(out_dir, it + 1)),
+    )
+
+
+__all__ = ["dump_path", "request"]
