@@ -278,3 +278,58 @@ class AdvantageEstimator(StrEnum):
 
 
 __all__ += ["AdvantageEstimator"]
+
+
+class PolicyLoss(StrEnum):
+    """Which importance ratio the clipped surrogate uses (:mod:`refppo.core.policy`, :mod:`refppo.core.gspo`).
+
+    - ``vanilla``: the token ratio ``ρ_t = exp(l_t − l^old_t)`` (PPO; verl 0.9.1 policy loss mode
+      ``vanilla``, the default of every peer; refppo default);
+    - ``gspo``: the sequence ratio ``s_b = exp(mean_t m·(l − l^old))`` of GSPO (Zheng et al. 2025),
+      in its token form ``sg(s_b)·π_t/sg(π_t)`` (verl 0.9.1
+      ``verl/trainer/ppo/core_algos.py::compute_policy_loss_gspo``, mode ``gspo``): clipped per
+      sequence, no dual-clip; ``log_ratio_clamp`` is then the *upper* clamp of ``log s`` (verl: 10).
+    """
+
+    VANILLA = "vanilla"
+    GSPO = "gspo"
+
+
+__all__ += ["PolicyLoss"]
+
+
+class GroupSingleton(StrEnum):
+    """What a group estimator does with a prompt that has one response (:mod:`refppo.core.group`).
+
+    - ``error``: refuse (refppo default; OpenRLHF 0.11.2 ``cli/train_ppo_ray.py`` asserts
+      ``n_samples_per_prompt > 1``);
+    - ``score``: μ := 0, σ := 1, the advantage is the raw score (``s/(1+ε)`` for ``grpo``): verl
+      0.9.1 ``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage``,
+      ``compute_reinforce_plus_plus_baseline_outcome_advantage``; SkyRL-train 0.3.1 GRPO;
+    - ``zero``: the advantage is 0 (verl ``compute_rloo_vectorized_outcome_advantage``, SkyRL-train
+      ``compute_rloo_outcome_advantage``).
+    """
+
+    ERROR = "error"
+    SCORE = "score"
+    ZERO = "zero"
+
+
+class GroupKL(StrEnum):
+    """How the reward's ``−β·KL`` reaches a critic-free advantage (``advantage`` ≠ ``gae``).
+
+    - ``fold``: into the score before grouping, ``s_i = Σ_t r_{i,t}`` over the token rewards (verl
+      0.9.1 ``compute_grpo_outcome_advantage`` sums ``token_level_rewards``; SkyRL-train 0.3.1 the
+      same; refppo default);
+    - ``to_go``: after grouping, as the return-to-go of ``−β·KL_t`` added to every token
+      (OpenRLHF 0.11.2 ``experience_maker.py::compute_advantages_and_returns``: ``compute_reward``
+      then ``get_cumulative_returns``).
+
+    ``reinforce++`` has no group: its discounted returns read the token rewards either way.
+    """
+
+    FOLD = "fold"
+    TO_GO = "to_go"
+
+
+__all__ += ["GroupKL", "GroupSingleton"]

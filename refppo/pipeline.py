@@ -16,7 +16,8 @@ Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
                                                                         under DDP)
     --- per PPO epoch / minibatch, with the current policy and critic ---
     5. ratio         = exp(logprobs − old_logprobs)
-    6. pg_loss, pg_clipfrac, approx_kl = clipped surrogate
+    6. pg_loss, pg_clipfrac, approx_kl = clipped surrogate            (``policy_loss``: token ratio,
+                                                                        or GSPO's sequence ratio)
     7. vf_loss, vf_clipfrac = value loss around old_values           (``value_loss_agg``, default
                                                                         ``loss_agg``; clipped value
                                                                         by ``value_clip_form``)
@@ -41,11 +42,15 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import (
+    AdvantageEstimator,
     GaeHoles,
     GaePadding,
+    GroupKL,
+    GroupSingleton,
     KLEstimator,
     KLPlacement,
     LossAgg,
+    PolicyLoss,
     ScorePosition,
     ValueClipForm,
     ValueLoss,
@@ -56,6 +61,8 @@ from refppo.conventions import (
     parse,
 )
 from refppo.core.gae import envelope, gae
+from refppo.core.group import discounted_returns, group_advantages
+from refppo.core.gspo import gspo_policy_loss
 from refppo.core.kl import check_kl_clamps, token_kl
 from refppo.core.masked import AllReduce
 from refppo.core.normalize import normalize
@@ -63,7 +70,7 @@ from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.core.value import value_loss
-from refppo.errors import ConventionError, HyperparameterError
+from refppo.errors import ConventionError, HyperparameterError, MaskError
 from refppo.validate import check_mask, check_nonneg, check_positive, check_unit_interval
 
 _ENUM_FIELDS: dict[str, type[Any]] = {
@@ -78,6 +85,11 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "whiten_rewards": Whitening,
     "gae_padding": GaePadding,
     "value_clip_form": ValueClipForm,
+    "policy_loss": PolicyLoss,
+    "advantage": AdvantageEstimator,
+    "group_std": Variance,
+    "group_singleton": GroupSingleton,
+    "group_kl": GroupKL,
     "gae_holes": GaeHoles,
     "whiten_holes": WhitenHoles,
 }
@@ -95,6 +107,12 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "gae_padding": GaePadding.MASKED,
     "kl_loss_agg": None,
     "entropy_agg": None,
+    "policy_loss": PolicyLoss.VANILLA,
+    "advantage": AdvantageEstimator.GAE,
+    "group_std": Variance.UNBIASED,
+    "group_singleton": GroupSingleton.ERROR,
+    "group_kl": GroupKL.FOLD,
+    "group_eps": 1e-6,
     "gae_holes": GaeHoles.SKIP,
     "whiten_holes": WhitenHoles.EXCLUDE,
 }
@@ -150,12 +168,32 @@ class Convention:
     """How the clipped value is computed: ``around_old`` ``clip(V, V_old ± ε_v)`` (verl, TRL,
     DeepSpeed-Chat) or ``delta`` ``V_old + clip(V − V_old, ±ε_v)`` (OpenRLHF, SkyRL, AReaL); equal in
     exact arithmetic, they can count a different ``vf_clipfrac`` in float32."""
+    policy_loss: PolicyLoss = PolicyLoss.VANILLA
+    """The importance ratio of the clipped surrogate: ``vanilla`` (per token) or ``gspo`` (GSPO's
+    length-normalised sequence ratio, :mod:`refppo.core.gspo`; needs ``dual_clip`` None, and takes
+    ``log_ratio_clamp`` as the upper clamp of the log sequence ratio, verl: 10)."""
     gae_holes: GaeHoles = GaeHoles.SKIP
     """How GAE crosses interior mask holes (multi-turn tool tokens): ``skip`` (verl), ``zero``
     (OpenRLHF agent mode), ``through`` (SkyRL); no effect on a right-padded mask."""
     whiten_holes: WhitenHoles = WhitenHoles.EXCLUDE
     """The advantage whitening's moments over the valid tokens (``exclude``: verl, OpenRLHF) or over
     each row's envelope, holes included (``include``: SkyRL); no effect on a right-padded mask."""
+
+    advantage: AdvantageEstimator = AdvantageEstimator.GAE
+    """Step 3's estimator: ``gae`` (with a critic) or a critic-free one (:mod:`refppo.core.group`):
+    ``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline`` (need ``group_index``), ``reinforce++``.
+    Step 4 (the ``whiten_*`` keys) still applies: the peers' GRPO/RLOO leave it off
+    (``whiten_advantages=none``), REINFORCE++ is its discounted returns whitened by step 4."""
+    group_std: Variance = Variance.UNBIASED
+    """The group std of ``grpo``: ``unbiased`` (n−1: ``torch.std``, verl, OpenRLHF, SkyRL) or
+    ``population`` (n)."""
+    group_singleton: GroupSingleton = GroupSingleton.ERROR
+    """A prompt with one response in a group estimator: ``error``, ``score`` or ``zero``."""
+    group_kl: GroupKL = GroupKL.FOLD
+    """The reward KL in a group estimator: folded into the score (verl, SkyRL) or added as its
+    return-to-go after grouping (OpenRLHF)."""
+    group_eps: float = 1e-6
+    """ε of ``grpo``'s ``(s − μ)/(σ + ε)`` (verl, SkyRL 1e-6; OpenRLHF ``group_norm`` 1e-9)."""
 
     def __post_init__(self) -> None:
         for name, cls in _ENUM_FIELDS.items():
@@ -169,14 +207,25 @@ class Convention:
             raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
         if self.log_ratio_clamp is not None:
             check_positive("log_ratio_clamp", self.log_ratio_clamp)
+        if self.policy_loss is PolicyLoss.GSPO and self.dual_clip is not None:
+            raise ConventionError(
+                f"dual_clip: policy_loss=gspo has no dual-clip (verl compute_policy_loss_gspo), "
+                f"got dual_clip={self.dual_clip!r}; set dual_clip=none"
+            )
         check_kl_clamps(self.kl_log_ratio_clamp, self.kl_value_clamp, prefix="kl_")
+        check_nonneg("group_eps", self.group_eps)
+        if self.group_kl is GroupKL.TO_GO and self.whiten_rewards is not Whitening.NONE:
+            raise ConventionError(
+                "group_kl=to_go with whiten_rewards: the return-to-go of −β·KL is read before any reward "
+                "whitening; no peer combines them (use group_kl=fold)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict (enum values as their names).
 
         The fields of :data:`_OMITTED_AT_DEFAULT` (``value_loss_agg``, ``value_clip_form``,
         ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``, ``entropy_agg``,
-        ``gae_holes``, ``whiten_holes``) are
+        ``policy_loss``, ``gae_holes``, ``whiten_holes``) are
         left out while they hold their defaults, so that the dict of a convention that does not use
         them is the one written before they existed (the golden cases in ``spec/golden`` store it);
         :meth:`from_dict` restores the defaults.
@@ -327,11 +376,12 @@ def rollout_quantities(
     scores: Tensor,
     old_logprobs: Tensor,
     ref_logprobs: Tensor,
-    old_values: Tensor,
+    old_values: Tensor | None,
     mask: Tensor,
     hp: Hyperparams,
     conv: Convention,
     all_reduce: AllReduce | None = None,
+    group_index: Tensor | None = None,
 ) -> RolloutQuantities:
     """Steps 1–4 of the module docstring (steps 1–2: :func:`reward_quantities`).
 
@@ -339,6 +389,11 @@ def rollout_quantities(
     rank's rows and the whitening moments (step 4) are all-reduced, so each rank's advantages equal
     its rows of one process whitening the whole global batch (as verl). Steps 1–3 are per row and
     need no communication. Every rank must call it (the whitening is a collective).
+
+    Step 3 is GAE for ``conv.advantage = gae`` (needs ``old_values``); otherwise the critic-free
+    estimator of :func:`critic_free_advantages` (``old_values`` unused, may be None; the group
+    estimators need ``group_index`` ``[B]``, the prompt each row answers). Critic-free
+    ``returns`` are the raw advantages (verl and OpenRLHF return them as the returns).
     """
     m = check_mask("response_mask", mask)
     kl, rewards, vmask = reward_quantities(
@@ -351,8 +406,22 @@ def rollout_quantities(
         all_reduce=all_reduce,
     )
     unbiased = conv.whiten_variance is Variance.UNBIASED
-    gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
-    adv_raw, returns = gae(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes)
+    if conv.advantage is AdvantageEstimator.GAE:
+        if old_values is None:
+            raise ConventionError(
+                "advantage=gae needs old_values (the critic's rollout values); a critic-free estimator "
+                "(advantage=grpo, dr-grpo, rloo, reinforce++, reinforce++-baseline) does not"
+            )
+        gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
+        adv_raw, returns = gae(
+            rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
+        )
+    else:
+        adv_raw = critic_free_advantages(
+            scores=scores, kl=kl, rewards=rewards, mask=m, value_mask_=vmask, group_index=group_index,
+            hp=hp, conv=conv, distributed=all_reduce is not None,
+        )  # fmt: skip
+        returns = adv_raw
     adv = normalize(
         adv_raw,
         m if conv.whiten_holes is WhitenHoles.EXCLUDE else envelope(m),
@@ -365,6 +434,68 @@ def rollout_quantities(
     if conv.kl_in is KLPlacement.LOSS:
         kl = torch.zeros_like(kl)
     return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
+
+
+def critic_free_advantages(
+    *,
+    scores: Tensor,
+    kl: Tensor,
+    rewards: Tensor,
+    mask: Tensor,
+    value_mask_: Tensor,
+    group_index: Tensor | None,
+    hp: Hyperparams,
+    conv: Convention,
+    distributed: bool = False,
+) -> Tensor:
+    """Step 3 without a critic: the raw advantages ``[B, T]`` of ``conv.advantage`` (before step 4).
+
+    - ``reinforce++``: ``R_t = Σ_{k≥t} γ^{k−t} r_k`` of the token ``rewards`` over the value mask
+      (:func:`refppo.core.group.discounted_returns`; verl 0.9.1
+      ``compute_reinforce_plus_plus_outcome_advantage``, OpenRLHF 0.11.2 ``reinforce``);
+    - group estimators (:func:`refppo.core.group.group_advantages`, whitening left to step 4):
+      with ``group_kl=fold`` the score of row i is ``Σ_t r_{i,t}`` over the value mask (KL and score
+      together, verl ``token_level_rewards.sum(-1)``); with ``to_go`` it is ``scores`` and
+      ``−β·KL_t`` is added as its return-to-go (OpenRLHF), β = 0 when the KL is in the loss.
+    """
+    if conv.advantage is AdvantageEstimator.REINFORCE_PP:
+        return discounted_returns(rewards, value_mask_, gamma=hp.gamma)
+    what = f"advantage={conv.advantage.value}"
+    if group_index is None:
+        raise ConventionError(f"{what} needs group_index [B] (the prompt each row answers)")
+    if distributed:
+        raise ConventionError(
+            f"{what} under a data-parallel all_reduce: the group statistics are per process here; "
+            "a group split over ranks would be mis-normalised (not supported yet)"
+        )
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    penalty = None
+    if conv.group_kl is GroupKL.FOLD:
+        s = torch.where(value_mask_, rewards, zero).sum(dim=1)
+    else:
+        s = scores.to(rewards.dtype)
+        if conv.kl_in is KLPlacement.REWARD and hp.kl_coef > 0:
+            penalty = torch.where(mask, -hp.kl_coef * kl, zero)
+    try:
+        return group_advantages(
+            s,
+            group_index,
+            mask,
+            estimator=conv.advantage,
+            unbiased_std=conv.group_std is Variance.UNBIASED,
+            eps=conv.group_eps,
+            singleton=conv.group_singleton.value,
+            token_penalty=penalty,
+            whiten=False,
+        )
+    except MaskError as exc:
+        if "have one response" not in str(exc):
+            raise
+        ids = str(exc).split("groups ", 1)[1].split(" have", 1)[0]
+        raise ConventionError(
+            f"group_index: prompts {ids} have one response under group_singleton=error "
+            "(set group_singleton=score, as verl/SkyRL GRPO, or zero, as verl rloo_vectorized)"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -405,9 +536,9 @@ class Normalisers:
 def update_quantities(
     *,
     logprobs: Tensor,
-    values: Tensor,
+    values: Tensor | None,
     old_logprobs: Tensor,
-    old_values: Tensor,
+    old_values: Tensor | None,
     advantages: Tensor,
     returns: Tensor,
     mask: Tensor,
@@ -418,7 +549,11 @@ def update_quantities(
     conv: Convention,
     norm: Normalisers | None = None,
 ) -> UpdateQuantities:
-    """Steps 5–9 of the module docstring."""
+    """Steps 5–9 of the module docstring.
+
+    ``values``/``old_values`` None (a critic-free step, ``conv.advantage`` ≠ ``gae``): no value
+    loss, ``vf_loss`` and ``vf_clipfrac`` are 0 and the total loss has no value term.
+    """
     m = check_mask("response_mask", mask)
     vm = m if value_mask_ is None else check_mask("value_mask", value_mask_)
     nm = norm or Normalisers()
@@ -432,30 +567,49 @@ def update_quantities(
     val_norm = dict(pol_norm)
     if nm.value_token_count is not None:
         val_norm["token_count"] = nm.value_token_count
-    pg = clipped_policy_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        m,
-        clip_low=hp.cliprange,
-        clip_high=hp.cliprange_high,
-        dual_clip=conv.dual_clip,
-        agg=conv.loss_agg,
-        log_ratio_clamp=conv.log_ratio_clamp,
-        **pol_norm,
-    )
-    vf = value_loss(
-        values,
-        old_values,
-        returns,
-        vm,
-        clip=hp.cliprange_value,
-        kind=conv.value_loss,
-        agg=conv.loss_agg if conv.value_loss_agg is None else conv.value_loss_agg,
-        clip_form=conv.value_clip_form,
-        **val_norm,
-    )
+    if conv.policy_loss is PolicyLoss.GSPO:
+        pg = gspo_policy_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            m,
+            clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high,
+            agg=conv.loss_agg,
+            log_ratio_max=conv.log_ratio_clamp,
+            **pol_norm,
+        )
+    else:
+        pg = clipped_policy_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            m,
+            clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high,
+            dual_clip=conv.dual_clip,
+            agg=conv.loss_agg,
+            log_ratio_clamp=conv.log_ratio_clamp,
+            **pol_norm,
+        )
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    if values is None or old_values is None:
+        if conv.advantage is AdvantageEstimator.GAE:
+            raise ConventionError("advantage=gae needs values and old_values for the value loss")
+        vf_loss, vf_clipfrac = zero, zero
+    else:
+        vf = value_loss(
+            values,
+            old_values,
+            returns,
+            vm,
+            clip=hp.cliprange_value,
+            kind=conv.value_loss,
+            agg=conv.loss_agg if conv.value_loss_agg is None else conv.value_loss_agg,
+            clip_form=conv.value_clip_form,
+            **val_norm,
+        )
+        vf_loss, vf_clipfrac = vf.loss, vf.clipfrac
     ent_agg = conv.loss_agg if conv.entropy_agg is None else conv.entropy_agg
     ent = entropy_bonus(entropy, m, ent_agg, **pol_norm) if entropy is not None else zero
     if conv.kl_in is KLPlacement.LOSS:
@@ -475,7 +629,7 @@ def update_quantities(
         kll = zero
     loss = total_loss(
         pg.loss,
-        vf.loss,
+        vf_loss,
         ent,
         kll,
         vf_coef=hp.vf_coef,
@@ -485,12 +639,12 @@ def update_quantities(
     return UpdateQuantities(
         loss=loss,
         pg_loss=pg.loss,
-        vf_loss=vf.loss,
+        vf_loss=vf_loss,
         entropy_loss=ent,
         kl_loss=kll,
         ratio=pg.ratio,
         pg_clipfrac=pg.clipfrac,
         pg_clipfrac_lower=pg.clipfrac_lower,
         approx_kl=pg.approx_kl,
-        vf_clipfrac=vf.clipfrac,
+        vf_clipfrac=vf_clipfrac,
     )

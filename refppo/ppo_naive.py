@@ -24,6 +24,7 @@ from refppo.conventions import (
     KLEstimator,
     KLPlacement,
     LossAgg,
+    PolicyLoss,
     ScorePosition,
     ValueClipForm,
     ValueLoss,
@@ -223,6 +224,8 @@ def ppo_update_naive(
     """
     if conv.dual_clip is not None or conv.log_ratio_clamp is not None:
         raise ConventionError("ppo_update_naive: dual_clip and log_ratio_clamp are not supported")
+    if conv.policy_loss is not PolicyLoss.VANILLA:
+        raise ConventionError(f"ppo_update_naive: policy_loss={conv.policy_loss} is not supported")
     if conv.kl_log_ratio_clamp is not None or conv.kl_value_clamp is not None:
         raise ConventionError("ppo_update_naive: KL clamps are not supported")
     if cfg.dropout_in_update:

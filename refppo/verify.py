@@ -30,6 +30,8 @@ from refppo.conventions import KLEstimator, LossAgg, ValueLoss
 # through the module at run time also lets a test monkeypatch one vectorised function.
 aggregate_mod = importlib.import_module("refppo.core.aggregate")
 gae_mod = importlib.import_module("refppo.core.gae")
+grad_mod = importlib.import_module("refppo.core.grad")
+gspo_mod = importlib.import_module("refppo.core.gspo")
 kl_mod = importlib.import_module("refppo.core.kl")
 logprobs_mod = importlib.import_module("refppo.core.logprobs")
 masked_mod = importlib.import_module("refppo.core.masked")
@@ -408,6 +410,68 @@ def _case_total_loss(b: Batch, dev: torch.device) -> list[Pair]:
     return [("total", vec, _t(objective_mod.total_loss_naive(*terms, **coefs), vec), None)]
 
 
+def _case_gspo(b: Batch, dev: torch.device) -> list[Pair]:
+    lp_old = b.floats(-4.0, -0.1)
+    lp = torch.where(b.mask, lp_old + b.floats(-0.6, 0.6), lp_old)
+    adv = b.floats(-2.0, 2.0)
+    out: list[Pair] = []
+    for agg in LossAgg:
+        args = (lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev))
+        res = gspo_mod.gspo_policy_loss(*args, clip_high=0.28, agg=agg, log_ratio_max=10.0)
+        nv = gspo_mod.gspo_policy_loss_naive(
+            lp, lp_old, adv, b.mask, clip_high=0.28, agg=agg, log_ratio_max=10.0
+        )
+        out.append((f"loss({agg.value})", res.loss, _t(nv.loss, res.loss), None))
+    out.append(("ratio", res.ratio, _t(nv.ratio, res.ratio), None))
+    out.append(("per_token", res.per_token, _t(nv.per_token, res.per_token), None))
+    return out
+
+
+def _autograd(loss_fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    leaf = x.detach().clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(loss_fn(leaf), leaf)
+    return grad
+
+
+def _case_gradients(b: Batch, dev: torch.device) -> list[Pair]:
+    """Autograd through the losses vs the closed-form twins of refppo/core/grad.py (``token-sum``:
+    the weight is 1, so the gradients are O(1) and the tolerance means what it says)."""
+    lp_old, adv, ref = b.floats(-4.0, -0.1), b.floats(-2.0, 2.0), b.floats(-4.0, -0.1)
+    lp = torch.where(b.mask, lp_old + b.floats(-0.6, 0.6), lp_old)
+    v_old, ret = b.floats(-2.0, 2.0), b.floats(-2.0, 2.0)
+    v = torch.where(b.mask, v_old + b.floats(-0.5, 0.5), v_old)
+    m, md, agg = b.mask, b.mask.to(dev), LossAgg.TOKEN_SUM
+    pol = {"clip_high": 0.28, "dual_clip": 3.0, "agg": agg, "log_ratio_clamp": 0.5}
+    kl = {"log_ratio_clamp": (-1.0, 1.0), "value_clamp": 0.5}
+    grads = {
+        "policy": (
+            _autograd(
+                lambda x: policy_mod.clipped_policy_loss(x, lp_old.to(dev), adv.to(dev), md, **pol).loss,
+                lp.to(dev),
+            ),
+            grad_mod.policy_grad_naive(lp, lp_old, adv, m, **pol),
+        ),
+        "gspo": (
+            _autograd(
+                lambda x: gspo_mod.gspo_policy_loss(x, lp_old.to(dev), adv.to(dev), md, agg=agg).loss,
+                lp.to(dev),
+            ),
+            gspo_mod.gspo_policy_grad_naive(lp, lp_old, adv, m, agg=agg),
+        ),
+        "value": (
+            _autograd(
+                lambda x: value_mod.value_loss(x, v_old.to(dev), ret.to(dev), md, agg=agg).loss, v.to(dev)
+            ),
+            grad_mod.value_grad_naive(v, v_old, ret, m, agg=agg),
+        ),
+        "kl_k3": (
+            _autograd(lambda x: objective_mod.kl_loss(x, ref.to(dev), md, "k3", agg, **kl), lp.to(dev)),
+            grad_mod.kl_loss_grad_naive(lp, ref, m, "k3", agg, **kl),
+        ),
+    }
+    return [(name, auto, twin, None) for name, (auto, twin) in grads.items()]
+
+
 CASES: dict[str, Case] = {
     "masked_sum": _case_masked_sum,
     "masked_mean": _case_masked_mean,
@@ -424,6 +488,8 @@ CASES: dict[str, Case] = {
     "entropy_bonus": _case_entropy_bonus,
     "kl_loss": _case_kl_loss,
     "total_loss": _case_total_loss,
+    "gspo_policy_loss": _case_gspo,
+    "loss_gradients": _case_gradients,
 }
 """Step (vectorized function) -> case. Together they call every vectorized function of the core."""
 

@@ -146,3 +146,27 @@ def assert_exactly_equal(a: Tensor, b: Tensor, mask: Tensor | None = None, what:
     assert torch.equal(torch.isnan(x), torch.isnan(y)), f"{what}: NaN patterns differ"
     nn = ~torch.isnan(x)
     assert torch.equal(x[nn], y[nn]), f"{what}: not exactly equal\n{x}\n{y}"
+
+
+def assert_grad_close(
+    auto: Tensor | None, twin: Tensor, mask: Tensor, dtype: torch.dtype, what: str, ties: Tensor | None = None
+) -> None:
+    """Autograd gradient ``auto`` equals a closed-form twin (refppo/core/grad.py).
+
+    Exactly 0 on both sides where ``mask`` is False; elsewhere :func:`assert_twin_close` after
+    dividing both by ``max|twin|`` (gradients are ``O(1/N)``: the tolerance is taken relative to the
+    largest entry); at ``ties`` (forced exact ties), per token ``|auto − twin| ≤ rtol·|twin|``, so a
+    half where the twin says whole (or the reverse) fails even on a small entry.
+    """
+    assert auto is not None, f"{what}: autograd gave no gradient"
+    assert bool((auto[~mask] == 0).all()), f"{what}: autograd gradient on padding"
+    assert bool((twin[~mask] == 0).all()), f"{what}: twin gradient on padding"
+    scale = float(twin.abs().max()) or 1.0
+    assert_twin_close(auto.to(torch.float64) / scale, twin / scale, dtype, what)
+    if ties is not None and bool(ties.any()):
+        rtol = tolerance_for(dtype).rtol
+        a, e = auto.to(torch.float64)[ties], twin[ties]
+        bad = (a - e).abs() > rtol * e.abs()
+        assert not bool(bad.any()), (
+            f"{what}: at forced ties autograd {a[bad].tolist()} vs twin {e[bad].tolist()}"
+        )

@@ -16,6 +16,10 @@ Two halves, two interpreters:
    errors and the command that reproduces it. Each case also has a *control*: the same diff with
    the option the case exercises flipped, which must NOT match (else the case proves nothing).
 
+Critic-free cases (issue #13: GRPO, Dr. GRPO, RLOO, REINFORCE++ and its baseline, no critic in the
+dump) come from ``tools/peer_makers/critic_free.py``; its makers are named ``PEER:critic-free`` and
+checked under ``--preset PEER`` with the case's ``--set advantage=...``.
+
 TRL 1.12.0 runs in its own venv through ``tools/validate_trl_preset.py`` (TRL's whole
 ``PPOTrainer.train``, captured with a tracer). A venv that is not built (no ``READY`` stamp) is
 reported as SKIPPED. ``$REFPPO_PEERS_PYTHON`` still overrides the ``verl-openrlhf`` interpreter.
@@ -38,10 +42,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PEERS_ROOT = Path(os.environ.get("REFPPO_PEERS_ROOT", "/work/peervenv"))
 GROUPS: dict[str, tuple[str, ...]] = {
-    "verl-openrlhf": ("verl", "openrlhf"),
-    "skyrl-areal": ("skyrl", "areal"),
+    "verl-openrlhf": ("verl", "openrlhf", "verl:critic-free", "openrlhf:critic-free"),
+    "skyrl-areal": ("skyrl", "areal", "skyrl:critic-free"),
 }
-"""Side venv (``tools/build_peer_venvs.sh``) → the peers whose dump makers run in it."""
+"""Side venv (``tools/build_peer_venvs.sh``) → the dump makers that run in it. ``PEER:critic-free``
+(``tools/peer_makers/critic_free.py``) is checked under ``--preset PEER`` with ``--set advantage=…``."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -54,13 +59,18 @@ def make(out: Path, group: str) -> int:
 
     makers: dict[str, Callable[[Path], list[str]]] = {}
     if group == "verl-openrlhf":
-        from peer_makers import verl_openrlhf
+        from peer_makers import critic_free, verl_openrlhf
 
-        makers = {"verl": verl_openrlhf.make_verl, "openrlhf": verl_openrlhf.make_openrlhf}
+        makers = {
+            "verl": verl_openrlhf.make_verl,
+            "openrlhf": verl_openrlhf.make_openrlhf,
+            "verl:critic-free": critic_free.make_verl,
+            "openrlhf:critic-free": critic_free.make_openrlhf,
+        }
     elif group == "skyrl-areal":
-        from peer_makers import areal, skyrl
+        from peer_makers import areal, critic_free, skyrl
 
-        makers = {"skyrl": skyrl.make, "areal": areal.make}
+        makers = {"skyrl": skyrl.make, "areal": areal.make, "skyrl:critic-free": critic_free.make_skyrl}
     else:
         print(
             f"validate_presets.py: --group: unknown group {group!r}; valid: {sorted(GROUPS)}", file=sys.stderr
@@ -126,7 +136,8 @@ def run_group(group: str, py: Path, out: Path) -> dict[str, Any]:
         cases = []
         for name in st["made"]:
             conv = json.loads((out / f"{name}.set.json").read_text())
-            argv = _reproduce(out / f"{name}.pt", peer, conv)
+            preset = peer.split(":")[0]  # "verl:critic-free" runs under --preset verl
+            argv = _reproduce(out / f"{name}.pt", preset, conv)
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf):
                 rc = diff_main([*argv, "--json"])
@@ -138,7 +149,7 @@ def run_group(group: str, py: Path, out: Path) -> dict[str, Any]:
                 flip = json.loads(control_file.read_text())
                 buf = io.StringIO()
                 with contextlib.redirect_stdout(buf):
-                    crc = diff_main([*_reproduce(out / f"{name}.pt", peer, {**conv, **flip}), "--json"])
+                    crc = diff_main([*_reproduce(out / f"{name}.pt", preset, {**conv, **flip}), "--json"])
                 control = {"set": flip, "mismatches": crc == 1}
             cases.append(
                 {

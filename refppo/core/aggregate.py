@@ -118,3 +118,35 @@ def aggregate_loss_naive(
         h = horizon if horizon is not None else T
         result = sum(s / h for s in seq_sums) / (seq_count if seq_count is not None else B)
     return pf.tensor_like(result, loss_mat)
+
+
+def agg_weights_naive(
+    mask: Tensor,
+    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
+    *,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> list[list[float]]:
+    """``w(b,t) = ∂agg(L)/∂L[b,t]`` (module docstring); 0 at padded positions."""
+    mode = LossAgg(agg)
+    ms = pf.mask_rows(mask)
+    B, T = len(ms), len(ms[0])
+    n_tok = token_count if token_count is not None else float(sum(sum(r) for r in ms))
+    n_seq = seq_count if seq_count is not None else float(B)
+    h = horizon if horizon is not None else float(T)
+    out: list[list[float]] = []
+    for row in ms:
+        length = sum(row)
+        if mode == LossAgg.TOKEN_MEAN:
+            w = 1.0 / n_tok
+        elif mode == LossAgg.TOKEN_SUM:
+            w = 1.0
+        elif mode == LossAgg.SEQ_MEAN_TOKEN_MEAN:
+            w = 1.0 / (length * n_seq)
+        elif mode == LossAgg.SEQ_MEAN_TOKEN_SUM:
+            w = 1.0 / n_seq
+        else:  # seq-mean-token-sum-norm
+            w = 1.0 / (h * n_seq)
+        out.append([w if ok else 0.0 for ok in row])
+    return out

@@ -61,8 +61,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ValueClipForm, ValueLoss
+from refppo.conventions import KLEstimator, KLPlacement, LossAgg, PolicyLoss, ValueClipForm, ValueLoss
 from refppo.core import _pyfloat as pf
+from refppo.core._ties import clamp, inside, shares
+from refppo.core.aggregate import agg_weights_naive
+from refppo.core.gspo import gspo_policy_grad_naive
 from refppo.core.kl import LogRatioClamp
 from refppo.errors import ConventionError
 
@@ -70,60 +73,6 @@ if TYPE_CHECKING:  # the pipeline imports the core; the core needs its types onl
     from refppo.pipeline import Convention, Hyperparams, Normalisers
 
 Rows = list[list[float]]
-
-
-def _shares(x: float, y: float) -> tuple[float, float]:
-    """Gradient shares of ``(x, y)`` in ``max(x, y)`` (swap the arguments for ``min``)."""
-    if x > y:
-        return 1.0, 0.0
-    if y > x:
-        return 0.0, 1.0
-    return 0.5, 0.5
-
-
-def _inside(x: float, lo: float | None, hi: float | None) -> bool:
-    """Whether ``clamp(x, lo, hi)`` passes the gradient: ``lo ≤ x ≤ hi`` (None: no bound)."""
-    return (lo is None or x >= lo) and (hi is None or x <= hi)
-
-
-def _clamp(x: float, lo: float | None, hi: float | None) -> float:
-    if lo is not None and x < lo:
-        x = lo
-    if hi is not None and x > hi:
-        x = hi
-    return x
-
-
-def agg_weights_naive(
-    mask: Tensor,
-    agg: LossAgg | str = LossAgg.TOKEN_MEAN,
-    *,
-    token_count: float | None = None,
-    seq_count: float | None = None,
-    horizon: float | None = None,
-) -> Rows:
-    """``w(b,t) = ∂agg(L)/∂L[b,t]`` (module docstring); 0 at padded positions."""
-    mode = LossAgg(agg)
-    ms = pf.mask_rows(mask)
-    B, T = len(ms), len(ms[0])
-    n_tok = token_count if token_count is not None else float(sum(sum(r) for r in ms))
-    n_seq = seq_count if seq_count is not None else float(B)
-    h = horizon if horizon is not None else float(T)
-    out: Rows = []
-    for row in ms:
-        length = sum(row)
-        if mode == LossAgg.TOKEN_MEAN:
-            w = 1.0 / n_tok
-        elif mode == LossAgg.TOKEN_SUM:
-            w = 1.0
-        elif mode == LossAgg.SEQ_MEAN_TOKEN_MEAN:
-            w = 1.0 / (length * n_seq)
-        elif mode == LossAgg.SEQ_MEAN_TOKEN_SUM:
-            w = 1.0 / n_seq
-        else:  # seq-mean-token-sum-norm
-            w = 1.0 / (h * n_seq)
-        out.append([w if ok else 0.0 for ok in row])
-    return out
 
 
 def _out(rows: Rows, like: Tensor) -> Tensor:
@@ -135,16 +84,16 @@ def _pg_token(
 ) -> float:
     """``∂ℓ/∂l`` of one valid token (before the aggregation weight)."""
     neg_a = -a
-    ratio = math.exp(_clamp(d, -kappa, kappa) if kappa is not None else d)
+    ratio = math.exp(clamp(d, -kappa, kappa) if kappa is not None else d)
     lo, hi = 1.0 - eps_lo, 1.0 + eps_hi
-    l1, l2 = neg_a * ratio, neg_a * _clamp(ratio, lo, hi)
-    s1, s2 = _shares(l1, l2)
-    d_ell_d_ratio = neg_a * (s1 + s2 * float(_inside(ratio, lo, hi)))
+    l1, l2 = neg_a * ratio, neg_a * clamp(ratio, lo, hi)
+    s1, s2 = shares(l1, l2)
+    d_ell_d_ratio = neg_a * (s1 + s2 * float(inside(ratio, lo, hi)))
     s_min = 1.0
     if dual is not None and neg_a > 0:  # the cap −c·A exists where A < 0 only
         # ℓ's share in min(ℓ, cap) is the cap's share in max(cap, ℓ): 1 when ℓ < cap, ½ on a tie
-        s_min = _shares(neg_a * dual, max(l1, l2))[0]
-    pass_kappa = kappa is None or _inside(d, -kappa, kappa)
+        s_min = shares(neg_a * dual, max(l1, l2))[0]
+    pass_kappa = kappa is None or inside(d, -kappa, kappa)
     return d_ell_d_ratio * s_min * ratio if pass_kappa else 0.0
 
 
@@ -184,12 +133,12 @@ def _vf_token(v: float, v_old: float, ret: float, clip: float | None, delta_form
     """``∂ℓ^v/∂V`` of one valid token of the *clipped* value loss (before the weight)."""
     assert clip is not None
     if delta_form:  # V_old + clamp(V − V_old, ±ε): clamp sees V − V_old
-        v_c = v_old + _clamp(v - v_old, -clip, clip)
-        passes = _inside(v - v_old, -clip, clip)
+        v_c = v_old + clamp(v - v_old, -clip, clip)
+        passes = inside(v - v_old, -clip, clip)
     else:  # clamp(V, V_old − ε, V_old + ε)
-        v_c = _clamp(v, v_old - clip, v_old + clip)
-        passes = _inside(v, v_old - clip, v_old + clip)
-    s1, s2 = _shares((v - ret) ** 2, (v_c - ret) ** 2)
+        v_c = clamp(v, v_old - clip, v_old + clip)
+        passes = inside(v, v_old - clip, v_old + clip)
+    s1, s2 = shares((v - ret) ** 2, (v_c - ret) ** 2)
     return s1 * (v - ret) + s2 * (v_c - ret) * float(passes)
 
 
@@ -231,9 +180,9 @@ def _kl_token(
 ) -> float:
     """``∂k/∂l`` of one valid token (before the weight)."""
     lo, hi = log_ratio_clamp if log_ratio_clamp is not None else (None, None)
-    if not _inside(d, lo, hi):
+    if not inside(d, lo, hi):
         return 0.0
-    d = _clamp(d, lo, hi)
+    d = clamp(d, lo, hi)
     if est == KLEstimator.K1:
         k, dk = d, 1.0
     elif est == KLEstimator.K2:
@@ -242,7 +191,7 @@ def _kl_token(
         k, dk = math.exp(-d) - 1.0 + d, 1.0 - math.exp(-d)
     else:  # abs; sign(0) = 0
         k, dk = abs(d), float((d > 0) - (d < 0))
-    if value_clamp is not None and not _inside(k, -value_clamp, value_clamp):
+    if value_clamp is not None and not inside(k, -value_clamp, value_clamp):
         return 0.0
     return dk
 
@@ -308,18 +257,31 @@ def objective_grads_naive(
     val = dict(pol)
     if norm is not None and norm.value_token_count is not None:
         val["token_count"] = norm.value_token_count
-    g_lp = policy_grad_naive(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clip_low=hp.cliprange,
-        clip_high=hp.cliprange_high,
-        dual_clip=conv.dual_clip,
-        agg=conv.loss_agg,
-        log_ratio_clamp=conv.log_ratio_clamp,
-        **pol,
-    )
+    if conv.policy_loss is PolicyLoss.GSPO:
+        g_lp = gspo_policy_grad_naive(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high,
+            agg=conv.loss_agg,
+            log_ratio_max=conv.log_ratio_clamp,
+            **pol,
+        )
+    else:
+        g_lp = policy_grad_naive(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high,
+            dual_clip=conv.dual_clip,
+            agg=conv.loss_agg,
+            log_ratio_clamp=conv.log_ratio_clamp,
+            **pol,
+        )
     if conv.kl_in is KLPlacement.LOSS:
         if ref_logprobs is None:
             raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")

@@ -159,13 +159,16 @@ def group_advantages(
     whiten_unbiased: bool = True,
     whiten_eps: float = 1e-8,
     whiten_eps_form: WhitenEps = "add",
+    whiten: bool = True,
 ) -> TokenFloat:
     """Token advantages ``[B, T]``: ``a_i`` (:func:`group_scalar_advantages`) on valid tokens, 0 on padding.
 
     ``token_penalty`` ``[B, T]`` (optional) adds its return-to-go ``Σ_{k≥t} p_k`` (OpenRLHF).
     ``reinforce++-baseline`` whitens the result over the batch's valid tokens with
     ``whiten_unbiased`` (verl: True; OpenRLHF: False) and ``whiten_eps_form`` (verl ``add``:
-    ``rsqrt(σ²+1e-8)``; OpenRLHF ``clamp``: ``rsqrt(max(σ², 1e-8))``).
+    ``rsqrt(σ²+1e-8)``; OpenRLHF ``clamp``: ``rsqrt(max(σ², 1e-8))``). ``whiten=False`` leaves
+    that whitening to the caller (:func:`refppo.pipeline.rollout_quantities` applies its own step 4,
+    the ``whiten_*`` conventions, so one set of keys says how every advantage is whitened).
     """
     m = check_mask("mask", mask)
     _check_options(singleton, whiten_eps_form)
@@ -185,9 +188,21 @@ def group_advantages(
                 f"expected one floating dtype for all inputs, got scores={a.dtype}, token_penalty={p.dtype}"
             )
         adv = adv + gae(p, torch.zeros_like(p), m, gamma=1.0, lam=1.0)[0]
-    if parse(AdvantageEstimator, estimator) is AdvantageEstimator.REINFORCE_PP_BASELINE:
+    if whiten and parse(AdvantageEstimator, estimator) is AdvantageEstimator.REINFORCE_PP_BASELINE:
         adv = _whiten(adv, m, whiten_unbiased, whiten_eps, whiten_eps_form)
     return adv
+
+
+def discounted_returns(rewards: TokenFloat, mask: ResponseMask, *, gamma: float = 1.0) -> TokenFloat:
+    """``R_t = Σ_{k≥t, m_k=1} γ^{(#valid between)} r_k`` ``[B, T]``, 0 on padding: REINFORCE++'s returns.
+
+    :func:`refppo.core.gae.gae` with ``V = 0, λ = 1`` (one path); :func:`reinforce_pp_advantages`
+    whitens it.
+    """
+    m = check_mask("mask", mask)
+    r = check_bt("rewards", rewards, m)
+    gamma = check_unit_interval("gamma", gamma)
+    return gae(r, torch.zeros_like(r), m, gamma=gamma, lam=1.0)[0]
 
 
 def reinforce_pp_advantages(
@@ -206,12 +221,10 @@ def reinforce_pp_advantages(
     ``compute_reinforce_plus_plus_outcome_advantage`` (unbiased, ``add``); OpenRLHF 0.11.2
     ``reinforce`` (population, ``clamp``).
     """
-    m = check_mask("mask", mask)
-    r = check_bt("rewards", rewards, m)
-    gamma = check_unit_interval("gamma", gamma)
     _check_options("error", whiten_eps_form)
     check_nonneg("whiten_eps", whiten_eps)
-    ret = gae(r, torch.zeros_like(r), m, gamma=gamma, lam=1.0)[0]
+    m = check_mask("mask", mask)
+    ret = discounted_returns(rewards, m, gamma=gamma)
     return _whiten(ret, m, whiten_unbiased, whiten_eps, whiten_eps_form)
 
 

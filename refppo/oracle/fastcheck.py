@@ -127,12 +127,14 @@ class PrefixCheck:
 
 def rollout_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
     """Everything of ``setup``/``bug`` that steps 1–4 (``recompute(rollout_only=True)``) read:
-    :func:`reward_key`, the bug, where the KL sits, GAE's and the advantage whitening's keys, and
-    ``γ``, ``λ`` and the whitening eps (checked key by key in the unit tests)."""
+    :func:`reward_key`, the bug, where the KL sits, GAE's, the critic-free estimators' and the
+    advantage whitening's keys, ``γ``, ``λ``, ``β`` and the whitening eps (checked key by key in the
+    unit tests)."""
     c, hp = setup.conv, setup.hp
     gae_keys = (c.gae_padding, c.gae_holes, hp.gamma, hp.lam)
+    critic_free = (c.advantage, c.group_kl, c.group_std, c.group_eps, c.group_singleton, hp.kl_coef)
     white = (c.whiten_advantages, c.whiten_variance, c.whiten_eps_at, c.whiten_holes, hp.whiten_eps)
-    return (*reward_key(setup, bug), bug, c.kl_in, *gae_keys, *white)
+    return (*reward_key(setup, bug), bug, c.kl_in, *gae_keys, *critic_free, *white)
 
 
 class RolloutMemo:

@@ -20,7 +20,10 @@ from torch import Tensor
 from refppo.errors import RefPPOError
 from refppo.oracle.keys import alias_table, resolve_aliases, suggest
 
-REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "ref_logprobs", "old_values", "scores")
+REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "ref_logprobs", "scores")
+CRITIC_INPUTS: tuple[str, ...] = ("old_values",)
+"""Required unless the checked convention's estimator needs no critic (``advantage`` ≠ ``gae``):
+checked by :func:`check_inputs_for` once the convention is known."""
 UPDATE_INPUTS: tuple[str, ...] = ("logprobs", "values", "entropy")
 TOKEN_OUTPUTS: tuple[str, ...] = ("kl", "token_rewards", "advantages", "returns")
 SCALAR_OUTPUTS: tuple[str, ...] = (
@@ -45,10 +48,11 @@ TOKEN_KEYS: tuple[str, ...] = (
 )
 GRAD_KEYS: tuple[str, ...] = ("grad_logprobs", "grad_values")
 """v2: ∂J/∂``logprobs`` and ∂J/∂``values`` of the whole optimizer step, [B, T] (spec/dump-format.md)."""
-INTEGER_KEYS: set[str] = {"micro_batch", "rank"}
+INTEGER_KEYS: set[str] = {"micro_batch", "rank", "group_index"}
 """Keys whose tensors hold integers (kept as int64, never cast to the compute dtype)."""
-ROW_INTEGER_KEYS: tuple[str, ...] = ("micro_batch", "rank")
-"""v2: where each row was processed, [B]: its micro-batch (per rank) and its data-parallel rank."""
+ROW_INTEGER_KEYS: tuple[str, ...] = ("micro_batch", "rank", "group_index")
+"""[B] integers: v2's micro-batch (per rank) and data-parallel rank of each row; ``group_index``, the
+prompt each row answers (critic-free group estimators, issue #13)."""
 STEP_KEYS: tuple[str, ...] = ("world_size", "micro_batches", "separate_critic")
 """v2 sidecar keys describing the optimizer step (read here, not by the settings)."""
 KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *GRAD_KEYS, *INTEGER_KEYS))
@@ -65,6 +69,8 @@ _NEEDS_UPDATE = {
     "grad_logprobs": ("logprobs",),
     "grad_values": ("values",),
 }
+_NEEDS_CRITIC = ("values", "vf_loss", "vf_clipfrac")
+"""Keys that make no sense without ``old_values`` (the value loss is clipped around them)."""
 
 
 class DumpError(RefPPOError):
@@ -212,7 +218,16 @@ def validate(
     for k, v in raw.items():
         if k in KNOWN_KEYS and not isinstance(v, Tensor):
             raise DumpError(f"{p}: {k}: expected a tensor, got {type(v).__name__}")
+    critic = "old_values" in raw
+    given = [k for k in _NEEDS_CRITIC if k in raw]
+    if given and not critic:
+        raise DumpError(
+            f"{p}: missing required key 'old_values' (the critic's rollout values): {given} are given "
+            "and need it (a critic-free dump leaves out every value quantity)"
+        )
     for k, needs in _NEEDS_UPDATE.items():
+        if k == "loss" and not critic:
+            needs = ("logprobs",)  # a critic-free step's loss has no value term
         absent = [n for n in needs if n not in raw]
         if k in raw and absent:
             raise DumpError(
@@ -280,7 +295,8 @@ def validate(
         if k == "response_mask" or k in INTEGER_KEYS:
             continue
         tc = out[k].to(cdtype)
-        if (k in REQUIRED_INPUTS or k in UPDATE_INPUTS) and not math.isfinite(float(tc.sum())):
+        checked = k in REQUIRED_INPUTS or k in CRITIC_INPUTS or k in UPDATE_INPUTS
+        if checked and not math.isfinite(float(tc.sum())):
             finite = torch.isfinite(tc)  # slow path only when the one-pass sum says something is off
             bad = ~finite if k == "scores" else (~finite & mask)
             if bool(bad.any()):
@@ -308,7 +324,7 @@ def _step_layout(path: Path, hparams: dict[str, Any]) -> StepLayout:
 
 
 def _integer_key(p: Path, k: str, t: Tensor, B: int) -> Tensor:
-    """An integer-valued key as int64 (``micro_batch`` and ``rank`` are ``[B]``)."""
+    """An integer-valued key as int64 (``micro_batch``, ``rank`` and ``group_index`` are ``[B]``)."""
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
         raise DumpError(f"{p}: {k}: expected an integer tensor, got dtype {t.dtype}")
     if k in ROW_INTEGER_KEYS and tuple(t.shape) != (B,):
@@ -335,6 +351,21 @@ def _check_rows(p: Path, out: dict[str, Tensor], step: StepLayout) -> None:
     if step.micro_batches > 1 and "micro_batch" not in out:
         raise DumpError(
             f"{p}: micro_batch: missing while the sidecar says micro_batches={step.micro_batches}"
+        )
+
+
+def check_inputs_for(dump: Dump, advantage: str) -> None:
+    """The inputs the estimator ``advantage`` needs: ``old_values`` for ``gae``, ``group_index`` for a
+    group estimator (``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``). One-line DumpError."""
+    if advantage == "gae" and "old_values" not in dump.tensors:
+        raise DumpError(
+            f"{dump.path}: missing required key 'old_values' (advantage=gae needs the critic's rollout "
+            "values; a critic-free dump names its estimator: --set advantage=grpo, rloo, reinforce++, ...)"
+        )
+    if advantage not in ("gae", "reinforce++") and "group_index" not in dump.tensors:
+        raise DumpError(
+            f"{dump.path}: missing key 'group_index' (advantage={advantage} needs [B] integers: "
+            "the prompt each row answers)"
         )
 
 

@@ -444,14 +444,23 @@ def get_preset(name: str) -> Preset:
         ) from None
 
 
-def resolve_preset(name: str, estimator: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def resolve_preset(
+    name: str, estimator: str | None = None, advantage: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(conventions, default hparams)`` of preset ``name`` with the KL clamps of ``estimator``.
 
-    ``estimator`` None keeps the preset's own estimator.
+    ``estimator`` None keeps the preset's own KL estimator. ``advantage`` (None: ``gae``, the
+    preset as written) applies the peer's critic-free variant
+    (:func:`refppo.oracle.presets_critic_free.critic_free_variant`; a ConventionError when the peer
+    has none).
     """
+    from refppo.oracle.presets_critic_free import critic_free_variant
+
     p = get_preset(name)
     conv = dict(p.conventions)
     if estimator is not None:
         conv["kl_estimator"] = estimator
     conv.update(p.kl_clamps(str(conv["kl_estimator"])))
+    if advantage is not None:
+        conv.update(critic_free_variant(name, advantage))
     return conv, dict(p.hparams)

@@ -10,18 +10,18 @@ All arithmetic is float64.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, ValueLoss, Variance, WhitenHoles
+from refppo.conventions import AdvantageEstimator, KLPlacement, ValueLoss, Variance, WhitenHoles
 from refppo.core.gae import envelope, gae
 from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
-from refppo.oracle.load import TOLERANCES, Dump, validate
+from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, validate
 from refppo.oracle.settings import Setup
 from refppo.pipeline import rollout_quantities, update_quantities
 
@@ -190,6 +190,8 @@ def vf_tie_mask(
     return (boundary | midpoint) & mask
 
 
+_GAE_BUGS = frozenset({"gae_bootstrap_from_padding", "gae_through_padding"})
+
 ROLLOUT_QUANTITIES = frozenset({"kl", "token_rewards", "advantages", "returns"})
 """The quantities of steps 1–4 (:func:`refppo.pipeline.rollout_quantities`); the rest need the update."""
 
@@ -220,6 +222,9 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
     t = dump.tensors
     m = dump.mask
     conv, hp, ex = setup.conv, setup.hp, setup.extras
+    check_inputs_for(dump, conv.advantage.value)
+    if bug in _GAE_BUGS and conv.advantage is not AdvantageEstimator.GAE:
+        raise ValueError(f"the bug {bug} needs GAE (advantage=gae)")
     scores = clipped_scores(t["scores"], ex.score_clip, ex.score_bias, ex.score_scale)
     kl_logp = t["old_logprobs"]
     if bug == "kl_from_current_logprobs":
@@ -230,10 +235,11 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         scores=scores,
         old_logprobs=kl_logp,
         ref_logprobs=t["ref_logprobs"],
-        old_values=t["old_values"],
+        old_values=t.get("old_values"),
         mask=m,
         hp=hp,
         conv=conv,
+        group_index=t.get("group_index"),
     )
     adv_raw, returns, adv = rq.advantages_raw, rq.returns, rq.advantages
     if bug == "gae_through_padding":
@@ -273,13 +279,13 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
     vals = dict(ro.values)
     if "logprobs" in t or "values" in t:
         logprobs = t.get("logprobs", t["old_logprobs"])
-        values = t.get("values", t["old_values"])
+        values = t.get("values", t.get("old_values"))
         vf_mask = ro.value_mask if ex.vf_mask == "value" else m
         uq = update_quantities(
             logprobs=logprobs,
             values=values,
             old_logprobs=t["old_logprobs"],
-            old_values=t["old_values"],
+            old_values=t.get("old_values"),
             advantages=adv,
             returns=returns,
             mask=m,
@@ -302,7 +308,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
             else:
                 vals["approx_kl"] = uq.approx_kl
             vals["kl_loss"] = uq.kl_loss.detach()
-        if "values" in t:
+        if "values" in t and values is not None:
             vals["vf_loss"] = uq.vf_loss.detach()
             vals["vf_clipfrac"] = uq.vf_clipfrac
             if conv.value_loss is ValueLoss.CLIPPED:
@@ -311,24 +317,36 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
                 )
         if "entropy" in t:
             vals["entropy_loss"] = uq.entropy_loss.detach()
-        if "logprobs" in t and "values" in t:
+        if "logprobs" in t and ("values" in t or "old_values" not in t):
             # separate_critic: the ``loss`` key is the actor's objective (no value term)
             vf_term = hp.vf_coef * uq.vf_loss if dump.step.separate_critic else 0.0
             vals["loss"] = (uq.loss - vf_term).detach()
+        grad_setup, critic = setup, "old_values" in t
+        zeros = torch.zeros_like(t["old_logprobs"])
+        v_in = values if values is not None else zeros
+        ov_in = t["old_values"] if critic else zeros
+        if not critic:  # no critic: zero stand-ins and no value term (grad_values needs values: refused)
+            grad_setup = Setup(conv, ex, replace(hp, vf_coef=0.0))
         inp = UpdateInputs(
-            logprobs, values, t["old_logprobs"], t["old_values"], adv, returns, m, vf_mask,
-            t["ref_logprobs"], t.get("entropy"),
-        )  # fmt: skip
+            logprobs,
+            v_in,
+            t["old_logprobs"],
+            ov_in,
+            adv,
+            returns,
+            m,
+            vf_mask,
+            t["ref_logprobs"],
+            t.get("entropy"),
+        )
         if any(k in t for k in GRAD_QUANTITIES):
             ties = {
                 "grad_logprobs": pg_tie_mask(logprobs, t["old_logprobs"], adv, m, setup, rtol),
-                "grad_values": vf_tie_mask(
-                    values, t["old_values"], returns, vf_mask, hp.cliprange_value, rtol
-                )
-                if conv.value_loss is ValueLoss.CLIPPED
+                "grad_values": vf_tie_mask(v_in, ov_in, returns, vf_mask, hp.cliprange_value, rtol)
+                if conv.value_loss is ValueLoss.CLIPPED and critic
                 else torch.zeros_like(m),
             }
-            vals.update(reference_grads(inp, setup, t, ties))
+            vals.update(reference_grads(inp, grad_setup, t, ties))
         return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen, inp)
     return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen)
 

@@ -64,8 +64,11 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _conv_line(conv: dict[str, Any]) -> str:
+    """``key=value`` pairs; the critic-free estimator's options (``group_*``) only when they apply."""
     parts = []
     for k, v in conv.items():
+        if k.startswith("group_") and conv.get("advantage", "gae") == "gae":
+            continue
         if isinstance(v, (list, tuple)):
             v = ",".join("none" if x is None else f"{x:g}" for x in v)
         elif v is None:

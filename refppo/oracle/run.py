@@ -82,7 +82,14 @@ def check_step(
         # The KL estimator is a run setting in every peer (TRL kl_estimator, verl kl_penalty,
         # OpenRLHF kl_estimator): the run's own (--set, else the sidecar) wins over the preset's.
         estimator = parsed.get("kl_estimator", sidecar.get("kl_estimator"))
-        preset_conv, preset_hp = resolve_preset(preset, None if estimator is None else str(estimator))
+        # So is the advantage estimator (verl adv_estimator, OpenRLHF advantage.estimator): the
+        # preset then applies the peer's critic-free variant (refppo/oracle/presets_critic_free.py).
+        advantage = parsed.get("advantage", sidecar.get("advantage"))
+        preset_conv, preset_hp = resolve_preset(
+            preset,
+            None if estimator is None else str(estimator),
+            None if advantage is None else str(advantage),
+        )
         notes = preset_overrides_note(preset, preset_conv, sidecar, parsed)
     setup = build_setup(preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=parsed)
     result = check(d, setup)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+import torch
 from torch import Tensor
 
 from refppo.conventions import KLEstimator, LossAgg
@@ -180,11 +181,13 @@ class Search:
     # ----- stages -------------------------------------------------------------------------
     def run(self) -> list[Group]:
         groups = [Group([{}], 1, {})]
+        from refppo.oracle.search_estimator import estimator_stage, needs_estimator_stage
         from refppo.oracle.search_rollout import gae_stage, reward_stage, whiten_stage
 
         groups = self._kl(groups)
         groups = reward_stage(self, groups)
-        groups = gae_stage(self, groups)
+        # a dump with a critic and no group_index under a gae setting walks GAE alone, as before
+        groups = estimator_stage(self, groups) if needs_estimator_stage(self) else gae_stage(self, groups)
         groups = whiten_stage(self, groups)
         t = self.t
         if not ("logprobs" in t or "values" in t):
@@ -193,7 +196,11 @@ class Search:
         from refppo.oracle.search_value import value_stage
 
         groups = policy_stage(self, groups)
-        groups = value_stage(self, groups)
+        if "old_values" in t:
+            groups = value_stage(self, groups)
+        else:  # no critic: no value loss (refppo.pipeline.update_quantities)
+            for g in groups:
+                g.state = {**g.state, "vf_loss": torch.zeros((), dtype=t["old_logprobs"].dtype)}
         return self._loss(groups)
 
     def _kl(self, groups: list[Group]) -> list[Group]:
@@ -254,7 +261,7 @@ class Search:
 
         def checks(s: dict[str, Any]) -> list[float | None]:
             out: list[float | None] = []
-            if has_lp and "values" in t:
+            if has_lp and ("values" in t or "old_values" not in t):
                 out.append(self.ratio("loss", s["loss"], None))
             if s["kl_loss"] is not None:
                 out.append(self.ratio("kl_loss", s["kl_loss"], None))

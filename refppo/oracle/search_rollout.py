@@ -94,6 +94,7 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
                         upd.update(whiten_variance=var, whiten_eps_at=eps_at)
                         fixed = (var, eps_at)
                     st = {**g.state, "rewards": r, "vm": vm, "kl_in": kl_in.value, "fixed_whiten": fixed}
+                    st["scores"] = scores  # the critic-free estimators group them (search_estimator)
                     yield upd, st, digest(g.state["kl_key"], r, vm, kl_in.value, fixed)
 
         return opts
@@ -160,7 +161,7 @@ def _propose_score_map(s: Search, groups: list[Group]) -> list[tuple[float, floa
 def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
     """``returns`` (and the raw advantages): GAE over the value mask, or through the padding; across
     interior mask holes by every ``gae_holes`` convention (multi-turn dumps only)."""
-    t, hp = s.t, s.hp
+    t = s.t
     own = s.base.conv.gae_padding.value
     holes = list(GaeHoles) if has_holes(s.m) else [s.base.conv.gae_holes]
 
@@ -169,20 +170,7 @@ def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
         pads = list(dict.fromkeys([own, *(p.value for p in GaePadding)])) if walk_all else [own]
 
         def opts(g: Group) -> Iterable[Option]:
-            vm = g.state["vm"]
-            for pad, h in product(pads, holes):
-                gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
-                r = g.state["rewards"]
-                adv_raw, ret = gae(r, t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam, holes=h)
-                ret_key = digest(ret, vm)
-                st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
-                yield (
-                    {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {}),
-                    st,
-                    digest(
-                        g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw, g.state.get("fixed_whiten")
-                    ),
-                )
+            yield from gae_options(s, g, pads, holes)
 
         return opts
 
@@ -193,6 +181,26 @@ def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
     if "returns" in s.unmatched and out:
         _carry_dumped(out, "returns", t["returns"])
     return out
+
+
+def gae_options(s: Search, g: Group, pads: list[str], holes: list[GaeHoles]) -> Iterable[Option]:
+    """GAE for each ``gae_padding`` in ``pads`` and each ``gae_holes`` in ``holes`` (named in the
+    option only when more than one is walked: a dump with holes)."""
+    t, hp = s.t, s.hp
+    vm = g.state["vm"]
+    for pad, h in product(pads, holes):
+        gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
+        adv_raw, ret = gae(g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam, holes=h)
+        upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {})
+        yield with_raw_advantages(g, upd, adv_raw, ret)
+
+
+def with_raw_advantages(g: Group, upd: dict[str, Any], adv_raw: Tensor, ret: Tensor) -> Option:
+    """The option of step 3 (GAE or a critic-free estimator): its raw advantages and returns."""
+    ret_key = digest(ret, g.state["vm"])
+    st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
+    key = digest(g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw, g.state.get("fixed_whiten"))
+    return upd, st, key
 
 
 def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:

@@ -7,7 +7,8 @@ report) is the union of
   ``whiten_advantages``, ``whiten_variance``, ``loss_agg``, ``value_loss``, ``dual_clip``,
   ``log_ratio_clamp``, ``kl_log_ratio_clamp``, ``kl_value_clamp``, ``value_loss_agg``,
   ``value_clip_form``, ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``,
-  ``entropy_agg``, ``gae_holes``, ``whiten_holes``);
+  ``entropy_agg``, ``gae_holes``, ``whiten_holes``, and the critic-free estimator's ``advantage``,
+  ``group_std``, ``group_singleton``, ``group_kl``, ``group_eps``);
 - oracle-only keys for conventions that sit *around* the pipeline rather than in it
   (:class:`Extras`): ``score_clip``, ``score_bias``, ``score_scale``, ``approx_kl`` and ``vf_mask``;
 - the fields of :class:`refppo.pipeline.Hyperparams` (``gamma``, ``lam``, ``kl_coef``, ...).
@@ -72,7 +73,8 @@ REQUIRED_HPARAMS: tuple[str, ...] = ("gamma", "lam", "kl_coef", "cliprange", "cl
 ALL_KEYS: tuple[str, ...] = CONVENTION_KEYS + EXTRA_KEYS + HPARAM_KEYS
 
 _FLOAT_OR_NONE = {"dual_clip", "log_ratio_clamp", "kl_value_clamp", "score_clip"}
-_FLOAT_EXTRAS = {"score_bias", "score_scale"}
+_FLOAT_EXTRAS = {"score_bias", "score_scale", "group_eps"}
+"""Keys holding a plain float (the extras' score map, the convention ``group_eps``)."""
 _FLOAT_OR_NONE_HP = {"cliprange_high", "horizon"}
 _NAME_OR_NONE = {"value_loss_agg", "kl_loss_agg", "entropy_agg"}
 

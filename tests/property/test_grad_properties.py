@@ -7,7 +7,7 @@ autograd must pick a subgradient (refppo/core/grad.py, "Ties"): values built on 
 ``V − V^old = ±ε_v`` exactly (value clip boundary), ``R`` exactly midway between ``V`` and the bound
 (a tie of the two squared errors), and, in float64, ``ρ = c = 2`` (dual-clip, ``d = ln 2``).
 
-Comparison (:func:`assert_grad_close`): padded positions exactly 0 on both sides; elsewhere
+Comparison (:func:`strategies.assert_grad_close`): padded positions exactly 0 on both sides; elsewhere
 :func:`strategies.assert_twin_close` after dividing both by ``max|twin|`` (gradients are ``O(1/N)``,
 so the project tolerance is applied relative to the largest entry); at the forced ties, per token,
 ``|autograd − twin| ≤ rtol·|twin|`` — a half where the twin says whole (or the reverse) fails there.
@@ -20,7 +20,7 @@ import math
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import Ragged, assert_twin_close, ragged_batches
+from strategies import Ragged, assert_grad_close, ragged_batches
 from torch import Tensor
 
 from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition, ValueClipForm, ValueLoss
@@ -30,7 +30,6 @@ from refppo.core.objective import kl_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.value import value_loss
 from refppo.pipeline import Convention, Hyperparams, Normalisers, update_quantities, value_mask
-from refppo.verify import tolerance_for
 
 aggs = st.sampled_from(list(LossAgg))
 clip_ranges = st.sampled_from([(0.2, None), (0.1, 0.3), (0.28, 0.2), (0.0, None), (0.2, 0.0), (0.0, 0.3)])
@@ -54,24 +53,6 @@ def _dyadic(b: Ragged, low: float, high: float) -> torch.Tensor:
 def _pick(b: Ragged, p: float) -> torch.Tensor:
     """A random subset of the valid tokens (each with probability ``p``)."""
     return (torch.rand((b.B, b.T), generator=b.gen) < p) & b.mask
-
-
-def assert_grad_close(
-    auto: Tensor | None, twin: Tensor, mask: Tensor, dtype: torch.dtype, what: str, ties: Tensor | None = None
-) -> None:
-    """Autograd ``auto`` equals the twin (module docstring); ``mask``: where gradients may be nonzero."""
-    assert auto is not None, f"{what}: autograd gave no gradient"
-    assert bool((auto[~mask] == 0).all()), f"{what}: autograd gradient on padding"
-    assert bool((twin[~mask] == 0).all()), f"{what}: twin gradient on padding"
-    scale = float(twin.abs().max()) or 1.0
-    assert_twin_close(auto.to(torch.float64) / scale, twin / scale, dtype, what)
-    if ties is not None and bool(ties.any()):
-        rtol = tolerance_for(dtype).rtol
-        a, e = auto.to(torch.float64)[ties], twin[ties]
-        bad = (a - e).abs() > rtol * e.abs()
-        assert not bool(bad.any()), (
-            f"{what}: at forced ties autograd {a[bad].tolist()} vs twin {e[bad].tolist()}"
-        )
 
 
 def _policy_inputs(
@@ -197,21 +178,27 @@ def test_kl_loss_grad_matches_autograd(
     assert_grad_close(x.grad, twin, b.mask, b.dtype, f"∂kl/∂logp ({est}, {clamp}, {vc}, {agg})", ties)
 
 
-convs = st.builds(
-    Convention,
-    kl_estimator=st.sampled_from(list(KLEstimator)),
-    kl_in=st.sampled_from(list(KLPlacement)),
-    score_at=st.sampled_from(list(ScorePosition)),
-    loss_agg=aggs,
-    value_loss=st.sampled_from(list(ValueLoss)),
-    dual_clip=st.sampled_from([None, 3.0]),
-    log_ratio_clamp=st.sampled_from([None, 0.5]),
-    kl_log_ratio_clamp=st.sampled_from([None, (-1.0, 1.0)]),
-    kl_value_clamp=st.sampled_from([None, 0.8]),
-    value_loss_agg=st.one_of(st.none(), aggs),
-    kl_loss_agg=st.one_of(st.none(), aggs),
-    value_clip_form=st.sampled_from(list(ValueClipForm)),
-)
+def _convs(policy_loss: str, duals: list[float | None]) -> st.SearchStrategy[Convention]:
+    return st.builds(
+        Convention,
+        kl_estimator=st.sampled_from(list(KLEstimator)),
+        kl_in=st.sampled_from(list(KLPlacement)),
+        score_at=st.sampled_from(list(ScorePosition)),
+        loss_agg=aggs,
+        value_loss=st.sampled_from(list(ValueLoss)),
+        dual_clip=st.sampled_from(duals),
+        log_ratio_clamp=st.sampled_from([None, 0.5]),
+        kl_log_ratio_clamp=st.sampled_from([None, (-1.0, 1.0)]),
+        kl_value_clamp=st.sampled_from([None, 0.8]),
+        value_loss_agg=st.one_of(st.none(), aggs),
+        kl_loss_agg=st.one_of(st.none(), aggs),
+        value_clip_form=st.sampled_from(list(ValueClipForm)),
+        policy_loss=st.just(policy_loss),
+    )
+
+
+# GSPO has no dual-clip (a Convention with both is refused)
+convs = st.one_of(_convs("vanilla", [None, 3.0]), _convs("gspo", [None]))
 hps = st.builds(
     Hyperparams,
     kl_coef=st.sampled_from([0.05, 0.5]),

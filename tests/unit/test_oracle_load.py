@@ -48,7 +48,7 @@ def _bad_cases() -> dict[str, tuple[str, dict[str, torch.Tensor]]]:
     base = refppo_dump(make_inputs(), setup_for())
     cases: dict[str, tuple[str, dict[str, torch.Tensor]]] = {}
     cases["missing"] = (
-        "missing required keys ['old_values']",
+        "missing required key 'old_values'",  # the values given need it (optional without a critic)
         {k: v for k, v in base.items() if k != "old_values"},
     )
     cases["shape"] = ("values: expected shape [B, T] = [6, 12]", {**base, "values": base["values"][:, :5]})
