@@ -279,6 +279,13 @@ class RewardModelError(RefPPOError):
     """A reward-model directory whose weights did not all load (e.g. a causal LM: no score head)."""
 
 
+def last_valid_index(attention_mask: Tensor) -> Tensor:
+    """``[B]`` long: each row's last position with ``attention_mask == 1`` (−1 for an empty row)."""
+    S = attention_mask.shape[1]
+    pos = torch.arange(S, device=attention_mask.device).expand_as(attention_mask)
+    return torch.where(attention_mask.bool(), pos, torch.full_like(pos, -1)).amax(dim=1)
+
+
 class RewardModel(nn.Module):
     """An ``AutoModelForSequenceClassification`` with one label; score at each row's last real token.
 
@@ -298,13 +305,16 @@ class RewardModel(nn.Module):
                 f"head (GPT-2, Llama, ... ForSequenceClassification), got {type(model).__name__}"
             )
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> SeqFloat:
+    def per_position(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        """The score head at every position, ``[B, S]`` (the read-out picks one per row)."""
         base = self.model.base_model
         out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-        per_pos: Tensor = self.model.score(out.last_hidden_state).squeeze(-1)  # [B, S]
-        S = attention_mask.shape[1]
-        pos = torch.arange(S, device=attention_mask.device).expand_as(attention_mask)
-        last = torch.where(attention_mask.bool(), pos, torch.full_like(pos, -1)).amax(dim=1)
+        per_pos: Tensor = self.model.score(out.last_hidden_state).squeeze(-1)
+        return per_pos
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> SeqFloat:
+        per_pos = self.per_position(input_ids, attention_mask, position_ids)
+        last = last_valid_index(attention_mask)
         return per_pos.gather(1, last.unsqueeze(1)).squeeze(1)
 
     @classmethod
@@ -510,14 +520,26 @@ def load_reward_model(path: str | os.PathLike[str]) -> RewardModel:
 # ----------------------------------------------------------------------------------------------
 
 
+def sequence_logits(model: nn.Module, batch: SequenceBatch, position_ids: Tensor | None = None) -> Tensor:
+    """Logits ``[B, P+T, V]`` of one forward pass (``position_ids`` default: ``batch.position_ids``)."""
+    pos = batch.position_ids if position_ids is None else position_ids
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos)
+    logits: Tensor = out.logits
+    return logits
+
+
+def response_slice(per_position: Tensor, P: int, T: int, offset: int = 0) -> Tensor:
+    """``per_position[:, P-1+offset : P+T-1+offset]``: the response-aligned read-out (offset 0);
+    the oracle's off-by-one hypotheses use ``offset = ±1``. Raises ShapeError when out of range."""
+    lo, hi = P - 1 + offset, P + T - 1 + offset
+    if lo < 0 or hi > per_position.shape[1]:
+        raise ShapeError(f"response_slice: [{lo}, {hi}) is outside [0, {per_position.shape[1]})")
+    return per_position[:, lo:hi]
+
+
 def response_logits(model: nn.Module, batch: SequenceBatch) -> Tensor:
     """Response-aligned logits ``[B, T, V]``: ``logits[:, P-1 : P+T-1]`` of one forward pass."""
-    out = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-    )
-    logits: Tensor = out.logits
-    P, T = batch.prompt_width, batch.response_width
-    return logits[:, P - 1 : P + T - 1, :]
+    return response_slice(sequence_logits(model, batch), batch.prompt_width, batch.response_width)
 
 
 def response_logprobs(
@@ -553,8 +575,7 @@ def response_values(critic: nn.Module, batch: SequenceBatch) -> TokenFloat:
     v: Tensor = critic(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
     )
-    P, T = batch.prompt_width, batch.response_width
-    vals = v[:, P - 1 : P + T - 1]
+    vals = response_slice(v, batch.prompt_width, batch.response_width)
     keep = value_positions(batch.response_mask)
     return torch.where(keep, vals, torch.zeros((), dtype=vals.dtype, device=vals.device))
 

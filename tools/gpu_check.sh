@@ -6,7 +6,9 @@
 #   1. `refppo verify` (every core step vs its naive twin, on CPU and CUDA);
 #   2. every `gpu`-marked test (CUDA golden replay with its stated tolerance, verify on CUDA,
 #      a bf16 CUDA training run);
-#   3. the CUDA golden replay's max deviations from the CPU golden, printed for CHANGELOG.md.
+#   3. the CUDA golden replay's max deviations from the CPU golden, printed for CHANGELOG.md;
+#   4. the re-scoring check on CUDA (`refppo diff --actor DIR --device cuda`, tools/rescore_gpu_check.py):
+#      a float32 trainer pass matches, a pass without temperature is named, bf16 precision statistics.
 # Everything it prints is also written under $OUT (or ./gpu-check-out) for the record.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,5 +26,7 @@ echo "== gpu-marked tests"
 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests || rc=1
 echo "== CUDA golden replay vs the CPU golden"
 "$PY" tools/make_golden.py --check --device cuda || rc=1
+echo "== re-scoring with the trainer's checkpoints on CUDA"
+"$PY" tools/rescore_gpu_check.py --device cuda || rc=1
 echo "gpu_check: exit $rc"
 exit "$rc"

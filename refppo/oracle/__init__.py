@@ -14,10 +14,13 @@ report        text and JSON
 grad          dump v2: the reference gradient of the whole optimizer step (autograd, pipeline)
 grad_diagnose why a gradient differs: ratios by micro-batch/rank, named patterns re-checked
 run           ``check_step(dump, preset=..., overrides=...) -> Outcome`` (the CLI's flow)
+rescore*      re-scoring with the trainer's checkpoints (``--actor``/``--ref``/``--critic``/
+              ``--reward-model``): inputs, read-outs, model-level diagnosis, report, CLI part
 cli           ``main(argv) -> int`` (``refppo diff``, ``tools/diff_against.py``)
 ============= =====================================================================
 
-Nothing here imports transformers; the command's import cost is torch's.
+Nothing here imports transformers, except the ``rescore*`` modules when a model flag is given;
+the command's import cost is torch's.
 ``refppo.oracle.check_step`` is :func:`refppo.oracle.run.check_step` (imported on first use).
 """
 

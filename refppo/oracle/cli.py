@@ -20,6 +20,7 @@ USAGE_EXAMPLE = """examples:
   refppo diff step.safetensors                       # hyperparameters from step.safetensors.json
   refppo diff step.pt --preset trl --hparams hp.json
   refppo diff step.npz --preset verl --set kl_estimator=k3 --detect --json
+  refppo diff step.safetensors --actor ckpt/actor --ref ckpt/ref --critic ckpt/critic
 """
 
 
@@ -53,6 +54,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--detect", action="store_true", help="search every convention that reproduces the dump")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    m = p.add_argument_group(
+        "re-scoring with the trainer's models (needs input_ids and attention_mask in the dump)",
+        "Each DIR is a local Hugging Face checkpoint; refppo re-scores the dump's rows with its own "
+        "read-outs (one teacher-forced pass, temperature from the sidecar) and compares.",
+    )
+    m.add_argument(
+        "--actor",
+        metavar="DIR",
+        help="causal LM holding the weights that PRODUCED the compared log-probs (old_logprobs: the "
+        "policy at rollout; with --actor-key logprobs, the policy at the update step)",
+    )
+    m.add_argument(
+        "--actor-key",
+        choices=("old_logprobs", "logprobs"),
+        default="old_logprobs",
+        help="the dump key the actor's re-score is compared with (old_logprobs)",
+    )
+    m.add_argument(
+        "--ref", metavar="DIR", help="causal LM of the reference policy (compared with ref_logprobs)"
+    )
+    m.add_argument(
+        "--critic",
+        metavar="DIR",
+        help="refppo's critic, or a token-/sequence-classification model with one label read per position",
+    )
+    m.add_argument(
+        "--critic-key",
+        choices=("old_values", "values"),
+        default="old_values",
+        help="the dump key the critic's re-score is compared with (old_values)",
+    )
+    m.add_argument(
+        "--reward-model", metavar="DIR", help="sequence classifier, one label (compared with scores)"
+    )
+    m.add_argument(
+        "--ratio-eps",
+        type=float,
+        default=0.01,
+        metavar="EPS",
+        help="precision statistics: share of tokens whose exp(Δ log-prob) leaves [1-EPS, 1+EPS] (0.01)",
+    )
+    m.add_argument("--device", default="cpu", help="torch device for the re-scoring (cpu)")
+    m.add_argument(
+        "--dtype",
+        choices=("float32", "float64", "bfloat16", "float16", "checkpoint"),
+        default="float32",
+        help="precision of the re-scoring (float32; checkpoint: as the weights are stored)",
+    )
     return p
 
 
@@ -109,7 +158,7 @@ def preset_overrides_note(
 
 def _run(args: argparse.Namespace) -> int:
     _threads()
-    from refppo.oracle.run import check_step
+    from refppo.oracle.run import as_dump, check_step
     from refppo.oracle.settings import parse_value
 
     overrides: dict[str, Any] = {}
@@ -118,17 +167,34 @@ def _run(args: argparse.Namespace) -> int:
             return _fail(f"--set: expected KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         overrides[k.strip()] = parse_value(k.strip(), v)
-    outcome = check_step(
-        Path(args.dump),
-        preset=args.preset,
-        overrides=overrides,
-        hparams_file=args.hparams,
-        detect_conventions=args.detect,
-    )
-    print(json.dumps(outcome.json(), indent=2) if args.json else outcome.text())
+    dump = as_dump(Path(args.dump), hparams_file=args.hparams)
+    rescored = None
+    if any((args.actor, args.ref, args.critic, args.reward_model)):
+        from refppo.oracle.recompute import PIPELINE_ORDER
+        from refppo.oracle.rescore_cli import print_rescore_only, rescore_from_args
+
+        rescored = rescore_from_args(args, dump)
+        if not any(dump.has(k) for k in PIPELINE_ORDER):  # inputs only: the re-score is the check
+            return print_rescore_only(args, dump, rescored)
+    outcome = check_step(dump, preset=args.preset, overrides=overrides, detect_conventions=args.detect)
+    if args.json:
+        rep = outcome.json()
+        if rescored is not None:
+            from refppo.oracle.rescore_report import rescore_json
+
+            rep["rescore"] = rescore_json(*rescored)
+        print(json.dumps(rep, indent=2))
+    else:
+        print(outcome.text())
+        if rescored is not None:
+            from refppo.oracle.rescore_report import rescore_text
+
+            print("\n" + rescore_text(*rescored))
     # The exit code is the checked convention's verdict, with or without --detect: a CI gate that
-    # names a convention must not pass because some other convention reproduces the dump.
-    return 0 if outcome.match else 1
+    # names a convention must not pass because some other convention reproduces the dump. With
+    # model flags, every re-scored key must match as well.
+    rescore_ok = rescored is None or all(i.ok for i in rescored[0])
+    return 0 if outcome.match and rescore_ok else 1
 
 
 if __name__ == "__main__":

@@ -48,11 +48,15 @@ TOKEN_KEYS: tuple[str, ...] = (
 )
 GRAD_KEYS: tuple[str, ...] = ("grad_logprobs", "grad_values")
 """v2: ∂J/∂``logprobs`` and ∂J/∂``values`` of the whole optimizer step, [B, T] (spec/dump-format.md)."""
-INTEGER_KEYS: set[str] = {"micro_batch", "rank", "group_index"}
+INTEGER_KEYS: set[str] = {"micro_batch", "rank", "group_index", "input_ids", "attention_mask", "position_ids"}
 """Keys whose tensors hold integers (kept as int64, never cast to the compute dtype)."""
 ROW_INTEGER_KEYS: tuple[str, ...] = ("micro_batch", "rank", "group_index")
 """[B] integers: v2's micro-batch (per rank) and data-parallel rank of each row; ``group_index``, the
 prompt each row answers (critic-free group estimators, issue #13)."""
+SEQUENCE_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids")
+"""The ``[B, P+T]`` sequences for re-scoring (validated by :mod:`refppo.oracle.rescore_inputs`)."""
+SIDECAR_SCORING_KEYS: frozenset[str] = frozenset({"temperature"})
+"""Sidecar keys of the scoring pass (not PPO settings): read by the re-scoring, not by ``Setup``."""
 STEP_KEYS: tuple[str, ...] = ("world_size", "micro_batches", "separate_critic")
 """v2 sidecar keys describing the optimizer step (read here, not by the settings)."""
 KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *GRAD_KEYS, *INTEGER_KEYS))
@@ -254,6 +258,13 @@ def validate(
     # Interior holes (0 between 1s: multi-turn tool-output tokens) are accepted: the recompute
     # crosses them by the gae_holes / whiten_holes conventions (spec/dump-format.md, "Masks").
     out: dict[str, Tensor] = {"response_mask": mask}
+    if any(k in raw for k in SEQUENCE_KEYS):
+        from refppo.oracle.rescore_inputs import validate_sequences
+
+        try:
+            out.update(validate_sequences(raw, mask))
+        except ValueError as exc:
+            raise DumpError(f"{p}: {exc}") from None
     dtypes: list[torch.dtype] = []
     hp_path: Path | None = None
     if hparams is None:
@@ -263,7 +274,7 @@ def validate(
         hparams = read_hparams(hp_path) if hp_path is not None else {}
     step = _step_layout(hp_path or p, hparams)
     hparams = {k: v for k, v in hparams.items() if k not in STEP_KEYS}
-    for k in sorted(INTEGER_KEYS & set(raw)):
+    for k in sorted((INTEGER_KEYS - set(SEQUENCE_KEYS)) & set(raw)):
         out[k] = _integer_key(p, k, raw[k], B)
     _check_rows(p, out, step)
     for k in KNOWN_KEYS:
@@ -303,6 +314,10 @@ def validate(
                 where = [int(i) for i in bad.nonzero()[0]]
                 raise DumpError(f"{p}: {k}: non-finite value at valid position {where}")
         out[k] = tc
+    if "temperature" in hparams:
+        tau: Any = hparams["temperature"]
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (math.isfinite(tau) and tau > 0):
+            raise DumpError(f"{hp_path or p}: temperature: expected a finite number > 0, got {tau!r}")
     return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased, step)
 
 

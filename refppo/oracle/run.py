@@ -18,7 +18,7 @@ from torch import Tensor
 
 from refppo.oracle.detect import Detection, detect, setup_from_json
 from refppo.oracle.diagnose import CheckResult, check
-from refppo.oracle.load import Dump, DumpError, load_dump, validate
+from refppo.oracle.load import SIDECAR_SCORING_KEYS, Dump, DumpError, load_dump, validate
 from refppo.oracle.presets import resolve_preset
 from refppo.oracle.recompute import PIPELINE_ORDER
 from refppo.oracle.report import json_report, text_report
@@ -73,7 +73,7 @@ def check_step(
     """Check one dumped step (see the module docstring); ``overrides`` as ``--set`` (strings or values)."""
     parsed = {k: parse_value(k, v) for k, v in (overrides or {}).items()}
     d = as_dump(dump, hparams, hparams_file)
-    sidecar = {k: parse_value(k, v) for k, v in d.hparams.items()}
+    sidecar = {k: parse_value(k, v) for k, v in d.hparams.items() if k not in SIDECAR_SCORING_KEYS}
     preset_conv = preset_hp = None
     notes: list[str] = []
     if preset:

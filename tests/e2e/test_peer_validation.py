@@ -107,3 +107,21 @@ def test_trl_preset_reproduces_trl_own_ppo_trainer() -> None:
     assert "SKIPPED" not in proc.stdout, proc.stdout[-2000:]
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert proc.stdout.count(" MATCH ") >= 4
+
+
+def test_rescore_reproduces_trl_own_scoring_pass() -> None:
+    """``refppo diff --actor --ref --critic --reward-model`` on TRL's own rollout tensors and the
+    checkpoints TRL scored them with (``tools/validate_rescore_trl.py``), with a temperature control."""
+    py = PEERS_ROOT / "trl" / "bin" / "python"
+    if not (PEERS_ROOT / "trl" / "READY").exists() or not py.exists():
+        pytest.skip(f"side venv {PEERS_ROOT / 'trl'} not built (tools/build_peer_venvs.sh)")
+    proc = subprocess.run(
+        [str(py), str(REPO / "tools" / "validate_rescore_trl.py")],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=1800,
+    )
+    assert "SKIPPED" not in proc.stdout, proc.stdout[-2000:]
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert proc.stdout.count(" MATCH ") == 2 and proc.stdout.count("named ['temperature_other_value']") == 2
