@@ -304,8 +304,8 @@ def value_mask(mask: Tensor, score_at: ScorePosition) -> Tensor:
     """
     m = check_mask("response_mask", mask)
     pos = score_positions(m, score_at)
-    slot = torch.nn.functional.one_hot(pos, num_classes=m.shape[1]).to(torch.bool)
-    return m | slot
+    # m | one_hot(pos), without the [B, T] int64 one-hot: a copy of m with each row's slot set
+    return m.clone().scatter_(1, pos.unsqueeze(1), True)
 
 
 @dataclass(frozen=True)
@@ -334,6 +334,7 @@ def reward_quantities(
     hp: Hyperparams,
     conv: Convention,
     all_reduce: AllReduce | None = None,
+    kl: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Steps 1–2 of the module docstring: ``(kl, token_rewards, value_mask)``, all ``[B, T]``.
 
@@ -341,16 +342,19 @@ def reward_quantities(
     the token rewards (score at ``score_at``, ``−β·KL`` when KL is in the reward, then the optional
     reward whitening over the value mask) and the value mask. :func:`rollout_quantities` continues
     from here; the oracle's diagnosis pre-test stops here (the same calls, so the same values).
+    ``kl``: step 1's result when the caller already holds it (this very ``token_kl`` call, made for
+    another setting with the same estimator and clamps: the oracle's candidates share it).
     """
     m = check_mask("response_mask", mask)
-    kl = token_kl(
-        old_logprobs,
-        ref_logprobs,
-        m,
-        conv.kl_estimator,
-        log_ratio_clamp=conv.kl_log_ratio_clamp,
-        value_clamp=conv.kl_value_clamp,
-    )
+    if kl is None:
+        kl = token_kl(
+            old_logprobs,
+            ref_logprobs,
+            m,
+            conv.kl_estimator,
+            log_ratio_clamp=conv.kl_log_ratio_clamp,
+            value_clamp=conv.kl_value_clamp,
+        )
     beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
     rewards = token_rewards(scores, kl if beta > 0 else None, m, beta, score_at=conv.score_at)
     vmask = value_mask(m, conv.score_at)

@@ -145,8 +145,10 @@ def check_logits(name: str, logits: object, tokens: object) -> tuple[Tensor, Ten
 def count_true(mask: Tensor, dim: int | None = None) -> Tensor:
     """Number of True entries of a bool mask (int64), over everything or along ``dim``.
 
-    Sums a uint8 view of the mask's bytes: the same count, several times faster than a bool
-    reduction on CPU (where bool kernels are not vectorized).
+    Over everything ``torch.count_nonzero`` (~7x faster than a sum on CPU at 8 M entries); along a
+    dim a sum of a uint8 view of the mask's bytes (as fast as ``count_nonzero`` there, and several
+    times faster than a bool reduction, whose CPU kernels are not vectorized). Exact integers.
     """
-    u = mask.view(torch.uint8)
-    return u.sum() if dim is None else u.sum(dim=dim)
+    if dim is None:
+        return torch.count_nonzero(mask)
+    return mask.view(torch.uint8).sum(dim=dim)

@@ -42,8 +42,10 @@ def score_positions(mask: ResponseMask, score_at: ScorePosition | str = ScorePos
 def _score_positions(m: Tensor, where: ScorePosition) -> Tensor:
     """:func:`score_positions` on an already validated bool mask."""
     B, T = m.shape
-    pos = torch.arange(T, device=m.device).expand(B, T)
-    last_valid = torch.where(m, pos, -1).amax(dim=1)  # a scalar -1: no [B, T] int64 buffer
+    # the first 1 of the reversed row is the last valid position (argmax returns the first maximum);
+    # a uint8 view of the bool mask: no [B, T] int64 buffer. A row without a valid token gives -1.
+    flipped = m.flip(1).view(torch.uint8)
+    last_valid = torch.where(flipped.amax(dim=1) > 0, (T - 1) - flipped.argmax(dim=1), -1)
     if where is ScorePosition.LAST_VALID:
         return last_valid
     if where is ScorePosition.AFTER_LAST_VALID:

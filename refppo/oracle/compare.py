@@ -74,13 +74,15 @@ def compare(
         pad = 0
     else:
         # Few full passes and fresh [B, T] buffers: this runs for every quantity of every candidate.
-        diff_all = (dump - ref).abs_()
-        max_abs = float(torch.where(cmp_mask, diff_all, zero).max())  # NaN propagates through max
         lo, hi = (float(x) for x in torch.aminmax(torch.where(cmp_mask, ref, zero)))
         scale = math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi)  # = max |ref|
-        differs = ~(diff_all <= tol.of(scale))  # NaN differs
-        differs &= ~cmp_mask
+        outside = ~cmp_mask
+        diff_all = (dump - ref).abs_()
+        differs = (diff_all <= tol.of(scale)).logical_not_()  # NaN differs
+        differs &= outside
         pad = int(count_true(differs))
+        del differs
+        max_abs = float(diff_all.masked_fill_(outside, 0.0).max())  # NaN propagates through max
     finite = math.isfinite(max_abs)
     if not finite:
         max_abs = math.inf
@@ -137,30 +139,45 @@ def _fit_affine(d: Tensor, r: Tensor) -> tuple[float, float, float]:
     return a, b, float((d - (a * r + b)).abs().max())
 
 
+def _last_true(m: Tensor) -> Tensor:
+    """``[B]`` int64: each row's last True position of the bool ``[B, T]`` ``m``, -1 for none.
+
+    ``(T−1) − argmax`` of the reversed row (argmax returns the first maximum) on a uint8 view:
+    the value of ``where(m, arange(T), -1).amax(1)`` without its ``[B, T]`` int64 buffer.
+    """
+    flipped = m.flip(1).view(torch.uint8)
+    return torch.where(flipped.amax(dim=1) > 0, (m.shape[1] - 1) - flipped.argmax(dim=1), -1)
+
+
+def _one_per_row(idx: Tensor, T: int) -> Tensor:
+    """Bool ``[B, T]``, True at ``[b, idx[b]]`` (none in a row whose ``idx`` is -1): ``arange(T) == idx``."""
+    out = torch.zeros(idx.shape[0], T, dtype=torch.bool)
+    return out.scatter_(1, idx.clamp(min=0).unsqueeze(1), (idx >= 0).unsqueeze(1))
+
+
 def _describe_tokens(
     name: str, dump: Tensor, ref: Tensor, cmp_mask: Tensor, mask: Tensor, tol: float
 ) -> list[str]:
     notes: list[str] = []
     B, T = mask.shape
-    err = torch.where(cmp_mask, (dump - ref).abs(), torch.zeros((), dtype=ref.dtype))
-    err = torch.where(cmp_mask & ~torch.isfinite(dump), torch.full((), math.inf, dtype=ref.dtype), err)
-    bad = cmp_mask & ~(err <= tol)
+    err = (dump - ref).abs_().masked_fill_(~cmp_mask, 0.0)
+    err.masked_fill_(cmp_mask & ~torch.isfinite(dump), math.inf)
+    bad = (err <= tol).logical_not_()
+    bad &= cmp_mask
     n_bad, n_cmp = int(count_true(bad)), int(count_true(cmp_mask))
     if n_bad == 0:
         return notes
     rows = bad.any(dim=1)
     n_rows = int(count_true(rows))
-    pos = torch.arange(T).expand(B, T)
-    last_valid = torch.where(mask, pos, -1).amax(dim=1)
-    last_cmp = torch.where(cmp_mask, pos, -1).amax(dim=1)
-    at_last = pos == last_valid.unsqueeze(1)
-    at_last_cmp = pos == last_cmp.unsqueeze(1)
+    last_valid, last_cmp = _last_true(mask), _last_true(cmp_mask)
+    at_last, at_last_cmp = _one_per_row(last_valid, T), _one_per_row(last_cmp, T)
+    only_ends = not bool((bad & ~(at_last | at_last_cmp)).any())
     where = f"{n_bad} of {n_cmp} compared positions, in {n_rows} of {B} rows"
     if not bool((bad & ~at_last).any()):
         notes.append(f"{name}: differs only at the last valid token of a row ({where})")
     elif not bool((bad & ~at_last_cmp).any()):
         notes.append(f"{name}: differs only at the score slot one past the last valid token ({where})")
-    elif bool((bad & ~(at_last | at_last_cmp)).sum() == 0):
+    elif only_ends:
         hint = ": the score sits one slot away from where this convention puts it" if name in _SCORED else ""
         notes.append(
             f"{name}: differs only at the last valid token of a row and at the score slot one past it "
@@ -172,7 +189,7 @@ def _describe_tokens(
         notes.append(f"{name}: differs at {where}")
     # Where in each affected row is the error largest? (a terminal/bootstrap difference peaks at the
     # end). Only GAE's outputs carry an error back: for token_rewards or kl it would be a false lead.
-    if n_rows > 0 and name in _AFTER_GAE and not bool((bad & ~(at_last | at_last_cmp)).sum() == 0):
+    if n_rows > 0 and name in _AFTER_GAE and not only_ends:
         peak = torch.where(cmp_mask, err, torch.full((), -1.0, dtype=err.dtype)).argmax(dim=1)
         at_end = (peak == last_valid) | (peak == last_cmp)
         if bool(at_end[rows].all()) and n_bad > n_rows:

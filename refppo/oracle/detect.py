@@ -45,6 +45,7 @@ from typing import Any
 
 from refppo.core.gae import has_holes
 from refppo.oracle.diagnose import alt_json, check
+from refppo.oracle.fastcheck import RolloutMemo
 from refppo.oracle.load import Dump
 from refppo.oracle.search import Search
 from refppo.oracle.settings import Setup
@@ -116,11 +117,13 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
                 for k in HP_KEYS:
                     c.setdefault(k, getattr(base.hp, k))
         convs.sort(key=lambda c: _distance({**base_json, **_hp_json(base)}, c))
+        rollouts = RolloutMemo(dump)  # the nearest conventions often share steps 1-4
         head = [
             c
             for c in convs[:VERIFIED]
-            if check(dump, setup_from_json(base, c), explain_divergence=False).match
+            if check(dump, setup_from_json(base, c), explain_divergence=False, rollouts=rollouts).match
         ]
+        del rollouts
         # every re-checked candidate failing means the staged search itself is off: trust none of it
         convs = head + convs[VERIFIED:] if head else []
         n_total = sum(g.n_equiv for g in matched)

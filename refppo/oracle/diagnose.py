@@ -15,7 +15,7 @@ from typing import Any
 from refppo.core.gae import has_holes
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare, describe
-from refppo.oracle.fastcheck import rollout_prefix_ok
+from refppo.oracle.fastcheck import PrefixCheck, RolloutMemo
 from refppo.oracle.grad import GRAD_QUANTITIES, grad_tolerance
 from refppo.oracle.grad_diagnose import explain_grad
 from refppo.oracle.load import TOLERANCES, Dump
@@ -98,12 +98,20 @@ class CheckResult:
         return self.first_divergence is None
 
 
-def compare_all(dump: Dump, ref: Reference) -> dict[str, QuantityResult]:
-    """Every quantity present in both the dump and the reference, in pipeline order."""
+def compare_all(
+    dump: Dump, ref: Reference, known: dict[str, QuantityResult] | None = None
+) -> dict[str, QuantityResult]:
+    """Every quantity present in both the dump and the reference, in pipeline order.
+
+    ``known``: results already compared for some of them (the same tensors: ``ref`` continues the
+    rollout they were compared on), taken as they are.
+    """
     tol = TOLERANCES[dump.dtype]
     out: dict[str, QuantityResult] = {}
     for name in PIPELINE_ORDER:
-        if dump.has(name) and name in ref.values:
+        if known is not None and name in known:
+            out[name] = known[name]
+        elif dump.has(name) and name in ref.values:
             cm = ref.compare_mask(name)
             qtol = grad_tolerance(tol) if name in GRAD_QUANTITIES else tol
             res = compare(name, dump.tensors[name], ref.values[name], cm, qtol)
@@ -161,14 +169,17 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
     # A rollout-stage divergence is first tested on the rollout stage alone (cheap); only a
     # candidate that passes is recomputed in full, to say whether it explains everything.
     early = first in ROLLOUT_QUANTITIES
+    prefix_ok = PrefixCheck(dump, first)
 
     def compare_candidate(alt: Setup, bug: str | None = None) -> dict[str, QuantityResult] | None:
-        if not rollout_prefix_ok(dump, alt, first, bug):  # differs at kl/token_rewards already
+        if not prefix_ok(alt, bug):  # differs at kl/token_rewards already
             return None
-        res = compare_all(dump, recompute(dump, alt, bug=bug, rollout_only=early))
+        ro = recompute(dump, alt, bug=bug, rollout_only=early)
+        res = compare_all(dump, ro)
         if not _prefix_ok(res, first):
             return None
-        return compare_all(dump, recompute(dump, alt, bug=bug)) if early else res
+        # continue the rollout just recomputed with the update stage (not steps 1-4 again)
+        return compare_all(dump, recompute(dump, alt, bug=bug, rollout=ro), known=res) if early else res
 
     for key in AFFECTS[first]:
         for upd in ALTERNATIVES[key]:
@@ -242,9 +253,14 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> CheckResult:
-    """Compare every quantity under ``setup``; diagnose and explain the first divergence."""
-    ref = recompute(dump, setup)
+def check(
+    dump: Dump, setup: Setup, *, explain_divergence: bool = True, rollouts: RolloutMemo | None = None
+) -> CheckResult:
+    """Compare every quantity under ``setup``; diagnose and explain the first divergence.
+
+    ``rollouts``: steps 1–4 are taken from (and kept in) this memo (``--detect``'s re-checks).
+    """
+    ref = recompute(dump, setup, rollout=None if rollouts is None else rollouts.get(setup))
     results = compare_all(dump, ref)
     first = first_divergence(results)
     out = CheckResult(setup, results, first)

@@ -196,12 +196,29 @@ ROLLOUT_QUANTITIES = frozenset({"kl", "token_rewards", "advantages", "returns"})
 """The quantities of steps 1–4 (:func:`refppo.pipeline.rollout_quantities`); the rest need the update."""
 
 
-def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only: bool = False) -> Reference:
+def recompute(
+    dump: Dump,
+    setup: Setup,
+    *,
+    bug: str | None = None,
+    rollout_only: bool = False,
+    rollout: Reference | None = None,
+) -> Reference:
     """Every quantity the dump's inputs allow, under ``setup`` (and optionally one of :data:`BUGS`).
 
     ``rollout_only`` stops after :data:`ROLLOUT_QUANTITIES` (the diagnosis uses it to test a
     candidate explanation of a rollout-stage divergence without paying for the update stage).
+    ``rollout``: such a ``rollout_only`` result for the same ``setup`` and ``bug``, continued with
+    the update stage instead of recomputing steps 1–4 (the same values: the same calls made them).
     """
+    ro = _rollout_reference(dump, setup, bug) if rollout is None else rollout
+    if rollout_only:
+        return ro
+    return _with_update(dump, setup, ro)
+
+
+def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
+    """Steps 1–4 under ``setup`` and ``bug``: :data:`ROLLOUT_QUANTITIES` only."""
     t = dump.tensors
     m = dump.mask
     conv, hp, ex = setup.conv, setup.hp, setup.extras
@@ -241,8 +258,6 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
         adv = whiten(adv_raw, m, setup)
     elif bug == "whiten_over_padding":
         adv = torch.where(m, whiten(adv_raw, torch.ones_like(m), setup), torch.zeros((), dtype=adv_raw.dtype))
-    widen: dict[str, Callable[[], float]] = {}
-    rtol = TOLERANCES[dump.dtype].rtol
     vals: dict[str, Tensor] = {
         # with the KL in the reward, rq.kl is this very estimate (same call): reuse it
         "kl": rq.kl if conv.kl_in is KLPlacement.REWARD else reference_kl(dump, setup, kl_logp),
@@ -250,10 +265,22 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
         "advantages": adv,
         "returns": returns,
     }
-    if not rollout_only and ("logprobs" in t or "values" in t):
+    return Reference(vals, m, rq.value_mask, adv_raw)
+
+
+def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
+    """``ro`` (steps 1–4) plus the update stage's quantities (steps 5–9) the dump allows."""
+    t = dump.tensors
+    m = dump.mask
+    conv, hp, ex = setup.conv, setup.hp, setup.extras
+    adv, returns = ro.values["advantages"], ro.values["returns"]
+    widen: dict[str, Callable[[], float]] = {}
+    rtol = TOLERANCES[dump.dtype].rtol
+    vals = dict(ro.values)
+    if "logprobs" in t or "values" in t:
         logprobs = t.get("logprobs", t["old_logprobs"])
         values = t.get("values", t.get("old_values"))
-        vf_mask = rq.value_mask if ex.vf_mask == "value" else m
+        vf_mask = ro.value_mask if ex.vf_mask == "value" else m
         uq = update_quantities(
             logprobs=logprobs,
             values=values,
@@ -320,8 +347,8 @@ def recompute(dump: Dump, setup: Setup, *, bug: str | None = None, rollout_only:
                 else torch.zeros_like(m),
             }
             vals.update(reference_grads(inp, grad_setup, t, ties))
-        return Reference(vals, m, rq.value_mask, adv_raw, widen, inp)
-    return Reference(vals, m, rq.value_mask, adv_raw, widen)
+        return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen, inp)
+    return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen)
 
 
 def reference_outputs(

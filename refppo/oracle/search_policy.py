@@ -1,7 +1,7 @@
 """The policy stage of the ``--detect`` search: dual clip, log-ratio clamp, clip ranges, aggregation.
 
 Named options first (no dual clip / verl's ``c = 3`` / the checked setting's; no clamp / 20; every
-``loss_agg``; both ``approx_kl`` metrics; the checked clip ranges). When none reproduces
+``loss_agg``; every ``approx_kl`` metric; the checked clip ranges). When none reproduces
 ``pg_loss`` and ``pg_clipfrac``, :meth:`refppo.oracle.search.Search.propose_policy` solves the
 dual-clip constant and the clip ranges from the data and the stage is walked again with them.
 """
@@ -19,6 +19,7 @@ from refppo.core.aggregate import aggregate_loss, aggregate_masked
 from refppo.core.policy import clipped_policy_loss
 from refppo.oracle.recompute import approx_kl_k2_all_positions
 from refppo.oracle.search import Group, Option, Search, digest, pg_widen_for
+from refppo.oracle.settings import APPROX_KL_METRICS
 from refppo.validate import count_true
 
 
@@ -93,8 +94,8 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                 if kk not in kll_cache:
                     kll_cache[kk] = aggregate_loss(g.state["kl_cur"], m, agg, **norm)
                 kll = kll_cache[kk]
-            for ak in ("k1", "k2_all_positions"):
-                akl = out.approx_kl if ak == "k1" else ak2
+            for ak in APPROX_KL_METRICS:  # as recompute.py computes each metric
+                akl = {"k1": out.approx_kl, "k2_all_positions": ak2, "neg_k1": -out.approx_kl}[ak]
                 st = {
                     "returns": g.state["returns"],
                     "ret_key": g.state["ret_key"],

@@ -36,6 +36,9 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
     own_vagg_name = None if own_vagg is None else own_vagg.value
 
     n_tok: dict[int, float] = {}  # token count of each mask (per_token is 0 on its padding)
+    # vf_tie_widen per (returns, mask, ε_v): the options of a group share them. The tensors are kept
+    # in the entry so that their ids cannot be reused while the memo lives.
+    widen_memo: dict[tuple[int, int, float], tuple[float, Tensor, Tensor]] = {}
 
     # value_clip_form only matters for a clipped loss: the unclipped one keeps the base's form.
     own_form = search.base.conv.value_clip_form.value
@@ -95,14 +98,12 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
         def vf_widen() -> float:
             if s["vl"] != "clipped":
                 return 0.0
-            return vf_tie_widen(
-                values,
-                t["old_values"],
-                s["returns"],
-                s["vf_m"],
-                s["vclip"],
-                search.tol.rtol,
-            )
+            key = (id(s["returns"]), id(s["vf_m"]), s["vclip"])
+            if key not in widen_memo:
+                rtol = search.tol.rtol
+                w = vf_tie_widen(values, t["old_values"], s["returns"], s["vf_m"], s["vclip"], rtol)
+                widen_memo[key] = (w, s["returns"], s["vf_m"])
+            return widen_memo[key][0]
 
         return [
             search.ratio("vf_loss", s["vf_loss"], None),

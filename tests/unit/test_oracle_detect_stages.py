@@ -149,3 +149,21 @@ def test_value_clip_solver_terms_equal_the_core_value_loss(agg: str) -> None:
         assert abs(terms.loss(eps) - float(core)) <= 1e-12 * max(1.0, abs(float(core)))
     target = float(value_loss(d["values"], d["old_values"], ret, m, clip=0.3, kind="clipped", agg=agg).loss)
     assert 0.3 in solve_value_clip(terms, target, tol=1e-9)
+
+
+def test_detect_walks_every_approx_kl_metric(tmp_path: Path) -> None:
+    # AReaL logs the mean of logprobs − old_logprobs (neg_k1); the search walked only k1 and k2
+    dump, start, found = _detect(tmp_path, {"approx_kl": "neg_k1"})
+    assert {c["approx_kl"] for c in found.detected} == {"neg_k1"}
+    _recheck(dump, start, found)
+
+
+def test_detect_reproduces_an_areal_dump_from_refppo_defaults(tmp_path: Path) -> None:
+    made = setup_for("areal")
+    start = setup_for(None)
+    d = refppo_dump(make_inputs(B=8, T=16, seed=5), made)
+    dump = load_dump(save(tmp_path, d, start))
+    assert not check(dump, start).match
+    found = detect(dump, start)
+    _recheck(dump, start, found)
+    assert all(c["approx_kl"] == "neg_k1" for c in found.detected)

@@ -171,6 +171,7 @@ def test_detect_rechecks_its_result_through_the_pipeline(
     """The staged search is not trusted alone: conventions that fail the pipeline re-check are dropped."""
     import refppo.oracle.detect as det
     from refppo.oracle.diagnose import CheckResult
+    from refppo.oracle.fastcheck import RolloutMemo
     from refppo.oracle.load import Dump
     from refppo.oracle.settings import Setup
 
@@ -179,9 +180,11 @@ def test_detect_rechecks_its_result_through_the_pipeline(
     assert detect(dump, s).detected  # the honest search finds it
     calls: list[int] = []
 
-    def failing_check(dump: Dump, setup: Setup, *, explain_divergence: bool = True) -> CheckResult:
+    def failing_check(
+        dump: Dump, setup: Setup, *, explain_divergence: bool = True, rollouts: RolloutMemo | None = None
+    ) -> CheckResult:
         calls.append(1)
-        res = check(dump, setup, explain_divergence=explain_divergence)
+        res = check(dump, setup, explain_divergence=explain_divergence, rollouts=rollouts)
         res.first_divergence = "kl"  # as if the pipeline disagreed with the staged search
         return res
 
