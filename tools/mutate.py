@@ -63,7 +63,20 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
-CORE = ("aggregate", "gae", "kl", "logprobs", "masked", "objective", "policy", "rewards", "value")
+CORE = (
+    "aggregate",
+    "gae",
+    "group",
+    "gspo",
+    "kl",
+    "logprobs",
+    "masked",
+    "normalize",
+    "objective",
+    "policy",
+    "rewards",
+    "value",
+)
 MODULES = (*CORE, "pipeline", "step_settings")
 TOP_LEVEL = ("pipeline", "step_settings")
 """Modules directly under refppo/ (the others are refppo/core/); step_settings holds
