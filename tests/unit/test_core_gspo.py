@@ -11,7 +11,7 @@ import torch
 from refppo.conventions import PolicyLoss
 from refppo.core.gspo import gspo_policy_grad_naive, gspo_policy_loss, gspo_policy_loss_naive
 from refppo.core.policy import clipped_policy_loss
-from refppo.errors import ConventionError
+from refppo.errors import ConventionError, HyperparameterError, RefPPOError
 from refppo.pipeline import Convention
 
 F64 = torch.float64
@@ -111,3 +111,61 @@ def test_policy_loss_convention_names_and_checks() -> None:
         Convention(policy_loss="gpg")  # type: ignore[arg-type]  # str parsed
     with pytest.raises(ConventionError, match="dual_clip: policy_loss=gspo has no dual-clip"):
         Convention(policy_loss="gspo", dual_clip=3.0)  # type: ignore[arg-type]  # str parsed
+
+
+# ---- from the survivors of tools/mutate.py --module gspo ------------------------------------------
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two rows (3 and 2 valid tokens) with hand-chosen log-ratios d."""
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, 9.0]], dtype=F64)
+    d = torch.tensor([[0.3, -0.1, 0.4], [-0.2, 0.5, 0.0]], dtype=F64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, 0.0]], dtype=F64)
+    return old + d, old, adv, mask
+
+
+def test_gspo_approx_kl_metrics_by_hand() -> None:
+    # valid d: 0.3, −0.1, 0.4, −0.2, 0.5 (N = 5): k1 = −Σd/N = −0.18; k2 = ½·Σd²/N = ½·0.55/5 = 0.055
+    logp, old, adv, mask = _batch()
+    out = gspo_policy_loss(logp, old, adv, mask)
+    assert float(out.approx_kl) == pytest.approx(-0.18, abs=1e-12)
+    assert float(out.approx_kl_k2) == pytest.approx(0.055, abs=1e-12)
+
+
+def test_gspo_default_clip_is_0_2() -> None:
+    # row 1: S = (0.3 − 0.1 + 0.4)/3 = 0.2, s = e^0.2 = 1.2214 > 1.2 → clipped at the default ε = 0.2
+    # only (a wider ε leaves it unclipped): the default shows in the value
+    logp, old, adv, mask = _batch()
+    default = gspo_policy_loss(logp, old, adv, mask, agg="token-sum")
+    assert torch.equal(
+        default.loss, gspo_policy_loss(logp, old, adv, mask, clip_low=0.2, agg="token-sum").loss
+    )
+    assert not torch.equal(
+        default.loss, gspo_policy_loss(logp, old, adv, mask, clip_low=0.3, agg="token-sum").loss
+    )
+
+
+@pytest.mark.parametrize("clip_low", [1.0, 1.5])
+def test_gspo_clip_low_of_one_or_more_is_refused(clip_low: float) -> None:
+    logp, old, adv, mask = _batch()
+    with pytest.raises(HyperparameterError, match=r"clip_low: expected a number in \[0, 1\)"):
+        gspo_policy_loss(logp, old, adv, mask, clip_low=clip_low)
+
+
+@pytest.mark.parametrize("which", ["logp", "logp_old", "advantages"])
+def test_gspo_mixed_dtypes_are_refused(which: str) -> None:
+    logp, old, adv, mask = _batch()
+    args = {"logp": logp, "logp_old": old, "advantages": adv}
+    args[which] = args[which].float()
+    with pytest.raises(RefPPOError, match="dtype"):
+        gspo_policy_loss(args["logp"], args["logp_old"], args["advantages"], mask)
+
+
+def test_gspo_sends_no_gradient_into_the_advantages() -> None:
+    logp, old, adv, mask = _batch()
+    adv = adv.clone().requires_grad_(True)
+    lp = logp.clone().requires_grad_(True)
+    gspo_policy_loss(lp, old, adv, mask).loss.backward()
+    assert adv.grad is None  # the advantages are constants of the surrogate
+    assert lp.grad is not None and float(lp.grad.abs().sum()) > 0.0
