@@ -154,12 +154,15 @@ class Search:
         name: str,
         propose: Callable[[list[Group]], Any] | None = None,
     ) -> list[Group]:
-        """Walk the named options; when none reproduces the stage, walk again with the solver's."""
+        """Walk the named options; when none reproduces (or none applies), walk again with the solver's."""
         out = self.expand(groups, make_options(None), checks, name)
-        if name in self.unmatched and propose is not None:
+        # none of the first walk's options applies (say advantage=gae on a dump without a critic):
+        # that is no match either, so the solver's walk runs too
+        if (name in self.unmatched or (groups and not out)) and propose is not None:
             extra = propose(groups)
             if extra:
-                self.unmatched.remove(name)
+                if name in self.unmatched:
+                    self.unmatched.remove(name)
                 out = self.expand(groups, make_options(extra), checks, name)
         return out
 
