@@ -52,3 +52,15 @@ def test_detect_walks_the_kl_and_entropy_aggregations(tmp_path: Path, made: dict
     assert all(c[key] == made[key] and c["loss_agg"] == agg for c in found.detected), found.detected[:3]
     assert all(c.get("dual_clip") in (None, 3.0) for c in found.detected)  # no fitted dual clip
     _recheck(dump, start, found)
+
+
+@pytest.mark.parametrize("clip", [3.0, 5.0])
+def test_detect_solves_a_clipped_score_map(tmp_path: Path, clip: float) -> None:
+    """AReaL's clip((s + b)·k, ±C): before, the score-map solver fitted one line through the clipped
+    rows too and failed, so no map (and no unnamed C such as 3) was ever proposed."""
+    made = {"score_bias": -0.5, "score_scale": 2.0, "score_clip": clip}
+    dump, start, found = _detect(tmp_path, made)
+    assert found.detected, (found.nearest, found.unmatched_stages, found.fitted)
+    got = {(c["score_bias"], c["score_scale"], c["score_clip"]) for c in found.detected}
+    assert got == {(-0.5, 2.0, clip)}
+    _recheck(dump, start, found)
