@@ -11,7 +11,9 @@ Verdicts per case:
 
 * ``found``: an entry of ``detected`` equals the generating convention on every key except those
   ``--detect`` reports as ``undetermined`` (and the solved clip ranges equal the run's).
-* ``equivalent``: the nearest entry differs only on keys this dump does not pin down, checked: the
+* ``equivalent``: the nearest entry differs only on keys this dump does not pin down and on none of
+  the case's ``--set`` keys (the options the case exercises; unless the option provably acts on
+  nothing in this dump, :func:`_inert_by_construction`), checked: the
   generating convention with those keys set to the entry's values still reproduces the dump through
   :func:`refppo.oracle.diagnose.check` (the verified pipeline). The keys are named.
 * ``not found``: neither; ``nearest``, ``unmatched_stages`` and the differing keys are reported.
@@ -88,17 +90,32 @@ def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int =
         res.update(verdict="not found", nearest=det.nearest, differs=differs(det.nearest or {}))
         return res
     diffs = [differs(e) for e in det.detected]
-    best = min(range(len(diffs)), key=lambda i: len(diffs[i]))
+    # nearest: fewest differences on the options the case exercises (its --set), then in all
+    best = min(range(len(diffs)), key=lambda i: (len(set(diffs[i]) & set(conv)), len(diffs[i])))
     if not diffs[best]:
         res.update(verdict="found", differs={})
         return res
     # Does the dump pin the differing keys? Set them to the entry's values in the generating
-    # convention and re-check through the verified pipeline.
+    # convention and re-check through the verified pipeline. A difference on an option the case
+    # exercises is never "equivalent": the table's option itself was not listed.
     entry = det.detected[best]
     trial = {**exp, **exp_hp, **{k: entry[k] for k in diffs[best]}}
     still = check(dump, setup_from_json(expected, trial), explain_divergence=False).match
-    res.update(verdict="equivalent" if still else "not found", nearest=entry, differs=diffs[best])
+    ok = still and not (set(diffs[best]) & set(conv)) - _inert_by_construction(dump, expected)
+    res.update(verdict="equivalent" if ok else "not found", nearest=entry, differs=diffs[best])
     return res
+
+
+def _inert_by_construction(dump: Any, setup: Any) -> set[str]:
+    """Options of ``setup`` that provably change nothing on this dump (not within a tolerance).
+
+    ``score_clip``: no mapped score ``(s + b)·k`` reaches ``±C`` (AReaL's default ``C = 20``).
+    """
+    ex = setup.extras
+    if ex.score_clip is None:
+        return set()
+    mapped = (dump.tensors["scores"].double() + ex.score_bias) * ex.score_scale
+    return {"score_clip"} if float(mapped.abs().max()) <= ex.score_clip else set()
 
 
 def make_dumps(groups: list[str], root: Path, out: Path) -> dict[str, str]:
@@ -155,13 +172,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--dumps", metavar="DIR", help="a validate_presets.py --keep folder (else make them)")
     ap.add_argument("--peers-root", default=str(PEERS_ROOT))
+    ap.add_argument(
+        "--group", choices=sorted(GROUPS), action="append", help="side venv(s) to make dumps with"
+    )
     ap.add_argument("--only", metavar="SUBSTR", help="only the cases whose name contains SUBSTR")
     ap.add_argument("--json-out", metavar="FILE")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         dumps = Path(args.dumps) if args.dumps else Path(tmp)
         if not args.dumps:
-            for g, why in make_dumps(sorted(GROUPS), Path(args.peers_root), dumps).items():
+            for g, why in make_dumps(args.group or sorted(GROUPS), Path(args.peers_root), dumps).items():
                 print(f"{g}: SKIPPED ({why})")
         results = validate(dumps, args.only)
     if args.json_out:
