@@ -101,8 +101,10 @@ def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int =
     entry = det.detected[best]
     trial = {**exp, **exp_hp, **{k: entry[k] for k in diffs[best]}}
     still = check(dump, setup_from_json(expected, trial), explain_divergence=False).match
-    ok = still and not (set(diffs[best]) & set(conv)) - _inert_by_construction(dump, expected)
+    inert = _inert_by_construction(dump, expected)
+    ok = still and not (set(diffs[best]) & set(conv)) - inert
     res.update(verdict="equivalent" if ok else "not found", nearest=entry, differs=diffs[best])
+    res["inert"] = sorted(inert)
     return res
 
 

@@ -54,5 +54,6 @@ def test_detect_lists_the_peers_conventions(group: str, tmp_path: Path) -> None:
             assert r["verdict"] == "excluded", f"{name} is now {r['verdict']}: remove it from EXCLUDED"
             continue
         assert r["verdict"] in ("found", "equivalent"), (name, r)
-        assert not set(r["differs"]) & set(r["set"]), (name, r["differs"])
+        # an option the case exercises differs only where it provably acts on nothing in the dump
+        assert not set(r["differs"]) & set(r["set"]) - set(r.get("inert", [])), (name, r["differs"])
     assert proc.returncode == 0, proc.stdout[-2000:]
