@@ -28,9 +28,17 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
-from refppo.conventions import parse
+from refppo.conventions import AdvantageEstimator, parse
 from refppo.errors import RefPPOError
 from refppo.pipeline import Convention, Hyperparams
+
+GROUP_ESTIMATORS = (
+    AdvantageEstimator.GRPO,
+    AdvantageEstimator.DR_GRPO,
+    AdvantageEstimator.RLOO,
+    AdvantageEstimator.REINFORCE_PP_BASELINE,
+)
+"""``ppo.advantage`` values whose statistics are taken over a prompt's group of responses."""
 
 
 class ConfigError(RefPPOError):
@@ -156,7 +164,13 @@ class RolloutConfig:
     """Generation of one iteration's batch."""
 
     batch_size: int = 64
-    """Prompts per iteration over ALL ranks (the global PPO batch)."""
+    """Responses (rows) per iteration over ALL ranks (the global PPO batch): ``batch_size /
+    group_size`` prompts, each answered ``group_size`` times."""
+    group_size: int = 1
+    """Responses sampled per prompt (GRPO's G, verl ``rollout.n``, OpenRLHF
+    ``n_samples_per_prompt``): the group of a critic-free group estimator (``ppo.advantage`` =
+    ``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``: needs ≥ 2). A group's rows always
+    sit on one rank: ``batch_size`` must split into whole groups on every rank."""
     max_new_tokens: int = 12
     """Response length cap; responses stop early at the end-of-sequence token."""
     temperature: float = 1.0
@@ -177,6 +191,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _positive("rollout.batch_size", self.batch_size)
+        _positive("rollout.group_size", self.group_size)
         _positive("rollout.max_new_tokens", self.max_new_tokens)
         if not self.temperature > 0:
             raise ConfigError(f"rollout.temperature: expected > 0, got {self.temperature}")
@@ -317,6 +332,7 @@ class TrainConfig:
         self.check_world_size(1)
         if self.model.critic_init == "reward" and self.task.reward != "model":
             raise ConfigError("model.critic_init='reward' needs task.reward='model'")
+        self._check_critic_free()
         conv = self.ppo.convention
         whitened = conv.whiten_advantages.value != "none" or conv.whiten_rewards.value != "none"
         if self.run.dump_iteration is not None and self.ppo.minibatches > 1 and whitened:
@@ -326,13 +342,41 @@ class TrainConfig:
                 "whole rollout batch (or set ppo.whiten_advantages=none and ppo.whiten_rewards=none)"
             )
 
+    @property
+    def critic_free(self) -> bool:
+        """``ppo.advantage`` is not ``gae``: no critic model, no value loss, no critic optimizer."""
+        return self.ppo.convention.advantage is not AdvantageEstimator.GAE
+
+    def _check_critic_free(self) -> None:
+        """The group size fits the estimator; no critic-only option is set without a critic."""
+        adv, g = self.ppo.convention.advantage, self.rollout.group_size
+        if adv in GROUP_ESTIMATORS and g < 2:
+            raise ConfigError(
+                f"ppo.advantage={adv.value} needs rollout.group_size >= 2 (responses per prompt), got {g}"
+            )
+        if not self.critic_free:
+            return
+        if self.optimizer.critic_lr is not None:
+            raise ConfigError(f"optimizer.critic_lr is set but ppo.advantage={adv.value} has no critic")
+        if self.model.critic_init != "policy":
+            raise ConfigError(
+                f"model.critic_init={self.model.critic_init!r} is set but ppo.advantage={adv.value} "
+                "has no critic"
+            )
+
     # ----------------------------------------------------------------------------------- derived sizes
     def check_world_size(self, world_size: int) -> None:
-        """Fail loudly unless batch / world_size / minibatches / micro_batches all split evenly."""
-        b, w = self.rollout.batch_size, world_size
+        """Fail loudly unless batch / world_size / minibatches / micro_batches all split evenly and
+        every rank holds whole groups of ``rollout.group_size`` responses."""
+        b, w, g = self.rollout.batch_size, world_size, self.rollout.group_size
         mb, mu = self.ppo.minibatches, self.ppo.micro_batches
         if b % w:
             raise ConfigError(f"rollout.batch_size={b} does not split evenly over {w} ranks")
+        if (b // w) % g:
+            raise ConfigError(
+                f"rollout.batch_size={b} / {w} ranks = {b // w} responses per rank is not a multiple of "
+                f"rollout.group_size={g} (a group's responses must sit on one rank)"
+            )
         local = b // w
         if local % mb:
             raise ConfigError(

@@ -9,6 +9,9 @@
 The exact numbers are the preset's; ``refppo demo --help`` prints them (:func:`help_text`).
 The exit code is 1 if the hidden-rule score did not rise clearly (a demo that cannot fail proves nothing).
 ``refppo demo --set run.iterations=10 --out DIR`` adjusts it like ``refppo train``.
+``refppo demo --grpo``: the same run without a critic (preset :data:`refppo.tasks.presets.DEMO_GRPO`:
+GRPO over groups of 8 responses per prompt, against the verifiable reward
+:func:`refppo.tasks.words.verify_reward`, no reward model); same bar on the hidden rule.
 """
 
 from __future__ import annotations
@@ -75,6 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument(
+        "--grpo",
+        action="store_true",
+        help="critic-free: GRPO, 8 responses per prompt, verifiable reward (preset demo-grpo)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -88,10 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     try:
-        cfg = preset("demo", f"run.out_dir={args.out}", *args.overrides)
+        cfg = preset("demo-grpo" if args.grpo else "demo", f"run.out_dir={args.out}", *args.overrides)
+        algo = f"{cfg.ppo.convention.advantage.value.upper()} (no critic)" if cfg.critic_free else "PPO"
         print(
-            f"refppo demo: {cfg.run.iterations} PPO iterations × {cfg.rollout.batch_size} prompts; "
-            f"outputs in {args.out}"
+            f"refppo demo: {cfg.run.iterations} {algo} iterations × {cfg.rollout.batch_size} responses "
+            f"({cfg.rollout.group_size} per prompt); outputs in {args.out}"
         )
         records = run(cfg, overwrite=True)  # the demo replaces its previous run (refppo's files only)
     except RefPPOError as e:
@@ -104,8 +113,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = summarize(records)
     n = len(records)
     gain = s["rule_last"] - s["rule_first"]
+    parts = "" if cfg.critic_free else ", reward model"
+    kind = (
+        "verifiable, [0, 1] minus EOS penalty"
+        if cfg.critic_free
+        else "learned RM, unit std on warm-start samples"
+    )
     print(
-        f"\nreward (learned RM, unit std on warm-start samples): "
+        f"\nreward ({kind}): "
         f"{s['reward_first']:+.3f} -> {s['reward_last']:+.3f}"
         f"  (mean of first / last 3 of {n} iterations)\n"
         f"hidden-rule score (true objective, in [-1, 1]):      "
@@ -113,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  (gain {gain:+.3f})\n"
         f"KL(policy || reference) per response: last {s['kl_last']:.3f} nats, max {s['kl_max']:.3f}"
         f"  (β = {cfg.ppo.hp.kl_coef})\n"
-        f"wall time {wall:.0f} s (warm start, reward model and PPO); metrics: {args.out}/metrics.jsonl, "
+        f"wall time {wall:.0f} s (warm start{parts} and training); metrics: {args.out}/metrics.jsonl, "
         f"plot: {args.out}/plot.png"
     )
     if gain < MIN_RULE_GAIN:

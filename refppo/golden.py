@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from refppo.conventions import AdvantageEstimator, Whitening
 from refppo.cpu_numerics import PINNED_CPU_ENV
 from refppo.models import (
     Arch,
@@ -125,12 +126,26 @@ class GoldenCase:
     )
     hp: Hyperparams = field(default_factory=lambda: Hyperparams(kl_coef=0.05, ent_coef=0.01, vf_coef=0.1))
     conv: Convention = field(default_factory=Convention)
+    group_size: int = 1
+    """Responses per prompt: each prompt's row is repeated ``group_size`` times (consecutive rows,
+    ``group_index`` = the prompt's position); the group estimators need ≥ 2."""
+
+    @property
+    def critic_free(self) -> bool:
+        """``conv.advantage`` is not GAE: no critic model, optimizer or value loss."""
+        return self.conv.advantage is not AdvantageEstimator.GAE
+
+    def rows(self) -> tuple[list[list[int]], Tensor]:
+        """The prompt of every row and ``group_index`` ``[B]`` (B = prompts × ``group_size``)."""
+        rows = [list(p) for p in self.prompts for _ in range(self.group_size)]
+        gi = torch.arange(len(self.prompts)).repeat_interleave(self.group_size)
+        return rows, gi
 
     def to_dict(self) -> dict[str, Any]:
         def dc(x: Any) -> dict[str, Any]:
             return {k: getattr(x, k) for k in x.__dataclass_fields__}
 
-        return {
+        out = {
             "name": self.name,
             "arch": self.arch,
             "vocab_size": self.vocab_size,
@@ -141,18 +156,30 @@ class GoldenCase:
             "prompts": [list(p) for p in self.prompts],
             "seed": self.seed,
             "iterations": self.iterations,
-            "optimizer": {"kind": "Adam", "lr": self.lr, "separate_actor_critic": True},
+            "optimizer": {"kind": "Adam", "lr": self.lr, "separate_actor_critic": not self.critic_free},
             "model_seeds": {"actor": 0, "critic": 1, "reward": 2},
             "rollout": dc(self.rollout),
             "update": dc(self.update),
             "hp": dc(self.hp),
             "conv": self.conv.to_dict(),
         }
+        if self.group_size != 1:  # the PPO goldens' documents stay as written
+            out["group_size"] = self.group_size
+        return out
 
 
 CASES: dict[str, GoldenCase] = {
     "gpt2": GoldenCase(name="gpt2", arch="gpt2"),
     "llama": GoldenCase(name="llama", arch="llama"),
+    # critic-free: GRPO over groups of 4 responses to each of the 4 prompts (16 rows), no
+    # advantage whitening beyond the group's own (verl/OpenRLHF GRPO), KL folded into the score
+    "grpo_gpt2": GoldenCase(
+        name="grpo_gpt2",
+        arch="gpt2",
+        group_size=4,
+        conv=Convention(advantage=AdvantageEstimator.GRPO, whiten_advantages=Whitening.NONE),
+        update=PPOUpdateConfig(ppo_epochs=2, num_minibatches=2, micro_batch_size=2, max_grad_norm=1.0),
+    ),
 }
 
 
@@ -160,28 +187,31 @@ CASES: dict[str, GoldenCase] = {
 class Models:
     actor: nn.Module
     reference: nn.Module
-    critic: Critic
+    critic: Critic | None
     reward: RewardModel
     actor_opt: torch.optim.Optimizer
-    critic_opt: torch.optim.Optimizer
+    critic_opt: torch.optim.Optimizer | None
 
 
 def build(case: GoldenCase, device: torch.device | str = "cpu") -> Models:
     """Models (seeded random init) and optimizers of ``case`` on ``device``."""
     kw: dict[str, Any] = {"hidden": case.hidden, "layers": case.layers, "heads": case.heads}
     actor = tiny_actor(case.arch, case.vocab_size, seed=0, dropout=case.dropout, **kw).to(device)
-    critic = tiny_critic(case.arch, case.vocab_size, seed=1, dropout=case.dropout, **kw).to(device)
+    critic = None
+    if not case.critic_free:
+        critic = tiny_critic(case.arch, case.vocab_size, seed=1, dropout=case.dropout, **kw).to(device)
     reward = tiny_reward_model(case.arch, case.vocab_size, seed=2, **kw).to(device)
     reference = make_reference(actor)
     ao = torch.optim.Adam(actor.parameters(), lr=case.lr)
-    co = torch.optim.Adam(critic.parameters(), lr=case.lr)
+    co = torch.optim.Adam(critic.parameters(), lr=case.lr) if critic is not None else None
     return Models(actor, reference, critic, reward, ao, co)
 
 
 def checksums(models: Models) -> dict[str, list[float]]:
-    """``[Σp, Σp², Σ|p|]`` (float64) of every actor and critic parameter tensor."""
+    """``[Σp, Σp², Σ|p|]`` (float64) of every actor and critic (if any) parameter tensor."""
     out: dict[str, list[float]] = {}
-    for prefix, model in (("actor", models.actor), ("critic", models.critic)):
+    trained = [("actor", models.actor)] + ([("critic", models.critic)] if models.critic is not None else [])
+    for prefix, model in trained:
         for name, p in model.named_parameters():
             d = p.detach().double().cpu()
             out[f"{prefix}.{name}"] = [float(d.sum()), float((d * d).sum()), float(d.abs().sum())]
@@ -210,7 +240,9 @@ def run(
     :func:`refppo.ppo_naive.ppo_update_naive` (a real snapshot network for π_old).
     """
     models = build(case, device)
-    prompt_ids, prompt_mask = left_pad([list(p) for p in case.prompts], case.rollout.pad_token_id)
+    rows, group_index = case.rows()
+    gi = group_index.to(device) if case.critic_free else None
+    prompt_ids, prompt_mask = left_pad(rows, case.rollout.pad_token_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     gen = torch.Generator().manual_seed(case.seed)
     tensors: dict[str, Tensor] = {}
@@ -235,6 +267,7 @@ def run(
                 conv=case.conv,
                 generator=gen,
                 on_minibatch=recs.append,
+                group_index=gi,
             )
             scored, q, metrics = res.scored, res.quantities, res.metrics
             perm = torch.stack(
@@ -267,6 +300,7 @@ def run(
                 mask=batch.response_mask,
                 hp=case.hp,
                 conv=case.conv,
+                group_index=gi,
             )
             perm = g[f"it{it}.perm"]
             nsteps = ppo_update_naive(

@@ -206,15 +206,21 @@ def _record(
     rec: StepRecorder,
     k: int,
     logp: Tensor,
-    values: Tensor,
+    values: Tensor | None,
     entropy: Tensor,
     idx: Tensor,
     scored: ScoredRollout,
     q: RolloutQuantities,
     uq: UpdateQuantities,
     world_size: int,
+    group_index: Tensor | None,
 ) -> None:
-    """Record micro-batch ``k`` (rows ``idx``); the losses as passed to backward (× world_size)."""
+    """Record micro-batch ``k`` (rows ``idx``); the losses as passed to backward (× world_size);
+    a critic-free step (``values`` None) carries no value quantity (``old_values``, ``values``,
+    ``grad_values``, ``vf_loss``: the oracle's critic-free dump) and its rows' ``group_index``."""
+    more: dict[str, Tensor] = {"group_index": group_index[idx]} if group_index is not None else {}
+    if values is not None:
+        more["old_values"] = scored.old_values[idx]
     rec.record(
         micro_batch=k,
         logprobs=logp,
@@ -222,18 +228,22 @@ def _record(
         response_mask=scored.batch.response_mask[idx],
         old_logprobs=scored.old_logprobs[idx],
         ref_logprobs=scored.ref_logprobs[idx],
-        old_values=scored.old_values[idx],
         scores=scored.scores[idx],
         entropy=entropy,
         advantages=q.advantages[idx],
         returns=q.returns[idx],
-        **{n: getattr(uq, n) * world_size for n in ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss")},
+        **{
+            n: getattr(uq, n) * world_size
+            for n in ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss")
+            if n != "vf_loss" or values is not None
+        },
+        **more,
     )
 
 
 def ppo_update(
     actor: nn.Module,
-    critic: nn.Module,
+    critic: nn.Module | None,
     actor_optimizer: torch.optim.Optimizer,
     critic_optimizer: torch.optim.Optimizer | None,
     scored: ScoredRollout,
@@ -248,6 +258,7 @@ def ppo_update(
     ptx_batch: PtxBatch | None = None,
     on_minibatch: Callable[[MinibatchRecord], None] | None = None,
     capture: CaptureRequest | None = None,
+    group_index: Tensor | None = None,
 ) -> dict[str, float]:
     """K PPO epochs over shuffled minibatches of one scored rollout (module docstring, step 4).
 
@@ -255,7 +266,10 @@ def ppo_update(
     ptx_loss, pg_clipfrac, approx_kl, vf_clipfrac, actor_grad_norm, critic_grad_norm`` (grad norms
     before clipping), plus ``first_ratio_max_dev``, ``first_pg_clipfrac`` and ``first_approx_kl``
     of the first minibatch of the first epoch. ``capture``: record one optimizer step (every
-    micro-batch, as passed to backward) and write it as one v2 dump after its backward(s).
+    micro-batch, as passed to backward) and write it as one v2 dump after its backward(s);
+    ``group_index`` ``[B]`` is written with it (critic-free group estimators).
+    ``critic=None`` (a critic-free ``conv.advantage``): no value forward and no value loss
+    (``vf_loss``, ``vf_clipfrac`` and ``critic_grad_norm`` are 0); pass ``critic_optimizer=None``.
     """
     if world_size < 1:
         raise HyperparameterError(f"world_size: expected >= 1, got {world_size}")
@@ -269,16 +283,18 @@ def ppo_update(
     vmask = quantities.value_mask
     advantages = quantities.advantages.to(scored.old_logprobs.dtype)
     returns = quantities.returns.to(scored.old_values.dtype)
-    actor_params, critic_params = _params(actor), _params(critic)
+    actor_params = _params(actor)
+    critic_params = _params(critic) if critic is not None else []
+    models = (actor,) if critic is None else (actor, critic)
     optimizers = [actor_optimizer] + ([critic_optimizer] if critic_optimizer is not None else [])
     sums: dict[str, float] = {}
     first: dict[str, float] = {}
     n_steps = 0
     device = mask.device
-    with eval_mode(actor, critic):
+    with eval_mode(*models):
         if cfg.dropout_in_update:
-            actor.train()
-            critic.train()
+            for model in models:
+                model.train()
         for epoch in range(cfg.ppo_epochs):
             perm = torch.randperm(B, generator=generator) if cfg.shuffle else torch.arange(B)
             perm = perm.to(device)
@@ -309,12 +325,12 @@ def ppo_update(
                     idx = rows[k * micro : (k + 1) * micro]
                     sub = batch.select(idx)
                     logp, ent = response_logprobs(actor, sub, scored.temperature)
-                    values = response_values(critic, sub)
+                    values = response_values(critic, sub) if critic is not None else None
                     uq = update_quantities(
                         logprobs=logp,
                         values=values,
                         old_logprobs=scored.old_logprobs[idx],
-                        old_values=scored.old_values[idx],
+                        old_values=scored.old_values[idx] if critic is not None else None,
                         advantages=advantages[idx],
                         returns=returns[idx],
                         mask=mask[idx],
@@ -326,7 +342,9 @@ def ppo_update(
                         norm=norm,
                     )
                     if rec is not None:
-                        _record(rec, k, logp, values, ent, idx, scored, quantities, uq, world_size)
+                        _record(
+                            rec, k, logp, values, ent, idx, scored, quantities, uq, world_size, group_index
+                        )
                     torch.autograd.backward(uq.loss * world_size)
                     st["loss"] += float(uq.loss.detach())
                     st["pg_loss"] += float(uq.pg_loss.detach())
@@ -430,7 +448,7 @@ class IterationResult:
 def iteration(
     actor: nn.Module,
     reference: nn.Module,
-    critic: nn.Module,
+    critic: nn.Module | None,
     reward: Reward,
     actor_optimizer: torch.optim.Optimizer,
     critic_optimizer: torch.optim.Optimizer | None,
@@ -448,11 +466,16 @@ def iteration(
     batch: SequenceBatch | None = None,
     on_minibatch: Callable[[MinibatchRecord], None] | None = None,
     capture: CaptureRequest | None = None,
+    group_index: Tensor | None = None,
+    groups_on_rank: bool = False,
 ) -> IterationResult:
     """Rollout → scoring → rollout quantities → update (module docstring, steps 1–4).
 
     ``batch``: replay these responses instead of sampling (the prompts must be ``prompt_ids``);
-    the generator is then not used for sampling.
+    the generator is then not used for sampling. ``critic=None``: a critic-free
+    ``conv.advantage`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
+    answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
+    are on this rank (see :func:`refppo.pipeline.rollout_quantities`).
     """
     if batch is None:
         batch = generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator)
@@ -475,6 +498,8 @@ def iteration(
         hp=hp,
         conv=conv,
         all_reduce=all_reduce,
+        group_index=group_index,
+        groups_on_rank=groups_on_rank,
     )
     metrics = rollout_metrics(scored, quantities, hp, conv)
     metrics.update(
@@ -494,6 +519,7 @@ def iteration(
             ptx_batch=ptx_batch,
             on_minibatch=on_minibatch,
             capture=capture,
+            group_index=group_index,
         )
     )
     return IterationResult(metrics, scored, quantities)

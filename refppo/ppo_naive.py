@@ -8,7 +8,8 @@
   explicit per-mode sums (no micro-batching, no normalisers: the whole minibatch at once).
 
 Supported subset (what the goldens exercise): ``dual_clip``, ``log_ratio_clamp`` and the KL
-clamps must be None, ``dropout_in_update`` False and no PPO-ptx; anything else raises.
+clamps must be None, ``dropout_in_update`` False and no PPO-ptx; critic-free: ``critic=None`` with
+``advantage`` = ``grpo``/``dr-grpo``/``rloo`` and ``group_kl=fold``; anything else raises.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from refppo.conventions import (
+    AdvantageEstimator,
     GaePadding,
+    GroupKL,
     KLEstimator,
     KLPlacement,
     LossAgg,
@@ -33,6 +36,7 @@ from refppo.conventions import (
     Whitening,
 )
 from refppo.core.gae import gae_naive
+from refppo.core.group import group_advantages_naive
 from refppo.core.kl import token_kl_naive
 from refppo.core.normalize import normalize_naive
 from refppo.core.rewards import token_rewards_naive
@@ -53,7 +57,7 @@ from refppo.rollout import ScoredRollout
 def score_rollout_naive(
     actor: nn.Module,
     reference: nn.Module,
-    critic: nn.Module,
+    critic: nn.Module | None,
     reward: Reward,
     batch: SequenceBatch,
     *,
@@ -61,11 +65,12 @@ def score_rollout_naive(
     eos_token_id: int,
     missing_eos_penalty: float | None = None,
 ) -> ScoredRollout:
-    """Naive twin of :func:`refppo.rollout.score_rollout` (per-prefix forwards, Python loops)."""
-    with torch.no_grad(), eval_mode(actor, reference, critic):
+    """Naive twin of :func:`refppo.rollout.score_rollout` (per-prefix forwards, Python loops);
+    ``critic=None``: zero values, as there."""
+    with torch.no_grad(), eval_mode(actor, reference, *([critic] if critic is not None else [])):
         old, ent = response_logprobs_naive(actor, batch, temperature)
         ref, _ = response_logprobs_naive(reference, batch, temperature)
-        values = response_values_naive(critic, batch)
+        values = torch.zeros_like(old) if critic is None else response_values_naive(critic, batch)
         if isinstance(reward, RewardModel):
             with eval_mode(reward):
                 raw = reward_scores_naive(reward, batch)
@@ -115,8 +120,10 @@ def rollout_quantities_naive(
     mask: Tensor,
     hp: Hyperparams,
     conv: Convention,
+    group_index: Tensor | None = None,
 ) -> RolloutQuantities:
-    """Naive twin of :func:`refppo.pipeline.rollout_quantities` from the ``*_naive`` core twins."""
+    """Naive twin of :func:`refppo.pipeline.rollout_quantities` from the ``*_naive`` core twins
+    (critic-free: the group score of row i is Σ_t r_{i,t} over the value mask, as ``group_kl=fold``)."""
     kl = token_kl_naive(
         old_logprobs,
         ref_logprobs,
@@ -138,10 +145,13 @@ def rollout_quantities_naive(
             eps=hp.whiten_eps,
             eps_at=conv.whiten_eps_at,
         )
-    gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
-    adv_raw, returns = gae_naive(
-        rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
-    )
+    if conv.advantage is AdvantageEstimator.GAE:
+        gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
+        adv_raw, returns = gae_naive(
+            rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
+        )
+    else:
+        adv_raw = returns = _group_naive(rewards, vmask, mask, conv, group_index)
     wmask = mask
     if conv.whiten_holes is WhitenHoles.INCLUDE:  # each row up to its last valid token, holes included
         rows = mask.bool().tolist()
@@ -157,6 +167,29 @@ def rollout_quantities_naive(
     if conv.kl_in is KLPlacement.LOSS:
         kl = torch.zeros_like(kl)
     return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
+
+
+def _group_naive(
+    rewards: Tensor, vmask: Tensor, mask: Tensor, conv: Convention, group_index: Tensor | None
+) -> Tensor:
+    """The supported critic-free estimators: the core's naive group twin on the folded scores."""
+    supported = (AdvantageEstimator.GRPO, AdvantageEstimator.DR_GRPO, AdvantageEstimator.RLOO)
+    if conv.advantage not in supported or conv.group_kl is not GroupKL.FOLD or group_index is None:
+        raise ConventionError(
+            "rollout_quantities_naive: critic-free supports grpo, dr-grpo, rloo with group_kl=fold "
+            "and a group_index"
+        )
+    rows, vm = rewards.tolist(), vmask.tolist()
+    folded = [sum(r for r, ok in zip(row, m, strict=True) if ok) for row, m in zip(rows, vm, strict=True)]
+    return group_advantages_naive(
+        torch.tensor(folded, dtype=rewards.dtype),
+        group_index,
+        mask,
+        estimator=conv.advantage,
+        unbiased_std=conv.group_std is Variance.UNBIASED,
+        eps=conv.group_eps,
+        singleton=conv.group_singleton.value,
+    )
 
 
 @dataclass(frozen=True)
@@ -207,7 +240,7 @@ def _kl_scalar(d: Tensor, est: KLEstimator) -> Tensor:
 
 def ppo_update_naive(
     actor: nn.Module,
-    critic: nn.Module,
+    critic: nn.Module | None,
     actor_optimizer: torch.optim.Optimizer,
     critic_optimizer: torch.optim.Optimizer | None,
     scored: ScoredRollout,
@@ -221,6 +254,7 @@ def ppo_update_naive(
     """Naive twin of :func:`refppo.ppo.ppo_update` with the row permutation of each epoch given.
 
     A deep-copied snapshot of the actor is taken first and is the ONLY source of π_old.
+    ``critic=None``: no value term (``vf_loss``, ``vf_clipfrac``, ``critic_grad_norm`` are 0).
     """
     if conv.dual_clip is not None or conv.log_ratio_clamp is not None:
         raise ConventionError("ppo_update_naive: dual_clip and log_ratio_clamp are not supported")
@@ -246,7 +280,7 @@ def ppo_update_naive(
     vmask = quantities.value_mask.tolist()
     optimizers = [actor_optimizer] + ([critic_optimizer] if critic_optimizer is not None else [])
     steps: list[NaiveStep] = []
-    with eval_mode(actor, critic):
+    with eval_mode(actor, *([critic] if critic is not None else [])):
         for epoch, perm in enumerate(perms):
             for mb in range(cfg.num_minibatches):
                 rows = [int(r) for r in perm[mb * mb_size : (mb + 1) * mb_size]]
@@ -286,7 +320,7 @@ def ppo_update_naive(
                             krow.append(_kl_scalar(lp - float(scored.ref_logprobs[b, t]), conv.kl_estimator))
                     vrow: list[Tensor] = []
                     for t in range(batch.response_width):
-                        if not vmask[b][t]:
+                        if critic is None or not vmask[b][t]:
                             continue
                         v = prefix_value(critic, x + y[:t], device)
                         r = ret[b][t]
@@ -309,7 +343,11 @@ def ppo_update_naive(
                     vals.append(vrow)
                 pg_loss, n_tok = _aggregate(pol, conv.loss_agg, horizon, len(rows))
                 vf_agg = conv.value_loss_agg if conv.value_loss_agg is not None else conv.loss_agg
-                vf_loss, n_vtok = _aggregate(vals, vf_agg, horizon, len(rows))
+                vf_loss, n_vtok = (
+                    _aggregate(vals, vf_agg, horizon, len(rows))
+                    if critic is not None
+                    else (torch.zeros(()), 1)
+                )
                 ent_agg = conv.entropy_agg if conv.entropy_agg is not None else conv.loss_agg
                 ent_loss, _ = _aggregate(ents, ent_agg, horizon, len(rows))
                 loss = pg_loss + hp.vf_coef * vf_loss - hp.ent_coef * ent_loss
@@ -320,7 +358,7 @@ def ppo_update_naive(
                     loss = loss + hp.kl_coef * kl_loss
                 torch.autograd.backward(loss)
                 gn_a = _clip(actor, cfg.max_grad_norm)
-                gn_c = _clip(critic, cfg.max_grad_norm)
+                gn_c = _clip(critic, cfg.max_grad_norm) if critic is not None else 0.0
                 for opt in optimizers:
                     opt.step()
                 for opt in optimizers:

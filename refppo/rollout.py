@@ -264,7 +264,7 @@ def has_eos(batch: SequenceBatch, eos_token_id: int) -> Tensor:
 def score_rollout(
     actor: nn.Module,
     reference: nn.Module,
-    critic: nn.Module,
+    critic: nn.Module | None,
     reward: Reward,
     batch: SequenceBatch,
     *,
@@ -275,11 +275,14 @@ def score_rollout(
     """Step 2–3 of the module docstring: one teacher-forced, dropout-free pass per model.
 
     Models are put in eval mode for the pass and restored to their previous mode afterwards.
+    ``critic=None`` (a critic-free estimator): no value pass; ``old_values`` are zeros of the
+    log-probs' shape, a stand-in no critic-free step reads.
     """
-    with eval_mode(actor, reference, critic):
+    models = (actor, reference) if critic is None else (actor, reference, critic)
+    with eval_mode(*models):
         old_logprobs, old_entropy = response_logprobs(actor, batch, temperature)
         ref_logprobs, _ = response_logprobs(reference, batch, temperature)
-        old_values = response_values(critic, batch)
+        old_values = torch.zeros_like(old_logprobs) if critic is None else response_values(critic, batch)
     raw = reward_scores(reward, batch).to(old_values.dtype)
     eos = has_eos(batch, eos_token_id)
     scores = raw

@@ -11,10 +11,12 @@ Numbered skeleton of :meth:`Trainer.train`::
 
     0. setup: seed every RNG; tokenizer; policy (tiny from config, or --model DIR); warm start
        (embedded task); reference = frozen copy; reward (model trained on rule-labelled pairs,
-       --reward-model DIR, the rule, or module:function); critic; AdamW ×2; KL controller;
+       --reward-model DIR, the rule, or module:function); critic (none when ppo.advantage is
+       critic-free); AdamW ×2 (×1 without critic); KL controller;
        DDP wrap (torchrun); --resume restores weights, optimizers, RNGs, controller, iteration
     per iteration:
-    1. prompts from the task's RNG → token ids (length checked) → left-padded batch
+    1. prompts from the task's RNG, each repeated rollout.group_size times with its group_index
+       (whole groups per rank: refppo.train_group) → token ids (length checked) → left-padded batch
     2. responses = generate_rollout(actor, prompts)                    (timed: rollout)
     3. result = ppo.iteration(..., hp with β from the KL controller)  (timed: score + update;
        under torchrun with the all_reduce hook: global normalisers and whitening)
@@ -44,7 +46,7 @@ import torch.distributed as torch_dist
 from torch import Tensor, nn
 
 from refppo import checkpoint as ckpt
-from refppo import models, ppo, rundir, train_dump
+from refppo import models, ppo, rundir, train_dump, train_group
 from refppo import rollout as rl
 from refppo.atomic import atomic_write_text, atomic_write_with, pause_for_test
 from refppo.config import ConfigError, TrainConfig
@@ -423,19 +425,8 @@ class Trainer:
         if embedded:
             self.rule = text_reward(rule_reward, self.tokenizer, keep_special_tokens=keep, name=RULE_REWARD)
 
-        # critic
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.run.seed + 1)
-            if cfg.model.critic_init == "reward":
-                assert self.reward_model is not None  # checked by TrainConfig
-                backbone = copy.deepcopy(self.reward_model.model.base_model)
-            else:
-                backbone = copy.deepcopy(self.actor.base_model)
-            for p in backbone.parameters():
-                p.requires_grad_(True)
-            self.critic = models.Critic(backbone)
-        self.critic.to(self.device, self.param_dtype)
-        self.critic.train()
+        # critic (none for a critic-free ppo.advantage)
+        self.critic: models.Critic | None = None if cfg.critic_free else self._build_critic()
         self.actor.train()
 
         # checks that need the models
@@ -447,13 +438,35 @@ class Trainer:
         self.actor_opt = torch.optim.AdamW(
             self.actor.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
         )
-        self.critic_opt = torch.optim.AdamW(
-            self.critic.parameters(),
-            lr=o.critic_lr or o.lr,
-            betas=o.betas,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-        )
+        self.critic_opt: torch.optim.AdamW | None = None
+        if self.critic is not None:
+            self.critic_opt = torch.optim.AdamW(
+                self.critic.parameters(),
+                lr=o.critic_lr or o.lr,
+                betas=o.betas,
+                eps=o.eps,
+                weight_decay=o.weight_decay,
+            )
+        self._setup_rest(resuming)
+
+    def _build_critic(self) -> models.Critic:
+        cfg = self.cfg
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.run.seed + 1)
+            if cfg.model.critic_init == "reward":
+                assert self.reward_model is not None  # checked by TrainConfig
+                backbone = copy.deepcopy(self.reward_model.model.base_model)
+            else:
+                backbone = copy.deepcopy(self.actor.base_model)
+            for p in backbone.parameters():
+                p.requires_grad_(True)
+            critic = models.Critic(backbone)
+        critic.to(self.device, self.param_dtype)
+        critic.train()
+        return critic
+
+    def _setup_rest(self, resuming: bool) -> None:
+        cfg, d = self.cfg, self.dist
         self.kl_ctl: FixedKLController | AdaptiveKLController = make_kl_controller(
             cfg.ppo.hp.kl_coef, adaptive=cfg.kl.adaptive, target=cfg.kl.target, horizon=cfg.kl.horizon
         )
@@ -484,11 +497,12 @@ class Trainer:
         if resuming:
             self._load()
         self.actor_train: nn.Module = self.actor
-        self.critic_train: nn.Module = self.critic
+        self.critic_train: nn.Module | None = self.critic
         if W > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.actor_train = nn.parallel.DistributedDataParallel(self.actor, device_ids=ids)
-            self.critic_train = nn.parallel.DistributedDataParallel(self.critic, device_ids=ids)
+            if self.critic is not None:
+                self.critic_train = nn.parallel.DistributedDataParallel(self.critic, device_ids=ids)
 
     def _check_inputs(self, embedded: bool) -> None:
         """Checks that need no model, run before any model loads: the model directories exist, the
@@ -590,11 +604,15 @@ class Trainer:
     def step(self, it: int) -> tuple[dict[str, Any], ppo.IterationResult, list[str]]:
         """One iteration (skeleton steps 1–5); returns the record, the raw result and the prompts."""
         cfg, d = self.cfg, self.dist
-        local = cfg.rollout.batch_size // d.world_size
+        g = cfg.rollout.group_size
+        local = cfg.rollout.batch_size // d.world_size // g  # prompts on this rank
         if self.prompt_pool is not None:
             texts = [self.task_rng.choice(self.prompt_pool) for _ in range(local)]
         else:
             texts = self.task.prompts(local, self.task_rng)
+        texts, group_index = train_group.expand_groups(texts, g, d.rank)
+        if g > 1:  # groups of one are unique by construction; the PPO path gains no collective
+            train_group.check_groups_on_rank(group_index, d.world_size, self.device)
         prompt_ids, prompt_mask = self.encode_prompts(texts)
         hp = replace(cfg.ppo.hp, kl_coef=self.kl_ctl.value)
         snapshot = self._snapshot() if cfg.run.on_nan == "skip" else None
@@ -621,6 +639,8 @@ class Trainer:
                 all_reduce=d.all_reduce(),
                 batch=batch,
                 capture=capture,
+                group_index=group_index.to(self.device),
+                groups_on_rank=True,
             )
         if capture is not None:
             self.echo(f"iteration {it + 1}: wrote {capture.path} (check it: refppo diff {capture.path})")
@@ -636,7 +656,7 @@ class Trainer:
         if cfg.rollout.missing_eos_penalty is not None:  # mean penalty per response (plotted on its own)
             record["rollout/missing_eos_penalty"] = metrics["raw_score"] - metrics["score"]
         bad = [k for k in ("loss", "pg_loss", "vf_loss") if not _finite(metrics.get(k, 0.0))]
-        bad += [n for n, m in (("actor", self.actor), ("critic", self.critic)) if not _params_finite(m)]
+        bad += [n for n, m in self._trained().items() if not _params_finite(m)]
         if bad:
             if snapshot is None:
                 last = ckpt.latest_checkpoint(self.ckpt_dir)
@@ -680,23 +700,33 @@ class Trainer:
         torch_dist.all_reduce(t)
         return float(t) / self.dist.world_size
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _trained(self) -> dict[str, nn.Module]:
+        """The models the update changes: the actor, and the critic when there is one."""
+        return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Checkpointed optimizers: the policy's, and the critic's when there is one."""
         return {
-            "actor": copy.deepcopy(self.actor.state_dict()),
-            "critic": copy.deepcopy(self.critic.state_dict()),
-            "actor_opt": copy.deepcopy(self.actor_opt.state_dict()),
-            "critic_opt": copy.deepcopy(self.critic_opt.state_dict()),
+            "policy": self.actor_opt,
+            **({"critic": self.critic_opt} if self.critic_opt is not None else {}),
         }
 
+    def _snapshot(self) -> dict[str, Any]:
+        out = {n: copy.deepcopy(m.state_dict()) for n, m in self._trained().items()}
+        out.update({f"{n}_opt": copy.deepcopy(o.state_dict()) for n, o in self._optimizers().items()})
+        return out
+
     def _restore(self, s: dict[str, Any]) -> None:
-        self.actor.load_state_dict(s["actor"])
-        self.critic.load_state_dict(s["critic"])
-        self.actor_opt.load_state_dict(s["actor_opt"])
-        self.critic_opt.load_state_dict(s["critic_opt"])
+        for n, m in self._trained().items():
+            m.load_state_dict(s[n])
+        for n, o in self._optimizers().items():
+            o.load_state_dict(s[f"{n}_opt"])
 
     # -------------------------------------------------------------------------------------- checkpoint
     def _models(self) -> dict[str, nn.Module]:
-        out: dict[str, nn.Module] = {"policy": self.actor, "reference": self.reference, "critic": self.critic}
+        out: dict[str, nn.Module] = {"policy": self.actor, "reference": self.reference}
+        if self.critic is not None:
+            out["critic"] = self.critic
         if self.reward_model is not None:
             out["reward"] = self.reward_model
         return out
@@ -712,7 +742,7 @@ class Trainer:
             self.ckpt_dir,
             iteration,
             models=self._models(),
-            optimizers={"policy": self.actor_opt, "critic": self.critic_opt},
+            optimizers=self._optimizers(),
             rng=ckpt.rng_state(self.task_rng, self.generator),
             rank=d.rank,
             state={
@@ -764,7 +794,7 @@ class Trainer:
         c, rng = ckpt.load_checkpoint(
             path,
             models=self._models(),
-            optimizers={"policy": self.actor_opt, "critic": self.critic_opt},
+            optimizers=self._optimizers(),
             rank=self.dist.rank,
         )
         try:

@@ -64,7 +64,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
 CORE = ("aggregate", "gae", "kl", "logprobs", "masked", "objective", "policy", "rewards", "value")
-MODULES = (*CORE, "pipeline")
+MODULES = (*CORE, "pipeline", "step_settings")
+TOP_LEVEL = ("pipeline", "step_settings")
+"""Modules directly under refppo/ (the others are refppo/core/); step_settings holds
+``Convention`` and ``Hyperparams``, which refppo/pipeline.py re-exports."""
 PIPELINE_FUNCS = {
     "value_mask",
     "rollout_quantities",
@@ -74,7 +77,7 @@ PIPELINE_FUNCS = {
 }
 NAIVE_HELPERS = {"_log_sum_exp"}
 DEFAULT_CLASSES = {"Hyperparams", "Convention"}
-"""pipeline.py classes whose field defaults (numeric/bool constants) are mutated too."""
+"""step_settings.py classes whose field defaults (numeric/bool constants) are mutated too."""
 # New tests that target gaps across modules (added with this tool); missing files are skipped.
 GAP_TESTS = (
     "tests/unit/test_core_boundaries.py",
@@ -94,17 +97,17 @@ per run on a shared 2-core machine; the golden replay covers the whole iteration
 
 def module_path(mod: str) -> Path:
     """Source file of a module short name (``kl`` → ``refppo/core/kl.py``)."""
-    return ROOT / ("refppo/pipeline.py" if mod == "pipeline" else f"refppo/core/{mod}.py")
+    return ROOT / (f"refppo/{mod}.py" if mod in TOP_LEVEL else f"refppo/core/{mod}.py")
 
 
 def module_name(mod: str) -> str:
     """Dotted import name of a module short name."""
-    return "refppo.pipeline" if mod == "pipeline" else f"refppo.core.{mod}"
+    return f"refppo.{mod}" if mod in TOP_LEVEL else f"refppo.core.{mod}"
 
 
 def subset(mod: str) -> list[str]:
     """The test files run against ``mod``'s mutants (those that exist)."""
-    if mod == "pipeline":
+    if mod in TOP_LEVEL:
         files: tuple[str, ...] = PIPELINE_TESTS
     else:
         extra = ("tests/property/test_logprobs_chunked.py",) if mod == "logprobs" else ()
@@ -343,13 +346,13 @@ class _Mutator(ast.NodeTransformer):
         return self.generic_visit(node)
 
     def _in_scope(self, qualname: str, name: str) -> bool:
-        if self.mod == "pipeline":
+        if self.mod in TOP_LEVEL:
             return qualname in PIPELINE_FUNCS
         return not name.endswith("_naive") and name not in NAIVE_HELPERS and len(self.scope) == 0
 
     def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
         self.scope.append(node.name)
-        fields = self.mod == "pipeline" and node.name in DEFAULT_CLASSES
+        fields = self.mod in TOP_LEVEL and node.name in DEFAULT_CLASSES
         for i, s in enumerate(node.body):
             if fields and isinstance(s, ast.AnnAssign) and s.value is not None:
                 self.active = True  # a documented default of a field (constants only)

@@ -64,7 +64,9 @@ TOKEN_KEYS: tuple[str, ...] = (
     "token_rewards",
 )
 """Per-token ``[b, T]`` keys a micro-batch may carry (dump names, spec/dump-format.md)."""
-ROW_KEYS: tuple[str, ...] = ("scores",)
+ROW_KEYS: tuple[str, ...] = ("scores", "group_index")
+"""Per-row ``[b]`` keys; ``group_index`` (integer: the prompt each row answers) for the critic-free
+group estimators (issue #13)."""
 LOSS_KEYS: tuple[str, ...] = ("pg_loss", "vf_loss", "entropy_loss", "kl_loss", "loss")
 """Additive loss scalars: summed over micro-batches and ranks (times ``1/W`` under ``mean``)."""
 GRAD_KEYS: dict[str, str] = {"logprobs": "grad_logprobs", "values": "grad_values"}
@@ -159,7 +161,7 @@ class StepRecorder:
         response_mask: Tensor,
         old_logprobs: Tensor,
         ref_logprobs: Tensor,
-        old_values: Tensor,
+        old_values: Tensor | None = None,
         scores: Tensor,
         logprobs: Tensor | None = None,
         values: Tensor | None = None,
@@ -168,6 +170,7 @@ class StepRecorder:
         """Record one micro-batch (call it before that micro-batch's backward).
 
         Token tensors are ``[b, T]`` (``T`` may differ between micro-batches), ``scores`` ``[b]``;
+        ``old_values`` None: a critic-free step (no value quantity is written);
         ``more`` takes the other keys of :data:`TOKEN_KEYS` (``advantages``, ``returns``,
         ``entropy``, ...) and the loss scalars of :data:`LOSS_KEYS`.
         """

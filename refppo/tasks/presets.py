@@ -1,6 +1,7 @@
 """Named config presets for the embedded task (``--set`` overrides on top of the defaults).
 
 * :data:`DEMO` — what ``make demo`` runs: learns visibly within a few minutes on 2 CPU cores.
+* :data:`DEMO_GRPO` — the same, critic-free (GRPO, groups of 8) against a verifiable reward.
 * :data:`TEST` — the smallest run that exercises every part (seconds; used by the test suite).
 """
 
@@ -29,6 +30,15 @@ DEMO: tuple[str, ...] = (
     "run.sample_every=10",
 )
 
+DEMO_GRPO: tuple[str, ...] = (
+    *DEMO,
+    "task.reward=refppo.tasks.words:verify_reward",  # verifiable: no reward model is trained
+    "ppo.advantage=grpo",
+    "rollout.group_size=8",  # 64 responses = 8 prompts × 8
+    "ppo.whiten_advantages=none",  # GRPO's group normalisation is the only one (verl, OpenRLHF)
+)
+"""``refppo demo --grpo``: the DEMO run, critic-free, against :func:`refppo.tasks.words.verify_reward`."""
+
 TEST: tuple[str, ...] = (
     "model.policy=tiny_gpt2",
     "model.n_embd=32",
@@ -55,6 +65,6 @@ TEST: tuple[str, ...] = (
 
 
 def preset(name: str, *more: str) -> TrainConfig:
-    """``TrainConfig`` defaults + the preset ``name`` (``demo``/``test``) + ``more`` overrides."""
-    base = {"demo": DEMO, "test": TEST}[name]
+    """``TrainConfig`` defaults + the preset ``name`` (``demo``/``demo-grpo``/``test``) + ``more``."""
+    base = {"demo": DEMO, "demo-grpo": DEMO_GRPO, "test": TEST}[name]
     return TrainConfig().with_overrides([*base, *more])

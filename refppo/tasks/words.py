@@ -6,6 +6,9 @@ model's preference pairs (and is the programmatic reward, ``task.reward = "rule"
 
     score(response) = (#positive − #negative words) / #words          ∈ [−1, 1]
 
+The GRPO demo's verifiable reward (:func:`verify_reward`) also reads the prompt: half a point for
+a positive response, half for naming the prompt's subject noun.
+
 (a response truncated without ``<eos>`` additionally loses ``rollout.missing_eos_penalty``).
 
 The warm-start data mixes positive, negative and neutral words with a random per-sample tilt, so
@@ -75,6 +78,28 @@ def rule_reward(prompt: str, response: str) -> float:
     if "<eos>" in words:
         words = words[: words.index("<eos>")]
     return rule_score(words)
+
+
+def prompt_subject(prompt: str) -> str | None:
+    """The first noun of a prompt (``review : the plot`` → ``plot``), or None."""
+    return next((w for w in prompt.split() if w in NOUNS), None)
+
+
+def verify_reward(prompt: str, response: str) -> float:
+    """A verifiable reward computed from the prompt (``--reward refppo.tasks.words:verify_reward``;
+    the GRPO demo's). Graded in {0, ½, 1}::
+
+        score = ½·[#positive > #negative words] + ½·[the prompt's subject noun is in the response]
+
+    (words after ``<eos>`` ignored). Each half is a 0/1 check, so a group of responses to one
+    prompt has a spread of scores for the group statistics to rank; the second half can only be
+    met by reading the prompt."""
+    words = response.split()
+    if "<eos>" in words:
+        words = words[: words.index("<eos>")]
+    positive = sum(w in _POS for w in words) > sum(w in _NEG for w in words)
+    subject = prompt_subject(prompt)
+    return 0.5 * float(positive) + 0.5 * float(subject is not None and subject in words)
 
 
 @dataclass(frozen=True)

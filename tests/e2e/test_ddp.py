@@ -66,8 +66,9 @@ several minutes on the shared 2-core CI machine; past this the ranks are killed 
 with their output."""
 
 
-def _spawn_workers(tmp_path: Path, out: Path, *extra: str) -> None:
-    """Run ``WORLD`` ranks of this file as worker processes and wait for all of them.
+def _spawn_workers(tmp_path: Path, out: Path, *extra: str, script: str = __file__) -> None:
+    """Run ``WORLD`` ranks of ``script`` (this file unless given) as worker processes and wait for
+    all of them.
 
     Rendezvous: a ``FileStore`` at ``tmp_path/rendezvous`` (fresh per test), so there is no port
     to pick and no race for one. Each rank's stdout/stderr go to files (no pipe can fill and block
@@ -83,7 +84,7 @@ def _spawn_workers(tmp_path: Path, out: Path, *extra: str) -> None:
     procs = []
     for r, log in enumerate(logs):
         with log.open("wb") as fh:
-            argv = [sys.executable, __file__, str(r), str(WORLD), init, str(out), *extra]
+            argv = [sys.executable, script, str(r), str(WORLD), init, str(out), *extra]
             procs.append(subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + WORKER_TIMEOUT_S
     try:

@@ -98,6 +98,39 @@ def test_golden_check_fails_when_a_hyperparameter_changes(change: str) -> None:
     assert any("response_ids" not in line and "response_mask" not in line for line in bad), bad[:5]
 
 
+GRPO_SENSITIVITY = {
+    "group_std": {"group_std": "population"},
+    "group_eps": {"group_eps": 1e-2},
+    "advantage": {"advantage": "dr-grpo"},
+    "kl_coef": {"kl_coef": 0.2},
+    "cliprange": {"cliprange": 0.1},
+    "loss_agg": {"loss_agg": "seq-mean-token-mean"},
+}
+"""One-key changes that must break the GRPO golden (issue #13): the group statistics' own keys
+and the shared ones; γ and λ do not enter an outcome-reward GRPO step."""
+
+
+@pytest.mark.parametrize("change", sorted(GRPO_SENSITIVITY))
+def test_grpo_golden_check_fails_when_a_key_changes(change: str) -> None:
+    ref, _ = _load("grpo_gpt2")
+    case = golden.variant(golden.CASES["grpo_gpt2"], **GRPO_SENSITIVITY[change])
+    bad = golden.compare(ref, golden.run(case), golden.CPU_REPLAY)
+    assert any("response_ids" not in line and "response_mask" not in line for line in bad), bad[:5]
+
+
+def test_grpo_golden_is_critic_free_with_groups() -> None:
+    """The GRPO golden has no critic parameters, 4 responses per prompt with differing scores in
+    a group (so the group statistics matter) and zero value loss."""
+    traj, doc = _load("grpo_gpt2")
+    assert doc["case"]["group_size"] == 4 and doc["case"]["conv"]["advantage"] == "grpo"
+    assert not any(k.startswith("critic.") for k in doc["init_checksums"])
+    for it in range(3):
+        prompts = traj.tensors[f"it{it}.prompt_ids"].view(4, 4, -1)
+        assert bool((prompts == prompts[:, :1]).all())  # consecutive rows answer one prompt
+        assert bool((traj.tensors[f"it{it}.scores"].view(4, 4).std(dim=1) > 0).all())
+        assert doc["iterations"][it]["metrics"]["vf_loss"] == 0.0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_golden_replay_cuda(name: str) -> None:
