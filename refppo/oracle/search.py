@@ -154,12 +154,15 @@ class Search:
         name: str,
         propose: Callable[[list[Group]], Any] | None = None,
     ) -> list[Group]:
-        """Walk the named options; when none reproduces the stage, walk again with the solver's."""
+        """Walk the named options; when none reproduces (or none applies), walk again with the solver's."""
         out = self.expand(groups, make_options(None), checks, name)
-        if name in self.unmatched and propose is not None:
+        # none of the first walk's options applies (say advantage=gae on a dump without a critic):
+        # that is no match either, so the solver's walk runs too
+        if (name in self.unmatched or (groups and not out)) and propose is not None:
             extra = propose(groups)
             if extra:
-                self.unmatched.remove(name)
+                if name in self.unmatched:
+                    self.unmatched.remove(name)
                 out = self.expand(groups, make_options(extra), checks, name)
         return out
 
@@ -249,15 +252,26 @@ class Search:
         hp, t = self.hp, self.t
         has_lp = "logprobs" in t
 
+        own_kagg = {} if self.base.conv.kl_loss_agg is None else {"kl_loss_agg": None}
+
         def opts(g: Group) -> Iterable[Option]:
             s = g.state
-            total = s["pg_loss"] + hp.vf_coef * s["vf_loss"]
-            if s["entropy_loss"] is not None:
-                total = total - hp.ent_coef * s["entropy_loss"]
-            if s["kl_loss"] is not None:
-                total = total + hp.kl_coef * s["kl_loss"]
-            st = {**s, "loss": total}
-            yield {}, st, digest(total, s["pg_loss"], s["vf_loss"], s["kl_loss"])
+            # kl_loss_agg: the policy stage aggregated the KL loss like pg_loss (None); SkyRL's
+            # KL loss keeps its own mode (skyrl_train ppo_utils) so every other mode is walked too
+            kls: list[tuple[dict[str, Any], Tensor | None]] = [(own_kagg, s["kl_loss"])]
+            if s["kl_loss"] is not None and s.get("kl_cur") is not None:
+                for a in LossAgg:
+                    if a.value != s["agg"]:
+                        kll = aggregate_loss(s["kl_cur"], self.m, a.value, **self.norm)
+                        kls.append(({"kl_loss_agg": a.value}, kll))
+            for upd, kl_loss in kls:
+                total = s["pg_loss"] + hp.vf_coef * s["vf_loss"]
+                if s["entropy_loss"] is not None:
+                    total = total - hp.ent_coef * s["entropy_loss"]
+                if kl_loss is not None:
+                    total = total + hp.kl_coef * kl_loss
+                st = {**s, "loss": total, "kl_loss": kl_loss}
+                yield upd, st, digest(total, s["pg_loss"], s["vf_loss"], kl_loss)
 
         def checks(s: dict[str, Any]) -> list[float | None]:
             out: list[float | None] = []

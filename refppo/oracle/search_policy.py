@@ -8,6 +8,7 @@ dual-clip constant and the clip ranges from the data and the stage is walked aga
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -33,6 +34,7 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     norm = search.norm
     entropy = t.get("entropy")
     base_clip = (hp.cliprange, hp.cliprange_high)
+    own_eagg: dict[str, Any] = {} if search.base.conv.entropy_agg is None else {"entropy_agg": None}
 
     # Work shared by every candidate of the stage, done once.
     d_valid = torch.where(m, logprobs - t["old_logprobs"], torch.zeros((), dtype=logprobs.dtype))
@@ -87,14 +89,19 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     ) -> Iterable[Option]:
         for agg in aggs:
             pg = aggregate_masked(out.per_token, m, LossAgg(agg), token_count=n_tok, **norm).detach()
-            ent = ent_by_agg.get(agg)
+            # entropy_agg: like pg_loss (None), or, when the dump holds entropy_loss to pin it, any
+            # other mode (SkyRL's entropy is token-mean whatever loss_agg: skyrl_train ppo_utils)
+            ents: list[tuple[dict[str, Any], Tensor | None]] = [(own_eagg, ent_by_agg.get(agg))]
+            if "entropy_loss" in t:
+                ents += [({"entropy_agg": a}, ent_by_agg[a]) for a in ent_by_agg if a != agg]
             kll = None
             if g.state["kl_in"] == KLPlacement.LOSS.value and g.state["kl_cur"] is not None:
                 kk = (g.state["kl_key"], agg)
                 if kk not in kll_cache:
                     kll_cache[kk] = aggregate_loss(g.state["kl_cur"], m, agg, **norm)
                 kll = kll_cache[kk]
-            for ak in APPROX_KL_METRICS:  # as recompute.py computes each metric
+            for (eupd, ent), ak in itertools.product(ents, APPROX_KL_METRICS):
+                # each approx_kl metric as recompute.py computes it
                 akl = {"k1": out.approx_kl, "k2_all_positions": ak2, "neg_k1": -out.approx_kl}[ak]
                 st = {
                     "returns": g.state["returns"],
@@ -106,6 +113,7 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                     "approx_kl": akl,
                     "entropy_loss": ent,
                     "kl_loss": kll,
+                    "kl_cur": g.state["kl_cur"] if kll is not None else None,
                     "agg": agg,
                     "adv": g.state["adv"],
                     "lrc": eff_lrc,
@@ -117,6 +125,7 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                     "log_ratio_clamp": lrc,
                     "loss_agg": agg,
                     "approx_kl": ak,
+                    **eupd,
                     **upd_clip,
                 }
                 yield upd, st, key

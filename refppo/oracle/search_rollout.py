@@ -103,7 +103,7 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
         return [s.ratio("token_rewards", st["rewards"], st["vm"])]
 
     def propose(gs: list[Group]) -> list[tuple[float, float]]:
-        maps = _propose_score_map(s, gs)
+        maps = _propose_score_map(s, gs, clip_opts)  # a solved score clip joins clip_opts
         # an empty proposal still walks the reward whitening: return a list that is truthy
         return maps or [(ex.score_bias, ex.score_scale)]
 
@@ -120,13 +120,17 @@ def _whitened(r: Tensor, vm: Tensor, kind: str, var: str, eps_at: str, eps: floa
     return normalize(r, vm, kind, unbiased=var == Variance.UNBIASED.value, eps=eps, eps_at=eps_at)
 
 
-def _propose_score_map(s: Search, groups: list[Group]) -> list[tuple[float, float]]:
+def _propose_score_map(
+    s: Search, groups: list[Group], clips: list[float | None]
+) -> list[tuple[float, float]]:
     """Score maps ``(b, k)`` with ``token_rewards[slot] = k·(s + b) − β·kl[slot]`` on every row.
 
     For each KL placement and score slot of the nearest groups, the dump's reward at the slot minus
     the KL part (the core's :func:`token_rewards` with zero scores) is fitted against the scores by
     least squares; a fit whose residual is within tolerance on every row is proposed (rounded to
-    round numbers by :func:`nice`). Needs two rows with different scores.
+    round numbers by :func:`nice`). Needs two rows with different scores. When no line fits, the
+    map is fitted on the rows inside ``±max|y|`` and that bound, the score clip, is appended to
+    ``clips`` (the options the stage walks again) when it binds on some row.
     """
     t, m, hp = s.t, s.m, s.hp
     scores = t["scores"].double()
@@ -144,18 +148,50 @@ def _propose_score_map(s: Search, groups: list[Group]) -> list[tuple[float, floa
                 rest = token_rewards(torch.zeros_like(t["scores"]), kl, m, hp.kl_coef, score_at=score_at)
                 pos = score_positions(m, score_at)
                 y = (target[rows, pos] - rest[rows, pos]).double()
-                xc = scores - scores.mean()
-                k = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
-                c = float(y.mean()) - k * float(scores.mean())
-                if k == 0.0 or float((y - (k * scores + c)).abs().max()) > tol:
+                fit = _fit_line(scores, y, tol) or _fit_clipped_line(scores, y, tol)
+                if fit is None:
                     continue
+                k, c, clip = fit
                 b = c / k if abs(c) > tol else 0.0
                 out.append((nice(b)[0] if b != 0.0 else 0.0, nice(k)[0]))
+                if clip is not None and clip not in clips:
+                    clips.append(clip)
+                    s.propose_value("score_clip", clip)
     out = list(dict.fromkeys(out))[:8]
     for b, k in out:
         s.propose_value("score_bias", b)
         s.propose_value("score_scale", k)
     return out
+
+
+def _fit_line(x: Tensor, y: Tensor, tol: float) -> tuple[float, float, None] | None:
+    """``y = k·x + c`` by least squares when it holds on every row within ``tol``."""
+    if x.numel() < 2 or float(x.max() - x.min()) == 0.0:
+        return None
+    xc = x - x.mean()
+    k = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+    c = float(y.mean()) - k * float(x.mean())
+    if k == 0.0 or float((y - (k * x + c)).abs().max()) > tol:
+        return None
+    return k, c, None
+
+
+def _fit_clipped_line(x: Tensor, y: Tensor, tol: float) -> tuple[float, float, float] | None:
+    """``y = clip(k·x + c, ±C)`` (AReaL clips the mapped score): ``C = max|y|``, the line fitted on
+    the rows strictly inside ``±C``; proposed only when some row's line value really exceeds ``C``."""
+    bound = float(y.abs().max())
+    inside = y.abs() < bound - tol
+    fit = _fit_line(x[inside], y[inside], tol) if int(inside.sum()) >= 2 else None
+    if fit is None:
+        return None
+    clip = nice(bound)[0]
+    k, c, _ = fit
+    line = k * x + c
+    if float(line.abs().max()) <= clip + tol:  # the clip binds nowhere: not read off the data
+        return None
+    if float((torch.clamp(line, -clip, clip) - y).abs().max()) > tol:
+        return None
+    return k, c, clip
 
 
 def gae_stage(s: Search, groups: list[Group]) -> list[Group]:

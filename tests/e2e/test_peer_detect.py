@@ -1,0 +1,59 @@
+"""``--detect`` from refppo's defaults on dumps made by the peers' OWN code (issue #9).
+
+``tools/validate_detect.py`` makes the dumps of ``tools/validate_presets.py`` in the side venvs of
+``tools/build_peer_venvs.sh`` and runs ``--detect`` on each with no preset and no ``--set``: the
+case's generating convention (preset + ``--set``) must be listed, or differ from a listed one only
+on keys the dump does not pin (re-checked through the pipeline, never a key of the case's
+``--set``). Without a venv the test is SKIPPED with the reason (a skip is never a pass). Cases in
+the tool's ``EXCLUDED`` (named, with the reason) must still be not found, so a stale entry fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+from validate_detect import EXCLUDED  # noqa: E402  (tools/ is not a package)
+from validate_presets import GROUPS, PEERS_ROOT, peers_python  # noqa: E402
+
+MIN_CASES = {"verl-openrlhf": 27, "skyrl-areal": 18}
+"""Cases each group's makers write today (a maker that silently writes fewer must fail here)."""
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_detect_lists_the_peers_conventions(group: str, tmp_path: Path) -> None:
+    if peers_python(group, PEERS_ROOT) is None:
+        pytest.skip(f"side venv {PEERS_ROOT / group} not built (tools/build_peer_venvs.sh)")
+    res_file = tmp_path / "detect.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "validate_detect.py"),
+            "--group",
+            group,
+            "--json-out",
+            str(res_file),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=1800,
+    )
+    assert res_file.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(res_file.read_text())
+    assert len(result) >= MIN_CASES[group], sorted(result)
+    for name, r in result.items():
+        if name in EXCLUDED:
+            assert r["verdict"] == "excluded", f"{name} is now {r['verdict']}: remove it from EXCLUDED"
+            continue
+        assert r["verdict"] in ("found", "equivalent"), (name, r)
+        # an option the case exercises differs only where it provably acts on nothing in the dump
+        assert not set(r["differs"]) & set(r["set"]) - set(r.get("inert", [])), (name, r["differs"])
+    assert proc.returncode == 0, proc.stdout[-2000:]
