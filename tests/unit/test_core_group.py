@@ -180,3 +180,65 @@ def test_reinforce_pp_validation(kwargs: dict[str, object], exc: type[Exception]
 def test_reinforce_pp_unbiased_needs_two_tokens() -> None:
     with pytest.raises(MaskError, match="at least 2 valid tokens"):
         reinforce_pp_advantages(torch.zeros(1, 2, dtype=F64), torch.tensor([[1, 0]]))
+
+
+# ---- from the survivors of tools/mutate.py --module group ------------------------------------------
+
+
+def test_grpo_default_eps_is_1e_6() -> None:
+    # prompt 7: a = (−1, 0, 1)/(σ + ε) with σ = 1; the default ε = 1e-6 gives ∓0.999999000001
+    a = group_scalar_advantages(SCORES, GROUPS, estimator="grpo")
+    assert float(a[0]) == pytest.approx(-1.0 / (1.0 + 1e-6), rel=1e-12)
+
+
+def test_group_advantages_forwards_every_group_option() -> None:
+    # population std and ε = 0.5: prompt 7 σ = sqrt(2/3) = 0.816497 -> a = ∓1/(0.816497 + 0.5) = ∓0.759591;
+    # prompt 9: σ = 3 -> a = ∓3/3.5 = ∓0.857143; a singleton (prompt 5, score 2) under "score" keeps
+    # s/(1 + ε) = 2/1.5 = 1.333333
+    scores = torch.cat([SCORES, torch.tensor([2.0], dtype=F64)])
+    groups = torch.cat([GROUPS, torch.tensor([5])])
+    mask = torch.ones(6, 2, dtype=torch.bool)
+    adv = group_advantages(
+        scores, groups, mask, estimator="grpo", unbiased_std=False, eps=0.5, singleton="score", whiten=False
+    )
+    _close(adv[:, 0], [-0.759591, -0.857143, 0.0, 0.857143, 0.759591, 1.333333])
+    dr = group_advantages(scores, groups, mask, estimator="grpo", scale_by_std=False, singleton="zero")
+    _close(dr[:, 1], [-1.0, -3.0, 0.0, 3.0, 1.0, 0.0])  # s − μ; the singleton 0
+
+
+def test_group_index_of_the_wrong_shape_is_named_with_its_shape() -> None:
+    with pytest.raises(
+        ShapeError, match=r"group_index: expected shape \[B\] = \[5\] \(batch\), got \[5, 1\]$"
+    ):
+        group_scalar_advantages(SCORES, GROUPS.unsqueeze(1))
+
+
+def test_singletons_are_named_eight_at_most() -> None:
+    # nine prompts with one response each: the message lists the first eight ids
+    scores = torch.arange(9, dtype=F64)
+    with pytest.raises(MaskError, match=r"groups \[0, 1, 2, 3, 4, 5, 6, 7\] have one response"):
+        group_scalar_advantages(scores, torch.arange(9))
+
+
+def test_scores_of_another_batch_size_than_the_mask_are_refused() -> None:
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    with pytest.raises(ShapeError, match="scores"):
+        group_advantages(SCORES, GROUPS, mask)
+
+
+def test_discounted_returns_default_gamma_is_one() -> None:
+    # R_t = Σ_{k≥t} r_k with γ = 1 by default: rewards (1, 2, 3, pad) -> (6, 5, 3, 0)
+    from refppo.core.group import discounted_returns
+
+    r = torch.tensor([[1.0, 2.0, 3.0, 9.0]], dtype=F64)
+    m = torch.tensor([[True, True, True, False]])
+    _close(discounted_returns(r, m), [[6.0, 5.0, 3.0, 0.0]])
+
+
+def test_reinforce_pp_default_gamma_is_one() -> None:
+    # returns (1, 1, 1 | 0, 0, 0) with γ = 1, (0, 0, 1 | 0, 0, 0) with γ = 0: the default is γ = 1
+    r = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], dtype=F64)
+    m = torch.ones(2, 3, dtype=torch.bool)
+    default = reinforce_pp_advantages(r, m)
+    assert torch.equal(default, reinforce_pp_advantages(r, m, gamma=1.0))
+    assert not torch.equal(default, reinforce_pp_advantages(r, m, gamma=0.0))

@@ -5,6 +5,7 @@ score affine map: hand-computed values, junk on padding, and the pipeline's use 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
 from refppo.core.gae import gae
 from refppo.core.normalize import normalize, normalize_naive
+from refppo.errors import MaskError
 from refppo.oracle.recompute import clipped_scores
 from refppo.pipeline import Convention, Hyperparams, rollout_quantities, update_quantities
 
@@ -175,3 +177,41 @@ def test_new_fields_round_trip_and_stay_out_of_the_default_dict() -> None:
         whiten_eps_at="std", whiten_rewards="masked_no_shift", gae_padding="through", kl_loss_agg="token-mean"
     )  # type: ignore[arg-type]  # parsed
     assert Convention.from_dict(c.to_dict()) == c
+
+
+# ---- from the survivors of tools/mutate.py --module normalize ------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["masked", "masked_no_shift", "center", "scale"])
+@pytest.mark.parametrize("eps_at", ["variance", "clamp"])
+def test_normalize_with_all_reduce_equals_the_concatenated_batch(kind: str, eps_at: str) -> None:
+    # two simulated ranks (threads, a blocking SUM collective): every kind's statistics are global
+    from test_core_masked import _run_ranks, _sharded_batch
+
+    x, m, sizes = _sharded_batch(F64)
+    cut = sizes[0]
+    whole = normalize(x, m, kind, eps=1e-8, eps_at=eps_at)
+
+    def run(xs: torch.Tensor, ms: torch.Tensor, ar: Any) -> torch.Tensor:
+        return normalize(xs, ms, kind, eps=1e-8, eps_at=eps_at, all_reduce=ar)
+
+    glob = torch.cat(_run_ranks([(x[:cut], m[:cut]), (x[cut:], m[cut:])], run))
+    assert float((glob - whole).abs().max()) <= 1e-13
+    local = torch.cat(
+        [normalize(x[:cut], m[:cut], kind, eps_at=eps_at), normalize(x[cut:], m[cut:], kind, eps_at=eps_at)]
+    )
+    assert float((local - whole).abs().max()) > 1e-2  # control: per-rank statistics differ
+
+
+def test_unbiased_scale_needs_two_valid_tokens() -> None:
+    # Σx²/(N−1) with N = 2 tokens (1, 3): ms = 10, scale 1/sqrt(10) (exactly two tokens are enough)
+    m2 = torch.tensor([[True, True, False]])
+    x2 = torch.tensor([[1.0, 3.0, 5.0]], dtype=F64)
+    out = normalize(x2, m2, "scale", unbiased=True, eps=0.0)
+    assert _valid_of(out, m2) == pytest.approx([1 / math.sqrt(10), 3 / math.sqrt(10)], rel=1e-12)
+    with pytest.raises(MaskError, match="at least 2 valid tokens, got 1"):
+        normalize(x2, torch.tensor([[True, False, False]]), "scale", unbiased=True)
+
+
+def _valid_of(t: torch.Tensor, m: torch.Tensor) -> list[float]:
+    return [float(v) for v in t[m]]
