@@ -307,6 +307,15 @@ class Normalisers:
     seq_count: float | None = None
     value_token_count: float | None = None
 
+    def kwargs(self, horizon: float | None, *, value: bool = False) -> dict[str, float]:
+        """The normaliser keyword arguments of the policy terms (``value``: the value term's, whose
+        ``token_count`` is ``value_token_count`` when given), ``horizon`` = ``hp.horizon``; None
+        entries are left out (local counts, the padded length)."""
+        out = {"token_count": self.token_count, "seq_count": self.seq_count, "horizon": horizon}
+        if value and self.value_token_count is not None:
+            out["token_count"] = self.value_token_count
+        return {k: v for k, v in out.items() if v is not None}
+
 
 def update_quantities(
     *,
@@ -332,16 +341,8 @@ def update_quantities(
     m = check_mask("response_mask", mask)
     vm = m if value_mask_ is None else check_mask("value_mask", value_mask_)
     nm = norm or Normalisers()
-    pol_norm: dict[str, float] = {}
-    if nm.token_count is not None:
-        pol_norm["token_count"] = nm.token_count
-    if nm.seq_count is not None:
-        pol_norm["seq_count"] = nm.seq_count
-    if hp.horizon is not None:
-        pol_norm["horizon"] = hp.horizon
-    val_norm = dict(pol_norm)
-    if nm.value_token_count is not None:
-        val_norm["token_count"] = nm.value_token_count
+    pol_norm = nm.kwargs(hp.horizon)
+    val_norm = nm.kwargs(hp.horizon, value=True)
     if conv.policy_loss is PolicyLoss.GSPO:
         pg = gspo_policy_loss(
             logprobs,

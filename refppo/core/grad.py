@@ -249,14 +249,11 @@ def objective_grads_naive(
     ``ent_coef·entropy`` adds nothing to either gradient.
     """
     del entropy
-    pol: dict[str, float | None] = {
-        "token_count": norm.token_count if norm else None,
-        "seq_count": norm.seq_count if norm else None,
-        "horizon": hp.horizon,
-    }
-    val = dict(pol)
-    if norm is not None and norm.value_token_count is not None:
-        val["token_count"] = norm.value_token_count
+    from refppo.pipeline import Normalisers as _Normalisers  # runtime import: the pipeline imports the core
+
+    nm = norm if norm is not None else _Normalisers()
+    pol = nm.kwargs(hp.horizon)
+    val = nm.kwargs(hp.horizon, value=True)
     if conv.policy_loss is PolicyLoss.GSPO:
         g_lp = gspo_policy_grad_naive(
             logprobs,
