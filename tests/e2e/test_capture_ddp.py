@@ -20,11 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +29,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _capture_trainer as ct  # the worker script beside this test
+import test_ddp as ddp  # the shared spawn/teardown helper
 
 from refppo.conventions import LossAgg
 from refppo.oracle.cli import main as refppo_diff
@@ -42,39 +39,6 @@ TOL = 1e-12
 """Absolute tolerance on float64 gradients of size ~0.01–0.3: DDP's all-reduce and the
 micro-batch split only change the summation order (measured ≤ 1e-16); any normaliser error
 moves them by a factor."""
-WORKER_TIMEOUT_S = 1200
-"""Hang guard (not a speed assertion), as tests/e2e/test_ddp.py."""
-
-
-def _spawn(tmp_path: Path, out: Path) -> None:
-    init = (tmp_path / "rendezvous").as_uri()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
-    }
-    logs = [tmp_path / f"rank{r}.log" for r in range(ct.WORLD)]
-    procs = []
-    for r, log in enumerate(logs):
-        with log.open("wb") as fh:
-            argv = [sys.executable, ct.__file__, str(r), str(ct.WORLD), init, str(out)]
-            procs.append(subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    try:
-        while any(p.poll() is None for p in procs):
-            if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    report = []
-    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        code = p.returncode
-        status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-        report.append(f"--- rank {r}: {status}\n{log.read_text(errors='replace')[-4000:]}")
-    assert all(p.returncode == 0 for p in procs), "\n".join(report)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +46,8 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("capture_ddp")
     out = tmp / "dumps"
     out.mkdir()
-    _spawn(tmp, out)
+    assert ddp.WORLD == ct.WORLD
+    ddp._spawn_workers(tmp, out, script=ct.__file__)
     return out
 
 
