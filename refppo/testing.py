@@ -34,18 +34,14 @@ def assert_step_matches(
 ) -> Outcome:
     """Raise ``AssertionError`` (message: the oracle's text report) unless the step matches.
 
-    ``dump_or_tensors``: a dump file (its sidecar is found beside it; ``hparams`` then overrides
-    its hyperparameters) or a dict of tensors with the dump keys, whose sidecar is ``hparams``
+    ``dump_or_tensors``: a dump file (its sidecar is found beside it; ``hparams`` is laid over
+    that sidecar's keys) or a dict of tensors with the dump keys, whose sidecar is ``hparams``
     (hyperparameters, convention keys and the v2 step keys ``world_size``, ``micro_batches``,
     ``separate_critic``). ``conventions``: convention keys or hyperparameters as ``--set`` would
     give them (``kl_estimator="k3"``, ``loss_agg="seq-mean-token-mean"``). Returns the outcome
     when the step matches. Bad input raises :class:`refppo.errors.RefPPOError` (not an assertion).
     """
-    if isinstance(dump_or_tensors, (str, Path)):
-        overrides = {**(hparams or {}), **conventions}
-        outcome = check_step(Path(dump_or_tensors), preset=preset, overrides=overrides)
-    else:
-        outcome = check_step(dump_or_tensors, preset=preset, overrides=conventions, hparams=hparams or {})
+    outcome = check_step(dump_or_tensors, preset=preset, overrides=conventions, hparams=hparams or {})
     if not outcome.match:
         raise AssertionError(outcome.text())
     return outcome

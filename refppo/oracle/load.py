@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,11 +194,23 @@ def read_hparams(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_dump(path: str | Path, hparams_file: str | Path | None = None) -> Dump:
-    """Load and validate a dump (see the module docstring and spec/dump-format.md)."""
+def load_dump(
+    path: str | Path, hparams_file: str | Path | None = None, *, overlay: Mapping[str, Any] | None = None
+) -> Dump:
+    """Load and validate a dump (see the module docstring and spec/dump-format.md).
+
+    ``overlay``: sidecar keys given in memory, laid over the sidecar file's (beside the dump, or
+    ``hparams_file``); never silently dropped.
+    """
     p = Path(path)
     raw = _load_raw(p)
-    return validate(p, raw, hparams_file)
+    if not overlay:
+        return validate(p, raw, hparams_file)
+    if hparams_file is not None and not Path(hparams_file).is_file():
+        raise DumpError(f"{hparams_file}: no such hyperparameter file")
+    side = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
+    base = read_hparams(side) if side is not None else {}
+    return validate(p, raw, hparams={**base, **overlay})
 
 
 def validate(

@@ -52,12 +52,15 @@ def as_dump(
     hparams: Mapping[str, Any] | None = None,
     hparams_file: str | Path | None = None,
 ) -> Dump:
-    """A path (sidecar found beside it, or ``hparams_file``), a loaded :class:`Dump`, or a dict of
-    tensors with its sidecar as ``hparams`` (validated exactly like a file)."""
+    """A path (sidecar found beside it, or ``hparams_file``; ``hparams`` given too are laid over
+    that sidecar's keys), a loaded :class:`Dump`, or a dict of tensors with its sidecar as
+    ``hparams`` (validated exactly like a file)."""
     if isinstance(dump, Dump):
+        if hparams:
+            raise DumpError(f"{dump.path}: hparams cannot be applied to an already loaded dump")
         return dump
     if isinstance(dump, (str, Path)):
-        return load_dump(Path(dump), hparams_file)
+        return load_dump(Path(dump), hparams_file, overlay=hparams)
     return validate(Path("<tensors>"), dict(dump), hparams=dict(hparams or {}))
 
 

@@ -44,3 +44,16 @@ def test_bad_input_is_not_an_assertion() -> None:
         assert_step_matches(d, hparams=SIDECAR)
     with pytest.raises(RefPPOError, match="unknown key 'kl_estimatr'"):
         assert_step_matches(step_dump(), hparams=SIDECAR, kl_estimatr="k3")
+
+
+def test_hparams_with_a_path_are_laid_over_its_sidecar_never_dropped(tmp_path: Path) -> None:
+    # the file's sidecar holds the step's true hyperparameters; hparams given beside the path
+    # must change the check (before, check_step(path, hparams=...) silently ignored them)
+    path = save_step(tmp_path, step_dump())
+    assert refppo.oracle.check_step(path).match
+    assert not refppo.oracle.check_step(path, hparams={"vf_coef": 5.0}).match
+    with pytest.raises(AssertionError):
+        assert_step_matches(path, hparams={"vf_coef": 5.0})
+    # step keys reach the sidecar too (they are not --set keys): world_size 1 makes rank 1 invalid
+    with pytest.raises(RefPPOError, match="rank"):
+        assert_step_matches(path, hparams={"world_size": 1})
