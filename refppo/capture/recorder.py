@@ -121,6 +121,14 @@ def _all_gather(out: list[Tensor], t: Tensor) -> None:
 
 
 def _scalar(name: str, value: Tensor | float) -> float:
+    if isinstance(value, Tensor) and value.numel() != 1:
+        raise CaptureError(
+            f"record: loss {name!r} must be one number, got a tensor of shape {list(value.shape)}"
+        )
+    if not isinstance(value, (Tensor, int, float)) or isinstance(value, bool):
+        raise CaptureError(
+            f"record: loss {name!r} must be a number or a one-element tensor, got {type(value).__name__}"
+        )
     v = float(value.detach()) if isinstance(value, Tensor) else float(value)
     if not math.isfinite(v):
         raise CaptureError(f"record: loss {name!r} is not finite ({v})")
@@ -142,6 +150,7 @@ class StepRecorder:
         conventions: Mapping[str, Any] | Any = None,
         reduce: Reduce = "mean",
         separate_critic: bool = False,
+        grads: bool = True,
     ) -> None:
         if reduce not in ("mean", "sum"):
             raise CaptureError(f"reduce: expected 'mean' or 'sum', got {reduce!r}")
@@ -149,6 +158,8 @@ class StepRecorder:
         self.conventions = _as_dict(conventions)
         self.reduce: Reduce = reduce
         self.separate_critic = bool(separate_critic)
+        self._grads = bool(grads)
+        """False: a dump without gradients (logprobs/values recorded without requires_grad)."""
         self._micro: list[_Micro] = []
         self._handles: list[RemovableHandle] = []
         self._written = False
@@ -176,7 +187,9 @@ class StepRecorder:
         """
         if self._written:
             raise CaptureError("record: this recorder has already written its dump; make a new one per step")
-        k = len(self._micro) if micro_batch is None else int(micro_batch)
+        if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)):
+            raise CaptureError(f"record: micro_batch must be an int index, got {micro_batch!r}")
+        k = len(self._micro) if micro_batch is None else micro_batch
         if any(m.index == k for m in self._micro):
             raise CaptureError(f"record: micro_batch={k} was already recorded in this step")
         given: dict[str, Any] = {
@@ -194,6 +207,10 @@ class StepRecorder:
             valid = sorted({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS})
             raise CaptureError(f"record: unknown keys {unknown}; valid keys are {valid}")
         micro = _Micro(k, {}, {})
+        if not isinstance(response_mask, Tensor):
+            raise CaptureError(f"record: response_mask must be a tensor, got {type(response_mask).__name__}")
+        if not bool(((response_mask == 0) | (response_mask == 1)).all()):
+            raise CaptureError("record: response_mask must hold only 0/1 (or bool) values")
         shape = tuple(response_mask.shape)
         if len(shape) != 2:
             raise CaptureError(f"record: response_mask must be [b, T], got shape {list(shape)}")
@@ -210,6 +227,12 @@ class StepRecorder:
                 raise CaptureError(f"record: {name} has shape {list(value.shape)}, expected {list(want)}")
             t = value.detach().to("cpu", copy=True)
             micro.tensors[name] = t.to(torch.uint8) if name == "response_mask" else t
+            if name in GRAD_KEYS and not value.requires_grad and self._grads and torch.is_grad_enabled():
+                raise CaptureError(
+                    f"record: {name} does not require grad (recorded after .detach()?), so its gradient "
+                    "cannot be captured; record the tensor the loss is computed from, or pass "
+                    "StepRecorder(grads=False) for a dump without gradients"
+                )
             if name in GRAD_KEYS and value.requires_grad:
                 micro.grads[name] = None
                 # Tensor.register_hook is untyped in torch's stubs

@@ -203,3 +203,25 @@ def test_recorder_misuse_fails_with_one_line(tmp_path: Path) -> None:
         gap.write(tmp_path / "g.safetensors")
     with pytest.raises(CaptureError, match="reduce: expected 'mean' or 'sum'"):
         StepRecorder(reduce="avg")  # type: ignore[arg-type]  # the misuse under test
+
+
+def test_recorder_refuses_what_it_would_otherwise_lose_or_truncate(tmp_path: Path) -> None:
+    # each of these was accepted (float index truncated, 0.5 mask cast to 0, a detached logprobs
+    # silently leaving the gradient unchecked) or crashed with a raw error (list mask, vector loss)
+    b = _batch()
+    kw = {k: b[k] for k in ("response_mask", "old_logprobs", "ref_logprobs", "old_values", "scores")}
+    rec = StepRecorder(hparams=HP)
+    with pytest.raises(CaptureError, match=r"micro_batch must be an int index, got 0\.7"):
+        rec.record(**kw, micro_batch=0.7)  # type: ignore[arg-type]  # the wrong type under test
+    with pytest.raises(CaptureError, match="response_mask must be a tensor, got list"):
+        rec.record(**{**kw, "response_mask": b["response_mask"].tolist()})
+    with pytest.raises(CaptureError, match="only 0/1"):
+        rec.record(**{**kw, "response_mask": b["response_mask"].double() * 0.5})
+    with pytest.raises(CaptureError, match=r"loss 'loss' must be one number, got .*shape \[3\]"):
+        rec.record(**kw, loss=torch.ones(3))
+    with pytest.raises(CaptureError, match="logprobs does not require grad"):
+        rec.record(**kw, logprobs=b["logprobs_init"])
+    no_grads = StepRecorder(hparams=HP, grads=False)  # an explicit dump without gradients
+    no_grads.record(**kw, logprobs=b["logprobs_init"])
+    no_grads.write(tmp_path / "ng.safetensors")
+    assert (tmp_path / "ng.safetensors").exists()
