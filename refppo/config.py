@@ -29,16 +29,9 @@ from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from refppo.conventions import AdvantageEstimator, parse
+from refppo.core.group import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
 from refppo.pipeline import Convention, Hyperparams
-
-GROUP_ESTIMATORS = (
-    AdvantageEstimator.GRPO,
-    AdvantageEstimator.DR_GRPO,
-    AdvantageEstimator.RLOO,
-    AdvantageEstimator.REINFORCE_PP_BASELINE,
-)
-"""``ppo.advantage`` values whose statistics are taken over a prompt's group of responses."""
 
 
 class ConfigError(RefPPOError):
@@ -335,6 +328,13 @@ class TrainConfig:
         self._check_critic_free()
         conv = self.ppo.convention
         whitened = conv.whiten_advantages.value != "none" or conv.whiten_rewards.value != "none"
+        grouped = conv.advantage in GROUP_ESTIMATORS
+        if self.run.dump_iteration is not None and self.ppo.minibatches > 1 and grouped:
+            raise ConfigError(
+                f"run.dump_iteration needs ppo.minibatches=1 (got {self.ppo.minibatches}) with "
+                f"ppo.advantage={conv.advantage.value}: the oracle computes the group statistics over "
+                "the dump's rows, so they must hold every group of the rollout batch whole"
+            )
         if self.run.dump_iteration is not None and self.ppo.minibatches > 1 and whitened:
             raise ConfigError(
                 f"run.dump_iteration needs ppo.minibatches=1 (got {self.ppo.minibatches}) while advantages "

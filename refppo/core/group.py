@@ -55,7 +55,7 @@ from refppo.validate import check_b, check_bt, check_float, check_mask, check_no
 
 Singleton = Literal["error", "score", "zero"]
 WhitenEps = Literal["add", "clamp"]
-_GROUP_ESTIMATORS = (
+GROUP_ESTIMATORS = (
     AdvantageEstimator.GRPO,
     AdvantageEstimator.DR_GRPO,
     AdvantageEstimator.RLOO,
@@ -109,7 +109,7 @@ def group_scalar_advantages(
     ``reinforce++-baseline`` returns the centred score (its whitening is token-level).
     """
     est = parse(AdvantageEstimator, estimator, what="estimator")
-    if est not in _GROUP_ESTIMATORS:
+    if est not in GROUP_ESTIMATORS:
         raise HyperparameterError(
             f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)"
         )

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GaeHoles, GaePadding, GroupKL, GroupSingleton, Variance
 from refppo.core.gae import has_holes
+from refppo.core.group import GROUP_ESTIMATORS as _CORE_GROUP_ESTIMATORS
 from refppo.core.group import group_scalar_advantages
 from refppo.errors import RefPPOError
 from refppo.oracle.search import SOLVE_GROUPS, Group, Option, Search
@@ -29,7 +30,7 @@ from refppo.oracle.search_rollout import _carry_dumped, gae_options, with_raw_ad
 from refppo.oracle.solve import nice
 from refppo.pipeline import critic_free_advantages
 
-GROUP_ESTIMATORS = ("grpo", "dr-grpo", "rloo", "reinforce++-baseline")
+GROUP_ESTIMATORS = tuple(e.value for e in _CORE_GROUP_ESTIMATORS)
 NAMED_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
 """``group_eps`` of the peers: verl/SkyRL 1e-6, OpenRLHF 1e-9, TRL GRPOTrainer 1e-4, and 1e-8."""
 

@@ -73,6 +73,11 @@ def test_dump_iteration_config_errors() -> None:
         preset("test", "run.dump_iteration=1")  # TEST has 2 minibatches and whitened advantages
     cfg = preset("test", "run.dump_iteration=1", "ppo.whiten_advantages=none")  # per-row: allowed
     assert cfg.run.dump_iteration == 1
+    # a group estimator: the dump must hold whole groups, so one minibatch (groups of 2 here)
+    grouped = ("ppo.advantage=grpo", "rollout.group_size=2", "ppo.whiten_advantages=none")
+    with pytest.raises(ConfigError, match=r"needs ppo\.minibatches=1 \(got 2\) with ppo\.advantage=grpo"):
+        preset("test", "run.dump_iteration=1", *grouped)
+    assert preset("test", "run.dump_iteration=1", "ppo.minibatches=1", *grouped).run.dump_iteration == 1
 
 
 def test_torchrun_trainer_dump_matches_its_oracle(tmp_path: Path) -> None:
