@@ -36,7 +36,7 @@ from refppo.core.logprobs import logprobs_from_logits
 from refppo.models import SequenceBatch, last_valid_index, response_slice, sequence_logits
 from refppo.oracle.compare import QuantityResult, compare
 from refppo.oracle.load import TOLERANCES, Dump, DumpError
-from refppo.oracle.rescore_inputs import sequence_batch
+from refppo.oracle.rescore_inputs import RescoreError, sequence_batch
 
 ROLES: dict[str, tuple[str, ...]] = {
     "actor": ("old_logprobs", "logprobs"),
@@ -208,6 +208,7 @@ def rescore_dump(
             f"{dump.path}: re-scoring needs input_ids and attention_mask [B, P+T] in the dump "
             "(spec/dump-format.md, 'Re-scoring keys')"
         )
+    check_device(device)
     dev = torch.device(device)
     batch = sequence_batch(dump.tensors, dump.mask).to(dev)
     tau = temperature_of(dump)
@@ -216,6 +217,7 @@ def rescore_dump(
         key = keys[role]
         if not dump.has(key):
             raise DumpError(f"{dump.path}: --{role} is given but the dump has no {key} to compare with")
+        _check_ids_fit(dump, role, model)
         model.to(dev)
         r = Rescorer(role, model, batch, dev)
         dtype = next(model.parameters()).dtype
@@ -231,6 +233,40 @@ def rescore_dump(
             diagnose_item(item, r, dump, ref, tol, tau)
         items.append(item)
     return items
+
+
+def check_device(device: str) -> None:
+    """One line for a device this machine does not have (torch raises an AssertionError for CUDA)."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        raise RescoreError(f"--device {device}: {exc}") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise RescoreError(f"--device {device}: CUDA is not available on this machine")
+
+
+def _check_ids_fit(dump: Dump, role: str, model: nn.Module) -> None:
+    """Token ids below the model's vocabulary size and position ids within its positions (an
+    embedding lookup out of range is a raw IndexError deep inside the model otherwise)."""
+    cfg = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
+    vocab = getattr(cfg, "vocab_size", None)
+    ids = dump.tensors["input_ids"]
+    if vocab is not None and int(ids.max()) >= int(vocab):
+        rows = sorted({int(b) for b in (ids >= int(vocab)).nonzero()[:, 0].tolist()})[:8]
+        raise DumpError(
+            f"{dump.path}: input_ids: ids up to {int(ids.max())} in rows {rows}, but the --{role} "
+            f"model's vocabulary has {int(vocab)} tokens (another tokenizer or checkpoint?)"
+        )
+    n_pos = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+    if (
+        dump.has("position_ids")
+        and n_pos is not None
+        and int(dump.tensors["position_ids"].max()) >= int(n_pos)
+    ):
+        raise DumpError(
+            f"{dump.path}: position_ids: up to {int(dump.tensors['position_ids'].max())}, but the --{role} "
+            f"model has {int(n_pos)} positions"
+        )
 
 
 def _precision_report(

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from refppo.oracle.load import Dump
-from refppo.oracle.rescore import RescoreItem, load_models, rescore_dump, temperature_of
+from refppo.oracle.rescore import RescoreItem, check_device, load_models, rescore_dump, temperature_of
 from refppo.oracle.rescore_inputs import RescoreError
 
 
@@ -14,6 +14,7 @@ def rescore_from_args(args: argparse.Namespace, dump: Dump) -> tuple[list[Rescor
     """``(items, τ)``: each given model's re-score compared with its dump key."""
     if not (0.0 < args.ratio_eps < 1.0):
         raise RescoreError(f"--ratio-eps: expected a number in (0, 1), got {args.ratio_eps}")
+    check_device(args.device)  # before any checkpoint loads
     models = load_models(args.actor, args.ref, args.critic, args.reward_model, args.dtype)
     keys = {
         "actor": args.actor_key,

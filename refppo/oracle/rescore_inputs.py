@@ -64,6 +64,10 @@ def validate_sequences(raw: dict[str, Any], response_mask: Tensor) -> dict[str, 
     for k in present[1:]:
         if tuple(out[k].shape) != (B, S):
             raise ValueError(f"{k}: expected shape [{B}, {S}] (that of input_ids), got {list(out[k].shape)}")
+    if "position_ids" in out and bool((out["position_ids"] < 0).any()):
+        raise ValueError(
+            f"position_ids: rows {_rows((out['position_ids'] < 0).any(dim=1))} hold negative positions"
+        )
     am = out["attention_mask"]
     if bool(((am != 0) & (am != 1)).any()):
         raise ValueError("attention_mask: expected only 0/1 values")
@@ -147,9 +151,16 @@ def check_model_dir(role: str, path: str | os.PathLike[str]) -> Path:
 
 def load_causal_lm(role: str, path: str | os.PathLike[str]) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained`` of a local directory, in eval mode."""
+    from transformers import AutoConfig
+
     from refppo.models import load_actor
 
-    model: nn.Module = load_actor(check_model_dir(role, path))
+    p = check_model_dir(role, path)
+    archs = list(AutoConfig.from_pretrained(p).architectures or [])
+    heads = [a for a in archs if a.endswith(("ForSequenceClassification", "ForTokenClassification"))]
+    if heads:  # its language-model head would be initialised at random and compared as the trainer's
+        raise RescoreError(f"--{role} {p}: expected a causal language model, config.json names {heads}")
+    model: nn.Module = load_actor(p)
     return model.eval()
 
 

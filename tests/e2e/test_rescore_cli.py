@@ -117,6 +117,9 @@ def test_inputs_only_dump_is_checked_by_rescore(ckpts: Path, tmp_path: Path) -> 
     [
         ("--actor", "nowhere", "--actor nowhere: not a local Hugging Face model directory"),
         ("--critic", "actor", "--critic"),
+        # a classifier as the actor: its language-model head would be random (was a silent mismatch)
+        ("--actor", "rm", "expected a causal language model"),
+        ("--ref", "critic", "expected a causal language model"),
     ],
 )
 def test_bad_model_dir_exit_2_one_line(
@@ -165,3 +168,26 @@ def test_gpu_check_script_runs_on_cpu() -> None:
     assert "rescore check on cpu: OK" in r.stdout
     assert r.stdout.count("named ['temperature_not_applied']") == 2
     assert r.stdout.count("bf16 pass, dump_vs_float32") == 2
+
+
+def test_ids_the_model_cannot_embed_exit_2_one_line(ckpts: Path, tmp_path: Path) -> None:
+    # token ids beyond the actor's vocabulary (another tokenizer) were a raw IndexError traceback
+    from rescore_helpers import write_rows
+
+    vocab = json.loads((ckpts / "actor" / "config.json").read_text())["vocab_size"]
+    rows = {**ROWS, "input_ids": ROWS["input_ids"].clone()}
+    rows["input_ids"][1, -1] = vocab + 3
+    r = _run(str(write_rows(tmp_path, rows)), "--actor", str(ckpts / "actor"))
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    last = r.stderr.strip().splitlines()[-1]  # (transformers' weight-loading progress precedes it)
+    assert last.startswith("refppo diff: error:") and f"vocabulary has {vocab} tokens" in last, r.stderr
+    assert "rows [1]" in last and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where CUDA is absent")
+def test_cuda_device_without_cuda_exit_2_one_line(ckpts: Path, tmp_path: Path) -> None:
+    from rescore_helpers import write_rows
+
+    r = _run(str(write_rows(tmp_path, ROWS)), "--actor", str(ckpts / "actor"), "--device", "cuda")
+    lines = r.stderr.strip().splitlines()  # refused before any checkpoint loads: one line
+    assert r.returncode == 2 and len(lines) == 1 and "CUDA is not available" in lines[0], r.stderr
