@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, KLPlacement, ValueLoss, Variance, WhitenHoles
+from refppo.conventions import AdvantageEstimator, KLPlacement, PolicyLoss, ValueLoss, Variance, WhitenHoles
 from refppo.core.gae import envelope, gae
+from refppo.core.gspo import gspo_policy_loss
 from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
+from refppo.core.policy import policy_ratio
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
 from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, validate
 from refppo.oracle.settings import Setup
@@ -134,6 +136,19 @@ def pg_tie_share(
     return near.sum().to(logprobs.dtype) / mask.sum().to(logprobs.dtype)
 
 
+def _clip_ratio(logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup) -> Tensor:
+    """The ratio the policy loss clips, from the core: the token ratio (after the log-ratio clamp),
+    or GSPO's sequence ratio on every token of its row (``policy_loss=gspo``)."""
+    c, hp = setup.conv, setup.hp
+    if c.policy_loss is PolicyLoss.GSPO:
+        out = gspo_policy_loss(
+            logprobs, old, adv, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
+            log_ratio_max=c.log_ratio_clamp,
+        )  # fmt: skip
+        return out.ratio.detach()
+    return policy_ratio(logprobs, old, mask, log_ratio_clamp=c.log_ratio_clamp)
+
+
 def pg_tie_mask(
     logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup, rtol: float
 ) -> Tensor:
@@ -145,10 +160,7 @@ def pg_tie_mask(
     ``pg_clipfrac`` is widened by this share.
     """
     zero = torch.zeros((), dtype=logprobs.dtype)
-    d = torch.where(mask, logprobs - old, zero)
-    if setup.conv.log_ratio_clamp is not None:
-        d = torch.clamp(d, -setup.conv.log_ratio_clamp, setup.conv.log_ratio_clamp)
-    ratio = torch.exp(d)
+    ratio = _clip_ratio(logprobs, old, adv, mask, setup)
     hi = setup.hp.cliprange_high if setup.hp.cliprange_high is not None else setup.hp.cliprange
     near = ((ratio - (1.0 - setup.hp.cliprange)).abs() <= rtol * ratio) | (
         (ratio - (1.0 + hi)).abs() <= rtol * ratio

@@ -371,3 +371,24 @@ def test_vf_coef_zero_with_grad_values_points_at_separate_critic(
     rc, rep = run(tmp_path, d, capsys, vf_coef=0.0)  # the v1 advice, kept in a v2 dump
     assert rc == 1 and rep["first_divergence"] == "grad_values"
     assert any("set separate_critic: true" in line for line in rep["diagnosis"]), rep["diagnosis"]
+
+
+def test_clip_ties_under_gspo_are_read_on_the_sequence_ratio() -> None:
+    # one row whose token log-ratios ln(1.2) ± 0.05 average to ln(1.2): GSPO's ratio s = 1.2 sits on
+    # the clip boundary 1 + ε (a tie), although neither token ratio (1.26, 1.14) is near it
+    import math
+
+    import torch
+    from oracle_helpers import setup_for
+
+    from refppo.oracle.recompute import pg_tie_mask
+
+    base = math.log(1.2)
+    old = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    lp = old + torch.tensor([[base + 0.05, base - 0.05]], dtype=torch.float64)
+    adv = torch.ones(1, 2, dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    gspo = setup_for(conv={"policy_loss": "gspo"})
+    assert pg_tie_mask(lp, old, adv, mask, gspo, 1e-7).tolist() == [[True, True]]
+    vanilla = setup_for(conv={})
+    assert pg_tie_mask(lp, old, adv, mask, vanilla, 1e-7).tolist() == [[False, False]]
