@@ -38,7 +38,10 @@ def test_detect_names_grpo_and_its_eps(
     assert first == {"advantage": "grpo", "group_eps": eps}, rep["detected_changes"][:3]
     assert all(c["advantage"] == "grpo" and c["group_eps"] == eps for c in rep["detected"])
     # a named ε is found by the walk (the solver may read it off too); an unnamed one only by the solver
-    assert rep["solved"] == {"group_eps": [eps]} if solved else rep["solved"].get("group_eps", [eps]) == [eps]
+    if solved:
+        assert rep["solved"] == {"group_eps": [eps]}
+    else:  # found by the walk; the solver may or may not also have read it off, never another value
+        assert rep["solved"].get("group_eps") in (None, [eps]), rep["solved"]
 
 
 def test_detect_tells_the_openrlhf_kl_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

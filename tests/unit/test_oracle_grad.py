@@ -79,7 +79,7 @@ def test_correct_step_matches_in_float32_and_with_kl_loss(
     assert rc == 0, rep["diagnosis"]
 
 
-@pytest.mark.parametrize("seed", [11, 29, 47])
+@pytest.mark.parametrize("seed", [11, 29, 36])  # the dual clip binds on 2, 3 and 1 tokens
 def test_correct_step_matches_with_dual_clip_over_seeds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: int
 ) -> None:
@@ -88,12 +88,12 @@ def test_correct_step_matches_with_dual_clip_over_seeds(
     ratio = torch.exp(d["logprobs"] - d["old_logprobs"])
     valid = d["response_mask"].bool()
     capped = valid & (d["advantages"] < 0) & (ratio > 1.3)
-    assert bool(capped.any()) or seed != 11  # the dual clip binds somewhere (seed 11)
+    assert bool(capped.any())  # the dual clip binds somewhere, so the control below must differ
     rc, rep = run(tmp_path, d, capsys, conv)
     assert rc == 0, rep["diagnosis"]
     d = step_dump({**conv, "dual_clip": None}, seed=seed)  # a trainer without the dual clip
     rc, rep = run(tmp_path, d, capsys, conv)
-    assert rc == (1 if bool(capped.any()) else 0)
+    assert rc == 1
 
 
 def _group_factor_text(count: str) -> list[str]:
