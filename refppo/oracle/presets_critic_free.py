@@ -74,6 +74,20 @@ _TRL_GROUP: Variant = {
     "dual_clip": (None, "trl/trainer/grpo_config.py::GRPOConfig.delta (default None)"),
 }
 
+_AREAL_NORM = "areal/utils/data.py::Normalization"
+_AREAL_ADV = "areal/trainer/ppo/actor.py::PPOActor._compute_advantages"
+_AREAL_GROUP: Variant = {
+    # reward_norm {mean_level: group, std_level: group, group_size: n} on the scalar scores, then
+    # GAE over zero values with γ = λ = 1 (run: tools/peer_makers/areal_grpo.py).
+    "whiten_advantages": ("none", "areal/api/cli_args.py::PPOActorConfig.adv_norm (default None)"),
+    "group_std": ("unbiased", "areal/api/cli_args.py::NormConfig.std_unbiased (default True)"),
+    "group_eps": (1e-5, f"{_AREAL_NORM}.__call__ ((x − mean)/(std + eps), NormConfig.eps 1e-5)"),
+    # group_size = 1: mean = the score (leave-one-out: 0), std := 1 (unbiased) → 0.
+    "group_singleton": ("zero", f"{_AREAL_NORM}.__call__ (group_size = 1: x − x = 0)"),
+    # −kl_ctl·KL_t stays in the token rewards and reaches a_t as its return-to-go (γ = 1).
+    "group_kl": ("to_go", f"{_AREAL_ADV} (GAE over zero values, discount = gae_lambda = 1)"),
+}
+
 VARIANTS: dict[str, dict[str, Variant]] = {
     "verl": {
         "grpo": _VERL_GROUP,
@@ -133,6 +147,20 @@ VARIANTS: dict[str, dict[str, Variant]] = {
             "whiten_advantages": ("masked", f"{_ORLHF} (reinforce_baseline: batch whitening)"),
             "whiten_variance": ("population", f"{_ORLHF} (var = Σ (A − μ)² m / Σ m)"),
             "whiten_eps_at": ("clamp", f"{_ORLHF} (var.clamp(min=1e-8).rsqrt())"),
+        },
+    },
+    "areal": {
+        "grpo": _AREAL_GROUP,
+        "dr-grpo": {
+            **_AREAL_GROUP,
+            "whiten_advantages": ("none", f"{_AREAL_NORM}.__call__ (std_level None: std 1, eps 0)"),
+        },
+        "rloo": {
+            **_AREAL_GROUP,
+            "group_singleton": (
+                "score",
+                f"{_AREAL_NORM}.__call__ (group_size = 1 with mean_leave1out: mean 0, a = score)",
+            ),
         },
     },
     "trl": {

@@ -59,7 +59,7 @@ CASES: list[tuple[str, Any, str, float, int, str, str, dict[str, Any], dict[str,
     ("none_dr_grpo", "none", "dr_grpo", 0.0, 4, "f64", "randn",
      {"advantage": "dr-grpo", "loss_agg": "seq-mean-token-sum-norm"}, {"advantage": "grpo"}),
     ("none_bool_bnpo_n3_beta", False, "bnpo", 0.04, 3, "f64", "randn",
-     {"advantage": "dr-grpo"}, {"advantage": "rloo"}),
+     {"advantage": "dr-grpo"}, {"advantage": "grpo"}),
     ("batch_dapo", "batch", "dapo", 0.0, 4, "f64", "randn",
      {"advantage": "grpo", "group_std_level": "batch"}, {"group_std_level": "group"}),
     ("batch_equal_scores_beta", "batch", "grpo", 0.04, 4, "f64", "equal",
@@ -172,8 +172,9 @@ def _scores(kind: str, x: dict[str, Any], n: int) -> Any:
 
 
 def make(out: Path) -> list[str]:
-    import torch
     from importlib.metadata import version
+
+    import torch
 
     from peer_makers.common import _StubFinder
 
