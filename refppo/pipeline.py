@@ -60,7 +60,7 @@ from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.core.value import value_loss
-from refppo.errors import ConventionError, MaskError
+from refppo.errors import ConventionError, SingletonGroupError
 
 # Convention and Hyperparams live in refppo.step_settings; re-exported here, their home for callers
 from refppo.step_settings import Convention as Convention
@@ -263,12 +263,9 @@ def critic_free_advantages(
             token_penalty=penalty,
             whiten=False,
         )
-    except MaskError as exc:
-        if "have one response" not in str(exc):
-            raise
-        ids = str(exc).split("groups ", 1)[1].split(" have", 1)[0]
+    except SingletonGroupError as exc:
         raise ConventionError(
-            f"group_index: prompts {ids} have one response under group_singleton=error "
+            f"group_index: prompts {exc.groups} have one response under group_singleton=error "
             "(set group_singleton=score, as verl/SkyRL GRPO, or zero, as verl rloo_vectorized)"
         ) from None
 
