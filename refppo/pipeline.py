@@ -57,7 +57,7 @@ from refppo.core.kl import token_kl
 from refppo.core.masked import AllReduce
 from refppo.core.normalize import normalize
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
-from refppo.core.policy import clipped_policy_loss
+from refppo.core.policy import PolicyLossOutput, clipped_policy_loss
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.core.value import value_loss
 from refppo.errors import ConventionError, SingletonGroupError
@@ -314,6 +314,46 @@ class Normalisers:
         return {k: v for k, v in out.items() if v is not None}
 
 
+def policy_term(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    hp: Hyperparams,
+    conv: Convention,
+    norm: Normalisers | None = None,
+) -> PolicyLossOutput:
+    """Step 5–6 of the module docstring: the policy loss of ``conv.policy_loss`` (per token and
+    aggregated), as :func:`update_quantities` computes it; the oracle's gradient diagnosis reads
+    its per-token loss ``ℓ`` [B, T] (``∂pg/∂A``, :mod:`refppo.oracle.grad_diagnose`)."""
+    pol_norm = (norm or Normalisers()).kwargs(hp.horizon)
+    if conv.policy_loss is PolicyLoss.GSPO:
+        return gspo_policy_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high,
+            agg=conv.loss_agg,
+            log_ratio_max=conv.log_ratio_clamp,
+            **pol_norm,
+        )
+    return clipped_policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=hp.cliprange,
+        clip_high=hp.cliprange_high,
+        dual_clip=conv.dual_clip,
+        agg=conv.loss_agg,
+        log_ratio_clamp=conv.log_ratio_clamp,
+        **pol_norm,
+    )
+
+
 def update_quantities(
     *,
     logprobs: Tensor,
@@ -340,31 +380,7 @@ def update_quantities(
     nm = norm or Normalisers()
     pol_norm = nm.kwargs(hp.horizon)
     val_norm = nm.kwargs(hp.horizon, value=True)
-    if conv.policy_loss is PolicyLoss.GSPO:
-        pg = gspo_policy_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            m,
-            clip_low=hp.cliprange,
-            clip_high=hp.cliprange_high,
-            agg=conv.loss_agg,
-            log_ratio_max=conv.log_ratio_clamp,
-            **pol_norm,
-        )
-    else:
-        pg = clipped_policy_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            m,
-            clip_low=hp.cliprange,
-            clip_high=hp.cliprange_high,
-            dual_clip=conv.dual_clip,
-            agg=conv.loss_agg,
-            log_ratio_clamp=conv.log_ratio_clamp,
-            **pol_norm,
-        )
+    pg = policy_term(logprobs, old_logprobs, advantages, m, hp=hp, conv=conv, norm=nm)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     if values is None or old_values is None:
         if conv.advantage is AdvantageEstimator.GAE:

@@ -21,7 +21,8 @@ loss_agg                      another aggregation mode (per-row factors: sequenc
 padded tokens counted         token-mean normaliser = every position ``B·T`` (a mask leak)
 clip not in the gradient      the policy clip (and dual clip) removed: the unclipped branch's
                               gradient at tokens the reference clips
-advantages not detached       ``grad_values − ∂pg/∂advantages`` (from the pipeline's gradients)
+advantages not detached       ``grad_values − ∂pg/∂advantages`` (from the pipeline's per-token
+                              policy loss: every clip, dual clip, log-ratio clamp and GSPO)
 KL estimator                  ``kl_in = loss`` with another ``kl_estimator``
 ============================ ==================================================================
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -45,7 +45,7 @@ from refppo.oracle.compare import QuantityResult, compare
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance, pipeline_grads, unclipped
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.settings import Setup
-from refppo.pipeline import Normalisers
+from refppo.pipeline import Normalisers, policy_term
 
 Grads = dict[str, Tensor]
 
@@ -274,27 +274,35 @@ def _grads(inp: UpdateInputs, setup: Setup, norm: Normalisers | None = None) -> 
 def _not_detached(inp: UpdateInputs, setup: Setup, ref: Grads) -> Grads:
     """``grad_values − ∂pg_loss/∂A``: a trainer whose advantages (``A = R − V``) keep ``V``'s graph.
 
-    The core treats the advantages as constants (``clipped_policy_loss`` detaches them), so
-    ``∂pg/∂A = −w·ρ_eff`` per token is assembled from the pipeline's own outputs: ``w·ρ`` is
-    ``−∂pg/∂logprobs`` with ``A = 1`` and no clip, ``ρ`` is ``update_quantities(...).ratio``, and
-    the tokens on the unclipped branch are those with ``∂pg/∂logprobs ≠ 0`` under the clip;
-    elsewhere ``ρ_eff`` is the clip bound ``clamp(ρ, 1 − ε_low, 1 + ε_high)``, or ``c`` where the
-    dual clip caps a negative advantage.
+    The core treats the advantages as constants (it detaches them), so ``∂pg/∂A`` is read from the
+    core's own per-token loss ``ℓ`` (:func:`refppo.pipeline.policy_term`, every ``policy_loss``,
+    clip, dual clip and log-ratio clamp as the reference runs them). ``ℓ`` is positively
+    homogeneous in each token's advantage: the ratio does not depend on ``A`` and the clip branch
+    and the dual-clip cap ``−c·A`` depend on its sign only, so ``ℓ(A) = A·ℓ(+1)`` for ``A > 0`` and
+    ``|A|·ℓ(−1)`` for ``A < 0``. With ``w = ∂pg/∂ℓ`` (autograd through the aggregation)::
+
+        ∂pg/∂A_t = w_t·ℓ_t(+1)           A_t > 0
+                 = −w_t·ℓ_t(−1)          A_t < 0
+                 = w_t·(ℓ_t(+1) − ℓ_t(−1))/2   A_t = 0 (the mean of the one-sided derivatives:
+                                          torch's ½/½ share of the tied branches of ``max``)
+
+    where ``ℓ(±1)`` is ``policy_term`` with every advantage ``±1``.
     """
-    ones = replace(inp, advantages=torch.ones_like(inp.advantages))
-    w_rho = -pipeline_grads(ones, unclipped(setup), objective="pg_loss")["grad_logprobs"]
-    g_pg = pipeline_grads(inp, setup, objective="pg_loss")
-    rho = g_pg["ratio"]
-    hp, c = setup.hp, setup.conv.dual_clip
-    hi = hp.cliprange if hp.cliprange_high is None else hp.cliprange_high
-    rho_eff = torch.clamp(rho, 1.0 - hp.cliprange, 1.0 + hi)
-    if c is not None:
-        rho_eff = torch.where(
-            (inp.advantages < 0) & (rho > 1.0 + hi), torch.full((), c, dtype=rho.dtype), rho_eff
-        )
-    rho_eff = torch.where(g_pg["grad_logprobs"] != 0, rho, rho_eff)
-    safe = torch.where(inp.mask, rho, torch.ones((), dtype=rho.dtype))
-    g_adv = torch.where(inp.mask, -w_rho * rho_eff / safe, torch.zeros((), dtype=rho.dtype))
+    lp = inp.logprobs.detach().clone().requires_grad_(True)
+
+    def ell(sign: float) -> tuple[Tensor, Tensor]:
+        a = torch.full_like(inp.advantages, sign)
+        out = policy_term(lp, inp.old_logprobs, a, inp.mask, hp=setup.hp, conv=setup.conv)
+        return out.loss, out.per_token
+
+    pos_loss, pos = ell(1.0)
+    (w,) = torch.autograd.grad(pos_loss, pos)
+    neg = ell(-1.0)[1].detach()
+    pos = pos.detach()
+    adv = inp.advantages
+    d_ell = torch.where(adv > 0, pos, torch.where(adv < 0, -neg, 0.5 * (pos - neg)))
+    zero = torch.zeros((), dtype=d_ell.dtype)
+    g_adv = torch.where(inp.mask, w * d_ell, zero)
     return {**ref, "grad_values": ref["grad_values"] - g_adv}
 
 

@@ -213,6 +213,24 @@ CASES: list[tuple[str, dict[str, Any], Bugs, Layout, str, str, list[str]]] = [
         ["advantages are not detached"],
     ),
     (
+        "advantages not detached, log-ratio clamp binding",
+        {"log_ratio_clamp": 0.25},  # binds at |l − l_old| > 0.25 (exp(0.25) > 1 + ε: clipped there too)
+        Bugs(adv_not_detached=True),
+        TWO_RANKS_TWO_MB,
+        "grad_values",
+        "advantages_not_detached",
+        ["advantages are not detached"],
+    ),
+    (
+        "advantages not detached, GSPO with its clamp binding",
+        {"policy_loss": "gspo", "log_ratio_clamp": 0.02},
+        Bugs(adv_not_detached=True),
+        TWO_RANKS_TWO_MB,
+        "grad_values",
+        "advantages_not_detached",
+        ["advantages are not detached"],
+    ),
+    (
         "clipped-region gradient",
         {},
         Bugs(clip_straight_through=True),
@@ -263,6 +281,29 @@ def test_injected_bug_is_caught_and_named(
     text = "\n".join(rep["diagnosis"])
     for t in texts:
         assert t in text, (t, text)
+
+
+CLAMPED = [{"log_ratio_clamp": 0.25}, {"policy_loss": "gspo", "log_ratio_clamp": 0.02}]
+
+
+@pytest.mark.parametrize("conv", CLAMPED, ids=["token", "gspo"])
+def test_clamped_ratio_steps_match_and_the_clamp_binds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], conv: dict[str, Any]
+) -> None:
+    """The controls of the two clamp cases above: the correct step matches, and the clamp binds at
+    tokens of both advantage signs (where ∂ρ/∂l = 0 but ∂ℓ/∂A ≠ 0: the old diagnosis lost them)."""
+    d = step_dump(conv)
+    m = d["response_mask"].bool()
+    dl = d["logprobs"] - d["old_logprobs"]
+    if conv.get("policy_loss") == "gspo":  # the row's mean log-ratio against the upper clamp
+        s = torch.where(m, dl, torch.zeros(())).sum(1) / m.sum(1)
+        bound = m & (s > 0.02).unsqueeze(1)
+    else:
+        bound = m & (dl.abs() > 0.25)
+    adv = d["advantages"]
+    assert bool((bound & (adv > 0)).any()) and bool((bound & (adv < 0)).any())
+    rc, rep = run(tmp_path, d, capsys, conv)
+    assert rc == 0, rep["diagnosis"]
 
 
 def test_gradient_named_when_a_logged_scalar_diverges_first(
