@@ -43,6 +43,8 @@ from refppo.conventions import KLEstimator, KLPlacement, LossAgg
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance, pipeline_grads, unclipped
+from refppo.oracle.grad_notes import nonfinite, zero_reference_line
+from refppo.oracle.grad_notes import where_text as _where
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.settings import Setup
 from refppo.pipeline import Normalisers, policy_term
@@ -62,15 +64,6 @@ def groups(dump: Dump) -> list[tuple[int, int, Tensor]]:
             if rows.numel():
                 out.append((r, k, rows))
     return out
-
-
-def _where(r: int, k: int, dump: Dump) -> str:
-    parts = []
-    if dump.step.micro_batches > 1 or "micro_batch" in dump.tensors:
-        parts.append(f"micro-batch {k}")
-    if dump.step.world_size > 1 or "rank" in dump.tensors:
-        parts.append(f"rank {r}")
-    return " of ".join(parts) if parts else "the step"
 
 
 def _factor(d: Tensor, r: Tensor) -> float:
@@ -322,15 +315,26 @@ def explain_grad(
     ref = {n: ref_full[n] for n in names}
     cmp = {"grad_logprobs": inp.mask, "grad_values": inp.value_mask}
     notes: list[str] = []
+    found: list[dict[str, Any]] = []
     for n in bad:
-        notes += ratio_lines(dump, n, ref[n], cmp[n], results[n].tol)
+        nf = nonfinite(dump, n)
+        if nf is not None:
+            notes.append(nf[0])
+            found.append(nf[1])
+            continue
+        zero = zero_reference_line(dump, n, ref[n])
+        if zero is not None:
+            notes.append(zero)
+        else:
+            notes += ratio_lines(dump, n, ref[n], cmp[n], results[n].tol)
+    if found:  # no hypothesis reproduces a NaN or an infinity: name it and stop
+        return notes, found
     if "grad_values" in bad and setup.hp.vf_coef == 0.0:
         notes.append(
             "grad_values: vf_coef = 0 makes the reference gradient 0 (v1's advice for a critic with its "
             "own optimizer): set separate_critic: true and vf_coef to the value loss's weight in the "
             "critic's objective"
         )
-    found: list[dict[str, Any]] = []
     others_ok = all(r.ok for k, r in results.items() if k not in GRAD_QUANTITIES)
     for hid, text, make in hypotheses(dump, setup, inp, ref_full):
         try:

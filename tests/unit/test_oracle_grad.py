@@ -8,6 +8,7 @@ there, from its definition. Expected factors are computed here from the row layo
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -354,6 +355,67 @@ def test_nonfinite_gradient_is_a_mismatch_not_a_refusal(
     d["grad_logprobs"][1, 9] = float("inf")  # row 1 has 3 tokens: a padded position
     rc, rep = run(tmp_path, d, capsys)
     assert rc == 1 and rep["first_divergence"] == "grad_logprobs"
+
+
+@pytest.mark.parametrize(
+    ("key", "pos", "value", "word", "where"),
+    [
+        ("grad_values", (2, 0), math.nan, "NaN", "row 2, token 0 (micro-batch 1 of rank 0)"),
+        ("grad_logprobs", (5, 3), math.nan, "NaN", "row 5, token 3 (micro-batch 0 of rank 1)"),
+        ("grad_logprobs", (1, 9), -math.inf, "-inf", "row 1, token 9 (micro-batch 1 of rank 0)"),  # padded
+    ],
+)
+def test_nonfinite_gradient_is_named_with_its_value_and_first_position(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    key: str,
+    pos: tuple[int, int],
+    value: float,
+    word: str,
+    where: str,
+) -> None:
+    """NaN is reported as NaN (it used to read ``inf``, with no position), at its first position in
+    row-major order with its micro-batch and rank (``grad_helpers.RANK``/``MICRO``)."""
+    d = step_dump()
+    d[key][pos] = value
+    if word == "NaN":
+        d[key][7, 1] = math.inf  # a later infinity: the NaN is still the one named
+        d[key][pos[0], pos[1] + 1] = math.nan  # a second NaN after the first
+    rc, rep = run(tmp_path, d, capsys)
+    assert rc == 1 and rep["first_divergence"] == key
+    assert rep["diagnosis"][0] == f"first divergence: {key} (the dump holds {word} at {where})"
+    assert f"{key}: the dump holds {word} at {where}, the first of" in "\n".join(rep["diagnosis"])
+    entry = rep["explained_by"][0]
+    assert (entry["bug"], entry["value"], entry["row"], entry["token"]) == (
+        "non_finite",
+        {"NaN": "nan"}.get(word, word),
+        *pos,
+    )
+    assert (entry["micro_batch"], entry["rank"]) == (MICRO[pos[0]], RANK[pos[0]])
+    assert (entry["nan_count"], entry["inf_count"]) == ((2, 1) if word == "NaN" else (0, 1))
+
+
+def test_zero_reference_gradient_has_zero_tolerance_and_the_report_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vf_coef = 0: the reference grad_values is exactly 0, so its tolerance is 0 (deliberate: an
+    objective without a value term gives exact zeros). 1e-9 at one token is a mismatch, and the
+    report says why instead of printing a ratio to 0."""
+    d = step_dump()
+    d["grad_values"] = torch.zeros_like(d["grad_values"])
+    rc, rep = run(tmp_path, d, capsys, vf_coef=0.0)
+    assert rc == 0, rep["diagnosis"]  # control: exact zeros match
+    assert rep["quantities"]["grad_values"]["tol"] == 0.0
+    d["grad_values"][6, 4] = 1e-9
+    rc, rep = run(tmp_path, d, capsys, vf_coef=0.0)
+    assert rc == 1 and rep["first_divergence"] == "grad_values"
+    text = "\n".join(rep["diagnosis"])
+    assert (
+        "grad_values: the reference gradient is exactly 0 here (every position), so its tolerance "
+        "(rtol + atol)·max|ref grad| is 0 and any nonzero value is a mismatch; the dump has 1e-09 at "
+        "row 6, token 4 (micro-batch 1 of rank 1)"
+    ) in text
+    assert "dump/reference by group" not in text  # no ratio to a zero reference
 
 
 def test_v1_dump_without_step_keys_is_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
