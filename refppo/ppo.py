@@ -92,6 +92,7 @@ from refppo.pipeline import (
     Hyperparams,
     Normalisers,
     RolloutQuantities,
+    ScoreMap,
     UpdateQuantities,
     rollout_quantities,
     update_quantities,
@@ -471,6 +472,7 @@ def iteration(
     capture: CaptureRequest | None = None,
     group_index: Tensor | None = None,
     groups_on_rank: bool = False,
+    score_map: ScoreMap | None = None,
 ) -> IterationResult:
     """Rollout → scoring → rollout quantities → update (module docstring, steps 1–4).
 
@@ -478,7 +480,8 @@ def iteration(
     the generator is then not used for sampling. ``critic=None``: a critic-free
     ``conv.advantage`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
     answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
-    are on this rank (see :func:`refppo.pipeline.rollout_quantities`).
+    are on this rank (see :func:`refppo.pipeline.rollout_quantities`). ``score_map``: the
+    pipeline's step 0 on the scores (None: as the reward gives them).
     """
     if batch is None:
         batch = generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator)
@@ -503,6 +506,7 @@ def iteration(
         all_reduce=all_reduce,
         group_index=group_index,
         groups_on_rank=groups_on_rank,
+        score_map=score_map,
     )
     metrics = rollout_metrics(scored, quantities, hp, conv)
     metrics.update(
