@@ -276,24 +276,29 @@ def _not_detached(inp: UpdateInputs, setup: Setup, ref: Grads) -> Grads:
 
         ∂pg/∂A_t = w_t·ℓ_t(+1)           A_t > 0
                  = −w_t·ℓ_t(−1)          A_t < 0
-                 = w_t·(ℓ_t(+1) − ℓ_t(−1))/2   A_t = 0 (the mean of the one-sided derivatives:
-                                          torch's ½/½ share of the tied branches of ``max``)
+                 = w_t·(ℓ_t(+1) − ℓ°_t(−1))/2  A_t = 0 (torch's ½/½ share of the tied branches
+                                          of ``max``; the dual-clip cap, applied where A < 0
+                                          only, is off: ``ℓ°`` is ``ℓ`` without ``dual_clip``)
 
-    where ``ℓ(±1)`` is ``policy_term`` with every advantage ``±1``.
+    where ``ℓ(±1)`` is ``policy_term`` with every advantage ``±1``
+    (``tests/unit/test_grad_diagnose_not_detached.py`` checks it against autograd of a
+    hand-written loss whose advantages are a leaf).
     """
     lp = inp.logprobs.detach().clone().requires_grad_(True)
 
-    def ell(sign: float) -> tuple[Tensor, Tensor]:
+    def ell(sign: float, s: Setup = setup) -> tuple[Tensor, Tensor]:
         a = torch.full_like(inp.advantages, sign)
-        out = policy_term(lp, inp.old_logprobs, a, inp.mask, hp=setup.hp, conv=setup.conv)
+        out = policy_term(lp, inp.old_logprobs, a, inp.mask, hp=s.hp, conv=s.conv)
         return out.loss, out.per_token
 
     pos_loss, pos = ell(1.0)
     (w,) = torch.autograd.grad(pos_loss, pos)
     neg = ell(-1.0)[1].detach()
+    # at A = 0 the cap −c·A is not applied (the core caps where A < 0 only): ℓ(−1) without it
+    neg0 = neg if setup.conv.dual_clip is None else ell(-1.0, setup.with_convention({"dual_clip": None}))[1]
     pos = pos.detach()
     adv = inp.advantages
-    d_ell = torch.where(adv > 0, pos, torch.where(adv < 0, -neg, 0.5 * (pos - neg)))
+    d_ell = torch.where(adv > 0, pos, torch.where(adv < 0, -neg, 0.5 * (pos - neg0.detach())))
     zero = torch.zeros((), dtype=d_ell.dtype)
     g_adv = torch.where(inp.mask, w * d_ell, zero)
     return {**ref, "grad_values": ref["grad_values"] - g_adv}
