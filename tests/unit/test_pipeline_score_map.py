@@ -119,3 +119,19 @@ def test_detected_score_bias_is_rechecked_through_the_pipeline(
     res = check(dump, setup_from_json(start, conv), explain_divergence=False)
     assert res.match, res.diagnosis
     assert (-0.5, 2.0, None) in seen
+
+
+@pytest.mark.parametrize("smap", MAPS[1:], ids=str)
+def test_naive_pipeline_twin_takes_the_score_map(smap: ScoreMap) -> None:
+    """``ppo_naive.rollout_quantities_naive`` (loops over floats) under the same ``score_map``."""
+    from refppo.ppo_naive import rollout_quantities_naive
+
+    x, conv = _inputs(), CONVS["gae"]
+    got = _rollout(x, conv, x["scores"], score_map=smap)
+    naive = rollout_quantities_naive(
+        scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
+        old_values=x["old_values"], mask=x["mask"], hp=Hyperparams(kl_coef=0.1), conv=conv, score_map=smap,
+    )  # fmt: skip
+    for name in ("token_rewards", "advantages", "returns"):
+        a, b = getattr(got, name), getattr(naive, name)
+        assert float((torch.where(x["mask"], a - b, torch.zeros((), dtype=F64))).abs().max()) <= 1e-12, name
