@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``refppo train``; returns the exit code (2: bad config or input)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.help_config is not None:
-        from refppo.config_doc import describe_config, sections
+        from refppo.config.doc import describe_config, sections
 
         if args.help_config and args.help_config not in sections():
             print(
