@@ -120,27 +120,46 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ setup
     def _setup(self) -> None:
         """Skeleton step 0 (:mod:`refppo.train.setup`), in an order that fixes every RNG draw."""
-        cfg, d = self.cfg, self.dist
+        cfg = self.cfg
         setup.check_inputs(cfg)  # cheap checks first: a typo costs no model loading
         user_reward: TextRewardFn | None = None
         if cfg.task.reward not in ("model", "rule"):
             user_reward = resolve_reward_function(cfg.task.reward)  # import + signature, before models
+        resuming = self._setup_process()
+        self._setup_models(resuming, user_reward)
+        self._setup_rest(resuming)
+
+    def _setup_process(self) -> bool:
+        """Seeds, device, dtype, the task and this rank's RNGs; returns whether a checkpoint will
+        be resumed."""
+        cfg, d = self.cfg, self.dist
         seed_everything(cfg.run.seed)
         self.device = resolve_device(cfg.model.device, d)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
         # bf16: fp32 master weights + autocast; float64 / float32: the weights themselves
         self.param_dtype = torch.float32 if self.dtype == torch.bfloat16 else self.dtype
         self.task = WordsTask(cfg.task.prompt_words, cfg.task.response_words)
-        # per-rank prompt stream and sampling generator; setup-time RNG shared by every rank
+        # per-rank prompt stream and sampling generator
         self.task_rng = random.Random(cfg.run.seed * 1_000_003 + d.rank)
         self.generator = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + d.rank)
         resuming = self.resume and ckpt.latest_checkpoint(self.ckpt_dir) is not None
         if self.resume and not resuming:
             raise TrainingError(f"--resume: no complete checkpoint under {str(self.ckpt_dir)!r}")
+        return resuming
+
+    def _setup_models(self, resuming: bool, user_reward: TextRewardFn | None) -> None:
+        """Tokenizer, policy (warm-started), reference, reward, critic, prompts, optimizers."""
+        cfg = self.cfg
         ctx = setup.SetupContext(
-            cfg, self.device, self.param_dtype, d.is_main, resuming, random.Random(cfg.run.seed), self.echo
+            cfg,
+            self.device,
+            self.param_dtype,
+            is_main=self.dist.is_main,
+            resuming=resuming,
+            rng=random.Random(cfg.run.seed),  # setup-time RNG shared by every rank
+            echo=self.echo,
+            info=self.setup_info,
         )
-        ctx.info = self.setup_info
         self.tokenizer, self.actor = setup.build_policy(ctx)
         self.actor.to(self.device, self.param_dtype)
         self.threads = set_threads(cfg.model.threads, self.actor, self.device)
@@ -151,23 +170,22 @@ class Trainer:
         )
         # the hidden rule, logged alongside a learned reward (the embedded task's true objective)
         self.rule = setup.build_rule(ctx, self.tokenizer)
-        self.critic = setup.build_critic(
-            ctx, self.actor, self.reward_model
-        )  # none for a critic-free ppo.advantage
+        # none for a critic-free ppo.advantage
+        self.critic = setup.build_critic(ctx, self.actor, self.reward_model)
         self.actor.train()
         # checks that need the models
         limit = prompts.max_prompt_tokens(
             self.actor, cfg.rollout.max_new_tokens, cfg.rollout.max_prompt_tokens
         )
-        self.prompts = prompts.PromptEncoder(
+        self.prompt_encoder = prompts.PromptEncoder(
             self.tokenizer,
             add_special_tokens=cfg.task.add_special_tokens,
             max_tokens=limit,
             device=self.device,
         )
-        self.prompt_pool = self.prompts.read_file(cfg.task.prompts_file) if cfg.task.prompts_file else None
+        pool = cfg.task.prompts_file
+        self.prompt_pool = self.prompt_encoder.read_file(pool) if pool else None
         self.actor_opt, self.critic_opt = setup.make_optimizers(cfg, self.actor, self.critic)
-        self._setup_rest(resuming)
 
     def _setup_rest(self, resuming: bool) -> None:
         cfg, d = self.cfg, self.dist
@@ -190,7 +208,7 @@ class Trainer:
     def encode_prompts(self, texts: list[str]) -> tuple[Tensor, Tensor]:
         """Token ids of ``texts`` (``task.add_special_tokens``: with the tokenizer's BOS etc.),
         checked against the context, left-padded: ``([B, P] ids, [B, P] mask)``."""
-        return self.prompts.encode(texts)
+        return self.prompt_encoder.encode(texts)
 
     # --------------------------------------------------------------------------------------- iteration
     def _autocast(self) -> Any:
