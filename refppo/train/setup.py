@@ -210,7 +210,8 @@ def build_reward(
 ) -> tuple[models.RewardModel | None, models.Reward]:
     """``(reward model or None, reward)`` for ``task.reward``: ``model`` (``--reward-model DIR``, or
     the embedded task's tiny trained one; frozen, eval mode), ``rule`` (the hidden rule) or the
-    resolved ``module:function`` ``user_reward``, as a text reward."""
+    resolved ``module:function`` ``user_reward``, as a text reward. ``actor``: the policy (a
+    transformers model; the tiny reward model takes its vocabulary size)."""
     cfg = ctx.cfg
     if cfg.task.reward != "model":
         fn, name = (rule_reward, RULE_REWARD) if user_reward is None else (user_reward, cfg.task.reward)
