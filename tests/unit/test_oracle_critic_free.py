@@ -106,7 +106,7 @@ def test_the_advantage_can_come_from_the_sidecar(tmp_path: Path, capsys: pytest.
             ["--set", "advantage=grpo"],
             r"missing required key 'old_values' .*\['vf_loss'\] are given",
         ),
-        ("none", ["--preset", "trl", "--set", "advantage=grpo"], r"--preset trl: no critic-free estimator"),
+        ("none", ["--preset", "trl", "--set", "advantage=rloo"], r"--preset trl: no critic-free estimator"),
         ("none", ["--set", "advantage=ppo"], r"advantage: unknown name 'ppo'"),
         ("none", ["--set", "group_eps=tiny"], r"group_eps: expected a number"),
     ],
@@ -183,7 +183,7 @@ def test_variants_state_what_the_peers_do() -> None:
     assert resolve_preset("verl", None, "gae")[0] == resolve_preset("verl")[0] | {"advantage": "gae"}
     assert critic_free_variant("refppo", "rloo") == {"advantage": "rloo"}
     with pytest.raises(ConventionError, match="areal: no critic-free estimator"):
-        critic_free_variant("areal", "grpo")
+        critic_free_variant("areal", "reinforce++")
     assert Variance.UNBIASED.value == v["group_std"]
 
 
