@@ -225,8 +225,8 @@ def critic_free_advantages(
 ) -> Tensor:
     """Step 3 without a critic: the raw advantages ``[B, T]`` of ``conv.advantage`` (before step 4).
 
-    - ``reinforce++``: ``R_t = Σ_{k≥t} γ^{k−t} r_k`` of the token ``rewards`` over the value mask
-      (:func:`refppo.core.group.discounted_returns`; verl 0.9.1
+    - ``reinforce++``: ``R_t = Σ_{k≥t} γ^{k−t} r_k`` of the token ``rewards`` over the value mask,
+      across interior holes by ``conv.gae_holes`` (:func:`refppo.core.group.discounted_returns`; verl 0.9.1
       ``compute_reinforce_plus_plus_outcome_advantage``, OpenRLHF 0.11.2 ``reinforce``);
     - group estimators (:func:`refppo.core.group.group_advantages`, whitening left to step 4):
       with ``group_kl=fold`` the score of row i is ``Σ_t r_{i,t}`` over the value mask (KL and score
@@ -234,7 +234,7 @@ def critic_free_advantages(
       ``−β·KL_t`` is added as its return-to-go (OpenRLHF), β = 0 when the KL is in the loss.
     """
     if conv.advantage is AdvantageEstimator.REINFORCE_PP:
-        return discounted_returns(rewards, value_mask_, gamma=hp.gamma)
+        return discounted_returns(rewards, value_mask_, gamma=hp.gamma, holes=conv.gae_holes)
     what = f"advantage={conv.advantage.value}"
     if group_index is None:
         raise ConventionError(f"{what} needs group_index [B] (the prompt each row answers)")

@@ -45,7 +45,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, parse
+from refppo.conventions import AdvantageEstimator, GaeHoles, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.gae import gae
 from refppo.core.masked import masked_moments
@@ -193,16 +193,26 @@ def group_advantages(
     return adv
 
 
-def discounted_returns(rewards: TokenFloat, mask: ResponseMask, *, gamma: float = 1.0) -> TokenFloat:
-    """``R_t = Σ_{k≥t, m_k=1} γ^{(#valid between)} r_k`` ``[B, T]``, 0 on padding: REINFORCE++'s returns.
+def discounted_returns(
+    rewards: TokenFloat, mask: ResponseMask, *, gamma: float = 1.0, holes: GaeHoles | str = GaeHoles.SKIP
+) -> TokenFloat:
+    """REINFORCE++'s returns ``[B, T]``, 0 after each row's last valid token; across holes by ``holes``::
 
-    :func:`refppo.core.gae.gae` with ``V = 0, λ = 1`` (one path); :func:`reinforce_pp_advantages`
-    whitens it.
+        skip     R_t = Σ_{i≥0} γ^i r_{u_i}, u_0 = t < u_1 < … the valid positions from t (holes
+                 transparent: verl 0.9.1 ``compute_reinforce_plus_plus_outcome_advantage`` carries
+                 ``running_return`` across ``response_mask = 0``)
+        zero     R_t = Σ_{k=t}^{last} γ^{k−t} m_k r_k  (each hole a time step with reward 0: OpenRLHF
+                 0.11.2 ``get_cumulative_returns`` on ``action_mask * rewards``)
+        through  R_t = Σ_{k=t}^{last} γ^{k−t} r_k  (each hole a time step, its reward read)
+
+    :func:`refppo.core.gae.gae` with ``V = 0, λ = 1`` and the same ``holes`` (one path);
+    :func:`reinforce_pp_advantages` whitens it. With ``zero``/``through`` the holes carry their
+    return too (as GAE's); the policy loss never reads them.
     """
     m = check_mask("mask", mask)
     r = check_bt("rewards", rewards, m)
     gamma = check_unit_interval("gamma", gamma)
-    return gae(r, torch.zeros_like(r), m, gamma=gamma, lam=1.0)[0]
+    return gae(r, torch.zeros_like(r), m, gamma=gamma, lam=1.0, holes=holes)[0]
 
 
 def reinforce_pp_advantages(
@@ -213,8 +223,11 @@ def reinforce_pp_advantages(
     whiten_unbiased: bool = True,
     whiten_eps: float = 1e-8,
     whiten_eps_form: WhitenEps = "add",
+    holes: GaeHoles | str = GaeHoles.SKIP,
 ) -> TokenFloat:
     """REINFORCE++: ``R_t = Σ_{k≥t} γ^{k−t} r_k`` over valid tokens, whitened over the batch; ``[B, T]``.
+
+    ``holes``: how the return crosses interior mask holes (:func:`discounted_returns`).
 
     ``rewards`` are token rewards (score plus ``−β·KL_t``, :func:`refppo.core.rewards.token_rewards`).
     The return is :func:`refppo.core.gae.gae` with ``V = 0, λ = 1`` (one path). Sources: verl 0.9.1
@@ -224,7 +237,7 @@ def reinforce_pp_advantages(
     _check_options("error", whiten_eps_form)
     check_nonneg("whiten_eps", whiten_eps)
     m = check_mask("mask", mask)
-    ret = discounted_returns(rewards, m, gamma=gamma)
+    ret = discounted_returns(rewards, m, gamma=gamma, holes=holes)
     return _whiten(ret, m, whiten_unbiased, whiten_eps, whiten_eps_form)
 
 
@@ -308,14 +321,33 @@ def reinforce_pp_advantages_naive(
     whiten_unbiased: bool = True,
     whiten_eps: float = 1e-8,
     whiten_eps_form: WhitenEps = "add",
+    holes: GaeHoles | str = GaeHoles.SKIP,
 ) -> TokenFloat:
-    """Naive twin of :func:`reinforce_pp_advantages`: ``R_t = Σ_l γ^l r_{t_{i+l}}``, then whitened."""
+    """Naive twin of :func:`reinforce_pp_advantages`: :func:`discounted_returns_naive`, whitened."""
+    returns = pf.rows(discounted_returns_naive(rewards, mask, gamma=gamma, holes=holes))
+    ms = pf.mask_rows(mask)
+    return pf.tensor_like(_whiten_naive(returns, ms, whiten_unbiased, whiten_eps, whiten_eps_form), rewards)
+
+
+def discounted_returns_naive(
+    rewards: TokenFloat, mask: ResponseMask, *, gamma: float = 1.0, holes: GaeHoles | str = GaeHoles.SKIP
+) -> TokenFloat:
+    """Naive twin of :func:`discounted_returns`: each ``R_t`` summed as its docstring's equation."""
+    how = GaeHoles(holes)
     rs, ms = pf.rows(rewards), pf.mask_rows(mask)
-    returns = []
+    out = []
     for r_row, m_row in zip(rs, ms, strict=True):
         valid = [t for t in range(len(m_row)) if m_row[t]]
         row = [0.0] * len(m_row)
-        for i, t in enumerate(valid):
-            row[t] = sum(gamma**l_ * r_row[valid[i + l_]] for l_ in range(len(valid) - i))
-        returns.append(row)
-    return pf.tensor_like(_whiten_naive(returns, ms, whiten_unbiased, whiten_eps, whiten_eps_form), rewards)
+        if how is GaeHoles.SKIP:
+            for i, t in enumerate(valid):  # R_t = Σ_l γ^l r at the l-th valid position after t
+                row[t] = sum(gamma**l_ * r_row[valid[i + l_]] for l_ in range(len(valid) - i))
+        elif valid:
+            last = valid[-1]
+            for t in range(last + 1):  # every position up to the last valid one is a time step
+                row[t] = sum(
+                    gamma ** (k - t) * (r_row[k] if (m_row[k] or how is GaeHoles.THROUGH) else 0.0)
+                    for k in range(t, last + 1)
+                )
+        out.append(row)
+    return pf.tensor_like(out, rewards)
