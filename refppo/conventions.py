@@ -266,7 +266,13 @@ class AdvantageEstimator(StrEnum):
     - ``reinforce++``: discounted returns of the token rewards, whitened over the batch (verl
       ``reinforce_plus_plus``, OpenRLHF ``reinforce``);
     - ``reinforce++-baseline``: ``s − μ_G``, whitened over the batch (verl
-      ``reinforce_plus_plus_baseline``, OpenRLHF ``reinforce_baseline``).
+      ``reinforce_plus_plus_baseline``, OpenRLHF ``reinforce_baseline``);
+    - ``opo``: ``s − Σ_G L_j s_j / Σ_G L_j``, the length-weighted group mean (verl ``opo``);
+    - ``gpg``: ``α·(s − μ_G)``, ``α = B / #{j : s_j ≠ 0}`` over the batch (verl ``gpg``);
+    - ``grpo-passk``: ``(s_max − s_2nd)/(σ_G + ε)`` for the group's unique best row, 0 elsewhere
+      (verl ``grpo_passk``);
+    - ``flash-reinforce``: ``s − (1/B) Σ_j s_j``, the batch mean, no group (OpenRLHF
+      ``flash_reinforce``).
     """
 
     GAE = "gae"
@@ -275,6 +281,10 @@ class AdvantageEstimator(StrEnum):
     RLOO = "rloo"
     REINFORCE_PP = "reinforce++"
     REINFORCE_PP_BASELINE = "reinforce++-baseline"
+    OPO = "opo"
+    GPG = "gpg"
+    GRPO_PASSK = "grpo-passk"
+    FLASH_REINFORCE = "flash-reinforce"
 
 
 __all__ += ["AdvantageEstimator"]

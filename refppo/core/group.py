@@ -48,7 +48,7 @@ from torch import Tensor
 from refppo.conventions import AdvantageEstimator, GaeHoles, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.gae import gae
-from refppo.core.masked import masked_moments
+from refppo.core.masked import AllReduce, masked_moments
 from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 from refppo.validate import check_b, check_bt, check_float, check_mask, check_nonneg, check_unit_interval
@@ -60,7 +60,11 @@ GROUP_ESTIMATORS = (
     AdvantageEstimator.DR_GRPO,
     AdvantageEstimator.RLOO,
     AdvantageEstimator.REINFORCE_PP_BASELINE,
+    AdvantageEstimator.OPO,
+    AdvantageEstimator.GPG,
+    AdvantageEstimator.GRPO_PASSK,
 )
+"""The estimators that need ``group_index`` (``flash-reinforce``'s baseline is the batch's, no group)."""
 
 
 def _check_group_index(group_index: object, B: int, device: torch.device) -> Tensor:
@@ -92,62 +96,120 @@ def _whiten(x: Tensor, m: Tensor, unbiased: bool, eps: float, form: str) -> Tens
     return torch.where(m, (x - mu) * torch.rsqrt(denom), torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def _batch_stats(x: Tensor, all_reduce: AllReduce | None) -> Tensor:
+    """``x`` (a few batch sums) summed over every rank: this process's when ``all_reduce`` is None."""
+    return x if all_reduce is None else all_reduce(x.clone())
+
+
+def _passk(s: Tensor, inv: Tensor, K: int, scale: Tensor | None, eps: float) -> Tensor:
+    """``grpo-passk``: ``(s_max − s_2nd)/(σ_G + ε)`` (or unscaled) on the group's unique argmax, else 0."""
+    neg_inf = torch.full((K,), -math.inf, dtype=s.dtype, device=s.device)
+    top = neg_inf.scatter_reduce(0, inv, s, "amax")
+    is_top = s == top[inv]
+    n_top = torch.zeros(K, dtype=torch.long, device=s.device).index_add(0, inv, is_top.long())
+    rest = torch.where(is_top, torch.full_like(s, -math.inf), s)
+    second = neg_inf.scatter_reduce(0, inv, rest, "amax")
+    second = torch.where(n_top >= 2, top, second)  # a tie for the best: the gap is 0
+    gap = (top - second)[inv]
+    if scale is not None:
+        gap = gap / (scale + eps)
+    return torch.where(is_top & (n_top[inv] == 1), gap, torch.zeros_like(s))
+
+
 def group_scalar_advantages(
     scores: SeqFloat,
-    group_index: Tensor,
+    group_index: Tensor | None,
     *,
     estimator: AdvantageEstimator | str = AdvantageEstimator.GRPO,
     scale_by_std: bool = True,
     unbiased_std: bool = True,
     eps: float = 1e-6,
     singleton: Singleton = "error",
+    lengths: SeqFloat | None = None,
+    all_reduce: AllReduce | None = None,
 ) -> SeqFloat:
     """Per-row scalar advantage ``a`` ``[B]`` before broadcasting (module docstring's table).
 
-    ``scale_by_std`` only applies to ``grpo`` (verl ``norm_adv_by_std_in_grpo``); ``eps`` is added
-    to the std, ``(s−μ)/(σ+ε)`` (verl ``epsilon=1e-6``, OpenRLHF ``group_norm`` 1e-9, SkyRL 1e-6).
-    ``reinforce++-baseline`` returns the centred score (its whitening is token-level).
+    ``scale_by_std`` only applies to ``grpo`` and ``grpo-passk`` (verl ``norm_adv_by_std_in_grpo``);
+    ``eps`` is added to the std, ``(s−μ)/(σ+ε)`` (verl ``epsilon=1e-6``, OpenRLHF ``group_norm``
+    1e-9, SkyRL 1e-6). ``reinforce++-baseline`` returns the centred score (its whitening is
+    token-level). ``lengths`` ``[B]``: the valid tokens of each row (``opo`` only).
+    ``flash-reinforce`` needs no ``group_index`` (None allowed). ``all_reduce``: the batch-level
+    sums of ``gpg`` (``B``, ``#{s ≠ 0}``) and ``flash-reinforce`` (``B``, ``Σ s``) over every rank,
+    so each rank's rows equal one process on the whole batch (groups are per rank: the caller
+    keeps each group on one rank).
     """
     est = parse(AdvantageEstimator, estimator, what="estimator")
-    if est not in GROUP_ESTIMATORS:
+    if est not in GROUP_ESTIMATORS and est is not AdvantageEstimator.FLASH_REINFORCE:
         raise HyperparameterError(
             f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)"
         )
     s = check_float("scores", scores)
     if s.dim() != 1 or s.shape[0] == 0:
         raise ShapeError(f"scores: expected shape [B] (batch) with B >= 1, got {list(s.shape)}")
-    g = _check_group_index(group_index, s.shape[0], s.device)
     check_nonneg("eps", eps)
     _check_options(singleton, "add")
+    if est is AdvantageEstimator.FLASH_REINFORCE:
+        n_sum = _batch_stats(torch.stack([torch.ones_like(s).sum(), s.sum()]), all_reduce)
+        return s - n_sum[1] / n_sum[0]
+    if group_index is None:
+        raise ShapeError(
+            f"group_index: estimator {est.value!r} needs group_index [B] (the prompt of each row)"
+        )
+    g = _check_group_index(group_index, s.shape[0], s.device)
     _, inv = torch.unique(g, return_inverse=True)
     K = int(inv.max()) + 1
     n = torch.bincount(inv, minlength=K).to(s.dtype)
     n_i = n[inv]
-    if singleton == "error" and bool((n_i == 1).any()):
-        ids = g[n_i == 1].tolist()[:8]
+    single = n_i == 1
+    if singleton == "error" and bool(single.any()):
+        ids = g[single].tolist()[:8]
         raise MaskError(f"group_index: groups {ids} have one response (pass singleton='score' or 'zero')")
+    if est is AdvantageEstimator.GRPO_PASSK and singleton == "score" and bool(single.any()):
+        raise HyperparameterError(
+            "singleton: grpo-passk has no second-best score in a group of one; use 'error' (verl) or 'zero'"
+        )
     total = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, s)
     mu = (total / n)[inv]
-    single = n_i == 1
+    sigma = None
+    if scale_by_std and est in (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK):
+        sq = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, (s - mu) ** 2)
+        dof = torch.clamp(n - 1, min=1) if unbiased_std else n
+        sigma = torch.sqrt(sq / dof)[inv]
+    raw = s  # a group of one under singleton='score': μ := 0, σ := 1
     if est is AdvantageEstimator.RLOO:
         a = s - (total[inv] - s) / torch.clamp(n_i - 1, min=1)
+    elif est is AdvantageEstimator.OPO:
+        L = _lengths(lengths, s)
+        num = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, L * s)
+        den = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, L)
+        a = s - (num / den)[inv]
+    elif est is AdvantageEstimator.GRPO_PASSK:
+        a = _passk(s, inv, K, sigma, eps)
+    elif est is AdvantageEstimator.GPG:
+        b_nz = _batch_stats(torch.stack([torch.ones_like(s).sum(), (s != 0).to(s.dtype).sum()]), all_reduce)
+        alpha = b_nz[0] / torch.clamp(b_nz[1], min=1)
+        a, raw = alpha * (s - mu), alpha * s
     else:
         a = s - mu
-        if est is AdvantageEstimator.GRPO and scale_by_std:
-            sq = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, (s - mu) ** 2)
-            dof = torch.clamp(n - 1, min=1) if unbiased_std else n
-            a = a / (torch.sqrt(sq / dof)[inv] + eps)
-    if singleton == "score":
-        raw = s / (1.0 + eps) if (est is AdvantageEstimator.GRPO and scale_by_std) else s
-        a = torch.where(single, raw, a)
-    else:
-        a = torch.where(single, torch.zeros_like(a), a)
-    return a
+        if sigma is not None:
+            a, raw = a / (sigma + eps), s / (1.0 + eps)
+    zero = torch.zeros_like(a)
+    return torch.where(single, raw if singleton == "score" else zero, a)
+
+
+def _lengths(lengths: SeqFloat | None, s: Tensor) -> Tensor:
+    if lengths is None:
+        raise ShapeError("lengths: estimator 'opo' needs the valid-token count [B] of each row")
+    L = check_float("lengths", lengths)
+    if L.shape != s.shape:
+        raise ShapeError(f"lengths: expected shape [B] = [{s.shape[0]}], got {list(L.shape)}")
+    return L.to(s.dtype)
 
 
 def group_advantages(
     scores: SeqFloat,
-    group_index: Tensor,
+    group_index: Tensor | None,
     mask: ResponseMask,
     *,
     estimator: AdvantageEstimator | str = AdvantageEstimator.GRPO,
@@ -160,8 +222,12 @@ def group_advantages(
     whiten_eps: float = 1e-8,
     whiten_eps_form: WhitenEps = "add",
     whiten: bool = True,
+    all_reduce: AllReduce | None = None,
 ) -> TokenFloat:
     """Token advantages ``[B, T]``: ``a_i`` (:func:`group_scalar_advantages`) on valid tokens, 0 on padding.
+
+    ``opo``'s lengths ``L_i`` are the valid tokens of ``mask``'s rows; ``all_reduce``: the batch
+    sums of ``gpg`` and ``flash-reinforce`` over every rank (:func:`group_scalar_advantages`).
 
     ``token_penalty`` ``[B, T]`` (optional) adds its return-to-go ``Σ_{k≥t} p_k`` (OpenRLHF).
     ``reinforce++-baseline`` whitens the result over the batch's valid tokens with
@@ -177,7 +243,8 @@ def group_advantages(
         check_b("scores", scores, m.shape[0], m.device)
     a = group_scalar_advantages(
         scores, group_index, estimator=estimator, scale_by_std=scale_by_std,
-        unbiased_std=unbiased_std, eps=eps, singleton=singleton,
+        unbiased_std=unbiased_std, eps=eps, singleton=singleton, all_reduce=all_reduce,
+        lengths=m.sum(dim=1).to(scores.dtype) if isinstance(scores, Tensor) else None,
     )  # fmt: skip
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     adv = torch.where(m, a.unsqueeze(1).expand(m.shape), zero)
@@ -262,9 +329,56 @@ def _whiten_naive(
     ]
 
 
+def _scalar_naive(
+    s: list[float],
+    gs: list[int],
+    lens: list[int],
+    i: int,
+    est: AdvantageEstimator,
+    scale: bool,
+    unbiased: bool,
+    eps: float,
+    singleton: str,
+) -> float:
+    """``a_i`` of one response against the others of its prompt (module docstring's table)."""
+    if est is AdvantageEstimator.FLASH_REINFORCE:
+        return s[i] - sum(s) / len(s)  # the batch mean: every row, no group
+    alpha = len(s) / max(sum(1 for x in s if x != 0.0), 1)  # gpg: B over the non-zero scores
+    members = [j for j in range(len(s)) if gs[j] == gs[i]]
+    group = [s[j] for j in members]
+    n = len(group)
+    if n == 1:
+        if singleton == "error":
+            raise MaskError(f"group_index: groups [{gs[i]}] have one response")
+        if singleton == "zero":
+            return 0.0
+        if est is AdvantageEstimator.GRPO_PASSK:
+            raise HyperparameterError("singleton: grpo-passk has no second-best score in a group of one")
+        if est is AdvantageEstimator.GPG:
+            return alpha * s[i]
+        return s[i] / (1.0 + eps) if (est is AdvantageEstimator.GRPO and scale) else s[i]
+    mean = sum(group) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in group) / (n - 1 if unbiased else n))
+    if est is AdvantageEstimator.RLOO:
+        return s[i] - sum(s[j] for j in members if j != i) / (n - 1)  # the mean of the OTHER responses
+    if est is AdvantageEstimator.OPO:  # the group's mean score, each response weighted by its length
+        return s[i] - sum(lens[j] * s[j] for j in members) / sum(lens[j] for j in members)
+    if est is AdvantageEstimator.GPG:
+        return alpha * (s[i] - mean)
+    if est is AdvantageEstimator.GRPO_PASSK:  # only the unique best response; its margin over the 2nd
+        best = max(group)
+        if s[i] != best or group.count(best) > 1:
+            return 0.0
+        margin = best - max(x for j, x in zip(members, group, strict=True) if j != i)
+        return margin / (std + eps) if scale else margin
+    if est is AdvantageEstimator.GRPO and scale:
+        return (s[i] - mean) / (std + eps)
+    return s[i] - mean
+
+
 def group_advantages_naive(
     scores: SeqFloat,
-    group_index: Tensor,
+    group_index: Tensor | None,
     mask: ResponseMask,
     *,
     estimator: AdvantageEstimator | str = AdvantageEstimator.GRPO,
@@ -279,26 +393,13 @@ def group_advantages_naive(
 ) -> TokenFloat:
     """Naive twin of :func:`group_advantages`: each response against the others of its prompt."""
     est = parse(AdvantageEstimator, estimator)
-    s, gs, ms = pf.vec(scores), [int(v) for v in group_index.tolist()], pf.mask_rows(mask)
+    s, ms = pf.vec(scores), pf.mask_rows(mask)
+    gs = [int(v) for v in group_index.tolist()] if group_index is not None else [0] * len(s)
+    lens = [sum(row) for row in ms]
     pen = pf.rows(token_penalty) if token_penalty is not None else None
     out: list[list[float]] = []
     for i in range(len(s)):
-        group = [s[j] for j in range(len(s)) if gs[j] == gs[i]]
-        others = [s[j] for j in range(len(s)) if gs[j] == gs[i] and j != i]
-        n = len(group)
-        if n == 1:
-            if singleton == "error":
-                raise MaskError(f"group_index: groups [{gs[i]}] have one response")
-            scaled = est is AdvantageEstimator.GRPO and scale_by_std
-            a = 0.0 if singleton == "zero" else (s[i] / (1.0 + eps) if scaled else s[i])
-        elif est is AdvantageEstimator.RLOO:
-            a = s[i] - sum(others) / (n - 1)  # the mean of the OTHER responses
-        else:
-            mean = sum(group) / n
-            a = s[i] - mean
-            if est is AdvantageEstimator.GRPO and scale_by_std:
-                std = math.sqrt(sum((x - mean) ** 2 for x in group) / (n - 1 if unbiased_std else n))
-                a = a / (std + eps)
+        a = _scalar_naive(s, gs, lens, i, est, scale_by_std, unbiased_std, eps, singleton)
         row = []
         T = len(ms[i])
         for t in range(T):
