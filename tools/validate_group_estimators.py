@@ -9,8 +9,9 @@ are those of ``tools/peer_makers/common.py`` (``install_stubs``, ``mount``), imp
    (``torch.load(weights_only=True)``), calls each peer function and saves the results.
 2. Without it (refppo's interpreter) it writes the batch, runs half 1 with each ``--peers-python``
    and prints, per comparison, the max abs error over valid tokens against refppo's
-   ``refppo.core.group`` with the named parameters; exit 1 on a mismatch (> 1e-6, float64 inputs;
-   OpenRLHF whitens in float32, so 1e-6 relative there too).
+   ``refppo.core.group`` with the named parameters (and, for the keys of ``VIA_PRESET``, through
+   ``refppo.pipeline.critic_free_advantages`` under the preset variant); exit 1 on a mismatch
+   (> 1e-6, float64 inputs; OpenRLHF whitens in float32, so 1e-6 relative there too).
 
 Batch (float64, B = 16, T = 12, right-padded, seed 0): groups of sizes 4, 3, 2, 1, 4, 2 with rows
 interleaved (verl/SkyRL: any order, a singleton group, and a group whose 0/1 scores are all equal);
@@ -109,6 +110,15 @@ CONTRASTS: dict[str, dict[str, Any]] = {
     "verl.rpp_holes": {"holes": "zero"},
     "openrlhf.flash_reinforce": {"estimator": "dr-grpo"},
     "openrlhf.reinforce_holes": {"holes": "skip"},
+}
+
+# The peer keys that are also checked through the preset variant (``--preset PEER --set
+# advantage=EST``): refppo.pipeline.critic_free_advantages under the preset's resolved conventions.
+VIA_PRESET: dict[str, tuple[str, str]] = {
+    "verl.opo": ("verl", "opo"),
+    "verl.gpg": ("verl", "gpg"),
+    "verl.grpo_passk": ("verl", "grpo-passk"),
+    "openrlhf.flash_reinforce": ("openrlhf", "flash-reinforce"),
 }
 
 # ------------------------------------------------------------------------------------------------
@@ -347,6 +357,33 @@ def refppo_result(key: str, x: dict[str, Any], override: dict[str, Any] | None =
     return reinforce_pp_advantages(onehot * x["o_scores"].unsqueeze(1) + penalty, m, **kw)
 
 
+def preset_result(key: str, x: dict[str, Any]) -> Any:
+    """refppo's raw advantages for ``key`` through the pipeline: ``--preset PEER --set advantage=EST``."""
+    import dataclasses
+
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    from refppo.oracle.presets import resolve_preset
+    from refppo.pipeline import Convention, Hyperparams, critic_free_advantages
+
+    peer, est = VIA_PRESET[key]
+    conv_d, _ = resolve_preset(peer, advantage=est)
+    names = {f.name for f in dataclasses.fields(Convention)}
+    conv = Convention.from_dict({k: v for k, v in conv_d.items() if k in names})
+    m, f64 = x["mask"].bool(), torch.float64
+    if peer == "verl":  # verl folds the token-level rewards (the score only here: β = 0)
+        tl = x["score_tokens_z" if est == "gpg" else "score_tokens"]
+        index = x["index_ns" if est == "grpo-passk" else "index"]
+        scores, kl, hp = tl.sum(1), torch.zeros_like(tl), Hyperparams(kl_coef=0.0)
+    else:  # OpenRLHF: the raw score, −β·KL as its return-to-go
+        tl, index = torch.zeros(B, T, dtype=f64), torch.arange(B) // 4
+        scores, kl, hp = x["o_scores"], torch.where(m, x["o_kl"], 0.0), Hyperparams(kl_coef=BETA)
+    return critic_free_advantages(
+        scores=scores, kl=kl, rewards=tl, mask=m, value_mask_=m, group_index=index, hp=hp, conv=conv
+    )
+
+
 def validate(pythons: list[str]) -> int:
     import torch
 
@@ -384,6 +421,15 @@ def validate(pythons: list[str]) -> int:
                 compared += 1
                 kw = ", ".join(f"{k}={v}" for k, v in SETTINGS[key][1].items())
                 print(f"  {'OK ' if ok else 'BAD'} {key:<28} max abs err {err:.2e}  refppo {kw}")
+                if key in VIA_PRESET:
+                    via = float((peer - preset_result(key, x)).abs()[m].max())
+                    failures += not via <= tol
+                    compared += 1
+                    peer_name, est = VIA_PRESET[key]
+                    print(
+                        f"      {'ok ' if via <= tol else 'BAD'} through --preset {peer_name} --set "
+                        f"advantage={est} (pipeline): max abs err {via:.2e}"
+                    )
                 if key in CONTRASTS:
                     other = refppo_result(key, x, CONTRASTS[key])
                     gap = float((peer - other).abs()[m].max())
