@@ -20,7 +20,10 @@ class KLEstimator(StrEnum):
     - ``k1``: ``d`` (unbiased, can be negative);
     - ``k2``: ``½ d²`` (non-negative, biased);
     - ``k3``: ``exp(−d) + d − 1`` (non-negative, unbiased, "low variance"; Schulman 2020);
-    - ``abs``: ``|d|``.
+    - ``abs``: ``|d|``;
+    - ``k1+``, ``k3+``, ``abs+``: straight-through — the value of the base estimator, the gradient
+      of ``½ d²`` (``∂/∂ log π = d``, unclamped): verl 0.9.1 ``core_algos.kl_penalty`` with a ``+``
+      suffix (``k2+``/``mse+`` are ``k2`` itself there). Only a KL in the loss is differentiated.
 
     Names as in verl ``core_algos.kl_penalty`` (``kl``/``k1``, ``mse``/``k2``, ``low_var_kl``/``k3``,
     ``abs``) and OpenRLHF ``models/utils.py::compute_approx_kl`` (k1, k2, k3).
@@ -30,6 +33,19 @@ class KLEstimator(StrEnum):
     K2 = "k2"
     K3 = "k3"
     ABS = "abs"
+    K1_ST = "k1+"
+    K3_ST = "k3+"
+    ABS_ST = "abs+"
+
+    @property
+    def base(self) -> KLEstimator:
+        """The estimator whose value this one has (itself, or the one without the ``+``)."""
+        return KLEstimator(self.value.removesuffix("+"))
+
+    @property
+    def straight_through(self) -> bool:
+        """The gradient is ``½ d²``'s, not the value's (the ``+`` variants)."""
+        return self.value.endswith("+")
 
 
 class KLPlacement(StrEnum):
