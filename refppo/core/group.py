@@ -54,7 +54,7 @@ from refppo.core.group_naive import discounted_returns_naive as discounted_retur
 from refppo.core.group_naive import group_advantages_naive as group_advantages_naive
 from refppo.core.group_naive import reinforce_pp_advantages_naive as reinforce_pp_advantages_naive
 from refppo.core.masked import AllReduce, masked_moments
-from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError
+from refppo.errors import DtypeError, HyperparameterError, ShapeError, SingletonGroupError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 from refppo.validate import check_b, check_bt, check_float, check_mask, check_nonneg, check_unit_interval
 
@@ -167,7 +167,9 @@ def group_scalar_advantages(
     single = n_i == 1
     if singleton == "error" and bool(single.any()):
         ids = g[single].tolist()[:8]
-        raise MaskError(f"group_index: groups {ids} have one response (pass singleton='score' or 'zero')")
+        raise SingletonGroupError(
+            ids, f"group_index: groups {ids} have one response (pass singleton='score' or 'zero')"
+        )
     if est is AdvantageEstimator.GRPO_PASSK and singleton == "score" and bool(single.any()):
         raise HyperparameterError(
             "singleton: grpo-passk has no second-best score in a group of one; use 'error' (verl) or 'zero'"

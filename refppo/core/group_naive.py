@@ -14,7 +14,7 @@ from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GaeHoles, parse
 from refppo.core import _pyfloat as pf
-from refppo.errors import HyperparameterError, MaskError
+from refppo.errors import HyperparameterError, MaskError, SingletonGroupError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 
 Singleton = Literal["error", "score", "zero"]
@@ -57,7 +57,7 @@ def _scalar_naive(
     n = len(group)
     if n == 1:
         if singleton == "error":
-            raise MaskError(f"group_index: groups [{gs[i]}] have one response")
+            raise SingletonGroupError([gs[i]], f"group_index: groups [{gs[i]}] have one response")
         if singleton == "zero":
             return 0.0
         if est is AdvantageEstimator.GRPO_PASSK:
