@@ -192,6 +192,35 @@ VARIANTS: dict[str, dict[str, Variant]] = {
 }
 """``peer → advantage → {key: (value, source)}``. ``refppo`` itself takes any estimator as set."""
 
+# Issue #13 item 3 (helper `estimators`): verl's further group estimators and OpenRLHF's
+# flash_reinforce, each checked against the peer's own function by tools/validate_group_estimators.py.
+VARIANTS["verl"].update(
+    {
+        "opo": {
+            **_VERL_GROUP,
+            "group_singleton": (
+                "score",
+                f"{_VERL}::compute_opo_outcome_advantage (one response: baseline 0)",
+            ),
+        },
+        "gpg": {
+            **_VERL_GROUP,
+            "group_singleton": ("score", f"{_VERL}::compute_gpg_outcome_advantage (one response: mean 0)"),
+        },
+        "grpo-passk": {
+            **_VERL_GROUP,
+            "group_singleton": (
+                "error",
+                f"{_VERL}::compute_grpo_passk_outcome_advantage (raises ValueError)",
+            ),
+        },
+    }
+)
+VARIANTS["openrlhf"]["flash-reinforce"] = {
+    **_OPENRLHF_GROUP,
+    "whiten_advantages": ("none", f"{_ORLHF} (flash_reinforce: rewards − rewards.mean(), not whitened)"),
+}
+
 
 def critic_free_variant(preset: str, advantage: str) -> dict[str, Any]:
     """The convention updates of ``preset`` under ``advantage`` (``{}`` for ``gae``).
