@@ -6,9 +6,12 @@ worked out in the comments, not taken from the code under test.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from refppo.core.gae import envelope
+from refppo.pipeline import Convention, Hyperparams, rollout_quantities
 
 
 def test_envelope_accepts_a_row_without_a_valid_token() -> None:
@@ -18,3 +21,40 @@ def test_envelope_accepts_a_row_without_a_valid_token() -> None:
     m = torch.tensor([[True, False, True, False], [False, False, False, False], [True, True, False, False]])
     want = torch.tensor([[True, True, True, False], [False, False, False, False], [True, True, False, False]])
     assert torch.equal(envelope(m), want)
+
+
+def _critic_free(conv: Convention, group_index: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The pipeline's raw advantages for 6 rows (T = 4, ragged), KL in the loss (scores alone)."""
+    mask = torch.arange(4).expand(6, 4) < torch.tensor([4, 2, 3, 1, 4, 2]).unsqueeze(1)
+    lp = torch.where(mask, -0.5, 9.0).to(torch.float64)
+    scores = torch.tensor([1.0, -0.5, 2.0, 0.25, -1.5, 0.75], dtype=torch.float64)
+    rq = rollout_quantities(
+        scores=scores, old_logprobs=lp, ref_logprobs=lp, old_values=None, mask=mask,
+        hp=Hyperparams(), conv=conv, group_index=group_index,
+    )  # fmt: skip
+    return rq.advantages, {"mask": mask, "scores": scores}
+
+
+def test_reinforce_pp_baseline_without_step_4_whitening_is_the_raw_baseline() -> None:
+    """``advantage=reinforce++-baseline`` with ``whiten_advantages=none``: each valid token holds
+    ``s_i − mean(s over i's group)`` (the group function must leave the whitening to step 4).
+    Groups {0, 2, 4}: mean 0.5; {1, 3, 5}: mean 1/6. Survivor: ``whiten=False`` → True."""
+    conv = Convention(advantage="reinforce++-baseline", whiten_advantages="none", kl_in="loss")
+    adv, x = _critic_free(conv, torch.tensor([0, 1, 0, 1, 0, 1]))
+    means = [0.5, 1 / 6, 0.5, 1 / 6, 0.5, 1 / 6]
+    want = torch.tensor([[float(x["scores"][i]) - means[i]] * 4 for i in range(6)], dtype=torch.float64)
+    torch.testing.assert_close(torch.where(x["mask"], adv, 0.0), torch.where(x["mask"], want, 0.0))
+
+
+def test_group_singleton_reaches_the_group_function() -> None:
+    """``group_singleton=score`` (verl/SkyRL GRPO): a prompt with one response gets ``μ := 0,
+    σ := 1``, i.e. ``s/(1 + ε)`` (rows 1, 3, 5), instead of an error; the group {0, 2, 4} (scores
+    1, 2, −1.5: mean 0.5, unbiased std √3.25) is normalised as usual. Survivor: the ``singleton=``
+    argument dropped (the default refuses the singleton)."""
+    conv = Convention(advantage="grpo", whiten_advantages="none", kl_in="loss", group_singleton="score")
+    adv, x = _critic_free(conv, torch.tensor([0, 1, 0, 2, 0, 3]))
+    std = math.sqrt(((1.0 - 0.5) ** 2 + (2.0 - 0.5) ** 2 + (-1.5 - 0.5) ** 2) / 2)
+    row = {0: (1.0 - 0.5) / (std + 1e-6), 2: (2.0 - 0.5) / (std + 1e-6), 4: (-1.5 - 0.5) / (std + 1e-6)}
+    row.update({i: float(x["scores"][i]) / (1 + 1e-6) for i in (1, 3, 5)})
+    want = torch.tensor([[row[i]] * 4 for i in range(6)], dtype=torch.float64)
+    torch.testing.assert_close(torch.where(x["mask"], adv, 0.0), torch.where(x["mask"], want, 0.0))
