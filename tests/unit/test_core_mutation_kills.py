@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from refppo.core.gae import envelope
+from refppo.errors import ConventionError
 from refppo.pipeline import Convention, Hyperparams, rollout_quantities
 
 
@@ -58,3 +60,15 @@ def test_group_singleton_reaches_the_group_function() -> None:
     row.update({i: float(x["scores"][i]) / (1 + 1e-6) for i in (1, 3, 5)})
     want = torch.tensor([[row[i]] * 4 for i in range(6)], dtype=torch.float64)
     torch.testing.assert_close(torch.where(x["mask"], adv, 0.0), torch.where(x["mask"], want, 0.0))
+
+
+def test_a_singleton_under_group_singleton_error_names_the_prompt() -> None:
+    """The refusal names the prompts with one response, as the ``group_index`` values the user
+    wrote (prompts 3 and 8 here), and says which setting to change. Survivors: the parsing of the
+    core's message (``split`` indices and separators) and its ``'have one response'`` test."""
+    conv = Convention(advantage="grpo", whiten_advantages="none", kl_in="loss")
+    with pytest.raises(ConventionError) as info:
+        _critic_free(conv, torch.tensor([0, 3, 0, 8, 0, 0]))
+    msg = str(info.value)
+    assert type(info.value) is ConventionError
+    assert msg.startswith("group_index: prompts [3, 8] have one response under group_singleton=error ("), msg
