@@ -13,7 +13,7 @@ import torch
 
 from refppo.core.gae import envelope
 from refppo.errors import ConventionError
-from refppo.pipeline import Convention, Hyperparams, rollout_quantities
+from refppo.pipeline import Convention, Hyperparams, critic_free_advantages, rollout_quantities
 
 
 def test_envelope_accepts_a_row_without_a_valid_token() -> None:
@@ -72,3 +72,20 @@ def test_a_singleton_under_group_singleton_error_names_the_prompt() -> None:
     msg = str(info.value)
     assert type(info.value) is ConventionError
     assert msg.startswith("group_index: prompts [3, 8] have one response under group_singleton=error ("), msg
+
+
+def test_critic_free_advantages_called_alone_is_single_process() -> None:
+    """``critic_free_advantages`` without ``distributed`` (as ``--detect``'s estimator stage calls
+    it) is the single-process step 3: GRPO over {0, 2, 4} and {1, 3, 5} with KL in the loss, the
+    score of a row alone. Survivor: the ``distributed=False`` default flipped (then it refused)."""
+    mask = torch.arange(3).expand(6, 3) < torch.tensor([3, 2, 1, 3, 2, 1]).unsqueeze(1)
+    s = torch.tensor([1.0, 4.0, 2.0, 6.0, 3.0, 8.0], dtype=torch.float64)
+    zero = torch.zeros(6, 3, dtype=torch.float64)
+    adv = critic_free_advantages(
+        scores=s, kl=zero, rewards=zero, mask=mask, value_mask_=mask, group_index=torch.tensor([0, 1] * 3),
+        hp=Hyperparams(), conv=Convention(advantage="grpo", group_kl="to_go", kl_in="loss"),
+    )  # fmt: skip
+    # group {1, 2, 3}: mean 2, unbiased std 1; group {4, 6, 8}: mean 6, unbiased std 2
+    per_row = [(1 - 2) / (1 + 1e-6), (4 - 6) / (2 + 1e-6), 0.0, 0.0, (3 - 2) / (1 + 1e-6), (8 - 6) / (2 + 1e-6)]
+    want = torch.tensor([[a] * 3 for a in per_row], dtype=torch.float64)
+    torch.testing.assert_close(torch.where(mask, adv, 0.0), torch.where(mask, want, 0.0))
