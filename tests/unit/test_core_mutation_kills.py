@@ -86,6 +86,7 @@ def test_critic_free_advantages_called_alone_is_single_process() -> None:
         hp=Hyperparams(), conv=Convention(advantage="grpo", group_kl="to_go", kl_in="loss"),
     )  # fmt: skip
     # group {1, 2, 3}: mean 2, unbiased std 1; group {4, 6, 8}: mean 6, unbiased std 2
-    per_row = [(1 - 2) / (1 + 1e-6), (4 - 6) / (2 + 1e-6), 0.0, 0.0, (3 - 2) / (1 + 1e-6), (8 - 6) / (2 + 1e-6)]
+    a, b = 1 / (1 + 1e-6), 2 / (2 + 1e-6)
+    per_row = [-a, -b, 0.0, 0.0, a, b]
     want = torch.tensor([[a] * 3 for a in per_row], dtype=torch.float64)
     torch.testing.assert_close(torch.where(mask, adv, 0.0), torch.where(mask, want, 0.0))
