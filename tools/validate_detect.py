@@ -2,10 +2,11 @@
 """Show that ``--detect`` finds the peers' conventions without being told. Not part of CI.
 
 For every dump ``tools/validate_presets.py`` makes with a peer's OWN code (side venvs, makers in
-``tools/peer_makers/``), run :func:`refppo.oracle.detect.detect` from refppo's DEFAULT conventions
-with the dump's sidecar (exactly ``refppo diff DUMP --detect``, no ``--preset``) and check that the
-case's generating convention (``--preset PEER`` + the case's ``--set``, resolved as
-:func:`refppo.oracle.run.check_step` resolves them) is among ``detected``.
+``tools/peer_makers/``), and every dump ``tools/validate_detect_trl.py`` makes with TRL 1.12.0's
+whole ``PPOTrainer.train`` (group ``trl``), run :func:`refppo.oracle.detect.detect` from
+refppo's DEFAULT conventions with the dump's sidecar (exactly ``refppo diff DUMP --detect``, no
+``--preset``) and check that the case's generating convention (``--preset PEER`` + the case's
+``--set``, resolved as :func:`refppo.oracle.run.check_step` resolves them) is among ``detected``.
 
 Verdicts per case:
 
@@ -17,6 +18,9 @@ Verdicts per case:
   generating convention with those keys set to the entry's values still reproduces the dump through
   :func:`refppo.oracle.diagnose.check` (the verified pipeline). The keys are named.
 * ``not found``: neither; ``nearest``, ``unmatched_stages`` and the differing keys are reported.
+
+Each case also records ``preset_match``: whether the generating convention itself reproduces the
+dump through the pipeline (a case whose own convention does not match proves nothing).
 
 Usage: ``tools/validate_detect.py --dumps DIR`` (a ``validate_presets.py --keep DIR`` folder), or
 without ``--dumps`` it makes the dumps first with the side venvs. Exit 0 when every case is found
