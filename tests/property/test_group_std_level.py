@@ -90,6 +90,11 @@ def test_std_levels_by_hand() -> None:
         torch.testing.assert_close(got, sign / (sigma + 1e-4), rtol=1e-14, atol=0.0, msg=level)
     pop = group_scalar_advantages(s, g, std_level="batch", eps=0.0, unbiased_std=False)
     torch.testing.assert_close(pop, sign / 1.25**0.5, rtol=1e-14, atol=0.0)  # σ² = 5/4
+    # the smallest batch with a std: two rows, one prompt; B − 1 = 1, σ² = (0.25 + 0.25)/1
+    two = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    for level in ("batch", "batch-centred"):
+        got = group_scalar_advantages(two, torch.tensor([3, 3]), std_level=level, eps=0.0)
+        torch.testing.assert_close(got, torch.tensor([-0.5, 0.5], dtype=torch.float64) / 0.5**0.5, msg=level)
 
 
 class _TwoRanks:
