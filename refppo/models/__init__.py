@@ -18,7 +18,7 @@ Alignment (one sequence; prompt left-padded to width P, response right-padded to
     V(x, y_<t) is the critic's output at the position of the token before y_t: the same slice.
 
 Causal attention + teacher forcing make each slice entry a function of (x, y_<t) only — the
-per-prefix loops of :mod:`refppo.models_naive` compute the same numbers one prefix at a time.
+per-prefix loops of :mod:`refppo.models.naive` compute the same numbers one prefix at a time.
 ``position_ids = clamp(cumsum(attention_mask) − 1, 0)`` is passed explicitly, so the amount of left
 padding changes nothing (rotary models such as Llama depend on it).
 
@@ -26,7 +26,8 @@ Modules: :mod:`~refppo.models.batch` (:class:`SequenceBatch`, padding),
 :mod:`~refppo.models.roles` (:class:`Critic`, :class:`RewardModel`, reference, eval mode),
 :mod:`~refppo.models.readout` (the per-token read-outs above), :mod:`~refppo.models.tiny` (tiny
 seeded models from configs), :mod:`~refppo.models.loading` (local directories). This module
-re-exports them all; ``refppo.models.X`` is the import path the rest of the code uses.
+re-exports them all; ``refppo.models.X`` is the import path the rest of the code uses. The naive
+twins are :mod:`~refppo.models.naive` (not re-exported here).
 """
 
 from __future__ import annotations
