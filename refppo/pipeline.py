@@ -154,6 +154,7 @@ def rollout_quantities(
     all_reduce: AllReduce | None = None,
     group_index: Tensor | None = None,
     groups_on_rank: bool = False,
+    kl: Tensor | None = None,
 ) -> RolloutQuantities:
     """Steps 1–4 of the module docstring (steps 1–2: :func:`reward_quantities`).
 
@@ -169,6 +170,7 @@ def rollout_quantities(
     ``groups_on_rank``: with ``all_reduce``, the caller guarantees that every group's rows are on
     this rank (the trainer samples whole groups per rank and checks it), so the per-process group
     statistics are the global ones; without it a group estimator under ``all_reduce`` is refused.
+    ``kl``: step 1's result when the caller already holds it (as :func:`reward_quantities`).
     """
     m = check_mask("response_mask", mask)
     kl, rewards, vmask = reward_quantities(
@@ -179,6 +181,7 @@ def rollout_quantities(
         hp=hp,
         conv=conv,
         all_reduce=all_reduce,
+        kl=kl,
     )
     unbiased = conv.whiten_variance is Variance.UNBIASED
     if conv.advantage is AdvantageEstimator.GAE:

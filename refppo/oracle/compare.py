@@ -67,28 +67,66 @@ def compare(
 
     ``widen`` is added to the tolerance (clip fractions: the share of near-tie tokens).
     """
-    zero = torch.zeros((), dtype=ref.dtype)
     if cmp_mask is None:
         max_abs = float((dump - ref).abs().max())
         scale = float(ref.abs().max())
         pad = 0
     else:
-        # Few full passes and fresh [B, T] buffers: this runs for every quantity of every candidate.
-        lo, hi = (float(x) for x in torch.aminmax(torch.where(cmp_mask, ref, zero)))
-        scale = math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi)  # = max |ref|
-        outside = ~cmp_mask
-        diff_all = (dump - ref).abs_()
-        differs = (diff_all <= tol.of(scale)).logical_not_()  # NaN differs
-        differs &= outside
-        pad = int(count_true(differs))
-        del differs
-        max_abs = float(diff_all.masked_fill_(outside, 0.0).max())  # NaN propagates through max
+        scale = _masked_max_abs(ref, cmp_mask)
+        max_abs, pad = _errors(dump, ref, cmp_mask, tol.of(scale))
     finite = math.isfinite(max_abs)
     if not finite:
         max_abs = math.inf
     t = tol.of(scale) + widen
     max_rel = max_abs / max(scale, _TINY) if max_abs > 0 else 0.0
     return QuantityResult(name, max_abs, max_rel, t, finite and max_abs <= t, pad)
+
+
+_CHUNK_ELEMENTS = 1 << 20
+"""Elements of one row block of :func:`_row_blocks` (4 MiB of float32): a ``[B, T]`` comparison
+allocates its temporaries per block, never at full size (a B=1024, T=8192 float32 dump: 33.5 MB each)."""
+
+
+def _row_blocks(n_rows: int, row_len: int) -> list[slice]:
+    """Row slices of about :data:`_CHUNK_ELEMENTS` elements (one slice for a small tensor)."""
+    step = max(1, _CHUNK_ELEMENTS // max(row_len, 1))
+    return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+
+
+def _masked_max_abs(ref: Tensor, cmp_mask: Tensor) -> float:
+    """``max |ref|`` over ``cmp_mask`` (0 outside it; NaN when a compared value is NaN), by row blocks.
+
+    Block by block it is the same maximum (a maximum does not depend on the order it is taken in).
+    """
+    zero = torch.zeros((), dtype=ref.dtype)
+    scale = 0.0
+    for rows in _row_blocks(ref.shape[0], ref[0].numel() if ref.dim() else 1):
+        lo, hi = (float(x) for x in torch.aminmax(torch.where(cmp_mask[rows], ref[rows], zero)))
+        if math.isnan(lo) or math.isnan(hi):
+            return math.nan
+        scale = max(scale, -lo, hi)
+    return scale
+
+
+def _errors(dump: Tensor, ref: Tensor, cmp_mask: Tensor, tol: float) -> tuple[float, int]:
+    """``(max |dump − ref| over cmp_mask, padded positions where it exceeds tol)``, by row blocks.
+
+    NaN propagates: a NaN at a compared position makes the maximum NaN, and a NaN outside counts as
+    differing. Maxima and counts do not depend on the blocks, so the result is that of one pass.
+    """
+    max_abs, pad = 0.0, 0
+    for rows in _row_blocks(ref.shape[0], ref[0].numel() if ref.dim() else 1):
+        outside = ~cmp_mask[rows]
+        diff = (dump[rows] - ref[rows]).abs_()
+        differs = (diff <= tol).logical_not_()  # NaN differs
+        differs &= outside
+        pad += int(count_true(differs))
+        m = float(diff.masked_fill_(outside, 0.0).max())
+        if math.isnan(m):
+            max_abs = math.nan
+        elif not math.isnan(max_abs):
+            max_abs = max(max_abs, m)
+    return max_abs, pad
 
 
 def describe(

@@ -118,6 +118,7 @@ def compare_all(
             if not res.ok and name in ref.widen:  # clip fractions: allow rounding ties (computed lazily)
                 res = compare(name, dump.tensors[name], ref.values[name], cm, tol, widen=ref.widen[name]())
             out[name] = res
+            dump.release(name)  # its pages are read again from the file when next compared
     return out
 
 
@@ -281,7 +282,7 @@ def check(
             out.diagnosis += notes
             out.explained_by = found
     elif first is not None:
-        inp = ref.update_inputs
+        inp = ref.update_inputs if grad_bad else None  # held through explain() only when used there
         r = results[first]
         out.diagnosis.append(
             f"first divergence: {first} (max abs err {r.max_abs_err:.3g} > tol {r.tol:.3g}); "

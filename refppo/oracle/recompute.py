@@ -243,6 +243,9 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         if "logprobs" not in t:
             raise ValueError("this bug needs logprobs")
         kl_logp = t["logprobs"]
+    # With the KL in the loss the pipeline zeroes its KL (no reward term), but the dump's `kl` is
+    # still the estimate: computed once here and handed to the pipeline's step 1 (the same call).
+    kl_loss_side = reference_kl(dump, setup, kl_logp) if conv.kl_in is KLPlacement.LOSS else None
     rq = rollout_quantities(
         scores=scores,
         old_logprobs=kl_logp,
@@ -252,6 +255,7 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         hp=hp,
         conv=conv,
         group_index=t.get("group_index"),
+        kl=kl_loss_side,
     )
     adv_raw, returns, adv = rq.advantages_raw, rq.returns, rq.advantages
     if bug == "gae_through_padding":
@@ -272,7 +276,7 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         adv = torch.where(m, whiten(adv_raw, torch.ones_like(m), setup), torch.zeros((), dtype=adv_raw.dtype))
     vals: dict[str, Tensor] = {
         # with the KL in the reward, rq.kl is this very estimate (same call): reuse it
-        "kl": rq.kl if conv.kl_in is KLPlacement.REWARD else reference_kl(dump, setup, kl_logp),
+        "kl": rq.kl if kl_loss_side is None else kl_loss_side,
         "token_rewards": rq.token_rewards,
         "advantages": adv,
         "returns": returns,
