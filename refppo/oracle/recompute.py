@@ -67,11 +67,22 @@ class Reference:
     """Response mask (policy side)."""
     value_mask: Tensor
     """Mask of GAE / returns / token_rewards: the response mask plus the score slot."""
-    advantages_raw: Tensor
+    advantages_raw: Tensor | None
+    """GAE's (or the critic-free estimator's) advantages before whitening; None in a :meth:`slim`
+    reference."""
     widen: dict[str, Callable[[], float]] = field(default_factory=dict)
     """Extra tolerance of the clip fractions (rounding ties: :func:`pg_tie_share`, :func:`vf_tie_widen`)."""
     update_inputs: UpdateInputs | None = None
     """What ``update_quantities`` was given (the gradient diagnosis re-runs it on variants)."""
+
+    def slim(self, keep: tuple[str, ...] = ()) -> Reference:
+        """This rollout-only reference with what the update stage reads (``advantages``,
+        ``returns``, the masks) and ``keep``: for ``recompute(rollout=...)`` once the rollout
+        quantities have been compared (``compare_all(known=...)``), so that ``kl``,
+        ``token_rewards`` and the raw advantages (three ``[B, T]`` tensors) are not held while the
+        update stage allocates its own."""
+        vals = {k: v for k, v in self.values.items() if k in ("advantages", "returns") or k in keep}
+        return replace(self, values=vals, advantages_raw=None)
 
     def compare_mask(self, name: str) -> Tensor | None:
         """Positions compared for a [B, T] quantity; None for a scalar. Gradients: every position

@@ -9,6 +9,8 @@ tolerance counted), in one pass over the whole tensors, not by the code under te
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import refppo.oracle.compare as cmp_mod
 from refppo.oracle.compare import compare
 from refppo.oracle.load import TOLERANCES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
+import test_oracle_bugs  # the hand-worked diagnosis scenarios
 
 
 def _one_pass(
@@ -105,3 +110,22 @@ def test_compare_allocates_no_full_size_temporary(monkeypatch: pytest.MonkeyPatc
         res = compare("x", dump, ref, cm, TOLERANCES[torch.float32])
     assert (res.max_abs_err, res.padding_diff, res.ok) == (pytest.approx(1.0), 1, False)
     assert seen.largest <= 64
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "test_gae_bootstrap_error_peaks_at_the_end",
+        "test_sign_flip_and_offset_are_described",
+        "test_padding_only_difference_is_a_note_not_a_failure",
+    ],
+)
+@pytest.mark.parametrize("block", [1, 24, 40])
+def test_describe_by_row_blocks_keeps_the_hand_worked_diagnoses(
+    scenario: str, block: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The diagnosis scenarios of tests/unit/test_oracle_bugs.py (expected notes worked out there by
+    hand: the error peaking at the end of GAE rows, a sign flip, an offset by one, padding-only
+    differences), run with blocks of one, two and three rows (their dumps are [6, 12])."""
+    monkeypatch.setattr(cmp_mod, "_CHUNK_ELEMENTS", block)
+    getattr(test_oracle_bugs, scenario)(tmp_path)

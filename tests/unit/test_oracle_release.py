@@ -52,3 +52,27 @@ def test_release_of_a_key_read_again_gives_the_file_bytes(tmp_path: Path, key: s
     for _ in range(3):
         dump.release(key)
         assert torch.equal(dump.tensors[key], want)
+
+
+@pytest.mark.parametrize("bug", [None, "gae_through_padding", "whiten_over_padding"])
+def test_update_stage_from_a_slim_rollout_equals_the_whole_recompute(tmp_path: Path, bug: str | None) -> None:
+    """``check`` continues a slim copy of the rollout (advantages, returns, masks): every update
+    quantity equals one full ``recompute`` bit for bit, and the comparison with the rollout's
+    results taken as known equals the direct comparison of the full reference."""
+    from refppo.oracle.diagnose import compare_all
+    from refppo.oracle.recompute import recompute
+
+    made, checked = setup_for("openrlhf", {"kl_estimator": "k3"}), setup_for("verl")
+    dump = load_dump(save(tmp_path, refppo_dump(make_inputs(B=5, T=10, seed=6), made), made))
+    whole = recompute(dump, checked, bug=bug)
+    ro = recompute(dump, checked, bug=bug, rollout_only=True)
+    known = compare_all(dump, ro)
+    slim = ro.slim(("token_rewards",))
+    assert set(slim.values) == {"advantages", "returns", "token_rewards"} and slim.advantages_raw is None
+    cont = recompute(dump, checked, bug=bug, rollout=slim)
+    assert set(cont.values) == set(whole.values) - {"kl"}  # kl: compared already, not kept
+    for name, v in cont.values.items():
+        assert torch.equal(v, whole.values[name]), name
+    direct = compare_all(dump, whole)
+    assert not all(r.ok for r in direct.values())
+    assert compare_all(dump, cont, known=known) == direct
