@@ -41,6 +41,7 @@ from torch import Tensor
 
 from refppo.conventions import (
     AdvantageEstimator,
+    GaeHoles,
     GaePadding,
     GroupKL,
     KLPlacement,
@@ -191,7 +192,7 @@ def rollout_quantities(
                 "(advantage=grpo, dr-grpo, rloo, reinforce++, reinforce++-baseline) does not"
             )
         gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
-        adv_raw, returns = gae(
+        adv_raw, returns = gae_by_rows(
             rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
         )
     else:
@@ -212,6 +213,30 @@ def rollout_quantities(
     if conv.kl_in is KLPlacement.LOSS:
         kl = torch.zeros_like(kl)
     return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
+
+
+ROW_BLOCK_ELEMENTS = 1 << 20
+"""Elements per row block of :func:`gae_by_rows` (4 MiB of float32)."""
+
+
+def gae_by_rows(
+    rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float, holes: GaeHoles | str
+) -> tuple[Tensor, Tensor]:
+    """:func:`refppo.core.gae.gae` called on blocks of about :data:`ROW_BLOCK_ELEMENTS` rows'
+    elements, written into ``[B, T]`` outputs: the same values bit for bit (GAE reads each row
+    alone, with elementwise operations only: see ``_discounted_reverse_cumsum``), with the scan's
+    temporaries (about seven ``[B, T]`` tensors) allocated per block. One call for a small batch.
+    """
+    B, T = mask.shape
+    step = max(1, ROW_BLOCK_ELEMENTS // max(T, 1))
+    if step >= B:
+        return gae(rewards, values, mask, gamma=gamma, lam=lam, holes=holes)
+    adv = torch.empty_like(rewards)
+    ret = torch.empty_like(rewards)
+    for i in range(0, B, step):
+        rows = slice(i, min(i + step, B))
+        adv[rows], ret[rows] = gae(rewards[rows], values[rows], mask[rows], gamma=gamma, lam=lam, holes=holes)
+    return adv, ret
 
 
 def critic_free_advantages(

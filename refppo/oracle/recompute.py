@@ -16,8 +16,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, KLPlacement, PolicyLoss, ValueLoss, Variance, WhitenHoles
-from refppo.core.gae import envelope, gae
+from refppo.conventions import (
+    AdvantageEstimator,
+    GaeHoles,
+    KLPlacement,
+    PolicyLoss,
+    ValueLoss,
+    Variance,
+    WhitenHoles,
+)
+from refppo.core.gae import envelope
 from refppo.core.gspo import gspo_policy_loss
 from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
@@ -25,7 +33,7 @@ from refppo.core.policy import policy_ratio
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
 from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, validate
 from refppo.oracle.settings import Setup
-from refppo.pipeline import rollout_quantities, update_quantities
+from refppo.pipeline import gae_by_rows, rollout_quantities, update_quantities
 
 PIPELINE_ORDER: tuple[str, ...] = (
     "kl",
@@ -271,7 +279,9 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
     adv_raw, returns, adv = rq.advantages_raw, rq.returns, rq.advantages
     if bug == "gae_through_padding":
         everywhere = torch.ones_like(m)
-        adv_raw, returns = gae(rq.token_rewards, t["old_values"], everywhere, gamma=hp.gamma, lam=hp.lam)
+        adv_raw, returns = gae_by_rows(
+            rq.token_rewards, t["old_values"], everywhere, gamma=hp.gamma, lam=hp.lam, holes=GaeHoles.SKIP
+        )
         adv = whiten(adv_raw, m, setup)
     elif bug == "gae_bootstrap_from_padding":
         vm = rq.value_mask
@@ -281,7 +291,9 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         boot = torch.where(last + 1 < T, t["old_values"].gather(1, nxt.unsqueeze(1)).squeeze(1), 0.0)
         onehot = torch.nn.functional.one_hot(last, num_classes=T).to(torch.bool)
         r_bug = rq.token_rewards + torch.where(onehot, hp.gamma * boot.unsqueeze(1), 0.0)
-        adv_raw, returns = gae(r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes)
+        adv_raw, returns = gae_by_rows(
+            r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
+        )
         adv = whiten(adv_raw, m, setup)
     elif bug == "whiten_over_padding":
         adv = torch.where(m, whiten(adv_raw, torch.ones_like(m), setup), torch.zeros((), dtype=adv_raw.dtype))
