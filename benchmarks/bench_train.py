@@ -24,7 +24,7 @@ RSS: the max over rounds, each process's own ``ru_maxrss``). TRL's setup is fixe
 
 ``--threads N1,N2,...`` times the same config in fresh processes with ``model.threads`` = each
 value in turn (``--rounds`` rounds, order rotating), to choose the default thread count
-(``model.threads=0``, auto, in refppo/trainer.py ``set_threads``); ``--config`` defaults to the
+(``model.threads=0``, auto, in refppo/train/runtime.py ``set_threads``); ``--config`` defaults to the
 ``refppo train`` defaults with the rule reward and no warm start in this mode.
 """
 

@@ -25,7 +25,7 @@ from refppo.reward_fn import RewardFunctionError
 from refppo.rollout import RolloutConfig, generate_rollout
 from refppo.tasks.presets import DEMO, TEST, preset
 from refppo.tasks.words import build_tokenizer
-from refppo.train_cli import main as train_main
+from refppo.train.cli import main as train_main
 from refppo.trainer import Trainer, TrainingError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ batch) with the ``all_reduce`` hook and ``groups_on_rank=True``, the actor under
 whitening needs the all-reduce), each rank's advantages must equal the rows of ONE process running
 the group estimator of ``refppo.core.group`` directly on the whole batch, and the parameters the
 single-process iteration reaches. A split layout (each group's two rows on different ranks) must
-be refused by :func:`refppo.train_group.check_groups_on_rank` on both ranks, with the group named.
+be refused by :func:`refppo.train.group.check_groups_on_rank` on both ranks, with the group named.
 
 ``python test_ddp_grpo.py RANK WORLD INIT OUT`` is the worker.
 """
@@ -32,7 +32,7 @@ from refppo.core.group import group_advantages_naive
 from refppo.pipeline import Convention
 from refppo.ppo import PPOUpdateConfig, iteration
 from refppo.rollout import RolloutConfig
-from refppo.train_group import GroupError, check_groups_on_rank
+from refppo.train.group import GroupError, check_groups_on_rank
 
 GROUP_INDEX = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
 """Four prompts answered twice each (B = 8 rows of test_ddp's batch)."""

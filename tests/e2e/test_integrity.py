@@ -28,7 +28,7 @@ from refppo import checkpoint as ckpt
 from refppo.logging_utils import deterministic, load_metrics, read_metrics
 from refppo.rundir import read_identity
 from refppo.tasks.presets import TEST
-from refppo.train_cli import main as train_main
+from refppo.train.cli import main as train_main
 
 TINY = (
     *(s for s in TEST if not s.startswith("run.iterations=")),

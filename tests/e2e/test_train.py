@@ -15,7 +15,7 @@ from refppo.config import TrainConfig
 from refppo.logging_utils import read_metrics
 from refppo.tasks.presets import TEST, preset
 from refppo.tasks.words import build_tokenizer, rule_reward
-from refppo.train_cli import main as train_main
+from refppo.train.cli import main as train_main
 from refppo.trainer import Trainer, TrainingError
 
 

@@ -21,7 +21,7 @@ from refppo.core.group import group_advantages_naive, reinforce_pp_advantages_na
 from refppo.logging_utils import deterministic, read_metrics
 from refppo.tasks.presets import preset
 from refppo.tasks.words import verify_reward
-from refppo.train_cli import main as train_main
+from refppo.train.cli import main as train_main
 from refppo.trainer import Trainer
 
 G = 4

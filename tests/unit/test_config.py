@@ -14,7 +14,7 @@ import pytest
 from refppo import config as config_mod
 from refppo.config import ConfigError, TrainConfig, load_config
 from refppo.conventions import KLEstimator, LossAgg, ValueClipForm
-from refppo.train_cli import build_parser, resolve_config
+from refppo.train.cli import build_parser, resolve_config
 
 
 def test_defaults_roundtrip_through_dict_and_json() -> None:
@@ -165,7 +165,7 @@ def test_cli_flags_map_onto_config_and_set_wins() -> None:
 
 
 def test_print_config_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    from refppo.train_cli import main
+    from refppo.train.cli import main
 
     assert main(["--print-config", "--set", "ppo.cliprange=0.15"]) == 0
     assert '"cliprange": 0.15' in capsys.readouterr().out

@@ -18,7 +18,7 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
-from refppo.config import TrainConfig
+from refppo.config.schema import TrainConfig
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
 _LITERAL = re.compile(r"``([^`]+)``")

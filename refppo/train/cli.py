@@ -46,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
         dest="overrides",
         help="override one config value (repeatable), e.g. --set ppo.cliprange=0.1",
     )
+    _add_model_flags(p)
+    _add_run_flags(p)
+    return p
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    """Where the models, the reward and the prompts come from; device and dtype."""
     p.add_argument("--model", metavar="DIR", help="local causal LM + tokenizer directory (model.policy)")
     p.add_argument(
         "--reward-model", metavar="DIR", help="local sequence-classification reward model directory"
@@ -66,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="model.device")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float64"], help="model.dtype")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Run length, seed and output folder (fresh, --resume or --overwrite); what to print."""
     p.add_argument("--iterations", type=int, help="run.iterations")
     p.add_argument("--seed", type=int, help="run.seed")
     p.add_argument("--out", metavar="DIR", help="run.out_dir")
@@ -94,7 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION",
         help="describe every --set key (type, default, meaning), or those of one SECTION, and exit",
     )
-    return p
 
 
 def resolve_config(args: argparse.Namespace) -> TrainConfig:
@@ -129,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``refppo train``; returns the exit code (2: bad config or input)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.help_config is not None:
-        from refppo.config_doc import describe_config, sections
+        from refppo.config.doc import describe_config, sections
 
         if args.help_config and args.help_config not in sections():
             print(
@@ -144,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_config:
             print(cfg.to_json())
             return 0
-        from refppo.trainer import run
+        from refppo.train.loop import run
 
         records = run(cfg, resume=args.resume, overwrite=args.overwrite, resume_fallback=args.resume_fallback)
     except RefPPOError as e:

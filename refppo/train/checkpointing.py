@@ -1,0 +1,129 @@
+"""A run's checkpoints (skeleton: "checkpoint" and ``--resume`` of :mod:`refppo.train.loop`):
+saving on every rank into one atomic folder, and resuming only the same run.
+
+A checkpoint holds the models (policy, reference, critic, reward model), the optimizers, every
+rank's RNGs, the KL controller, the config, the world size, the run id and the config hash
+(:mod:`refppo.checkpoint` writes it, :mod:`refppo.rundir` names the run). ``--resume`` refuses a
+checkpoint of another run, another config (except :data:`RESUMABLE_KEYS`) or another world
+size; with ``--resume-fallback`` a DAMAGED newest checkpoint is skipped (and named) for the
+previous complete one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from refppo import checkpoint as ckpt
+from refppo import rundir
+from refppo.atomic import pause_for_test
+from refppo.train.runtime import TrainingError
+
+if TYPE_CHECKING:
+    from refppo.train.loop import Trainer
+
+RESUMABLE_KEYS = (
+    "iterations",
+    "out_dir",
+    "progress",
+    "plot",
+    "tensorboard",
+    "sample_every",
+    "checkpoint_every",
+    "dump_iteration",
+)
+"""``[run]`` keys that may change when resuming; any other config change is refused."""
+
+
+def save(tr: Trainer, iteration: int) -> Path:
+    """Checkpoint after ``iteration`` completed iterations (call on every rank): every rank writes
+    into a staging folder, then the main rank seals it and renames it into place (atomic)."""
+    d = tr.dist
+    if d.is_main:
+        ckpt.begin_checkpoint(tr.ckpt_dir, iteration)
+    d.barrier()
+    staging = ckpt.save_checkpoint(
+        tr.ckpt_dir,
+        iteration,
+        models=tr._models(),
+        optimizers=tr._optimizers(),
+        rng=ckpt.rng_state(tr.task_rng, tr.generator),
+        rank=d.rank,
+        state={
+            "kl_controller": tr.kl_ctl.state_dict(),
+            "config": tr.cfg.to_dict(),
+            "world_size": d.world_size,
+            "run_id": tr.identity.run_id,
+            "config_hash": tr.config_hash,
+        },
+        is_main=d.is_main,
+    )
+    d.barrier()
+    path = ckpt.staging_dir(tr.ckpt_dir, iteration).with_name(f"iter_{iteration:06d}")
+    if d.is_main:
+        pause_for_test(f"checkpoint:{iteration}")  # test-only: the kill tests stop here
+        path = ckpt.mark_complete(staging)
+    d.barrier()
+    return path
+
+
+def resume(tr: Trainer) -> None:
+    """Resume from the newest complete checkpoint; with ``resume_fallback``, a damaged one is
+    skipped (and named) in favour of the previous one. A checkpoint of another run or config is
+    never skipped: it is refused."""
+    ident = rundir.read_identity(tr.out_dir)
+    if ident is None:
+        raise TrainingError(
+            f"--resume: {str(tr.out_dir)!r} has no {rundir.RUN_FILE}, so its checkpoints cannot be "
+            "shown to belong to one run (written by refppo before run identities?); start a fresh run"
+        )
+    tr.identity = ident
+    candidates = ckpt.complete_checkpoints(tr.ckpt_dir)[::-1]
+    for i, path in enumerate(candidates):
+        try:
+            c = _load_one(tr, path, ident)
+        except ckpt.CheckpointError as e:
+            more = i + 1 < len(candidates)
+            if tr.resume_fallback and more:
+                tr.echo(f"--resume-fallback: skipped {path.name}: {e}")
+                continue
+            hint = "; --resume-fallback resumes from the previous complete checkpoint" if more else ""
+            raise ckpt.CheckpointError(f"--resume: {e}{hint}") from None
+        tr.start_iteration = c.iteration
+        tr.echo(f"resumed from {path} (iteration {c.iteration})")
+        return
+
+
+def _load_one(tr: Trainer, path: Path, ident: rundir.RunIdentity) -> ckpt.Checkpoint:
+    state = ckpt.read_state(path)
+    check_resume_config(tr, state, ident, path)
+    c, rng = ckpt.load_checkpoint(
+        path,
+        models=tr._models(),
+        optimizers=tr._optimizers(),
+        rank=tr.dist.rank,
+    )
+    try:
+        tr.kl_ctl.load_state_dict(c.state["kl_controller"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ckpt.CheckpointError(
+            f"checkpoint {str(path)!r}: state.json has no valid 'kl_controller' ({e})"
+        ) from None
+    ckpt.set_rng_state(rng, tr.task_rng, tr.generator)
+    return c
+
+
+def check_resume_config(tr: Trainer, state: dict[str, Any], ident: rundir.RunIdentity, path: Path) -> None:
+    """The checkpoint ``state`` belongs to this run (run id of ``run.json``), has this config
+    (except :data:`RESUMABLE_KEYS`; also by hash) and this world size; else TrainingError."""
+    problem = rundir.resume_mismatch(state, ident, tr.cfg.to_dict(), tr.config_hash, RESUMABLE_KEYS, path)
+    if problem is not None:
+        raise TrainingError(problem)
+    saved_world = int(state.get("world_size", 1))
+    if saved_world != tr.dist.world_size:
+        raise TrainingError(
+            f"--resume: checkpoint was written by {saved_world} ranks, now {tr.dist.world_size}"
+        )
+
+
+__all__ = ["RESUMABLE_KEYS", "check_resume_config", "resume", "save"]
