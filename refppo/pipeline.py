@@ -396,6 +396,12 @@ def update_quantities(
             log_ratio_clamp=conv.log_ratio_clamp,
             **pol_norm,
         )
+    # Keep what is returned; the per-token loss [B, T] is not, so it is freed before the value
+    # loss allocates its own (under autograd the graph keeps what the backward pass needs).
+    pg_loss, pg_ratio, pg_clipfrac, pg_clipfrac_lower, pg_approx_kl = (
+        pg.loss, pg.ratio, pg.clipfrac, pg.clipfrac_lower, pg.approx_kl
+    )  # fmt: skip
+    del pg
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     if values is None or old_values is None:
         if conv.advantage is AdvantageEstimator.GAE:
@@ -432,7 +438,7 @@ def update_quantities(
     else:
         kll = zero
     loss = total_loss(
-        pg.loss,
+        pg_loss,
         vf_loss,
         ent,
         kll,
@@ -442,13 +448,13 @@ def update_quantities(
     )
     return UpdateQuantities(
         loss=loss,
-        pg_loss=pg.loss,
+        pg_loss=pg_loss,
         vf_loss=vf_loss,
         entropy_loss=ent,
         kl_loss=kll,
-        ratio=pg.ratio,
-        pg_clipfrac=pg.clipfrac,
-        pg_clipfrac_lower=pg.clipfrac_lower,
-        approx_kl=pg.approx_kl,
+        ratio=pg_ratio,
+        pg_clipfrac=pg_clipfrac,
+        pg_clipfrac_lower=pg_clipfrac_lower,
+        approx_kl=pg_approx_kl,
         vf_clipfrac=vf_clipfrac,
     )
