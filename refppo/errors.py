@@ -19,6 +19,18 @@ class MaskError(RefPPOError):
     """A response mask holds values other than 0/1, or a row has no valid token."""
 
 
+class SingletonGroupError(MaskError):
+    """A group estimator under ``singleton='error'`` met prompts with one response each.
+
+    ``groups`` holds those prompts' ``group_index`` values (at most 8), so a caller can name them
+    without reading the message (:func:`refppo.pipeline.critic_free_advantages` catches it by type).
+    """
+
+    def __init__(self, groups: list[int], message: str) -> None:
+        super().__init__(message)
+        self.groups = groups
+
+
 class ConventionError(RefPPOError):
     """An unknown convention name; the message lists the valid ones."""
 

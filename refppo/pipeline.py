@@ -5,6 +5,8 @@ trajectories all call these two functions, so what the oracle checks is what the
 
 Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
 
+    0. scores        = clip((scores + b)·k, ±C)                         (``score_map``: identity
+                                                                        by default; AReaL, OpenRLHF)
     1. kl            = token_kl(old_logprobs, ref_logprobs)            (KL placed in the reward)
     2. token_rewards = [0, …, 0, score] − β·kl                        (score at ``score_at``)
     2b. token_rewards = normalize(token_rewards)                      (``whiten_rewards``, TRL)
@@ -58,14 +60,16 @@ from refppo.core.kl import token_kl
 from refppo.core.masked import AllReduce
 from refppo.core.normalize import normalize
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
-from refppo.core.policy import clipped_policy_loss
+from refppo.core.policy import PolicyLossOutput, clipped_policy_loss
 from refppo.core.rewards import score_positions, token_rewards
+from refppo.core.score_map import map_scores
 from refppo.core.value import value_loss
-from refppo.errors import ConventionError, MaskError
+from refppo.errors import ConventionError, SingletonGroupError
 
 # Convention and Hyperparams live in refppo.step_settings; re-exported here, their home for callers
 from refppo.step_settings import Convention as Convention
 from refppo.step_settings import Hyperparams as Hyperparams
+from refppo.step_settings import ScoreMap as ScoreMap
 from refppo.validate import check_mask
 
 
@@ -78,6 +82,19 @@ def value_mask(mask: Tensor, score_at: ScorePosition) -> Tensor:
     pos = score_positions(m, score_at)
     # m | one_hot(pos), without the [B, T] int64 one-hot: a copy of m with each row's slot set
     return m.clone().scatter_(1, pos.unsqueeze(1), True)
+
+
+def clipped_scores(scores: Tensor, score_clip: float | None, bias: float = 0.0, scale: float = 1.0) -> Tensor:
+    """Step 0: ``clip((s + bias)·scale, ±score_clip)`` (:func:`refppo.core.score_map.map_scores`;
+    bias 0 and scale 1 leave ``s`` as is). The oracle's fast paths call it by this name."""
+    return map_scores(scores, bias=bias, scale=scale, clip=score_clip)
+
+
+def mapped_scores(scores: Tensor, score_map: ScoreMap | None) -> Tensor:
+    """Step 0 under ``score_map`` (None: the identity, ``scores`` itself)."""
+    if score_map is None:
+        return scores
+    return clipped_scores(scores, score_map.clip, score_map.bias, score_map.scale)
 
 
 @dataclass(frozen=True)
@@ -107,8 +124,9 @@ def reward_quantities(
     conv: Convention,
     all_reduce: AllReduce | None = None,
     kl: Tensor | None = None,
+    score_map: ScoreMap | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Steps 1–2 of the module docstring: ``(kl, token_rewards, value_mask)``, all ``[B, T]``.
+    """Steps 0–2 of the module docstring: ``(kl, token_rewards, value_mask)``, all ``[B, T]``.
 
     The per-token KL of the old vs reference log-probs (always, also when KL is placed in the loss),
     the token rewards (score at ``score_at``, ``−β·KL`` when KL is in the reward, then the optional
@@ -116,8 +134,10 @@ def reward_quantities(
     from here; the oracle's diagnosis pre-test stops here (the same calls, so the same values).
     ``kl``: step 1's result when the caller already holds it (this very ``token_kl`` call, made for
     another setting with the same estimator and clamps: the oracle's candidates share it).
+    ``score_map``: step 0 (:func:`mapped_scores`; None: the scores as given).
     """
     m = check_mask("response_mask", mask)
+    scores = mapped_scores(scores, score_map)
     if kl is None:
         kl = token_kl(
             old_logprobs,
@@ -155,9 +175,10 @@ def rollout_quantities(
     all_reduce: AllReduce | None = None,
     group_index: Tensor | None = None,
     groups_on_rank: bool = False,
+    score_map: ScoreMap | None = None,
     kl: Tensor | None = None,
 ) -> RolloutQuantities:
-    """Steps 1–4 of the module docstring (steps 1–2: :func:`reward_quantities`).
+    """Steps 0–4 of the module docstring (steps 0–2: :func:`reward_quantities`).
 
     ``all_reduce`` (a SUM all-reduce across ranks; None on one process): the tensors are this
     rank's rows and the whitening moments (step 4) are all-reduced, so each rank's advantages equal
@@ -174,6 +195,7 @@ def rollout_quantities(
     ``kl``: step 1's result when the caller already holds it (as :func:`reward_quantities`).
     """
     m = check_mask("response_mask", mask)
+    scores = mapped_scores(scores, score_map)  # step 0, once: the critic-free estimators read it too
     kl, rewards, vmask = reward_quantities(
         scores=scores,
         old_logprobs=old_logprobs,
@@ -291,12 +313,9 @@ def critic_free_advantages(
             token_penalty=penalty,
             whiten=False,
         )
-    except MaskError as exc:
-        if "have one response" not in str(exc):
-            raise
-        ids = str(exc).split("groups ", 1)[1].split(" have", 1)[0]
+    except SingletonGroupError as exc:
         raise ConventionError(
-            f"group_index: prompts {ids} have one response under group_singleton=error "
+            f"group_index: prompts {exc.groups} have one response under group_singleton=error "
             "(set group_singleton=score, as verl/SkyRL GRPO, or zero, as verl rloo_vectorized)"
         ) from None
 
@@ -345,6 +364,46 @@ class Normalisers:
         return {k: v for k, v in out.items() if v is not None}
 
 
+def policy_term(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    hp: Hyperparams,
+    conv: Convention,
+    norm: Normalisers | None = None,
+) -> PolicyLossOutput:
+    """Step 5–6 of the module docstring: the policy loss of ``conv.policy_loss`` (per token and
+    aggregated), as :func:`update_quantities` computes it; the oracle's gradient diagnosis reads
+    its per-token loss ``ℓ`` [B, T] (``∂pg/∂A``, :mod:`refppo.oracle.grad_diagnose`)."""
+    pol_norm = (norm or Normalisers()).kwargs(hp.horizon)
+    if conv.policy_loss is PolicyLoss.GSPO:
+        return gspo_policy_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high,
+            agg=conv.loss_agg,
+            log_ratio_max=conv.log_ratio_clamp,
+            **pol_norm,
+        )
+    return clipped_policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=hp.cliprange,
+        clip_high=hp.cliprange_high,
+        dual_clip=conv.dual_clip,
+        agg=conv.loss_agg,
+        log_ratio_clamp=conv.log_ratio_clamp,
+        **pol_norm,
+    )
+
+
 def update_quantities(
     *,
     logprobs: Tensor,
@@ -371,31 +430,7 @@ def update_quantities(
     nm = norm or Normalisers()
     pol_norm = nm.kwargs(hp.horizon)
     val_norm = nm.kwargs(hp.horizon, value=True)
-    if conv.policy_loss is PolicyLoss.GSPO:
-        pg = gspo_policy_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            m,
-            clip_low=hp.cliprange,
-            clip_high=hp.cliprange_high,
-            agg=conv.loss_agg,
-            log_ratio_max=conv.log_ratio_clamp,
-            **pol_norm,
-        )
-    else:
-        pg = clipped_policy_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            m,
-            clip_low=hp.cliprange,
-            clip_high=hp.cliprange_high,
-            dual_clip=conv.dual_clip,
-            agg=conv.loss_agg,
-            log_ratio_clamp=conv.log_ratio_clamp,
-            **pol_norm,
-        )
+    pg = policy_term(logprobs, old_logprobs, advantages, m, hp=hp, conv=conv, norm=nm)
     # Keep what is returned; the per-token loss [B, T] is not, so it is freed before the value
     # loss allocates its own (under autograd the graph keeps what the backward pass needs).
     pg_loss, pg_ratio, pg_clipfrac, pg_clipfrac_lower, pg_approx_kl = (

@@ -75,7 +75,7 @@ import torch
 from torch import Tensor, nn
 
 from refppo.capture import StepRecorder
-from refppo.conventions import KLPlacement
+from refppo.conventions import AdvantageEstimator, KLPlacement
 from refppo.core.kl import token_kl
 from refppo.core.masked import AllReduce, masked_mean, masked_sum
 from refppo.errors import HyperparameterError, ShapeError
@@ -92,6 +92,7 @@ from refppo.pipeline import (
     Hyperparams,
     Normalisers,
     RolloutQuantities,
+    ScoreMap,
     UpdateQuantities,
     rollout_quantities,
     update_quantities,
@@ -282,7 +283,7 @@ def ppo_update(
     mask = batch.response_mask
     vmask = quantities.value_mask
     advantages = quantities.advantages.to(scored.old_logprobs.dtype)
-    returns = quantities.returns.to(scored.old_values.dtype)
+    returns = quantities.returns.to(scored.old_logprobs.dtype)
     actor_params = _params(actor)
     critic_params = _params(critic) if critic is not None else []
     models = (actor,) if critic is None else (actor, critic)
@@ -409,7 +410,8 @@ def rollout_metrics(
     ``raw_score``; ``kl`` = mean over sequences of Σ_t KL_t(old‖ref) (``conv.kl_estimator``,
     whatever the KL placement); ``non_score_reward`` = mean_b Σ_t (r_t − score·[t = score slot]);
     ``response_length`` mean number of valid response tokens; ``eos_frac``; ``old_entropy``
-    token mean; ``advantage_mean``, ``return_mean``, ``value_mean`` over valid tokens.
+    token mean; ``advantage_mean``, ``return_mean``, ``value_mean`` over valid tokens
+    (``value_mean`` only with a critic, ``conv.advantage = gae``: a critic-free rollout has no values).
     """
     m = scored.batch.response_mask
     kl = token_kl(
@@ -422,7 +424,7 @@ def rollout_metrics(
     )
     beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
     vm = quantities.value_mask
-    return {
+    out = {
         "score": float(scored.scores.double().mean()),
         "raw_score": float(scored.raw_scores.double().mean()),
         "kl": float(masked_sum(kl, m, dim=1).mean()),
@@ -432,8 +434,10 @@ def rollout_metrics(
         "old_entropy": float(masked_mean(scored.old_entropy.double(), m)),
         "advantage_mean": float(masked_mean(quantities.advantages.double(), m)),
         "return_mean": float(masked_mean(quantities.returns.double(), vm)),
-        "value_mean": float(masked_mean(scored.old_values.double(), vm)),
     }
+    if conv.advantage is AdvantageEstimator.GAE:  # critic-free: the zeros stand in for no critic
+        out["value_mean"] = float(masked_mean(scored.old_values.double(), vm))
+    return out
 
 
 @dataclass(frozen=True)
@@ -468,6 +472,7 @@ def iteration(
     capture: CaptureRequest | None = None,
     group_index: Tensor | None = None,
     groups_on_rank: bool = False,
+    score_map: ScoreMap | None = None,
 ) -> IterationResult:
     """Rollout → scoring → rollout quantities → update (module docstring, steps 1–4).
 
@@ -475,7 +480,8 @@ def iteration(
     the generator is then not used for sampling. ``critic=None``: a critic-free
     ``conv.advantage`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
     answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
-    are on this rank (see :func:`refppo.pipeline.rollout_quantities`).
+    are on this rank (see :func:`refppo.pipeline.rollout_quantities`). ``score_map``: the
+    pipeline's step 0 on the scores (None: as the reward gives them).
     """
     if batch is None:
         batch = generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator)
@@ -493,13 +499,14 @@ def iteration(
         scores=scored.scores,
         old_logprobs=scored.old_logprobs,
         ref_logprobs=scored.ref_logprobs,
-        old_values=scored.old_values,
+        old_values=scored.old_values if critic is not None else None,  # no critic: no values
         mask=batch.response_mask,
         hp=hp,
         conv=conv,
         all_reduce=all_reduce,
         group_index=group_index,
         groups_on_rank=groups_on_rank,
+        score_map=score_map,
     )
     metrics = rollout_metrics(scored, quantities, hp, conv)
     metrics.update(

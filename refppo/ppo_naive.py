@@ -40,6 +40,7 @@ from refppo.core.group import group_advantages_naive
 from refppo.core.kl import token_kl_naive
 from refppo.core.normalize import normalize_naive
 from refppo.core.rewards import token_rewards_naive
+from refppo.core.score_map import map_scores_naive
 from refppo.errors import ConventionError
 from refppo.models import Reward, RewardModel, SequenceBatch, eval_mode, make_reference
 from refppo.models_naive import (
@@ -49,7 +50,7 @@ from refppo.models_naive import (
     response_values_naive,
     reward_scores_naive,
 )
-from refppo.pipeline import Convention, Hyperparams, RolloutQuantities
+from refppo.pipeline import Convention, Hyperparams, RolloutQuantities, ScoreMap
 from refppo.ppo import PPOUpdateConfig
 from refppo.rollout import ScoredRollout
 
@@ -121,9 +122,14 @@ def rollout_quantities_naive(
     hp: Hyperparams,
     conv: Convention,
     group_index: Tensor | None = None,
+    score_map: ScoreMap | None = None,
 ) -> RolloutQuantities:
     """Naive twin of :func:`refppo.pipeline.rollout_quantities` from the ``*_naive`` core twins
-    (critic-free: the group score of row i is Σ_t r_{i,t} over the value mask, as ``group_kl=fold``)."""
+    (critic-free: the group score of row i is Σ_t r_{i,t} over the value mask, as ``group_kl=fold``;
+    ``score_map``: step 0 by :func:`refppo.core.score_map.map_scores_naive`)."""
+    if score_map is not None:
+        mapped = map_scores_naive(scores, bias=score_map.bias, scale=score_map.scale, clip=score_map.clip)
+        scores = torch.tensor(mapped, dtype=scores.dtype, device=scores.device)
     kl = token_kl_naive(
         old_logprobs,
         ref_logprobs,

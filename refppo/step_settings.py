@@ -31,6 +31,7 @@ from refppo.conventions import (
     parse,
 )
 from refppo.core.kl import check_kl_clamps
+from refppo.core.score_map import check_score_map
 from refppo.errors import ConventionError, HyperparameterError
 from refppo.validate import check_nonneg, check_positive, check_unit_interval
 
@@ -258,4 +259,25 @@ class Hyperparams:
             raise HyperparameterError(f"cliprange: expected a number in [0, 1), got {self.cliprange!r}")
 
 
-__all__ = ["Convention", "Hyperparams"]
+@dataclass(frozen=True)
+class ScoreMap:
+    """What the trainer does to the reward model's score first: ``clip((s + bias)·scale, ±clip)``
+    (:mod:`refppo.core.score_map`; the pipeline's step 0). The default is the identity.
+
+    The oracle's flat keys ``score_bias``, ``score_scale``, ``score_clip``
+    (:class:`refppo.oracle.settings.Extras`) are these three numbers.
+    """
+
+    bias: float = 0.0
+    """Added to the score first (AReaL ``reward_bias``)."""
+    scale: float = 1.0
+    """Multiplies ``s + bias`` (AReaL ``reward_scaling``)."""
+    clip: float | None = None
+    """Symmetric clamp after the affine map, or None (AReaL ``reward_clip`` 20, OpenRLHF 10,
+    DeepSpeed-Chat 5)."""
+
+    def __post_init__(self) -> None:
+        check_score_map(self.bias, self.scale, self.clip)
+
+
+__all__ = ["Convention", "Hyperparams", "ScoreMap"]

@@ -49,7 +49,7 @@ from refppo.conventions import AdvantageEstimator, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.gae import gae
 from refppo.core.masked import masked_moments
-from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError
+from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError, SingletonGroupError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 from refppo.validate import check_b, check_bt, check_float, check_mask, check_nonneg, check_unit_interval
 
@@ -125,7 +125,9 @@ def group_scalar_advantages(
     n_i = n[inv]
     if singleton == "error" and bool((n_i == 1).any()):
         ids = g[n_i == 1].tolist()[:8]
-        raise MaskError(f"group_index: groups {ids} have one response (pass singleton='score' or 'zero')")
+        raise SingletonGroupError(
+            ids, f"group_index: groups {ids} have one response (pass singleton='score' or 'zero')"
+        )
     total = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, s)
     mu = (total / n)[inv]
     single = n_i == 1
@@ -275,7 +277,7 @@ def group_advantages_naive(
         n = len(group)
         if n == 1:
             if singleton == "error":
-                raise MaskError(f"group_index: groups [{gs[i]}] have one response")
+                raise SingletonGroupError([gs[i]], f"group_index: groups [{gs[i]}] have one response")
             scaled = est is AdvantageEstimator.GRPO and scale_by_std
             a = 0.0 if singleton == "zero" else (s[i] / (1.0 + eps) if scaled else s[i])
         elif est is AdvantageEstimator.RLOO:

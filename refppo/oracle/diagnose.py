@@ -18,6 +18,7 @@ from refppo.oracle.compare import QuantityResult, compare, describe
 from refppo.oracle.fastcheck import PrefixCheck, RolloutMemo
 from refppo.oracle.grad import GRAD_QUANTITIES, grad_tolerance
 from refppo.oracle.grad_diagnose import explain_grad
+from refppo.oracle.grad_notes import first_line
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.presets import PRESETS
 from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
@@ -289,7 +290,7 @@ def check(
     grad_bad = any(not r.ok for n, r in results.items() if n in GRAD_QUANTITIES)
     if first is not None and first in GRAD_QUANTITIES:
         r = results[first]
-        out.diagnosis.append(f"first divergence: {first} (max abs err {r.max_abs_err:.3g} > tol {r.tol:.3g})")
+        out.diagnosis.append(first_line(dump, first, r.max_abs_err, r.tol))
         if explain_divergence and ref.update_inputs is not None:
             notes, found = explain_grad(dump, setup, ref.update_inputs, results)
             out.diagnosis += notes

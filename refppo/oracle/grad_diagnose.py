@@ -21,7 +21,8 @@ loss_agg                      another aggregation mode (per-row factors: sequenc
 padded tokens counted         token-mean normaliser = every position ``B·T`` (a mask leak)
 clip not in the gradient      the policy clip (and dual clip) removed: the unclipped branch's
                               gradient at tokens the reference clips
-advantages not detached       ``grad_values − ∂pg/∂advantages`` (from the pipeline's gradients)
+advantages not detached       ``grad_values − ∂pg/∂advantages`` (from the pipeline's per-token
+                              policy loss: every clip, dual clip, log-ratio clamp and GSPO)
 KL estimator                  ``kl_in = loss`` with another ``kl_estimator``
 ============================ ==================================================================
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -43,9 +43,11 @@ from refppo.conventions import KLEstimator, KLPlacement, LossAgg
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance, pipeline_grads, unclipped
+from refppo.oracle.grad_notes import nonfinite, zero_reference_line
+from refppo.oracle.grad_notes import where_text as _where
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.settings import Setup
-from refppo.pipeline import Normalisers
+from refppo.pipeline import Normalisers, policy_term
 
 Grads = dict[str, Tensor]
 
@@ -62,15 +64,6 @@ def groups(dump: Dump) -> list[tuple[int, int, Tensor]]:
             if rows.numel():
                 out.append((r, k, rows))
     return out
-
-
-def _where(r: int, k: int, dump: Dump) -> str:
-    parts = []
-    if dump.step.micro_batches > 1 or "micro_batch" in dump.tensors:
-        parts.append(f"micro-batch {k}")
-    if dump.step.world_size > 1 or "rank" in dump.tensors:
-        parts.append(f"rank {r}")
-    return " of ".join(parts) if parts else "the step"
 
 
 def _factor(d: Tensor, r: Tensor) -> float:
@@ -274,27 +267,40 @@ def _grads(inp: UpdateInputs, setup: Setup, norm: Normalisers | None = None) -> 
 def _not_detached(inp: UpdateInputs, setup: Setup, ref: Grads) -> Grads:
     """``grad_values − ∂pg_loss/∂A``: a trainer whose advantages (``A = R − V``) keep ``V``'s graph.
 
-    The core treats the advantages as constants (``clipped_policy_loss`` detaches them), so
-    ``∂pg/∂A = −w·ρ_eff`` per token is assembled from the pipeline's own outputs: ``w·ρ`` is
-    ``−∂pg/∂logprobs`` with ``A = 1`` and no clip, ``ρ`` is ``update_quantities(...).ratio``, and
-    the tokens on the unclipped branch are those with ``∂pg/∂logprobs ≠ 0`` under the clip;
-    elsewhere ``ρ_eff`` is the clip bound ``clamp(ρ, 1 − ε_low, 1 + ε_high)``, or ``c`` where the
-    dual clip caps a negative advantage.
+    The core treats the advantages as constants (it detaches them), so ``∂pg/∂A`` is read from the
+    core's own per-token loss ``ℓ`` (:func:`refppo.pipeline.policy_term`, every ``policy_loss``,
+    clip, dual clip and log-ratio clamp as the reference runs them). ``ℓ`` is positively
+    homogeneous in each token's advantage: the ratio does not depend on ``A`` and the clip branch
+    and the dual-clip cap ``−c·A`` depend on its sign only, so ``ℓ(A) = A·ℓ(+1)`` for ``A > 0`` and
+    ``|A|·ℓ(−1)`` for ``A < 0``. With ``w = ∂pg/∂ℓ`` (autograd through the aggregation)::
+
+        ∂pg/∂A_t = w_t·ℓ_t(+1)           A_t > 0
+                 = −w_t·ℓ_t(−1)          A_t < 0
+                 = w_t·(ℓ_t(+1) − ℓ°_t(−1))/2  A_t = 0 (torch's ½/½ share of the tied branches
+                                          of ``max``; the dual-clip cap, applied where A < 0
+                                          only, is off: ``ℓ°`` is ``ℓ`` without ``dual_clip``)
+
+    where ``ℓ(±1)`` is ``policy_term`` with every advantage ``±1``
+    (``tests/unit/test_grad_diagnose_not_detached.py`` checks it against autograd of a
+    hand-written loss whose advantages are a leaf).
     """
-    ones = replace(inp, advantages=torch.ones_like(inp.advantages))
-    w_rho = -pipeline_grads(ones, unclipped(setup), objective="pg_loss")["grad_logprobs"]
-    g_pg = pipeline_grads(inp, setup, objective="pg_loss")
-    rho = g_pg["ratio"]
-    hp, c = setup.hp, setup.conv.dual_clip
-    hi = hp.cliprange if hp.cliprange_high is None else hp.cliprange_high
-    rho_eff = torch.clamp(rho, 1.0 - hp.cliprange, 1.0 + hi)
-    if c is not None:
-        rho_eff = torch.where(
-            (inp.advantages < 0) & (rho > 1.0 + hi), torch.full((), c, dtype=rho.dtype), rho_eff
-        )
-    rho_eff = torch.where(g_pg["grad_logprobs"] != 0, rho, rho_eff)
-    safe = torch.where(inp.mask, rho, torch.ones((), dtype=rho.dtype))
-    g_adv = torch.where(inp.mask, -w_rho * rho_eff / safe, torch.zeros((), dtype=rho.dtype))
+    lp = inp.logprobs.detach().clone().requires_grad_(True)
+
+    def ell(sign: float, s: Setup = setup) -> tuple[Tensor, Tensor]:
+        a = torch.full_like(inp.advantages, sign)
+        out = policy_term(lp, inp.old_logprobs, a, inp.mask, hp=s.hp, conv=s.conv)
+        return out.loss, out.per_token
+
+    pos_loss, pos = ell(1.0)
+    (w,) = torch.autograd.grad(pos_loss, pos)
+    neg = ell(-1.0)[1].detach()
+    # at A = 0 the cap −c·A is not applied (the core caps where A < 0 only): ℓ(−1) without it
+    neg0 = neg if setup.conv.dual_clip is None else ell(-1.0, setup.with_convention({"dual_clip": None}))[1]
+    pos = pos.detach()
+    adv = inp.advantages
+    d_ell = torch.where(adv > 0, pos, torch.where(adv < 0, -neg, 0.5 * (pos - neg0.detach())))
+    zero = torch.zeros((), dtype=d_ell.dtype)
+    g_adv = torch.where(inp.mask, w * d_ell, zero)
     return {**ref, "grad_values": ref["grad_values"] - g_adv}
 
 
@@ -314,15 +320,26 @@ def explain_grad(
     ref = {n: ref_full[n] for n in names}
     cmp = {"grad_logprobs": inp.mask, "grad_values": inp.value_mask}
     notes: list[str] = []
+    found: list[dict[str, Any]] = []
     for n in bad:
-        notes += ratio_lines(dump, n, ref[n], cmp[n], results[n].tol)
+        nf = nonfinite(dump, n)
+        if nf is not None:
+            notes.append(nf[0])
+            found.append(nf[1])
+            continue
+        zero = zero_reference_line(dump, n, ref[n])
+        if zero is not None:
+            notes.append(zero)
+        else:
+            notes += ratio_lines(dump, n, ref[n], cmp[n], results[n].tol)
+    if found:  # no hypothesis reproduces a NaN or an infinity: name it and stop
+        return notes, found
     if "grad_values" in bad and setup.hp.vf_coef == 0.0:
         notes.append(
             "grad_values: vf_coef = 0 makes the reference gradient 0 (v1's advice for a critic with its "
             "own optimizer): set separate_critic: true and vf_coef to the value loss's weight in the "
             "critic's objective"
         )
-    found: list[dict[str, Any]] = []
     others_ok = all(r.ok for k, r in results.items() if k not in GRAD_QUANTITIES)
     for hid, text, make in hypotheses(dump, setup, inp, ref_full):
         try:

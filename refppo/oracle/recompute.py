@@ -1,8 +1,10 @@
 """Recompute every quantity of one PPO step from a dump's inputs, through ``refppo.pipeline``.
 
 The rollout half goes through :func:`refppo.pipeline.rollout_quantities` and the update half
-through :func:`refppo.pipeline.update_quantities` — the trainer's own path. The oracle adds only
-what sits around the pipeline: the score clamp (``score_clip``), the ``vf_mask`` choice, TRL's
+through :func:`refppo.pipeline.update_quantities` — the trainer's own path, the score map
+(``score_bias``, ``score_scale``, ``score_clip``) included (the pipeline's step 0,
+:func:`refppo.pipeline.clipped_scores`, imported here for the oracle's fast paths). The oracle adds
+only what sits around the pipeline: the ``vf_mask`` choice, TRL's
 ``approx_kl`` metric and, for diagnosis, a few *known bugs* re-enacted on purpose (:data:`BUGS`).
 All arithmetic is float64.
 """
@@ -33,6 +35,7 @@ from refppo.core.policy import policy_ratio
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
 from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, validate
 from refppo.oracle.settings import Setup
+from refppo.pipeline import clipped_scores as clipped_scores  # moved to the pipeline (step 0)
 from refppo.pipeline import gae_by_rows, rollout_quantities, update_quantities
 
 PIPELINE_ORDER: tuple[str, ...] = (
@@ -118,13 +121,6 @@ def whiten(adv_raw: Tensor, mask: Tensor, setup: Setup) -> Tensor:
         eps=hp.whiten_eps,
         eps_at=conv.whiten_eps_at,
     )
-
-
-def clipped_scores(scores: Tensor, score_clip: float | None, bias: float = 0.0, scale: float = 1.0) -> Tensor:
-    """``clip((s + bias)·scale, ±score_clip)`` (AReaL's order; bias 0 and scale 1 leave ``s`` as is)."""
-    if bias != 0.0 or scale != 1.0:
-        scores = (scores + bias) * scale
-    return scores if score_clip is None else torch.clamp(scores, -score_clip, score_clip)
 
 
 def reference_kl(dump: Dump, setup: Setup, logp: Tensor | None = None) -> Tensor:

@@ -80,6 +80,19 @@ def _agg(lm: Tensor, m: Tensor, agg: str, n_tok: float, n_seq: float, horizon: f
     return lm.sum() / horizon / n_seq
 
 
+def _ratio(lp: Tensor, old: Tensor, m: Tensor, conv: dict[str, Any]) -> Tensor:
+    """``exp(clamp(l − l_old, ±κ))`` per token, or GSPO's ``exp(min(l − sg(l) + S_b, κ))`` with
+    ``S_b`` the row's mean of ``l − l_old`` over its valid tokens (spec/ppo.md)."""
+    kappa = conv.get("log_ratio_clamp")
+    d = lp - old
+    if conv.get("policy_loss") == "gspo":
+        zero = torch.zeros((), dtype=lp.dtype)
+        s = (torch.where(m, d, zero).sum(dim=1) / m.sum(dim=1)).detach()
+        log_s = lp - lp.detach() + s.unsqueeze(1)
+        return torch.exp(log_s if kappa is None else torch.clamp(log_s, max=kappa))
+    return torch.exp(d if kappa is None else torch.clamp(d, -kappa, kappa))
+
+
 def _mb_loss(
     t: dict[str, Tensor],
     lp: Tensor,
@@ -99,7 +112,7 @@ def _mb_loss(
     if bugs.adv_not_detached:
         adv = adv - (v - v.detach())
     old = t["old_logprobs"][rows]
-    ratio = torch.exp(lp - old)
+    ratio = _ratio(lp, old, m, conv)
     eps = HP["cliprange"]
     clipped = torch.clamp(ratio, 1 - eps, 1 + eps)
     if bugs.clip_straight_through:

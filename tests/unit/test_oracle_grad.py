@@ -8,6 +8,7 @@ there, from its definition. Expected factors are computed here from the row layo
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,24 @@ CASES: list[tuple[str, dict[str, Any], Bugs, Layout, str, str, list[str]]] = [
         ["advantages are not detached"],
     ),
     (
+        "advantages not detached, log-ratio clamp binding",
+        {"log_ratio_clamp": 0.25},  # binds at |l − l_old| > 0.25 (exp(0.25) > 1 + ε: clipped there too)
+        Bugs(adv_not_detached=True),
+        TWO_RANKS_TWO_MB,
+        "grad_values",
+        "advantages_not_detached",
+        ["advantages are not detached"],
+    ),
+    (
+        "advantages not detached, GSPO with its clamp binding",
+        {"policy_loss": "gspo", "log_ratio_clamp": 0.02},
+        Bugs(adv_not_detached=True),
+        TWO_RANKS_TWO_MB,
+        "grad_values",
+        "advantages_not_detached",
+        ["advantages are not detached"],
+    ),
+    (
         "clipped-region gradient",
         {},
         Bugs(clip_straight_through=True),
@@ -265,6 +284,29 @@ def test_injected_bug_is_caught_and_named(
         assert t in text, (t, text)
 
 
+CLAMPED = [{"log_ratio_clamp": 0.25}, {"policy_loss": "gspo", "log_ratio_clamp": 0.02}]
+
+
+@pytest.mark.parametrize("conv", CLAMPED, ids=["token", "gspo"])
+def test_clamped_ratio_steps_match_and_the_clamp_binds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], conv: dict[str, Any]
+) -> None:
+    """The controls of the two clamp cases above: the correct step matches, and the clamp binds at
+    tokens of both advantage signs (where ∂ρ/∂l = 0 but ∂ℓ/∂A ≠ 0: the old diagnosis lost them)."""
+    d = step_dump(conv)
+    m = d["response_mask"].bool()
+    dl = d["logprobs"] - d["old_logprobs"]
+    if conv.get("policy_loss") == "gspo":  # the row's mean log-ratio against the upper clamp
+        s = torch.where(m, dl, torch.zeros(())).sum(1) / m.sum(1)
+        bound = m & (s > 0.02).unsqueeze(1)
+    else:
+        bound = m & (dl.abs() > 0.25)
+    adv = d["advantages"]
+    assert bool((bound & (adv > 0)).any()) and bool((bound & (adv < 0)).any())
+    rc, rep = run(tmp_path, d, capsys, conv)
+    assert rc == 0, rep["diagnosis"]
+
+
 def test_gradient_named_when_a_logged_scalar_diverges_first(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -313,6 +355,67 @@ def test_nonfinite_gradient_is_a_mismatch_not_a_refusal(
     d["grad_logprobs"][1, 9] = float("inf")  # row 1 has 3 tokens: a padded position
     rc, rep = run(tmp_path, d, capsys)
     assert rc == 1 and rep["first_divergence"] == "grad_logprobs"
+
+
+@pytest.mark.parametrize(
+    ("key", "pos", "value", "word", "where"),
+    [
+        ("grad_values", (2, 0), math.nan, "NaN", "row 2, token 0 (micro-batch 1 of rank 0)"),
+        ("grad_logprobs", (5, 3), math.nan, "NaN", "row 5, token 3 (micro-batch 0 of rank 1)"),
+        ("grad_logprobs", (1, 9), -math.inf, "-inf", "row 1, token 9 (micro-batch 1 of rank 0)"),  # padded
+    ],
+)
+def test_nonfinite_gradient_is_named_with_its_value_and_first_position(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    key: str,
+    pos: tuple[int, int],
+    value: float,
+    word: str,
+    where: str,
+) -> None:
+    """NaN is reported as NaN (it used to read ``inf``, with no position), at its first position in
+    row-major order with its micro-batch and rank (``grad_helpers.RANK``/``MICRO``)."""
+    d = step_dump()
+    d[key][pos] = value
+    if word == "NaN":
+        d[key][7, 1] = math.inf  # a later infinity: the NaN is still the one named
+        d[key][pos[0], pos[1] + 1] = math.nan  # a second NaN after the first
+    rc, rep = run(tmp_path, d, capsys)
+    assert rc == 1 and rep["first_divergence"] == key
+    assert rep["diagnosis"][0] == f"first divergence: {key} (the dump holds {word} at {where})"
+    assert f"{key}: the dump holds {word} at {where}, the first of" in "\n".join(rep["diagnosis"])
+    entry = rep["explained_by"][0]
+    assert (entry["bug"], entry["value"], entry["row"], entry["token"]) == (
+        "non_finite",
+        {"NaN": "nan"}.get(word, word),
+        *pos,
+    )
+    assert (entry["micro_batch"], entry["rank"]) == (MICRO[pos[0]], RANK[pos[0]])
+    assert (entry["nan_count"], entry["inf_count"]) == ((2, 1) if word == "NaN" else (0, 1))
+
+
+def test_zero_reference_gradient_has_zero_tolerance_and_the_report_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vf_coef = 0: the reference grad_values is exactly 0, so its tolerance is 0 (deliberate: an
+    objective without a value term gives exact zeros). 1e-9 at one token is a mismatch, and the
+    report says why instead of printing a ratio to 0."""
+    d = step_dump()
+    d["grad_values"] = torch.zeros_like(d["grad_values"])
+    rc, rep = run(tmp_path, d, capsys, vf_coef=0.0)
+    assert rc == 0, rep["diagnosis"]  # control: exact zeros match
+    assert rep["quantities"]["grad_values"]["tol"] == 0.0
+    d["grad_values"][6, 4] = 1e-9
+    rc, rep = run(tmp_path, d, capsys, vf_coef=0.0)
+    assert rc == 1 and rep["first_divergence"] == "grad_values"
+    text = "\n".join(rep["diagnosis"])
+    assert (
+        "grad_values: the reference gradient is exactly 0 here (every position), so its tolerance "
+        "(rtol + atol)·max|ref grad| is 0 and any nonzero value is a mismatch; the dump has 1e-09 at "
+        "row 6, token 4 (micro-batch 1 of rank 1)"
+    ) in text
+    assert "dump/reference by group" not in text  # no ratio to a zero reference
 
 
 def test_v1_dump_without_step_keys_is_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
