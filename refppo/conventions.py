@@ -20,7 +20,10 @@ class KLEstimator(StrEnum):
     - ``k1``: ``d`` (unbiased, can be negative);
     - ``k2``: ``½ d²`` (non-negative, biased);
     - ``k3``: ``exp(−d) + d − 1`` (non-negative, unbiased, "low variance"; Schulman 2020);
-    - ``abs``: ``|d|``.
+    - ``abs``: ``|d|``;
+    - ``k1+``, ``k3+``, ``abs+``: straight-through — the value of the base estimator, the gradient
+      of ``½ d²`` (``∂/∂ log π = d``, unclamped): verl 0.9.1 ``core_algos.kl_penalty`` with a ``+``
+      suffix (``k2+``/``mse+`` are ``k2`` itself there). Only a KL in the loss is differentiated.
 
     Names as in verl ``core_algos.kl_penalty`` (``kl``/``k1``, ``mse``/``k2``, ``low_var_kl``/``k3``,
     ``abs``) and OpenRLHF ``models/utils.py::compute_approx_kl`` (k1, k2, k3).
@@ -30,6 +33,19 @@ class KLEstimator(StrEnum):
     K2 = "k2"
     K3 = "k3"
     ABS = "abs"
+    K1_ST = "k1+"
+    K3_ST = "k3+"
+    ABS_ST = "abs+"
+
+    @property
+    def base(self) -> KLEstimator:
+        """The estimator whose value this one has (itself, or the one without the ``+``)."""
+        return KLEstimator(self.value.removesuffix("+"))
+
+    @property
+    def straight_through(self) -> bool:
+        """The gradient is ``½ d²``'s, not the value's (the ``+`` variants)."""
+        return self.value.endswith("+")
 
 
 class KLPlacement(StrEnum):
@@ -266,7 +282,13 @@ class AdvantageEstimator(StrEnum):
     - ``reinforce++``: discounted returns of the token rewards, whitened over the batch (verl
       ``reinforce_plus_plus``, OpenRLHF ``reinforce``);
     - ``reinforce++-baseline``: ``s − μ_G``, whitened over the batch (verl
-      ``reinforce_plus_plus_baseline``, OpenRLHF ``reinforce_baseline``).
+      ``reinforce_plus_plus_baseline``, OpenRLHF ``reinforce_baseline``);
+    - ``opo``: ``s − Σ_G L_j s_j / Σ_G L_j``, the length-weighted group mean (verl ``opo``);
+    - ``gpg``: ``α·(s − μ_G)``, ``α = B / #{j : s_j ≠ 0}`` over the batch (verl ``gpg``);
+    - ``grpo-passk``: ``(s_max − s_2nd)/(σ_G + ε)`` for the group's unique best row, 0 elsewhere
+      (verl ``grpo_passk``);
+    - ``flash-reinforce``: ``s − (1/B) Σ_j s_j``, the batch mean, no group (OpenRLHF
+      ``flash_reinforce``).
     """
 
     GAE = "gae"
@@ -275,6 +297,10 @@ class AdvantageEstimator(StrEnum):
     RLOO = "rloo"
     REINFORCE_PP = "reinforce++"
     REINFORCE_PP_BASELINE = "reinforce++-baseline"
+    OPO = "opo"
+    GPG = "gpg"
+    GRPO_PASSK = "grpo-passk"
+    FLASH_REINFORCE = "flash-reinforce"
 
 
 __all__ += ["AdvantageEstimator"]

@@ -211,7 +211,8 @@ def rollout_quantities(
         if old_values is None:
             raise ConventionError(
                 "advantage=gae needs old_values (the critic's rollout values); a critic-free estimator "
-                "(advantage=grpo, dr-grpo, rloo, reinforce++, reinforce++-baseline) does not"
+                "(advantage=grpo, dr-grpo, rloo, reinforce++, reinforce++-baseline, opo, gpg, grpo-passk, "
+                "flash-reinforce) does not"
             )
         gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
         adv_raw, returns = gae_by_rows(
@@ -221,6 +222,7 @@ def rollout_quantities(
         adv_raw = critic_free_advantages(
             scores=scores, kl=kl, rewards=rewards, mask=m, value_mask_=vmask, group_index=group_index,
             hp=hp, conv=conv, distributed=all_reduce is not None and not groups_on_rank,
+            all_reduce=all_reduce,
         )  # fmt: skip
         returns = adv_raw
     adv = normalize(
@@ -272,23 +274,28 @@ def critic_free_advantages(
     hp: Hyperparams,
     conv: Convention,
     distributed: bool = False,
+    all_reduce: AllReduce | None = None,
 ) -> Tensor:
     """Step 3 without a critic: the raw advantages ``[B, T]`` of ``conv.advantage`` (before step 4).
 
-    - ``reinforce++``: ``R_t = Σ_{k≥t} γ^{k−t} r_k`` of the token ``rewards`` over the value mask
-      (:func:`refppo.core.group.discounted_returns`; verl 0.9.1
+    - ``reinforce++``: ``R_t = Σ_{k≥t} γ^{k−t} r_k`` of the token ``rewards`` over the value mask,
+      across interior holes by ``conv.gae_holes`` (:func:`refppo.core.group.discounted_returns`; verl 0.9.1
       ``compute_reinforce_plus_plus_outcome_advantage``, OpenRLHF 0.11.2 ``reinforce``);
     - group estimators (:func:`refppo.core.group.group_advantages`, whitening left to step 4):
       with ``group_kl=fold`` the score of row i is ``Σ_t r_{i,t}`` over the value mask (KL and score
       together, verl ``token_level_rewards.sum(-1)``); with ``to_go`` it is ``scores`` and
-      ``−β·KL_t`` is added as its return-to-go (OpenRLHF), β = 0 when the KL is in the loss.
+      ``−β·KL_t`` is added as its return-to-go (OpenRLHF), β = 0 when the KL is in the loss;
+      ``opo``'s lengths are the valid tokens of ``mask``;
+    - ``flash-reinforce`` (the batch-mean baseline) needs no ``group_index``; its batch sums and
+      ``gpg``'s go through ``all_reduce`` (every rank's rows, as one process on the whole batch).
     """
     if conv.advantage is AdvantageEstimator.REINFORCE_PP:
-        return discounted_returns(rewards, value_mask_, gamma=hp.gamma)
+        return discounted_returns(rewards, value_mask_, gamma=hp.gamma, holes=conv.gae_holes)
     what = f"advantage={conv.advantage.value}"
-    if group_index is None:
+    batch_only = conv.advantage is AdvantageEstimator.FLASH_REINFORCE
+    if group_index is None and not batch_only:
         raise ConventionError(f"{what} needs group_index [B] (the prompt each row answers)")
-    if distributed:
+    if distributed and not batch_only:
         raise ConventionError(
             f"{what} under a data-parallel all_reduce: the group statistics are per process here; "
             "a group split over ranks would be mis-normalised (not supported yet)"
@@ -312,6 +319,7 @@ def critic_free_advantages(
             singleton=conv.group_singleton.value,
             token_penalty=penalty,
             whiten=False,
+            all_reduce=all_reduce,
         )
     except SingletonGroupError as exc:
         raise ConventionError(

@@ -235,6 +235,9 @@ def _aggregate(per_seq: list[list[Tensor]], agg: LossAgg, horizon: float, n_seq:
 
 
 def _kl_scalar(d: Tensor, est: KLEstimator) -> Tensor:
+    if est.straight_through:  # the base value, the gradient of ½ d² (verl "k3+")
+        half_sq = 0.5 * d * d
+        return half_sq - half_sq.detach() + _kl_scalar(d, est.base).detach()
     if est is KLEstimator.K1:
         return d
     if est is KLEstimator.K2:

@@ -9,8 +9,9 @@ are those of ``tools/peer_makers/common.py`` (``install_stubs``, ``mount``), imp
    (``torch.load(weights_only=True)``), calls each peer function and saves the results.
 2. Without it (refppo's interpreter) it writes the batch, runs half 1 with each ``--peers-python``
    and prints, per comparison, the max abs error over valid tokens against refppo's
-   ``refppo.core.group`` with the named parameters; exit 1 on a mismatch (> 1e-6, float64 inputs;
-   OpenRLHF whitens in float32, so 1e-6 relative there too).
+   ``refppo.core.group`` with the named parameters (and, for the keys of ``VIA_PRESET``, through
+   ``refppo.pipeline.critic_free_advantages`` under the preset variant); exit 1 on a mismatch
+   (> 1e-6, float64 inputs; OpenRLHF whitens in float32, so 1e-6 relative there too).
 
 Batch (float64, B = 16, T = 12, right-padded, seed 0): groups of sizes 4, 3, 2, 1, 4, 2 with rows
 interleaved (verl/SkyRL: any order, a singleton group, and a group whose 0/1 scores are all equal);
@@ -24,10 +25,15 @@ Peer functions (versions printed at run time): verl 0.9.1 ``verl/trainer/ppo/cor
 ``compute_grpo_vectorized_outcome_advantage``, ``compute_rloo_outcome_advantage``,
 ``compute_rloo_vectorized_outcome_advantage``,
 ``compute_reinforce_plus_plus_baseline_outcome_advantage``,
-``compute_reinforce_plus_plus_outcome_advantage``; OpenRLHF 0.11.2
+``compute_reinforce_plus_plus_outcome_advantage``, ``compute_opo_outcome_advantage``,
+``compute_gpg_outcome_advantage`` (two groups' scores set to 0, so ``α = B/#{s ≠ 0}`` binds),
+``compute_grpo_passk_outcome_advantage`` (the group of one merged into another: verl raises on it),
+``compute_gdpo_outcome_advantage`` (one reward component: GRPO then ``masked_whiten``), and
+REINFORCE++ on a mask with interior holes (``gae_holes=skip``); OpenRLHF 0.11.2
 ``openrlhf/trainer/ppo_utils/experience_maker.py::RemoteExperienceMaker.compute_advantages_and_returns``
-(``group_norm``, ``dr_grpo``, ``rloo``, ``reinforce_baseline``, ``reinforce``; called unbound on
-a stand-in ``self``); SkyRL-train 0.3.1 ``skyrl_train/utils/ppo_utils.py``
+(``group_norm``, ``dr_grpo``, ``rloo``, ``reinforce_baseline``, ``reinforce``, ``flash_reinforce``,
+and ``reinforce`` on a holed ``action_mask``, ``gae_holes=zero``; called unbound on a stand-in
+``self``); SkyRL-train 0.3.1 ``skyrl_train/utils/ppo_utils.py``
 ``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage``,
 ``compute_reinforce_plus_plus_outcome_advantage``.
 """
@@ -70,6 +76,17 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
         {"estimator": "reinforce++-baseline", "whiten_unbiased": False, "whiten_eps_form": "clamp"},
     ),
     "openrlhf.reinforce": ("orpp", {"gamma": GAMMA, "whiten_unbiased": False, "whiten_eps_form": "clamp"}),
+    # issue #13 item 3: the further estimators and REINFORCE++ over masks with interior holes
+    "verl.opo": ("group", {"estimator": "opo", "singleton": "score"}),
+    "verl.gpg": ("group_z", {"estimator": "gpg", "singleton": "score"}),
+    "verl.grpo_passk": ("group_ns", {"estimator": "grpo-passk", "eps": 1e-6, "singleton": "error"}),
+    "verl.gdpo": ("gdpo", {"estimator": "grpo", "eps": 1e-6, "singleton": "score"}),
+    "verl.rpp_holes": ("rpp_h", {"gamma": GAMMA, "holes": "skip"}),
+    "openrlhf.flash_reinforce": ("ogroup", {"estimator": "flash-reinforce"}),
+    "openrlhf.reinforce_holes": (
+        "orpp_h",
+        {"gamma": GAMMA, "whiten_unbiased": False, "whiten_eps_form": "clamp", "holes": "zero"},
+    ),
 }
 
 # Each peer difference, flipped: the peer must then DIFFER from refppo on this batch (> 1e-6), which
@@ -86,6 +103,22 @@ CONTRASTS: dict[str, dict[str, Any]] = {
     "openrlhf.reinforce": {"whiten_unbiased": True},
     "openrlhf.rloo": {"estimator": "dr-grpo"},
     "verl.rpp": {"gamma": 1.0},
+    "verl.opo": {"estimator": "dr-grpo"},
+    "verl.gpg": {"estimator": "dr-grpo"},
+    "verl.grpo_passk": {"scale_by_std": False},
+    "verl.gdpo": {"unbiased_std": False},
+    "verl.rpp_holes": {"holes": "zero"},
+    "openrlhf.flash_reinforce": {"estimator": "dr-grpo"},
+    "openrlhf.reinforce_holes": {"holes": "skip"},
+}
+
+# The peer keys that are also checked through the preset variant (``--preset PEER --set
+# advantage=EST``): refppo.pipeline.critic_free_advantages under the preset's resolved conventions.
+VIA_PRESET: dict[str, tuple[str, str]] = {
+    "verl.opo": ("verl", "opo"),
+    "verl.gpg": ("verl", "gpg"),
+    "verl.grpo_passk": ("verl", "grpo-passk"),
+    "openrlhf.flash_reinforce": ("openrlhf", "flash-reinforce"),
 }
 
 # ------------------------------------------------------------------------------------------------
@@ -118,6 +151,18 @@ def _verl(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
     ]
     cfg = types.SimpleNamespace(gamma=GAMMA)
     out["verl.rpp"] = ca.compute_reinforce_plus_plus_outcome_advantage(x["token_rewards"], m, config=cfg)[0]
+    out["verl.opo"] = ca.compute_opo_outcome_advantage(tl.clone(), m, idx)[0]
+    out["verl.gpg"] = ca.compute_gpg_outcome_advantage(x["score_tokens_z"].clone(), m, idx)[0]
+    passk_cfg = {"norm_adv_by_std_in_grpo": True}  # AlgoConfig.get
+    idx_ns = x["index_ns"].numpy()
+    out["verl.grpo_passk"] = ca.compute_grpo_passk_outcome_advantage(tl.clone(), m, idx_ns, config=passk_cfg)[
+        0
+    ]
+    out["verl.gdpo"] = ca.compute_gdpo_outcome_advantage(tl.clone(), m, idx, epsilon=1e-6)[0]
+    hm = x["h_mask"]
+    out["verl.rpp_holes"] = ca.compute_reinforce_plus_plus_outcome_advantage(
+        x["token_rewards"], hm, config=cfg
+    )[0]
 
 
 def _skyrl(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
@@ -155,7 +200,17 @@ def _openrlhf(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
     )
 
     perm, n_per = x["o_perm"].tolist(), 4
-    for est in ("group_norm", "dr_grpo", "rloo", "reinforce_baseline", "reinforce"):
+    for est in (
+        "group_norm",
+        "dr_grpo",
+        "rloo",
+        "reinforce_baseline",
+        "reinforce",
+        "flash_reinforce",
+        "holes",
+    ):
+        holes = est == "holes"
+        est = "reinforce" if holes else est
         adv = types.SimpleNamespace(
             estimator=est, gamma=GAMMA if est == "reinforce" else 1.0, lambd=1.0, no_std_norm=False
         )
@@ -176,14 +231,14 @@ def _openrlhf(x: dict[str, Any], site: str, out: dict[str, Any]) -> None:
             exps.append(
                 types.SimpleNamespace(
                     rewards=x["o_scores"][rows].clone(), index=part, kl=x["o_kl"][rows].clone(),
-                    action_mask=x["o_mask"][rows].clone(), info={}, values=None,
+                    action_mask=x["h_mask" if holes else "o_mask"][rows].clone(), info={}, values=None,
                 )
             )  # fmt: skip
         RemoteExperienceMaker.compute_advantages_and_returns(me, exps)
         got = torch.empty(B, T, dtype=torch.float64)
         for part, e in zip((perm[:7], perm[7:]), exps, strict=True):
             got[torch.tensor(part)] = e.advantages.double()
-        out[f"openrlhf.{est}"] = got
+        out["openrlhf.reinforce_holes" if holes else f"openrlhf.{est}"] = got
 
 
 def peer_half(inp: str, outp: str) -> int:
@@ -244,7 +299,17 @@ def make_batch(seed: int = 0) -> dict[str, Any]:
         B, generator=g, dtype=f64
     )
     o_scores[4:8] = 1.0  # one OpenRLHF group with equal scores
+    # interior holes (tool tokens): never a row's first or last valid token
+    punch = (
+        (torch.rand(B, T, generator=g) < 0.3) & (torch.arange(T) > 0) & (torch.arange(T) < last.unsqueeze(1))
+    )
+    single = [k for k in torch.unique(index).tolist() if int((index == k).sum()) == 1]
+    index_ns = torch.where(torch.isin(index, torch.tensor(single)), index[0], index)  # no group of one
+    zeroed = torch.isin(index, index[:2])  # gpg's α = B/#{s ≠ 0}: two groups score 0
     return {
+        "index_ns": index_ns,
+        "score_tokens_z": torch.where(zeroed.unsqueeze(1), 0.0, onehot * scores.unsqueeze(1)),
+        "h_mask": (mask & ~punch).to(f64),
         "mask": mask.to(f64),
         "index": index,
         "scores": scores,
@@ -263,21 +328,60 @@ def refppo_result(key: str, x: dict[str, Any], override: dict[str, Any] | None =
 
     sys.path.insert(0, str(REPO))
     from refppo.core.group import group_advantages, reinforce_pp_advantages
+    from refppo.core.normalize import normalize
 
     kind, kw = SETTINGS[key]
     kw = {**kw, **(override or {})}
     m = x["mask"].bool()
     if kind == "group":
         return group_advantages(x["scores"], x["index"], m, **kw)
+    if kind == "group_z":
+        return group_advantages(x["score_tokens_z"].sum(1), x["index"], m, **kw)
+    if kind == "group_ns":
+        return group_advantages(x["scores"], x["index_ns"], m, **kw)
+    if kind == "gdpo":  # GRPO per reward component (one here), then verl's masked_whiten
+        return normalize(group_advantages(x["scores"], x["index"], m, **kw), m, "masked", unbiased=True)
     if kind == "rpp":
         return reinforce_pp_advantages(x["token_rewards"], m, **kw)
+    if kind == "rpp_h":
+        return reinforce_pp_advantages(x["token_rewards"], x["h_mask"].bool(), **kw)
     o_index = torch.arange(B) // 4  # OpenRLHF: rows sorted by prompt, n_samples_per_prompt = 4
     penalty = torch.where(m, -BETA * x["o_kl"], torch.zeros((), dtype=torch.float64))
     if kind == "ogroup":
         return group_advantages(x["o_scores"], o_index, m, token_penalty=penalty, **kw)
-    last = m.sum(1) - 1
+    if kind == "orpp_h":  # the score at the last valid token, −β·KL on the valid ones
+        m = x["h_mask"].bool()
+        penalty = torch.where(m, -BETA * x["o_kl"], torch.zeros((), dtype=torch.float64))
+    last = m.sum(1) - 1 if kind == "orpp" else T - 1 - m.long().flip(1).argmax(1)
     onehot = torch.zeros(B, T, dtype=torch.float64).scatter(1, last.unsqueeze(1), 1.0)
     return reinforce_pp_advantages(onehot * x["o_scores"].unsqueeze(1) + penalty, m, **kw)
+
+
+def preset_result(key: str, x: dict[str, Any]) -> Any:
+    """refppo's raw advantages for ``key`` through the pipeline: ``--preset PEER --set advantage=EST``."""
+    import dataclasses
+
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    from refppo.oracle.presets import resolve_preset
+    from refppo.pipeline import Convention, Hyperparams, critic_free_advantages
+
+    peer, est = VIA_PRESET[key]
+    conv_d, _ = resolve_preset(peer, advantage=est)
+    names = {f.name for f in dataclasses.fields(Convention)}
+    conv = Convention.from_dict({k: v for k, v in conv_d.items() if k in names})
+    m, f64 = x["mask"].bool(), torch.float64
+    if peer == "verl":  # verl folds the token-level rewards (the score only here: β = 0)
+        tl = x["score_tokens_z" if est == "gpg" else "score_tokens"]
+        index = x["index_ns" if est == "grpo-passk" else "index"]
+        scores, kl, hp = tl.sum(1), torch.zeros_like(tl), Hyperparams(kl_coef=0.0)
+    else:  # OpenRLHF: the raw score, −β·KL as its return-to-go
+        tl, index = torch.zeros(B, T, dtype=f64), torch.arange(B) // 4
+        scores, kl, hp = x["o_scores"], torch.where(m, x["o_kl"], 0.0), Hyperparams(kl_coef=BETA)
+    return critic_free_advantages(
+        scores=scores, kl=kl, rewards=tl, mask=m, value_mask_=m, group_index=index, hp=hp, conv=conv
+    )
 
 
 def validate(pythons: list[str]) -> int:
@@ -307,6 +411,9 @@ def validate(pythons: list[str]) -> int:
             for key in sorted(got):
                 ref = refppo_result(key, x)
                 peer = got[key].double()
+                m = (
+                    x["h_mask"].bool() if key.endswith("_holes") else x["mask"].bool()
+                )  # OpenRLHF: junk on holes
                 err = float((peer - ref).abs()[m].max())
                 tol = 1e-6 * max(1.0, float(ref.abs().max()))
                 ok = err <= tol and bool(torch.isfinite(peer[m]).all())
@@ -314,6 +421,15 @@ def validate(pythons: list[str]) -> int:
                 compared += 1
                 kw = ", ".join(f"{k}={v}" for k, v in SETTINGS[key][1].items())
                 print(f"  {'OK ' if ok else 'BAD'} {key:<28} max abs err {err:.2e}  refppo {kw}")
+                if key in VIA_PRESET:
+                    via = float((peer - preset_result(key, x)).abs()[m].max())
+                    failures += not via <= tol
+                    compared += 1
+                    peer_name, est = VIA_PRESET[key]
+                    print(
+                        f"      {'ok ' if via <= tol else 'BAD'} through --preset {peer_name} --set "
+                        f"advantage={est} (pipeline): max abs err {via:.2e}"
+                    )
                 if key in CONTRASTS:
                     other = refppo_result(key, x, CONTRASTS[key])
                     gap = float((peer - other).abs()[m].max())

@@ -27,6 +27,7 @@ KL loss (current vs reference log-probs), ``d = l − l^ref`` clamped to ``[lo, 
 
     ∂kl/∂l = w · k'(d) · [lo ≤ d ≤ hi] · [−c_v ≤ k ≤ c_v]
     k' = 1 (k1), d (k2), 1 − e^{−d} (k3), sign d (abs; 0 at d = 0)
+    ∂kl/∂l = w · d, no clamp gate   (straight-through k1+, k3+, abs+: the gradient of ½ d², verl)
 
 Objective (:func:`refppo.pipeline.update_quantities`): ``∂J/∂l = ∂pg/∂l + kl_coef·∂kl/∂l`` (the KL
 term only with ``kl_in = loss``), ``∂J/∂V = vf_coef·∂vf/∂V``. The entropy is an *input* of the
@@ -179,6 +180,8 @@ def _kl_token(
     d: float, est: KLEstimator, log_ratio_clamp: LogRatioClamp | None, value_clamp: float | None
 ) -> float:
     """``∂k/∂l`` of one valid token (before the weight)."""
+    if est.straight_through:  # value of the base estimator, gradient of ½ d² (its clamps act on the value)
+        return d
     lo, hi = log_ratio_clamp if log_ratio_clamp is not None else (None, None)
     if not inside(d, lo, hi):
         return 0.0

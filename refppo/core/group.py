@@ -40,27 +40,34 @@ a tolerance (the peers share this: verl/SkyRL divide the same ``torch.mean``).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, parse
-from refppo.core import _pyfloat as pf
+from refppo.conventions import AdvantageEstimator, GaeHoles, parse
 from refppo.core.gae import gae
-from refppo.core.masked import masked_moments
-from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError, SingletonGroupError
+
+# the naive twins live in group_naive.py, re-exported here (tests and callers import them from here)
+from refppo.core.group_naive import Singleton as Singleton
+from refppo.core.group_naive import WhitenEps as WhitenEps
+from refppo.core.group_naive import discounted_returns_naive as discounted_returns_naive
+from refppo.core.group_naive import group_advantages_naive as group_advantages_naive
+from refppo.core.group_naive import reinforce_pp_advantages_naive as reinforce_pp_advantages_naive
+from refppo.core.masked import AllReduce, masked_moments
+from refppo.errors import DtypeError, HyperparameterError, ShapeError, SingletonGroupError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 from refppo.validate import check_b, check_bt, check_float, check_mask, check_nonneg, check_unit_interval
 
-Singleton = Literal["error", "score", "zero"]
-WhitenEps = Literal["add", "clamp"]
 GROUP_ESTIMATORS = (
     AdvantageEstimator.GRPO,
     AdvantageEstimator.DR_GRPO,
     AdvantageEstimator.RLOO,
     AdvantageEstimator.REINFORCE_PP_BASELINE,
+    AdvantageEstimator.OPO,
+    AdvantageEstimator.GPG,
+    AdvantageEstimator.GRPO_PASSK,
 )
+"""The estimators that need ``group_index`` (``flash-reinforce``'s baseline is the batch's, no group)."""
 
 
 def _check_group_index(group_index: object, B: int, device: torch.device) -> Tensor:
@@ -92,64 +99,122 @@ def _whiten(x: Tensor, m: Tensor, unbiased: bool, eps: float, form: str) -> Tens
     return torch.where(m, (x - mu) * torch.rsqrt(denom), torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def _batch_stats(x: Tensor, all_reduce: AllReduce | None) -> Tensor:
+    """``x`` (a few batch sums) summed over every rank: this process's when ``all_reduce`` is None."""
+    return x if all_reduce is None else all_reduce(x.clone())
+
+
+def _passk(s: Tensor, inv: Tensor, K: int, scale: Tensor | None, eps: float) -> Tensor:
+    """``grpo-passk``: ``(s_max − s_2nd)/(σ_G + ε)`` (or unscaled) on the group's unique argmax, else 0."""
+    neg_inf = torch.full((K,), -math.inf, dtype=s.dtype, device=s.device)
+    top = neg_inf.scatter_reduce(0, inv, s, "amax")
+    is_top = s == top[inv]
+    n_top = torch.zeros(K, dtype=torch.long, device=s.device).index_add(0, inv, is_top.long())
+    rest = torch.where(is_top, torch.full_like(s, -math.inf), s)
+    second = neg_inf.scatter_reduce(0, inv, rest, "amax")
+    second = torch.where(n_top >= 2, top, second)  # a tie for the best: the gap is 0
+    gap = (top - second)[inv]
+    if scale is not None:
+        gap = gap / (scale + eps)
+    return torch.where(is_top & (n_top[inv] == 1), gap, torch.zeros_like(s))
+
+
 def group_scalar_advantages(
     scores: SeqFloat,
-    group_index: Tensor,
+    group_index: Tensor | None,
     *,
     estimator: AdvantageEstimator | str = AdvantageEstimator.GRPO,
     scale_by_std: bool = True,
     unbiased_std: bool = True,
     eps: float = 1e-6,
     singleton: Singleton = "error",
+    lengths: SeqFloat | None = None,
+    all_reduce: AllReduce | None = None,
 ) -> SeqFloat:
     """Per-row scalar advantage ``a`` ``[B]`` before broadcasting (module docstring's table).
 
-    ``scale_by_std`` only applies to ``grpo`` (verl ``norm_adv_by_std_in_grpo``); ``eps`` is added
-    to the std, ``(s−μ)/(σ+ε)`` (verl ``epsilon=1e-6``, OpenRLHF ``group_norm`` 1e-9, SkyRL 1e-6).
-    ``reinforce++-baseline`` returns the centred score (its whitening is token-level).
+    ``scale_by_std`` only applies to ``grpo`` and ``grpo-passk`` (verl ``norm_adv_by_std_in_grpo``);
+    ``eps`` is added to the std, ``(s−μ)/(σ+ε)`` (verl ``epsilon=1e-6``, OpenRLHF ``group_norm``
+    1e-9, SkyRL 1e-6). ``reinforce++-baseline`` returns the centred score (its whitening is
+    token-level). ``lengths`` ``[B]``: the valid tokens of each row (``opo`` only).
+    ``flash-reinforce`` needs no ``group_index`` (None allowed). ``all_reduce``: the batch-level
+    sums of ``gpg`` (``B``, ``#{s ≠ 0}``) and ``flash-reinforce`` (``B``, ``Σ s``) over every rank,
+    so each rank's rows equal one process on the whole batch (groups are per rank: the caller
+    keeps each group on one rank).
     """
     est = parse(AdvantageEstimator, estimator, what="estimator")
-    if est not in GROUP_ESTIMATORS:
+    if est not in GROUP_ESTIMATORS and est is not AdvantageEstimator.FLASH_REINFORCE:
         raise HyperparameterError(
             f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)"
         )
     s = check_float("scores", scores)
     if s.dim() != 1 or s.shape[0] == 0:
         raise ShapeError(f"scores: expected shape [B] (batch) with B >= 1, got {list(s.shape)}")
-    g = _check_group_index(group_index, s.shape[0], s.device)
     check_nonneg("eps", eps)
     _check_options(singleton, "add")
+    if est is AdvantageEstimator.FLASH_REINFORCE:
+        n_sum = _batch_stats(torch.stack([torch.ones_like(s).sum(), s.sum()]), all_reduce)
+        return s - n_sum[1] / n_sum[0]
+    if group_index is None:
+        raise ShapeError(
+            f"group_index: estimator {est.value!r} needs group_index [B] (the prompt of each row)"
+        )
+    g = _check_group_index(group_index, s.shape[0], s.device)
     _, inv = torch.unique(g, return_inverse=True)
     K = int(inv.max()) + 1
     n = torch.bincount(inv, minlength=K).to(s.dtype)
     n_i = n[inv]
-    if singleton == "error" and bool((n_i == 1).any()):
-        ids = g[n_i == 1].tolist()[:8]
+    single = n_i == 1
+    if singleton == "error" and bool(single.any()):
+        ids = g[single].tolist()[:8]
         raise SingletonGroupError(
             ids, f"group_index: groups {ids} have one response (pass singleton='score' or 'zero')"
         )
+    if est is AdvantageEstimator.GRPO_PASSK and singleton == "score" and bool(single.any()):
+        raise HyperparameterError(
+            "singleton: grpo-passk has no second-best score in a group of one; use 'error' (verl) or 'zero'"
+        )
     total = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, s)
     mu = (total / n)[inv]
-    single = n_i == 1
+    sigma = None
+    if scale_by_std and est in (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK):
+        sq = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, (s - mu) ** 2)
+        dof = torch.clamp(n - 1, min=1) if unbiased_std else n
+        sigma = torch.sqrt(sq / dof)[inv]
+    raw = s  # a group of one under singleton='score': μ := 0, σ := 1
     if est is AdvantageEstimator.RLOO:
         a = s - (total[inv] - s) / torch.clamp(n_i - 1, min=1)
+    elif est is AdvantageEstimator.OPO:
+        L = _lengths(lengths, s)
+        num = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, L * s)
+        den = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, L)
+        a = s - (num / den)[inv]
+    elif est is AdvantageEstimator.GRPO_PASSK:
+        a = _passk(s, inv, K, sigma, eps)
+    elif est is AdvantageEstimator.GPG:
+        b_nz = _batch_stats(torch.stack([torch.ones_like(s).sum(), (s != 0).to(s.dtype).sum()]), all_reduce)
+        alpha = b_nz[0] / torch.clamp(b_nz[1], min=1)
+        a, raw = alpha * (s - mu), alpha * s
     else:
         a = s - mu
-        if est is AdvantageEstimator.GRPO and scale_by_std:
-            sq = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, (s - mu) ** 2)
-            dof = torch.clamp(n - 1, min=1) if unbiased_std else n
-            a = a / (torch.sqrt(sq / dof)[inv] + eps)
-    if singleton == "score":
-        raw = s / (1.0 + eps) if (est is AdvantageEstimator.GRPO and scale_by_std) else s
-        a = torch.where(single, raw, a)
-    else:
-        a = torch.where(single, torch.zeros_like(a), a)
-    return a
+        if sigma is not None:
+            a, raw = a / (sigma + eps), s / (1.0 + eps)
+    zero = torch.zeros_like(a)
+    return torch.where(single, raw if singleton == "score" else zero, a)
+
+
+def _lengths(lengths: SeqFloat | None, s: Tensor) -> Tensor:
+    if lengths is None:
+        raise ShapeError("lengths: estimator 'opo' needs the valid-token count [B] of each row")
+    L = check_float("lengths", lengths)
+    if L.shape != s.shape:
+        raise ShapeError(f"lengths: expected shape [B] = [{s.shape[0]}], got {list(L.shape)}")
+    return L.to(s.dtype)
 
 
 def group_advantages(
     scores: SeqFloat,
-    group_index: Tensor,
+    group_index: Tensor | None,
     mask: ResponseMask,
     *,
     estimator: AdvantageEstimator | str = AdvantageEstimator.GRPO,
@@ -162,8 +227,12 @@ def group_advantages(
     whiten_eps: float = 1e-8,
     whiten_eps_form: WhitenEps = "add",
     whiten: bool = True,
+    all_reduce: AllReduce | None = None,
 ) -> TokenFloat:
     """Token advantages ``[B, T]``: ``a_i`` (:func:`group_scalar_advantages`) on valid tokens, 0 on padding.
+
+    ``opo``'s lengths ``L_i`` are the valid tokens of ``mask``'s rows; ``all_reduce``: the batch
+    sums of ``gpg`` and ``flash-reinforce`` over every rank (:func:`group_scalar_advantages`).
 
     ``token_penalty`` ``[B, T]`` (optional) adds its return-to-go ``Σ_{k≥t} p_k`` (OpenRLHF).
     ``reinforce++-baseline`` whitens the result over the batch's valid tokens with
@@ -179,7 +248,8 @@ def group_advantages(
         check_b("scores", scores, m.shape[0], m.device)
     a = group_scalar_advantages(
         scores, group_index, estimator=estimator, scale_by_std=scale_by_std,
-        unbiased_std=unbiased_std, eps=eps, singleton=singleton,
+        unbiased_std=unbiased_std, eps=eps, singleton=singleton, all_reduce=all_reduce,
+        lengths=m.sum(dim=1).to(scores.dtype) if isinstance(scores, Tensor) else None,
     )  # fmt: skip
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     adv = torch.where(m, a.unsqueeze(1).expand(m.shape), zero)
@@ -195,16 +265,26 @@ def group_advantages(
     return adv
 
 
-def discounted_returns(rewards: TokenFloat, mask: ResponseMask, *, gamma: float = 1.0) -> TokenFloat:
-    """``R_t = Σ_{k≥t, m_k=1} γ^{(#valid between)} r_k`` ``[B, T]``, 0 on padding: REINFORCE++'s returns.
+def discounted_returns(
+    rewards: TokenFloat, mask: ResponseMask, *, gamma: float = 1.0, holes: GaeHoles | str = GaeHoles.SKIP
+) -> TokenFloat:
+    """REINFORCE++'s returns ``[B, T]``, 0 after each row's last valid token; across holes by ``holes``::
 
-    :func:`refppo.core.gae.gae` with ``V = 0, λ = 1`` (one path); :func:`reinforce_pp_advantages`
-    whitens it.
+        skip     R_t = Σ_{i≥0} γ^i r_{u_i}, u_0 = t < u_1 < … the valid positions from t (holes
+                 transparent: verl 0.9.1 ``compute_reinforce_plus_plus_outcome_advantage`` carries
+                 ``running_return`` across ``response_mask = 0``)
+        zero     R_t = Σ_{k=t}^{last} γ^{k−t} m_k r_k  (each hole a time step with reward 0: OpenRLHF
+                 0.11.2 ``get_cumulative_returns`` on ``action_mask * rewards``)
+        through  R_t = Σ_{k=t}^{last} γ^{k−t} r_k  (each hole a time step, its reward read)
+
+    :func:`refppo.core.gae.gae` with ``V = 0, λ = 1`` and the same ``holes`` (one path);
+    :func:`reinforce_pp_advantages` whitens it. With ``zero``/``through`` the holes carry their
+    return too (as GAE's); the policy loss never reads them.
     """
     m = check_mask("mask", mask)
     r = check_bt("rewards", rewards, m)
     gamma = check_unit_interval("gamma", gamma)
-    return gae(r, torch.zeros_like(r), m, gamma=gamma, lam=1.0)[0]
+    return gae(r, torch.zeros_like(r), m, gamma=gamma, lam=1.0, holes=holes)[0]
 
 
 def reinforce_pp_advantages(
@@ -215,8 +295,11 @@ def reinforce_pp_advantages(
     whiten_unbiased: bool = True,
     whiten_eps: float = 1e-8,
     whiten_eps_form: WhitenEps = "add",
+    holes: GaeHoles | str = GaeHoles.SKIP,
 ) -> TokenFloat:
     """REINFORCE++: ``R_t = Σ_{k≥t} γ^{k−t} r_k`` over valid tokens, whitened over the batch; ``[B, T]``.
+
+    ``holes``: how the return crosses interior mask holes (:func:`discounted_returns`).
 
     ``rewards`` are token rewards (score plus ``−β·KL_t``, :func:`refppo.core.rewards.token_rewards`).
     The return is :func:`refppo.core.gae.gae` with ``V = 0, λ = 1`` (one path). Sources: verl 0.9.1
@@ -226,98 +309,5 @@ def reinforce_pp_advantages(
     _check_options("error", whiten_eps_form)
     check_nonneg("whiten_eps", whiten_eps)
     m = check_mask("mask", mask)
-    ret = discounted_returns(rewards, m, gamma=gamma)
+    ret = discounted_returns(rewards, m, gamma=gamma, holes=holes)
     return _whiten(ret, m, whiten_unbiased, whiten_eps, whiten_eps_form)
-
-
-# ----------------------------------------------------------------------------------------------
-# Naive twins: one Python float at a time, as the papers write them.
-# ----------------------------------------------------------------------------------------------
-
-
-def _whiten_naive(
-    rows: list[list[float]], ms: list[list[bool]], unbiased: bool, eps: float, form: str
-) -> list[list[float]]:
-    vals = [v for row, mr in zip(rows, ms, strict=True) for v, ok in zip(row, mr, strict=True) if ok]
-    n = len(vals)
-    if unbiased and n < 2:
-        raise MaskError(f"mask: an unbiased variance needs at least 2 valid tokens, got {n}")
-    mean = sum(vals) / n
-    var = sum((v - mean) ** 2 for v in vals) / (n - 1 if unbiased else n)
-    scale = 1.0 / math.sqrt(var + eps if form == "add" else max(var, eps))
-    return [
-        [(v - mean) * scale if ok else 0.0 for v, ok in zip(row, mr, strict=True)]
-        for row, mr in zip(rows, ms, strict=True)
-    ]
-
-
-def group_advantages_naive(
-    scores: SeqFloat,
-    group_index: Tensor,
-    mask: ResponseMask,
-    *,
-    estimator: AdvantageEstimator | str = AdvantageEstimator.GRPO,
-    scale_by_std: bool = True,
-    unbiased_std: bool = True,
-    eps: float = 1e-6,
-    singleton: Singleton = "error",
-    token_penalty: TokenFloat | None = None,
-    whiten_unbiased: bool = True,
-    whiten_eps: float = 1e-8,
-    whiten_eps_form: WhitenEps = "add",
-) -> TokenFloat:
-    """Naive twin of :func:`group_advantages`: each response against the others of its prompt."""
-    est = parse(AdvantageEstimator, estimator)
-    s, gs, ms = pf.vec(scores), [int(v) for v in group_index.tolist()], pf.mask_rows(mask)
-    pen = pf.rows(token_penalty) if token_penalty is not None else None
-    out: list[list[float]] = []
-    for i in range(len(s)):
-        group = [s[j] for j in range(len(s)) if gs[j] == gs[i]]
-        others = [s[j] for j in range(len(s)) if gs[j] == gs[i] and j != i]
-        n = len(group)
-        if n == 1:
-            if singleton == "error":
-                raise SingletonGroupError([gs[i]], f"group_index: groups [{gs[i]}] have one response")
-            scaled = est is AdvantageEstimator.GRPO and scale_by_std
-            a = 0.0 if singleton == "zero" else (s[i] / (1.0 + eps) if scaled else s[i])
-        elif est is AdvantageEstimator.RLOO:
-            a = s[i] - sum(others) / (n - 1)  # the mean of the OTHER responses
-        else:
-            mean = sum(group) / n
-            a = s[i] - mean
-            if est is AdvantageEstimator.GRPO and scale_by_std:
-                std = math.sqrt(sum((x - mean) ** 2 for x in group) / (n - 1 if unbiased_std else n))
-                a = a / (std + eps)
-        row = []
-        T = len(ms[i])
-        for t in range(T):
-            if not ms[i][t]:
-                row.append(0.0)
-                continue
-            to_go = sum(pen[i][k] for k in range(t, T) if ms[i][k]) if pen is not None else 0.0
-            row.append(a + to_go)
-        out.append(row)
-    if est is AdvantageEstimator.REINFORCE_PP_BASELINE:
-        out = _whiten_naive(out, ms, whiten_unbiased, whiten_eps, whiten_eps_form)
-    return pf.tensor_like(out, scores)
-
-
-def reinforce_pp_advantages_naive(
-    rewards: TokenFloat,
-    mask: ResponseMask,
-    *,
-    gamma: float = 1.0,
-    whiten_unbiased: bool = True,
-    whiten_eps: float = 1e-8,
-    whiten_eps_form: WhitenEps = "add",
-) -> TokenFloat:
-    """Naive twin of :func:`reinforce_pp_advantages`: ``R_t = Σ_l γ^l r_{t_{i+l}}``, then whitened."""
-    rs, ms = pf.rows(rewards), pf.mask_rows(mask)
-    returns = []
-    for r_row, m_row in zip(rs, ms, strict=True):
-        valid = [t for t in range(len(m_row)) if m_row[t]]
-        row = [0.0] * len(m_row)
-        for i, t in enumerate(valid):
-            row[t] = sum(gamma**l_ * r_row[valid[i + l_]] for l_ in range(len(valid) - i))
-        returns.append(row)
-    return pf.tensor_like(_whiten_naive(returns, ms, whiten_unbiased, whiten_eps, whiten_eps_form), rewards)

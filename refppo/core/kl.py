@@ -9,7 +9,13 @@ k1      ``d``                 unbiased for KL(π‖π_ref); can be negative
 k2      ``½ d²``              ≥ 0; biased
 k3      ``exp(−d) + d − 1``   ≥ 0; unbiased (Schulman 2020, "low variance", verl low_var_kl)
 abs     ``|d|``               ≥ 0; biased
+k1+ …   as k1, k3, abs        straight-through: gradient ``∂/∂ log π = d`` (that of ``½ d²``)
 ======= ===================== =============================================================
+
+The ``+`` variants (verl 0.9.1 ``core_algos.kl_penalty``: ``backward − backward.detach() +
+forward.detach()`` with ``backward = ½ (log π − log π_ref)²``) have the base estimator's value,
+clamps included, and the gradient ``d`` of the *unclamped* log-ratio (the clamps act on the
+detached value only). It matters only for the KL in the loss (the reward's KL is not differentiated).
 
 Optional clamps mirror the peers: ``log_ratio_clamp=(lo, hi)`` clamps ``d`` first (either side may
 be None), ``value_clamp=c`` clamps the estimate to ``[−c, c]``. verl ``core_algos.kl_penalty_forward``
@@ -75,16 +81,21 @@ def token_kl(
         # (None, None) means "no clamp" (torch.clamp refuses two Nones).
         d = torch.clamp(d, min=log_ratio_clamp[0], max=log_ratio_clamp[1])
     kl: Tensor
-    if est is KLEstimator.K1:
+    base = est.base
+    if base is KLEstimator.K1:
         kl = d
-    elif est is KLEstimator.K2:
+    elif base is KLEstimator.K2:
         kl = 0.5 * d * d
-    elif est is KLEstimator.K3:
+    elif base is KLEstimator.K3:
         kl = torch.expm1(-d) + d
     else:
         kl = d.abs()
     if value_clamp is not None:
         kl = torch.clamp(kl, min=-value_clamp, max=value_clamp)
+    if est.straight_through:  # value kl, gradient that of ½ d² on the unclamped log-ratio
+        d_raw = torch.where(m, logp - logp_ref, zero)
+        k2 = 0.5 * d_raw * d_raw
+        kl = k2 - k2.detach() + kl.detach()
     return torch.where(m, kl, zero)
 
 
@@ -97,8 +108,8 @@ def token_kl_naive(
     log_ratio_clamp: LogRatioClamp | None = None,
     value_clamp: float | None = None,
 ) -> TokenFloat:
-    """Naive twin of :func:`token_kl`."""
-    est = KLEstimator(estimator)
+    """Naive twin of :func:`token_kl` (values: a ``+`` variant is its base estimator)."""
+    est = KLEstimator(estimator).base
     lp, lr, ms = pf.rows(logp), pf.rows(logp_ref), pf.mask_rows(mask)
     out = []
     for row_p, row_r, mrow in zip(lp, lr, ms, strict=True):

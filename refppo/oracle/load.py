@@ -447,13 +447,14 @@ def _check_rows(p: Path, out: dict[str, Tensor], step: StepLayout) -> None:
 
 def check_inputs_for(dump: Dump, advantage: str) -> None:
     """The inputs the estimator ``advantage`` needs: ``old_values`` for ``gae``, ``group_index`` for a
-    group estimator (``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``). One-line DumpError."""
+    group estimator (``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo``, ``gpg``,
+    ``grpo-passk``; ``flash-reinforce``'s baseline is the batch mean). One-line DumpError."""
     if advantage == "gae" and "old_values" not in dump.tensors:
         raise DumpError(
             f"{dump.path}: missing required key 'old_values' (advantage=gae needs the critic's rollout "
             "values; a critic-free dump names its estimator: --set advantage=grpo, rloo, reinforce++, ...)"
         )
-    if advantage not in ("gae", "reinforce++") and "group_index" not in dump.tensors:
+    if advantage not in ("gae", "reinforce++", "flash-reinforce") and "group_index" not in dump.tensors:
         raise DumpError(
             f"{dump.path}: missing key 'group_index' (advantage={advantage} needs [B] integers: "
             "the prompt each row answers)"

@@ -460,7 +460,7 @@ def resolve_preset(
     conv = dict(p.conventions)
     if estimator is not None:
         conv["kl_estimator"] = estimator
-    conv.update(p.kl_clamps(str(conv["kl_estimator"])))
+    conv.update(p.kl_clamps(str(conv["kl_estimator"]).removesuffix("+")))  # k3+ clamps as k3
     if advantage is not None:
         conv.update(critic_free_variant(name, advantage))
     return conv, dict(p.hparams)

@@ -26,6 +26,8 @@ _ORLHF = (
     "openrlhf/trainer/ppo_utils/experience_maker.py::RemoteExperienceMaker.compute_advantages_and_returns"
 )
 _SKYRL = "skyrl_train/utils/ppo_utils.py"
+_TRL = "trl/trainer/grpo_trainer.py::GRPOTrainer"
+_TRL_ADV = f"{_TRL}._generate_and_score_completions"
 
 Variant = dict[str, tuple[Any, str]]
 """``{convention key: (value, source)}``."""
@@ -52,6 +54,38 @@ _SKYRL_GROUP: Variant = {
     "group_eps": (1e-6, f"{_SKYRL}::compute_grpo_outcome_advantage (epsilon=1e-6)"),
     "group_singleton": ("score", f"{_SKYRL}::compute_grpo_outcome_advantage (one response: mean 0, std 1)"),
     "group_kl": ("fold", f"{_SKYRL}::compute_grpo_outcome_advantage (scores = token_level_rewards.sum(-1))"),
+}
+
+_TRL_GROUP: Variant = {
+    # The GRPO trainer, not the PPOTrainer the ``trl`` preset states: β·k3 KL of the current policy
+    # in the loss (TRL 1.12.0 and 1.16.0 alike; run: tools/peer_makers/trl_grpo.py).
+    "kl_in": ("loss", f"{_TRL}._compute_loss (per_token_loss + beta·per_token_kl)"),
+    "kl_estimator": ("k3", f"{_TRL}._compute_loss (exp(ref − logp) − (ref − logp) − 1)"),
+    "whiten_advantages": ("none", f"{_TRL_ADV} (no batch whitening after the group scaling)"),
+    "group_std": ("unbiased", "trl/trainer/utils.py::nanstd (Bessel: count/(count − 1))"),
+    "group_eps": (1e-4, f"{_TRL_ADV} (advantages / (std_rewards + 1e-4))"),
+    # num_generations = 1 (eval only): std_rewards = 0 and r − mean = 0, so 0/(0 + 1e-4) = 0.
+    "group_singleton": ("zero", f"{_TRL_ADV} (num_generations = 1: std 0, advantage 0)"),
+    # The score enters as is (one reward function, weight 1); β acts in the loss, not the reward.
+    "group_kl": ("to_go", f"{_TRL_ADV} (rewards = Σ_k w_k·reward_k; no KL in the reward)"),
+    # GRPOConfig.loss_type default "dapo": Σ loss·mask / num_items_in_batch (one process: token-mean).
+    "loss_agg": ("token-mean", "trl/trainer/grpo_config.py::GRPOConfig.loss_type (default dapo)"),
+    "log_ratio_clamp": (None, f"{_TRL}._compute_loss (exp(log_ratio), no clamp)"),
+    "dual_clip": (None, "trl/trainer/grpo_config.py::GRPOConfig.delta (default None)"),
+}
+
+_AREAL_NORM = "areal/utils/data.py::Normalization"
+_AREAL_ADV = "areal/trainer/ppo/actor.py::PPOActor._compute_advantages"
+_AREAL_GROUP: Variant = {
+    # reward_norm {mean_level: group, std_level: group, group_size: n} on the scalar scores, then
+    # GAE over zero values with γ = λ = 1 (run: tools/peer_makers/areal_grpo.py).
+    "whiten_advantages": ("none", "areal/api/cli_args.py::PPOActorConfig.adv_norm (default None)"),
+    "group_std": ("unbiased", "areal/api/cli_args.py::NormConfig.std_unbiased (default True)"),
+    "group_eps": (1e-5, f"{_AREAL_NORM}.__call__ ((x − mean)/(std + eps), NormConfig.eps 1e-5)"),
+    # group_size = 1: mean = the score (leave-one-out: 0), std := 1 (unbiased) → 0.
+    "group_singleton": ("zero", f"{_AREAL_NORM}.__call__ (group_size = 1: x − x = 0)"),
+    # −kl_ctl·KL_t stays in the token rewards and reaches a_t as its return-to-go (γ = 1).
+    "group_kl": ("to_go", f"{_AREAL_ADV} (GAE over zero values, discount = gae_lambda = 1)"),
 }
 
 VARIANTS: dict[str, dict[str, Variant]] = {
@@ -115,6 +149,27 @@ VARIANTS: dict[str, dict[str, Variant]] = {
             "whiten_eps_at": ("clamp", f"{_ORLHF} (var.clamp(min=1e-8).rsqrt())"),
         },
     },
+    "areal": {
+        "grpo": _AREAL_GROUP,
+        "dr-grpo": {
+            **_AREAL_GROUP,
+            "whiten_advantages": ("none", f"{_AREAL_NORM}.__call__ (std_level None: std 1, eps 0)"),
+        },
+        "rloo": {
+            **_AREAL_GROUP,
+            "group_singleton": (
+                "score",
+                f"{_AREAL_NORM}.__call__ (group_size = 1 with mean_leave1out: mean 0, a = score)",
+            ),
+        },
+    },
+    "trl": {
+        "grpo": _TRL_GROUP,
+        "dr-grpo": {
+            **_TRL_GROUP,
+            "whiten_advantages": ("none", f"{_TRL_ADV} (scale_rewards='none' / False: r − mean only)"),
+        },
+    },
     "skyrl": {
         "grpo": _SKYRL_GROUP,
         "dr-grpo": {
@@ -136,6 +191,35 @@ VARIANTS: dict[str, dict[str, Variant]] = {
     },
 }
 """``peer → advantage → {key: (value, source)}``. ``refppo`` itself takes any estimator as set."""
+
+# Issue #13 item 3 (helper `estimators`): verl's further group estimators and OpenRLHF's
+# flash_reinforce, each checked against the peer's own function by tools/validate_group_estimators.py.
+VARIANTS["verl"].update(
+    {
+        "opo": {
+            **_VERL_GROUP,
+            "group_singleton": (
+                "score",
+                f"{_VERL}::compute_opo_outcome_advantage (one response: baseline 0)",
+            ),
+        },
+        "gpg": {
+            **_VERL_GROUP,
+            "group_singleton": ("score", f"{_VERL}::compute_gpg_outcome_advantage (one response: mean 0)"),
+        },
+        "grpo-passk": {
+            **_VERL_GROUP,
+            "group_singleton": (
+                "error",
+                f"{_VERL}::compute_grpo_passk_outcome_advantage (raises ValueError)",
+            ),
+        },
+    }
+)
+VARIANTS["openrlhf"]["flash-reinforce"] = {
+    **_OPENRLHF_GROUP,
+    "whiten_advantages": ("none", f"{_ORLHF} (flash_reinforce: rewards − rewards.mean(), not whitened)"),
+}
 
 
 def critic_free_variant(preset: str, advantage: str) -> dict[str, Any]:

@@ -53,6 +53,11 @@ SOLVE_GROUPS = 3
 Option = tuple[dict[str, Any], dict[str, Any], bytes]
 
 
+_KL_VALUES = tuple(e for e in KLEstimator if not e.straight_through)
+"""The KL estimators told apart by their values: a straight-through ``k3+`` has ``k3``'s value (only
+its gradient differs; :mod:`refppo.oracle.grad_diagnose` names it from ``grad_logprobs``)."""
+
+
 @dataclass
 class Group:
     """Candidates whose outputs so far are identical: their partial conventions and shared state."""
@@ -88,6 +93,8 @@ class Search:
         self.unmatched: list[str] = []
         self.fitted: list[str] = []
         """One line per stage no convention reproduces: the map fitted between dump and refppo."""
+        self.notes: list[str] = []
+        """What the data cannot decide, in one line each (e.g. a score map with constant scores)."""
         self.solved: dict[str, list[Any]] = {}
         """Constants the solvers proposed, by key (whether or not the pipeline confirmed them)."""
         self.norm = {"horizon": self.hp.horizon} if self.hp.horizon is not None else {}
@@ -218,7 +225,7 @@ class Search:
         has_lp = "logprobs" in t
 
         def make(extra: list[tuple[str, dict[str, Any]]] | None) -> Callable[[Group], Iterable[Option]]:
-            pairs = [(e.value, cl) for e in KLEstimator for cl in clamp_opts] + list(extra or [])
+            pairs = [(e.value, cl) for e in _KL_VALUES for cl in clamp_opts] + list(extra or [])
 
             def opts(g: Group) -> Iterable[Option]:
                 for est, cl in pairs:
@@ -238,7 +245,7 @@ class Search:
                 return []
             tol = self.tol.of(float(t["kl"].abs().max()))
             out = []
-            for est in KLEstimator:
+            for est in _KL_VALUES:
                 for b in read_kl_clamps(t["kl"], t["old_logprobs"], t["ref_logprobs"], m, est.value, tol):
                     if b not in clamp_opts:
                         out.append((est.value, b))

@@ -34,7 +34,9 @@ def test_peers_group_estimators_match_refppo() -> None:
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    # every peer ran (a failed import would be a FAILED status) and all 16 comparisons were made
+    # every peer ran (a failed import would be a FAILED status) and all 27 comparisons were made
+    # (16 + issue #13 item 3: opo, gpg, grpo_passk, gdpo, flash_reinforce, REINFORCE++ over holes x2;
+    # and the four new estimators again through their preset variants)
     for peer in ("verl 0.9.1", "openrlhf 0.11.2", "skyrl-train 0.3.1"):
         assert f"'{peer}'" in out, out
-    assert "16 comparisons, 0 failure(s)" in out, out
+    assert "27 comparisons, 0 failure(s)" in out, out

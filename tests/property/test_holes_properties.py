@@ -5,6 +5,7 @@ against their naive twins."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -166,3 +167,65 @@ def test_rollout_step_with_holes_matches_the_naive_pipeline(
         assert_twin_close(getattr(got, name), getattr(exp, name), b.dtype, name)
     assume(float(got.advantages_raw[m].std()) > 1e-6)
     assert_twin_close(got.advantages[m], exp.advantages[m], b.dtype, "advantages")
+
+
+@given(ragged_batches(max_B=8, max_T=32), st.sampled_from(HOLES), unit)
+def test_reinforce_pp_returns_over_holes_match_the_equation(b: Ragged, holes: str, gamma: float) -> None:
+    """REINFORCE++'s discounted returns cross interior holes by ``gae_holes`` (issue #13): skip = the
+    valid positions only (verl), zero = each hole a step with reward 0 (OpenRLHF), through = each
+    hole a step with its reward read; against the naive sums of each equation."""
+    from refppo.core.group import discounted_returns, discounted_returns_naive
+
+    m = holed_mask(b)
+    r = tool_values(b, m, b.floats(-1.0, 1.0))
+    got = discounted_returns(r, m, gamma=gamma, holes=holes)
+    assert_twin_close(got, discounted_returns_naive(r, m, gamma=gamma, holes=holes), b.dtype, holes)
+    assert bool((got[~envelope(m)] == 0).all())
+
+
+@given(ragged_batches(max_B=8, max_T=32, dtypes=(torch.float64,)), st.sampled_from(HOLES), unit)
+def test_pipeline_reinforce_pp_follows_gae_holes(b: Ragged, holes: str, gamma: float) -> None:
+    """``rollout_quantities`` with ``advantage=reinforce++`` on a holed mask uses ``conv.gae_holes``
+    (it used ``skip`` whatever the convention): its raw advantages equal the naive returns of the
+    token rewards under that convention, and differ from ``skip``'s where γ < 1 and a hole binds."""
+    from refppo.core.group import discounted_returns_naive
+
+    m = holed_mask(b)
+    old, ref = b.floats(-2.0, -0.1), b.floats(-2.0, -0.1)
+    s = b.floats(-1.0, 1.0)[:, 0]
+    conv = Convention(advantage="reinforce++", whiten_advantages="none", gae_holes=holes)
+    hp = Hyperparams(kl_coef=0.1, gamma=gamma)
+    rq = rollout_quantities(
+        scores=s, old_logprobs=old, ref_logprobs=ref, old_values=None, mask=m, hp=hp, conv=conv
+    )
+    want = discounted_returns_naive(rq.token_rewards, rq.value_mask, gamma=gamma, holes=holes)
+    assert_twin_close(rq.advantages_raw, want, b.dtype, holes)
+
+
+@pytest.mark.parametrize(("holes", "first"), [("skip", 0.5), ("zero", 0.25), ("through", 0.25)])
+def test_pipeline_reinforce_pp_hole_by_hand(holes: str, first: float) -> None:
+    """One row ``m = [1, 0, 1]``, score 1 at the last token, β = 0, γ = ½: ``R_0`` is γ·1 when the
+    hole is transparent (skip, verl) and γ²·1 when it is a time step (zero, OpenRLHF; through)."""
+    m = torch.tensor([[True, False, True]])
+    lp = torch.full((1, 3), -1.0, dtype=torch.float64)
+    conv = Convention(advantage="reinforce++", whiten_advantages="none", gae_holes=holes)
+    rq = rollout_quantities(
+        scores=torch.tensor([1.0], dtype=torch.float64), old_logprobs=lp, ref_logprobs=lp,
+        old_values=None, mask=m, hp=Hyperparams(kl_coef=0.0, gamma=0.5), conv=conv,
+    )  # fmt: skip
+    assert rq.advantages_raw[0, 0].item() == first and rq.advantages_raw[0, 2].item() == 1.0
+
+
+@given(ragged_batches(max_B=8, max_T=32, dtypes=(torch.float64,)), st.sampled_from(HOLES), unit)
+def test_reinforce_pp_advantages_over_holes_match_naive(b: Ragged, holes: str, gamma: float) -> None:
+    """The whitened REINFORCE++ advantages (whitening over the holed mask) equal the naive twin."""
+    from refppo.core.group import discounted_returns, reinforce_pp_advantages, reinforce_pp_advantages_naive
+
+    m = holed_mask(b)
+    assume(int(m.sum()) >= 2)
+    r = tool_values(b, m, b.floats(-1.0, 1.0))
+    spread = float(discounted_returns(r, m, gamma=gamma, holes=holes)[m].std())
+    assume(spread == 0.0 or spread >= 1e-6)  # whitening divides by it: rounding is amplified below
+    got = reinforce_pp_advantages(r, m, gamma=gamma, holes=holes)
+    want = reinforce_pp_advantages_naive(r, m, gamma=gamma, holes=holes)
+    assert_twin_close(got, want, b.dtype, holes)

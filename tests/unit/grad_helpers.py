@@ -58,6 +58,9 @@ class Bugs:
 
 
 def _kl(d: Tensor, est: str) -> Tensor:
+    if est.endswith("+"):  # straight-through, as verl's kl_penalty: the value of est, the gradient of ½d²
+        half_sq = 0.5 * d * d
+        return half_sq - half_sq.detach() + _kl(d, est[:-1]).detach()
     if est == "k1":
         return d
     if est == "k2":
