@@ -24,12 +24,39 @@ def test_straight_through_kl_loss_step_is_reproduced(
 def test_base_estimator_fails_on_the_gradient_and_names_the_straight_through_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Every estimator whose gradient is ``d`` explains it (k2, k1+, k3+, abs+): the diagnosis swaps
-    the gradient only, so it names all four (the dumped values, k3's, single out ``k3+``)."""
+    """Every estimator whose gradient is ``d`` explains the gradient (k2, k1+, k3+, abs+); the dumped
+    ``kl`` values (k3's) single out ``k3+`` (issue #13 follow-up: the value check of a candidate)."""
     conv = {"kl_in": "loss", "kl_estimator": "k3"}
     rc, rep = run(tmp_path, step_dump(conv, Bugs(kl_estimator="k3+")), capsys, conv)
     assert rc == 1
     assert rep["first_divergence"] == "grad_logprobs"  # every value quantity matched
-    assert sorted(e["bug"] for e in rep["explained_by"]) == [
-        f"kl_estimator={e}" for e in ("abs+", "k1+", "k2", "k3+")
-    ], rep["diagnosis"]
+    assert [e["bug"] for e in rep["explained_by"]] == ["kl_estimator=k3+"], rep["diagnosis"]
+
+
+@pytest.mark.parametrize("values", ["kl", "scalars", "none"])
+def test_the_value_check_singles_out_k3_plus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], values: str
+) -> None:
+    """A ``k3+`` step checked under ``k3``: the dumped ``kl`` [B, T] alone, or ``kl_loss`` and ``loss``
+    alone, rule out k2, k1+ and abs+ (their values ``½d²``, ``d``, ``|d|``), and the report says so.
+    Control: with none of the three in the dump only the gradient speaks, and all four are named."""
+    conv = {"kl_in": "loss", "kl_estimator": "k3"}
+    d = step_dump(conv, Bugs(kl_estimator="k3+"), keep_scalars=values == "scalars")
+    if values != "kl":
+        d.pop("kl")
+    if values == "none":
+        d = {k: v for k, v in d.items() if k not in ("kl_loss", "loss")}
+    if values == "scalars":
+        assert d["kl_loss"].dim() == 0 and d["loss"].dim() == 0
+    rc, rep = run(tmp_path, d, capsys, conv)
+    assert rc == 1
+    named = sorted(e["bug"] for e in rep["explained_by"])
+    text = "\n".join(rep["diagnosis"])
+    if values == "none":
+        assert named == [f"kl_estimator={e}" for e in ("abs+", "k1+", "k2", "k3+")], text
+        assert "ruled out" not in text
+        return
+    assert named == ["kl_estimator=k3+"], text
+    for est in ("k2", "k1+", "abs+"):
+        assert f"kl_estimator={est} (its " in text, text
+    assert "ruled out by the dumped values" in text
