@@ -23,9 +23,9 @@ clip not in the gradient      the policy clip (and dual clip) removed: the uncli
                               gradient at tokens the reference clips
 advantages not detached       ``grad_values − ∂pg/∂advantages`` (from the pipeline's per-token
                               policy loss: every clip, dual clip, log-ratio clamp and GSPO)
-KL estimator                  ``kl_in = loss`` with another ``kl_estimator``; named only if its
-                              values (``kl``, ``kl_loss``, ``loss``) also match the dump where the
-                              checked setting's did (k2, k1+, k3+, abs+ share a gradient)
+KL estimator                  ``kl_in = loss`` with another ``kl_estimator``; not named if its
+                              ``kl_loss`` or ``loss`` differs from the dump's where the checked
+                              setting's matched (k2, k1+, k3+, abs+ share a gradient)
 ============================ ==================================================================
 
 A nonzero gradient at padded positions (where the reference is 0 by definition) is named as a

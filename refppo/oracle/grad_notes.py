@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.core.kl import token_kl
 from refppo.oracle.compare import QuantityResult, compare
 from refppo.oracle.grad import UpdateInputs
 from refppo.oracle.load import TOLERANCES, Dump
@@ -107,46 +106,35 @@ def first_line(dump: Dump, name: str, max_abs_err: float, tol: float) -> str:
     return f"first divergence: {name} (max abs err {max_abs_err:.3g} > tol {tol:.3g})"
 
 
-KL_VALUES = ("kl", "kl_loss", "loss")
-"""The dumped values a ``kl_estimator`` sets (with ``kl_in = loss``): ``kl`` [B, T] (old vs ref),
-``kl_loss`` and ``loss`` (0-dim, current vs ref)."""
+KL_VALUES = ("kl_loss", "loss")
+"""The dumped values the KL-in-loss estimator sets (``kl_in = loss``, 0-dim, current vs ref). Not
+``kl``: a trainer may estimate the rollout KL with another estimator than its loss's (verl's
+``algorithm.kl_penalty`` vs ``kl_loss_type``), and a loss on the wrong estimator is the bug named."""
 
 
 def kl_values_differ(
     dump: Dump, setup: Setup, inp: UpdateInputs, results: dict[str, QuantityResult]
 ) -> list[str]:
     """The quantities of :data:`KL_VALUES` that ``setup`` (a ``kl_estimator`` candidate) does NOT
-    reproduce, among those the checked setting reproduced (``results[n].ok``): the same pipeline
-    calls the reference makes (``token_kl`` of step 1, :func:`refppo.pipeline.update_quantities`
-    over the whole step), compared within the dump's value tolerance.
+    reproduce, among the 0-dim ones the checked setting reproduced (``results[n].ok``): the
+    pipeline's :func:`refppo.pipeline.update_quantities` over the whole step, as the reference,
+    compared within the dump's value tolerance.
 
-    k2, k1+, k3+ and abs+ all have the gradient ``d = l − l_ref`` (``∂½d²``), so the gradient alone
-    cannot tell them apart; their values ``½d²``, ``d``, ``e^{−d} − 1 + d`` and ``|d|`` do. Only
-    0-dim ``kl_loss``/``loss`` are checked (a per-micro-batch record is left to the gradient).
+    k2, k1+, k3+ and abs+ all have the gradient ``d = l − l_ref`` (``∂½d²/∂l``), so the gradient
+    alone cannot tell them apart; their ``kl_loss = agg(KL_t)`` with ``KL_t`` = ``½d²``, ``d``,
+    ``e^{−d} − 1 + d`` (k3's value, clamps included) and ``|d|`` does.
     """
-    ok = [n for n in KL_VALUES if n in results and results[n].ok and n in dump.tensors]
+    ok = [n for n in KL_VALUES if n in results and results[n].ok and dump.tensors[n].dim() == 0]
     if not ok:
         return []
     tol = TOLERANCES[dump.dtype]
-    c = setup.conv
-    out: list[str] = []
-    if "kl" in ok:
-        kl = token_kl(
-            inp.old_logprobs, inp.ref_logprobs, inp.mask, c.kl_estimator,
-            log_ratio_clamp=c.kl_log_ratio_clamp, value_clamp=c.kl_value_clamp,
-        )  # fmt: skip
-        if not compare("kl", dump.tensors["kl"], kl, inp.mask, tol).ok:
-            out.append("kl")
-    scalars = [n for n in ("kl_loss", "loss") if n in ok and dump.tensors[n].dim() == 0]
-    if scalars:
-        uq = update_quantities(
-            logprobs=inp.logprobs, values=inp.values, old_logprobs=inp.old_logprobs,
-            old_values=inp.old_values, advantages=inp.advantages, returns=inp.returns, mask=inp.mask,
-            value_mask_=inp.value_mask, ref_logprobs=inp.ref_logprobs, entropy=inp.entropy,
-            hp=setup.hp, conv=c,
-        )  # fmt: skip
-        out += [n for n in scalars if not compare(n, dump.tensors[n], getattr(uq, n).detach(), None, tol).ok]
-    return out
+    uq = update_quantities(
+        logprobs=inp.logprobs, values=inp.values, old_logprobs=inp.old_logprobs,
+        old_values=inp.old_values, advantages=inp.advantages, returns=inp.returns, mask=inp.mask,
+        value_mask_=inp.value_mask, ref_logprobs=inp.ref_logprobs, entropy=inp.entropy,
+        hp=setup.hp, conv=setup.conv,
+    )  # fmt: skip
+    return [n for n in ok if not compare(n, dump.tensors[n], getattr(uq, n).detach(), None, tol).ok]
 
 
 __all__ = ["KL_VALUES", "first_line", "kl_values_differ", "nonfinite", "where_text", "zero_reference_line"]
