@@ -10,7 +10,8 @@ Usage (from the repository root)::
 Scope: in ``refppo/core/*.py`` every function whose name does not end in ``_naive`` (the naive twins
 and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validation-only helpers
 (``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``); in ``refppo/pipeline.py``
-``value_mask``, ``rollout_quantities``, ``update_quantities``, the ``__post_init__`` checks
+``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``critic_free_advantages``,
+``Normalisers.kwargs``, ``update_quantities``, the ``__post_init__`` checks
 of ``Convention`` and ``Hyperparams`` and their fields' numeric defaults (not the dict
 (de)serialisation or ``stats``). The numeric/bool default values of the in-scope functions'
 arguments are mutated too (``unbiased=True``, ``vf_coef=0.0``, ...). Statements
@@ -37,7 +38,10 @@ listed in the report). A child that runs past its timeout (2 × the subset's bas
 killed and counted as ``timeout`` (neither killed nor survived). ``--killed-in`` carries the killed
 mutants of an earlier ``--json`` result (valid when tests were only added since); survivors listed
 in ``tools/mutate_equivalent.json`` (key and one-line reason) are reported as equivalent and left
-out of the score's denominator.
+out of the score's denominator. A key names the file, the function, the mutated line's *text*, the
+change and, for a repeated one, its occurrence (:meth:`Mutant.key`), never the line number, so an
+edit elsewhere in the file leaves the entries valid; an entry that matches no mutant any more is
+listed as stale in the report (and fails ``tests/unit/test_mutate_keys.py``).
 """
 
 from __future__ import annotations
@@ -83,7 +87,10 @@ TOP_LEVEL = ("pipeline", "step_settings")
 ``Convention`` and ``Hyperparams``, which refppo/pipeline.py re-exports."""
 PIPELINE_FUNCS = {
     "value_mask",
+    "reward_quantities",
     "rollout_quantities",
+    "critic_free_advantages",
+    "Normalisers.kwargs",
     "update_quantities",
     "Convention.__post_init__",
     "Hyperparams.__post_init__",
@@ -96,13 +103,16 @@ GAP_TESTS = (
     "tests/unit/test_core_boundaries.py",
     "tests/unit/test_core_gradients.py",
     "tests/unit/test_core_defaults.py",
+    "tests/unit/test_core_mutation_kills.py",
 )
 PIPELINE_TESTS = (
     "tests/unit/test_pipeline.py",
     "tests/unit/test_pipeline_normalisers.py",
+    "tests/unit/test_pipeline_critic_free.py",
     "tests/unit/test_core_defaults.py",
     "tests/unit/test_core_boundaries.py",
     "tests/golden/test_golden_ppo.py",
+    "tests/unit/test_core_mutation_kills.py",
 )
 """The oracle's tests (tests/unit/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
@@ -147,10 +157,22 @@ class Mutant:
     after: str
     status: str = "pending"
     seconds: float = 0.0
+    source: str = ""
+    """The text of the mutated source line (``line``), whitespace collapsed."""
+    occurrence: int = 1
+    """1 + how many earlier mutants of the module have the same key (the same change of the same
+    text in the same function): tells apart repeated lines without their number."""
 
     def key(self) -> str:
-        """Identity across runs (indices shift when operators change): file, line, operator, text."""
-        return f"{module_path(self.module).name}:{self.line} {self.operator} `{self.before}` → `{self.after}`"
+        """Identity across runs and edits elsewhere in the file: file, function, the mutated line's
+        text, operator and change, and the occurrence when those repeat. Line numbers are not part
+        of it (they move whenever a line above changes: the line-keyed entries of
+        ``tools/mutate_equivalent.json`` went stale that way)."""
+        base = (
+            f"{module_path(self.module).name}::{self.function} `{self.source}` "
+            f"{self.operator} `{self.before}` → `{self.after}`"
+        )
+        return base if self.occurrence == 1 else f"{base} #{self.occurrence}"
 
     def label(self) -> str:
         """``kl.py:63 [#12 compare] `a < b` → `a <= b``` (for reports)."""
@@ -459,9 +481,16 @@ class _Mutator(ast.NodeTransformer):
 
 def list_mutants(mod: str) -> list[Mutant]:
     """Every mutation point of ``mod`` in walk order (``Mutant.index`` = position)."""
-    tree = ast.parse(module_path(mod).read_text())
+    text = module_path(mod).read_text()
+    lines = text.splitlines()
     m = _Mutator(mod, None)
-    m.visit(tree)
+    m.visit(ast.parse(text))
+    seen: dict[str, int] = {}
+    for mu in m.found:
+        mu.source = " ".join(lines[mu.line - 1].split()) if 0 < mu.line <= len(lines) else ""
+        k = mu.key()
+        seen[k] = seen.get(k, 0) + 1
+        mu.occurrence = seen[k]
     return m.found
 
 
@@ -677,6 +706,10 @@ def report(results: list[ModuleResult], wall: float, cpu: float, equivalent: dic
     lines += [f"- {m.label()}" for m in survivors if m.key() not in equivalent]
     lines += ["", "Equivalent survivors:"]
     lines += [f"- {m.label()}: {equivalent[m.key()]}" for m in survivors if m.key() in equivalent]
+    stale = stale_entries(equivalent, [r.module for r in results])
+    if stale:
+        lines += ["", "Stale entries of the equivalent list (no mutant of these modules has the key):"]
+        lines += [f"- {k}" for k in stale]
     excluded = [f"- {r.module}: {t}" for r in results for t in r.excluded]
     if excluded:
         lines += ["", "Tests excluded (failing on the unmutated code):", *excluded]
@@ -684,6 +717,13 @@ def report(results: list[ModuleResult], wall: float, cpu: float, equivalent: dic
     if timeouts:
         lines += ["", "Timeouts:"] + [f"- {m.label()}" for m in timeouts]
     return "\n".join(lines)
+
+
+def stale_entries(equivalent: dict[str, str], modules: Sequence[str]) -> list[str]:
+    """Keys of ``equivalent`` that name a file of ``modules`` but no current mutant of it."""
+    files = {module_path(m).name: m for m in modules}
+    keys = {mu.key() for m in modules for mu in list_mutants(m)}
+    return [k for k in equivalent if k.split("::", 1)[0].split(":", 1)[0] in files and k not in keys]
 
 
 def _load_equivalent(path: Path) -> dict[str, str]:

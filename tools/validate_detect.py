@@ -2,10 +2,11 @@
 """Show that ``--detect`` finds the peers' conventions without being told. Not part of CI.
 
 For every dump ``tools/validate_presets.py`` makes with a peer's OWN code (side venvs, makers in
-``tools/peer_makers/``), run :func:`refppo.oracle.detect.detect` from refppo's DEFAULT conventions
-with the dump's sidecar (exactly ``refppo diff DUMP --detect``, no ``--preset``) and check that the
-case's generating convention (``--preset PEER`` + the case's ``--set``, resolved as
-:func:`refppo.oracle.run.check_step` resolves them) is among ``detected``.
+``tools/peer_makers/``), and every dump ``tools/validate_detect_trl.py`` makes with TRL 1.12.0's
+whole ``PPOTrainer.train`` (group ``trl``), run :func:`refppo.oracle.detect.detect` from
+refppo's DEFAULT conventions with the dump's sidecar (exactly ``refppo diff DUMP --detect``, no
+``--preset``) and check that the case's generating convention (``--preset PEER`` + the case's
+``--set``, resolved as :func:`refppo.oracle.run.check_step` resolves them) is among ``detected``.
 
 Verdicts per case:
 
@@ -17,6 +18,9 @@ Verdicts per case:
   generating convention with those keys set to the entry's values still reproduces the dump through
   :func:`refppo.oracle.diagnose.check` (the verified pipeline). The keys are named.
 * ``not found``: neither; ``nearest``, ``unmatched_stages`` and the differing keys are reported.
+
+Each case also records ``preset_match``: whether the generating convention itself reproduces the
+dump through the pipeline (a case whose own convention does not match proves nothing).
 
 Usage: ``tools/validate_detect.py --dumps DIR`` (a ``validate_presets.py --keep DIR`` folder), or
 without ``--dumps`` it makes the dumps first with the side venvs. Exit 0 when every case is found
@@ -37,7 +41,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
-from validate_presets import GROUPS, PEERS_ROOT, peers_python  # noqa: E402
+from validate_presets import GROUPS as PRESET_GROUPS  # noqa: E402
+from validate_presets import PEERS_ROOT, peers_python  # noqa: E402
+
+GROUPS: dict[str, tuple[str, ...]] = {**PRESET_GROUPS, "trl": ("trl",)}
+"""Side venvs whose peers' code makes the dumps: those of ``tools/validate_presets.py`` and TRL
+1.12.0 (its whole ``PPOTrainer.train``, ``tools/validate_detect_trl.py``)."""
+MAKER = {"trl": "validate_detect_trl.py"}
+"""Groups whose dumps come from another script than ``validate_presets.py --make DIR --group G``."""
 
 EXCLUDED: dict[str, str] = {}
 """Case name → why ``--detect`` cannot list its generating convention (out of scope, named)."""
@@ -80,6 +91,8 @@ def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int =
         return out
 
     res: dict[str, Any] = {
+        # the generating convention itself reproduces the dump (else the case proves nothing)
+        "preset_match": check(dump, expected, explain_divergence=False).match,
         "n_detected": det.n_detected,
         "listed": len(det.detected),
         "undetermined": sorted(undet),
@@ -129,9 +142,10 @@ def make_dumps(groups: list[str], root: Path, out: Path) -> dict[str, str]:
             skipped[group] = f"no side venv {root / group} (run tools/build_peer_venvs.sh)"
             continue
         (out / group).mkdir(parents=True, exist_ok=True)
-        script = str(REPO / "tools" / "validate_presets.py")
+        script = str(REPO / "tools" / MAKER.get(group, "validate_presets.py"))
+        argv = [str(py), script, "--make", str(out / group)] + ([] if group in MAKER else ["--group", group])
         proc = subprocess.run(
-            [str(py), script, "--make", str(out / group), "--group", group],
+            argv,
             capture_output=True,
             text=True,
             timeout=900,

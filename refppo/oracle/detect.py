@@ -70,6 +70,9 @@ class Detection:
     solved: dict[str, list[Any]] = field(default_factory=dict)
     """Constants read off the data by a solver (not in the named options) that some entry of
     ``detected`` uses, i.e. that the pipeline confirmed."""
+    notes: list[str] = field(default_factory=list)
+    """What the data cannot decide, one line each: e.g. with one score on every row, the score
+    maps ``(s + b)·k`` that reproduce it (the bias and the scale cannot be told apart)."""
 
 
 def _full(base: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
@@ -137,10 +140,10 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
             }
             confirmed = {k: vs for k, vs in confirmed.items() if vs}
             n = max(n_total, len(convs))
-            return Detection(convs[:limit], n, None, [], undetermined, fitted, confirmed)
+            return Detection(convs[:limit], n, None, [], undetermined, fitted, confirmed, search.notes)
     best = min(groups, key=lambda g: g.worst) if groups else None
     nearest = _full(base_json, best.convs[0]) if best is not None else None
-    return Detection([], 0, nearest, list(dict.fromkeys(search.unmatched)), [], fitted, {})
+    return Detection([], 0, nearest, list(dict.fromkeys(search.unmatched)), [], fitted, {}, search.notes)
 
 
 def _hp_json(base: Setup) -> dict[str, Any]:

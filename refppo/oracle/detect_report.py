@@ -37,6 +37,7 @@ def detection_json(result: CheckResult, detection: Detection, nearest: CheckResu
         "undetermined_keys": detection.undetermined,
         "solved": detection.solved,
         "fitted": detection.fitted,
+        "detect_notes": detection.notes,
         "nearest": None,
     }
     if detection.nearest is not None and nearest is not None:
@@ -89,6 +90,7 @@ def detection_text(result: CheckResult, detection: Detection, nearest: CheckResu
                 still = [n for n, r in nearest.quantities.items() if not r.ok]
                 lines.append(f"  still differs: {', '.join(still) or '(nothing: within tolerance)'}")
                 lines += [f"    - {d}" for d in nearest.diagnosis if d.startswith(tuple(still))][:6]
+    lines += [f"  note: {n}" for n in detection.notes]
     if detection.fitted:
         lines.append("  fitted (what the dump holds where no convention reproduces it):")
         lines += [f"    - {f}" for f in detection.fitted]

@@ -102,6 +102,8 @@ def text_report(
     lines.append("")
     if result.match:
         lines.append(f"MATCH: all {len(result.quantities)} quantities in the dump match the reference.")
+    elif not result.quantities:
+        lines.append("MISMATCH: the checked convention cannot run on this dump's inputs (see diagnosis).")
     else:
         lines.append(f"MISMATCH: first divergence at {result.first_divergence}.")
     if result.diagnosis:

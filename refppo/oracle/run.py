@@ -18,7 +18,7 @@ from torch import Tensor
 
 from refppo.oracle.detect import Detection, detect, setup_from_json
 from refppo.oracle.diagnose import CheckResult, check
-from refppo.oracle.load import SIDECAR_SCORING_KEYS, Dump, DumpError, load_dump, validate
+from refppo.oracle.load import SIDECAR_SCORING_KEYS, Dump, DumpError, check_inputs_for, load_dump, validate
 from refppo.oracle.presets import resolve_preset
 from refppo.oracle.recompute import PIPELINE_ORDER
 from refppo.oracle.report import json_report, text_report
@@ -95,19 +95,43 @@ def check_step(
         )
         notes = preset_overrides_note(preset, preset_conv, sidecar, parsed)
     setup = build_setup(preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=parsed)
-    result = check(d, setup)
-    if not result.quantities:
-        raise DumpError(
-            f"{d.path}: the dump holds inputs only, none of the trainer outputs "
-            f"({', '.join(PIPELINE_ORDER)}): nothing to compare"
-        )
+    try:
+        check_inputs_for(d, setup.conv.advantage.value)
+    except DumpError as exc:
+        if not detect_conventions or not any(d.has(k) for k in PIPELINE_ORDER):
+            raise
+        # The named estimator cannot run on this dump (a critic-free dump checked under GAE, say):
+        # that is the checked convention's verdict (a mismatch, exit 1); --detect still searches.
+        result = CheckResult(setup, {}, INAPPLICABLE, [f"the checked convention does not apply: {exc}"])
+    else:
+        result = check(d, setup)
+        if not result.quantities:
+            raise DumpError(
+                f"{d.path}: the dump holds inputs only, none of the trainer outputs "
+                f"({', '.join(PIPELINE_ORDER)}): nothing to compare"
+            )
     result.diagnosis[:0] = notes
     out = Outcome(d, result, preset)
     if detect_conventions:
         out.detection = detect(d, setup)
-        if out.detection.nearest is not None:
-            out.nearest = check(d, setup_from_json(setup, out.detection.nearest), explain_divergence=False)
+        nearest = out.detection.nearest
+        if nearest is not None and check_applies(d, str(nearest.get("advantage", "gae"))):
+            out.nearest = check(d, setup_from_json(setup, nearest), explain_divergence=False)
     return out
 
 
-__all__ = ["Outcome", "as_dump", "check_step"]
+INAPPLICABLE = "inputs"
+"""``first_divergence`` when the checked convention cannot run on the dump's inputs (only with
+``--detect``; without it that is bad input, exit 2): e.g. ``advantage=gae`` without ``old_values``."""
+
+
+def check_applies(d: Dump, advantage: str) -> bool:
+    """Whether the dump holds the inputs the estimator ``advantage`` needs."""
+    try:
+        check_inputs_for(d, advantage)
+    except DumpError:
+        return False
+    return True
+
+
+__all__ = ["INAPPLICABLE", "Outcome", "as_dump", "check_step"]

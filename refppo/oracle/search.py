@@ -93,6 +93,8 @@ class Search:
         self.unmatched: list[str] = []
         self.fitted: list[str] = []
         """One line per stage no convention reproduces: the map fitted between dump and refppo."""
+        self.notes: list[str] = []
+        """What the data cannot decide, in one line each (e.g. a score map with constant scores)."""
         self.solved: dict[str, list[Any]] = {}
         """Constants the solvers proposed, by key (whether or not the pipeline confirmed them)."""
         self.norm = {"horizon": self.hp.horizon} if self.hp.horizon is not None else {}

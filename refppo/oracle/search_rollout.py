@@ -128,35 +128,73 @@ def _propose_score_map(
     For each KL placement and score slot of the nearest groups, the dump's reward at the slot minus
     the KL part (the core's :func:`token_rewards` with zero scores) is fitted against the scores by
     least squares; a fit whose residual is within tolerance on every row is proposed (rounded to
-    round numbers by :func:`nice`). Needs two rows with different scores. When no line fits, the
-    map is fitted on the rows inside ``±max|y|`` and that bound, the score clip, is appended to
-    ``clips`` (the options the stage walks again) when it binds on some row.
+    round numbers by :func:`nice`). When no line fits, the map is fitted on the rows inside
+    ``±max|y|`` and that bound, the score clip, is appended to ``clips`` (the options the stage
+    walks again) when it binds on some row. With one score on every row the bias and the scale
+    cannot be told apart: :func:`_propose_constant_score_map` proposes the class instead.
     """
-    t, m, hp = s.t, s.m, s.hp
+    t = s.t
     scores = t["scores"].double()
-    if scores.numel() < 2 or float(scores.max() - scores.min()) == 0.0:
-        return []
-    target = t["token_rewards"]
-    tol = s.tol.of(float(target.abs().max()))
-    rows = torch.arange(m.shape[0])
+    if float(scores.max() - scores.min()) == 0.0:
+        return _propose_constant_score_map(s, groups)
+    tol = s.tol.of(float(t["token_rewards"].abs().max()))
     out: list[tuple[float, float]] = []
     for g in groups[:SOLVE_GROUPS]:
-        for kl_in in KLPlacement:
-            use_kl = kl_in is KLPlacement.REWARD and hp.kl_coef > 0
-            kl = g.state["kl"] if use_kl else None
-            for score_at in ScorePosition:
-                rest = token_rewards(torch.zeros_like(t["scores"]), kl, m, hp.kl_coef, score_at=score_at)
-                pos = score_positions(m, score_at)
-                y = (target[rows, pos] - rest[rows, pos]).double()
-                fit = _fit_line(scores, y, tol) or _fit_clipped_line(scores, y, tol)
-                if fit is None:
-                    continue
-                k, c, clip = fit
-                b = c / k if abs(c) > tol else 0.0
-                out.append((nice(b)[0] if b != 0.0 else 0.0, nice(k)[0]))
-                if clip is not None and clip not in clips:
-                    clips.append(clip)
-                    s.propose_value("score_clip", clip)
+        for _, y in _slot_targets(s, g):
+            fit = _fit_line(scores, y, tol) or _fit_clipped_line(scores, y, tol)
+            if fit is None:
+                continue
+            k, c, clip = fit
+            b = c / k if abs(c) > tol else 0.0
+            out.append((nice(b)[0] if b != 0.0 else 0.0, nice(k)[0]))
+            if clip is not None and clip not in clips:
+                clips.append(clip)
+                s.propose_value("score_clip", clip)
+    out = list(dict.fromkeys(out))[:8]
+    for b, k in out:
+        s.propose_value("score_bias", b)
+        s.propose_value("score_scale", k)
+    return out
+
+
+def _slot_targets(s: Search, g: Group) -> Iterable[tuple[str, Tensor]]:
+    """For each KL placement and score slot: ``(label, y)``, the dumped reward at each row's score
+    slot minus its KL part (the core's :func:`token_rewards` with zero scores), ``[B]`` float64."""
+    t, m, hp = s.t, s.m, s.hp
+    rows = torch.arange(m.shape[0])
+    for kl_in in KLPlacement:
+        kl = g.state["kl"] if kl_in is KLPlacement.REWARD and hp.kl_coef > 0 else None
+        for score_at in ScorePosition:
+            rest = token_rewards(torch.zeros_like(t["scores"]), kl, m, hp.kl_coef, score_at=score_at)
+            pos = score_positions(m, score_at)
+            yield (
+                f"kl_in={kl_in.value} score_at={score_at.value}",
+                (t["token_rewards"][rows, pos] - rest[rows, pos]).double(),
+            )
+
+
+def _propose_constant_score_map(s: Search, groups: list[Group]) -> list[tuple[float, float]]:
+    """Every row holds the same score ``s₀``: the slot reward ``y = k·(s₀ + b)`` pins only the
+    product, so the map is proposed as its two one-key members, ``(0, y/s₀)`` (scale only, when
+    ``s₀ ≠ 0``) and ``(y − s₀, 1)`` (bias only), and :attr:`Search.notes` says which maps reproduce.
+    ``y`` must be one number on every row (within tolerance) for some KL placement and slot."""
+    s0 = float(s.t["scores"].double().flatten()[0])
+    tol = s.tol.of(float(s.t["token_rewards"].abs().max()))
+    out: list[tuple[float, float]] = []
+    for g in groups[:SOLVE_GROUPS]:
+        for label, y in _slot_targets(s, g):
+            if float(y.max() - y.min()) > tol:
+                continue
+            y0 = float(y.mean())
+            maps = ([(0.0, nice(y0 / s0)[0])] if s0 != 0.0 and y0 != 0.0 else []) + [(nice(y0 - s0)[0], 1.0)]
+            if all(mp in out for mp in maps):
+                continue
+            out += [mp for mp in maps if mp not in out]
+            s.notes.append(
+                f"token_rewards: every score is {s0:g}, so score_bias b and score_scale k cannot be told "
+                f"apart: every map with k·({s0:g} + b) = {y0:.6g} reproduces the score slots ({label}), "
+                "e.g. " + " or ".join(f"score_bias={b:g} score_scale={k:g}" for b, k in maps)
+            )
     out = list(dict.fromkeys(out))[:8]
     for b, k in out:
         s.propose_value("score_bias", b)

@@ -6,6 +6,7 @@ case's generating convention (preset + ``--set``) must be listed, or differ from
 on keys the dump does not pin (re-checked through the pipeline, never a key of the case's
 ``--set``). Without a venv the test is SKIPPED with the reason (a skip is never a pass). Cases in
 the tool's ``EXCLUDED`` (named, with the reason) must still be not found, so a stale entry fails.
+Group ``trl``: TRL 1.12.0's whole ``PPOTrainer.train`` (``tools/validate_detect_trl.py``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
-from validate_detect import EXCLUDED  # noqa: E402  (tools/ is not a package)
-from validate_presets import GROUPS, PEERS_ROOT, peers_python  # noqa: E402
+from validate_detect import EXCLUDED, GROUPS  # noqa: E402  (tools/ is not a package)
+from validate_presets import PEERS_ROOT, peers_python  # noqa: E402
 
-MIN_CASES = {"verl-openrlhf": 31, "skyrl-areal": 18}
+MIN_CASES = {"verl-openrlhf": 31, "skyrl-areal": 18, "trl": 5}
 """Cases each group's makers write today (a maker that silently writes fewer must fail here)."""
 
 
@@ -50,6 +51,7 @@ def test_detect_lists_the_peers_conventions(group: str, tmp_path: Path) -> None:
     result = json.loads(res_file.read_text())
     assert len(result) >= MIN_CASES[group], sorted(result)
     for name, r in result.items():
+        assert r["preset_match"], f"{name}: the generating convention does not reproduce its own dump"
         if name in EXCLUDED:
             assert r["verdict"] == "excluded", f"{name} is now {r['verdict']}: remove it from EXCLUDED"
             continue

@@ -222,3 +222,25 @@ def test_critic_free_gradient_is_checked_without_values(
     d["grad_logprobs"] = 2.0 * d["grad_logprobs"]  # a normaliser off by 2
     rc, _, _ = _diff(capsys, str(_write(tmp_path, d, {"vf_coef": 0.5})), *argv)
     assert rc == 1
+
+
+def test_detect_on_a_critic_free_dump_without_advantage_finds_the_estimator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--preset verl --detect`` with no ``advantage`` set: the checked convention (GAE) cannot run
+    without ``old_values``, which is its verdict (exit 1, said in the diagnosis), and the search still
+    runs and lists the generating estimator (was: exit 2 before detecting)."""
+    p = _write(tmp_path, _grpo_dump())
+    rc, out, err = _diff(capsys, str(p), "--preset", "verl", "--detect", "--json")
+    assert rc == 1, err
+    rep = json.loads(out)
+    assert rep["match"] is False and rep["first_divergence"] == "inputs" and rep["quantities"] == {}
+    assert any("missing required key 'old_values'" in d for d in rep["diagnosis"])
+    grpo = [c for c in rep["detected"] if c["advantage"] == "grpo"]
+    assert grpo and all(c["group_kl"] == "fold" and c["whiten_advantages"] == "none" for c in grpo)
+    assert not any(c["advantage"] == "gae" for c in rep["detected"])
+    rc, out, _ = _diff(capsys, str(p), "--preset", "verl", "--detect")
+    assert rc == 1 and "cannot run on this dump's inputs" in out and "advantage=grpo" in out
+    # without --detect it stays bad input (one line, exit 2)
+    rc, _, err = _diff(capsys, str(p), "--preset", "verl")
+    assert rc == 2 and "missing required key 'old_values'" in err

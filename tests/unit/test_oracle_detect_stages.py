@@ -67,6 +67,34 @@ def test_detect_solves_score_bias_and_scale(tmp_path: Path) -> None:
     _recheck(dump, start, found)
 
 
+def test_detect_with_constant_scores_proposes_the_score_map_class(tmp_path: Path) -> None:
+    """One score on every row: the slot reward k·(s₀ + b) pins only the product. Detection lists the
+    one-key members of the class (scale only, bias only), both re-checked through the pipeline, and
+    says in one line why (before: it proposed nothing and found no convention, silently)."""
+    import torch
+
+    made = setup_for(None, {"score_bias": 0.5, "score_scale": 2.0})
+    start = setup_for(None, {})
+    x = make_inputs(B=8, T=16, seed=5)
+    x["scores"] = torch.full_like(x["scores"], 1.25)  # k·(s₀ + b) = 2·1.75 = 3.5
+    dump = load_dump(save(tmp_path, refppo_dump(x, made), start))
+    assert not check(dump, start).match
+    found = detect(dump, start)
+    maps = {(c["score_bias"], c["score_scale"]) for c in found.detected}
+    assert maps == {(0.0, 2.8), (2.25, 1.0)}, (maps, found.fitted)
+    assert {"score_bias", "score_scale"} <= set(found.undetermined)
+    _recheck(dump, start, found)
+    assert len(found.notes) == 1, found.notes
+    note = found.notes[0]
+    assert "every score is 1.25" in note and "k·(1.25 + b) = 3.5" in note
+    assert "score_bias=0 score_scale=2.8" in note and "score_bias=2.25 score_scale=1" in note
+    from refppo.oracle.run import check_step
+
+    out = check_step(dump, detect_conventions=True)
+    assert [ln for ln in out.text().splitlines() if ln.strip().startswith("note:")] == [f"  note: {note}"]
+    assert out.json()["detect_notes"] == [note]
+
+
 def test_detect_identifies_the_loss_conventions_behind_advantages_it_cannot_reproduce(tmp_path: Path) -> None:
     # The advantages are normalised per row (no convention expresses that); the losses were computed
     # from THOSE advantages with seq-mean-token-mean aggregation and k2-over-all-positions approx_kl.

@@ -1,0 +1,92 @@
+"""Tests for survivors of ``tools/mutate.py`` that were not equivalent (issue #9, refresh run).
+
+Each test pins one documented behaviour that a surviving mutant changed; the expected values are
+worked out in the comments, not taken from the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from refppo.core.gae import envelope
+from refppo.errors import ConventionError
+from refppo.pipeline import Convention, Hyperparams, critic_free_advantages, rollout_quantities
+
+
+def test_envelope_accepts_a_row_without_a_valid_token() -> None:
+    """``envelope`` is documented for any bool mask (``check_mask(require_nonempty_rows=False)``):
+    a row with no valid token has no position up to a last valid one, so its envelope is all False.
+    Survivors: ``require_nonempty_rows=False`` flipped to True or dropped (then it raised)."""
+    m = torch.tensor([[True, False, True, False], [False, False, False, False], [True, True, False, False]])
+    want = torch.tensor([[True, True, True, False], [False, False, False, False], [True, True, False, False]])
+    assert torch.equal(envelope(m), want)
+
+
+def _critic_free(conv: Convention, group_index: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The pipeline's raw advantages for 6 rows (T = 4, ragged), KL in the loss (scores alone)."""
+    mask = torch.arange(4).expand(6, 4) < torch.tensor([4, 2, 3, 1, 4, 2]).unsqueeze(1)
+    lp = torch.where(mask, -0.5, 9.0).to(torch.float64)
+    scores = torch.tensor([1.0, -0.5, 2.0, 0.25, -1.5, 0.75], dtype=torch.float64)
+    rq = rollout_quantities(
+        scores=scores, old_logprobs=lp, ref_logprobs=lp, old_values=None, mask=mask,
+        hp=Hyperparams(), conv=conv, group_index=group_index,
+    )  # fmt: skip
+    return rq.advantages, {"mask": mask, "scores": scores}
+
+
+def test_reinforce_pp_baseline_without_step_4_whitening_is_the_raw_baseline() -> None:
+    """``advantage=reinforce++-baseline`` with ``whiten_advantages=none``: each valid token holds
+    ``s_i − mean(s over i's group)`` (the group function must leave the whitening to step 4).
+    Groups {0, 2, 4}: mean 0.5; {1, 3, 5}: mean 1/6. Survivor: ``whiten=False`` → True."""
+    conv = Convention(advantage="reinforce++-baseline", whiten_advantages="none", kl_in="loss")
+    adv, x = _critic_free(conv, torch.tensor([0, 1, 0, 1, 0, 1]))
+    means = [0.5, 1 / 6, 0.5, 1 / 6, 0.5, 1 / 6]
+    want = torch.tensor([[float(x["scores"][i]) - means[i]] * 4 for i in range(6)], dtype=torch.float64)
+    torch.testing.assert_close(torch.where(x["mask"], adv, 0.0), torch.where(x["mask"], want, 0.0))
+
+
+def test_group_singleton_reaches_the_group_function() -> None:
+    """``group_singleton=score`` (verl/SkyRL GRPO): a prompt with one response gets ``μ := 0,
+    σ := 1``, i.e. ``s/(1 + ε)`` (rows 1, 3, 5), instead of an error; the group {0, 2, 4} (scores
+    1, 2, −1.5: mean 0.5, unbiased std √3.25) is normalised as usual. Survivor: the ``singleton=``
+    argument dropped (the default refuses the singleton)."""
+    conv = Convention(advantage="grpo", whiten_advantages="none", kl_in="loss", group_singleton="score")
+    adv, x = _critic_free(conv, torch.tensor([0, 1, 0, 2, 0, 3]))
+    std = math.sqrt(((1.0 - 0.5) ** 2 + (2.0 - 0.5) ** 2 + (-1.5 - 0.5) ** 2) / 2)
+    row = {0: (1.0 - 0.5) / (std + 1e-6), 2: (2.0 - 0.5) / (std + 1e-6), 4: (-1.5 - 0.5) / (std + 1e-6)}
+    row.update({i: float(x["scores"][i]) / (1 + 1e-6) for i in (1, 3, 5)})
+    want = torch.tensor([[row[i]] * 4 for i in range(6)], dtype=torch.float64)
+    torch.testing.assert_close(torch.where(x["mask"], adv, 0.0), torch.where(x["mask"], want, 0.0))
+
+
+def test_a_singleton_under_group_singleton_error_names_the_prompt() -> None:
+    """The refusal names the prompts with one response, as the ``group_index`` values the user
+    wrote (prompts 3 and 8 here), and says which setting to change. Survivors: the parsing of the
+    core's message (``split`` indices and separators) and its ``'have one response'`` test."""
+    conv = Convention(advantage="grpo", whiten_advantages="none", kl_in="loss")
+    with pytest.raises(ConventionError) as info:
+        _critic_free(conv, torch.tensor([0, 3, 0, 8, 0, 0]))
+    msg = str(info.value)
+    assert type(info.value) is ConventionError
+    assert msg.startswith("group_index: prompts [3, 8] have one response under group_singleton=error ("), msg
+
+
+def test_critic_free_advantages_called_alone_is_single_process() -> None:
+    """``critic_free_advantages`` without ``distributed`` (as ``--detect``'s estimator stage calls
+    it) is the single-process step 3: GRPO over {0, 2, 4} and {1, 3, 5} with KL in the loss, the
+    score of a row alone. Survivor: the ``distributed=False`` default flipped (then it refused)."""
+    mask = torch.arange(3).expand(6, 3) < torch.tensor([3, 2, 1, 3, 2, 1]).unsqueeze(1)
+    s = torch.tensor([1.0, 4.0, 2.0, 6.0, 3.0, 8.0], dtype=torch.float64)
+    zero = torch.zeros(6, 3, dtype=torch.float64)
+    adv = critic_free_advantages(
+        scores=s, kl=zero, rewards=zero, mask=mask, value_mask_=mask, group_index=torch.tensor([0, 1] * 3),
+        hp=Hyperparams(), conv=Convention(advantage="grpo", group_kl="to_go", kl_in="loss"),
+    )  # fmt: skip
+    # group {1, 2, 3}: mean 2, unbiased std 1; group {4, 6, 8}: mean 6, unbiased std 2
+    a, b = 1 / (1 + 1e-6), 2 / (2 + 1e-6)
+    per_row = [-a, -b, 0.0, 0.0, a, b]
+    want = torch.tensor([[a] * 3 for a in per_row], dtype=torch.float64)
+    torch.testing.assert_close(torch.where(mask, adv, 0.0), torch.where(mask, want, 0.0))
