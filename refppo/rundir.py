@@ -125,7 +125,9 @@ def _section(config: Mapping[str, Any], section: str) -> Mapping[str, Any]:
     return values if isinstance(values, Mapping) else {}
 
 
-def absent_keys(saved: Any, config: Mapping[str, Mapping[str, Any]], resumable: Iterable[str]) -> tuple[str, ...]:
+def absent_keys(
+    saved: Any, config: Mapping[str, Mapping[str, Any]], resumable: Iterable[str]
+) -> tuple[str, ...]:
     """``SECTION.KEY`` of each key of ``config`` that the saved config ``saved`` (a checkpoint's;
     not a mapping: empty) lacks, outside the ``resumable`` ``[run]`` keys: keys added to refppo
     since the run began."""
