@@ -133,7 +133,11 @@ def subset(mod: str) -> list[str]:
     if mod in TOP_LEVEL:
         files: tuple[str, ...] = PIPELINE_TESTS
     else:
-        extra = ("tests/property/test_logprobs_chunked.py",) if mod == "logprobs" else ()
+        extras = {
+            "logprobs": ("tests/property/test_logprobs_chunked.py",),
+            "group": ("tests/property/test_group_std_level.py",),
+        }
+        extra = extras.get(mod, ())
         own = (f"tests/unit/test_core_{mod}.py", f"tests/property/test_{mod}_properties.py", *extra)
         files = (*own, "tests/unit/test_core_inputs.py", *GAP_TESTS)
     return [f for f in files if (ROOT / f).exists()]

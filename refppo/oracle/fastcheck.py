@@ -74,11 +74,14 @@ def _prefix(
         kl_memo[kl_key] = kl
     if dump.has("kl") and kl_ok is None:
         kl_ok = compare("kl", t["kl"], kl, m, tol).ok
+        dump.release("kl")
     if kl_ok is False:
         return False, False
     if first == "kl" or not dump.has("token_rewards"):
         return True, kl_ok
-    return compare("token_rewards", t["token_rewards"], rewards, vmask, tol).ok, kl_ok
+    ok = compare("token_rewards", t["token_rewards"], rewards, vmask, tol).ok
+    dump.release("token_rewards")
+    return ok, kl_ok
 
 
 _KL_PART = 4
@@ -133,8 +136,9 @@ def rollout_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
     c, hp = setup.conv, setup.hp
     gae_keys = (c.gae_padding, c.gae_holes, hp.gamma, hp.lam)
     critic_free = (c.advantage, c.group_kl, c.group_std, c.group_eps, c.group_singleton, hp.kl_coef)
+    std_level = c.group_std_level  # grpo's std over the group or the batch
     white = (c.whiten_advantages, c.whiten_variance, c.whiten_eps_at, c.whiten_holes, hp.whiten_eps)
-    return (*reward_key(setup, bug), bug, c.kl_in, *gae_keys, *critic_free, *white)
+    return (*reward_key(setup, bug), bug, c.kl_in, *gae_keys, *critic_free, std_level, *white)
 
 
 class RolloutMemo:
