@@ -70,6 +70,7 @@ EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
 CORE = (
     "aggregate",
     "gae",
+    "grad",
     "group",
     "gspo",
     "kl",
@@ -79,6 +80,7 @@ CORE = (
     "objective",
     "policy",
     "rewards",
+    "score_map",
     "value",
 )
 MODULES = (*CORE, "pipeline", "step_settings")
@@ -91,7 +93,10 @@ PIPELINE_FUNCS = {
     "rollout_quantities",
     "critic_free_advantages",
     "Normalisers.kwargs",
+    "policy_term",
     "update_quantities",
+    "clipped_scores",
+    "mapped_scores",
     "Convention.__post_init__",
     "Hyperparams.__post_init__",
 }
@@ -109,6 +114,7 @@ PIPELINE_TESTS = (
     "tests/unit/test_pipeline.py",
     "tests/unit/test_pipeline_normalisers.py",
     "tests/unit/test_pipeline_critic_free.py",
+    "tests/unit/test_pipeline_score_map.py",
     "tests/unit/test_core_defaults.py",
     "tests/unit/test_core_boundaries.py",
     "tests/golden/test_golden_ppo.py",
@@ -116,6 +122,13 @@ PIPELINE_TESTS = (
 )
 """The oracle's tests (tests/unit/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
+EXTRA_TESTS: dict[str, tuple[str, ...]] = {
+    "logprobs": ("tests/property/test_logprobs_chunked.py",),
+    "group": ("tests/property/test_group_more_estimators.py",),
+    "kl": ("tests/property/test_kl_straight_through.py",),
+    "score_map": ("tests/unit/test_pipeline_score_map.py",),
+}
+"""A core module's tests beyond ``test_core_<mod>.py`` and ``test_<mod>_properties.py``."""
 
 
 def module_path(mod: str) -> Path:
@@ -133,7 +146,7 @@ def subset(mod: str) -> list[str]:
     if mod in TOP_LEVEL:
         files: tuple[str, ...] = PIPELINE_TESTS
     else:
-        extra = ("tests/property/test_logprobs_chunked.py",) if mod == "logprobs" else ()
+        extra = EXTRA_TESTS.get(mod, ())
         own = (f"tests/unit/test_core_{mod}.py", f"tests/property/test_{mod}_properties.py", *extra)
         files = (*own, "tests/unit/test_core_inputs.py", *GAP_TESTS)
     return [f for f in files if (ROOT / f).exists()]

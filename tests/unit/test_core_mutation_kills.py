@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from refppo.core.gae import envelope
+from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError
 from refppo.pipeline import Convention, Hyperparams, critic_free_advantages, rollout_quantities
 
@@ -90,3 +91,14 @@ def test_critic_free_advantages_called_alone_is_single_process() -> None:
     per_row = [-a, -b, 0.0, 0.0, a, b]
     want = torch.tensor([[a] * 3 for a in per_row], dtype=torch.float64)
     torch.testing.assert_close(torch.where(mask, adv, 0.0), torch.where(mask, want, 0.0))
+
+
+def test_score_map_applies_a_bias_alone_and_a_scale_alone() -> None:
+    """``map_scores``: ``(s + b)·k`` whenever ``b ≠ 0`` *or* ``k ≠ 1`` (the affine step is skipped
+    only for the identity). Bias alone: ``[1, −2] + 0.5 = [1.5, −1.5]``; scale alone:
+    ``[1, −2]·3 = [3, −6]``. Survivor: the ``or`` of the skip condition turned into ``and`` (a
+    bias alone or a scale alone was then ignored)."""
+    s = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    assert map_scores(s, bias=0.5).tolist() == [1.5, -1.5]
+    assert map_scores(s, scale=3.0).tolist() == [3.0, -6.0]
+    assert map_scores(s, bias=0.5, clip=1.2).tolist() == [1.2, -1.2]  # unbiased: [1.0, -1.2]
