@@ -14,7 +14,13 @@ import torch
 from refppo.core.gae import envelope
 from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError
-from refppo.pipeline import Convention, Hyperparams, critic_free_advantages, rollout_quantities
+from refppo.pipeline import (
+    Convention,
+    Hyperparams,
+    clipped_scores,
+    critic_free_advantages,
+    rollout_quantities,
+)
 
 
 def test_envelope_accepts_a_row_without_a_valid_token() -> None:
@@ -102,3 +108,13 @@ def test_score_map_applies_a_bias_alone_and_a_scale_alone() -> None:
     assert map_scores(s, bias=0.5).tolist() == [1.5, -1.5]
     assert map_scores(s, scale=3.0).tolist() == [3.0, -6.0]
     assert map_scores(s, bias=0.5, clip=1.2).tolist() == [1.2, -1.2]  # unbiased: [1.0, -1.2]
+
+
+def test_clipped_scores_defaults_are_the_identity_map() -> None:
+    """``pipeline.clipped_scores(s, C)`` (the oracle's fast paths call it with the clip only) has
+    ``bias = 0`` and ``scale = 1``: no clip gives ``s`` itself, a clip of 1 gives
+    ``clip([0.5, −3, 2], ±1) = [0.5, −1, 1]``. Survivors: the default bias ``0.0 → 1`` (then
+    ``[1.5, −2, 3]``) and the default scale ``1.0 → 0`` (then all 0)."""
+    s = torch.tensor([0.5, -3.0, 2.0], dtype=torch.float64)
+    assert clipped_scores(s, None).tolist() == [0.5, -3.0, 2.0]
+    assert clipped_scores(s, 1.0).tolist() == [0.5, -1.0, 1.0]
