@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from refppo.core.gae import envelope
+from refppo.core.group import group_scalar_advantages
 from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError
 from refppo.pipeline import (
@@ -19,6 +20,7 @@ from refppo.pipeline import (
     Hyperparams,
     clipped_scores,
     critic_free_advantages,
+    policy_term,
     rollout_quantities,
 )
 
@@ -118,3 +120,47 @@ def test_clipped_scores_defaults_are_the_identity_map() -> None:
     s = torch.tensor([0.5, -3.0, 2.0], dtype=torch.float64)
     assert clipped_scores(s, None).tolist() == [0.5, -3.0, 2.0]
     assert clipped_scores(s, 1.0).tolist() == [0.5, -1.0, 1.0]
+
+
+@pytest.mark.parametrize(("holes", "want0"), [("zero", 1.5), ("through", 3.5), ("skip", 2.0)])
+def test_reinforce_pp_in_the_pipeline_crosses_holes_by_gae_holes(holes: str, want0: float) -> None:
+    """``critic_free_advantages`` under ``advantage=reinforce++`` passes ``conv.gae_holes`` to the
+    returns. One row, mask ``[1, 0, 1]``, rewards ``[1, 4, 2]`` (4 on the hole), γ = 0.5, at t = 0:
+    skip ``1 + 0.5·2 = 2``; zero (the hole a step with reward 0) ``1 + 0.5·0 + 0.25·2 = 1.5``;
+    through (the hole's reward read) ``1 + 0.5·4 + 0.25·2 = 3.5``; at t = 2 always 2.
+    Survivor: ``holes=conv.gae_holes`` dropped (every convention then crossed holes as skip)."""
+    mask = torch.tensor([[True, False, True]])
+    rewards = torch.tensor([[1.0, 4.0, 2.0]], dtype=torch.float64)
+    adv = critic_free_advantages(
+        scores=torch.tensor([2.0], dtype=torch.float64), kl=torch.zeros_like(rewards), rewards=rewards,
+        mask=mask, value_mask_=mask, group_index=None, hp=Hyperparams(gamma=0.5),
+        conv=Convention(advantage="reinforce++", gae_holes=holes),
+    )  # fmt: skip
+    assert adv[0, 0].item() == pytest.approx(want0, abs=1e-12)
+    assert adv[0, 2].item() == pytest.approx(2.0, abs=1e-12)
+
+
+def test_gspo_in_the_pipeline_clips_at_the_hyperparameter_cliprange() -> None:
+    """``policy_term`` under ``policy_loss=gspo`` clips the sequence ratio at ``hp.cliprange``.
+    One row of 2 tokens, ``log π − log π_old = 0.15`` each, A = 1: the sequence ratio is
+    ``e^0.15 ≈ 1.1618``; with ε = 0.1 the loss is ``−min(1.1618, 1.1) = −1.1`` per token (token mean
+    −1.1) and every token clips. Survivor: ``clip_low=hp.cliprange`` dropped (GSPO's own default
+    0.2 then gave −1.1618, unclipped)."""
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    logp = torch.full((1, 2), 0.15, dtype=torch.float64)
+    out = policy_term(
+        logp, torch.zeros_like(logp), torch.ones_like(logp), mask,
+        hp=Hyperparams(cliprange=0.1), conv=Convention(policy_loss="gspo"),
+    )  # fmt: skip
+    assert out.loss.item() == pytest.approx(-1.1, abs=1e-12)
+    assert out.clipfrac.item() == 1.0
+
+
+def test_gpg_on_a_batch_of_zero_scores_is_zero_not_nan() -> None:
+    """GPG's ``α = B / max(#{s ≠ 0}, 1)`` (verl ``compute_gpg_outcome_advantage``): a batch whose
+    scores are all 0 has α = B = 4 and ``α(s − μ_G) = 0`` everywhere. Survivors: the ``max(·, 1)``
+    dropped or its bound made 0 or −1 (then α = 4/0 = inf and ``inf · 0`` gave NaN)."""
+    a = group_scalar_advantages(
+        torch.zeros(4, dtype=torch.float64), torch.tensor([0, 0, 1, 1]), estimator="gpg"
+    )
+    assert a.tolist() == [0.0, 0.0, 0.0, 0.0]
