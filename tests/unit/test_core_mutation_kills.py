@@ -7,17 +7,20 @@ worked out in the comments, not taken from the code under test.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
 from refppo.core.gae import envelope
-from refppo.core.group import group_scalar_advantages
+from refppo.core.group import group_scalar_advantages, reinforce_pp_advantages, reinforce_pp_advantages_naive
+from refppo.core.gspo import gspo_policy_loss
 from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError
 from refppo.pipeline import (
     Convention,
     Hyperparams,
+    Normalisers,
     clipped_scores,
     critic_free_advantages,
     policy_term,
@@ -164,3 +167,47 @@ def test_gpg_on_a_batch_of_zero_scores_is_zero_not_nan() -> None:
         torch.zeros(4, dtype=torch.float64), torch.tensor([0, 0, 1, 1]), estimator="gpg"
     )
     assert a.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_gspo_in_the_pipeline_forwards_every_option_to_the_core() -> None:
+    """``policy_term`` under ``policy_loss=gspo`` is :func:`refppo.core.gspo.gspo_policy_loss` with
+    ``clip_low = hp.cliprange``, ``clip_high = hp.cliprange_high``, ``agg = conv.loss_agg``,
+    ``log_ratio_max = conv.log_ratio_clamp`` and the normalisers (``seq_count``, ``horizon``).
+    Row 0: sequence log-ratio 0.3 (κ = 0.28 clamps it), A = +1, clipped at 1 + 0.25; row 1: −0.5,
+    A = −1, clipped at 1 − 0.1. Each option binds: the core with that one option at its default
+    gives another result (the controls). Survivors: each of those keywords dropped."""
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    logp = torch.tensor([[0.3, 0.3, 0.3], [-0.5, -0.5, 9.0]], dtype=torch.float64)
+    old = torch.zeros_like(logp)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]], dtype=torch.float64)
+    hp = Hyperparams(cliprange=0.1, cliprange_high=0.25, horizon=5.0)
+    conv = Convention(policy_loss="gspo", loss_agg="seq-mean-token-sum-norm", log_ratio_clamp=0.28)
+    got = policy_term(logp, old, adv, mask, hp=hp, conv=conv, norm=Normalisers(seq_count=4.0))
+    opts: dict[str, Any] = {
+        "clip_low": 0.1, "clip_high": 0.25, "agg": "seq-mean-token-sum-norm", "log_ratio_max": 0.28,
+        "seq_count": 4.0, "horizon": 5.0,
+    }  # fmt: skip
+
+    def core(**kw: Any) -> tuple[float, list[list[float]], list[list[float]]]:
+        o = gspo_policy_loss(logp, old, adv, mask, **kw)
+        return o.loss.item(), o.per_token.tolist(), o.ratio.tolist()
+
+    assert (got.loss.item(), got.per_token.tolist(), got.ratio.tolist()) == core(**opts)
+    for name in opts:
+        control = core(**{k: v for k, v in opts.items() if k != name})
+        assert control != core(**opts), f"{name} does not bind in this case"
+
+
+@pytest.mark.parametrize("holes", ["zero", "through"])
+def test_reinforce_pp_advantages_cross_holes_by_holes(holes: str) -> None:
+    """``reinforce_pp_advantages(..., holes=)`` whitens the returns of :func:`discounted_returns`
+    under that ``holes``: equal to the naive twin under the same ``holes``, and (control) not to
+    the default ``skip`` on this holed mask with γ = 0.5 and a reward on each hole.
+    Survivor: ``holes=holes`` dropped inside ``reinforce_pp_advantages`` (always ``skip``)."""
+    mask = torch.tensor([[True, False, True, True], [True, True, False, True]])
+    r = torch.tensor([[1.0, 4.0, -2.0, 0.5], [0.25, -1.0, 3.0, 2.0]], dtype=torch.float64)
+    got = reinforce_pp_advantages(r, mask, gamma=0.5, holes=holes)
+    want = reinforce_pp_advantages_naive(r, mask, gamma=0.5, holes=holes)
+    skip = reinforce_pp_advantages_naive(r, mask, gamma=0.5)
+    torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-12)
+    assert not torch.allclose(want[mask], skip[mask])
