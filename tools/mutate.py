@@ -9,9 +9,12 @@ Usage (from the repository root)::
 
 Scope: in ``refppo/core/*.py`` every function whose name does not end in ``_naive`` (the naive twins
 and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validation-only helpers
-(``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``); in ``refppo/pipeline.py``
+(``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``) and ``grad.py``'s per-token
+helpers (``_pg_token``, ``_vf_token``, ``_kl_token``: the closed-form gradient twin's formulas;
+``group_naive.py`` holds only naive twins and is not listed); in ``refppo/pipeline.py``
 ``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``critic_free_advantages``,
-``Normalisers.kwargs``, ``update_quantities``, the ``__post_init__`` checks
+``Normalisers.kwargs``, ``policy_term``, ``update_quantities``, ``clipped_scores``,
+``mapped_scores``, the ``__post_init__`` checks
 of ``Convention`` and ``Hyperparams`` and their fields' numeric defaults (not the dict
 (de)serialisation or ``stats``). The numeric/bool default values of the in-scope functions'
 arguments are mutated too (``unbiased=True``, ``vf_coef=0.0``, ...). Statements
