@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from refppo.core.gae import envelope
+from refppo.core.grad import policy_grad_naive
 from refppo.core.group import group_scalar_advantages, reinforce_pp_advantages, reinforce_pp_advantages_naive
 from refppo.core.gspo import gspo_policy_loss
+from refppo.core.policy import clipped_policy_loss
 from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError
 from refppo.pipeline import (
@@ -211,3 +213,31 @@ def test_reinforce_pp_advantages_cross_holes_by_holes(holes: str) -> None:
     skip = reinforce_pp_advantages_naive(r, mask, gamma=0.5)
     torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-12)
     assert not torch.allclose(want[mask], skip[mask])
+
+
+def test_policy_grad_twin_under_dual_clip_with_a_wide_low_clip() -> None:
+    """``policy_grad_naive``, A = −1, ε_low = 0.8 (lo = 0.2), dual clip c = 3, ρ = 0.25 (inside the
+    clip range): ``ℓ = min(max(ρ, clip(ρ)), c) = 0.25`` so ``∂ℓ/∂l = −A·ρ = 0.25`` (token-sum),
+    the same as autograd through :func:`clipped_policy_loss`. Survivor: the clipped branch
+    ``−A·clip(ρ)`` turned into ``−A / clip(ρ)`` (= 4 > c here, so the dual cap took the gradient
+    to 0; elsewhere the branch order is unchanged)."""
+    m = torch.ones(1, 1, dtype=torch.bool)
+    lp = torch.full((1, 1), math.log(0.25), dtype=torch.float64)
+    old, adv = torch.zeros_like(lp), -torch.ones_like(lp)
+    x = lp.clone().requires_grad_(True)
+    clipped_policy_loss(x, old, adv, m, clip_low=0.8, dual_clip=3.0, agg="token-sum").loss.backward()
+    twin = policy_grad_naive(lp, old, adv, m, clip_low=0.8, dual_clip=3.0, agg="token-sum")
+    assert x.grad is not None
+    assert x.grad.item() == pytest.approx(0.25, abs=1e-15)
+    assert twin.item() == pytest.approx(0.25, abs=1e-15)
+
+
+def test_policy_grad_twin_beyond_the_log_ratio_clamp_is_zero_for_a_huge_ratio() -> None:
+    """``policy_grad_naive`` with κ = 0.5 and ``log π − log π_old = 800``: the clamp blocks the
+    gradient (0, as autograd gives), and ``e^κ`` is what the ratio reads, so no overflow.
+    Survivor: the clamp's upper bound dropped inside the twin (``math.exp(800)`` overflowed)."""
+    m = torch.ones(1, 1, dtype=torch.bool)
+    lp = torch.zeros(1, 1, dtype=torch.float64)
+    old, adv = torch.full((1, 1), -800.0, dtype=torch.float64), -torch.ones(1, 1, dtype=torch.float64)
+    twin = policy_grad_naive(lp, old, adv, m, agg="token-sum", log_ratio_clamp=0.5)
+    assert twin.tolist() == [[0.0]]
