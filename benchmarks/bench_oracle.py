@@ -10,11 +10,18 @@ child process (``ru_maxrss`` of a one-child wrapper).
 
     .venv/bin/python benchmarks/bench_oracle.py [--B 256] [--T 2048] [--repeat 3]
     .venv/bin/python benchmarks/bench_oracle.py --B 1024 --T 8192 --repeat 3   # issue #9
+    .venv/bin/python benchmarks/bench_oracle.py --B 1024 --T 8192 --repeat 2 --against /work/main
+
+``--against DIR``: another checkout (with its own ``.venv``) run on the same dumps, the two
+alternating within each repeat (this one first on even repeats); prints both, the ratio of their
+times (the figure to read on a shared machine, where absolute times move with the load) and
+whether their reports (stdout and exit code) are byte-identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -64,23 +71,50 @@ def make_dump(path: Path, B: int, T: int, preset: str, keep_intermediates: bool 
 
 
 _WRAP = (
-    "import resource, subprocess, sys, time; t0 = time.perf_counter(); "
-    "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+    "import hashlib, resource, subprocess, sys, time; t0 = time.perf_counter(); "
+    "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL); "
     "dt = time.perf_counter() - t0; "
-    "print(dt, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode)"
+    "print(dt, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode, "
+    "hashlib.sha1(p.stdout).hexdigest())"
 )
+
+
+def run_once(cmd: list[str], cwd: Path) -> tuple[float, float, int, str]:
+    """Wall-clock (s), peak RSS (MB, ``ru_maxrss`` of a one-child wrapper), exit code and the sha1
+    of the stdout of one run of ``cmd``."""
+    out = subprocess.run([sys.executable, "-c", _WRAP, *cmd], capture_output=True, text=True, cwd=cwd)
+    dt, kb, code, digest = out.stdout.split()
+    return float(dt), int(kb) / 1024.0, int(code), digest
 
 
 def timed(cmd: list[str], repeat: int) -> tuple[float, float, int]:
     """Median wall-clock (s), largest peak RSS (MB) and the exit code of ``repeat`` runs of ``cmd``."""
-    times, rss, rc = [], 0.0, 0
-    for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", _WRAP, *cmd], capture_output=True, text=True, cwd=REPO)
-        dt, kb, code = out.stdout.split()
-        times.append(float(dt))
-        rss = max(rss, int(kb) / 1024.0)
-        rc = int(code)
-    return statistics.median(times), rss, rc
+    runs = [run_once(cmd, REPO) for _ in range(repeat)]
+    return statistics.median(r[0] for r in runs), max(r[1] for r in runs), runs[-1][2]
+
+
+def against(rows: list[tuple[str, list[str]]], other: Path, repeat: int, size: float) -> None:
+    """Each row's command (``tools/diff_against.py`` and its arguments) by this checkout and by
+    ``other``'s, alternating; medians, the time ratio, peak RSS (× the dump) and report identity."""
+    py_other = str(other / ".venv" / "bin" / "python")
+    for label, cmd in rows:
+        mine_cmd = [sys.executable, *cmd]
+        theirs_cmd = [py_other, str(other / "tools" / "diff_against.py"), *cmd[1:]]
+        mine, theirs = [], []
+        for r in range(repeat):
+            order = [(mine, mine_cmd, REPO), (theirs, theirs_cmd, other)]
+            for acc, c, cwd in order if r % 2 == 0 else order[::-1]:
+                acc.append(run_once(c, cwd))
+        tm, to = statistics.median(x[0] for x in mine), statistics.median(x[0] for x in theirs)
+        same = {(x[2], x[3]) for x in mine} == {(x[2], x[3]) for x in theirs} and len(
+            {x[3] for x in mine}
+        ) == 1
+        print(
+            f"{label:<44} this {tm:7.2f} s, other {to:7.2f} s (this/other {tm / to:4.2f}); peak RSS this "
+            f"{max(x[1] for x in mine):5.0f} MB ({max(x[1] for x in mine) / size:4.2f}x), other "
+            f"{max(x[1] for x in theirs):5.0f} MB ({max(x[1] for x in theirs) / size:4.2f}x); "
+            f"reports {'identical' if same else 'DIFFER'}; load {os.getloadavg()[0]:.1f}"
+        )
 
 
 def main() -> int:
@@ -89,6 +123,7 @@ def main() -> int:
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--preset", default="trl")
+    ap.add_argument("--against", type=Path, default=None, help="another checkout to alternate with")
     a = ap.parse_args()
     py = sys.executable
     tool = str(REPO / "tools" / "diff_against.py")
@@ -107,6 +142,11 @@ def main() -> int:
         base = None
         size = full.stat().st_size / 2**20
         print(f"B={a.B} T={a.T} float32 ({size:.0f} MB), median of {a.repeat} runs")
+        if a.against is not None:
+            t, rss, _ = timed(rows[0][1], a.repeat)
+            print(f"{rows[0][0]:<44} {t:7.2f} s  peak RSS {rss:6.0f} MB ({rss / size:4.2f}x dump)")
+            against([(label, cmd[1:]) for label, cmd in rows[1:]], a.against.resolve(), a.repeat, size)
+            return 0
         for label, cmd in rows:
             t, rss, rc = timed(cmd, a.repeat)
             base = t if base is None else base

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from refppo.conventions import (
     AdvantageEstimator,
+    GaeHoles,
     GaePadding,
     GroupKL,
     KLPlacement,
@@ -175,6 +176,7 @@ def rollout_quantities(
     group_index: Tensor | None = None,
     groups_on_rank: bool = False,
     score_map: ScoreMap | None = None,
+    kl: Tensor | None = None,
 ) -> RolloutQuantities:
     """Steps 0–4 of the module docstring (steps 0–2: :func:`reward_quantities`).
 
@@ -190,6 +192,7 @@ def rollout_quantities(
     ``groups_on_rank``: with ``all_reduce``, the caller guarantees that every group's rows are on
     this rank (the trainer samples whole groups per rank and checks it), so the per-process group
     statistics are the global ones; without it a group estimator under ``all_reduce`` is refused.
+    ``kl``: step 1's result when the caller already holds it (as :func:`reward_quantities`).
     """
     m = check_mask("response_mask", mask)
     scores = mapped_scores(scores, score_map)  # step 0, once: the critic-free estimators read it too
@@ -201,6 +204,7 @@ def rollout_quantities(
         hp=hp,
         conv=conv,
         all_reduce=all_reduce,
+        kl=kl,
     )
     unbiased = conv.whiten_variance is Variance.UNBIASED
     if conv.advantage is AdvantageEstimator.GAE:
@@ -211,7 +215,7 @@ def rollout_quantities(
                 "flash-reinforce) does not"
             )
         gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
-        adv_raw, returns = gae(
+        adv_raw, returns = gae_by_rows(
             rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
         )
     else:
@@ -233,6 +237,30 @@ def rollout_quantities(
     if conv.kl_in is KLPlacement.LOSS:
         kl = torch.zeros_like(kl)
     return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
+
+
+ROW_BLOCK_ELEMENTS = 1 << 20
+"""Elements per row block of :func:`gae_by_rows` (4 MiB of float32)."""
+
+
+def gae_by_rows(
+    rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float, holes: GaeHoles | str
+) -> tuple[Tensor, Tensor]:
+    """:func:`refppo.core.gae.gae` called on blocks of about :data:`ROW_BLOCK_ELEMENTS` rows'
+    elements, written into ``[B, T]`` outputs: the same values bit for bit (GAE reads each row
+    alone, with elementwise operations only: see ``_discounted_reverse_cumsum``), with the scan's
+    temporaries (about seven ``[B, T]`` tensors) allocated per block. One call for a small batch.
+    """
+    B, T = mask.shape
+    step = max(1, ROW_BLOCK_ELEMENTS // max(T, 1))
+    if step >= B:
+        return gae(rewards, values, mask, gamma=gamma, lam=lam, holes=holes)
+    adv = torch.empty_like(rewards)
+    ret = torch.empty_like(rewards)
+    for i in range(0, B, step):
+        rows = slice(i, min(i + step, B))
+        adv[rows], ret[rows] = gae(rewards[rows], values[rows], mask[rows], gamma=gamma, lam=lam, holes=holes)
+    return adv, ret
 
 
 def critic_free_advantages(
@@ -411,6 +439,12 @@ def update_quantities(
     pol_norm = nm.kwargs(hp.horizon)
     val_norm = nm.kwargs(hp.horizon, value=True)
     pg = policy_term(logprobs, old_logprobs, advantages, m, hp=hp, conv=conv, norm=nm)
+    # Keep what is returned; the per-token loss [B, T] is not, so it is freed before the value
+    # loss allocates its own (under autograd the graph keeps what the backward pass needs).
+    pg_loss, pg_ratio, pg_clipfrac, pg_clipfrac_lower, pg_approx_kl = (
+        pg.loss, pg.ratio, pg.clipfrac, pg.clipfrac_lower, pg.approx_kl
+    )  # fmt: skip
+    del pg
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     if values is None or old_values is None:
         if conv.advantage is AdvantageEstimator.GAE:
@@ -447,7 +481,7 @@ def update_quantities(
     else:
         kll = zero
     loss = total_loss(
-        pg.loss,
+        pg_loss,
         vf_loss,
         ent,
         kll,
@@ -457,13 +491,13 @@ def update_quantities(
     )
     return UpdateQuantities(
         loss=loss,
-        pg_loss=pg.loss,
+        pg_loss=pg_loss,
         vf_loss=vf_loss,
         entropy_loss=ent,
         kl_loss=kll,
-        ratio=pg.ratio,
-        pg_clipfrac=pg.clipfrac,
-        pg_clipfrac_lower=pg.clipfrac_lower,
-        approx_kl=pg.approx_kl,
+        ratio=pg_ratio,
+        pg_clipfrac=pg_clipfrac,
+        pg_clipfrac_lower=pg_clipfrac_lower,
+        approx_kl=pg_approx_kl,
         vf_clipfrac=vf_clipfrac,
     )

@@ -1,6 +1,6 @@
 """Naive twin of :mod:`refppo.ppo` and :mod:`refppo.rollout`'s scoring: step by step, no caching tricks.
 
-- every model read-out is per sequence, per token, per prefix (:mod:`refppo.models_naive`);
+- every model read-out is per sequence, per token, per prefix (:mod:`refppo.models.naive`);
 - π_old is a REAL snapshot network (a deep copy of the actor taken before the update) whose
   log-probs are recomputed at every minibatch instead of being cached;
 - rollout quantities come from the naive twins of the core (``refppo.core.*_naive``);
@@ -43,7 +43,7 @@ from refppo.core.rewards import token_rewards_naive
 from refppo.core.score_map import map_scores_naive
 from refppo.errors import ConventionError
 from refppo.models import Reward, RewardModel, SequenceBatch, eval_mode, make_reference
-from refppo.models_naive import (
+from refppo.models.naive import (
     prefix_logits,
     prefix_value,
     response_logprobs_naive,

@@ -1,4 +1,4 @@
-"""Write the golden PPO trajectories under spec/golden/ (see refppo/golden.py and spec/models.md).
+"""Write the golden PPO trajectories under spec/golden/ (see refppo/golden/ and spec/models.md).
 
 Usage: ``python tools/make_golden.py [--out spec/golden] [--case gpt2 --case llama] [--check]``
 (``--check --device cuda`` replays on a GPU).

@@ -7,7 +7,8 @@ Sections (TOML tables; ``--set SECTION.KEY=VALUE`` on the command line)::
     [rollout]    prompts per iteration, generation length, sampling
     [ppo]        epochs × minibatches × micro-batches, grad clipping, plus EVERY field of
                  :class:`refppo.pipeline.Hyperparams` and :class:`refppo.pipeline.Convention`
-                 (flattened: ``ppo.cliprange``, ``ppo.loss_agg``)
+                 (flattened: ``ppo.cliprange``, ``ppo.loss_agg``), and the score map
+                 ``ppo.score_bias``, ``ppo.score_scale``, ``ppo.score_clip`` (the pipeline's step 0)
     [optimizer]  AdamW
     [kl]         fixed or adaptive KL coefficient (the initial β is ``ppo.kl_coef``)
     [run]        iterations, seed, output, logging, checkpoints

@@ -67,28 +67,66 @@ def compare(
 
     ``widen`` is added to the tolerance (clip fractions: the share of near-tie tokens).
     """
-    zero = torch.zeros((), dtype=ref.dtype)
     if cmp_mask is None:
         max_abs = float((dump - ref).abs().max())
         scale = float(ref.abs().max())
         pad = 0
     else:
-        # Few full passes and fresh [B, T] buffers: this runs for every quantity of every candidate.
-        lo, hi = (float(x) for x in torch.aminmax(torch.where(cmp_mask, ref, zero)))
-        scale = math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi)  # = max |ref|
-        outside = ~cmp_mask
-        diff_all = (dump - ref).abs_()
-        differs = (diff_all <= tol.of(scale)).logical_not_()  # NaN differs
-        differs &= outside
-        pad = int(count_true(differs))
-        del differs
-        max_abs = float(diff_all.masked_fill_(outside, 0.0).max())  # NaN propagates through max
+        scale = _masked_max_abs(ref, cmp_mask)
+        max_abs, pad = _errors(dump, ref, cmp_mask, tol.of(scale))
     finite = math.isfinite(max_abs)
     if not finite:
         max_abs = math.inf
     t = tol.of(scale) + widen
     max_rel = max_abs / max(scale, _TINY) if max_abs > 0 else 0.0
     return QuantityResult(name, max_abs, max_rel, t, finite and max_abs <= t, pad)
+
+
+_CHUNK_ELEMENTS = 1 << 20
+"""Elements of one row block of :func:`_row_blocks` (4 MiB of float32): a ``[B, T]`` comparison
+allocates its temporaries per block, never at full size (a B=1024, T=8192 float32 dump: 33.5 MB each)."""
+
+
+def _row_blocks(n_rows: int, row_len: int) -> list[slice]:
+    """Row slices of about :data:`_CHUNK_ELEMENTS` elements (one slice for a small tensor)."""
+    step = max(1, _CHUNK_ELEMENTS // max(row_len, 1))
+    return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+
+
+def _masked_max_abs(ref: Tensor, cmp_mask: Tensor) -> float:
+    """``max |ref|`` over ``cmp_mask`` (0 outside it; NaN when a compared value is NaN), by row blocks.
+
+    Block by block it is the same maximum (a maximum does not depend on the order it is taken in).
+    """
+    zero = torch.zeros((), dtype=ref.dtype)
+    scale = 0.0
+    for rows in _row_blocks(ref.shape[0], ref[0].numel() if ref.dim() else 1):
+        lo, hi = (float(x) for x in torch.aminmax(torch.where(cmp_mask[rows], ref[rows], zero)))
+        if math.isnan(lo) or math.isnan(hi):
+            return math.nan
+        scale = max(scale, -lo, hi)
+    return scale
+
+
+def _errors(dump: Tensor, ref: Tensor, cmp_mask: Tensor, tol: float) -> tuple[float, int]:
+    """``(max |dump − ref| over cmp_mask, padded positions where it exceeds tol)``, by row blocks.
+
+    NaN propagates: a NaN at a compared position makes the maximum NaN, and a NaN outside counts as
+    differing. Maxima and counts do not depend on the blocks, so the result is that of one pass.
+    """
+    max_abs, pad = 0.0, 0
+    for rows in _row_blocks(ref.shape[0], ref[0].numel() if ref.dim() else 1):
+        outside = ~cmp_mask[rows]
+        diff = (dump[rows] - ref[rows]).abs_()
+        differs = (diff <= tol).logical_not_()  # NaN differs
+        differs &= outside
+        pad += int(count_true(differs))
+        m = float(diff.masked_fill_(outside, 0.0).max())
+        if math.isnan(m):
+            max_abs = math.nan
+        elif not math.isnan(max_abs):
+            max_abs = max(max_abs, m)
+    return max_abs, pad
 
 
 def describe(
@@ -155,15 +193,55 @@ def _one_per_row(idx: Tensor, T: int) -> Tensor:
     return out.scatter_(1, idx.clamp(min=0).unsqueeze(1), (idx >= 0).unsqueeze(1))
 
 
+def _bad_positions(
+    dump: Tensor, ref: Tensor, cmp_mask: Tensor, tol: float, peaks: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Bool ``[B, T]``: compared positions where ``|dump − ref| > tol`` (a non-finite dump value
+    counts as differing), and (``peaks``) each row's position of its largest compared error
+    (``argmax`` of the error, −1 outside ``cmp_mask``; the first maximum). By row blocks: no
+    full-size float temporary; per-row results do not depend on the blocks."""
+    B, T = cmp_mask.shape
+    bad = torch.empty(B, T, dtype=torch.bool)
+    peak = torch.empty(B, dtype=torch.int64) if peaks else None
+    for rows in _row_blocks(B, T):
+        cm = cmp_mask[rows]
+        err = (dump[rows] - ref[rows]).abs_().masked_fill_(~cm, 0.0)
+        err.masked_fill_(cm & ~torch.isfinite(dump[rows]), math.inf)
+        b = (err <= tol).logical_not_()
+        b &= cm
+        bad[rows] = b
+        if peak is not None:
+            peak[rows] = torch.where(cm, err, torch.full((), -1.0, dtype=err.dtype)).argmax(dim=1)
+    return bad, peak
+
+
+def _offset_fits(dump: Tensor, ref: Tensor, cmp_mask: Tensor, shift: int, tol: float) -> bool | None:
+    """``max |dump[t] − ref[t − shift]| <= tol`` over positions compared at both ``t`` and
+    ``t − shift`` within a row (None when there are none), by row blocks (a maximum: exact)."""
+    worst, any_pos = 0.0, False
+    for rows in _row_blocks(*cmp_mask.shape):
+        cm = cmp_mask[rows]
+        both = cm & torch.roll(cm, shifts=shift, dims=1)
+        if shift == 1:
+            both[:, 0] = False
+        else:
+            both[:, -1] = False
+        if not bool(both.any()):
+            continue
+        any_pos = True
+        m = float((dump[rows] - torch.roll(ref[rows], shifts=shift, dims=1)).abs()[both].max())
+        if not m <= tol:  # NaN too
+            return False
+        worst = max(worst, m)
+    return None if not any_pos else worst <= tol
+
+
 def _describe_tokens(
     name: str, dump: Tensor, ref: Tensor, cmp_mask: Tensor, mask: Tensor, tol: float
 ) -> list[str]:
     notes: list[str] = []
     B, T = mask.shape
-    err = (dump - ref).abs_().masked_fill_(~cmp_mask, 0.0)
-    err.masked_fill_(cmp_mask & ~torch.isfinite(dump), math.inf)
-    bad = (err <= tol).logical_not_()
-    bad &= cmp_mask
+    bad, peak = _bad_positions(dump, ref, cmp_mask, tol, peaks=name in _AFTER_GAE)
     n_bad, n_cmp = int(count_true(bad)), int(count_true(cmp_mask))
     if n_bad == 0:
         return notes
@@ -189,14 +267,14 @@ def _describe_tokens(
         notes.append(f"{name}: differs at {where}")
     # Where in each affected row is the error largest? (a terminal/bootstrap difference peaks at the
     # end). Only GAE's outputs carry an error back: for token_rewards or kl it would be a false lead.
-    if n_rows > 0 and name in _AFTER_GAE and not only_ends:
-        peak = torch.where(cmp_mask, err, torch.full((), -1.0, dtype=err.dtype)).argmax(dim=1)
+    if n_rows > 0 and peak is not None and not only_ends:
         at_end = (peak == last_valid) | (peak == last_cmp)
         if bool(at_end[rows].all()) and n_bad > n_rows:
             notes.append(
                 f"{name}: in every affected row the error peaks at the end of the sequence and shrinks "
                 "toward its start (a difference in the terminal reward/bootstrap value, carried back by GAE)"
             )
+    del bad, rows, at_last, at_last_cmp, peak  # [B, T] masks no longer needed by the fits below
     d, r = dump[cmp_mask], ref[cmp_mask]
     if not bool(torch.isfinite(d).all()):
         notes.append(f"{name}: the dump holds non-finite values at compared positions")
@@ -214,16 +292,9 @@ def _describe_tokens(
             f"{name}: an affine change: dump = {a:.6g} × reference + {b:.6g} (a whitening difference?)"
         )
         return notes
+    del d, r
     for shift, label in ((1, "right"), (-1, "left")):
-        both = cmp_mask & torch.roll(cmp_mask, shifts=shift, dims=1)
-        if shift == 1:
-            both[:, 0] = False
-        else:
-            both[:, -1] = False
-        if int(both.sum()) == 0:
-            continue
-        rolled = torch.roll(ref, shifts=shift, dims=1)
-        if float((dump - rolled).abs()[both].max()) <= tol:
+        if _offset_fits(dump, ref, cmp_mask, shift, tol):
             arrow = "ref[t−1]" if shift == 1 else "ref[t+1]"
             notes.append(f"{name}: offset by one position: dump[t] = {arrow} (shifted {label})")
             break

@@ -119,6 +119,7 @@ def compare_all(
             if not res.ok and name in ref.widen:  # clip fractions: allow rounding ties (computed lazily)
                 res = compare(name, dump.tensors[name], ref.values[name], cm, tol, widen=ref.widen[name]())
             out[name] = res
+            dump.release(name)  # its pages are read again from the file when next compared
     return out
 
 
@@ -179,8 +180,13 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
         res = compare_all(dump, ro)
         if not _prefix_ok(res, first):
             return None
-        # continue the rollout just recomputed with the update stage (not steps 1-4 again)
-        return compare_all(dump, recompute(dump, alt, bug=bug, rollout=ro), known=res) if early else res
+        if not early:
+            return res
+        # continue the rollout just recomputed with the update stage (not steps 1-4 again), holding
+        # only what the update reads: the rollout quantities are compared already
+        slim = ro.slim()
+        del ro
+        return compare_all(dump, recompute(dump, alt, bug=bug, rollout=slim), known=res)
 
     for key in AFFECTS[first]:
         for upd in ALTERNATIVES[key]:
@@ -261,8 +267,16 @@ def check(
 
     ``rollouts``: steps 1–4 are taken from (and kept in) this memo (``--detect``'s re-checks).
     """
-    ref = recompute(dump, setup, rollout=None if rollouts is None else rollouts.get(setup))
-    results = compare_all(dump, ref)
+    # Steps 1-4 first, compared at once; the update stage then continues a slim copy of them (what
+    # it reads, and the first divergent rollout quantity for describe()): one reference at a time.
+    ro = recompute(dump, setup, rollout_only=True) if rollouts is None else rollouts.get(setup)
+    known = compare_all(dump, ro)
+    first_ro = first_divergence(known)
+    slim = ro.slim(() if first_ro is None else (first_ro,))
+    del ro
+    ref = recompute(dump, setup, rollout=slim)
+    del slim
+    results = compare_all(dump, ref, known=known)
     first = first_divergence(results)
     out = CheckResult(setup, results, first)
     if not results:
@@ -282,7 +296,7 @@ def check(
             out.diagnosis += notes
             out.explained_by = found
     elif first is not None:
-        inp = ref.update_inputs
+        inp = ref.update_inputs if grad_bad else None  # held through explain() only when used there
         r = results[first]
         out.diagnosis.append(
             f"first divergence: {first} (max abs err {r.max_abs_err:.3g} > tol {r.tol:.3g}); "

@@ -74,11 +74,14 @@ def _prefix(
         kl_memo[kl_key] = kl
     if dump.has("kl") and kl_ok is None:
         kl_ok = compare("kl", t["kl"], kl, m, tol).ok
+        dump.release("kl")
     if kl_ok is False:
         return False, False
     if first == "kl" or not dump.has("token_rewards"):
         return True, kl_ok
-    return compare("token_rewards", t["token_rewards"], rewards, vmask, tol).ok, kl_ok
+    ok = compare("token_rewards", t["token_rewards"], rewards, vmask, tol).ok
+    dump.release("token_rewards")
+    return ok, kl_ok
 
 
 _KL_PART = 4

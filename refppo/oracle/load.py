@@ -7,8 +7,12 @@ refused without running it.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import math
+import mmap
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,6 +116,18 @@ class Dump:
     """Peer names read as dump keys (``{alias: key}``, :data:`refppo.oracle.keys.ALIASES`)."""
     step: StepLayout = field(default_factory=lambda: StepLayout())
     """v2: how the rows were split over ranks and micro-batches (defaults: one of each)."""
+    mapped: frozenset[str] = frozenset()
+    """Keys whose tensor is the loader's own, memory-mapped from the file (safetensors, used in its
+    own dtype): :meth:`release` may hand their pages back to the OS."""
+
+    def release(self, key: str) -> None:
+        """Hand the resident pages of the memory-mapped tensor ``key`` back to the OS, once it has
+        been compared: it is read again from the file when next used (the same bytes: the mapping
+        is never written). A trainer output is then resident only while it is compared, not for
+        the whole check (a B=1024, T=8192 float32 key is 33.5 MB). A no-op for other keys and where
+        the OS has no ``MADV_PAGEOUT`` (Linux ≥ 5.4)."""
+        if key in self.mapped:
+            page_out(self.tensors[key])
 
     def key_notes(self) -> list[str]:
         """What the loader did with the dump's names: aliases read, unknown keys ignored (with hints)."""
@@ -204,13 +220,14 @@ def load_dump(
     """
     p = Path(path)
     raw = _load_raw(p)
+    mmapped = p.suffix.lower() == ".safetensors"  # safetensors' load_file maps the file
     if not overlay:
-        return validate(p, raw, hparams_file)
+        return validate(p, raw, hparams_file, mmapped=mmapped)
     if hparams_file is not None and not Path(hparams_file).is_file():
         raise DumpError(f"{hparams_file}: no such hyperparameter file")
     side = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
     base = read_hparams(side) if side is not None else {}
-    return validate(p, raw, hparams={**base, **overlay})
+    return validate(p, raw, hparams={**base, **overlay}, mmapped=mmapped)
 
 
 def validate(
@@ -219,10 +236,13 @@ def validate(
     hparams_file: str | Path | None = None,
     *,
     hparams: dict[str, Any] | None = None,
+    mmapped: bool = False,
 ) -> Dump:
-    """Check keys, shapes, dtypes, finiteness and masks; convert to float64.
+    """Check keys, shapes, dtypes, finiteness and masks; convert to the compute dtype.
 
     ``hparams``: the sidecar's object given in memory (instead of a file beside ``p``).
+    ``mmapped``: ``raw``'s tensors are memory-mapped from ``p`` (safetensors): those used as they
+    are (already in the compute dtype) are listed in :attr:`Dump.mapped`.
     """
     try:
         raw, aliased = resolve_aliases(p, raw)
@@ -331,7 +351,50 @@ def validate(
         tau: Any = hparams["temperature"]
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (math.isfinite(tau) and tau > 0):
             raise DumpError(f"{hp_path or p}: temperature: expected a finite number > 0, got {tau!r}")
-    return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased, step)
+    mapped = frozenset(
+        k for k, v in out.items() if mmapped and k in raw and k != "response_mask" and _same_bytes(v, raw[k])
+    )
+    return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased, step, mapped)
+
+
+def _same_bytes(a: Tensor, b: Any) -> bool:
+    """``a`` is ``b`` or a view of all of its bytes (``detach``, ``reshape``, a no-op ``to``)."""
+    return isinstance(b, Tensor) and a.data_ptr() == b.data_ptr() and a.nbytes == b.nbytes
+
+
+_MADV_PAGEOUT = 21
+"""Linux ``MADV_PAGEOUT`` (include/uapi/asm-generic/mman-common.h): reclaim these pages now. File
+pages are dropped (re-read on the next access); anonymous ones go to swap or stay: never lost."""
+
+
+def page_out(t: Tensor) -> None:
+    """``madvise(MADV_PAGEOUT)`` over the whole pages of ``t``'s bytes (see :meth:`Dump.release`).
+
+    Only a hint: the tensor's values are unchanged whatever the kernel does; nothing happens off
+    Linux or when the call fails.
+    """
+    if sys.platform != "linux" or t.device.type != "cpu" or not t.is_contiguous():
+        return
+    madvise = _madvise()
+    if madvise is None:
+        return
+    page = mmap.PAGESIZE
+    start, nbytes = t.data_ptr(), t.numel() * t.element_size()
+    lo, hi = -(-start // page) * page, (start + nbytes) // page * page
+    if hi > lo:
+        madvise(lo, hi - lo, _MADV_PAGEOUT)
+
+
+@functools.cache
+def _madvise() -> Any:
+    """libc's ``madvise`` through ctypes, or None."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _step_layout(path: Path, hparams: dict[str, Any]) -> StepLayout:

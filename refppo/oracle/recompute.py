@@ -18,8 +18,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, KLPlacement, PolicyLoss, ValueLoss, Variance, WhitenHoles
-from refppo.core.gae import envelope, gae
+from refppo.conventions import (
+    AdvantageEstimator,
+    GaeHoles,
+    KLPlacement,
+    PolicyLoss,
+    ValueLoss,
+    Variance,
+    WhitenHoles,
+)
+from refppo.core.gae import envelope
 from refppo.core.gspo import gspo_policy_loss
 from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
@@ -28,7 +36,7 @@ from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
 from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, validate
 from refppo.oracle.settings import Setup
 from refppo.pipeline import clipped_scores as clipped_scores  # moved to the pipeline (step 0)
-from refppo.pipeline import rollout_quantities, update_quantities
+from refppo.pipeline import gae_by_rows, rollout_quantities, update_quantities
 
 PIPELINE_ORDER: tuple[str, ...] = (
     "kl",
@@ -70,11 +78,22 @@ class Reference:
     """Response mask (policy side)."""
     value_mask: Tensor
     """Mask of GAE / returns / token_rewards: the response mask plus the score slot."""
-    advantages_raw: Tensor
+    advantages_raw: Tensor | None
+    """GAE's (or the critic-free estimator's) advantages before whitening; None in a :meth:`slim`
+    reference."""
     widen: dict[str, Callable[[], float]] = field(default_factory=dict)
     """Extra tolerance of the clip fractions (rounding ties: :func:`pg_tie_share`, :func:`vf_tie_widen`)."""
     update_inputs: UpdateInputs | None = None
     """What ``update_quantities`` was given (the gradient diagnosis re-runs it on variants)."""
+
+    def slim(self, keep: tuple[str, ...] = ()) -> Reference:
+        """This rollout-only reference with what the update stage reads (``advantages``,
+        ``returns``, the masks) and ``keep``: for ``recompute(rollout=...)`` once the rollout
+        quantities have been compared (``compare_all(known=...)``), so that ``kl``,
+        ``token_rewards`` and the raw advantages (three ``[B, T]`` tensors) are not held while the
+        update stage allocates its own."""
+        vals = {k: v for k, v in self.values.items() if k in ("advantages", "returns") or k in keep}
+        return replace(self, values=vals, advantages_raw=None)
 
     def compare_mask(self, name: str) -> Tensor | None:
         """Positions compared for a [B, T] quantity; None for a scalar. Gradients: every position
@@ -239,6 +258,9 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         if "logprobs" not in t:
             raise ValueError("this bug needs logprobs")
         kl_logp = t["logprobs"]
+    # With the KL in the loss the pipeline zeroes its KL (no reward term), but the dump's `kl` is
+    # still the estimate: computed once here and handed to the pipeline's step 1 (the same call).
+    kl_loss_side = reference_kl(dump, setup, kl_logp) if conv.kl_in is KLPlacement.LOSS else None
     rq = rollout_quantities(
         scores=scores,
         old_logprobs=kl_logp,
@@ -248,11 +270,14 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         hp=hp,
         conv=conv,
         group_index=t.get("group_index"),
+        kl=kl_loss_side,
     )
     adv_raw, returns, adv = rq.advantages_raw, rq.returns, rq.advantages
     if bug == "gae_through_padding":
         everywhere = torch.ones_like(m)
-        adv_raw, returns = gae(rq.token_rewards, t["old_values"], everywhere, gamma=hp.gamma, lam=hp.lam)
+        adv_raw, returns = gae_by_rows(
+            rq.token_rewards, t["old_values"], everywhere, gamma=hp.gamma, lam=hp.lam, holes=GaeHoles.SKIP
+        )
         adv = whiten(adv_raw, m, setup)
     elif bug == "gae_bootstrap_from_padding":
         vm = rq.value_mask
@@ -262,13 +287,15 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         boot = torch.where(last + 1 < T, t["old_values"].gather(1, nxt.unsqueeze(1)).squeeze(1), 0.0)
         onehot = torch.nn.functional.one_hot(last, num_classes=T).to(torch.bool)
         r_bug = rq.token_rewards + torch.where(onehot, hp.gamma * boot.unsqueeze(1), 0.0)
-        adv_raw, returns = gae(r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes)
+        adv_raw, returns = gae_by_rows(
+            r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
+        )
         adv = whiten(adv_raw, m, setup)
     elif bug == "whiten_over_padding":
         adv = torch.where(m, whiten(adv_raw, torch.ones_like(m), setup), torch.zeros((), dtype=adv_raw.dtype))
     vals: dict[str, Tensor] = {
         # with the KL in the reward, rq.kl is this very estimate (same call): reuse it
-        "kl": rq.kl if conv.kl_in is KLPlacement.REWARD else reference_kl(dump, setup, kl_logp),
+        "kl": rq.kl if kl_loss_side is None else kl_loss_side,
         "token_rewards": rq.token_rewards,
         "advantages": adv,
         "returns": returns,

@@ -5,7 +5,10 @@ record the LAST optimizer step of the chosen iteration (last epoch, last minibat
 moved away from 1, so the clip is exercised) with a :class:`refppo.capture.StepRecorder`, the very
 recorder any other trainer uses (one capture path). Every rank records its micro-batches; rank 0
 writes ``<out_dir>/dumps/iter_<N>.safetensors`` and its sidecar (the iteration's hyperparameters,
-with the KL controller's current β, and the conventions). ``refppo diff`` on it must match.
+with the KL controller's current β, the conventions, and the score map ``score_bias``,
+``score_scale``, ``score_clip``: :func:`sidecar_conventions`). ``refppo diff`` on it must match
+with no ``--set``. The dump's ``scores`` are those before the map (after the missing-EOS penalty),
+as ``ppo.iteration`` hands them to the pipeline, which maps them at its step 0, like the oracle.
 
 Why the last minibatch equals the oracle's view only with ``ppo.minibatches=1`` (or no whitening):
 the trainer whitens over the whole rollout batch, the oracle over the dump's rows
@@ -15,6 +18,7 @@ the trainer whitens over the whole rollout batch, the oracle over the dump's row
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from refppo.capture import StepRecorder
 from refppo.config import TrainConfig
@@ -27,11 +31,23 @@ def dump_path(out_dir: Path, iteration: int) -> Path:
     return out_dir / "dumps" / f"iter_{iteration:06d}.safetensors"
 
 
+def sidecar_conventions(cfg: TrainConfig) -> dict[str, Any]:
+    """The sidecar's conventions: ``ppo.convention`` and the oracle's score-map keys
+    (``score_bias``, ``score_scale``, ``score_clip``: the flat keys of
+    :class:`refppo.oracle.settings.Extras`), always written, the identity included."""
+    return {
+        **cfg.ppo.convention.to_dict(),
+        "score_bias": cfg.ppo.score_bias,
+        "score_scale": cfg.ppo.score_scale,
+        "score_clip": cfg.ppo.score_clip,
+    }
+
+
 def request(cfg: TrainConfig, it: int, out_dir: Path, hp: Hyperparams) -> CaptureRequest | None:
     """The capture request of 0-based iteration ``it``, or None when it is not the one to dump."""
     if cfg.run.dump_iteration is None or cfg.run.dump_iteration != it + 1:
         return None
-    recorder = StepRecorder(hparams=hp, conventions=cfg.ppo.convention, reduce="mean")
+    recorder = StepRecorder(hparams=hp, conventions=sidecar_conventions(cfg), reduce="mean")
     return CaptureRequest(
         epoch=cfg.ppo.epochs - 1,
         minibatch=cfg.ppo.minibatches - 1,
@@ -40,4 +56,4 @@ def request(cfg: TrainConfig, it: int, out_dir: Path, hp: Hyperparams) -> Captur
     )
 
 
-__all__ = ["dump_path", "request"]
+__all__ = ["dump_path", "request", "sidecar_conventions"]

@@ -1,4 +1,4 @@
-"""End-to-end tests of ``refppo verify`` (refppo/verify.py)."""
+"""End-to-end tests of ``refppo verify`` (refppo/verify/)."""
 
 from __future__ import annotations
 

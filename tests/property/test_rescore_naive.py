@@ -1,5 +1,5 @@
 """Re-scoring (one teacher-forced pass through refppo.oracle.rescore) equals the per-prefix naive
-twins of refppo.models_naive on random left/right paddings, for the actor (with temperature), a
+twins of refppo.models.naive on random left/right paddings, for the actor (with temperature), a
 token-classification critic and a reward model, GPT-2 and Llama."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refppo.models import RewardModel, SequenceBatch, tiny_actor, tiny_config, tiny_reward_model
-from refppo.models_naive import response_logprobs_naive, response_values_naive, reward_scores_naive
+from refppo.models.naive import response_logprobs_naive, response_values_naive, reward_scores_naive
 from refppo.oracle.rescore import Rescorer, Variant
 from refppo.oracle.rescore_inputs import LabelCritic
 

@@ -1,4 +1,4 @@
-"""Model roles and read-outs (refppo.models) against the per-prefix naive twins (refppo.models_naive).
+"""Model roles and read-outs (refppo.models) against the per-prefix naive twins (refppo.models.naive).
 
 Tolerance: float32, ``atol = 1e-5`` on log-probs/entropies/values/scores (measured max deviation
 ≈ 1e-6 on GPT-2, 5e-7 on Llama; the twin computes the log-softmax in float64 Python arithmetic).
@@ -35,7 +35,7 @@ from refppo.models import (
     tiny_llama,
     tiny_reward_model,
 )
-from refppo.models_naive import response_logprobs_naive, response_values_naive, reward_scores_naive
+from refppo.models.naive import response_logprobs_naive, response_values_naive, reward_scores_naive
 
 ARCHS: list[Arch] = ["gpt2", "llama"]
 ATOL = 1e-5

@@ -1,0 +1,44 @@
+"""``refppo verify``: every vectorized core step against its naive twin, on seeded ragged batches.
+
+Each case builds a right-padded batch (random lengths, including length-1 rows) whose padded
+positions hold junk (NaN, ±inf, huge values), runs the vectorized function and its naive twin
+(plain Python floats, one token at a time), and compares them on every output. One table row per
+(step, device, dtype); the exit status is non-zero if any row fails. Runs on CPU, and also on CUDA
+when ``torch.cuda.is_available()``.
+
+The tolerances live in :mod:`refppo.verify.tolerance` (:data:`TOLERANCES`), and the test suite
+imports them from there, so the CLI and the property tests judge "equal to the naive twin" by one
+rule (:func:`compare`).
+
+Modules: :mod:`~refppo.verify.tolerance` (:data:`TOLERANCES`, :func:`compare`),
+:mod:`~refppo.verify.batches` (seeded ragged batches with junk padding),
+:mod:`~refppo.verify.cases` and :mod:`~refppo.verify.cases_loss` (one case per vectorized step,
+:data:`CASES`), :mod:`~refppo.verify.cli` (rows, the table, ``main``). This module re-exports them.
+"""
+
+from __future__ import annotations
+
+from refppo.verify.batches import JUNK_VALUES, Batch, Case, Pair, make_batch
+from refppo.verify.cases import CASES
+from refppo.verify.cli import Row, device_problem, devices, format_table, main, run_step
+from refppo.verify.tolerance import TOLERANCES, Comparison, Tolerance, compare, tolerance_for
+
+__all__ = [
+    "CASES",
+    "JUNK_VALUES",
+    "TOLERANCES",
+    "Batch",
+    "Case",
+    "Comparison",
+    "Pair",
+    "Row",
+    "Tolerance",
+    "compare",
+    "device_problem",
+    "devices",
+    "format_table",
+    "main",
+    "make_batch",
+    "run_step",
+    "tolerance_for",
+]

@@ -1,0 +1,210 @@
+"""The verify cases of the losses (policy, value, aggregation, entropy bonus, KL loss, total, GSPO)
+and of their gradients (autograd vs the closed-form twins of refppo/core/grad.py).
+
+Each case returns a list of (output name, vectorised, naive, mask-or-None) to compare.
+Vectorised functions are looked up on their module at call time (so a test can monkeypatch one).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import KLEstimator, LossAgg, ValueLoss
+from refppo.verify.batches import Batch, Case, Pair
+
+# The modules themselves, looked up by name: ``refppo.core`` re-exports the *function* ``gae``
+# under the submodule's name, so ``from refppo.core import gae`` would give the function. Calling
+# through the module at run time also lets a test monkeypatch one vectorised function.
+aggregate_mod = importlib.import_module("refppo.core.aggregate")
+grad_mod = importlib.import_module("refppo.core.grad")
+gspo_mod = importlib.import_module("refppo.core.gspo")
+objective_mod = importlib.import_module("refppo.core.objective")
+policy_mod = importlib.import_module("refppo.core.policy")
+value_mod = importlib.import_module("refppo.core.value")
+
+
+def _t(x: float | list[list[float]], like: Tensor) -> Tensor:
+    return torch.tensor(x, dtype=torch.float64, device=like.device)
+
+
+def _case_policy(b: Batch, dev: torch.device) -> list[Pair]:
+    lp_old = b.floats(-4.0, -0.1)
+    lp = torch.where(b.mask, lp_old + b.floats(-0.6, 0.6), lp_old)
+    adv = b.floats(-2.0, 2.0)
+    out: list[Pair] = []
+    for dual in (None, 3.0):
+        for agg in LossAgg:
+            res = policy_mod.clipped_policy_loss(
+                lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev), clip_low=0.2, dual_clip=dual, agg=agg
+            )
+            nv = policy_mod.clipped_policy_loss_naive(lp, lp_old, adv, b.mask, dual_clip=dual, agg=agg)
+            tag = f"{agg.value}{',dual' if dual else ''}"
+            out.append((f"loss({tag})", res.loss, _t(nv.loss, res.loss), None))
+            if agg is LossAgg.TOKEN_MEAN:
+                out += [
+                    (f"per_token({tag})", res.per_token, _t(nv.per_token, res.per_token), None),
+                    (f"ratio({tag})", res.ratio, _t(nv.ratio, res.ratio), None),
+                    (f"clipfrac({tag})", res.clipfrac, _t(nv.clipfrac, res.clipfrac), None),
+                    (f"clipfrac_lower({tag})", res.clipfrac_lower, _t(nv.clipfrac_lower, res.loss), None),
+                    (f"approx_kl({tag})", res.approx_kl, _t(nv.approx_kl, res.loss), None),
+                    (f"approx_kl_k2({tag})", res.approx_kl_k2, _t(nv.approx_kl_k2, res.loss), None),
+                ]
+    return out
+
+
+def _case_value(b: Batch, dev: torch.device) -> list[Pair]:
+    v_old = b.floats(-2.0, 2.0)
+    v = torch.where(b.mask, v_old + b.floats(-0.5, 0.5), v_old)
+    ret = b.floats(-2.0, 2.0)
+    out: list[Pair] = []
+    for kind in ValueLoss:
+        for agg in (LossAgg.TOKEN_MEAN, LossAgg.SEQ_MEAN_TOKEN_MEAN):
+            res = value_mod.value_loss(
+                v.to(dev), v_old.to(dev), ret.to(dev), b.mask.to(dev), kind=kind, agg=agg
+            )
+            nv = value_mod.value_loss_naive(v, v_old, ret, b.mask, kind=kind, agg=agg)
+            tag = f"{kind.value},{agg.value}"
+            out += [
+                (f"loss({tag})", res.loss, _t(nv.loss, res.loss), None),
+                (f"per_token({tag})", res.per_token, _t(nv.per_token, res.per_token), None),
+                (f"clipfrac({tag})", res.clipfrac, _t(nv.clipfrac, res.clipfrac), None),
+            ]
+    return out
+
+
+def _case_aggregate(b: Batch, dev: torch.device) -> list[Pair]:
+    x = b.floats(-3.0, 3.0)
+    out: list[Pair] = []
+    norms = {"token_count": 97.0, "seq_count": 13.0, "horizon": 40.0}
+    for agg in LossAgg:
+        xd, md = x.to(dev), b.mask.to(dev)
+        out.append(
+            (
+                agg.value,
+                aggregate_mod.aggregate_loss(xd, md, agg),
+                aggregate_mod.aggregate_loss_naive(x, b.mask, agg),
+                None,
+            )
+        )
+        out.append(
+            (
+                f"{agg.value}(global counts)",
+                aggregate_mod.aggregate_loss(xd, md, agg, **norms),
+                aggregate_mod.aggregate_loss_naive(x, b.mask, agg, **norms),
+                None,
+            )
+        )
+    return out
+
+
+def _case_entropy_bonus(b: Batch, dev: torch.device) -> list[Pair]:
+    ent = b.floats(0.0, 3.0)
+    return [
+        (
+            agg.value,
+            objective_mod.entropy_bonus(ent.to(dev), b.mask.to(dev), agg),
+            objective_mod.entropy_bonus_naive(ent, b.mask, agg),
+            None,
+        )
+        for agg in LossAgg
+    ]
+
+
+def _case_kl_loss(b: Batch, dev: torch.device) -> list[Pair]:
+    lp, lr = b.floats(-5.0, -0.1), b.floats(-5.0, -0.1)
+    agg = LossAgg.SEQ_MEAN_TOKEN_MEAN
+    return [
+        (
+            est.value,
+            objective_mod.kl_loss(lp.to(dev), lr.to(dev), b.mask.to(dev), est, agg),
+            objective_mod.kl_loss_naive(lp, lr, b.mask, est, agg),
+            None,
+        )
+        for est in KLEstimator
+    ]
+
+
+def _case_total_loss(b: Batch, dev: torch.device) -> list[Pair]:
+    terms = [float(t) for t in torch.rand(5, generator=b.gen, dtype=torch.float64)]
+    coefs = {"vf_coef": 0.1, "ent_coef": 0.01, "kl_coef": 0.05, "ptx_coef": 0.5}
+    vec = objective_mod.total_loss(*(torch.tensor(t, dtype=b.dtype, device=dev) for t in terms), **coefs)
+    return [("total", vec, _t(objective_mod.total_loss_naive(*terms, **coefs), vec), None)]
+
+
+def _case_gspo(b: Batch, dev: torch.device) -> list[Pair]:
+    lp_old = b.floats(-4.0, -0.1)
+    lp = torch.where(b.mask, lp_old + b.floats(-0.6, 0.6), lp_old)
+    adv = b.floats(-2.0, 2.0)
+    out: list[Pair] = []
+    for agg in LossAgg:
+        args = (lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev))
+        res = gspo_mod.gspo_policy_loss(*args, clip_high=0.28, agg=agg, log_ratio_max=10.0)
+        nv = gspo_mod.gspo_policy_loss_naive(
+            lp, lp_old, adv, b.mask, clip_high=0.28, agg=agg, log_ratio_max=10.0
+        )
+        out.append((f"loss({agg.value})", res.loss, _t(nv.loss, res.loss), None))
+    out.append(("ratio", res.ratio, _t(nv.ratio, res.ratio), None))
+    out.append(("per_token", res.per_token, _t(nv.per_token, res.per_token), None))
+    return out
+
+
+def _autograd(loss_fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    leaf = x.detach().clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(loss_fn(leaf), leaf)
+    return grad
+
+
+def _case_gradients(b: Batch, dev: torch.device) -> list[Pair]:
+    """Autograd through the losses vs the closed-form twins of refppo/core/grad.py (``token-sum``:
+    the weight is 1, so the gradients are O(1) and the tolerance means what it says)."""
+    lp_old, adv, ref = b.floats(-4.0, -0.1), b.floats(-2.0, 2.0), b.floats(-4.0, -0.1)
+    lp = torch.where(b.mask, lp_old + b.floats(-0.6, 0.6), lp_old)
+    v_old, ret = b.floats(-2.0, 2.0), b.floats(-2.0, 2.0)
+    v = torch.where(b.mask, v_old + b.floats(-0.5, 0.5), v_old)
+    m, md, agg = b.mask, b.mask.to(dev), LossAgg.TOKEN_SUM
+    pol = {"clip_high": 0.28, "dual_clip": 3.0, "agg": agg, "log_ratio_clamp": 0.5}
+    kl = {"log_ratio_clamp": (-1.0, 1.0), "value_clamp": 0.5}
+    grads = {
+        "policy": (
+            _autograd(
+                lambda x: policy_mod.clipped_policy_loss(x, lp_old.to(dev), adv.to(dev), md, **pol).loss,
+                lp.to(dev),
+            ),
+            grad_mod.policy_grad_naive(lp, lp_old, adv, m, **pol),
+        ),
+        "gspo": (
+            _autograd(
+                lambda x: gspo_mod.gspo_policy_loss(x, lp_old.to(dev), adv.to(dev), md, agg=agg).loss,
+                lp.to(dev),
+            ),
+            gspo_mod.gspo_policy_grad_naive(lp, lp_old, adv, m, agg=agg),
+        ),
+        "value": (
+            _autograd(
+                lambda x: value_mod.value_loss(x, v_old.to(dev), ret.to(dev), md, agg=agg).loss, v.to(dev)
+            ),
+            grad_mod.value_grad_naive(v, v_old, ret, m, agg=agg),
+        ),
+        "kl_k3": (
+            _autograd(lambda x: objective_mod.kl_loss(x, ref.to(dev), md, "k3", agg, **kl), lp.to(dev)),
+            grad_mod.kl_loss_grad_naive(lp, ref, m, "k3", agg, **kl),
+        ),
+    }
+    return [(name, auto, twin, None) for name, (auto, twin) in grads.items()]
+
+
+LOSS_CASES: dict[str, Case] = {
+    "clipped_policy_loss": _case_policy,
+    "value_loss": _case_value,
+    "aggregate_loss": _case_aggregate,
+    "entropy_bonus": _case_entropy_bonus,
+    "kl_loss": _case_kl_loss,
+    "total_loss": _case_total_loss,
+    "gspo_policy_loss": _case_gspo,
+    "loss_gradients": _case_gradients,
+}
+"""The losses' and gradients' cases, in table order (after :data:`.cases.TOKEN_CASES`)."""
