@@ -12,7 +12,7 @@ and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validat
 (``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``) and ``grad.py``'s per-token
 helpers (``_pg_token``, ``_vf_token``, ``_kl_token``: the closed-form gradient twin's formulas;
 ``group_naive.py`` holds only naive twins and is not listed); in ``refppo/pipeline.py``
-``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``critic_free_advantages``,
+``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``gae_by_rows``, ``critic_free_advantages``,
 ``Normalisers.kwargs``, ``policy_term``, ``update_quantities``, ``clipped_scores``,
 ``mapped_scores``, the ``__post_init__`` checks
 of ``Convention`` and ``Hyperparams`` and their fields' numeric defaults (not the dict
@@ -95,6 +95,7 @@ PIPELINE_FUNCS = {
     "reward_quantities",
     "rollout_quantities",
     "critic_free_advantages",
+    "gae_by_rows",
     "Normalisers.kwargs",
     "policy_term",
     "update_quantities",
@@ -118,6 +119,7 @@ PIPELINE_TESTS = (
     "tests/unit/test_pipeline_normalisers.py",
     "tests/unit/test_pipeline_critic_free.py",
     "tests/unit/test_pipeline_score_map.py",
+    "tests/property/test_gae_by_rows.py",
     "tests/unit/test_core_defaults.py",
     "tests/unit/test_core_boundaries.py",
     "tests/golden/test_golden_ppo.py",
