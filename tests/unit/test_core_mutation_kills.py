@@ -7,6 +7,7 @@ worked out in the comments, not taken from the code under test.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pytest
@@ -18,13 +19,14 @@ from refppo.core.group import group_scalar_advantages, reinforce_pp_advantages, 
 from refppo.core.gspo import gspo_policy_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.score_map import map_scores
-from refppo.errors import ConventionError
+from refppo.errors import ConventionError, ShapeError
 from refppo.pipeline import (
     Convention,
     Hyperparams,
     Normalisers,
     clipped_scores,
     critic_free_advantages,
+    gae_by_rows,
     policy_term,
     rollout_quantities,
 )
@@ -241,3 +243,14 @@ def test_policy_grad_twin_beyond_the_log_ratio_clamp_is_zero_for_a_huge_ratio() 
     old, adv = torch.full((1, 1), -800.0, dtype=torch.float64), -torch.ones(1, 1, dtype=torch.float64)
     twin = policy_grad_naive(lp, old, adv, m, agg="token-sum", log_ratio_clamp=0.5)
     assert twin.tolist() == [[0.0]]
+
+
+def test_gae_by_rows_refuses_an_empty_response_axis_in_one_line_naming_the_shape() -> None:
+    """``gae_by_rows`` on a ``[3, 0]`` mask: the core's one-line ShapeError naming the whole
+    shape ``[3, 0]`` (the block size ``RBE // max(T, 1)`` keeps T = 0 out of the division).
+    Survivors: ``max(T, 1)`` → ``max(T, 0)`` (ZeroDivisionError) and → ``max(T, −1)`` (one-row
+    blocks, so the error named ``[1, 0]``, not the input)."""
+    m = torch.zeros(3, 0, dtype=torch.bool)
+    r = torch.zeros(3, 0, dtype=torch.float64)
+    with pytest.raises(ShapeError, match=re.escape("T >= 1), got shape [3, 0]")):
+        gae_by_rows(r, r, m, gamma=1.0, lam=1.0, holes="skip")
