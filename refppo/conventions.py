@@ -358,4 +358,25 @@ class GroupKL(StrEnum):
     TO_GO = "to_go"
 
 
-__all__ += ["GroupKL", "GroupSingleton"]
+class GroupStdLevel(StrEnum):
+    """Over which rows ``grpo``'s σ is taken (the mean is always the group's, ``μ_G(i)``).
+
+    - ``group``: ``σ_G`` of the row's group around ``μ_G`` (verl, OpenRLHF, SkyRL, TRL
+      ``scale_rewards="group"``; refppo default);
+    - ``batch``: every score of the batch around the batch mean, ``σ_B² = Σ_j (s_j − μ_B)²/(B−1)``
+      (TRL 1.12.0/1.16.0 ``GRPOTrainer._generate_and_score_completions``, ``scale_rewards="batch"``:
+      ``nanstd(rewards)``);
+    - ``batch-centred``: the batch's centred scores around 0, ``σ² = Σ_j (s_j − μ_G(j))²/(B−1)``
+      (AReaL 1.0.4 ``utils/data.py::Normalization`` with ``mean_level: group``, ``std_level: batch``:
+      ``_compute_std`` reads ``x − mean`` with the per-row group mean).
+
+    ``group_std`` still picks the divisor (``B−1`` or ``B``). Both batch levels are batch statistics,
+    all-reduced across data-parallel ranks (:func:`refppo.core.group.group_scalar_advantages`).
+    """
+
+    GROUP = "group"
+    BATCH = "batch"
+    BATCH_CENTRED = "batch-centred"
+
+
+__all__ += ["GroupKL", "GroupSingleton", "GroupStdLevel"]

@@ -286,8 +286,9 @@ def critic_free_advantages(
       together, verl ``token_level_rewards.sum(-1)``); with ``to_go`` it is ``scores`` and
       ``−β·KL_t`` is added as its return-to-go (OpenRLHF), β = 0 when the KL is in the loss;
       ``opo``'s lengths are the valid tokens of ``mask``;
-    - ``flash-reinforce`` (the batch-mean baseline) needs no ``group_index``; its batch sums and
-      ``gpg``'s go through ``all_reduce`` (every rank's rows, as one process on the whole batch).
+    - ``flash-reinforce`` (the batch-mean baseline) needs no ``group_index``; its batch sums,
+      ``gpg``'s and ``grpo``'s batch std (``conv.group_std_level`` ``batch``/``batch-centred``) go
+      through ``all_reduce`` (every rank's rows, as one process on the whole batch).
     """
     if conv.advantage is AdvantageEstimator.REINFORCE_PP:
         return discounted_returns(rewards, value_mask_, gamma=hp.gamma, holes=conv.gae_holes)
@@ -315,6 +316,7 @@ def critic_free_advantages(
             mask,
             estimator=conv.advantage,
             unbiased_std=conv.group_std is Variance.UNBIASED,
+            std_level=conv.group_std_level,
             eps=conv.group_eps,
             singleton=conv.group_singleton.value,
             token_penalty=penalty,

@@ -193,6 +193,7 @@ def _group_naive(
         mask,
         estimator=conv.advantage,
         unbiased_std=conv.group_std is Variance.UNBIASED,
+        std_level=conv.group_std_level,
         eps=conv.group_eps,
         singleton=conv.group_singleton.value,
     )

@@ -17,6 +17,7 @@ from refppo.conventions import (
     GaePadding,
     GroupKL,
     GroupSingleton,
+    GroupStdLevel,
     KLEstimator,
     KLPlacement,
     LossAgg,
@@ -50,6 +51,7 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "policy_loss": PolicyLoss,
     "advantage": AdvantageEstimator,
     "group_std": Variance,
+    "group_std_level": GroupStdLevel,
     "group_singleton": GroupSingleton,
     "group_kl": GroupKL,
     "gae_holes": GaeHoles,
@@ -72,6 +74,7 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "policy_loss": PolicyLoss.VANILLA,
     "advantage": AdvantageEstimator.GAE,
     "group_std": Variance.UNBIASED,
+    "group_std_level": GroupStdLevel.GROUP,
     "group_singleton": GroupSingleton.ERROR,
     "group_kl": GroupKL.FOLD,
     "group_eps": 1e-6,
@@ -149,6 +152,10 @@ class Convention:
     group_std: Variance = Variance.UNBIASED
     """The group std of ``grpo``: ``unbiased`` (n−1: ``torch.std``, verl, OpenRLHF, SkyRL) or
     ``population`` (n)."""
+    group_std_level: GroupStdLevel = GroupStdLevel.GROUP
+    """Over which rows that std is taken: ``group`` (each row's group), ``batch`` (the whole batch
+    around its mean: TRL ``scale_rewards="batch"``) or ``batch-centred`` (the batch's ``s − μ_G``:
+    AReaL ``std_level: batch`` under ``mean_level: group``); :class:`refppo.conventions.GroupStdLevel`."""
     group_singleton: GroupSingleton = GroupSingleton.ERROR
     """A prompt with one response in a group estimator: ``error``, ``score`` or ``zero``."""
     group_kl: GroupKL = GroupKL.FOLD
@@ -187,7 +194,7 @@ class Convention:
 
         The fields of :data:`_OMITTED_AT_DEFAULT` (``value_loss_agg``, ``value_clip_form``,
         ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``, ``entropy_agg``,
-        ``policy_loss``, ``gae_holes``, ``whiten_holes``) are
+        ``policy_loss``, ``gae_holes``, ``whiten_holes``, ``group_std_level``, ...) are
         left out while they hold their defaults, so that the dict of a convention that does not use
         them is the one written before they existed (the golden cases in ``spec/golden`` store it);
         :meth:`from_dict` restores the defaults.

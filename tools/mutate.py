@@ -129,7 +129,7 @@ PIPELINE_TESTS = (
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
 EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     "logprobs": ("tests/property/test_logprobs_chunked.py",),
-    "group": ("tests/property/test_group_more_estimators.py",),
+    "group": ("tests/property/test_group_more_estimators.py", "tests/property/test_group_std_level.py"),
     "kl": ("tests/property/test_kl_straight_through.py",),
     "score_map": ("tests/unit/test_pipeline_score_map.py",),
 }

@@ -9,8 +9,8 @@ Two halves, two interpreters, as ``tools/validate_presets.py``:
    ``tools/peer_makers/trl_grpo.py`` (TRL's own advantage block of
    ``GRPOTrainer._generate_and_score_completions`` for every ``scale_rewards`` form, and
    ``GRPOTrainer._compute_loss`` for the case's ``loss_type``); ``skyrl-areal`` (AReaL 1.0.4) runs
-   ``tools/peer_makers/areal_grpo.py`` (``PPOActor._compute_advantages`` with a group-level
-   ``reward_norm``). Nothing from refppo is imported there.
+   ``tools/peer_makers/areal_grpo.py`` (``PPOActor._compute_advantages`` with a group-mean
+   ``reward_norm``, std level group or batch). Nothing from refppo is imported there.
 2. Without ``--make`` (refppo's interpreter), for every dump:
 
    * ``refppo diff DUMP --preset PEER --set K=V ...`` (the case's keys) must MATCH;
@@ -20,9 +20,10 @@ Two halves, two interpreters, as ``tools/validate_presets.py``:
      ``equivalent``: differing only on keys the dump does not pin, re-checked through the pipeline).
 
    A case in :data:`DETECT_GAPS` may miss the third check (reported with the reason).
-   A case whose ``--set`` names a key refppo does not have (TRL ``scale_rewards="batch"``:
-   ``group_std_level=batch``) is reported NOT EXPRESSIBLE: the same diff without that key must
-   MISMATCH (the form is really different); it counts as a failure only if it matches.
+   A case whose ``--set`` names a key refppo does not have is reported NOT EXPRESSIBLE: the same
+   diff without that key must MISMATCH (the form is really different); it counts as a failure only
+   if it matches. (TRL ``scale_rewards="batch"`` was one until ``group_std_level=batch`` existed;
+   AReaL ``std_level: batch`` under ``mean_level: group`` is ``group_std_level=batch-centred``.)
 
 Exit 0 when every case that ran passes, 1 otherwise; a venv that is not built (no ``READY``
 stamp) is SKIPPED with the reason. ``--json-out FILE`` writes the results.

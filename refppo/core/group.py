@@ -6,6 +6,10 @@ Row ``i`` answers prompt ``g(i)`` (``group_index``); its group is ``G_i = {j : g
     grpo                  a_i = (s_i − μ_G) / (σ_G + ε)         μ_G = (1/n) Σ_{j∈G} s_j
                                                                  σ_G² = Σ_{j∈G} (s_j − μ_G)² / (n−1)
                                                                         (or / n: unbiased_std=False)
+    grpo, std_level=batch a_i = (s_i − μ_G) / (σ_B + ε)         σ_B² = Σ_{j∈batch} (s_j − μ_B)² / (B−1)
+                                                                 (TRL scale_rewards="batch")
+    grpo, batch-centred   a_i = (s_i − μ_G) / (σ_C + ε)         σ_C² = Σ_{j∈batch} (s_j − μ_G(j))² / (B−1)
+                                                                 (AReaL mean_level group, std_level batch)
     grpo, no std scaling  a_i = s_i − μ_G                        (verl norm_adv_by_std_in_grpo=False)
     dr-grpo               a_i = s_i − μ_G                        (Liu et al. 2025, "Dr. GRPO")
     rloo                  a_i = s_i − (1/(n−1)) Σ_{j∈G, j≠i} s_j (Ahmadian et al. 2024)
@@ -44,7 +48,7 @@ import math
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GaeHoles, parse
+from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
 from refppo.core.gae import gae
 
 # the naive twins live in group_naive.py, re-exported here (tests and callers import them from here)
@@ -104,6 +108,29 @@ def _batch_stats(x: Tensor, all_reduce: AllReduce | None) -> Tensor:
     return x if all_reduce is None else all_reduce(x.clone())
 
 
+def _sigma(
+    s: Tensor, mu: Tensor, inv: Tensor, level: GroupStdLevel, unbiased: bool, all_reduce: AllReduce | None
+) -> Tensor:
+    """The std ``[B]`` of each row at ``level``: ``σ_G`` (its group's, around ``μ_G``), ``σ_B`` (every
+    score around the batch mean ``μ_B``) or ``σ_C`` (every ``s_j − μ_G(j)`` around 0); divisor ``n − 1``
+    (``unbiased``, at least 1) or ``n``. The batch levels' sums go through ``all_reduce``."""
+    ones = torch.ones_like(s)
+    if level is GroupStdLevel.GROUP:
+        K = int(inv.max()) + 1
+        n = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, ones)
+        sq = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, (s - mu) ** 2)
+        dof = torch.clamp(n - 1, min=1) if unbiased else n
+        return torch.sqrt(sq / dof)[inv]
+    if level is GroupStdLevel.BATCH:
+        n_sum = _batch_stats(torch.stack([ones.sum(), s.sum()]), all_reduce)
+        c = s - n_sum[1] / n_sum[0]
+    else:
+        c = s - mu
+    n_sq = _batch_stats(torch.stack([ones.sum(), (c**2).sum()]), all_reduce)
+    dof = torch.clamp(n_sq[0] - 1, min=1) if unbiased else n_sq[0]
+    return torch.sqrt(n_sq[1] / dof).expand_as(s)
+
+
 def _passk(s: Tensor, inv: Tensor, K: int, scale: Tensor | None, eps: float) -> Tensor:
     """``grpo-passk``: ``(s_max − s_2nd)/(σ_G + ε)`` (or unscaled) on the group's unique argmax, else 0."""
     neg_inf = torch.full((K,), -math.inf, dtype=s.dtype, device=s.device)
@@ -130,6 +157,7 @@ def group_scalar_advantages(
     singleton: Singleton = "error",
     lengths: SeqFloat | None = None,
     all_reduce: AllReduce | None = None,
+    std_level: GroupStdLevel | str = GroupStdLevel.GROUP,
 ) -> SeqFloat:
     """Per-row scalar advantage ``a`` ``[B]`` before broadcasting (module docstring's table).
 
@@ -140,9 +168,12 @@ def group_scalar_advantages(
     ``flash-reinforce`` needs no ``group_index`` (None allowed). ``all_reduce``: the batch-level
     sums of ``gpg`` (``B``, ``#{s ≠ 0}``) and ``flash-reinforce`` (``B``, ``Σ s``) over every rank,
     so each rank's rows equal one process on the whole batch (groups are per rank: the caller
-    keeps each group on one rank).
+    keeps each group on one rank). ``std_level``: the rows of ``grpo``'s (and ``grpo-passk``'s) σ,
+    ``group``, ``batch`` or ``batch-centred`` (module docstring; the batch levels' sums all-reduced
+    too); a group of one under ``singleton='score'`` keeps ``σ := 1`` at every level.
     """
     est = parse(AdvantageEstimator, estimator, what="estimator")
+    level = parse(GroupStdLevel, std_level, what="std_level")
     if est not in GROUP_ESTIMATORS and est is not AdvantageEstimator.FLASH_REINFORCE:
         raise HyperparameterError(
             f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)"
@@ -178,9 +209,7 @@ def group_scalar_advantages(
     mu = (total / n)[inv]
     sigma = None
     if scale_by_std and est in (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK):
-        sq = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, (s - mu) ** 2)
-        dof = torch.clamp(n - 1, min=1) if unbiased_std else n
-        sigma = torch.sqrt(sq / dof)[inv]
+        sigma = _sigma(s, mu, inv, level, unbiased_std, all_reduce)
     raw = s  # a group of one under singleton='score': μ := 0, σ := 1
     if est is AdvantageEstimator.RLOO:
         a = s - (total[inv] - s) / torch.clamp(n_i - 1, min=1)
@@ -228,11 +257,13 @@ def group_advantages(
     whiten_eps_form: WhitenEps = "add",
     whiten: bool = True,
     all_reduce: AllReduce | None = None,
+    std_level: GroupStdLevel | str = GroupStdLevel.GROUP,
 ) -> TokenFloat:
     """Token advantages ``[B, T]``: ``a_i`` (:func:`group_scalar_advantages`) on valid tokens, 0 on padding.
 
     ``opo``'s lengths ``L_i`` are the valid tokens of ``mask``'s rows; ``all_reduce``: the batch
-    sums of ``gpg`` and ``flash-reinforce`` over every rank (:func:`group_scalar_advantages`).
+    sums of ``gpg``, ``flash-reinforce`` and the batch ``std_level``s over every rank
+    (:func:`group_scalar_advantages`).
 
     ``token_penalty`` ``[B, T]`` (optional) adds its return-to-go ``Σ_{k≥t} p_k`` (OpenRLHF).
     ``reinforce++-baseline`` whitens the result over the batch's valid tokens with
@@ -249,7 +280,7 @@ def group_advantages(
     a = group_scalar_advantages(
         scores, group_index, estimator=estimator, scale_by_std=scale_by_std,
         unbiased_std=unbiased_std, eps=eps, singleton=singleton, all_reduce=all_reduce,
-        lengths=m.sum(dim=1).to(scores.dtype) if isinstance(scores, Tensor) else None,
+        std_level=std_level, lengths=m.sum(dim=1).to(scores.dtype) if isinstance(scores, Tensor) else None,
     )  # fmt: skip
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     adv = torch.where(m, a.unsqueeze(1).expand(m.shape), zero)

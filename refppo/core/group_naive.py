@@ -12,7 +12,7 @@ from typing import Literal
 
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GaeHoles, parse
+from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
 from refppo.core import _pyfloat as pf
 from refppo.errors import HyperparameterError, MaskError, SingletonGroupError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
@@ -37,6 +37,25 @@ def _whiten_naive(
     ]
 
 
+def _std_naive(s: list[float], gs: list[int], i: int, level: GroupStdLevel, unbiased: bool) -> float:
+    """σ of row ``i`` at ``level``: its group's scores around their mean (``group``), every score
+    around the batch mean (``batch``), or every score minus its own group's mean, around 0
+    (``batch-centred``)."""
+
+    def group_mean(k: int) -> float:
+        group = [x for x, g in zip(s, gs, strict=True) if g == gs[k]]
+        return sum(group) / len(group)
+
+    if level is GroupStdLevel.GROUP:
+        devs = [x - group_mean(i) for x, g in zip(s, gs, strict=True) if g == gs[i]]
+    elif level is GroupStdLevel.BATCH:
+        devs = [x - sum(s) / len(s) for x in s]
+    else:
+        devs = [s[j] - group_mean(j) for j in range(len(s))]
+    n = len(devs)
+    return math.sqrt(sum(d * d for d in devs) / (max(n - 1, 1) if unbiased else n))
+
+
 def _scalar_naive(
     s: list[float],
     gs: list[int],
@@ -47,6 +66,7 @@ def _scalar_naive(
     unbiased: bool,
     eps: float,
     singleton: str,
+    level: GroupStdLevel = GroupStdLevel.GROUP,
 ) -> float:
     """``a_i`` of one response against the others of its prompt (module docstring's table)."""
     if est is AdvantageEstimator.FLASH_REINFORCE:
@@ -66,7 +86,7 @@ def _scalar_naive(
             return alpha * s[i]
         return s[i] / (1.0 + eps) if (est is AdvantageEstimator.GRPO and scale) else s[i]
     mean = sum(group) / n
-    std = math.sqrt(sum((x - mean) ** 2 for x in group) / (n - 1 if unbiased else n))
+    std = _std_naive(s, gs, i, level, unbiased)
     if est is AdvantageEstimator.RLOO:
         return s[i] - sum(s[j] for j in members if j != i) / (n - 1)  # the mean of the OTHER responses
     if est is AdvantageEstimator.OPO:  # the group's mean score, each response weighted by its length
@@ -98,16 +118,18 @@ def group_advantages_naive(
     whiten_unbiased: bool = True,
     whiten_eps: float = 1e-8,
     whiten_eps_form: WhitenEps = "add",
+    std_level: GroupStdLevel | str = GroupStdLevel.GROUP,
 ) -> TokenFloat:
     """Naive twin of :func:`group_advantages`: each response against the others of its prompt."""
     est = parse(AdvantageEstimator, estimator)
+    level = parse(GroupStdLevel, std_level, what="std_level")
     s, ms = pf.vec(scores), pf.mask_rows(mask)
     gs = [int(v) for v in group_index.tolist()] if group_index is not None else [0] * len(s)
     lens = [sum(row) for row in ms]
     pen = pf.rows(token_penalty) if token_penalty is not None else None
     out: list[list[float]] = []
     for i in range(len(s)):
-        a = _scalar_naive(s, gs, lens, i, est, scale_by_std, unbiased_std, eps, singleton)
+        a = _scalar_naive(s, gs, lens, i, est, scale_by_std, unbiased_std, eps, singleton, level)
         row = []
         T = len(ms[i])
         for t in range(T):

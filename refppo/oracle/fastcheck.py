@@ -136,8 +136,9 @@ def rollout_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
     c, hp = setup.conv, setup.hp
     gae_keys = (c.gae_padding, c.gae_holes, hp.gamma, hp.lam)
     critic_free = (c.advantage, c.group_kl, c.group_std, c.group_eps, c.group_singleton, hp.kl_coef)
+    std_level = c.group_std_level  # grpo's std over the group or the batch
     white = (c.whiten_advantages, c.whiten_variance, c.whiten_eps_at, c.whiten_holes, hp.whiten_eps)
-    return (*reward_key(setup, bug), bug, c.kl_in, *gae_keys, *critic_free, *white)
+    return (*reward_key(setup, bug), bug, c.kl_in, *gae_keys, *critic_free, std_level, *white)
 
 
 class RolloutMemo:

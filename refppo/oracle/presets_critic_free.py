@@ -64,6 +64,9 @@ _TRL_GROUP: Variant = {
     "whiten_advantages": ("none", f"{_TRL_ADV} (no batch whitening after the group scaling)"),
     "group_std": ("unbiased", "trl/trainer/utils.py::nanstd (Bessel: count/(count − 1))"),
     "group_eps": (1e-4, f"{_TRL_ADV} (advantages / (std_rewards + 1e-4))"),
+    # scale_rewards="group" (default); "batch": --set group_std_level=batch (nanstd(rewards) over the
+    # whole batch around its mean, the mean still per group).
+    "group_std_level": ("group", f"{_TRL_ADV} (scale_rewards='group': nanstd(rewards.view(-1, n), dim=1))"),
     # num_generations = 1 (eval only): std_rewards = 0 and r − mean = 0, so 0/(0 + 1e-4) = 0.
     "group_singleton": ("zero", f"{_TRL_ADV} (num_generations = 1: std 0, advantage 0)"),
     # The score enters as is (one reward function, weight 1); β acts in the loss, not the reward.
@@ -82,6 +85,9 @@ _AREAL_GROUP: Variant = {
     "whiten_advantages": ("none", "areal/api/cli_args.py::PPOActorConfig.adv_norm (default None)"),
     "group_std": ("unbiased", "areal/api/cli_args.py::NormConfig.std_unbiased (default True)"),
     "group_eps": (1e-5, f"{_AREAL_NORM}.__call__ ((x − mean)/(std + eps), NormConfig.eps 1e-5)"),
+    # std_level: group; std_level: batch under mean_level: group is --set group_std_level=batch-centred
+    # (_compute_std over the whole batch of x − the per-row group mean).
+    "group_std_level": ("group", f"{_AREAL_NORM}.__call__ (std_level: group)"),
     # group_size = 1: mean = the score (leave-one-out: 0), std := 1 (unbiased) → 0.
     "group_singleton": ("zero", f"{_AREAL_NORM}.__call__ (group_size = 1: x − x = 0)"),
     # −kl_ctl·KL_t stays in the token rewards and reaches a_t as its return-to-go (γ = 1).

@@ -2,7 +2,8 @@
 
 Walks ``advantage`` (``gae`` when the dump holds ``old_values``; the group estimators when it
 holds ``group_index``; ``reinforce++`` always) and the options of the critic-free estimators:
-``group_kl`` (only when a reward KL is in play), ``group_std`` and ``group_eps`` (``grpo`` only),
+``group_kl`` (only when a reward KL is in play), ``group_std``, ``group_eps`` and ``group_std_level``
+(``grpo`` only; the batch levels only when the dump has more than one prompt),
 ``group_singleton`` (only when a prompt has one response). The first walk tries the checked
 setting's own values; when nothing reproduces ``returns`` (or the dump has none) every option is
 walked, with the ``group_eps`` the solver reads off the data (:func:`solve_group_eps`).
@@ -20,7 +21,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GaeHoles, GaePadding, GroupKL, GroupSingleton, Variance
+from refppo.conventions import (
+    AdvantageEstimator,
+    GaeHoles,
+    GaePadding,
+    GroupKL,
+    GroupSingleton,
+    GroupStdLevel,
+    Variance,
+)
 from refppo.core.gae import has_holes
 from refppo.core.group import GROUP_ESTIMATORS as _CORE_GROUP_ESTIMATORS
 from refppo.core.group import group_scalar_advantages
@@ -48,6 +57,7 @@ def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str
         "advantage": c.advantage.value,
         "group_kl": c.group_kl.value,
         "group_std": c.group_std.value,
+        "group_std_level": c.group_std_level.value,
         "group_eps": c.group_eps,
         "group_singleton": c.group_singleton.value,
     }
@@ -61,6 +71,9 @@ def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str
     if "group_index" in t and bool((torch.unique(t["group_index"], return_counts=True)[1] == 1).any()):
         singles = list(dict.fromkeys([own["group_singleton"], *(x.value for x in GroupSingleton)]))
     eps_all = list(dict.fromkeys([c.group_eps, *NAMED_EPS, *eps_extra]))
+    levels = [own["group_std_level"]]
+    if "group_index" in t and int(torch.unique(t["group_index"]).numel()) > 1:  # one prompt: batch = group
+        levels = list(dict.fromkeys([own["group_std_level"], *(x.value for x in GroupStdLevel)]))
     out = [own]
     for est in ests:
         if est in ("gae", "reinforce++"):
@@ -68,11 +81,11 @@ def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str
             continue
         stds = [v.value for v in Variance] if est == "grpo" else [own["group_std"]]
         for kl in kls:
-            for std in stds:
+            for std, level in ((d, lv) for d in stds for lv in (levels if est == "grpo" else levels[:1])):
                 for eps in eps_all if est == "grpo" else [own["group_eps"]]:
                     for single in singles:
                         upd = {"advantage": est, "group_kl": kl, "group_std": std, "group_eps": eps}
-                        out.append({**upd, "group_singleton": single})
+                        out.append({**upd, "group_std_level": level, "group_singleton": single})
     return [dict(u) for u in dict.fromkeys(tuple(sorted(o.items())) for o in out)]
 
 

@@ -8,7 +8,7 @@ report) is the union of
   ``log_ratio_clamp``, ``kl_log_ratio_clamp``, ``kl_value_clamp``, ``value_loss_agg``,
   ``value_clip_form``, ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``,
   ``entropy_agg``, ``gae_holes``, ``whiten_holes``, and the critic-free estimator's ``advantage``,
-  ``group_std``, ``group_singleton``, ``group_kl``, ``group_eps``);
+  ``group_std``, ``group_std_level``, ``group_singleton``, ``group_kl``, ``group_eps``);
 - oracle-only keys for conventions that sit *around* the pipeline rather than in it
   (:class:`Extras`): ``score_clip``, ``score_bias``, ``score_scale``, ``approx_kl`` and ``vf_mask``;
 - the fields of :class:`refppo.pipeline.Hyperparams` (``gamma``, ``lam``, ``kl_coef``, ...).

@@ -4,11 +4,13 @@ On 2 gloo processes (the rendezvous, spawn and teardown of tests/e2e/test_ddp.py
 barrier + destroy, ``os._exit``), each rank holds two whole groups of the 8-row batch of
 test_ddp's ``_setup`` and runs one critic-free ``refppo.ppo.iteration`` (no critic, given rollout
 batch) with the ``all_reduce`` hook and ``groups_on_rank=True``, the actor under
-``DistributedDataParallel``. For ``grpo``, ``rloo`` and ``reinforce++-baseline`` (whose batch
-whitening needs the all-reduce), each rank's advantages must equal the rows of ONE process running
-the group estimator of ``refppo.core.group`` directly on the whole batch, and the parameters the
-single-process iteration reaches. A split layout (each group's two rows on different ranks) must
-be refused by :func:`refppo.train.group.check_groups_on_rank` on both ranks, with the group named.
+``DistributedDataParallel``. For ``grpo``, ``rloo``, ``reinforce++-baseline`` (whose batch
+whitening needs the all-reduce) and ``grpo`` with the std over the batch (``group_std_level``
+``batch``, ``batch-centred``: all-reduced batch statistics), each rank's advantages must equal the
+rows of ONE process running the group estimator of ``refppo.core.group`` directly on the whole
+batch, and the parameters the single-process iteration reaches. A split layout (each group's two
+rows on different ranks) must be refused by :func:`refppo.train.group.check_groups_on_rank` on
+both ranks, with the group named.
 
 ``python test_ddp_grpo.py RANK WORLD INIT OUT`` is the worker.
 """
@@ -27,7 +29,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 import test_ddp as ddp  # the shared spawn/teardown helpers
 
-from refppo.conventions import AdvantageEstimator, Whitening
+from refppo.conventions import AdvantageEstimator, GroupStdLevel, Whitening
 from refppo.core.group import group_advantages_naive
 from refppo.pipeline import Convention
 from refppo.ppo import PPOUpdateConfig, iteration
@@ -44,6 +46,18 @@ CONVS = {
     "grpo": Convention(advantage=AdvantageEstimator.GRPO, whiten_advantages=Whitening.NONE),
     "rloo": Convention(advantage=AdvantageEstimator.RLOO, whiten_advantages=Whitening.NONE),
     "reinforce++-baseline": Convention(advantage=AdvantageEstimator.REINFORCE_PP_BASELINE),
+    # grpo's std over the whole batch (TRL scale_rewards="batch", AReaL std_level batch): batch
+    # statistics, all-reduced across the ranks
+    "grpo-std-batch": Convention(
+        advantage=AdvantageEstimator.GRPO,
+        whiten_advantages=Whitening.NONE,
+        group_std_level=GroupStdLevel.BATCH,
+    ),
+    "grpo-std-batch-centred": Convention(
+        advantage=AdvantageEstimator.GRPO,
+        whiten_advantages=Whitening.NONE,
+        group_std_level=GroupStdLevel.BATCH_CENTRED,
+    ),
 }
 UPDATE = PPOUpdateConfig(
     ppo_epochs=2, num_minibatches=1, micro_batch_size=2, max_grad_norm=1.0, shuffle=False
@@ -112,7 +126,7 @@ def _direct(scored: Any, conv: Convention) -> torch.Tensor:
     s = scored.scores.double() - ddp.HP.kl_coef * kl
     return group_advantages_naive(
         s, GROUP_INDEX, m, estimator=conv.advantage, unbiased_std=True, eps=conv.group_eps,
-        whiten_eps=ddp.HP.whiten_eps,
+        whiten_eps=ddp.HP.whiten_eps, std_level=conv.group_std_level,
     )  # fmt: skip
 
 

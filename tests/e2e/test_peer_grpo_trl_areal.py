@@ -6,8 +6,9 @@ each dump (TRL: the advantage block of ``GRPOTrainer._generate_and_score_complet
 ``_compute_loss``; AReaL: ``PPOActor._compute_advantages`` with a group ``reward_norm``); the script
 exits 1 when ``refppo diff --preset PEER --set ...`` does not reproduce a dump, when the case's
 control (one key flipped) still reproduces it, or when ``--detect`` from refppo's defaults does not
-list the generating convention. A form refppo cannot state (TRL ``scale_rewards="batch"`` while
-there is no key for it) must be reported NOT EXPRESSIBLE, with its nearest form mismatching.
+list the generating convention. TRL ``scale_rewards="batch"`` (``group_std_level=batch``) and
+AReaL ``std_level: batch`` (``group_std_level=batch-centred``) must be reproduced like the rest (they
+were NOT EXPRESSIBLE before that key); each of their controls is another std level.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ EXPECTED = {
         ("grpo_k1", "dr_grpo", "rloo_leave1out", "rloo_group_size1"),
     ),
 }
+BATCH_STD = {
+    # venv: the cases with a batch-level std (group_std_level batch / batch-centred), all expressed
+    "trl": ("batch_dapo", "batch_equal_scores_beta", "batch_bnpo_n3_f32"),
+    "trl-grpo": ("batch_dapo", "batch_equal_scores_beta", "batch_bnpo_n3_f32"),
+    "skyrl-areal": ("grpo_std_batch", "grpo_std_batch_population_n3"),
+}
 
 
 @pytest.mark.parametrize("venv", sorted(EXPECTED))
@@ -57,16 +64,20 @@ def test_peer_grpo_dumps_reproduce_under_the_preset_and_detect_finds_them(venv: 
     assert f"{venv}: {version}" in log, log  # the peer ran, at the pinned version
     res = json.loads(out.read_text())[venv]
     cases = res["cases"]
-    for name in named:
+    for name in (*named, *BATCH_STD[venv]):
         assert prefix + name in cases, sorted(cases)
     expressed = {n: c for n, c in cases.items() if c["verdict"] != "not expressible"}
     assert len(expressed) >= 6, sorted(cases)
+    for name in BATCH_STD[venv]:
+        c = cases[prefix + name]
+        assert c["verdict"] == "MATCH" and "group_std_level" in c["command"], (name, c)
+        assert set(c["control"]) == {"group_std_level"} and c["control_mismatches"], (name, c)
+        assert c["detect"] in ("found", "equivalent"), (name, c)  # --detect lists the std level too
     for name, c in expressed.items():
         assert c["verdict"] == "MATCH" and c["quantities"] >= 2, (name, c)
         assert c["control_mismatches"], (name, c)
         if c["detect"] not in ("found", "equivalent"):
             # named gaps only (tools/validate_grpo_peers.py::DETECT_GAPS), reported with the reason
             assert name == "areal_grpo_grpo_reward_scale_clip" and c["detect_gap"], (name, c)
-    for name, c in cases.items():
-        if c["verdict"] == "not expressible":
-            assert "batch" in name and c["ok"], (name, c)  # only TRL's batch std, and really different
+    not_expressible = sorted(n for n, c in cases.items() if c["verdict"] == "not expressible")
+    assert not_expressible == [], not_expressible  # every form these makers run is stated now

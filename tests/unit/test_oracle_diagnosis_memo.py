@@ -19,6 +19,7 @@ from refppo.conventions import (
     GaePadding,
     GroupKL,
     GroupSingleton,
+    GroupStdLevel,
     KLPlacement,
     Variance,
     WhitenEps,
@@ -180,6 +181,7 @@ def test_rollout_key_covers_what_the_rollout_reads(tmp_path: Path, base_name: st
         "advantage": AdvantageEstimator,
         "group_kl": GroupKL,
         "group_std": Variance,
+        "group_std_level": GroupStdLevel,
         "group_singleton": GroupSingleton,
     }
     every = []

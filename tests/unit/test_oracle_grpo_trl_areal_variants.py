@@ -10,6 +10,9 @@ is built here by plain Python loops from the peer's equation, not from refppo's 
 - AReaL 1.0.4 ``Normalization`` with ``mean_level = std_level = "group"``: the same with
   ``eps = 1e-5``, then ``_compute_advantages``' GAE over zero values with γ = λ = 1 and
   ``kl_ctl = 0``: the normalised score on every valid token.
+- The batch std: TRL ``scale_rewards="batch"`` divides ``r_i − mean_G`` by the unbiased std of
+  every reward around the batch mean; AReaL ``std_level = "batch"`` (mean ``group``) by the
+  unbiased std over the batch of ``r_j − mean_G(j)`` (``Normalization._compute_std``, around 0).
 """
 
 from __future__ import annotations
@@ -29,23 +32,33 @@ B, T, N = 8, 10, 4
 EPS_HI = 0.28
 
 
-def _group_norm(s: list[float], n: int, eps: float, scale: bool) -> list[float]:
+def _group_norm(s: list[float], n: int, eps: float, scale: bool, std: str = "group") -> list[float]:
+    def mean_of(i: int) -> float:
+        g = s[(i // n) * n : (i // n + 1) * n]
+        return sum(g) / len(g)
+
     out = []
     for i in range(len(s)):
         g = s[(i // n) * n : (i // n + 1) * n]
-        mu = sum(g) / len(g)
-        sd = math.sqrt(sum((v - mu) ** 2 for v in g) / (len(g) - 1))
+        mu = mean_of(i)
+        if std == "group":
+            sd = math.sqrt(sum((v - mu) ** 2 for v in g) / (len(g) - 1))
+        elif std == "trl-batch":  # every reward around the batch mean
+            mb = sum(s) / len(s)
+            sd = math.sqrt(sum((v - mb) ** 2 for v in s) / (len(s) - 1))
+        else:  # "areal-batch": every r_j − mean_G(j), around 0
+            sd = math.sqrt(sum((s[j] - mean_of(j)) ** 2 for j in range(len(s))) / (len(s) - 1))
         out.append((s[i] - mu) / (sd + eps) if scale else s[i] - mu)
     return out
 
 
-def _dump(eps: float, scale: bool) -> dict[str, torch.Tensor]:
+def _dump(eps: float, scale: bool, std: str = "group") -> dict[str, torch.Tensor]:
     """A GRPO step with the group normalisation above and a token-mean asymmetric-clip loss."""
     x = make_inputs(B=B, T=T, seed=11)
     for k in ("old_values", "values", "entropy"):
         x.pop(k)
     m = x["response_mask"].bool().tolist()
-    a = _group_norm([float(v) for v in x["scores"]], N, eps, scale)
+    a = _group_norm([float(v) for v in x["scores"]], N, eps, scale, std)
     lp, old = x["logprobs"].tolist(), x["old_logprobs"].tolist()
     total, count = 0.0, 0
     for i in range(B):
@@ -89,6 +102,27 @@ def test_peer_group_normalisation_matches_the_variant_and_a_flip_does_not(
     write_dump(path, _dump(eps, scale), hparams={**HP, "kl_coef": 0.0, "cliprange_high": EPS_HI})
     assert _diff(path, "--preset", preset, "--set", f"advantage={advantage}") == 0, capsys.readouterr().out
     assert _diff(path, "--preset", preset, "--set", f"advantage={advantage}", *flip) == 1
+
+
+@pytest.mark.parametrize(
+    ("preset", "eps", "std", "level", "flips"),
+    [
+        ("trl", 1e-4, "trl-batch", "batch", ("group", "batch-centred")),
+        ("areal", 1e-5, "areal-batch", "batch-centred", ("group", "batch")),
+    ],
+)
+def test_batch_std_matches_its_level_and_no_other_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], preset: str, eps: float, std: str, level: str,
+    flips: tuple[str, str],
+) -> None:  # fmt: skip
+    """TRL ``scale_rewards="batch"`` is ``group_std_level=batch``, AReaL's group mean over a batch
+    std is ``batch-centred``; the other two levels mismatch (the three stds differ on this batch)."""
+    path = tmp_path / "step.safetensors"
+    write_dump(path, _dump(eps, True, std), hparams={**HP, "kl_coef": 0.0, "cliprange_high": EPS_HI})
+    base = ["--preset", preset, "--set", "advantage=grpo"]
+    assert _diff(path, *base, "--set", f"group_std_level={level}") == 0, capsys.readouterr().out
+    for other in flips:
+        assert _diff(path, *base, "--set", f"group_std_level={other}") == 1, other
 
 
 def test_trl_and_areal_variants_state_the_peers_values() -> None:

@@ -1,4 +1,7 @@
-"""AReaL 1.0.4 critic-free dumps: ``reward_norm`` at group level (run with the ``skyrl-areal`` venv).
+"""AReaL 1.0.4 critic-free dumps: ``reward_norm`` with a group mean (run with the ``skyrl-areal`` venv).
+
+The std at ``std_level`` ``group`` or ``batch`` (the latter: ``_compute_std`` of ``x`` around each
+row's group mean, over the whole batch: refppo ``group_std_level=batch-centred``).
 
 AReaL's GRPO family is its PPO actor without a critic: ``PPOActorConfig.reward_norm`` (a
 ``NormConfig`` with ``mean_level``/``std_level`` ``group``, ``group_size`` = the samples per prompt,
@@ -47,6 +50,13 @@ CASES: list[tuple[Any, ...]] = [
      {"advantage": "grpo"}, {"group_singleton": "score"}),
     ("rloo_group_size1", ("group", None, True, True), 1, None, 0.05, "k1", (0.0, 1.0, 20.0), False,
      {"advantage": "rloo"}, {"group_singleton": "zero"}),
+    # std_level batch under mean_level group: the std of x − (the row's group mean) over the batch
+    ("grpo_std_batch", ("group", "batch", False, True), 4, None, 0.05, "k1", (0.0, 1.0, 20.0), False,
+     {"advantage": "grpo", "group_std_level": "batch-centred"}, {"group_std_level": "batch"}),
+    ("grpo_std_batch_population_n3", ("group", "batch", False, False), 3, None, 0.05, "k3",
+     (0.0, 1.0, 20.0), True,
+     {"advantage": "grpo", "group_std_level": "batch-centred", "group_std": "population"},
+     {"group_std_level": "group"}),
 ]  # fmt: skip
 
 

@@ -60,13 +60,16 @@ CASES: list[tuple[str, Any, str, float, int, str, str, dict[str, Any], dict[str,
      {"advantage": "dr-grpo", "loss_agg": "seq-mean-token-sum-norm"}, {"advantage": "grpo"}),
     ("none_bool_bnpo_n3_beta", False, "bnpo", 0.04, 3, "f64", "randn",
      {"advantage": "dr-grpo"}, {"advantage": "grpo"}),
-    # scale_rewards="batch": refppo has no key for a batch-level std (spec/conventions.md); the
-    # validator reports these NOT EXPRESSIBLE until a group_std_level key exists.
+    # scale_rewards="batch": the group mean over the batch's unbiased std around the batch mean
+    # (group_std_level=batch); "equal": two groups of equal scores (σ_G = 0, σ_B ≠ 0), the third random.
     ("batch_dapo", "batch", "dapo", 0.0, 4, "f64", "randn",
      {"advantage": "grpo", "group_std_level": "batch"}, {"group_std_level": "group"}),
     ("batch_equal_scores_beta", "batch", "grpo", 0.04, 4, "f64", "equal",
      {"advantage": "grpo", "group_std_level": "batch", "loss_agg": "seq-mean-token-mean"},
      {"group_std_level": "group"}),
+    ("batch_bnpo_n3_f32", "batch", "bnpo", 0.0, 3, "f32", "randn",
+     {"advantage": "grpo", "group_std_level": "batch", "loss_agg": "token-mean"},
+     {"group_std_level": "batch-centred"}),
 ]  # fmt: skip
 EPS_HIGH = 0.28
 
