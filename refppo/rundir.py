@@ -10,6 +10,18 @@ may change on ``--resume`` (:data:`refppo.trainer.RESUMABLE_KEYS`). Every checkp
 ``state.json`` repeats ``run_id`` and ``config_hash``; ``--resume`` refuses a checkpoint whose
 ``run_id`` is not the directory's (a checkpoint of another run) and a config whose hash differs.
 
+**A refppo upgrade that adds a config key does not strand a run.** The contract for adding a key:
+its default is what older versions did (they had no such key). So ``--resume`` accepts a
+checkpoint whose saved config lacks keys of this version's config (an *absent* key; a whole
+absent section counts as all its keys absent), provided each absent key (outside the resumable
+``[run]`` keys) is at its default; an absent key set to another value is refused, named in one
+line (resuming would change the run). A key in the saved config that this version does not know is
+refused, named in one line. The run keeps its identity: the hashes compared are ``run.json``'s,
+the checkpoint's and the hash of this config *without its absent keys*
+(:func:`without_keys`), i.e. what the older refppo computed. Checkpoints written after such a
+resume store the config without the absent keys and that same hash, so they look like the
+run's first checkpoints and resume the same way, as often as needed.
+
 The rule for an existing, non-empty ``run.out_dir`` (a fresh run, i.e. without ``--resume``):
 
 * without ``--overwrite``: refused (one line, exit 2) — nothing is written or deleted;
@@ -108,6 +120,77 @@ def write_identity(out_dir: str | Path, ident: RunIdentity) -> Path:
     return atomic_write_text(Path(out_dir) / RUN_FILE, json.dumps(ident.to_dict(), indent=2) + "\n")
 
 
+def _section(config: Mapping[str, Any], section: str) -> Mapping[str, Any]:
+    values = config.get(section)
+    return values if isinstance(values, Mapping) else {}
+
+
+def absent_keys(
+    saved: Any, config: Mapping[str, Mapping[str, Any]], resumable: Iterable[str]
+) -> tuple[str, ...]:
+    """``SECTION.KEY`` of each key of ``config`` that the saved config ``saved`` (a checkpoint's;
+    not a mapping: empty) lacks, outside the ``resumable`` ``[run]`` keys: keys added to refppo
+    since the run began."""
+    skip = set(resumable)
+    saved = saved if isinstance(saved, Mapping) else {}
+    return tuple(
+        f"{section}.{key}"
+        for section, values in config.items()
+        for key in values
+        if not (section == "run" and key in skip) and key not in _section(saved, section)
+    )
+
+
+def without_keys(config: Mapping[str, Mapping[str, Any]], keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``config`` without the ``SECTION.KEY`` ``keys``; a section that loses all its keys is dropped
+    (the older refppo had no such section). With :func:`absent_keys` as ``keys``: the config as the
+    run's older refppo wrote it, whose :func:`config_hash` is that refppo's."""
+    drop = {tuple(k.split(".", 1)) for k in keys}
+    out: dict[str, dict[str, Any]] = {}
+    for section, values in config.items():
+        kept = {k: v for k, v in values.items() if (section, k) not in drop}
+        if kept or not values:
+            out[section] = kept
+    return out
+
+
+def _unknown_keys(saved: Mapping[str, Any], config: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Keys (``SECTION.KEY``, or a whole ``SECTION``) of the saved config that ``config`` lacks."""
+    out: list[str] = []
+    for section, values in saved.items():
+        known = config.get(section)
+        if known is None or not isinstance(values, Mapping):
+            out.append(str(section))
+        else:
+            out.extend(f"{section}.{key}" for key in values if key not in known)
+    return out
+
+
+_NO_DEFAULT = object()
+
+
+def _absent_changes(
+    absent: Iterable[str], config: Mapping[str, Mapping[str, Any]], defaults: Mapping[str, Mapping[str, Any]]
+) -> str | None:
+    """The one line refusing absent keys that are not at their default; None if all are."""
+    changed = []
+    for name in absent:
+        section, key = name.split(".", 1)
+        value, default = config[section][key], _section(defaults, section).get(key, _NO_DEFAULT)
+        if value != default:
+            had = "" if default is _NO_DEFAULT else f"{name}={default!r}"
+            changed.append((f"{name}={value!r}", had))
+    if not changed:
+        return None
+    one = len(changed) == 1
+    return (
+        f"--resume: {', '.join(c for c, _ in changed)} {'is' if one else 'are'} not in the checkpoint's "
+        f"config (written by an older refppo, which had no such key{'' if one else 's'}): resuming "
+        "would change the run"
+        + (f" (it ran as {', '.join(h for _, h in changed if h)})" if any(h for _, h in changed) else "")
+    )
+
+
 def resume_mismatch(
     state: Mapping[str, Any],
     ident: RunIdentity,
@@ -115,11 +198,17 @@ def resume_mismatch(
     cfg_hash: str,
     resumable: Iterable[str],
     path: Path,
+    *,
+    defaults: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str | None:
     """Why the checkpoint at ``path`` (its ``state.json``: ``state``) may not be resumed by this run
     (identity ``ident`` from ``run.json``, resolved ``config`` with hash ``cfg_hash``); None if it may.
-    Refused: another run id (or none), a config that differs outside the ``resumable`` ``[run]``
-    keys (each difference listed), or differing config hashes (a key added or removed)."""
+    Refused: another run id (or none); a saved key this version does not know; a key absent from
+    the saved config (:func:`absent_keys`) that is not at its value in ``defaults`` (the default
+    config; None: no absent key is accepted); a config that differs outside the ``resumable``
+    ``[run]`` keys (each difference listed); differing config hashes (``run.json``'s, the
+    checkpoint's, and this config's without its absent keys). ``cfg_hash`` is that of the full
+    ``config``: when no key is absent it is the one compared."""
     saved_id = state.get("run_id")
     if saved_id != ident.run_id:
         whose = "no run id (written before run identities?)" if saved_id is None else f"run id {saved_id}"
@@ -128,18 +217,32 @@ def resume_mismatch(
             f"run id {ident.run_id}: it belongs to another run; refusing to mix them"
         )
     skip = set(resumable)
-    saved: Mapping[str, Any] = state.get("config", {})
+    raw = state.get("config", {})
+    saved: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    unknown = _unknown_keys(saved, config)
+    if unknown:
+        return (
+            f"--resume: the config of checkpoint {str(path)!r} has {', '.join(unknown)}, which this refppo "
+            "does not know (written by a newer refppo?): resuming would change the run"
+        )
+    absent = absent_keys(saved, config, skip)
+    changed = _absent_changes(absent, config, defaults or {})
+    if changed is not None:
+        return changed
     diffs = [
-        f"{section}.{key}: {saved.get(section, {}).get(key)!r} -> {value!r}"
+        f"{section}.{key}: {_section(saved, section)[key]!r} -> {value!r}"
         for section, values in config.items()
         for key, value in values.items()
-        if not (section == "run" and key in skip) and saved.get(section, {}).get(key) != value
+        if not (section == "run" and key in skip)
+        and key in _section(saved, section)
+        and _section(saved, section)[key] != value
     ]
     if diffs:
         return "--resume with a different config (only run.iterations and logging may change): " + "; ".join(
             diffs
         )
-    if not state.get("config_hash") == ident.config_hash == cfg_hash:
+    now_hash = config_hash(without_keys(config, absent), skip) if absent else cfg_hash
+    if not state.get("config_hash") == ident.config_hash == now_hash:
         return (
             f"--resume: the config hashes of checkpoint {str(path)!r}, of {RUN_FILE} and of this config "
             "differ (a config key added or removed?)"
@@ -232,11 +335,13 @@ __all__ = [
     "RUN_FILE",
     "RunDirError",
     "RunIdentity",
+    "absent_keys",
     "check_fresh",
     "clear_run",
     "config_hash",
     "new_identity",
     "read_identity",
     "resume_mismatch",
+    "without_keys",
     "write_identity",
 ]

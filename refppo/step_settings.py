@@ -146,9 +146,12 @@ class Convention:
 
     advantage: AdvantageEstimator = AdvantageEstimator.GAE
     """Step 3's estimator: ``gae`` (with a critic) or a critic-free one (:mod:`refppo.core.group`):
-    ``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline`` (need ``group_index``), ``reinforce++``.
-    Step 4 (the ``whiten_*`` keys) still applies: the peers' GRPO/RLOO leave it off
-    (``whiten_advantages=none``), REINFORCE++ is its discounted returns whitened by step 4."""
+    ``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo`` (length-weighted group
+    mean), ``gpg`` (``α(s − μ_G)``, ``α`` = B / #nonzero scores of the batch), ``grpo-passk`` (the
+    unique best response's margin) — these need ``group_index`` —, ``reinforce++`` and
+    ``flash-reinforce`` (``s − batch mean``, no group). Step 4 (the ``whiten_*`` keys) still
+    applies: the peers' GRPO/RLOO leave it off (``whiten_advantages=none``), REINFORCE++ is its
+    discounted returns whitened by step 4."""
     group_std: Variance = Variance.UNBIASED
     """The group std of ``grpo``: ``unbiased`` (n−1: ``torch.std``, verl, OpenRLHF, SkyRL) or
     ``population`` (n)."""

@@ -3,9 +3,12 @@ derived per-rank sizes, and loading (defaults < TOML file < ``SECTION.KEY=VALUE`
 
 Cross-section checks (on construction, one :class:`ConfigError` each): the batch splits evenly
 into ranks × minibatches × micro-batches of whole groups; ``model.critic_init=reward`` needs a
-reward model; a critic-free ``ppo.advantage`` takes no critic option and a group estimator a
-``rollout.group_size`` ≥ 2; ``run.dump_iteration`` with whitening or groups needs
-``ppo.minibatches=1`` (the oracle's statistics are over the dump's rows).
+reward model; a critic-free ``ppo.advantage`` takes no critic option and a group estimator (``grpo``,
+``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo``, ``gpg``, ``grpo-passk``) a
+``rollout.group_size`` ≥ 2; ``run.dump_iteration`` with whitening, groups or a batch baseline
+(``gpg``'s α, ``flash-reinforce``'s mean) needs ``ppo.minibatches=1`` (the oracle's statistics are
+over the dump's rows). Every estimator runs in the trainer: the batch statistics of ``gpg`` and
+``flash-reinforce`` are all-reduced under torchrun; ``opo``'s lengths are the response mask's.
 """
 
 from __future__ import annotations
@@ -57,12 +60,12 @@ class TrainConfig:
         self._check_critic_free()
         conv = self.ppo.convention
         whitened = conv.whiten_advantages.value != "none" or conv.whiten_rewards.value != "none"
-        grouped = conv.advantage in GROUP_ESTIMATORS
+        grouped = conv.advantage in GROUP_ESTIMATORS or conv.advantage is AdvantageEstimator.FLASH_REINFORCE
         if self.run.dump_iteration is not None and self.ppo.minibatches > 1 and grouped:
             raise ConfigError(
                 f"run.dump_iteration needs ppo.minibatches=1 (got {self.ppo.minibatches}) with "
-                f"ppo.advantage={conv.advantage.value}: the oracle computes the group statistics over "
-                "the dump's rows, so they must hold every group of the rollout batch whole"
+                f"ppo.advantage={conv.advantage.value}: the oracle computes the group (or batch) statistics "
+                "over the dump's rows, so they must hold every group of the rollout batch whole"
             )
         if self.run.dump_iteration is not None and self.ppo.minibatches > 1 and whitened:
             raise ConfigError(

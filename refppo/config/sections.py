@@ -156,7 +156,8 @@ class RolloutConfig:
     group_size: int = 1
     """Responses sampled per prompt (GRPO's G, verl ``rollout.n``, OpenRLHF
     ``n_samples_per_prompt``): the group of a critic-free group estimator (``ppo.advantage`` =
-    ``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``: needs ≥ 2). A group's rows always
+    ``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo``, ``gpg``, ``grpo-passk``:
+    needs ≥ 2; ``reinforce++`` and ``flash-reinforce`` need no group). A group's rows always
     sit on one rank: ``batch_size`` must split into whole groups on every rank."""
     max_new_tokens: int = 12
     """Response length cap; responses stop early at the end-of-sequence token."""
@@ -308,8 +309,9 @@ class RunConfig:
     """Write the last optimizer step of iteration N (1-based, as ``iteration`` in metrics.jsonl) as a
     v2 dump for ``refppo diff`` (``refppo.capture``: every micro-batch of every rank, with the
     gradients ∂J/∂logprobs and ∂J/∂values) to ``<run.out_dir>/dumps/iter_<N>.safetensors``; none: off.
-    Needs ``ppo.minibatches=1`` unless advantages and rewards are not whitened (the oracle whitens
-    over the dump's rows, which must then be the whole rollout batch)."""
+    Needs ``ppo.minibatches=1`` unless advantages and rewards are not whitened and ``ppo.advantage``
+    has no group or batch statistics (``reinforce++``, ``gae``): the oracle whitens and groups over
+    the dump's rows, which must then be the whole rollout batch."""
 
     def __post_init__(self) -> None:
         if self.iterations < 0 or self.sample_every < 0 or self.checkpoint_every < 0:

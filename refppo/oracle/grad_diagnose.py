@@ -23,7 +23,9 @@ clip not in the gradient      the policy clip (and dual clip) removed: the uncli
                               gradient at tokens the reference clips
 advantages not detached       ``grad_values − ∂pg/∂advantages`` (from the pipeline's per-token
                               policy loss: every clip, dual clip, log-ratio clamp and GSPO)
-KL estimator                  ``kl_in = loss`` with another ``kl_estimator``
+KL estimator                  ``kl_in = loss`` with another ``kl_estimator``; not named if its
+                              ``kl_loss`` or ``loss`` differs from the dump's where the checked
+                              setting's matched (k2, k1+, k3+, abs+ share a gradient)
 ============================ ==================================================================
 
 A nonzero gradient at padded positions (where the reference is 0 by definition) is named as a
@@ -43,7 +45,7 @@ from refppo.conventions import KLEstimator, KLPlacement, LossAgg
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance, pipeline_grads, unclipped
-from refppo.oracle.grad_notes import nonfinite, zero_reference_line
+from refppo.oracle.grad_notes import kl_values_differ, nonfinite, zero_reference_line
 from refppo.oracle.grad_notes import where_text as _where
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.settings import Setup
@@ -341,12 +343,19 @@ def explain_grad(
             "critic's objective"
         )
     others_ok = all(r.ok for k, r in results.items() if k not in GRAD_QUANTITIES)
+    ruled_out: list[str] = []
     for hid, text, make in hypotheses(dump, setup, inp, ref_full):
         try:
             cand = make()
         except (RefPPOError, ValueError):
             continue
         if _reproduces(dump, cand, names):
+            if hid.startswith("kl_estimator="):
+                alt = setup.with_convention({"kl_estimator": hid.split("=", 1)[1]})
+                off = kl_values_differ(dump, alt, inp, results)
+                if off:
+                    ruled_out.append(f"{hid} (its {', '.join(off)} differ)")
+                    continue
             still = [k for k, r in results.items() if k not in GRAD_QUANTITIES and not r.ok]
             tail = (
                 "; with it every quantity in the dump matches"
@@ -355,6 +364,8 @@ def explain_grad(
             )
             notes.append(f"explained by {text}{tail}")
             found.append({"kind": "gradient", "bug": hid, "all_match": others_ok})
+    if ruled_out:
+        notes.append(f"the gradient alone fits {'; '.join(ruled_out)}: ruled out by the dumped values")
     if not found and _leak_only(dump, ref, names, cmp):
         notes.append("explained by a padding leak: the valid positions match, the padded ones are not 0")
         found.append({"kind": "gradient", "bug": "padding_leak", "all_match": False})

@@ -1,7 +1,8 @@
 """What the gradient diagnosis says about a ``grad_*`` before any hypothesis: where a row sits
 (micro-batch, rank), a non-finite value (NaN reported as NaN, with its first position), and a
 reference gradient that is exactly 0 (tolerance 0). Used by :mod:`refppo.oracle.grad_diagnose`
-and the report's first-divergence line (:mod:`refppo.oracle.diagnose`).
+and the report's first-divergence line (:mod:`refppo.oracle.diagnose`). Also the value check of a
+``kl_estimator`` candidate (:func:`kl_values_differ`): several estimators share a gradient.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.oracle.load import Dump
+from refppo.oracle.compare import QuantityResult, compare
+from refppo.oracle.grad import UpdateInputs
+from refppo.oracle.load import TOLERANCES, Dump
+from refppo.oracle.settings import Setup
+from refppo.pipeline import update_quantities
 
 
 def where_text(r: int, k: int, dump: Dump) -> str:
@@ -101,4 +106,35 @@ def first_line(dump: Dump, name: str, max_abs_err: float, tol: float) -> str:
     return f"first divergence: {name} (max abs err {max_abs_err:.3g} > tol {tol:.3g})"
 
 
-__all__ = ["first_line", "nonfinite", "where_text", "zero_reference_line"]
+KL_VALUES = ("kl_loss", "loss")
+"""The dumped values the KL-in-loss estimator sets (``kl_in = loss``, 0-dim, current vs ref). Not
+``kl``: a trainer may estimate the rollout KL with another estimator than its loss's (verl's
+``algorithm.kl_penalty`` vs ``kl_loss_type``), and a loss on the wrong estimator is the bug named."""
+
+
+def kl_values_differ(
+    dump: Dump, setup: Setup, inp: UpdateInputs, results: dict[str, QuantityResult]
+) -> list[str]:
+    """The quantities of :data:`KL_VALUES` that ``setup`` (a ``kl_estimator`` candidate) does NOT
+    reproduce, among the 0-dim ones the checked setting reproduced (``results[n].ok``): the
+    pipeline's :func:`refppo.pipeline.update_quantities` over the whole step, as the reference,
+    compared within the dump's value tolerance.
+
+    k2, k1+, k3+ and abs+ all have the gradient ``d = l − l_ref`` (``∂½d²/∂l``), so the gradient
+    alone cannot tell them apart; their ``kl_loss = agg(KL_t)`` with ``KL_t`` = ``½d²``, ``d``,
+    ``e^{−d} − 1 + d`` (k3's value, clamps included) and ``|d|`` does.
+    """
+    ok = [n for n in KL_VALUES if n in results and results[n].ok and dump.tensors[n].dim() == 0]
+    if not ok:
+        return []
+    tol = TOLERANCES[dump.dtype]
+    uq = update_quantities(
+        logprobs=inp.logprobs, values=inp.values, old_logprobs=inp.old_logprobs,
+        old_values=inp.old_values, advantages=inp.advantages, returns=inp.returns, mask=inp.mask,
+        value_mask_=inp.value_mask, ref_logprobs=inp.ref_logprobs, entropy=inp.entropy,
+        hp=setup.hp, conv=setup.conv,
+    )  # fmt: skip
+    return [n for n in ok if not compare(n, dump.tensors[n], getattr(uq, n).detach(), None, tol).ok]
+
+
+__all__ = ["KL_VALUES", "first_line", "kl_values_differ", "nonfinite", "where_text", "zero_reference_line"]

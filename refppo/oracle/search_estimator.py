@@ -1,9 +1,10 @@
 """The estimator stage of ``--detect``: GAE or a critic-free estimator (step 3), checked on ``returns``.
 
 Walks ``advantage`` (``gae`` when the dump holds ``old_values``; the group estimators when it
-holds ``group_index``; ``reinforce++`` always) and the options of the critic-free estimators:
-``group_kl`` (only when a reward KL is in play), ``group_std``, ``group_eps`` and ``group_std_level``
-(``grpo`` only; the batch levels only when the dump has more than one prompt),
+holds ``group_index``; ``reinforce++`` and ``flash-reinforce``, a batch baseline, always) and the
+options of the critic-free estimators: ``group_kl`` (only when a reward KL is in play), ``group_std``,
+``group_eps`` and ``group_std_level`` (``grpo`` only; the batch levels only when the dump has more
+than one prompt),
 ``group_singleton`` (only when a prompt has one response). The first walk tries the checked
 setting's own values; when nothing reproduces ``returns`` (or the dump has none) every option is
 walked, with the ``group_eps`` the solver reads off the data (:func:`solve_group_eps`).
@@ -65,7 +66,7 @@ def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str
         return [own]
     t = s.t
     ests = ["gae"] if "old_values" in t else []
-    ests += ["reinforce++"] + (list(GROUP_ESTIMATORS) if "group_index" in t else [])
+    ests += ["reinforce++"] + (list(GROUP_ESTIMATORS) if "group_index" in t else []) + ["flash-reinforce"]
     kls = [g.value for g in GroupKL] if s.hp.kl_coef > 0 else [own["group_kl"]]
     singles = [own["group_singleton"]]
     if "group_index" in t and bool((torch.unique(t["group_index"], return_counts=True)[1] == 1).any()):
@@ -83,7 +84,7 @@ def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str
         for kl in kls:
             for std, level in ((d, lv) for d in stds for lv in (levels if est == "grpo" else levels[:1])):
                 for eps in eps_all if est == "grpo" else [own["group_eps"]]:
-                    for single in singles:
+                    for single in singles if est != "flash-reinforce" else [own["group_singleton"]]:
                         upd = {"advantage": est, "group_kl": kl, "group_std": std, "group_eps": eps}
                         out.append({**upd, "group_std_level": level, "group_singleton": single})
     return [dict(u) for u in dict.fromkeys(tuple(sorted(o.items())) for o in out)]

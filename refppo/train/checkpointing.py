@@ -7,6 +7,11 @@ rank's RNGs, the KL controller, the config, the world size, the run id and the c
 checkpoint of another run, another config (except :data:`RESUMABLE_KEYS`) or another world
 size; with ``--resume-fallback`` a DAMAGED newest checkpoint is skipped (and named) for the
 previous complete one.
+
+A checkpoint written by an older refppo, whose saved config lacks keys added since, is resumed when
+each such key is at its default (the rule: :mod:`refppo.rundir`). The run's identity stays the older
+config's: ``Trainer.config_absent`` names those keys, and every checkpoint written afterwards
+stores the config without them and the run's hash (:func:`refppo.rundir.without_keys`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from refppo import checkpoint as ckpt
 from refppo import rundir
 from refppo.atomic import pause_for_test
+from refppo.config import TrainConfig
 from refppo.train.runtime import TrainingError
 
 if TYPE_CHECKING:
@@ -51,7 +57,7 @@ def save(tr: Trainer, iteration: int) -> Path:
         rank=d.rank,
         state={
             "kl_controller": tr.kl_ctl.state_dict(),
-            "config": tr.cfg.to_dict(),
+            "config": rundir.without_keys(tr.cfg.to_dict(), tr.config_absent),
             "world_size": d.world_size,
             "run_id": tr.identity.run_id,
             "config_hash": tr.config_hash,
@@ -115,10 +121,19 @@ def _load_one(tr: Trainer, path: Path, ident: rundir.RunIdentity) -> ckpt.Checkp
 
 def check_resume_config(tr: Trainer, state: dict[str, Any], ident: rundir.RunIdentity, path: Path) -> None:
     """The checkpoint ``state`` belongs to this run (run id of ``run.json``), has this config
-    (except :data:`RESUMABLE_KEYS`; also by hash) and this world size; else TrainingError."""
-    problem = rundir.resume_mismatch(state, ident, tr.cfg.to_dict(), tr.config_hash, RESUMABLE_KEYS, path)
+    (except :data:`RESUMABLE_KEYS`, and keys added since it was written if at their defaults; also
+    by hash) and this world size; else TrainingError. Sets ``tr.config_absent`` (the keys added
+    since) and ``tr.config_hash`` (the run's) for the checkpoints written from now on."""
+    config = tr.cfg.to_dict()
+    full_hash = rundir.config_hash(config, RESUMABLE_KEYS)
+    problem = rundir.resume_mismatch(
+        state, ident, config, full_hash, RESUMABLE_KEYS, path, defaults=TrainConfig().to_dict()
+    )
     if problem is not None:
         raise TrainingError(problem)
+    absent = rundir.absent_keys(state.get("config", {}), config, RESUMABLE_KEYS)
+    tr.config_absent = absent
+    tr.config_hash = rundir.config_hash(rundir.without_keys(config, absent), RESUMABLE_KEYS)
     saved_world = int(state.get("world_size", 1))
     if saved_world != tr.dist.world_size:
         raise TrainingError(

@@ -102,6 +102,7 @@ class Trainer:
         if not resume:
             rundir.check_fresh(self.out_dir, overwrite=overwrite)  # before any model loads
         self.config_hash = rundir.config_hash(cfg.to_dict(), checkpointing.RESUMABLE_KEYS)
+        self.config_absent: tuple[str, ...] = ()  # --resume of an older refppo's run: keys it lacked
         self.identity = rundir.new_identity(self.config_hash)  # --resume: replaced by run.json's
         self.ckpt_dir = self.out_dir / "checkpoints"
         self._echo = echo

@@ -5,12 +5,13 @@ barrier + destroy, ``os._exit``), each rank holds two whole groups of the 8-row 
 test_ddp's ``_setup`` and runs one critic-free ``refppo.ppo.iteration`` (no critic, given rollout
 batch) with the ``all_reduce`` hook and ``groups_on_rank=True``, the actor under
 ``DistributedDataParallel``. For ``grpo``, ``rloo``, ``reinforce++-baseline`` (whose batch
-whitening needs the all-reduce) and ``grpo`` with the std over the batch (``group_std_level``
-``batch``, ``batch-centred``: all-reduced batch statistics), each rank's advantages must equal the
-rows of ONE process running the group estimator of ``refppo.core.group`` directly on the whole
-batch, and the parameters the single-process iteration reaches. A split layout (each group's two
-rows on different ranks) must be refused by :func:`refppo.train.group.check_groups_on_rank` on
-both ranks, with the group named.
+whitening needs the all-reduce), ``flash-reinforce`` (its baseline is the batch mean), ``gpg``
+(its ``α`` counts the batch's nonzero scores) and ``grpo`` with the std over the batch
+(``group_std_level`` ``batch``, ``batch-centred``: all-reduced batch statistics), each rank's
+advantages must equal the rows of ONE process running the group estimator of ``refppo.core.group``
+directly on the whole batch, and the parameters the single-process iteration reaches. A split
+layout (each group's two rows on different ranks) must be refused by
+:func:`refppo.train.group.check_groups_on_rank` on both ranks, with the group named.
 
 ``python test_ddp_grpo.py RANK WORLD INIT OUT`` is the worker.
 """
@@ -58,6 +59,12 @@ CONVS = {
         whiten_advantages=Whitening.NONE,
         group_std_level=GroupStdLevel.BATCH_CENTRED,
     ),
+    # batch statistics (all-reduced): flash-reinforce's batch mean (each rank's own mean differs:
+    # asserted below), gpg's α = B/#{s ≠ 0} (α = 1 here: the folded scores are never 0)
+    "flash-reinforce": Convention(
+        advantage=AdvantageEstimator.FLASH_REINFORCE, whiten_advantages=Whitening.NONE
+    ),
+    "gpg": Convention(advantage=AdvantageEstimator.GPG, whiten_advantages=Whitening.NONE),
 }
 UPDATE = PPOUpdateConfig(
     ppo_epochs=2, num_minibatches=1, micro_batch_size=2, max_grad_norm=1.0, shuffle=False
@@ -118,14 +125,14 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
     ddp._leave(dist)
 
 
-def _direct(scored: Any, conv: Convention) -> torch.Tensor:
+def _direct(scored: Any, conv: Convention, gi: torch.Tensor = GROUP_INDEX) -> torch.Tensor:
     """The core's naive twin of the group estimator on the whole batch (its batch whitening
     included for ``reinforce++-baseline``); the folded score is score − β·Σ_t KL_t (k1)."""
     m = scored.batch.response_mask
     kl = ((scored.old_logprobs - scored.ref_logprobs).double() * m).sum(1)
     s = scored.scores.double() - ddp.HP.kl_coef * kl
     return group_advantages_naive(
-        s, GROUP_INDEX, m, estimator=conv.advantage, unbiased_std=True, eps=conv.group_eps,
+        s, gi, m, estimator=conv.advantage, unbiased_std=True, eps=conv.group_eps,
         whiten_eps=ddp.HP.whiten_eps, std_level=conv.group_std_level,
     )  # fmt: skip
 
@@ -147,6 +154,9 @@ def test_ddp_group_estimators_with_whole_groups_per_rank_equal_single_process(tm
             for p, p0 in zip(actor.parameters(), actor0.parameters(), strict=True)
         )
         assert moved > 1e-3, name
+        if name == "flash-reinforce":  # not vacuous: a per-rank mean would give other advantages
+            local = _direct(scored.select(WHOLE[0]), conv, GROUP_INDEX[WHOLE[0]])
+            assert float((local - want[WHOLE[0]]).abs().max()) > 1e-3
         for r, res in enumerate(ranks):
             err = float((res[f"{name}/advantages"].double() - want[WHOLE[r]]).abs().max())
             assert err <= ddp.TOL, f"{name}: rank {r} advantages differ from the whole batch by {err:.3e}"

@@ -89,6 +89,14 @@ def test_grpo_run_checkpoints_without_critic_and_resumes_exactly(tmp_path: Path)
         (["ppo.advantage=reinforce++", "optimizer.critic_lr=1e-3"], "optimizer.critic_lr is set but"),
         (["ppo.advantage=dr-grpo", "rollout.group_size=2", "model.critic_init=reward", "task.reward=model"],
          "model.critic_init='reward' is set but ppo.advantage=dr-grpo has no critic"),
+        (["ppo.advantage=opo"], "ppo.advantage=opo needs rollout.group_size >= 2"),
+        # a batch baseline (flash-reinforce's mean, gpg's α) over a minibatch's dump is not the trainer's
+        (["ppo.advantage=flash-reinforce", "ppo.whiten_advantages=none", "ppo.minibatches=2",
+          "run.dump_iteration=1", "run.iterations=1"],
+         "run.dump_iteration needs ppo.minibatches=1 (got 2) with ppo.advantage=flash-reinforce"),
+        (["ppo.advantage=gpg", *GROUPED, "ppo.whiten_advantages=none", "ppo.minibatches=2",
+          "run.dump_iteration=1", "run.iterations=1"],
+         "run.dump_iteration needs ppo.minibatches=1 (got 2) with ppo.advantage=gpg"),
     ],
 )  # fmt: skip
 def test_bad_group_configs_are_refused_in_one_line(
