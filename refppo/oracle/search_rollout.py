@@ -24,6 +24,7 @@ tensor (:func:`_carry_dumped`), so the policy and value conventions are still id
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from itertools import product
 from typing import Any
@@ -70,10 +71,16 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
     ex = s.base.extras
     clip_opts: list[float | None] = list(dict.fromkeys([None, 5.0, 10.0, ex.score_clip]))
     checkable = "token_rewards" in t
+    extra_maps: list[tuple[float, float]] = []
+    if not checkable:  # a group estimator's dump: the clip read off ``returns`` (scale cancels in σ)
+        for k, c in solve_group_score_clip(s):
+            s.propose_value("score_clip", c)
+            clip_opts.append(c)
+            extra_maps.append((ex.score_bias, k))
 
     def make(extra: list[tuple[float, float]] | None) -> Callable[[Group], Iterable[Option]]:
         """``extra``: None on the first walk, then the solved score maps (maybe none)."""
-        maps = list(dict.fromkeys([(ex.score_bias, ex.score_scale), *(extra or [])]))
+        maps = list(dict.fromkeys([(ex.score_bias, ex.score_scale), *extra_maps, *(extra or [])]))
         wr_opts = _whiten_reward_opts(s, walk_all=extra is not None or not checkable)
 
         def opts(g: Group) -> Iterable[Option]:
@@ -342,3 +349,77 @@ def _carry_dumped(groups: list[Group], key: str, dumped: Tensor, mask: Tensor | 
     for g in groups:  # compared where the stage compares: the response mask, or the group's value mask
         given = torch.where(g.state["vm"] if mask is None else mask, dumped, zero)
         g.state = {**g.state, key: given}
+
+
+def solve_group_score_clip(s: Search) -> list[tuple[float, float]]:
+    """``(k, C)`` of ``s' = clip((s + b)·k, ±C)`` read off a group-normalised dump's ``returns``.
+
+    Within a group the raw advantage at t = 0 is affine in the mapped score,
+    ``a_i = α·s'_i + β`` (``(s' − μ_G)/(σ_G + ε)``, GRPO; ``s' − μ_G``, Dr. GRPO); the unclipped
+    rows (``s'_i = (s_i + b)·k₀``, the setting's own ``b, k₀``) fix the line through the most rows,
+    and each row off it was clipped: ``C₀ = |(a_i − β)/α|``, a median all such rows agree on (within
+    1 %). The scale cancels in ``(s' − μ)/σ`` but for ε: under ``k = r·k₀`` the data reads
+    ``ε/r``, so ``r = ε/ε_read`` (``ε`` the setting's ``group_eps``, ``ε_read`` off the rows as
+    :func:`refppo.oracle.search_estimator.solve_group_eps` does). Proposed: ``(k₀, C₀)`` and
+    ``(r·k₀, r·C₀)``, rounded by :func:`refppo.oracle.solve.nice`; every candidate is re-checked
+    through the pipeline. Needs ``returns`` and ``group_index`` (else ``[]``).
+    """
+    t, ex = s.t, s.base.extras
+    if "returns" not in t or "group_index" not in t:
+        return []
+    a = [float(v) for v in t["returns"][:, 0].double()]
+    x = [float(v) for v in (t["scores"].double() + ex.score_bias) * ex.score_scale]
+    gi = t["group_index"]
+    groups = [(gi == g).nonzero().flatten().tolist() for g in torch.unique(gi)]
+    cs: list[float] = []
+    for rows in groups:
+        cs += _group_clip_rows([x[i] for i in rows], [a[i] for i in rows], s.tol.atol)
+    if not cs:
+        return []
+    med = sorted(cs)[len(cs) // 2]
+    if med <= 0 or max(abs(c - med) for c in cs) > 0.01 * med:
+        return []
+    c0 = nice(med)[0]
+    out = [(ex.score_scale, c0)]
+    y = [min(max(v, -c0), c0) for v in x]
+    eps_read = _eps_read(groups, y, a)
+    if eps_read is not None and s.base.conv.group_eps > 0:
+        r = nice(s.base.conv.group_eps / eps_read)[0]
+        out.append((nice(ex.score_scale * r)[0], nice(c0 * r)[0]))
+    return list(dict.fromkeys(out))
+
+
+def _eps_read(groups: list[list[int]], y: list[float], a: list[float]) -> float | None:
+    """``ε = (y_i − μ_G)/a_i − σ_G`` (unbiased σ) over rows with ``a_i ≠ 0``: the median if all agree."""
+    eps: list[float] = []
+    for rows in groups:
+        if len(rows) < 2:
+            continue
+        g = [y[i] for i in rows]
+        mu = sum(g) / len(g)
+        sd = math.sqrt(sum((v - mu) ** 2 for v in g) / (len(g) - 1))
+        eps += [(y[i] - mu) / a[i] - sd for i in rows if a[i] != 0.0 and y[i] != mu]
+    if not eps:
+        return None
+    med = sorted(eps)[len(eps) // 2]
+    return med if med > 0 and max(abs(e - med) for e in eps) <= 0.01 * med else None
+
+
+def _group_clip_rows(x: list[float], a: list[float], atol: float) -> list[float]:
+    """The rows of one group off the line ``a = α·x + β`` through the most rows: their ``|x'|``."""
+    best: tuple[int, float, float] | None = None
+    for i, j in ((p, q) for p in range(len(x)) for q in range(p + 1, len(x))):
+        if x[i] == x[j]:
+            continue
+        al = (a[j] - a[i]) / (x[j] - x[i])
+        be = a[i] - al * x[i]
+        tol = 1e-6 * max(1.0, max(abs(v) for v in a)) + atol
+        n = sum(abs(al * xv + be - av) <= tol for xv, av in zip(x, a, strict=True))
+        if al != 0 and (best is None or n > best[0]):
+            best = (n, al, be)
+    if best is None or best[0] < 2 or best[0] == len(x):
+        return []
+    _, al, be = best
+    tol = 1e-6 * max(1.0, max(abs(v) for v in a)) + atol
+    off = [abs((av - be) / al) for xv, av in zip(x, a, strict=True) if abs(al * xv + be - av) > tol]
+    return [c for c in off if c < max(abs(v) for v in x)]
