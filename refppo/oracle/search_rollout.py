@@ -351,6 +351,10 @@ def _carry_dumped(groups: list[Group], key: str, dumped: Tensor, mask: Tensor | 
         g.state = {**g.state, key: given}
 
 
+PEER_GROUP_EPS = (1e-5, 1e-6, 1e-4)
+"""``group_eps`` a solved scale is read against: AReaL 1e-5, verl/SkyRL 1e-6, TRL GRPOTrainer 1e-4."""
+
+
 def solve_group_score_clip(s: Search) -> list[tuple[float, float]]:
     """``(k, C)`` of ``s' = clip((s + b)·k, ±C)`` read off a group-normalised dump's ``returns``.
 
@@ -359,7 +363,8 @@ def solve_group_score_clip(s: Search) -> list[tuple[float, float]]:
     rows (``s'_i = (s_i + b)·k₀``, the setting's own ``b, k₀``) fix the line through the most rows,
     and each row off it was clipped: ``C₀ = |(a_i − β)/α|``, a median all such rows agree on (within
     1 %). The scale cancels in ``(s' − μ)/σ`` but for ε: under ``k = r·k₀`` the data reads
-    ``ε/r``, so ``r = ε/ε_read`` (``ε`` the setting's ``group_eps``, ``ε_read`` off the rows as
+    ``ε/r``, so ``r = ε/ε_read`` (``ε`` the setting's ``group_eps`` or one of
+    :data:`PEER_GROUP_EPS`, kept when ``r`` is round; ``ε_read`` off the rows as
     :func:`refppo.oracle.search_estimator.solve_group_eps` does). Proposed: ``(k₀, C₀)`` and
     ``(r·k₀, r·C₀)``, rounded by :func:`refppo.oracle.solve.nice`; every candidate is re-checked
     through the pipeline. Needs ``returns`` and ``group_index`` (else ``[]``).
@@ -383,10 +388,14 @@ def solve_group_score_clip(s: Search) -> list[tuple[float, float]]:
     out = [(ex.score_scale, c0)]
     y = [min(max(v, -c0), c0) for v in x]
     eps_read = _eps_read(groups, y, a)
-    if eps_read is not None and s.base.conv.group_eps > 0:
-        r = nice(s.base.conv.group_eps / eps_read)[0]
-        out.append((nice(ex.score_scale * r)[0], nice(c0 * r)[0]))
-    return list(dict.fromkeys(out))
+    for eps in dict.fromkeys([s.base.conv.group_eps, *PEER_GROUP_EPS]):
+        if eps_read is None or eps <= 0:
+            break
+        ratio = eps / eps_read
+        r = nice(ratio)[0]  # a round ratio only (≤ 2 digits): a configured scale, not noise
+        if abs(r - ratio) <= 1e-3 * ratio and float(f"{r:.2g}") == r and r != 1.0:
+            out.append((nice(ex.score_scale * r)[0], nice(c0 * r)[0]))
+    return list(dict.fromkeys(out))[:4]
 
 
 def _eps_read(groups: list[list[int]], y: list[float], a: list[float]) -> float | None:
