@@ -73,7 +73,7 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
     checkable = "token_rewards" in t
     extra_maps: list[tuple[float, float]] = []
     if not checkable:  # a group estimator's dump: the clip read off ``returns`` (scale cancels in σ)
-        for k, c in solve_group_score_clip(s):
+        for k, c in solve_group_score_clip(s, groups):
             s.propose_value("score_clip", c)
             clip_opts.append(c)
             extra_maps.append((ex.score_bias, k))
@@ -355,7 +355,7 @@ PEER_GROUP_EPS = (1e-5, 1e-6, 1e-4)
 """``group_eps`` a solved scale is read against: AReaL 1e-5, verl/SkyRL 1e-6, TRL GRPOTrainer 1e-4."""
 
 
-def solve_group_score_clip(s: Search) -> list[tuple[float, float]]:
+def solve_group_score_clip(s: Search, groups: list[Group]) -> list[tuple[float, float]]:
     """``(k, C)`` of ``s' = clip((s + b)·k, ±C)`` read off a group-normalised dump's ``returns``.
 
     Within a group the raw advantage at t = 0 is affine in the mapped score,
@@ -367,22 +367,33 @@ def solve_group_score_clip(s: Search) -> list[tuple[float, float]]:
     :data:`PEER_GROUP_EPS`, kept when ``r`` is round; ``ε_read`` off the rows as
     :func:`refppo.oracle.search_estimator.solve_group_eps` does). Proposed: ``(k₀, C₀)`` and
     ``(r·k₀, r·C₀)``, rounded by :func:`refppo.oracle.solve.nice`; every candidate is re-checked
-    through the pipeline. Needs ``returns`` and ``group_index`` (else ``[]``).
+    through the pipeline. Needs ``returns`` and ``group_index`` (else ``[]``). With a reward KL
+    (``group_kl=to_go``) the KL's return at t = 0 (:func:`token_rewards` with zero scores, summed)
+    is taken off ``returns`` first, for each KL of the nearest groups.
     """
-    t, ex = s.t, s.base.extras
+    t = s.t
     if "returns" not in t or "group_index" not in t:
         return []
-    a = [float(v) for v in t["returns"][:, 0].double()]
+    ret0 = t["returns"][:, 0].double()
+    rests = [torch.zeros_like(ret0)]
+    if s.hp.kl_coef > 0:
+        for g in groups[:SOLVE_GROUPS]:
+            kl_r = token_rewards(torch.zeros_like(t["scores"]), g.state["kl"], s.m, s.hp.kl_coef)
+            rests.append((kl_r.double() * s.m).sum(1))
+    out: list[tuple[float, float]] = []
+    for rest in rests:
+        out += _solve_clip(s, [float(v) for v in ret0 - rest])
+    return list(dict.fromkeys(out))[:4]
+
+
+def _solve_clip(s: Search, a: list[float]) -> list[tuple[float, float]]:
+    """:func:`solve_group_score_clip` for one reading of the score part ``a`` of ``returns[:, 0]``."""
+    t, ex = s.t, s.base.extras
     x = [float(v) for v in (t["scores"].double() + ex.score_bias) * ex.score_scale]
     gi = t["group_index"]
     groups = [(gi == g).nonzero().flatten().tolist() for g in torch.unique(gi)]
-    cs: list[float] = []
-    for rows in groups:
-        cs += _group_clip_rows([x[i] for i in rows], [a[i] for i in rows], s.tol.atol)
-    if not cs:
-        return []
-    med = sorted(cs)[len(cs) // 2]
-    if med <= 0 or max(abs(c - med) for c in cs) > 0.01 * med:
+    med = _scan_clip(groups, torch.tensor(x, dtype=torch.float64), torch.tensor(a, dtype=torch.float64))
+    if med is None:
         return []
     c0 = nice(med)[0]
     out = [(ex.score_scale, c0)]
@@ -414,21 +425,33 @@ def _eps_read(groups: list[list[int]], y: list[float], a: list[float]) -> float 
     return med if med > 0 and max(abs(e - med) for e in eps) <= 0.01 * med else None
 
 
-def _group_clip_rows(x: list[float], a: list[float], atol: float) -> list[float]:
-    """The rows of one group off the line ``a = α·x + β`` through the most rows: their ``|x'|``."""
-    best: tuple[int, float, float] | None = None
-    for i, j in ((p, q) for p in range(len(x)) for q in range(p + 1, len(x))):
-        if x[i] == x[j]:
-            continue
-        al = (a[j] - a[i]) / (x[j] - x[i])
-        be = a[i] - al * x[i]
-        tol = 1e-6 * max(1.0, max(abs(v) for v in a)) + atol
-        n = sum(abs(al * xv + be - av) <= tol for xv, av in zip(x, a, strict=True))
-        if al != 0 and (best is None or n > best[0]):
-            best = (n, al, be)
-    if best is None or best[0] < 2 or best[0] == len(x):
-        return []
-    _, al, be = best
-    tol = 1e-6 * max(1.0, max(abs(v) for v in a)) + atol
-    off = [abs((av - be) / al) for xv, av in zip(x, a, strict=True) if abs(al * xv + be - av) > tol]
-    return [c for c in off if c < max(abs(v) for v in x)]
+def _zscore(v: Tensor, groups: list[list[int]]) -> Tensor:
+    """``v`` (``[..., B]``) centred and scaled to unit std within each group of two rows or more."""
+    out = torch.zeros_like(v)
+    for rows in (r for r in groups if len(r) > 1):
+        g = v[..., rows]
+        c = g - g.mean(-1, keepdim=True)
+        out[..., rows] = c / c.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return out
+
+
+def _scan_clip(groups: list[list[int]], x: Tensor, a: Tensor) -> float | None:
+    """The ``C`` whose ``clip(x, ±C)`` has the group z-scores of ``a`` (ε aside): a grid over
+    ``(0, max|x|)`` refined by bisection-free narrowing; None when no ``C`` fits within 1e-4
+    or the best ``C`` clips nothing."""
+    za = _zscore(a, groups)
+    top = float(x.abs().max())
+    if top == 0.0:
+        return None
+    lo, hi = 1e-4 * top, top
+    best = lo
+    for _ in range(6):
+        cs = torch.linspace(lo, hi, 401, dtype=torch.float64)
+        y = torch.maximum(torch.minimum(x.unsqueeze(0), cs.unsqueeze(1)), -cs.unsqueeze(1))
+        err = (_zscore(y, groups) - za).abs().amax(-1)
+        k = int(err.argmin())
+        best, step = float(cs[k]), float(cs[1] - cs[0])
+        lo, hi = max(best - step, 1e-12), best + step
+    y = x.clamp(-best, best)
+    ok = float((_zscore(y, groups) - za).abs().max()) <= 1e-4
+    return best if ok and best < top * (1 - 1e-9) else None
