@@ -20,7 +20,10 @@ refused, named in one line. The run keeps its identity: the hashes compared are 
 the checkpoint's and the hash of this config *without its absent keys*
 (:func:`without_keys`), i.e. what the older refppo computed. Checkpoints written after such a
 resume store the config without the absent keys and that same hash, so they look like the
-run's first checkpoints and resume the same way, as often as needed.
+run's first checkpoints and resume the same way, as often as needed. ``config.json``, by contrast,
+is the full resolved config of the latest invocation (rewritten by every start and resume, new keys
+included), so after such a resume it holds keys that ``run.json``'s hash does not cover: the hash is
+the run's, over the keys the run started with.
 
 The rule for an existing, non-empty ``run.out_dir`` (a fresh run, i.e. without ``--resume``):
 

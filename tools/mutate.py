@@ -9,9 +9,12 @@ Usage (from the repository root)::
 
 Scope: in ``refppo/core/*.py`` every function whose name does not end in ``_naive`` (the naive twins
 and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validation-only helpers
-(``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``); in ``refppo/pipeline.py``
-``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``critic_free_advantages``,
-``Normalisers.kwargs``, ``update_quantities``, the ``__post_init__`` checks
+(``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``) and ``grad.py``'s per-token
+helpers (``_pg_token``, ``_vf_token``, ``_kl_token``: the closed-form gradient twin's formulas;
+``group_naive.py`` holds only naive twins and is not listed); in ``refppo/pipeline.py``
+``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``gae_by_rows``, ``critic_free_advantages``,
+``Normalisers.kwargs``, ``policy_term``, ``update_quantities``, ``clipped_scores``,
+``mapped_scores``, the ``__post_init__`` checks
 of ``Convention`` and ``Hyperparams`` and their fields' numeric defaults (not the dict
 (de)serialisation or ``stats``). The numeric/bool default values of the in-scope functions'
 arguments are mutated too (``unbiased=True``, ``vf_coef=0.0``, ...). Statements
@@ -70,6 +73,7 @@ EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
 CORE = (
     "aggregate",
     "gae",
+    "grad",
     "group",
     "gspo",
     "kl",
@@ -79,6 +83,7 @@ CORE = (
     "objective",
     "policy",
     "rewards",
+    "score_map",
     "value",
 )
 MODULES = (*CORE, "pipeline", "step_settings")
@@ -90,8 +95,12 @@ PIPELINE_FUNCS = {
     "reward_quantities",
     "rollout_quantities",
     "critic_free_advantages",
+    "gae_by_rows",
     "Normalisers.kwargs",
+    "policy_term",
     "update_quantities",
+    "clipped_scores",
+    "mapped_scores",
     "Convention.__post_init__",
     "Hyperparams.__post_init__",
 }
@@ -109,6 +118,8 @@ PIPELINE_TESTS = (
     "tests/unit/test_pipeline.py",
     "tests/unit/test_pipeline_normalisers.py",
     "tests/unit/test_pipeline_critic_free.py",
+    "tests/unit/test_pipeline_score_map.py",
+    "tests/property/test_gae_by_rows.py",
     "tests/unit/test_core_defaults.py",
     "tests/unit/test_core_boundaries.py",
     "tests/golden/test_golden_ppo.py",
@@ -116,6 +127,13 @@ PIPELINE_TESTS = (
 )
 """The oracle's tests (tests/unit/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
+EXTRA_TESTS: dict[str, tuple[str, ...]] = {
+    "logprobs": ("tests/property/test_logprobs_chunked.py",),
+    "group": ("tests/property/test_group_more_estimators.py", "tests/property/test_group_std_level.py"),
+    "kl": ("tests/property/test_kl_straight_through.py",),
+    "score_map": ("tests/unit/test_pipeline_score_map.py",),
+}
+"""A core module's tests beyond ``test_core_<mod>.py`` and ``test_<mod>_properties.py``."""
 
 
 def module_path(mod: str) -> Path:
@@ -133,11 +151,7 @@ def subset(mod: str) -> list[str]:
     if mod in TOP_LEVEL:
         files: tuple[str, ...] = PIPELINE_TESTS
     else:
-        extras = {
-            "logprobs": ("tests/property/test_logprobs_chunked.py",),
-            "group": ("tests/property/test_group_std_level.py",),
-        }
-        extra = extras.get(mod, ())
+        extra = EXTRA_TESTS.get(mod, ())
         own = (f"tests/unit/test_core_{mod}.py", f"tests/property/test_{mod}_properties.py", *extra)
         files = (*own, "tests/unit/test_core_inputs.py", *GAP_TESTS)
     return [f for f in files if (ROOT / f).exists()]

@@ -5,7 +5,8 @@ Cross-section checks (on construction, one :class:`ConfigError` each): the batch
 into ranks × minibatches × micro-batches of whole groups; ``model.critic_init=reward`` needs a
 reward model; a critic-free ``ppo.advantage`` takes no critic option and a group estimator (``grpo``,
 ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo``, ``gpg``, ``grpo-passk``) a
-``rollout.group_size`` ≥ 2; ``run.dump_iteration`` with whitening, groups or a batch baseline
+``rollout.group_size`` ≥ 2; a non-default ``ppo.group_std_level`` needs ``grpo`` or ``grpo-passk``
+(the only estimators with a σ); ``run.dump_iteration`` with whitening, groups or a batch baseline
 (``gpg``'s α, ``flash-reinforce``'s mean) needs ``ppo.minibatches=1`` (the oracle's statistics are
 over the dump's rows). Every estimator runs in the trainer: the batch statistics of ``gpg`` and
 ``flash-reinforce`` are all-reduced under torchrun; ``opo``'s lengths are the response mask's.
@@ -30,8 +31,12 @@ from refppo.config.sections import (
     RunConfig,
     TaskConfig,
 )
-from refppo.conventions import AdvantageEstimator
+from refppo.conventions import AdvantageEstimator, GroupStdLevel
 from refppo.core.group import GROUP_ESTIMATORS
+
+STD_LEVEL_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
+"""The estimators whose σ ``ppo.group_std_level`` chooses (:func:`refppo.core.group.group_scalar_advantages`
+passes it to ``_sigma`` for these two only); a non-default level with any other is refused."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,12 @@ class TrainConfig:
         if adv in GROUP_ESTIMATORS and g < 2:
             raise ConfigError(
                 f"ppo.advantage={adv.value} needs rollout.group_size >= 2 (responses per prompt), got {g}"
+            )
+        level = self.ppo.convention.group_std_level
+        if level is not GroupStdLevel.GROUP and adv not in STD_LEVEL_ESTIMATORS:
+            raise ConfigError(
+                f"ppo.group_std_level={level.value} is set but ppo.advantage={adv.value} takes no group std "
+                f"(only {', '.join(e.value for e in STD_LEVEL_ESTIMATORS)} read it)"
             )
         if not self.critic_free:
             return

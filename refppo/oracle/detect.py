@@ -120,6 +120,8 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
                 for k in HP_KEYS:
                     c.setdefault(k, getattr(base.hp, k))
         convs.sort(key=lambda c: _distance({**base_json, **_hp_json(base)}, c))
+        for g in groups:  # the search's [B, T] states are not read again: free them before the re-checks
+            g.state = {}
         rollouts = RolloutMemo(dump)  # the nearest conventions often share steps 1-4
         head = [
             c

@@ -106,6 +106,8 @@ class Search:
         self.solved: dict[str, list[Any]] = {}
         """Constants the solvers proposed, by key (whether or not the pipeline confirmed them)."""
         self.norm = {"horizon": self.hp.horizon} if self.hp.horizon is not None else {}
+        self.compared: set[str] = set()
+        """Dumped keys compared since the last :meth:`release_compared` (their pages are resident)."""
 
     # ----- helpers -------------------------------------------------------------------------
     def ratio(
@@ -113,6 +115,7 @@ class Search:
     ) -> float | None:
         if not self.dump.has(name):
             return None
+        self.compared.add(name)
         r = compare(name, self.t[name], ref, cmp_mask, self.tol)
         if not r.ok and widen is not None:
             r = compare(name, self.t[name], ref, cmp_mask, self.tol, widen=widen())
@@ -147,6 +150,7 @@ class Search:
             ratios = [r for r in checks(g.state) if r is not None]
             any_check = any_check or bool(ratios)
             scored.append((max(ratios) if ratios else 0.0, g))
+        self.release_compared()
         if not any_check:
             return out
         ok = [g for s, g in scored if s == 0.0]
@@ -181,6 +185,17 @@ class Search:
                 out = self.expand(groups, make_options(extra), checks, name)
         return out
 
+    def release_compared(self) -> None:
+        """Hand back the pages of the dumped keys compared by a walk (:meth:`Dump.release`).
+
+        A walk compares one key per candidate group, then the stage moves on to other keys, so
+        without this every compared trainer output stays resident for the rest of the search (a
+        B=1024, T=8192 float32 key is 33.5 MB). A later read pages the same bytes in again.
+        """
+        for name in sorted(self.compared):
+            self.dump.release(name)
+        self.compared.clear()
+
     def propose_value(self, key: str, value: Any) -> None:
         """Record a solver's proposal for ``key`` (None, "no clamp", is not a proposal)."""
         if value is None:
@@ -213,6 +228,7 @@ class Search:
         from refppo.oracle.search_policy import policy_stage
         from refppo.oracle.search_value import value_stage
 
+        groups = drop_rollout_state(groups)
         groups = policy_stage(self, groups)
         if "old_values" in t:
             groups = value_stage(self, groups)
@@ -362,6 +378,18 @@ class Search:
         return abs(clipfrac_of(terms, lo, hi) - got) <= slack + self.tol.rtol
 
 
+ROLLOUT_ONLY_STATE = ("kl", "rewards", "adv_raw")
+"""State entries that only the rollout stages read: the policy stage builds its states from the
+advantages, returns, masks and KL keys, so these ``[B, T]`` tensors are dropped before it runs."""
+
+
+def drop_rollout_state(groups: list[Group]) -> list[Group]:
+    """The groups with :data:`ROLLOUT_ONLY_STATE` removed from their states (in place)."""
+    for g in groups:
+        g.state = {k: v for k, v in g.state.items() if k not in ROLLOUT_ONLY_STATE}
+    return groups
+
+
 def nearest_note(g: Group) -> str:
     c = g.convs[0]
     keys = ("kl_estimator", "kl_in", "score_at", "score_clip", "whiten_rewards")
@@ -391,4 +419,12 @@ def pg_widen_for(search: Search, s: dict[str, Any]) -> Callable[[], float]:
     return widen
 
 
-__all__ = ["ALTERNATIVES", "Group", "Search", "approx_kl_k2_all_positions", "digest", "pg_widen_for"]
+__all__ = [
+    "ALTERNATIVES",
+    "Group",
+    "Search",
+    "approx_kl_k2_all_positions",
+    "digest",
+    "drop_rollout_state",
+    "pg_widen_for",
+]

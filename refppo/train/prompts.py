@@ -77,11 +77,17 @@ class PromptEncoder:
     def read_file(self, path: str) -> list[str]:
         """The prompts of ``path`` (one per line, blank lines skipped), each checked against the
         context now, not mid-run; an error names the file and the line."""
-        numbered = [
-            (n, line.strip())
-            for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1)
-            if line.strip()
-        ]
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise TrainingError(
+                f"task.prompts_file {path!r} (--prompts): not UTF-8 text (byte {e.start}: {e.reason})"
+            ) from None
+        except OSError as e:
+            raise TrainingError(
+                f"task.prompts_file {path!r} (--prompts): cannot read: {e.strerror or e}"
+            ) from None
+        numbered = [(n, line.strip()) for n, line in enumerate(lines, start=1) if line.strip()]
         if not numbered:
             raise TrainingError(f"task.prompts_file {path!r} holds no prompt")
         for n, text in numbered:

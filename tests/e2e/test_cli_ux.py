@@ -202,6 +202,21 @@ def test_missing_prompts_file_is_reported_before_any_model_loads(
     assert f"task.prompts_file {str(missing)!r} (--prompts): no such file" in capsys.readouterr().err
 
 
+def test_prompts_file_not_utf8_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A latin-1 prompts file: one line naming the file and the key, exit 2 (not a traceback)."""
+    policy = _save_lm(tmp_path / "policy")
+    f = tmp_path / "latin.txt"
+    f.write_bytes("review : café crème\n".encode("latin-1"))
+    argv = ["--model", str(policy), "--reward", "refppo.tasks.words:rule_reward", "--prompts", str(f)]
+    assert train_main(_argv(tmp_path / "o", *argv)) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error" in ln.lower()]  # transformers' progress bars aside
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(
+        f"refppo train: error: task.prompts_file {str(f)!r} (--prompts): not UTF-8 text"
+    )
+
+
 def test_over_long_prompt_names_the_file_and_line(tmp_path: Path) -> None:
     policy = _save_lm(tmp_path / "policy")
     f = _prompts(tmp_path / "p.txt", "review : the film", "", "review : " + " ".join(["the"] * 30))

@@ -6,7 +6,8 @@ test_ddp's ``_setup`` and runs one critic-free ``refppo.ppo.iteration`` (no crit
 batch) with the ``all_reduce`` hook and ``groups_on_rank=True``, the actor under
 ``DistributedDataParallel``. For ``grpo``, ``rloo``, ``reinforce++-baseline`` (whose batch
 whitening needs the all-reduce), ``flash-reinforce`` (its baseline is the batch mean), ``gpg``
-(its ``α`` counts the batch's nonzero scores) and ``grpo`` with the std over the batch
+(its ``α`` counts the batch's nonzero scores; a reward zero on two of rank 0's rows only, so
+each rank's own α is not the batch's) and ``grpo`` with the std over the batch
 (``group_std_level`` ``batch``, ``batch-centred``: all-reduced batch statistics), each rank's
 advantages must equal the rows of ONE process running the group estimator of ``refppo.core.group``
 directly on the whole batch, and the parameters the single-process iteration reaches. A split
@@ -30,11 +31,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 import test_ddp as ddp  # the shared spawn/teardown helpers
 
-from refppo.conventions import AdvantageEstimator, GroupStdLevel, Whitening
+from refppo.conventions import AdvantageEstimator, GroupStdLevel, KLPlacement, Whitening
 from refppo.core.group import group_advantages_naive
 from refppo.pipeline import Convention
 from refppo.ppo import PPOUpdateConfig, iteration
-from refppo.rollout import RolloutConfig
+from refppo.rollout import RolloutConfig, score_rollout
 from refppo.train.group import GroupError, check_groups_on_rank
 
 GROUP_INDEX = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
@@ -60,12 +61,36 @@ CONVS = {
         group_std_level=GroupStdLevel.BATCH_CENTRED,
     ),
     # batch statistics (all-reduced): flash-reinforce's batch mean (each rank's own mean differs:
-    # asserted below), gpg's α = B/#{s ≠ 0} (α = 1 here: the folded scores are never 0)
+    # asserted below), gpg's α = B/#{s ≠ 0}: with the KL in the loss the folded score is the score,
+    # and _gpg_reward zeroes two of rank 0's four rows only, so α = 8/6 over the batch but 4/2 on
+    # rank 0 and 4/4 on rank 1 (asserted below)
     "flash-reinforce": Convention(
         advantage=AdvantageEstimator.FLASH_REINFORCE, whiten_advantages=Whitening.NONE
     ),
-    "gpg": Convention(advantage=AdvantageEstimator.GPG, whiten_advantages=Whitening.NONE),
+    "gpg": Convention(
+        advantage=AdvantageEstimator.GPG, whiten_advantages=Whitening.NONE, kl_in=KLPlacement.LOSS
+    ),
 }
+
+
+def _gpg_reward(p: list[int], r: list[int]) -> float:
+    """test_ddp's reward, but exactly 0 where ``Σr mod 7`` is 0 or 2: rows 1 and 2 of the batch,
+    both on rank 0 (``WHOLE[0]``; the test asserts it), so gpg's α differs per rank."""
+    return 0.0 if sum(r) % 7 in (0, 2) else ddp._reward(p, r)
+
+
+REWARDS: dict[str, Any] = {"gpg": _gpg_reward}
+"""The reward of a case, when not test_ddp's ``_reward``."""
+
+
+def _scored(name: str) -> Any:
+    """test_ddp's seeded models and batch, scored with case ``name``'s reward."""
+    actor0, reference, critic, scored = ddp._setup()
+    if name in REWARDS:
+        scored = score_rollout(actor0, reference, critic, REWARDS[name], scored.batch)
+    return actor0, reference, scored
+
+
 UPDATE = PPOUpdateConfig(
     ppo_epochs=2, num_minibatches=1, micro_batch_size=2, max_grad_norm=1.0, shuffle=False
 )
@@ -73,14 +98,15 @@ UPDATE = PPOUpdateConfig(
 
 
 def _iterate(actor: nn.Module, reference: nn.Module, batch: Any, conv: Convention, gi: torch.Tensor,
-             world: int, all_reduce: Any, wrap: Any = None) -> torch.Tensor:  # fmt: skip
-    """One critic-free iteration replaying ``batch``; returns its advantages."""
+             world: int, all_reduce: Any, wrap: Any = None,
+             reward: Any = ddp._reward) -> torch.Tensor:  # fmt: skip
+    """One critic-free iteration replaying ``batch`` scored by ``reward``; returns its advantages."""
     opt = torch.optim.SGD(actor.parameters(), lr=0.5)
     result = iteration(
         wrap(actor) if wrap else actor,
         reference,
         None,
-        ddp._reward,
+        reward,
         opt,
         None,
         batch.prompt_ids,
@@ -118,7 +144,10 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
     for name, conv in CONVS.items():
         actor = copy.deepcopy(actor0)
         wrap = nn.parallel.DistributedDataParallel
-        adv = _iterate(actor, reference, shard.batch, conv, GROUP_INDEX[WHOLE[rank]], world, all_reduce, wrap)
+        reward = REWARDS.get(name, ddp._reward)
+        adv = _iterate(
+            actor, reference, shard.batch, conv, GROUP_INDEX[WHOLE[rank]], world, all_reduce, wrap, reward
+        )
         results[f"{name}/advantages"] = adv
         results[f"{name}/params"] = {k: v.detach().clone() for k, v in actor.named_parameters()}
     ddp._save(results, f"{out}.rank{rank}")
@@ -127,10 +156,12 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
 
 def _direct(scored: Any, conv: Convention, gi: torch.Tensor = GROUP_INDEX) -> torch.Tensor:
     """The core's naive twin of the group estimator on the whole batch (its batch whitening
-    included for ``reinforce++-baseline``); the folded score is score − β·Σ_t KL_t (k1)."""
+    included for ``reinforce++-baseline``); the folded score is score − β·Σ_t KL_t (k1), the score
+    itself when the KL is in the loss."""
     m = scored.batch.response_mask
     kl = ((scored.old_logprobs - scored.ref_logprobs).double() * m).sum(1)
-    s = scored.scores.double() - ddp.HP.kl_coef * kl
+    beta = ddp.HP.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
+    s = scored.scores.double() - beta * kl
     return group_advantages_naive(
         s, gi, m, estimator=conv.advantage, unbiased_std=True, eps=conv.group_eps,
         whiten_eps=ddp.HP.whiten_eps, std_level=conv.group_std_level,
@@ -143,11 +174,13 @@ def test_ddp_group_estimators_with_whole_groups_per_rank_equal_single_process(tm
     ranks = [torch.load(f"{out}.rank{r}", weights_only=True) for r in range(ddp.WORLD)]
     for res in ranks:  # the split layout is refused on every rank, naming a group
         assert res["split_error"].startswith("group 0 has rows on ranks 0 and 1"), res["split_error"]
-    actor0, reference, _, scored = ddp._setup()
     for name, conv in CONVS.items():
+        actor0, reference, scored = _scored(name)
         want = _direct(scored, conv)
         actor = copy.deepcopy(actor0)
-        single = _iterate(actor, reference, scored.batch, conv, GROUP_INDEX, 1, None)
+        single = _iterate(
+            actor, reference, scored.batch, conv, GROUP_INDEX, 1, None, None, REWARDS.get(name, ddp._reward)
+        )
         assert float((single.double() - want).abs().max()) <= 1e-9, name  # the pipeline = the core
         moved = max(
             float((p - p0).detach().abs().max())
@@ -157,6 +190,12 @@ def test_ddp_group_estimators_with_whole_groups_per_rank_equal_single_process(tm
         if name == "flash-reinforce":  # not vacuous: a per-rank mean would give other advantages
             local = _direct(scored.select(WHOLE[0]), conv, GROUP_INDEX[WHOLE[0]])
             assert float((local - want[WHOLE[0]]).abs().max()) > 1e-3
+        if name == "gpg":  # not vacuous: zeros on rank 0 only, so each rank's own α gives other advantages
+            zero = (scored.scores == 0).nonzero().flatten().tolist()
+            assert zero == [1, 2] and set(zero) <= set(WHOLE[0].tolist()), zero
+            for r in range(ddp.WORLD):
+                local = _direct(scored.select(WHOLE[r]), conv, GROUP_INDEX[WHOLE[r]])
+                assert float((local - want[WHOLE[r]]).abs().max()) > 1e-3, r
         for r, res in enumerate(ranks):
             err = float((res[f"{name}/advantages"].double() - want[WHOLE[r]]).abs().max())
             assert err <= ddp.TOL, f"{name}: rank {r} advantages differ from the whole batch by {err:.3e}"

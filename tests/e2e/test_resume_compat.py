@@ -1,8 +1,9 @@
 """--resume of a run whose checkpoints an older refppo wrote (one without config keys added since).
 
-The older checkpoint is made faithfully: a short run, then every config key added since
-(``ppo.score_bias/score_scale/score_clip``) is removed from each checkpoint's saved config, from
-``config.json`` and the hashes are recomputed as the older refppo computed them
+The older checkpoint is made faithfully: a short run, then every config key added since the
+previous release, commit 61be225 (``ppo.group_std_level``, ``ppo.score_bias/score_scale/score_clip``:
+:data:`ADDED`, derived from that release's pinned key list) is removed from each checkpoint's saved
+config, from ``config.json`` and the hashes are recomputed as the older refppo computed them
 (:func:`refppo.rundir.config_hash` of the reduced config) in ``state.json`` and ``run.json``; the
 ``COMPLETE`` manifest gets the new file size. Such a run resumes (twice) to exactly the
 uninterrupted run; an added key set to another value than its default, and a saved key this
@@ -20,6 +21,7 @@ import pytest
 from safetensors.torch import load_file
 
 from refppo import rundir
+from refppo.config import TrainConfig
 from refppo.logging_utils import deterministic, read_metrics
 from refppo.tasks.presets import preset
 from refppo.train.checkpointing import RESUMABLE_KEYS
@@ -33,14 +35,123 @@ COMMON = (
     "kl.horizon=50",
     "rollout.temperature=0.9",
 )
-ADDED = ("score_bias", "score_scale", "score_clip")  # [ppo] keys the "older refppo" did not have
+RELEASE_61BE225_KEYS: dict[str, list[str]] = {
+    "model": [
+        "critic_init",
+        "device",
+        "dtype",
+        "n_embd",
+        "n_head",
+        "n_layer",
+        "n_positions",
+        "policy",
+        "reward_model",
+        "threads",
+        "vocab_size",
+    ],
+    "task": [
+        "add_special_tokens",
+        "embedded_prompts",
+        "name",
+        "prompt_words",
+        "prompts_file",
+        "response_words",
+        "reward",
+        "reward_special_tokens",
+        "rm_batch_size",
+        "rm_lr",
+        "rm_pairs",
+        "rm_steps",
+        "sft_batch_size",
+        "sft_lr",
+        "sft_steps",
+    ],
+    "rollout": [
+        "batch_size",
+        "group_size",
+        "max_new_tokens",
+        "max_prompt_tokens",
+        "missing_eos_penalty",
+        "temperature",
+        "top_k",
+        "top_p",
+        "use_cache",
+    ],
+    "ppo": [
+        "advantage",
+        "cliprange",
+        "cliprange_high",
+        "cliprange_value",
+        "dual_clip",
+        "ent_coef",
+        "entropy_agg",
+        "epochs",
+        "gae_holes",
+        "gae_padding",
+        "gamma",
+        "group_eps",
+        "group_kl",
+        "group_singleton",
+        "group_std",
+        "horizon",
+        "kl_coef",
+        "kl_estimator",
+        "kl_in",
+        "kl_log_ratio_clamp",
+        "kl_loss_agg",
+        "kl_value_clamp",
+        "lam",
+        "log_ratio_clamp",
+        "loss_agg",
+        "max_grad_norm",
+        "micro_batches",
+        "minibatches",
+        "policy_loss",
+        "score_at",
+        "value_clip_form",
+        "value_loss",
+        "value_loss_agg",
+        "vf_coef",
+        "whiten_advantages",
+        "whiten_eps",
+        "whiten_eps_at",
+        "whiten_holes",
+        "whiten_rewards",
+        "whiten_variance",
+    ],
+    "optimizer": ["betas", "critic_lr", "eps", "lr", "weight_decay"],
+    "kl": ["adaptive", "horizon", "target"],
+    "run": [
+        "checkpoint_every",
+        "dump_iteration",
+        "iterations",
+        "on_nan",
+        "out_dir",
+        "plot",
+        "progress",
+        "sample_every",
+        "seed",
+        "tensorboard",
+    ],
+}
+"""Every config key of the previous release, per section: data pinned from commit 61be225
+(``git archive 61be225 refppo``, then ``TrainConfig().to_dict()`` of its ``refppo/config.py``;
+``git show 61be225:refppo/config.py`` shows the dataclasses). Not derived from the code under test."""
+ADDED = tuple(
+    (section, key)
+    for section, keys in TrainConfig().to_dict().items()
+    for key in keys
+    if key not in RELEASE_61BE225_KEYS[section]
+)
+"""The keys added since that release, which an older run's configs lack (measured at the time of
+writing: ``ppo.group_std_level``, ``ppo.score_bias``, ``ppo.score_clip``, ``ppo.score_scale``)."""
 
 Edit = Callable[[dict[str, Any]], None]
 
 
 def _drop_added(config: dict[str, Any]) -> None:
-    for key in ADDED:
-        del config["ppo"][key]
+    for section, key in ADDED:
+        del config[section][key]
 
 
 def _rewrite_run(out: Path, edit: Edit) -> str:
@@ -87,7 +198,7 @@ def test_an_older_refppos_run_resumes_twice_to_the_uninterrupted_run(tmp_path: P
     # the checkpoint written after that resume is the run's: the older config and the older hash
     state = json.loads((split / "checkpoints" / f"iter_{N - 1:06d}" / "state.json").read_text())
     assert state["config_hash"] == old_hash == json.loads((split / "run.json").read_text())["config_hash"]
-    assert not set(ADDED) & set(state["config"]["ppo"])
+    assert ("ppo", "group_std_level") in ADDED and not any(k in state["config"][sec] for sec, k in ADDED)
     assert state["config"]["ppo"]["cliprange"] == 0.2  # the other keys are kept
 
     second = Trainer(preset("test", *COMMON, f"run.out_dir={split}"), resume=True)

@@ -97,6 +97,14 @@ def test_grpo_run_checkpoints_without_critic_and_resumes_exactly(tmp_path: Path)
         (["ppo.advantage=gpg", *GROUPED, "ppo.whiten_advantages=none", "ppo.minibatches=2",
           "run.dump_iteration=1", "run.iterations=1"],
          "run.dump_iteration needs ppo.minibatches=1 (got 2) with ppo.advantage=gpg"),
+        # only grpo's and grpo-passk's σ read the std level: elsewhere it would be silently ignored
+        (["ppo.group_std_level=batch"], "ppo.group_std_level=batch is set but ppo.advantage=gae"),
+        (["ppo.advantage=dr-grpo", *GROUPED, "ppo.group_std_level=batch-centred"],
+         "ppo.group_std_level=batch-centred is set but ppo.advantage=dr-grpo takes no group std"),
+        (["ppo.advantage=rloo", *GROUPED, "ppo.group_std_level=batch"],
+         "ppo.group_std_level=batch is set but ppo.advantage=rloo takes no group std"),
+        (["ppo.advantage=gpg", *GROUPED, "ppo.group_std_level=batch"],
+         "ppo.group_std_level=batch is set but ppo.advantage=gpg takes no group std"),
     ],
 )  # fmt: skip
 def test_bad_group_configs_are_refused_in_one_line(
@@ -182,3 +190,10 @@ def test_critic_free_dump_iteration_matches_the_oracle(tmp_path: Path, adv: str)
     Path(f"{bad}.json").write_text(Path(f"{path}.json").read_text())
     code, rep = diff(bad)
     assert code == 1 and not rep["quantities"]["advantages"]["ok"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "grpo-passk"])
+@pytest.mark.parametrize("level", ["batch", "batch-centred"])
+def test_group_std_level_is_accepted_where_the_estimator_reads_it(advantage: str, level: str) -> None:
+    cfg = preset("test", f"ppo.advantage={advantage}", *GROUPED, f"ppo.group_std_level={level}")
+    assert cfg.ppo.convention.group_std_level.value == level
