@@ -286,7 +286,7 @@ class AdvantageEstimator(StrEnum):
     - ``opo``: ``s − Σ_G L_j s_j / Σ_G L_j``, the length-weighted group mean (verl ``opo``);
     - ``gpg``: ``α·(s − μ_G)``, ``α = B / #{j : s_j ≠ 0}`` over the batch (verl ``gpg``);
     - ``grpo-passk``: ``(s_max − s_2nd)/(σ_G + ε)`` for the group's unique best row, 0 elsewhere
-      (verl ``grpo_passk``);
+      (verl ``grpo_passk``); ``group_std``, ``group_eps`` and ``group_std_level`` apply as for ``grpo``;
     - ``flash-reinforce``: ``s − (1/B) Σ_j s_j``, the batch mean, no group (OpenRLHF
       ``flash_reinforce``).
     """
@@ -359,7 +359,8 @@ class GroupKL(StrEnum):
 
 
 class GroupStdLevel(StrEnum):
-    """Over which rows ``grpo``'s σ is taken (the mean is always the group's, ``μ_G(i)``).
+    """Over which rows the σ of ``grpo`` and ``grpo-passk`` is taken (the mean is always the group's,
+    ``μ_G(i)``).
 
     - ``group``: ``σ_G`` of the row's group around ``μ_G`` (verl, OpenRLHF, SkyRL, TRL
       ``scale_rewards="group"``; refppo default);

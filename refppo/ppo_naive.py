@@ -36,7 +36,7 @@ from refppo.conventions import (
     Whitening,
 )
 from refppo.core.gae import gae_naive
-from refppo.core.group import group_advantages_naive
+from refppo.core.group import GROUP_ESTIMATORS, group_advantages_naive
 from refppo.core.kl import token_kl_naive
 from refppo.core.normalize import normalize_naive
 from refppo.core.rewards import token_rewards_naive
@@ -178,20 +178,28 @@ def rollout_quantities_naive(
 def _group_naive(
     rewards: Tensor, vmask: Tensor, mask: Tensor, conv: Convention, group_index: Tensor | None
 ) -> Tensor:
-    """The supported critic-free estimators: the core's naive group twin on the folded scores."""
-    supported = (AdvantageEstimator.GRPO, AdvantageEstimator.DR_GRPO, AdvantageEstimator.RLOO)
-    if conv.advantage not in supported or conv.group_kl is not GroupKL.FOLD or group_index is None:
+    """Every critic-free estimator but ``reinforce++``: the core's naive group twin on the folded scores.
+
+    ``reinforce++-baseline`` is ``s − μ_G`` here (its whitening is step 4's, as in the pipeline);
+    ``flash-reinforce`` needs no ``group_index``.
+    """
+    est = conv.advantage
+    supported = (*GROUP_ESTIMATORS, AdvantageEstimator.FLASH_REINFORCE)
+    needs_groups = est is not AdvantageEstimator.FLASH_REINFORCE
+    if est not in supported or conv.group_kl is not GroupKL.FOLD or (needs_groups and group_index is None):
         raise ConventionError(
-            "rollout_quantities_naive: critic-free supports grpo, dr-grpo, rloo with group_kl=fold "
-            "and a group_index"
+            "rollout_quantities_naive: critic-free supports the group estimators (with a group_index) "
+            "and flash-reinforce, with group_kl=fold"
         )
+    if est is AdvantageEstimator.REINFORCE_PP_BASELINE:
+        est = AdvantageEstimator.DR_GRPO  # the same s − μ_G; the naive core twin would whiten it too
     rows, vm = rewards.tolist(), vmask.tolist()
     folded = [sum(r for r, ok in zip(row, m, strict=True) if ok) for row, m in zip(rows, vm, strict=True)]
     return group_advantages_naive(
         torch.tensor(folded, dtype=rewards.dtype),
         group_index,
         mask,
-        estimator=conv.advantage,
+        estimator=est,
         unbiased_std=conv.group_std is Variance.UNBIASED,
         std_level=conv.group_std_level,
         eps=conv.group_eps,

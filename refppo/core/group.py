@@ -1,4 +1,5 @@
-"""Critic-free advantages: group baselines (GRPO, Dr. GRPO, RLOO) and whitened returns (REINFORCE++).
+"""Critic-free advantages: group baselines (GRPO, Dr. GRPO, RLOO, OPO, GPG, GRPO pass@k), the batch
+baseline (Flash-REINFORCE) and whitened returns (REINFORCE++).
 
 Row ``i`` answers prompt ``g(i)`` (``group_index``); its group is ``G_i = {j : g(j) = g(i)}``,
 ``n = |G_i|``, with outcome score ``s_i``. The scalar advantage ``a_i`` of each estimator::
@@ -14,6 +15,16 @@ Row ``i`` answers prompt ``g(i)`` (``group_index``); its group is ``G_i = {j : g
     dr-grpo               a_i = s_i − μ_G                        (Liu et al. 2025, "Dr. GRPO")
     rloo                  a_i = s_i − (1/(n−1)) Σ_{j∈G, j≠i} s_j (Ahmadian et al. 2024)
     reinforce++-baseline  a_i = s_i − μ_G, then whitened over the batch's valid tokens
+    opo                   a_i = s_i − Σ_{j∈G} L_j s_j / Σ_{j∈G} L_j   L_j = row j's valid tokens
+                                                                 (verl ``opo``: length-weighted mean)
+    gpg                   a_i = α·(s_i − μ_G)                    α = B / max(#{j : s_j ≠ 0}, 1) over
+                                                                 the batch (verl ``gpg``)
+    grpo-passk            a_i = (s_i − s_2nd(G)) / (σ_G + ε)     for the group's unique best row
+                                                                 (s_i = max_G s), 0 for every other
+                                                                 row (verl ``grpo_passk``); σ_G, ε
+                                                                 and std_level as for grpo
+    flash-reinforce       a_i = s_i − (1/B) Σ_{j∈batch} s_j      the batch mean: no group_index
+                                                                 (OpenRLHF ``flash_reinforce``)
 
 ``a_i`` is broadcast over the row's valid tokens (``A_{i,t} = a_i·m_{i,t}``); padded positions
 are exactly 0 and never read. An optional per-token ``token_penalty`` ``p`` (e.g. ``−β·KL_t``)
@@ -23,13 +34,14 @@ is added as its return-to-go, ``A_{i,t} = a_i + Σ_{k≥t, m_k=1} p_{i,k}`` (Ope
 (``scores = token_level_rewards.sum(-1)``): pass ``scores = s − β·Σ_t KL_t`` and no penalty.
 
 REINFORCE++ (Hu 2025, :func:`reinforce_pp_advantages`) needs no group: the discounted
-return-to-go of the token rewards ``R_t = Σ_{k≥t} γ^{k−t} r_k`` (interior holes transparent), whitened
-over the batch's valid tokens: ``A = (R − μ)/sqrt(σ² + ε)`` (verl) or ``(R − μ)/sqrt(max(σ², ε))``
-(OpenRLHF).
+return-to-go of the token rewards ``R_t = Σ_{k≥t} γ^{k−t} r_k`` (across interior holes by ``holes``,
+as GAE's ``gae_holes``), whitened over the batch's valid tokens: ``A = (R − μ)/sqrt(σ² + ε)`` (verl)
+or ``(R − μ)/sqrt(max(σ², ε))`` (OpenRLHF).
 
 A group of one (``n = 1``) has no leave-one-out mean and no unbiased std; ``singleton`` says what
 happens: ``error`` (refppo default; OpenRLHF ``cli/train_ppo_ray.py`` asserts
-``n_samples_per_prompt > 1``), ``score`` (μ := 0, σ := 1, so ``a_i = s_i/(1+ε)`` or ``s_i``: verl
+``n_samples_per_prompt > 1``), ``score`` (μ := 0, σ := 1, so ``a_i = s_i/(1+ε)`` or ``s_i``, and
+``α·s_i`` under ``gpg``; refused under ``grpo-passk``, which has no second-best score there: verl
 0.9.1 ``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage``,
 ``compute_reinforce_plus_plus_baseline_outcome_advantage``; SkyRL-train 0.3.1 likewise), ``zero``
 (``a_i = 0``: verl ``compute_rloo_vectorized_outcome_advantage``, OpenRLHF ``dr_grpo``/

@@ -132,7 +132,13 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
         ]
         del rollouts
         # every re-checked candidate failing means the staged search itself is off: trust none of it
-        convs = head + convs[VERIFIED:] if head else []
+        if head and dump.has("grad_logprobs"):
+            # k3 and k3+ share every value: the gradient re-check above tells them apart; drop the
+            # unchecked tail's estimators that the re-check rejected outright
+            rejected = {c["kl_estimator"] for c in convs[:VERIFIED]} - {c["kl_estimator"] for c in head}
+            convs = head + [c for c in convs[VERIFIED:] if c["kl_estimator"] not in rejected]
+        else:
+            convs = head + convs[VERIFIED:] if head else []
         n_total = sum(g.n_equiv for g in matched)
         keys = list(base_json) + [k for k in HP_KEYS if convs and k in convs[0]]
         undetermined = sorted(k for k in keys if len({repr(c.get(k)) for c in convs}) > 1)

@@ -53,9 +53,17 @@ SOLVE_GROUPS = 3
 Option = tuple[dict[str, Any], dict[str, Any], bytes]
 
 
-_KL_VALUES = tuple(e for e in KLEstimator if not e.straight_through)
-"""The KL estimators told apart by their values: a straight-through ``k3+`` has ``k3``'s value (only
-its gradient differs; :mod:`refppo.oracle.grad_diagnose` names it from ``grad_logprobs``)."""
+def kl_candidates(own: KLEstimator, has_grad: bool) -> tuple[KLEstimator, ...]:
+    """The KL estimators the KL stage tries.
+
+    A straight-through ``k3+`` has ``k3``'s value (only its gradient differs), so both give identical
+    stage outputs and merge into one group; with ``grad_logprobs`` in the dump every estimator is kept
+    and the pipeline re-check keeps whichever fits the gradient. Without gradients the pair is a genuine
+    equivalence: one of them is kept, the base's own where it is one of the pair (else the plain one).
+    """
+    if has_grad:
+        return tuple(KLEstimator)
+    return tuple(e for e in KLEstimator if e == own or (not e.straight_through and e != own.base))
 
 
 @dataclass
@@ -239,9 +247,10 @@ class Search:
         if own not in clamp_opts:
             clamp_opts.append(own)
         has_lp = "logprobs" in t
+        kl_values = kl_candidates(KLEstimator(self.base.conv.kl_estimator), self.dump.has("grad_logprobs"))
 
         def make(extra: list[tuple[str, dict[str, Any]]] | None) -> Callable[[Group], Iterable[Option]]:
-            pairs = [(e.value, cl) for e in _KL_VALUES for cl in clamp_opts] + list(extra or [])
+            pairs = [(e.value, cl) for e in kl_values for cl in clamp_opts] + list(extra or [])
 
             def opts(g: Group) -> Iterable[Option]:
                 for est, cl in pairs:
@@ -261,7 +270,7 @@ class Search:
                 return []
             tol = self.tol.of(float(t["kl"].abs().max()))
             out = []
-            for est in _KL_VALUES:
+            for est in kl_values:
                 for b in read_kl_clamps(t["kl"], t["old_logprobs"], t["ref_logprobs"], m, est.value, tol):
                     if b not in clamp_opts:
                         out.append((est.value, b))

@@ -80,10 +80,12 @@ def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str
         if est in ("gae", "reinforce++"):
             out.append({**own, "advantage": est})
             continue
-        stds = [v.value for v in Variance] if est == "grpo" else [own["group_std"]]
+        # grpo and grpo-passk read the std, its ε and its level (refppo.core.group.group_advantages)
+        by_std = est in ("grpo", "grpo-passk")
+        stds = [v.value for v in Variance] if by_std else [own["group_std"]]
         for kl in kls:
-            for std, level in ((d, lv) for d in stds for lv in (levels if est == "grpo" else levels[:1])):
-                for eps in eps_all if est == "grpo" else [own["group_eps"]]:
+            for std, level in ((d, lv) for d in stds for lv in (levels if by_std else levels[:1])):
+                for eps in eps_all if by_std else [own["group_eps"]]:
                     for single in singles if est != "flash-reinforce" else [own["group_singleton"]]:
                         upd = {"advantage": est, "group_kl": kl, "group_std": std, "group_eps": eps}
                         out.append({**upd, "group_std_level": level, "group_singleton": single})
@@ -121,9 +123,12 @@ def estimator_stage(s: Search, groups: list[Group]) -> list[Group]:
                         for gu, st, key in gae_options(s, g, pads, holes):
                             yield {**upd, **gu}, st, key
                     continue
-                opt = _critic_free(s, g, upd)
-                if opt is not None:
-                    yield opt
+                # reinforce++'s return-to-go crosses interior holes by gae_holes (the pipeline reads it)
+                walk = [GaeHoles(h).value for h in holes] if upd["advantage"] == "reinforce++" else [None]
+                for h in walk:
+                    opt = _critic_free(s, g, upd if h is None else {**upd, "gae_holes": h})
+                    if opt is not None:
+                        yield opt
 
         return opts
 

@@ -300,3 +300,43 @@ def test_trl_tracer_says_when_it_never_saw_the_step() -> None:
 
     with pytest.raises(RuntimeError, match=r"never saw `approxkl` in _FakePPOTrainer.train \(PPO epoch 5\)"):
         trace_ppo_step(_FakePPOTrainer(), epoch=5)
+
+
+@pytest.mark.parametrize(
+    ("name", "est"),
+    [
+        ("kl+", "k1+"),
+        ("k1+", "k1+"),
+        ("low_var_kl+", "k3+"),
+        ("k3+", "k3+"),
+        ("abs+", "abs+"),
+        ("mse+", "k2"),
+        ("k2+", "k2"),
+    ],
+)
+def test_verl_hparams_map_the_straight_through_kl_names(name: str, est: str) -> None:
+    """verl's ``+`` names (tools/validate_kl_straight_through.py runs verl 0.9.1's kl_penalty on them)."""
+    cfg: dict[str, Any] = {
+        "algorithm": {"use_kl_in_reward": False},
+        "actor_rollout_ref": {"actor": {"use_kl_loss": True, "kl_loss_type": name, "kl_loss_coef": 0.02}},
+    }
+    hp, conv = verl_hparams(cfg)
+    assert (conv["kl_estimator"], conv["kl_in"], hp["kl_coef"]) == (est, "loss", 0.02)
+    cfg["actor_rollout_ref"]["actor"]["use_kl_loss"] = False
+    cfg["algorithm"].update(use_kl_in_reward=True, kl_penalty=name, kl_ctrl={"kl_coef": 0.07})
+    assert verl_hparams(cfg)[1]["kl_estimator"] == est
+
+
+def test_verl_kl_map_agrees_with_the_peer_validated_names() -> None:
+    """The names tools/validate_kl_straight_through.py checks against verl's code map as the adapter does."""
+    import importlib.util
+    from pathlib import Path
+
+    from refppo.capture.adapters.verl import VERL_KL
+
+    tool = Path(__file__).resolve().parents[2] / "tools" / "validate_kl_straight_through.py"
+    spec = importlib.util.spec_from_file_location("validate_kl_straight_through", tool)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.NAMES and {k: VERL_KL.get(k) for k in mod.NAMES} == mod.NAMES

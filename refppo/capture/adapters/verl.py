@@ -72,6 +72,15 @@ VERL_KL: dict[str, str] = {
     "low_var_kl": "k3",
     "k3": "k3",
     "abs": "abs",
+    # straight-through (verl 0.9.1 core_algos.kl_penalty: the base's value, ½d²'s gradient);
+    # k2+/mse+ return plain k2 there (½d²'s value and gradient either way)
+    "kl+": "k1+",
+    "k1+": "k1+",
+    "low_var_kl+": "k3+",
+    "k3+": "k3+",
+    "abs+": "abs+",
+    "mse+": "k2",
+    "k2+": "k2",
 }
 """verl's ``kl_penalty`` / ``kl_loss_type`` names → refppo's ``kl_estimator``."""
 
