@@ -46,12 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 PEERS_ROOT = Path(os.environ.get("REFPPO_PEERS_ROOT", "/work/peervenv"))
 VENVS: dict[str, str] = {"trl": "trl", "trl-grpo": "trl", "skyrl-areal": "areal"}
 """Side venv → the preset its dumps are checked under."""
-DETECT_GAPS: dict[str, str] = {
-    "areal_grpo_grpo_reward_scale_clip": (
-        "--detect searches no score_scale / score_clip with a group estimator (0 conventions "
-        "detected; refppo/oracle/search_estimator.py walks advantage, group_kl, group_std, group_eps)"
-    ),
-}
+DETECT_GAPS: dict[str, str] = {}
 """Case name → why ``--detect`` does not list its generating convention (named, reported; the
 preset reproduction and the control are still required)."""
 

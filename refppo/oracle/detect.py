@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from refppo.core.gae import has_holes
+from refppo.errors import RefPPOError
 from refppo.oracle.diagnose import alt_json, check
 from refppo.oracle.fastcheck import RolloutMemo
 from refppo.oracle.load import Dump
@@ -119,6 +120,7 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
             for c in convs:
                 for k in HP_KEYS:
                     c.setdefault(k, getattr(base.hp, k))
+        convs = [c for c in convs if _valid(base, c)]  # an expanded class may pair refused keys
         convs.sort(key=lambda c: _distance({**base_json, **_hp_json(base)}, c))
         for g in groups:  # the search's [B, T] states are not read again: free them before the re-checks
             g.state = {}
@@ -170,3 +172,12 @@ def setup_from_json(base: Setup, conv: dict[str, Any]) -> Setup:
 
 
 __all__ = ["Detection", "detect", "setup_from_json"]
+
+
+def _valid(base: Setup, c: dict[str, Any]) -> bool:
+    """False when the setting ``c`` is refused (e.g. ``group_kl=to_go`` with ``whiten_rewards``)."""
+    try:
+        setup_from_json(base, c)
+    except RefPPOError:
+        return False
+    return True

@@ -24,6 +24,7 @@ tensor (:func:`_carry_dumped`), so the policy and value conventions are still id
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from itertools import product
 from typing import Any
@@ -70,10 +71,16 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
     ex = s.base.extras
     clip_opts: list[float | None] = list(dict.fromkeys([None, 5.0, 10.0, ex.score_clip]))
     checkable = "token_rewards" in t
+    extra_maps: list[tuple[float, float]] = []
+    if not checkable:  # a group estimator's dump: the clip read off ``returns`` (scale cancels in σ)
+        for k, c in solve_group_score_clip(s, groups):
+            s.propose_value("score_clip", c)
+            clip_opts.append(c)
+            extra_maps.append((ex.score_bias, k))
 
     def make(extra: list[tuple[float, float]] | None) -> Callable[[Group], Iterable[Option]]:
         """``extra``: None on the first walk, then the solved score maps (maybe none)."""
-        maps = list(dict.fromkeys([(ex.score_bias, ex.score_scale), *(extra or [])]))
+        maps = list(dict.fromkeys([(ex.score_bias, ex.score_scale), *extra_maps, *(extra or [])]))
         wr_opts = _whiten_reward_opts(s, walk_all=extra is not None or not checkable)
 
         def opts(g: Group) -> Iterable[Option]:
@@ -342,3 +349,109 @@ def _carry_dumped(groups: list[Group], key: str, dumped: Tensor, mask: Tensor | 
     for g in groups:  # compared where the stage compares: the response mask, or the group's value mask
         given = torch.where(g.state["vm"] if mask is None else mask, dumped, zero)
         g.state = {**g.state, key: given}
+
+
+PEER_GROUP_EPS = (1e-5, 1e-6, 1e-4)
+"""``group_eps`` a solved scale is read against: AReaL 1e-5, verl/SkyRL 1e-6, TRL GRPOTrainer 1e-4."""
+
+
+def solve_group_score_clip(s: Search, groups: list[Group]) -> list[tuple[float, float]]:
+    """``(k, C)`` of ``s' = clip((s + b)·k, ±C)`` read off a group-normalised dump's ``returns``.
+
+    Within a group the raw advantage at t = 0 is affine in the mapped score,
+    ``a_i = α·s'_i + β`` (``(s' − μ_G)/(σ_G + ε)``, GRPO; ``s' − μ_G``, Dr. GRPO); the unclipped
+    rows (``s'_i = (s_i + b)·k₀``, the setting's own ``b, k₀``) fix the line through the most rows,
+    and each row off it was clipped: ``C₀ = |(a_i − β)/α|``, a median all such rows agree on (within
+    1 %). The scale cancels in ``(s' − μ)/σ`` but for ε: under ``k = r·k₀`` the data reads
+    ``ε/r``, so ``r = ε/ε_read`` (``ε`` the setting's ``group_eps`` or one of
+    :data:`PEER_GROUP_EPS`, kept when ``r`` is round; ``ε_read`` off the rows as
+    :func:`refppo.oracle.search_estimator.solve_group_eps` does). Proposed: ``(k₀, C₀)`` and
+    ``(r·k₀, r·C₀)``, rounded by :func:`refppo.oracle.solve.nice`; every candidate is re-checked
+    through the pipeline. Needs ``returns`` and ``group_index`` (else ``[]``). With a reward KL
+    (``group_kl=to_go``) the KL's return at t = 0 (:func:`token_rewards` with zero scores, summed)
+    is taken off ``returns`` first, for each KL of the nearest groups.
+    """
+    t = s.t
+    if "returns" not in t or "group_index" not in t:
+        return []
+    ret0 = t["returns"][:, 0].double()
+    rests = [torch.zeros_like(ret0)]
+    if s.hp.kl_coef > 0:
+        for g in groups[:SOLVE_GROUPS]:
+            kl_r = token_rewards(torch.zeros_like(t["scores"]), g.state["kl"], s.m, s.hp.kl_coef)
+            rests.append((kl_r.double() * s.m).sum(1))
+    out: list[tuple[float, float]] = []
+    for rest in rests:
+        out += _solve_clip(s, [float(v) for v in ret0 - rest])
+    return list(dict.fromkeys(out))[:4]
+
+
+def _solve_clip(s: Search, a: list[float]) -> list[tuple[float, float]]:
+    """:func:`solve_group_score_clip` for one reading of the score part ``a`` of ``returns[:, 0]``."""
+    t, ex = s.t, s.base.extras
+    x = [float(v) for v in (t["scores"].double() + ex.score_bias) * ex.score_scale]
+    gi = t["group_index"]
+    groups = [(gi == g).nonzero().flatten().tolist() for g in torch.unique(gi)]
+    med = _scan_clip(groups, torch.tensor(x, dtype=torch.float64), torch.tensor(a, dtype=torch.float64))
+    if med is None:
+        return []
+    c0 = nice(med)[0]
+    out = [(ex.score_scale, c0)]
+    y = [min(max(v, -c0), c0) for v in x]
+    eps_read = _eps_read(groups, y, a)
+    for eps in dict.fromkeys([s.base.conv.group_eps, *PEER_GROUP_EPS]):
+        if eps_read is None or eps <= 0:
+            break
+        ratio = eps / eps_read
+        r = nice(ratio)[0]  # a round ratio only (≤ 2 digits): a configured scale, not noise
+        if abs(r - ratio) <= 1e-3 * ratio and float(f"{r:.2g}") == r and r != 1.0:
+            out.append((nice(ex.score_scale * r)[0], nice(c0 * r)[0]))
+    return list(dict.fromkeys(out))[:4]
+
+
+def _eps_read(groups: list[list[int]], y: list[float], a: list[float]) -> float | None:
+    """``ε = (y_i − μ_G)/a_i − σ_G`` (unbiased σ) over rows with ``a_i ≠ 0``: the median if all agree."""
+    eps: list[float] = []
+    for rows in groups:
+        if len(rows) < 2:
+            continue
+        g = [y[i] for i in rows]
+        mu = sum(g) / len(g)
+        sd = math.sqrt(sum((v - mu) ** 2 for v in g) / (len(g) - 1))
+        eps += [(y[i] - mu) / a[i] - sd for i in rows if a[i] != 0.0 and y[i] != mu]
+    if not eps:
+        return None
+    med = sorted(eps)[len(eps) // 2]
+    return med if med > 0 and max(abs(e - med) for e in eps) <= 0.01 * med else None
+
+
+def _zscore(v: Tensor, groups: list[list[int]]) -> Tensor:
+    """``v`` (``[..., B]``) centred and scaled to unit std within each group of two rows or more."""
+    out = torch.zeros_like(v)
+    for rows in (r for r in groups if len(r) > 1):
+        g = v[..., rows]
+        c = g - g.mean(-1, keepdim=True)
+        out[..., rows] = c / c.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return out
+
+
+def _scan_clip(groups: list[list[int]], x: Tensor, a: Tensor) -> float | None:
+    """The ``C`` whose ``clip(x, ±C)`` has the group z-scores of ``a`` (ε aside): a grid over
+    ``(0, max|x|)`` refined by bisection-free narrowing; None when no ``C`` fits within 1e-4
+    or the best ``C`` clips nothing."""
+    za = _zscore(a, groups)
+    top = float(x.abs().max())
+    if top == 0.0:
+        return None
+    lo, hi = 1e-4 * top, top
+    best = lo
+    for _ in range(6):
+        cs = torch.linspace(lo, hi, 401, dtype=torch.float64)
+        y = torch.maximum(torch.minimum(x.unsqueeze(0), cs.unsqueeze(1)), -cs.unsqueeze(1))
+        err = (_zscore(y, groups) - za).abs().amax(-1)
+        k = int(err.argmin())
+        best, step = float(cs[k]), float(cs[1] - cs[0])
+        lo, hi = max(best - step, 1e-12), best + step
+    y = x.clamp(-best, best)
+    ok = float((_zscore(y, groups) - za).abs().max()) <= 1e-4
+    return best if ok and best < top * (1 - 1e-9) else None
