@@ -56,6 +56,7 @@ a tolerance (the peers share this: verl/SkyRL divide the same ``torch.mean``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -186,6 +187,20 @@ def group_scalar_advantages(
     """
     est = parse(AdvantageEstimator, estimator, what="estimator")
     level = parse(GroupStdLevel, std_level, what="std_level")
+    s = _check_scalar_inputs(est, scores, eps, singleton)
+    if est is AdvantageEstimator.FLASH_REINFORCE:
+        return _flash_reinforce(s, group_index, all_reduce)
+    grp = _groups(est, s, group_index, singleton)
+    sigma = None
+    if scale_by_std and est in (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK):
+        sigma = _sigma(s, grp.mu, grp.inv, level, unbiased_std, all_reduce)
+    a, raw = _centred(est, s, grp, sigma, eps, lengths, all_reduce)
+    zero = torch.zeros_like(a)
+    return torch.where(grp.single, raw if singleton == "score" else zero, a)
+
+
+def _check_scalar_inputs(est: AdvantageEstimator, scores: SeqFloat, eps: float, singleton: str) -> Tensor:
+    """The checked ``scores`` ``[B]`` (B ≥ 1) of a group (or batch-baseline) estimator ``est``."""
     if est not in GROUP_ESTIMATORS and est is not AdvantageEstimator.FLASH_REINFORCE:
         raise HyperparameterError(
             f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)"
@@ -195,11 +210,37 @@ def group_scalar_advantages(
         raise ShapeError(f"scores: expected shape [B] (batch) with B >= 1, got {list(s.shape)}")
     check_nonneg("eps", eps)
     _check_options(singleton, "add")
-    if est is AdvantageEstimator.FLASH_REINFORCE:
-        if group_index is not None:  # unused (no group), but a malformed one is still named
-            _check_group_index(group_index, s.shape[0], s.device)
-        n_sum = _batch_stats(torch.stack([torch.ones_like(s).sum(), s.sum()]), all_reduce)
-        return s - n_sum[1] / n_sum[0]
+    return s
+
+
+def _flash_reinforce(s: Tensor, group_index: Tensor | None, all_reduce: AllReduce | None) -> Tensor:
+    """``flash-reinforce``: ``a_i = s_i − (1/B) Σ_j s_j`` over the whole batch (every rank's)."""
+    if group_index is not None:  # unused (no group), but a malformed one is still named
+        _check_group_index(group_index, s.shape[0], s.device)
+    n_sum = _batch_stats(torch.stack([torch.ones_like(s).sum(), s.sum()]), all_reduce)
+    return s - n_sum[1] / n_sum[0]
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The batch's groups (``K`` of them, renumbered ``0..K−1`` in ``group_index`` order)."""
+
+    inv: Tensor
+    """``[B]`` long: the group of each row."""
+    K: int
+    """The number of groups."""
+    n_i: Tensor
+    """``[B]``: the size ``n`` of each row's group (scores' dtype)."""
+    total: Tensor
+    """``[K]``: each group's score sum ``Σ_{j∈G} s_j``."""
+    mu: Tensor
+    """``[B]``: each row's group mean ``μ_G``."""
+    single: Tensor
+    """``[B]`` bool: the rows alone in their group (``n = 1``)."""
+
+
+def _groups(est: AdvantageEstimator, s: Tensor, group_index: Tensor | None, singleton: str) -> _Groups:
+    """The groups of ``group_index`` (checked), refusing groups of one by ``singleton``."""
     if group_index is None:
         raise ShapeError(
             f"group_index: estimator {est.value!r} needs group_index [B] (the prompt of each row)"
@@ -220,30 +261,39 @@ def group_scalar_advantages(
             "singleton: grpo-passk has no second-best score in a group of one; use 'error' (verl) or 'zero'"
         )
     total = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, s)
-    mu = (total / n)[inv]
-    sigma = None
-    if scale_by_std and est in (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK):
-        sigma = _sigma(s, mu, inv, level, unbiased_std, all_reduce)
-    raw = s  # a group of one under singleton='score': μ := 0, σ := 1
+    return _Groups(inv, K, n_i, total, (total / n)[inv], single)
+
+
+def _centred(
+    est: AdvantageEstimator,
+    s: Tensor,
+    grp: _Groups,
+    sigma: Tensor | None,
+    eps: float,
+    lengths: SeqFloat | None,
+    all_reduce: AllReduce | None,
+) -> tuple[Tensor, Tensor]:
+    """``(a, raw)`` ``[B]``: each row's advantage by ``est`` (module docstring's table; ``σ`` scales
+    ``grpo``/``dr-grpo``/``reinforce++-baseline`` when given), and ``raw``, its value for a group of
+    one under ``singleton='score'`` (``μ := 0``, ``σ := 1``)."""
+    inv, K = grp.inv, grp.K
     if est is AdvantageEstimator.RLOO:
-        a = s - (total[inv] - s) / torch.clamp(n_i - 1, min=1)
-    elif est is AdvantageEstimator.OPO:
+        return s - (grp.total[inv] - s) / torch.clamp(grp.n_i - 1, min=1), s
+    if est is AdvantageEstimator.OPO:
         L = _lengths(lengths, s)
         num = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, L * s)
         den = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, L)
-        a = s - (num / den)[inv]
-    elif est is AdvantageEstimator.GRPO_PASSK:
-        a = _passk(s, inv, K, sigma, eps)
-    elif est is AdvantageEstimator.GPG:
+        return s - (num / den)[inv], s
+    if est is AdvantageEstimator.GRPO_PASSK:
+        return _passk(s, inv, K, sigma, eps), s
+    if est is AdvantageEstimator.GPG:
         b_nz = _batch_stats(torch.stack([torch.ones_like(s).sum(), (s != 0).to(s.dtype).sum()]), all_reduce)
         alpha = b_nz[0] / torch.clamp(b_nz[1], min=1)
-        a, raw = alpha * (s - mu), alpha * s
-    else:
-        a = s - mu
-        if sigma is not None:
-            a, raw = a / (sigma + eps), s / (1.0 + eps)
-    zero = torch.zeros_like(a)
-    return torch.where(single, raw if singleton == "score" else zero, a)
+        return alpha * (s - grp.mu), alpha * s
+    a = s - grp.mu
+    if sigma is None:
+        return a, s
+    return a / (sigma + eps), s / (1.0 + eps)
 
 
 def _lengths(lengths: SeqFloat | None, s: Tensor) -> Tensor:
