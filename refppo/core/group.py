@@ -180,7 +180,7 @@ def _flash_reinforce(s: Tensor, group_index: Tensor | None, all_reduce: AllReduc
 
 @dataclass(frozen=True)
 class _Groups:
-    """The batch's ``K`` groups, renumbered ``0..K−1`` in ``group_index`` order: ``inv`` ``[B]`` (long)
+    """The batch's ``K`` groups, renumbered ``0..K−1`` by sorted prompt id: ``inv`` ``[B]`` (long)
     each row's group, ``n_i`` ``[B]`` its size ``n``, ``total`` ``[K]`` each group's ``Σ_{j∈G} s_j``,
     ``mu`` ``[B]`` each row's ``μ_G``, ``single`` ``[B]`` (bool) the rows alone in their group."""
 
