@@ -81,7 +81,9 @@ def test_a_real_older_release_run_resumes_to_what_that_release_computed(
     assert expected["commit"].startswith(rev) and expected["fixture_iterations"] == 1
 
     assert f"resumed from {out / 'checkpoints' / 'iter_000001'} (iteration 1)" in printed
-    [line] = [ln for ln in printed.splitlines() if "older refppo" in ln]
+    said = [ln for ln in printed.splitlines() if "older refppo" in ln]
+    assert len(said) == 1, f"the absent keys are not named in one line: {printed!r}"
+    line = said[0]
     head, _, names = line.partition("accepted at their defaults: ")
     assert (
         head == f"--resume: checkpoint written by an older refppo without {len(ABSENT[rev])} config key(s), "
