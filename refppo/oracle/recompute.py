@@ -33,7 +33,7 @@ from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
 from refppo.core.policy import policy_ratio
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
-from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, validate
+from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, trim_heap, validate
 from refppo.oracle.settings import Setup
 from refppo.pipeline import clipped_scores as clipped_scores  # moved to the pipeline (step 0)
 from refppo.pipeline import gae_by_rows, rollout_quantities, update_quantities
@@ -238,9 +238,11 @@ def recompute(
     ``rollout``: such a ``rollout_only`` result for the same ``setup`` and ``bug``, continued with
     the update stage instead of recomputing steps 1–4 (the same values: the same calls made them).
     """
+    trim_heap()  # what earlier stages freed is not resident under this one's peak
     ro = _rollout_reference(dump, setup, bug) if rollout is None else rollout
     if rollout_only:
         return ro
+    trim_heap()
     return _with_update(dump, setup, ro)
 
 
