@@ -246,12 +246,10 @@ def rollout_quantities(
     return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
 
 
-ROW_BLOCK_ELEMENTS = 1 << 20
-"""Elements per row block of :func:`gae_by_rows` (4 MiB of float32)."""
-
-UPDATE_BLOCK_ELEMENTS = 1 << 18
-"""Elements per row block of :func:`update_quantities` without autograd (1 MiB of float32: each
-loss holds about eight block-sized temporaries at once, next to its ``[B, T]`` output buffers)."""
+ROW_BLOCK_ELEMENTS = 1 << 18
+"""Elements per row block of :func:`gae_by_rows` and of :func:`update_quantities` without autograd
+(1 MiB of float32: GAE's scan and each loss hold about eight block-sized temporaries at once, and
+glibc keeps freed blocks of this size in its heap, so smaller blocks leave less resident)."""
 
 
 def gae_by_rows(
@@ -436,16 +434,15 @@ def policy_term(
 
 
 def update_rows(mask: Tensor, *inputs: Tensor | None) -> int | None:
-    """Rows per block of :func:`update_quantities`: about :data:`UPDATE_BLOCK_ELEMENTS` elements' worth
+    """Rows per block of :func:`update_quantities`: about :data:`ROW_BLOCK_ELEMENTS` elements' worth
     when there is no autograd graph to build (grad mode off, or no input requires a gradient);
     None (the whole batch at once) under autograd or for a batch of at most
     :data:`ROW_BLOCK_ELEMENTS` elements."""
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
         return None
     B, T = mask.shape
-    if B * T <= ROW_BLOCK_ELEMENTS:
-        return None
-    return max(1, UPDATE_BLOCK_ELEMENTS // max(T, 1))
+    step = max(1, ROW_BLOCK_ELEMENTS // max(T, 1))
+    return None if step >= B else step
 
 
 def update_quantities(

@@ -40,7 +40,7 @@ from refppo.core.policy import (
 )
 from refppo.core.value import ValueLossOutput, check_value_clip, value_terms
 from refppo.errors import HyperparameterError
-from refppo.validate import check_bt, check_mask, check_positive, check_same_dtype
+from refppo.validate import check_bt, check_mask, check_positive, check_same_dtype, count_true
 
 
 def row_blocks(B: int, rows: int) -> Iterator[slice]:
@@ -108,7 +108,7 @@ def policy_loss_by_rows(
 
     B = m.shape[0]
     with torch.no_grad():
-        n = float(m.sum())
+        n = float(count_true(m))  # = m.sum(), without its int64 [B, T] copy of the mask
         per_token = torch.empty_like(logp)
         for r in row_blocks(B, rows):  # d first: its sums are approx_kl's
             per_token[r] = log_ratio_terms(logp[r], logp_old[r], m[r], None)[0]
@@ -173,7 +173,7 @@ def value_loss_by_rows(
         if eps_v is None:
             clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
         else:
-            clipfrac = _count(n_clip, values) / m.sum().to(values.dtype)
+            clipfrac = _count(n_clip, values) / count_true(m).to(values.dtype)
         loss = aggregate_masked(
             per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
         )

@@ -82,9 +82,10 @@ def compare(
     return QuantityResult(name, max_abs, max_rel, t, finite and max_abs <= t, pad)
 
 
-_CHUNK_ELEMENTS = 1 << 20
-"""Elements of one row block of :func:`_row_blocks` (4 MiB of float32): a ``[B, T]`` comparison
-allocates its temporaries per block, never at full size (a B=1024, T=8192 float32 dump: 33.5 MB each)."""
+_CHUNK_ELEMENTS = 1 << 18
+"""Elements of one row block of :func:`_row_blocks` (1 MiB of float32): a ``[B, T]`` comparison
+allocates its temporaries per block, never at full size (a B=1024, T=8192 float32 dump: 33.5 MB
+each); small blocks, because glibc keeps freed blocks of a few MiB resident in its heap."""
 
 
 def _row_blocks(n_rows: int, row_len: int) -> list[slice]:

@@ -37,6 +37,7 @@ from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, trim_heap, va
 from refppo.oracle.settings import Setup
 from refppo.pipeline import clipped_scores as clipped_scores  # moved to the pipeline (step 0)
 from refppo.pipeline import gae_by_rows, rollout_quantities, update_quantities
+from refppo.validate import count_true
 
 PIPELINE_ORDER: tuple[str, ...] = (
     "kl",
@@ -148,7 +149,7 @@ def pg_tie_share(
 ) -> Tensor:
     """Share of valid tokens of :func:`pg_tie_mask`."""
     near = pg_tie_mask(logprobs, old, adv, mask, setup, rtol)
-    return near.sum().to(logprobs.dtype) / mask.sum().to(logprobs.dtype)
+    return count_true(near).to(logprobs.dtype) / count_true(mask).to(logprobs.dtype)  # no int64 mask copies
 
 
 def _clip_ratio(logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup) -> Tensor:
@@ -192,7 +193,7 @@ def vf_tie_widen(
 ) -> float:
     """Share of value-mask tokens of :func:`vf_tie_mask`."""
     near = vf_tie_mask(values, old, returns, mask, eps_v, rtol)
-    return float(near.sum().to(values.dtype) / mask.sum().to(values.dtype))
+    return float(count_true(near).to(values.dtype) / count_true(mask).to(values.dtype))
 
 
 def vf_tie_mask(

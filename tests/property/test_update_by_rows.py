@@ -199,8 +199,7 @@ def test_update_quantities_by_rows_equals_the_whole_batch_graph_path(
         return real(*a, **k)
 
     monkeypatch.setattr(pl, "policy_loss_by_rows", counting)
-    monkeypatch.setattr(pl, "ROW_BLOCK_ELEMENTS", 24)
-    monkeypatch.setattr(pl, "UPDATE_BLOCK_ELEMENTS", 24)  # two rows per block
+    monkeypatch.setattr(pl, "ROW_BLOCK_ELEMENTS", 24)  # two rows per block
     got = run(inp["logprobs"], inp["values"])
     assert calls == [2]
     _same(got, want, UPDATE_FIELDS)

@@ -86,8 +86,7 @@ def test_update_without_a_graph_allocates_only_its_output_buffers(
         old_values=inp["old_values"], mask=m, hp=s.hp, conv=s.conv,
     )  # fmt: skip
     ent = torch.rand(6, 12, dtype=inp["logprobs"].dtype)
-    monkeypatch.setattr(pl, "ROW_BLOCK_ELEMENTS", 24, raising=False)
-    monkeypatch.setattr(pl, "UPDATE_BLOCK_ELEMENTS", 24, raising=False)  # two rows per block
+    monkeypatch.setattr(pl, "ROW_BLOCK_ELEMENTS", 24)  # two rows per block
     rec = _BigOutputs(6 * 12)
     with rec:
         uq = pl.update_quantities(
