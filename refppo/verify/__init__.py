@@ -5,11 +5,11 @@ the ``refppo.core`` modules (``*_naive`` twins excluded) and fails if a case cal
 directly; the only deliberate exceptions are the argument validators ``check_kl_clamps`` and
 ``check_score_map``, which return nothing to compare.
 
-Each case builds a right-padded batch (random lengths, including length-1 rows) whose padded
-positions hold junk (NaN, ±inf, huge values), runs the vectorized function and its naive twin
-(plain Python floats, one token at a time), and compares them on every output. One table row per
-(step, device, dtype); the exit status is non-zero if any row fails. Runs on CPU, and also on CUDA
-when ``torch.cuda.is_available()``.
+Each case builds a right-padded batch (random lengths, including length-1 rows; some cases also
+punch interior holes) whose padded positions hold junk (NaN, ±inf, huge values), runs the
+vectorized function and its naive twin (plain Python floats, one token at a time), and compares
+them on every output. One table row per (step, device, dtype); the exit status is non-zero if any
+row fails. Runs on CPU, and also on CUDA when ``torch.cuda.is_available()``.
 
 The tolerances live in :mod:`refppo.verify.tolerance` (:data:`TOLERANCES`), and the test suite
 imports them from there, so the CLI and the property tests judge "equal to the naive twin" by one
@@ -19,8 +19,9 @@ Modules: :mod:`~refppo.verify.tolerance` (:data:`TOLERANCES`, :func:`compare`),
 :mod:`~refppo.verify.batches` (seeded ragged batches with junk padding, and with interior holes),
 :mod:`~refppo.verify.cases` (per-token steps, :data:`CASES`), :mod:`~refppo.verify.cases_adv`
 (score map, score positions, critic-free advantages, normalisation) and
-:mod:`~refppo.verify.cases_loss` (losses and gradients), :mod:`~refppo.verify.cli` (rows, the
-table, ``main``). This module re-exports them.
+:mod:`~refppo.verify.cases_loss` (losses and gradients), :mod:`~refppo.verify.cases_dist` (the
+``all_reduce`` paths on two simulated ranks, :mod:`~refppo.verify.ranks`), :mod:`~refppo.verify.cli`
+(rows, the table, ``main``). This module re-exports them.
 """
 
 from __future__ import annotations
