@@ -6,7 +6,10 @@ into ranks × minibatches × micro-batches of whole groups; ``model.critic_init=
 reward model; a critic-free ``ppo.advantage`` takes no critic option and a group estimator (``grpo``,
 ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo``, ``gpg``, ``grpo-passk``) a
 ``rollout.group_size`` ≥ 2; a non-default ``ppo.group_std_level`` needs ``grpo`` or ``grpo-passk``
-(the only estimators with a σ); ``run.dump_iteration`` with whitening, groups or a batch baseline
+(the only estimators with a σ). A non-default ``ppo.group_std`` (``population``) elsewhere is
+refused for a new run by :meth:`TrainConfig.unread_options` (called by the trainer, not on
+construction: ``--resume`` of a run an older refppo started with it only warns, see that method);
+``run.dump_iteration`` with whitening, groups or a batch baseline
 (``gpg``'s α, ``flash-reinforce``'s mean) needs ``ppo.minibatches=1`` (the oracle's statistics are
 over the dump's rows). Every estimator runs in the trainer: the batch statistics of ``gpg`` and
 ``flash-reinforce`` are all-reduced under torchrun; ``opo``'s lengths are the response mask's.
@@ -31,7 +34,7 @@ from refppo.config.sections import (
     RunConfig,
     TaskConfig,
 )
-from refppo.conventions import AdvantageEstimator, GroupStdLevel
+from refppo.conventions import AdvantageEstimator, GroupStdLevel, Variance
 from refppo.core.group import GROUP_ESTIMATORS
 
 STD_LEVEL_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
@@ -106,6 +109,23 @@ class TrainConfig:
                 f"model.critic_init={self.model.critic_init!r} is set but ppo.advantage={adv.value} "
                 "has no critic"
             )
+
+    def unread_options(self) -> str | None:
+        """One line naming a set option that no step of this config reads, else None: a non-default
+        ``ppo.group_std`` (the divisor of σ) where ``ppo.advantage`` takes no group std (only
+        :data:`STD_LEVEL_ESTIMATORS` read it; ``group_std_level``'s twin check is on construction).
+
+        Not checked on construction: refppo releases up to 61be225 accepted it, so a run started
+        then may hold it in its checkpoints, and ``--resume`` (which rebuilds this config from the
+        same flags) must still work. The trainer refuses it for a new run (:class:`ConfigError`)
+        and prints it as a one-line warning on ``--resume`` (the option had, and has, no effect)."""
+        adv, std = self.ppo.convention.advantage, self.ppo.convention.group_std
+        if std is Variance.UNBIASED or adv in STD_LEVEL_ESTIMATORS:
+            return None
+        return (
+            f"ppo.group_std={std.value} is set but ppo.advantage={adv.value} takes no group std "
+            f"(only {', '.join(e.value for e in STD_LEVEL_ESTIMATORS)} read it)"
+        )
 
     # ----------------------------------------------------------------------------------- derived sizes
     def check_world_size(self, world_size: int) -> None:

@@ -1,7 +1,8 @@
 """One check of a dump under one setting: compare every quantity, find the first divergence, explain it.
 
 The explanation re-runs the reference with one convention key changed at a time (only keys that can
-affect the divergent quantity) and with each known bug of :data:`refppo.oracle.recompute.BUGS`
+affect the divergent quantity; a critic-free dump's estimator and its ``group_*`` options too, where
+they apply: :func:`_applies`) and with each known bug of :data:`refppo.oracle.recompute.BUGS`
 re-enacted; a candidate *explains* the divergence when, under it, the divergent quantity and every
 quantity before it in pipeline order match the dump. A candidate under which later quantities still
 differ is reported as explaining the first divergence *only*, naming what still differs.
@@ -12,7 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from refppo.conventions import AdvantageEstimator, GroupKL, GroupSingleton, GroupStdLevel, KLPlacement
 from refppo.core.gae import has_holes
+from refppo.core.group import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare, describe
 from refppo.oracle.fastcheck import PrefixCheck, RolloutMemo
@@ -23,6 +28,12 @@ from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.presets import PRESETS
 from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
 from refppo.oracle.settings import Setup
+
+GROUP_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
+"""``group_eps`` of the peers (verl/SkyRL, OpenRLHF, TRL, 1e-8): ``search_estimator.NAMED_EPS``'s
+values (that module imports this one; a test keeps the two equal)."""
+STD_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
+"""The estimators that read ``group_std``, ``group_eps`` and ``group_std_level`` (their σ)."""
 
 CLAMP_BUNDLES: dict[str, dict[str, Any]] = {
     "none": {"kl_log_ratio_clamp": None, "kl_value_clamp": None},
@@ -56,14 +67,27 @@ ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
     "approx_kl": [{"approx_kl": v} for v in ("k1", "k2_all_positions")],
 }
 
+GROUP_ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
+    "advantage": [{"advantage": e.value} for e in AdvantageEstimator if e is not AdvantageEstimator.GAE],
+    "group_std": [{"group_std": v} for v in ("unbiased", "population")],
+    "group_std_level": [{"group_std_level": v.value} for v in GroupStdLevel],
+    "group_eps": [{"group_eps": e} for e in GROUP_EPS],
+    "group_singleton": [{"group_singleton": v.value} for v in GroupSingleton],
+    "group_kl": [{"group_kl": v.value} for v in GroupKL],
+}
+"""The critic-free estimators (step 3) and their options, tried only where they apply
+(:func:`_applies`); kept apart from :data:`ALTERNATIVES`, which every base setting (and
+``--detect``'s walks) reads."""
+
 _KL = ("kl_estimator", "kl_clamps")
 _REW = (*_KL, "kl_in", "score_at", "score_clip")
-_ADV = (*_REW, "whiten_advantages", "whiten_variance")
+_GROUP = ("advantage", "group_std", "group_std_level", "group_eps", "group_singleton", "group_kl")
+_ADV = (*_REW, *_GROUP, "whiten_advantages", "whiten_variance")
 AFFECTS: dict[str, tuple[str, ...]] = {
     "kl": _KL,
     "token_rewards": _REW,
     "advantages": _ADV,
-    "returns": _REW,
+    "returns": (*_REW, *_GROUP),
     "pg_loss": (*_ADV, "dual_clip", "log_ratio_clamp", "loss_agg"),
     "pg_clipfrac": (*_ADV, "log_ratio_clamp"),
     "approx_kl": ("approx_kl",),
@@ -71,9 +95,34 @@ AFFECTS: dict[str, tuple[str, ...]] = {
     "vf_clipfrac": (*_REW, "value_loss", "value_clip_form", "vf_mask"),
     "entropy_loss": ("loss_agg",),
     "kl_loss": (*_KL, "kl_in", "loss_agg"),
-    "loss": tuple(ALTERNATIVES),
+    "loss": (*ALTERNATIVES, *_GROUP),
 }
 """Which convention keys can change each quantity (the stages of the pipeline)."""
+
+
+def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
+    """Whether the single change ``upd`` of the critic-free ``key`` can change anything under
+    ``setup``: none under ``gae`` (a GAE dump is not re-run through every estimator); a group
+    estimator only with a ``group_index``; σ's options only under ``grpo``/``grpo-passk`` (the
+    batch levels only with more than one prompt); ``group_singleton`` only with a group of one;
+    ``group_kl`` only with a reward KL (``kl_in=reward``, ``kl_coef`` > 0)."""
+    if key not in _GROUP:
+        return True
+    conv = setup.conv
+    if conv.advantage is AdvantageEstimator.GAE:
+        return False
+    groups = dump.tensors.get("group_index")
+    if key == "advantage":
+        return groups is not None or upd["advantage"] in ("reinforce++", "flash-reinforce")
+    if groups is None or conv.advantage not in GROUP_ESTIMATORS:
+        return False
+    if key in ("group_std", "group_eps", "group_std_level"):
+        several = int(torch.unique(groups).numel()) > 1
+        return conv.advantage in STD_ESTIMATORS and (key != "group_std_level" or several)
+    if key == "group_singleton":
+        return bool((torch.unique(groups, return_counts=True)[1] == 1).any())
+    return conv.kl_in is KLPlacement.REWARD and setup.hp.kl_coef > 0
+
 
 BUG_AFFECTS: dict[str, frozenset[str]] = {
     "kl_from_current_logprobs": frozenset(PIPELINE_ORDER) - {"approx_kl", "entropy_loss", "kl_loss"},
@@ -189,12 +238,14 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
         return compare_all(dump, recompute(dump, alt, bug=bug, rollout=slim), known=res)
 
     for key in AFFECTS[first]:
-        for upd in ALTERNATIVES[key]:
+        for upd in {**ALTERNATIVES, **GROUP_ALTERNATIVES}[key]:
             norm = {k: (tuple(v) if isinstance(v, list) else v) for k, v in current.items()}
             if all(_same(norm.get(k), v) for k, v in upd.items()):
                 continue
             if key == "value_loss_agg" and _same(upd["value_loss_agg"], norm.get("loss_agg")):
                 continue  # the same as value_loss_agg=none (also tried): report one of the two
+            if not _applies(key, upd, setup, dump):
+                continue
             try:
                 alt = setup.with_convention(upd)
                 maybe = compare_candidate(alt)

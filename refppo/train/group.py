@@ -19,7 +19,8 @@ own rows' advantages, hence the invariant.)
 Functions::
 
     expand_groups(texts, group_size, rank) -> (repeated texts, group_index [B] int64)
-    check_groups_on_rank(group_index, world_size, device) -> None   (collective under torchrun)
+    check_groups_on_rank(group_index, world_size, device, refuse_one_row=...) -> None
+                                                     (collective under torchrun)
 """
 
 from __future__ import annotations
@@ -47,25 +48,45 @@ def expand_groups(texts: list[str], group_size: int, rank: int = 0) -> tuple[lis
     return rows, index
 
 
-def check_groups_on_rank(group_index: Tensor, world_size: int, device: torch.device) -> None:
-    """Every group id of this rank appears on no other rank (all ranks call it: an all-gather).
+def check_groups_on_rank(
+    group_index: Tensor, world_size: int, device: torch.device, *, refuse_one_row: bool = False
+) -> None:
+    """Every group id of this rank appears on no other rank (all ranks call it: an all-gather);
+    with ``refuse_one_row`` (a group estimator under ``ppo.group_singleton=error``) no group has
+    a single row either.
 
     One process: nothing to check. Else the ids are gathered (all ranks hold the same number of
-    rows, :meth:`refppo.config.TrainConfig.check_world_size`) and an id on two ranks raises."""
+    rows, :meth:`refppo.config.TrainConfig.check_world_size`) and an id on two ranks raises. Every
+    rank reads the same gathered ids, so every rank raises the same :class:`GroupError` here,
+    before the update's collectives: the core's own singleton refusal
+    (:class:`refppo.errors.SingletonGroupError`, raised on the rank holding the group only, before
+    ``gpg``'s and the batch σ's all-reduce) would leave the other ranks waiting in that all-reduce.
+    (It cannot happen with refppo's sampling, :func:`expand_groups`: every group has exactly
+    ``rollout.group_size`` ≥ 2 rows; this makes a future non-uniform layout fail, not hang.)"""
     if world_size <= 1:
         return
     local = group_index.to(device=device, dtype=torch.int64)
     parts = [torch.empty_like(local) for _ in range(world_size)]
     torch_dist.all_gather(parts, local)
     owner: dict[int, int] = {}
+    rows: dict[int, int] = {}
     for r, part in enumerate(parts):
-        for gid in set(part.tolist()):
+        ids = part.tolist()
+        for gid in set(ids):
             if gid in owner and owner[gid] != r:
                 raise GroupError(
                     f"group {gid} has rows on ranks {owner[gid]} and {r}: a group's responses must sit "
                     "on one rank (its statistics are computed per rank)"
                 )
             owner[gid] = r
+            rows[gid] = ids.count(gid)
+    single = sorted(gid for gid, n in rows.items() if n == 1)
+    if refuse_one_row and single:
+        raise GroupError(
+            f"groups {single[:8]} have one response (group {single[0]} on rank {owner[single[0]]}) under "
+            "ppo.group_singleton=error: refused on every rank before the update (set "
+            "ppo.group_singleton=score or zero)"
+        )
 
 
 __all__ = ["GroupError", "check_groups_on_rank", "expand_groups"]

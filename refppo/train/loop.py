@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from refppo import checkpoint as ckpt
 from refppo import models, ppo, rundir
 from refppo import rollout as rl
-from refppo.config import TrainConfig
+from refppo.config import ConfigError, TrainConfig
 from refppo.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
 from refppo.logging_utils import MetricsLog, Progress, TensorBoard
 from refppo.models import SequenceBatch
@@ -96,6 +96,9 @@ class Trainer:
             raise TrainingError("--resume continues the run in the out dir, --overwrite replaces it")
         if resume_fallback and not resume:
             raise TrainingError("--resume-fallback only applies with --resume")
+        unread = cfg.unread_options()
+        if unread is not None and not resume:
+            raise ConfigError(unread)
         self.out_dir = Path(cfg.run.out_dir)
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise TrainingError(f"run.out_dir {str(self.out_dir)!r} exists and is not a directory")
@@ -106,6 +109,8 @@ class Trainer:
         self.identity = rundir.new_identity(self.config_hash)  # --resume: replaced by run.json's
         self.ckpt_dir = self.out_dir / "checkpoints"
         self._echo = echo
+        if unread is not None:  # --resume of a run that an older refppo started with it: no effect
+            self.echo(f"warning: {unread}; resuming as the run began (it has no effect)")
         self.start_iteration = 0
         self.setup_info: dict[str, Any] = {}
         self._setup()

@@ -17,6 +17,8 @@ from torch import Tensor, nn
 
 from refppo import models
 from refppo.config import TrainConfig
+from refppo.conventions import GroupSingleton
+from refppo.core.group import GROUP_ESTIMATORS
 from refppo.tasks.words import WordsTask
 from refppo.train import group
 from refppo.train.dist import DistContext
@@ -111,7 +113,9 @@ def draw(
     texts = [rng.choice(pool) for _ in range(local)] if pool is not None else task.prompts(local, rng)
     texts, group_index = group.expand_groups(texts, g, dist.rank)
     if g > 1:  # groups of one are unique by construction; the PPO path gains no collective
-        group.check_groups_on_rank(group_index, dist.world_size, device)
+        conv = cfg.ppo.convention
+        one_row = conv.advantage in GROUP_ESTIMATORS and conv.group_singleton is GroupSingleton.ERROR
+        group.check_groups_on_rank(group_index, dist.world_size, device, refuse_one_row=one_row)
     return texts, group_index
 
 

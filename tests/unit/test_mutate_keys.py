@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import mutate  # noqa: E402  (tools/ is not a package)
+import mutate_scope  # noqa: E402  (mutate's scope part: where list_mutants reads module_path)
 
 
 def _entries() -> list[dict[str, str]]:
@@ -42,7 +43,7 @@ def test_keys_do_not_move_with_lines_above(tmp_path: Path, monkeypatch: pytest.M
     before = mutate.list_mutants("rewards")
     moved = tmp_path / "rewards.py"
     moved.write_text("# one\n# two\n# three\n" + mutate.module_path("rewards").read_text())
-    monkeypatch.setattr(mutate, "module_path", lambda mod: moved)
+    monkeypatch.setattr(mutate_scope, "module_path", lambda mod: moved)
     after = mutate.list_mutants("rewards")
     assert [m.line + 3 for m in before] == [m.line for m in after]
     assert [m.key() for m in before] == [m.key() for m in after]
