@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -77,15 +77,17 @@ def _fields(d: Detection) -> str:
 
 
 CASES = {
-    "losses_only_defaults": (None, {}, True, None),
     "losses_only_trl": ("trl", {}, True, "verl"),
     "full_openrlhf": ("openrlhf", {}, False, None),
+    "full_trl_from_verl": ("trl", {}, False, "verl"),
     # nothing reproduces the whitening stage: its nearest groups go on (the nearest-first path)
     "full_unmatched": (None, {"whiten_advantages": "masked"}, False, None),
 }
+# a losses-only dump walks thousands of rollout candidates (tens of seconds per detection)
+SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=SLOW) if "losses" in c else c for c in sorted(CASES)])
 def test_detection_equals_the_walk_that_holds_every_state(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,10 +107,13 @@ def test_detection_equals_the_walk_that_holds_every_state(
         assert new.n_detected > 0
 
 
-def test_replayed_states_equal_held_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("checked", [None, "verl"])
+def test_replayed_states_equal_held_ones(
+    checked: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Holding no state (each one replayed) or every state gives the same detection."""
-    dump = _dump(tmp_path, setup_for("trl"), losses_only=True)
-    start = setup_for(None)
+    dump = _dump(tmp_path, setup_for("trl"), losses_only=False)
+    start = setup_for(checked)
     monkeypatch.setattr(groups_mod, "HOLD", 10**9)
     held = detect(dump, start)
     monkeypatch.setattr(groups_mod, "HOLD", 0)
@@ -131,6 +136,7 @@ def _live_bt() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor) and tuple(o.shape) == (B, T))
 
 
+@SLOW
 def test_live_bt_tensors_stay_bounded_as_candidates_grow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,7 +164,7 @@ def test_a_dropped_group_is_not_revived_by_a_later_option() -> None:
 
     class S:
         replayer = groups_mod.Replayer()
-        unmatched: list[str] = []
+        unmatched: ClassVar[list[str]] = []
 
         def release_compared(self) -> None:
             pass
