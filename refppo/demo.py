@@ -21,9 +21,12 @@ import sys
 import time
 from collections.abc import Sequence
 from statistics import mean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from refppo.errors import RefPPOError
+
+if TYPE_CHECKING:
+    from refppo.config import TrainConfig
 
 MIN_RULE_GAIN = 0.15
 """Least rise of the hidden-rule score (∈ [−1, 1] per response), first → last 3 iterations."""
@@ -71,6 +74,36 @@ def help_text() -> str:
     )
 
 
+def _reward_kind(cfg: TrainConfig) -> str:
+    """The reward's label in the summary: keyed on ``task.reward``, not on the estimator (a
+    critic-free estimator can train on the learned reward model too)."""
+    if cfg.task.reward == "model":
+        return "learned RM, unit std on warm-start samples"
+    penalty = " minus EOS penalty" if cfg.rollout.missing_eos_penalty is not None else ""
+    return f"verifiable, [0, 1]{penalty}"
+
+
+def _print_summary(cfg: TrainConfig, records: list[dict[str, Any]], wall: float, out: str) -> float:
+    """Print the demo's summary of ``records``; returns the hidden-rule gain (first → last 3)."""
+    s = summarize(records)
+    n = len(records)
+    gain = s["rule_last"] - s["rule_first"]
+    parts = ", reward model" if cfg.task.reward == "model" else ""
+    print(
+        f"\nreward ({_reward_kind(cfg)}): "
+        f"{s['reward_first']:+.3f} -> {s['reward_last']:+.3f}"
+        f"  (mean of first / last 3 of {n} iterations)\n"
+        f"hidden-rule score (true objective, in [-1, 1]):      "
+        f"{s['rule_first']:+.3f} -> {s['rule_last']:+.3f}"
+        f"  (gain {gain:+.3f})\n"
+        f"KL(policy || reference) per response: last {s['kl_last']:.3f} nats, max {s['kl_max']:.3f}"
+        f"  (β = {cfg.ppo.hp.kl_coef})\n"
+        f"wall time {wall:.0f} s (warm start{parts} and training); metrics: {out}/metrics.jsonl, "
+        f"plot: {out}/plot.png"
+    )
+    return gain
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns the process exit code."""
     p = argparse.ArgumentParser(
@@ -110,27 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not records:
         print("refppo demo: no iterations run")
         return 1
-    s = summarize(records)
-    n = len(records)
-    gain = s["rule_last"] - s["rule_first"]
-    parts = "" if cfg.critic_free else ", reward model"
-    kind = (
-        "verifiable, [0, 1] minus EOS penalty"
-        if cfg.critic_free
-        else "learned RM, unit std on warm-start samples"
-    )
-    print(
-        f"\nreward ({kind}): "
-        f"{s['reward_first']:+.3f} -> {s['reward_last']:+.3f}"
-        f"  (mean of first / last 3 of {n} iterations)\n"
-        f"hidden-rule score (true objective, in [-1, 1]):      "
-        f"{s['rule_first']:+.3f} -> {s['rule_last']:+.3f}"
-        f"  (gain {gain:+.3f})\n"
-        f"KL(policy || reference) per response: last {s['kl_last']:.3f} nats, max {s['kl_max']:.3f}"
-        f"  (β = {cfg.ppo.hp.kl_coef})\n"
-        f"wall time {wall:.0f} s (warm start{parts} and training); metrics: {args.out}/metrics.jsonl, "
-        f"plot: {args.out}/plot.png"
-    )
+    gain = _print_summary(cfg, records, wall, args.out)
     if gain < MIN_RULE_GAIN:
         print(
             f"refppo demo: FAILED — the hidden-rule score rose by {gain:+.3f} < {MIN_RULE_GAIN}",

@@ -30,6 +30,10 @@ class SingletonGroupError(MaskError):
         super().__init__(message)
         self.groups = groups
 
+    def __reduce__(self) -> tuple[type[SingletonGroupError], tuple[list[int], str]]:
+        """Picklable across a process boundary (the default would call ``__init__`` with one argument)."""
+        return (type(self), (self.groups, str(self)))
+
 
 class ConventionError(RefPPOError):
     """An unknown convention name; the message lists the valid ones."""

@@ -9,7 +9,7 @@
 
 Supported subset (what the goldens exercise): ``dual_clip``, ``log_ratio_clamp`` and the KL
 clamps must be None, ``dropout_in_update`` False and no PPO-ptx; critic-free: ``critic=None`` with
-``advantage`` = ``grpo``/``dr-grpo``/``rloo`` and ``group_kl=fold``; anything else raises.
+every critic-free ``advantage`` but ``reinforce++``, and ``group_kl=fold``; anything else raises.
 """
 
 from __future__ import annotations

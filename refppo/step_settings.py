@@ -153,8 +153,8 @@ class Convention:
     applies: the peers' GRPO/RLOO leave it off (``whiten_advantages=none``), REINFORCE++ is its
     discounted returns whitened by step 4."""
     group_std: Variance = Variance.UNBIASED
-    """The group std of ``grpo``: ``unbiased`` (n−1: ``torch.std``, verl, OpenRLHF, SkyRL) or
-    ``population`` (n)."""
+    """The group std of ``grpo`` and ``grpo-passk``: ``unbiased`` (n−1: ``torch.std``, verl, OpenRLHF,
+    SkyRL) or ``population`` (n)."""
     group_std_level: GroupStdLevel = GroupStdLevel.GROUP
     """Over which rows that std is taken: ``group`` (each row's group), ``batch`` (the whole batch
     around its mean: TRL ``scale_rewards="batch"``) or ``batch-centred`` (the batch's ``s − μ_G``:
@@ -165,7 +165,8 @@ class Convention:
     """The reward KL in a group estimator: folded into the score (verl, SkyRL) or added as its
     return-to-go after grouping (OpenRLHF)."""
     group_eps: float = 1e-6
-    """ε of ``grpo``'s ``(s − μ)/(σ + ε)`` (verl, SkyRL 1e-6; OpenRLHF ``group_norm`` 1e-9)."""
+    """ε of ``grpo``'s (and ``grpo-passk``'s) ``(s − μ)/(σ + ε)`` (verl, SkyRL 1e-6; OpenRLHF
+    ``group_norm`` 1e-9)."""
 
     def __post_init__(self) -> None:
         for name, cls in _ENUM_FIELDS.items():

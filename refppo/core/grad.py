@@ -227,6 +227,22 @@ def kl_loss_grad_naive(
     return _out(out, logp)
 
 
+def _normaliser_kwargs(norm: Normalisers | None, horizon: float | None, *, value: bool) -> dict[str, float]:
+    """The twin's own reading of the normalisers (restated, not :meth:`Normalisers.kwargs`, so a slip
+    there is not copied here): ``token_count`` (the value term: ``value_token_count`` when given),
+    ``seq_count`` and ``horizon``, each only when set."""
+    out: dict[str, float] = {}
+    if norm is not None:
+        tokens = norm.value_token_count if value and norm.value_token_count is not None else norm.token_count
+        if tokens is not None:
+            out["token_count"] = tokens
+        if norm.seq_count is not None:
+            out["seq_count"] = norm.seq_count
+    if horizon is not None:
+        out["horizon"] = horizon
+    return out
+
+
 def objective_grads_naive(
     *,
     logprobs: Tensor,
@@ -252,11 +268,8 @@ def objective_grads_naive(
     ``ent_coef·entropy`` adds nothing to either gradient.
     """
     del entropy
-    from refppo.pipeline import Normalisers as _Normalisers  # runtime import: the pipeline imports the core
-
-    nm = norm if norm is not None else _Normalisers()
-    pol = nm.kwargs(hp.horizon)
-    val = nm.kwargs(hp.horizon, value=True)
+    pol = _normaliser_kwargs(norm, hp.horizon, value=False)
+    val = _normaliser_kwargs(norm, hp.horizon, value=True)
     if conv.policy_loss is PolicyLoss.GSPO:
         g_lp = gspo_policy_grad_naive(
             logprobs,

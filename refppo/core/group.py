@@ -196,6 +196,8 @@ def group_scalar_advantages(
     check_nonneg("eps", eps)
     _check_options(singleton, "add")
     if est is AdvantageEstimator.FLASH_REINFORCE:
+        if group_index is not None:  # unused (no group), but a malformed one is still named
+            _check_group_index(group_index, s.shape[0], s.device)
         n_sum = _batch_stats(torch.stack([torch.ones_like(s).sum(), s.sum()]), all_reduce)
         return s - n_sum[1] / n_sum[0]
     if group_index is None:

@@ -44,15 +44,27 @@ def response_logits(model: nn.Module, batch: SequenceBatch) -> Tensor:
     return response_slice(sequence_logits(model, batch), batch.prompt_width, batch.response_width)
 
 
+def at_least_float32(x: Tensor) -> Tensor:
+    """``x`` in float32 when its dtype is narrower (bf16/fp16 under autocast), else unchanged.
+
+    Autocast's op lists differ by device: on CUDA ``log_softmax`` runs in float32 while ``linear``
+    (the value head) stays bf16; CPU's keeps both in bf16. The read-outs promote, so the PPO core gets
+    one dtype on every device and never computes ratios, advantages or losses in bf16. The cast is
+    differentiable; float32/float64 pass through untouched.
+    """
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def response_logprobs(
     model: nn.Module, batch: SequenceBatch, temperature: float = 1.0
 ) -> tuple[TokenFloat, TokenFloat]:
     """``(log π(y_t | x, y_<t), H_t)``, both ``[B, T]``, 0 at padding; logits divided by
-    ``temperature`` before the log-softmax (:func:`refppo.core.logprobs_from_logits`)."""
+    ``temperature`` before the log-softmax (:func:`refppo.core.logprobs_from_logits`); at least
+    float32 (:func:`at_least_float32`)."""
     lg = response_logits(model, batch)
     logp = logprobs_from_logits(lg, batch.response_ids, batch.response_mask, temperature=temperature)
     ent = entropy_from_logits(lg, batch.response_mask, temperature=temperature)
-    return logp, ent
+    return at_least_float32(logp), at_least_float32(ent)
 
 
 def value_positions(response_mask: Tensor) -> Tensor:
@@ -73,11 +85,11 @@ def value_positions(response_mask: Tensor) -> Tensor:
 
 def response_values(critic: nn.Module, batch: SequenceBatch) -> TokenFloat:
     """``V(x, y_<t)`` ``[B, T]``: the critic's output at the position of the token before ``y_t``
-    (slice ``[P-1, P+T-1)``); defined on :func:`value_positions`, 0 beyond."""
+    (slice ``[P-1, P+T-1)``); defined on :func:`value_positions`, 0 beyond; at least float32."""
     v: Tensor = critic(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
     )
-    vals = response_slice(v, batch.prompt_width, batch.response_width)
+    vals = at_least_float32(response_slice(v, batch.prompt_width, batch.response_width))
     keep = value_positions(batch.response_mask)
     return torch.where(keep, vals, torch.zeros((), dtype=vals.dtype, device=vals.device))
 

@@ -2,7 +2,7 @@
 
 ``refppo diff DUMP --actor DIR [--ref DIR] [--critic DIR] [--reward-model DIR]``: each model runs
 ONE teacher-forced pass over the dump's ``input_ids`` / ``attention_mask`` (:mod:`refppo.models`,
-equal to the per-prefix naive twins of :mod:`refppo.models_naive`) and its read-out is compared
+equal to the per-prefix naive twins of :mod:`refppo.models.naive`) and its read-out is compared
 with the dump:
 
 =============  ======================================================  ===============================

@@ -10,9 +10,10 @@ with the KL controller's current β, the conventions, and the score map ``score_
 with no ``--set``. The dump's ``scores`` are those before the map (after the missing-EOS penalty),
 as ``ppo.iteration`` hands them to the pipeline, which maps them at its step 0, like the oracle.
 
-Why the last minibatch equals the oracle's view only with ``ppo.minibatches=1`` (or no whitening):
-the trainer whitens over the whole rollout batch, the oracle over the dump's rows
-(:meth:`refppo.config.TrainConfig.__post_init__` refuses the other combinations).
+Why the last minibatch equals the oracle's view only with ``ppo.minibatches=1`` when advantages or
+rewards are whitened, or the estimator has group or batch statistics (the group estimators,
+``flash-reinforce``): the trainer computes them over the whole rollout batch, the oracle over the dump's
+rows (:meth:`refppo.config.TrainConfig.__post_init__` refuses the other combinations).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import json
 import math
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -275,6 +276,26 @@ def test_bfloat16_autocast_run_on_cpu(tmp_path: Path) -> None:
     assert t.dtype == torch.bfloat16 and next(t.actor.parameters()).dtype == torch.float32
     record, _, _ = t.step(0)
     assert record["skipped"] == 0 and math.isfinite(record["ppo/loss"])
+
+
+def test_bfloat16_with_cuda_autocast_dtypes_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA's autocast puts log_softmax on its float32 list (linear stays bf16), so on a GPU the
+    log-probs come out float32 and the critic's values bf16. The readouts promote both to float32,
+    so the core sees one dtype on every device. Emulated on CPU (whose autocast keeps log_softmax in
+    bf16) by returning the log-probs in float32; before the promotion the first step with a critic
+    stopped with ``DtypeError: ... scores=torch.bfloat16, kl=torch.float32``."""
+    from refppo.core.logprobs import logprobs_from_logits as real
+
+    def like_cuda(*a: Any, **k: Any) -> torch.Tensor:
+        out: torch.Tensor = real(*a, **k).float()
+        return out
+
+    monkeypatch.setattr("refppo.models.readout.logprobs_from_logits", like_cuda)
+    t = Trainer(preset("test", "model.dtype=bfloat16", "task.reward=rule", f"run.out_dir={tmp_path}"))
+    assert t.critic is not None
+    record, _, _ = t.step(0)
+    assert record["skipped"] == 0
+    assert math.isfinite(record["ppo/loss"]) and math.isfinite(record["ppo/vf_loss"])
 
 
 @pytest.mark.gpu

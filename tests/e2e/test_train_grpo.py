@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -173,7 +174,7 @@ def test_critic_free_dump_iteration_matches_the_oracle(tmp_path: Path, adv: str)
     assert not {"old_values", "values", "grad_values", "vf_loss"} & set(d)
     assert sorted(d["group_index"].tolist()) == [0] * 4 + [1] * 4  # every row of the step, both prompts
 
-    def diff(p: Path) -> tuple[int, dict[str, object]]:
+    def diff(p: Path) -> tuple[int, dict[str, Any]]:
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             code = refppo_diff([str(p), "--json"])
@@ -181,7 +182,7 @@ def test_critic_free_dump_iteration_matches_the_oracle(tmp_path: Path, adv: str)
 
     code, rep = diff(path)
     assert code == 0, rep
-    assert {"advantages", "grad_logprobs", "loss"} <= set(rep["quantities"])  # type: ignore[arg-type]
+    assert {"advantages", "grad_logprobs", "loss"} <= set(rep["quantities"])
     gi = d["group_index"].clone()
     i, j = int((gi == 0).nonzero()[0]), int((gi == 1).nonzero()[0])
     gi[i], gi[j] = 1, 0  # one row of each prompt moved to the other group
@@ -189,7 +190,7 @@ def test_critic_free_dump_iteration_matches_the_oracle(tmp_path: Path, adv: str)
     save_file(dict(d, group_index=gi), str(bad))
     Path(f"{bad}.json").write_text(Path(f"{path}.json").read_text())
     code, rep = diff(bad)
-    assert code == 1 and not rep["quantities"]["advantages"]["ok"]  # type: ignore[index]
+    assert code == 1 and not rep["quantities"]["advantages"]["ok"]
 
 
 @pytest.mark.parametrize("advantage", ["grpo", "grpo-passk"])

@@ -120,7 +120,9 @@ def test_dump_with_a_score_map_is_matched_by_its_sidecar_alone(tmp_path: Path) -
 
 def test_identity_map_sidecar_and_default_run_unchanged() -> None:
     """The default config has no score map (None: the pipeline's step 0 is skipped), and the
-    sidecar still names the identity so a reader sees it."""
+    sidecar still names the identity so a reader sees it. That a default run is unchanged by the
+    score map is proven by the goldens (tests/golden/: the default conventions' trajectories, compared
+    with the stored tensors), not here."""
     from refppo.train.dump import sidecar_conventions
 
     cfg = TrainConfig()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -52,9 +53,9 @@ def test_rollout_quantities_uses_row_blocks_for_a_large_batch(monkeypatch: pytes
     advantages still equal the core's ``gae`` on the whole batch."""
     calls: list[int] = []
 
-    def counting(*a: object, **k: object) -> tuple[torch.Tensor, torch.Tensor]:
+    def counting(*a: Any, **k: Any) -> tuple[torch.Tensor, torch.Tensor]:
         calls.append(1)
-        return gae(*a, **k)  # type: ignore[arg-type]
+        return gae(*a, **k)
 
     inp = make_inputs(B=6, T=12)
     s = setup_for("trl", {"whiten_advantages": "none"})

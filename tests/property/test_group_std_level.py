@@ -162,4 +162,4 @@ def test_convention_key_round_trips_and_refuses_a_bad_value() -> None:
     assert Convention.from_dict(c.to_dict()) == c
     assert "group_std_level" not in Convention().to_dict()  # the golden cases' stored dicts stay exact
     with pytest.raises((ConventionError, RefPPOError), match="group_std_level"):
-        Convention(group_std_level="global")  # type: ignore[arg-type]
+        Convention(group_std_level="global")  # type: ignore[arg-type]  # a wrong string on purpose

@@ -187,7 +187,9 @@ def test_reinforce_pp_returns_over_holes_match_the_equation(b: Ragged, holes: st
 def test_pipeline_reinforce_pp_follows_gae_holes(b: Ragged, holes: str, gamma: float) -> None:
     """``rollout_quantities`` with ``advantage=reinforce++`` on a holed mask uses ``conv.gae_holes``
     (it used ``skip`` whatever the convention): its raw advantages equal the naive returns of the
-    token rewards under that convention, and differ from ``skip``'s where γ < 1 and a hole binds."""
+    token rewards under that convention (the twin is told the convention explicitly). That the rules
+    really differ where γ < 1 and a hole binds is pinned by the hand case below and by
+    ``test_core_mutation_kills.py::test_reinforce_pp_in_the_pipeline_crosses_holes_by_gae_holes``."""
     from refppo.core.group import discounted_returns_naive
 
     m = holed_mask(b)

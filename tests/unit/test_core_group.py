@@ -242,3 +242,15 @@ def test_reinforce_pp_default_gamma_is_one() -> None:
     default = reinforce_pp_advantages(r, m)
     assert torch.equal(default, reinforce_pp_advantages(r, m, gamma=1.0))
     assert not torch.equal(default, reinforce_pp_advantages(r, m, gamma=0.0))
+
+
+def test_flash_reinforce_names_a_malformed_group_index() -> None:
+    """flash-reinforce reads no group, yet a group_index of the wrong shape or dtype is an input error
+    named in one line (it used to be accepted without a word)."""
+    s = torch.tensor([0.5, -1.0, 2.0, 0.25], dtype=torch.float64)
+    with pytest.raises(ShapeError, match=r"group_index: expected shape \[B\] = \[4\]"):
+        group_scalar_advantages(s, torch.tensor([[0], [1]]), estimator="flash-reinforce")
+    with pytest.raises(DtypeError, match="group_index: expected an integer tensor"):
+        group_scalar_advantages(s, torch.zeros(4), estimator="flash-reinforce")
+    ok = group_scalar_advantages(s, torch.tensor([0, 0, 1, 1]), estimator="flash-reinforce")
+    assert torch.equal(ok, s - s.mean())

@@ -254,3 +254,20 @@ def test_reward_function_gets_unpadded_ids() -> None:
     s = reward_scores(fn, batch)
     assert s.tolist() == [3.0, 6.0, 1.0, 3.0]
     assert seen[2] == ([9], [2]) and seen[3] == ([1, 11, 0, 13], [0, 12, 0])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_readouts_are_at_least_float32_under_bfloat16_autocast(arch: Arch) -> None:
+    """Under bf16 autocast the read-outs (log-probs, entropy, values) come out float32, on every
+    device: the PPO core never computes in bf16 (CUDA's autocast already returns float32 log-probs,
+    CPU's returned bf16, and both returned bf16 values); float64 models keep float64."""
+    torch.manual_seed(0)
+    b = SequenceBatch.from_lists([[4, 5], [6]], [[7], [8, 9]], prompt_width=3, response_width=3)
+    actor, critic = tiny_actor(arch), tiny_critic(arch)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        logp, ent = response_logprobs(actor, b)
+        v = response_values(critic, b)
+    assert (logp.dtype, ent.dtype, v.dtype) == (torch.float32, torch.float32, torch.float32)
+    actor64, critic64 = tiny_actor(arch).double(), tiny_critic(arch).double()
+    logp64, _ = response_logprobs(actor64, b)
+    assert (logp64.dtype, response_values(critic64, b).dtype) == (torch.float64, torch.float64)

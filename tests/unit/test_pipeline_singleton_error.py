@@ -62,3 +62,13 @@ def test_another_mask_error_with_the_same_words_passes_through(monkeypatch: pyte
     with pytest.raises(MaskError, match=r"rows \[2\] have one response token too many") as exc:
         _run(_batch())
     assert not isinstance(exc.value, ConventionError)
+
+
+def test_singleton_error_survives_a_process_boundary() -> None:
+    """Pickled and back (as a worker pool or torch.multiprocessing would ship it): same type, groups and
+    message. The default ``__reduce__`` called ``__init__`` with the message alone: a TypeError."""
+    import pickle
+
+    err = SingletonGroupError([3, 11], "group_index: prompts [3, 11] have one response each")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is SingletonGroupError and back.groups == [3, 11] and str(back) == str(err)
