@@ -7,7 +7,8 @@ intermediates nothing prunes the rollout stages, and the number of groups grows 
 their options (6156 advantage variants on a B=64, T=512 dump): holding every state is what ran out
 of memory. So:
 
-* **Held or replayed.** A stage holds the states of at most :data:`HOLD` of the groups it keeps.
+* **Held or replayed.** A stage holds the states of at most :data:`HOLD` of the groups that
+  reproduce it (a failing group's state is read again only when it is among the nearest).
   Every other group keeps only its *source*: the group it was expanded from, the stage's option
   walk and the option's index. Its state is rebuilt on demand by running the walk again
   (:class:`Replayer`; the walks are deterministic, so the rebuilt state is bit-identical to the
@@ -168,7 +169,7 @@ def expand_groups(
             if s != 0.0 and (ok_seen or _behind(live, s, nearest)):
                 merged[key] = _DEAD  # never returned: ``s != 0`` means a check applied
                 continue
-            held = n_held < HOLD
+            held = s == 0.0 and n_held < HOLD  # a failing group is read again only if nearest
             new = Group(
                 [{**c, **upd} for c in g.convs],
                 g.n_equiv,
