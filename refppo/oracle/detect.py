@@ -28,7 +28,10 @@ statistics it matches named (:func:`refppo.oracle.solve.fit_normalisation`).
 After each stage, candidates whose outputs are bit-identical are merged into one group (so an
 inactive clamp, say, never doubles the work of the stages after it), and when the dump holds a
 quantity of the stage only the groups that reproduce it go on. When none does, the nearest groups
-go on and the stage is recorded as unmatched.
+go on and the stage is recorded as unmatched. Groups are scored as they are made and the search
+holds a bounded number of ``[B, T]`` states (the others are replayed when read:
+:mod:`refppo.oracle.search_groups`), so a dump that prunes nothing (no rollout intermediates) does
+not hold a state per candidate.
 
 The staged search (:mod:`refppo.oracle.search`; the reward, GAE and whitening stages in
 :mod:`refppo.oracle.search_rollout`) composes the core functions itself (for speed)
