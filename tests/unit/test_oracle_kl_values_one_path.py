@@ -63,7 +63,9 @@ def _critic_free_k3_plus_step() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("checked", ["k3+", "k3"])
-def test_critic_free_grpo_names_k3_plus(tmp_path: Path, capsys: pytest.CaptureFixture[str], checked: str) -> None:
+def test_critic_free_grpo_names_k3_plus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], checked: str
+) -> None:
     """Critic-free GRPO with the KL in the loss (the main kl_in=loss use): checked under k3+ it
     matches; under k3 only the gradient differs and k3+ is the one estimator named."""
     conv = {"kl_in": "loss", "kl_estimator": checked, "advantage": "grpo"}
