@@ -136,13 +136,15 @@ def _recheck(
 
 
 def _value_twin_notes(dump: Dump, convs: list[dict[str, Any]], undetermined: list[str]) -> list[str]:
-    """Without ``grad_logprobs``, a detected ``k3`` (``k1``, ``abs``) is not told from its
-    straight-through twin ``k3+`` (same values, another gradient): the search walks one of the
-    pair (:func:`refppo.oracle.search.kl_candidates`). Adds ``kl_estimator`` to ``undetermined``
-    (in place) and returns the note line; ``[]`` when the dump has gradients or no such entry."""
+    """Without ``grad_logprobs``, a detected ``k3`` (``k1``, ``abs``) with the KL in the loss is not
+    told from its straight-through twin ``k3+`` (same values, another gradient): the search walks
+    one of the pair (:func:`refppo.oracle.search.kl_candidates`). Adds ``kl_estimator`` to
+    ``undetermined`` (in place) and returns the note line; ``[]`` when the dump has gradients or
+    no such entry. (With ``kl_in = reward`` no gradient flows through the estimate: the pair is
+    the same step, nothing to decide.)"""
     if dump.has("grad_logprobs"):
         return []
-    found = {KLEstimator(c["kl_estimator"]) for c in convs}
+    found = {KLEstimator(c["kl_estimator"]) for c in convs if c.get("kl_in") == "loss"}
     pairs = sorted({e.base.value for e in found if any(t.base is e.base and t is not e for t in KLEstimator)})
     if not pairs:
         return []

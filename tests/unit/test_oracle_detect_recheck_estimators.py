@@ -126,3 +126,15 @@ def test_the_json_says_how_many_entries_were_rechecked(
     n = rep["detected_rechecked"]
     assert isinstance(n, int) and 1 <= n <= len(rep["detected"])
     assert all(c["kl_estimator"] == "k3+" for c in rep["detected"])
+
+
+def test_without_gradients_kl_in_reward_has_no_twin_to_decide(tmp_path: Path) -> None:
+    """With the KL in the reward no gradient flows through the estimate: k3 and k3+ are the same
+    step, so no note and ``kl_estimator`` stays pinned (control for the note above)."""
+    conv = {"kl_in": "reward", "kl_estimator": "k3"}
+    d = {k: v for k, v in step_dump(conv, keep_scalars=True).items() if not k.startswith("grad_")}
+    dump = load_dump(save_step(tmp_path, d, conv))
+    found = detect(dump, setup_for(None, conv))
+    assert {c["kl_estimator"] for c in found.detected} == {"k3"}
+    assert "kl_estimator" not in found.undetermined
+    assert not [n for n in found.notes if n.startswith("kl_estimator:")]
