@@ -66,7 +66,9 @@ TOKEN_KEYS: tuple[str, ...] = (
 """Per-token ``[b, T]`` keys a micro-batch may carry (dump names, spec/dump-format.md)."""
 ROW_KEYS: tuple[str, ...] = ("scores", "group_index")
 """Per-row ``[b]`` keys; ``group_index`` (integer: the prompt each row answers) for the critic-free
-group estimators (issue #13)."""
+group estimators (issue #13). Its values must be GLOBAL prompt ids (the same id on every rank only for
+the same prompt, as verl's ``uid``): the rows of all ranks are gathered into one dump, where equal ids
+form one group."""
 LOSS_KEYS: tuple[str, ...] = ("pg_loss", "vf_loss", "entropy_loss", "kl_loss", "loss")
 """Additive loss scalars: summed over micro-batches and ranks (times ``1/W`` under ``mean``)."""
 GRAD_KEYS: dict[str, str] = {"logprobs": "grad_logprobs", "values": "grad_values"}
@@ -159,7 +161,7 @@ class StepRecorder:
         self.reduce: Reduce = reduce
         self.separate_critic = bool(separate_critic)
         self._grads = bool(grads)
-        """False: a dump without gradients (logprobs/values recorded without requires_grad)."""
+        """False: a dump without gradients: no hook is registered, even on tensors that require grad."""
         self._micro: list[_Micro] = []
         self._handles: list[RemovableHandle] = []
         self._written = False
@@ -233,7 +235,7 @@ class StepRecorder:
                     "cannot be captured; record the tensor the loss is computed from, or pass "
                     "StepRecorder(grads=False) for a dump without gradients"
                 )
-            if name in GRAD_KEYS and value.requires_grad:
+            if name in GRAD_KEYS and value.requires_grad and self._grads:
                 micro.grads[name] = None
                 # Tensor.register_hook is untyped in torch's stubs
                 self._handles.append(value.register_hook(self._hook(micro, name)))  # type: ignore[no-untyped-call]

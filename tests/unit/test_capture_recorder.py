@@ -225,3 +225,17 @@ def test_recorder_refuses_what_it_would_otherwise_lose_or_truncate(tmp_path: Pat
     no_grads.record(**kw, logprobs=b["logprobs_init"])
     no_grads.write(tmp_path / "ng.safetensors")
     assert (tmp_path / "ng.safetensors").exists()
+
+
+def test_grads_false_writes_no_gradient_even_for_tensors_that_require_grad(tmp_path: Path) -> None:
+    """``StepRecorder(grads=False)``: "a dump without gradients". It used to register the hook
+    whenever the tensor required grad, so a backward put ``grad_logprobs`` into the dump anyway."""
+    b = _batch()
+    kw = {k: b[k] for k in ("response_mask", "old_logprobs", "ref_logprobs", "old_values", "scores")}
+    lp = b["logprobs_init"].clone().requires_grad_(True)
+    rec = StepRecorder(hparams=HP, grads=False)
+    rec.record(**kw, logprobs=lp)
+    (lp * b["response_mask"]).sum().backward()
+    rec.write(tmp_path / "ng.safetensors")
+    keys = set(load_file(str(tmp_path / "ng.safetensors")))
+    assert "logprobs" in keys and "grad_logprobs" not in keys
