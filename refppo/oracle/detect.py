@@ -33,9 +33,10 @@ go on and the stage is recorded as unmatched.
 The staged search (:mod:`refppo.oracle.search`; the reward, GAE and whitening stages in
 :mod:`refppo.oracle.search_rollout`) composes the core functions itself (for speed)
 and the solvers only propose, so its result is not trusted on its own: the :data:`VERIFIED`
-detected conventions closest to the base are re-checked through the one verified path
-(:func:`refppo.oracle.diagnose.check` → :mod:`refppo.pipeline`), and a convention that fails that
-re-check is dropped.
+detected conventions closest to the base (and, with ``grad_logprobs``, the nearest of each
+``kl_estimator``: :func:`_recheck`) are re-checked through the one verified path
+(:func:`refppo.oracle.diagnose.check` → :mod:`refppo.pipeline`); a convention that fails that
+re-check is dropped, and so are the unchecked entries of an estimator the re-check rejected.
 """
 
 from __future__ import annotations
