@@ -291,4 +291,35 @@ class ScoreMap:
         check_score_map(self.bias, self.scale, self.clip)
 
 
-__all__ = ["Convention", "Hyperparams", "ScoreMap"]
+SIGMA_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
+"""The estimators with a σ (:func:`refppo.core.group.group_scalar_advantages`): only they read
+``group_std``, ``group_std_level`` and ``group_eps``."""
+
+
+def unread_convention(conv: Convention, prefix: str = "") -> str | None:
+    """One line naming a convention setting its estimator ignores or cannot run, else None.
+
+    - ``group_std_level`` off ``group`` where ``advantage`` has no σ (only :data:`SIGMA_ESTIMATORS`);
+    - ``group_singleton=score`` with ``grpo-passk``, which has no second-best score in a group of one
+      (the core refuses it only when a singleton turns up, mid-rollout).
+
+    Not a check of :class:`Convention` itself: the oracle's ``--detect`` walk
+    (:mod:`refppo.oracle.search_estimator`) builds such Conventions on purpose and discards them.
+    The user-facing entry points call it: :func:`refppo.oracle.settings.build_setup` (``refppo diff``'s
+    ``--preset``/``--set``/sidecar) and the trainer's config. ``prefix``: ``"ppo."`` for the
+    trainer's keys."""
+    adv = conv.advantage
+    if conv.group_std_level is not GroupStdLevel.GROUP and adv not in SIGMA_ESTIMATORS:
+        return (
+            f"{prefix}group_std_level={conv.group_std_level.value} is set but {prefix}advantage={adv.value} "
+            f"takes no group std (only {', '.join(e.value for e in SIGMA_ESTIMATORS)} read it)"
+        )
+    if adv is AdvantageEstimator.GRPO_PASSK and conv.group_singleton is GroupSingleton.SCORE:
+        return (
+            f"{prefix}group_singleton=score is set but {prefix}advantage=grpo-passk has no second-best "
+            f"score in a group of one (use {prefix}group_singleton=error or zero)"
+        )
+    return None
+
+
+__all__ = ["SIGMA_ESTIMATORS", "Convention", "Hyperparams", "ScoreMap", "unread_convention"]
