@@ -37,6 +37,7 @@ the whitening cross the holes by ``gae_holes`` and ``whiten_holes``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -52,6 +53,12 @@ from refppo.conventions import (
     Variance,
     WhitenHoles,
     Whitening,
+)
+from refppo.core.by_rows import (
+    entropy_bonus_by_rows,
+    kl_loss_by_rows,
+    policy_loss_by_rows,
+    value_loss_by_rows,
 )
 from refppo.core.gae import envelope, gae
 from refppo.core.group import discounted_returns, group_advantages
@@ -239,8 +246,10 @@ def rollout_quantities(
     return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
 
 
-ROW_BLOCK_ELEMENTS = 1 << 20
-"""Elements per row block of :func:`gae_by_rows` (4 MiB of float32)."""
+ROW_BLOCK_ELEMENTS = 1 << 18
+"""Elements per row block of :func:`gae_by_rows` and of :func:`update_quantities` without autograd
+(1 MiB of float32: GAE's scan and each loss hold about eight block-sized temporaries at once, and
+glibc keeps freed blocks of this size in its heap, so smaller blocks leave less resident)."""
 
 
 def gae_by_rows(
@@ -383,11 +392,21 @@ def policy_term(
     hp: Hyperparams,
     conv: Convention,
     norm: Normalisers | None = None,
+    rows: int | None = None,
 ) -> PolicyLossOutput:
     """Step 5–6 of the module docstring: the policy loss of ``conv.policy_loss`` (per token and
     aggregated), as :func:`update_quantities` computes it; the oracle's gradient diagnosis reads
-    its per-token loss ``ℓ`` [B, T] (``∂pg/∂A``, :mod:`refppo.oracle.grad_diagnose`)."""
+    its per-token loss ``ℓ`` [B, T] (``∂pg/∂A``, :mod:`refppo.oracle.grad_diagnose`).
+    ``rows``: evaluate by blocks of that many rows (:mod:`refppo.core.by_rows`: the same values bit
+    for bit, no autograd graph); None: the whole batch at once."""
     pol_norm = (norm or Normalisers()).kwargs(hp.horizon)
+    if rows is not None:
+        gspo = conv.policy_loss is PolicyLoss.GSPO
+        return policy_loss_by_rows(
+            rows, logprobs, old_logprobs, advantages, mask, gspo=gspo, clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high, dual_clip=None if gspo else conv.dual_clip, agg=conv.loss_agg,
+            log_ratio_clamp=conv.log_ratio_clamp, **pol_norm,
+        )  # fmt: skip
     if conv.policy_loss is PolicyLoss.GSPO:
         return gspo_policy_loss(
             logprobs,
@@ -414,6 +433,18 @@ def policy_term(
     )
 
 
+def update_rows(mask: Tensor, *inputs: Tensor | None) -> int | None:
+    """Rows per block of :func:`update_quantities`: about :data:`ROW_BLOCK_ELEMENTS` elements' worth
+    when there is no autograd graph to build (grad mode off, or no input requires a gradient);
+    None (the whole batch at once) under autograd or for a batch of at most
+    :data:`ROW_BLOCK_ELEMENTS` elements."""
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+        return None
+    B, T = mask.shape
+    step = max(1, ROW_BLOCK_ELEMENTS // max(T, 1))
+    return None if step >= B else step
+
+
 def update_quantities(
     *,
     logprobs: Tensor,
@@ -434,13 +465,20 @@ def update_quantities(
 
     ``values``/``old_values`` None (a critic-free step, ``conv.advantage`` ≠ ``gae``): no value
     loss, ``vf_loss`` and ``vf_clipfrac`` are 0 and the total loss has no value term.
+    Without an autograd graph (no input requires a gradient, or grad mode is off: the oracle's
+    recompute) a batch over :data:`ROW_BLOCK_ELEMENTS` elements is evaluated by blocks of rows
+    (:func:`update_rows`, :mod:`refppo.core.by_rows`): the same values bit for bit, without the
+    whole-batch per-token temporaries. The trainer's differentiated call takes the whole batch.
     """
     m = check_mask("response_mask", mask)
     vm = m if value_mask_ is None else check_mask("value_mask", value_mask_)
     nm = norm or Normalisers()
     pol_norm = nm.kwargs(hp.horizon)
     val_norm = nm.kwargs(hp.horizon, value=True)
-    pg = policy_term(logprobs, old_logprobs, advantages, m, hp=hp, conv=conv, norm=nm)
+    rows = update_rows(
+        m, logprobs, values, old_logprobs, old_values, advantages, returns, ref_logprobs, entropy
+    )
+    pg = policy_term(logprobs, old_logprobs, advantages, m, hp=hp, conv=conv, norm=nm, rows=rows)
     # Keep what is returned; the per-token loss [B, T] is not, so it is freed before the value
     # loss allocates its own (under autograd the graph keeps what the backward pass needs).
     pg_loss, pg_ratio, pg_clipfrac, pg_clipfrac_lower, pg_approx_kl = (
@@ -453,7 +491,8 @@ def update_quantities(
             raise ConventionError("advantage=gae needs values and old_values for the value loss")
         vf_loss, vf_clipfrac = zero, zero
     else:
-        vf = value_loss(
+        vf_fn = value_loss if rows is None else partial(value_loss_by_rows, rows)
+        vf = vf_fn(
             values,
             old_values,
             returns,
@@ -465,12 +504,19 @@ def update_quantities(
             **val_norm,
         )
         vf_loss, vf_clipfrac = vf.loss, vf.clipfrac
+        del vf
     ent_agg = conv.loss_agg if conv.entropy_agg is None else conv.entropy_agg
-    ent = entropy_bonus(entropy, m, ent_agg, **pol_norm) if entropy is not None else zero
+    if entropy is None:
+        ent = zero
+    elif rows is None:
+        ent = entropy_bonus(entropy, m, ent_agg, **pol_norm)
+    else:
+        ent = entropy_bonus_by_rows(rows, entropy, m, ent_agg, **pol_norm)
     if conv.kl_in is KLPlacement.LOSS:
         if ref_logprobs is None:
             raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
-        kll = kl_loss(
+        kl_fn = kl_loss if rows is None else partial(kl_loss_by_rows, rows)
+        kll = kl_fn(
             logprobs,
             ref_logprobs,
             m,

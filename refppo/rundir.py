@@ -23,7 +23,10 @@ resume store the config without the absent keys and that same hash, so they look
 run's first checkpoints and resume the same way, as often as needed. ``config.json``, by contrast,
 is the full resolved config of the latest invocation (rewritten by every start and resume, new keys
 included), so after such a resume it holds keys that ``run.json``'s hash does not cover: the hash is
-the run's, over the keys the run started with.
+the run's, over the keys the run started with. Checked on real run directories written by older
+commits (``tests/fixtures/old_runs/``, ``tests/e2e/test_resume_old_release.py``): every checkpoint
+file of theirs (weights, optimizer and RNG states, ``state.json``, ``COMPLETE``, ``run.json``) still
+loads, and the resumed iteration is bit-identical to the one that commit computed itself.
 
 The rule for an existing, non-empty ``run.out_dir`` (a fresh run, i.e. without ``--resume``):
 

@@ -33,7 +33,7 @@ from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
 from refppo.core._ties import clamp, inside, shares
 from refppo.core.aggregate import agg_weights_naive, aggregate_loss_naive, aggregate_masked
-from refppo.core.policy import PolicyLossNaive, PolicyLossOutput
+from refppo.core.policy import PolicyLossNaive, PolicyLossOutput, PolicyTerms
 from refppo.errors import HyperparameterError
 from refppo.types import ResponseMask, TokenFloat
 from refppo.validate import check_bt, check_mask, check_nonneg, check_positive, check_same_dtype, count_true
@@ -69,27 +69,45 @@ def gspo_policy_loss(
     check_same_dtype(logp=logp, logp_old=logp_old, advantages=advantages)
     eps_lo, eps_hi = _check_clips(clip_low, clip_high)
     agg_mode = parse(LossAgg, agg, what="loss_agg")
+    k = check_positive("log_ratio_max", log_ratio_max) if log_ratio_max is not None else None
+    t = gspo_terms(logp, logp_old, advantages, m, eps_lo=eps_lo, eps_hi=eps_hi, log_ratio_max=k)
+    loss = aggregate_masked(
+        t.per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
+    )
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    with torch.no_grad():
+        n = float(m.sum())
+        clipfrac = (t.loss2 > t.loss1).sum().to(logp.dtype) / n
+        approx_kl = -t.d.sum() / n
+        approx_kl_k2 = 0.5 * (t.d * t.d).sum() / n
+    return PolicyLossOutput(loss, t.per_token, t.ratio, clipfrac, zero.clone(), approx_kl, approx_kl_k2)
+
+
+def gspo_terms(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    m: Tensor,
+    *,
+    eps_lo: float,
+    eps_hi: float,
+    log_ratio_max: float | None,
+) -> PolicyTerms:
+    """The per-token terms of validated inputs ``[b, T]`` (module docstring). Each row alone: ``S_b``
+    reduces its own row, the rest is elementwise, so a block of whole rows gives that block's terms."""
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     lp = torch.where(m, logp, zero)  # padding never reaches exp (NaN·0 in the backward pass)
     d = torch.where(m, lp - logp_old, zero)
     seq = (d.sum(dim=1) / count_true(m, 1).to(d.dtype)).detach()
     log_s = lp - lp.detach() + seq.unsqueeze(1)
     if log_ratio_max is not None:
-        log_s = torch.clamp(log_s, max=check_positive("log_ratio_max", log_ratio_max))
+        log_s = torch.clamp(log_s, max=log_ratio_max)
     ratio = torch.where(m, torch.exp(log_s), zero)
     neg_adv = torch.where(m, -advantages, zero).detach()
     loss1 = neg_adv * ratio
     loss2 = neg_adv * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
     per_token = torch.where(m, torch.maximum(loss1, loss2), zero)
-    loss = aggregate_masked(
-        per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
-    )
-    with torch.no_grad():
-        n = float(m.sum())
-        clipfrac = (loss2 > loss1).sum().to(logp.dtype) / n
-        approx_kl = -d.sum() / n
-        approx_kl_k2 = 0.5 * (d * d).sum() / n
-    return PolicyLossOutput(loss, per_token, ratio, clipfrac, zero.clone(), approx_kl, approx_kl_k2)
+    return PolicyTerms(d, ratio, loss1, loss2, per_token, None)
 
 
 def _seq_log_ratios(lp: list[list[float]], lo: list[list[float]], ms: list[list[bool]]) -> list[float]:

@@ -73,13 +73,81 @@ def _log_ratio_and_ratio(
     logp = check_bt("logp", logp, m)
     logp_old = check_bt("logp_old", logp_old, m)
     check_same_dtype(logp=logp, logp_old=logp_old)
+    k = check_positive("log_ratio_clamp", log_ratio_clamp) if log_ratio_clamp is not None else None
+    return log_ratio_terms(logp, logp_old, m, k)
+
+
+def log_ratio_terms(logp: Tensor, logp_old: Tensor, m: Tensor, k: float | None) -> tuple[Tensor, Tensor]:
+    """``(d, ρ)`` of already validated inputs, elementwise (so any block of rows gives that block's
+    values): ``d = m·(l − l^old)``, ``ρ = m·exp(clamp(d, ±k))`` (``k`` None: no clamp)."""
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     d = torch.where(m, logp - logp_old, zero)
     dc = d
-    if log_ratio_clamp is not None:
-        k = check_positive("log_ratio_clamp", log_ratio_clamp)
+    if k is not None:
         dc = torch.clamp(d, -k, k)
     return d, torch.where(m, torch.exp(dc), zero)
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """The per-token terms of the clipped surrogate, ``[b, T]`` for the rows given (elementwise)."""
+
+    d: Tensor
+    """``l − l^old``, 0 on padding (unclamped)."""
+    ratio: Tensor
+    loss1: Tensor
+    """``−A·ρ`` (0 on padding)."""
+    loss2: Tensor
+    """``−A·clip(ρ)`` (0 on padding)."""
+    per_token: Tensor
+    """``ℓ`` (0 on padding)."""
+    lower_active: Tensor | None
+    """Where the dual clip caps ``ℓ`` (None without dual-clip)."""
+
+
+def check_policy_clips(
+    clip_low: float, clip_high: float | None, dual_clip: float | None
+) -> tuple[float, float]:
+    """``(ε_low, ε_high)`` checked (``ε_high`` defaults to ``ε_low``), and the dual-clip ``c > 1``."""
+    eps_lo = check_nonneg("clip_low", clip_low)
+    eps_hi = check_nonneg("clip_high", clip_high if clip_high is not None else clip_low)
+    if eps_lo >= 1.0:
+        raise HyperparameterError(f"clip_low: expected a number in [0, 1), got {clip_low!r}")
+    if dual_clip is not None and not (math.isfinite(dual_clip) and dual_clip > 1.0):
+        raise HyperparameterError(f"dual_clip: expected a constant c > 1 (or None), got {dual_clip!r}")
+    return eps_lo, eps_hi
+
+
+def policy_terms(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    m: Tensor,
+    *,
+    eps_lo: float,
+    eps_hi: float,
+    dual_clip: float | None,
+    log_ratio_clamp: float | None,
+) -> PolicyTerms:
+    """The module docstring's per-token terms of validated inputs (``[b, T]``, elementwise only:
+    rows are independent, so a block of rows gives exactly that block of the whole batch's terms)."""
+    d, ratio = log_ratio_terms(logp, logp_old, m, log_ratio_clamp)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    # −A, 0 on padding; there ρ = 0 too, so every per-token term below is (±)0 on padding.
+    neg_adv = torch.where(m, -advantages, zero).detach()
+    loss1 = neg_adv * ratio
+    loss2 = neg_adv * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
+    per_token = torch.maximum(loss1, loss2)
+    lower_active: Tensor | None = None
+    if dual_clip is not None:
+        # The cap −c·A applies where A < 0 only (+inf elsewhere).
+        cap = torch.where(
+            neg_adv > 0, neg_adv * dual_clip, torch.full((), math.inf, dtype=logp.dtype, device=logp.device)
+        )
+        lower_active = per_token > cap
+        per_token = torch.minimum(per_token, cap)
+    per_token = torch.where(m, per_token, zero)
+    return PolicyTerms(d, ratio, loss1, loss2, per_token, lower_active)
 
 
 def clipped_policy_loss(
@@ -100,43 +168,29 @@ def clipped_policy_loss(
     """The clipped surrogate (module docstring). ``clip_high`` defaults to ``clip_low``."""
     m = check_mask("mask", mask)
     advantages = check_bt("advantages", advantages, m)
-    eps_lo = check_nonneg("clip_low", clip_low)
-    eps_hi = check_nonneg("clip_high", clip_high if clip_high is not None else clip_low)
-    if eps_lo >= 1.0:
-        raise HyperparameterError(f"clip_low: expected a number in [0, 1), got {clip_low!r}")
-    if dual_clip is not None and not (math.isfinite(dual_clip) and dual_clip > 1.0):
-        raise HyperparameterError(f"dual_clip: expected a constant c > 1 (or None), got {dual_clip!r}")
+    eps_lo, eps_hi = check_policy_clips(clip_low, clip_high, dual_clip)
     agg_mode = parse(LossAgg, agg, what="loss_agg")
-    d, ratio = _log_ratio_and_ratio(logp, logp_old, m, log_ratio_clamp)
+    logp = check_bt("logp", logp, m)
+    logp_old = check_bt("logp_old", logp_old, m)
+    check_same_dtype(logp=logp, logp_old=logp_old)
+    k = check_positive("log_ratio_clamp", log_ratio_clamp) if log_ratio_clamp is not None else None
     check_same_dtype(logp=logp, advantages=advantages)
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    # −A, 0 on padding; there ρ = 0 too, so every per-token term below is (±)0 on padding.
-    neg_adv = torch.where(m, -advantages, zero).detach()
-    loss1 = neg_adv * ratio
-    loss2 = neg_adv * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
-    per_token = torch.maximum(loss1, loss2)
-    lower_active: Tensor | None = None
-    if dual_clip is not None:
-        # The cap −c·A applies where A < 0 only (+inf elsewhere).
-        cap = torch.where(
-            neg_adv > 0, neg_adv * dual_clip, torch.full((), math.inf, dtype=logp.dtype, device=logp.device)
-        )
-        lower_active = per_token > cap
-        per_token = torch.minimum(per_token, cap)
-    per_token = torch.where(m, per_token, zero)
+    t = policy_terms(
+        logp, logp_old, advantages, m, eps_lo=eps_lo, eps_hi=eps_hi, dual_clip=dual_clip, log_ratio_clamp=k
+    )
     loss = aggregate_masked(
-        per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
+        t.per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
     )
     with torch.no_grad():
         n = float(m.sum())
-        clipfrac = (loss2 > loss1).sum().to(logp.dtype) / n  # both 0 on padding: never counted
-        if lower_active is None:
+        clipfrac = (t.loss2 > t.loss1).sum().to(logp.dtype) / n  # both 0 on padding: never counted
+        if t.lower_active is None:
             clipfrac_lower = torch.zeros((), dtype=logp.dtype, device=logp.device)
         else:
-            clipfrac_lower = lower_active.sum().to(logp.dtype) / n
-        approx_kl = -d.sum() / n  # d is 0 on padding
-        approx_kl_k2 = 0.5 * (d * d).sum() / n
-    return PolicyLossOutput(loss, per_token, ratio, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
+            clipfrac_lower = t.lower_active.sum().to(logp.dtype) / n
+        approx_kl = -t.d.sum() / n  # d is 0 on padding
+        approx_kl_k2 = 0.5 * (t.d * t.d).sum() / n
+    return PolicyLossOutput(loss, t.per_token, t.ratio, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
 
 
 @dataclass(frozen=True)

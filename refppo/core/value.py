@@ -64,15 +64,47 @@ def value_loss(
     values_old = check_bt("values_old", values_old, m)
     returns = check_bt("returns", returns, m)
     check_same_dtype(values=values, values_old=values_old, returns=returns)
+    eps_v = check_value_clip(k, clip)
+    per_token, clipped = value_terms(values, values_old, returns, m, eps_v=eps_v, form=form)
+    if clipped is None:
+        clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
+    else:
+        with torch.no_grad():
+            clipfrac = clipped.sum().to(values.dtype) / m.sum().to(values.dtype)
+    loss = aggregate_masked(
+        per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
+    )
+    return ValueLossOutput(loss, per_token, clipfrac)
+
+
+def check_value_clip(kind: ValueLoss, clip: float | None) -> float | None:
+    """The value clip range ``ε_v`` of a clipped value loss (checked), None for an unclipped one."""
+    if kind is not ValueLoss.CLIPPED:
+        return None
+    if clip is None:
+        raise HyperparameterError("clip: a clipped value loss needs a clip range, got None")
+    return check_nonneg("clip", clip)
+
+
+def value_terms(
+    values: Tensor,
+    values_old: Tensor,
+    returns: Tensor,
+    m: Tensor,
+    *,
+    eps_v: float | None,
+    form: ValueClipForm,
+) -> tuple[Tensor, Tensor | None]:
+    """``(ℓ^v, clipped)`` of validated inputs ``[b, T]`` (module docstring; elementwise, so a block
+    of rows gives that block's terms): ``ℓ^v`` is 0 on padding; ``clipped`` marks the valid tokens
+    where ``(V^clip − R)² > (V − R)²`` (None for an unclipped loss, ``eps_v`` None)."""
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     v_old = torch.where(m, values_old, zero).detach()
     ret = torch.where(m, returns, zero).detach()
     v = torch.where(m, values, zero)
     err_unclipped = (v - ret) ** 2
-    if k is ValueLoss.CLIPPED:
-        if clip is None:
-            raise HyperparameterError("clip: a clipped value loss needs a clip range, got None")
-        eps_v = check_nonneg("clip", clip)
+    clipped: Tensor | None = None
+    if eps_v is not None:
         if form is ValueClipForm.AROUND_OLD:  # verl compute_value_loss: exactly V inside the range
             v_clipped = torch.clamp(v, min=v_old - eps_v, max=v_old + eps_v)
         else:  # OpenRLHF ValueLoss, SkyRL, AReaL: can land one rounding step off V
@@ -80,15 +112,10 @@ def value_loss(
         err_clipped = (v_clipped - ret) ** 2
         per_token = 0.5 * torch.maximum(err_unclipped, err_clipped)
         with torch.no_grad():
-            clipfrac = ((err_clipped > err_unclipped) & m).sum().to(v.dtype) / m.sum().to(v.dtype)
+            clipped = (err_clipped > err_unclipped) & m
     else:
         per_token = 0.5 * err_unclipped
-        clipfrac = torch.zeros((), dtype=v.dtype, device=v.device)
-    per_token = torch.where(m, per_token, zero)
-    loss = aggregate_masked(
-        per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
-    )
-    return ValueLossOutput(loss, per_token, clipfrac)
+    return torch.where(m, per_token, zero), clipped
 
 
 @dataclass(frozen=True)

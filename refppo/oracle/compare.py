@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from refppo.oracle.load import Tolerance
+from refppo.oracle.load import Tolerance, trim_heap
 from refppo.validate import count_true
 
 _TINY = 1e-300
@@ -82,9 +82,10 @@ def compare(
     return QuantityResult(name, max_abs, max_rel, t, finite and max_abs <= t, pad)
 
 
-_CHUNK_ELEMENTS = 1 << 20
-"""Elements of one row block of :func:`_row_blocks` (4 MiB of float32): a ``[B, T]`` comparison
-allocates its temporaries per block, never at full size (a B=1024, T=8192 float32 dump: 33.5 MB each)."""
+_CHUNK_ELEMENTS = 1 << 18
+"""Elements of one row block of :func:`_row_blocks` (1 MiB of float32): a ``[B, T]`` comparison
+allocates its temporaries per block, never at full size (a B=1024, T=8192 float32 dump: 33.5 MB
+each); small blocks, because glibc keeps freed blocks of a few MiB resident in its heap."""
 
 
 def _row_blocks(n_rows: int, row_len: int) -> list[slice]:
@@ -135,6 +136,7 @@ def describe(
     """Plain-language notes on *how* ``dump`` differs from ``ref`` (for the first divergence)."""
     if cmp_mask is None:
         return _describe_scalar(name, float(dump), float(ref), tol)
+    trim_heap()  # the stages before freed their blocks: not resident under this one's peak
     return _describe_tokens(name, dump, ref, cmp_mask, mask, tol)
 
 
@@ -155,26 +157,35 @@ def _describe_scalar(name: str, d: float, r: float, tol: float) -> list[str]:
 
 
 def _fit_factor(d: Tensor, r: Tensor) -> tuple[float, float]:
-    """Least-squares ``d ≈ k·r``: ``(k, max residual)``."""
+    """Least-squares ``d ≈ k·r``: ``(k, max residual)``. One temporary of ``d``'s size at a time
+    (in-place steps: the same elementwise values, so the same sums)."""
     rr = float((r * r).sum())
     if rr == 0.0:
         return math.nan, math.inf
     k = float((d * r).sum()) / rr
-    return k, float((d - k * r).abs().max())
+    return k, _max_residual(d, k * r)
+
+
+def _max_residual(d: Tensor, fit: Tensor) -> float:
+    """``max |d − fit|``, computed in ``fit``'s buffer (which it overwrites)."""
+    return float(torch.sub(d, fit, out=fit).abs_().max())
 
 
 def _fit_affine(d: Tensor, r: Tensor) -> tuple[float, float, float]:
-    """Least-squares ``d ≈ a·r + b``: ``(a, b, max residual)``."""
+    """Least-squares ``d ≈ a·r + b``: ``(a, b, max residual)`` (at most two temporaries of ``d``'s
+    size at a time, by in-place steps: the same elementwise values, so the same sums)."""
     n = d.numel()
     if n < 2:
         return math.nan, math.nan, math.inf
     rm, dm = r.mean(), d.mean()
-    var = float(((r - rm) ** 2).sum())
+    rc = r - rm
+    var = float(rc.pow(2).sum())
     if var == 0.0:
         return math.nan, math.nan, math.inf
-    a = float(((r - rm) * (d - dm)).sum()) / var
+    a = float(rc.mul_(d - dm).sum()) / var
+    del rc
     b = float(dm) - a * float(rm)
-    return a, b, float((d - (a * r + b)).abs().max())
+    return a, b, _max_residual(d, (a * r).add_(b))
 
 
 def _last_true(m: Tensor) -> Tensor:
@@ -185,6 +196,18 @@ def _last_true(m: Tensor) -> Tensor:
     """
     flipped = m.flip(1).view(torch.uint8)
     return torch.where(flipped.amax(dim=1) > 0, (m.shape[1] - 1) - flipped.argmax(dim=1), -1)
+
+
+def _select(x: Tensor, m: Tensor) -> Tensor:
+    """``x[m]`` (row-major order) by row blocks: a bool index builds an int64 ``[N, 2]`` position
+    list (four times the selected values' bytes for float32) before it gathers; here per block."""
+    out = torch.empty(int(count_true(m)), dtype=x.dtype)
+    at = 0
+    for rows in _row_blocks(*m.shape):
+        part = x[rows][m[rows]]
+        out[at : at + part.numel()] = part
+        at += part.numel()
+    return out
 
 
 def _one_per_row(idx: Tensor, T: int) -> Tensor:
@@ -275,11 +298,11 @@ def _describe_tokens(
                 "toward its start (a difference in the terminal reward/bootstrap value, carried back by GAE)"
             )
     del bad, rows, at_last, at_last_cmp, peak  # [B, T] masks no longer needed by the fits below
-    d, r = dump[cmp_mask], ref[cmp_mask]
+    d, r = _select(dump, cmp_mask), _select(ref, cmp_mask)
     if not bool(torch.isfinite(d).all()):
         notes.append(f"{name}: the dump holds non-finite values at compared positions")
         return notes
-    if float((d + r).abs().max()) <= tol and float(r.abs().max()) > tol:
+    if float((d + r).abs_().max()) <= tol and float(r.abs().max()) > tol:
         notes.append(f"{name}: a sign flip (dump = −reference)")
         return notes
     k, res = _fit_factor(d, r)

@@ -33,10 +33,11 @@ from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
 from refppo.core.policy import policy_ratio
 from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
-from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, validate
+from refppo.oracle.load import TOLERANCES, Dump, check_inputs_for, trim_heap, validate
 from refppo.oracle.settings import Setup
 from refppo.pipeline import clipped_scores as clipped_scores  # moved to the pipeline (step 0)
 from refppo.pipeline import gae_by_rows, rollout_quantities, update_quantities
+from refppo.validate import count_true
 
 PIPELINE_ORDER: tuple[str, ...] = (
     "kl",
@@ -148,7 +149,7 @@ def pg_tie_share(
 ) -> Tensor:
     """Share of valid tokens of :func:`pg_tie_mask`."""
     near = pg_tie_mask(logprobs, old, adv, mask, setup, rtol)
-    return near.sum().to(logprobs.dtype) / mask.sum().to(logprobs.dtype)
+    return count_true(near).to(logprobs.dtype) / count_true(mask).to(logprobs.dtype)  # no int64 mask copies
 
 
 def _clip_ratio(logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup) -> Tensor:
@@ -192,7 +193,7 @@ def vf_tie_widen(
 ) -> float:
     """Share of value-mask tokens of :func:`vf_tie_mask`."""
     near = vf_tie_mask(values, old, returns, mask, eps_v, rtol)
-    return float(near.sum().to(values.dtype) / mask.sum().to(values.dtype))
+    return float(count_true(near).to(values.dtype) / count_true(mask).to(values.dtype))
 
 
 def vf_tie_mask(
@@ -238,9 +239,11 @@ def recompute(
     ``rollout``: such a ``rollout_only`` result for the same ``setup`` and ``bug``, continued with
     the update stage instead of recomputing steps 1–4 (the same values: the same calls made them).
     """
+    trim_heap()  # what earlier stages freed is not resident under this one's peak
     ro = _rollout_reference(dump, setup, bug) if rollout is None else rollout
     if rollout_only:
         return ro
+    trim_heap()
     return _with_update(dump, setup, ro)
 
 

@@ -10,8 +10,9 @@ previous complete one.
 
 A checkpoint written by an older refppo, whose saved config lacks keys added since, is resumed when
 each such key is at its default (the rule: :mod:`refppo.rundir`). The run's identity stays the older
-config's: ``Trainer.config_absent`` names those keys, and every checkpoint written afterwards
-stores the config without them and the run's hash (:func:`refppo.rundir.without_keys`).
+config's: ``Trainer.config_absent`` names those keys (``--resume`` prints them in one line), and
+every checkpoint written afterwards stores the config without them and the run's hash
+(:func:`refppo.rundir.without_keys`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ def resume(tr: Trainer) -> None:
             raise ckpt.CheckpointError(f"--resume: {e}{hint}") from None
         tr.start_iteration = c.iteration
         tr.echo(f"resumed from {path} (iteration {c.iteration})")
+        if tr.config_absent:
+            tr.echo(
+                f"--resume: checkpoint written by an older refppo without {len(tr.config_absent)} "
+                f"config key(s), accepted at their defaults: {', '.join(tr.config_absent)}"
+            )
         return
 
 
