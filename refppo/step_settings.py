@@ -103,7 +103,8 @@ class Convention:
     """Aggregation of the per-token policy, entropy and KL losses (and of the value loss unless
     ``value_loss_agg`` is set)."""
     value_loss: ValueLoss = ValueLoss.CLIPPED
-    """Clipped or unclipped value loss."""
+    """Clipped or unclipped value loss.
+    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages, or None (off)."""
     log_ratio_clamp: float | None = None
@@ -114,7 +115,8 @@ class Convention:
     """Symmetric clamp of the KL estimate (OpenRLHF: 10; verl k3: 10)."""
     value_loss_agg: LossAgg | None = None
     """Aggregation of the value loss; None = same as ``loss_agg``. OpenRLHF's critic keeps the value
-    loss ``token-mean`` whatever the actor's aggregation (its critic builds ``ValueLoss(value_clip)``)."""
+    loss ``token-mean`` whatever the actor's aggregation (its critic builds ``ValueLoss(value_clip)``).
+    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
     whiten_eps_at: WhitenEps = WhitenEps.VARIANCE
     """Where the whitening's eps enters: ``1/sqrt(σ²+eps)``, ``1/sqrt(max(σ², eps))`` (OpenRLHF) or
     ``1/(σ+eps)`` (AReaL); also used by ``whiten_rewards``."""
@@ -132,7 +134,8 @@ class Convention:
     value_clip_form: ValueClipForm = ValueClipForm.AROUND_OLD
     """How the clipped value is computed: ``around_old`` ``clip(V, V_old ± ε_v)`` (verl, TRL,
     DeepSpeed-Chat) or ``delta`` ``V_old + clip(V − V_old, ±ε_v)`` (OpenRLHF, SkyRL, AReaL); equal in
-    exact arithmetic, they can count a different ``vf_clipfrac`` in float32."""
+    exact arithmetic, they can count a different ``vf_clipfrac`` in float32.
+    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
     policy_loss: PolicyLoss = PolicyLoss.VANILLA
     """The importance ratio of the clipped surrogate: ``vanilla`` (per token) or ``gspo`` (GSPO's
     length-normalised sequence ratio, :mod:`refppo.core.gspo`; needs ``dual_clip`` None, and takes
@@ -166,7 +169,7 @@ class Convention:
     return-to-go after grouping (OpenRLHF)."""
     group_eps: float = 1e-6
     """ε of ``grpo``'s (and ``grpo-passk``'s) ``(s − μ)/(σ + ε)`` (verl, SkyRL 1e-6; OpenRLHF
-    ``group_norm`` 1e-9)."""
+    ``group_norm`` 1e-9). Read by these two only (the trainer refuses it off its default elsewhere)."""
 
     def __post_init__(self) -> None:
         for name, cls in _ENUM_FIELDS.items():
@@ -241,7 +244,8 @@ class Hyperparams:
     gamma: float = 1.0
     """Discount γ."""
     lam: float = 0.95
-    """GAE λ (``lam``, ``lambd``)."""
+    """GAE λ (``lam``, ``lambd``).
+    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
     kl_coef: float = 0.05
     """β, the KL coefficient (``kl_coef``, ``init_kl_coef``, ``kl_ctl``)."""
     cliprange: float = 0.2
@@ -249,9 +253,11 @@ class Hyperparams:
     cliprange_high: float | None = None
     """ε_high when asymmetric (``clip_ratio_high``); None = ``cliprange``."""
     cliprange_value: float = 0.2
-    """ε_v, the value clip range (``value_clip``)."""
+    """ε_v, the value clip range (``value_clip``).
+    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
     vf_coef: float = 0.1
-    """c1, the value-loss coefficient."""
+    """c1, the value-loss coefficient.
+    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
     ent_coef: float = 0.0
     """c2, the entropy-bonus coefficient (``entropy_coeff``)."""
     whiten_eps: float = 1e-8
@@ -291,4 +297,35 @@ class ScoreMap:
         check_score_map(self.bias, self.scale, self.clip)
 
 
-__all__ = ["Convention", "Hyperparams", "ScoreMap"]
+SIGMA_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
+"""The estimators with a σ (:func:`refppo.core.group.group_scalar_advantages`): only they read
+``group_std``, ``group_std_level`` and ``group_eps``."""
+
+
+def unread_convention(conv: Convention, prefix: str = "") -> str | None:
+    """One line naming a convention setting its estimator ignores or cannot run, else None.
+
+    - ``group_std_level`` off ``group`` where ``advantage`` has no σ (only :data:`SIGMA_ESTIMATORS`);
+    - ``group_singleton=score`` with ``grpo-passk``, which has no second-best score in a group of one
+      (the core refuses it only when a singleton turns up, mid-rollout).
+
+    Not a check of :class:`Convention` itself: the oracle's ``--detect`` walk
+    (:mod:`refppo.oracle.search_estimator`) builds such Conventions on purpose and discards them.
+    The user-facing entry points call it: :func:`refppo.oracle.settings.build_setup` (``refppo diff``'s
+    ``--preset``/``--set``/sidecar) and the trainer's config. ``prefix``: ``"ppo."`` for the
+    trainer's keys."""
+    adv = conv.advantage
+    if conv.group_std_level is not GroupStdLevel.GROUP and adv not in SIGMA_ESTIMATORS:
+        return (
+            f"{prefix}group_std_level={conv.group_std_level.value} is set but {prefix}advantage={adv.value} "
+            f"takes no group std (only {', '.join(e.value for e in SIGMA_ESTIMATORS)} read it)"
+        )
+    if adv is AdvantageEstimator.GRPO_PASSK and conv.group_singleton is GroupSingleton.SCORE:
+        return (
+            f"{prefix}group_singleton=score is set but {prefix}advantage=grpo-passk has no second-best "
+            f"score in a group of one (use {prefix}group_singleton=error or zero)"
+        )
+    return None
+
+
+__all__ = ["SIGMA_ESTIMATORS", "Convention", "Hyperparams", "ScoreMap", "unread_convention"]

@@ -6,9 +6,11 @@ into ranks × minibatches × micro-batches of whole groups; ``model.critic_init=
 reward model; a critic-free ``ppo.advantage`` takes no critic option and a group estimator (``grpo``,
 ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo``, ``gpg``, ``grpo-passk``) a
 ``rollout.group_size`` ≥ 2; a non-default ``ppo.group_std_level`` needs ``grpo`` or ``grpo-passk``
-(the only estimators with a σ). A non-default ``ppo.group_std`` (``population``) elsewhere is
-refused for a new run by :meth:`TrainConfig.unread_options` (called by the trainer, not on
-construction: ``--resume`` of a run an older refppo started with it only warns, see that method);
+(the only estimators with a σ). Options no step would read are refused for a new run by
+:meth:`TrainConfig.unread_options` (called by the trainer, not on construction: ``--resume`` of a
+run an older refppo started with them only warns, see that method): a non-default ``ppo.group_std``
+or ``ppo.group_eps`` where no σ is taken, a critic or GAE option (:data:`CRITIC_ONLY_KEYS`) off its
+default under a critic-free ``ppo.advantage``, and ``grpo-passk`` with ``group_singleton=score``;
 ``run.dump_iteration`` with whitening, groups or a batch baseline
 (``gpg``'s α, ``flash-reinforce``'s mean) needs ``ppo.minibatches=1`` (the oracle's statistics are
 over the dump's rows). Every estimator runs in the trainer: the batch statistics of ``gpg`` and
@@ -36,10 +38,36 @@ from refppo.config.sections import (
 )
 from refppo.conventions import AdvantageEstimator, GroupStdLevel, Variance
 from refppo.core.group import GROUP_ESTIMATORS
+from refppo.step_settings import Convention, Hyperparams, unread_convention
 
 STD_LEVEL_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
 """The estimators whose σ ``ppo.group_std_level`` chooses (:func:`refppo.core.group.group_scalar_advantages`
 passes it to ``group_sigma`` for these two only); a non-default level with any other is refused."""
+
+CRITIC_ONLY_KEYS = ("vf_coef", "cliprange_value", "value_loss", "value_clip_form", "value_loss_agg", "lam")
+"""``[ppo]`` keys only ``ppo.advantage=gae`` reads: the value loss (:func:`refppo.pipeline.update_quantities`
+computes none without values) and GAE's λ (:func:`refppo.pipeline.rollout_quantities`; the critic-free
+estimators, ``reinforce++`` included, use γ only). Off their default under a critic-free estimator they
+are refused for a new run (:meth:`TrainConfig.unread_options`)."""
+
+_DEFAULT_CONVENTION, _DEFAULT_HP = Convention(), Hyperparams()
+
+
+def _off_default(conv: Convention, hp: Hyperparams) -> list[tuple[str, Any]]:
+    """``(key, value)`` of every :data:`CRITIC_ONLY_KEYS` field that differs from its default."""
+    out: list[tuple[str, Any]] = []
+    for key in CRITIC_ONLY_KEYS:
+        obj, default = (conv, _DEFAULT_CONVENTION) if hasattr(conv, key) else (hp, _DEFAULT_HP)
+        if getattr(obj, key) != getattr(default, key):
+            out.append((key, getattr(obj, key)))
+    return out
+
+
+def _shown(value: Any) -> str:
+    """A value as ``--set`` spells it (an enum by its name, None as ``none``)."""
+    if value is None:
+        return "none"
+    return str(getattr(value, "value", value))
 
 
 @dataclass(frozen=True)
@@ -111,21 +139,48 @@ class TrainConfig:
             )
 
     def unread_options(self) -> str | None:
-        """One line naming a set option that no step of this config reads, else None: a non-default
-        ``ppo.group_std`` (the divisor of σ) where ``ppo.advantage`` takes no group std (only
-        :data:`STD_LEVEL_ESTIMATORS` read it; ``group_std_level``'s twin check is on construction).
+        """One line naming the set options that no step of this config reads, else None:
 
-        Not checked on construction: refppo releases up to 61be225 accepted it, so a run started
-        then may hold it in its checkpoints, and ``--resume`` (which rebuilds this config from the
-        same flags) must still work. The trainer refuses it for a new run (:class:`ConfigError`)
-        and prints it as a one-line warning on ``--resume`` (the option had, and has, no effect)."""
-        adv, std = self.ppo.convention.advantage, self.ppo.convention.group_std
-        if std is Variance.UNBIASED or adv in STD_LEVEL_ESTIMATORS:
-            return None
-        return (
-            f"ppo.group_std={std.value} is set but ppo.advantage={adv.value} takes no group std "
-            f"(only {', '.join(e.value for e in STD_LEVEL_ESTIMATORS)} read it)"
-        )
+        - a non-default ``ppo.group_std`` (the divisor of σ) or ``ppo.group_eps`` (σ's ε) where
+          ``ppo.advantage`` takes no group std (only :data:`STD_LEVEL_ESTIMATORS` read them;
+          ``group_std_level``'s twin check is on construction);
+        - a critic or GAE option (:data:`CRITIC_ONLY_KEYS`: ``vf_coef``, ``cliprange_value``,
+          ``value_loss``, ``value_clip_form``, ``value_loss_agg``, ``lam``) off its default where
+          ``ppo.advantage`` is critic-free (no critic, no value loss, no GAE; ``reinforce++`` uses
+          γ only);
+        - ``ppo.group_singleton=score`` with ``grpo-passk``
+          (:func:`refppo.step_settings.unread_convention`; it has no score for a group of one).
+
+        Not checked on construction: refppo releases up to 61be225 accepted them, so a run started
+        then may hold them in its checkpoints, and ``--resume`` (which rebuilds this config from the
+        same flags) must still work. The trainer refuses them for a new run (:class:`ConfigError`)
+        and prints the line as a warning on ``--resume`` (the options had, and have, no effect)."""
+        adv, conv, hp = self.ppo.convention.advantage, self.ppo.convention, self.ppo.hp
+        parts: list[str] = []
+        if adv not in STD_LEVEL_ESTIMATORS:
+            std_keys = (
+                [f"ppo.group_std={conv.group_std.value}"] if conv.group_std is not Variance.UNBIASED else []
+            )
+            if conv.group_eps != _DEFAULT_CONVENTION.group_eps:
+                std_keys.append(f"ppo.group_eps={conv.group_eps!r}")
+            if std_keys:
+                parts.append(
+                    f"{' and '.join(std_keys)} {'is' if len(std_keys) == 1 else 'are'} set but "
+                    f"ppo.advantage={adv.value} takes no group std "
+                    f"(only {', '.join(e.value for e in STD_LEVEL_ESTIMATORS)} read it)"
+                )
+        if self.critic_free:
+            critic = [f"ppo.{k}={_shown(v)}" for k, v in _off_default(conv, hp) if k in CRITIC_ONLY_KEYS]
+            if critic:
+                parts.append(
+                    f"{', '.join(critic)} {'is' if len(critic) == 1 else 'are'} set but "
+                    f"ppo.advantage={adv.value} has no critic and no GAE (only gae reads "
+                    f"{'it' if len(critic) == 1 else 'them'})"
+                )
+        passk = unread_convention(conv, prefix="ppo.")  # group_std_level is refused on construction
+        if passk is not None:
+            parts.append(passk)
+        return "; ".join(parts) if parts else None
 
     # ----------------------------------------------------------------------------------- derived sizes
     def check_world_size(self, world_size: int) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from refppo.errors import ConventionError, HyperparameterError
 from refppo.pipeline import Convention, Hyperparams
+from refppo.step_settings import unread_convention
 
 APPROX_KL_METRICS = ("k1", "k2_all_positions", "neg_k1")
 """``k1``: masked mean of ``old_logprobs − logprobs`` (verl ``ppo_kl``, OpenRLHF ``ppo_kl``, refppo).
@@ -170,7 +171,9 @@ def build_setup(
 
     Hyperparameters: preset defaults < sidecar < ``--set`` (a preset supplies a peer's default
     hyperparameters, the sidecar records the run's real ones). All values must already be typed
-    (see :func:`parse_value`). Raises HyperparameterError when a required hyperparameter is missing.
+    (see :func:`parse_value`). Raises HyperparameterError when a required hyperparameter is missing,
+    ConventionError on a setting its estimator ignores or cannot run
+    (:func:`refppo.step_settings.unread_convention`).
     """
     conv_vals: dict[str, Any] = {}
     hp_vals: dict[str, Any] = dict(preset_hp or {})
@@ -188,5 +191,8 @@ def build_setup(
             "give them in the sidecar JSON, --hparams FILE or --set KEY=VALUE"
         )
     hp = Hyperparams(**hp_vals)
-    base = Setup(Convention(), Extras(), hp)
-    return base.with_convention(conv_vals)
+    setup = Setup(Convention(), Extras(), hp).with_convention(conv_vals)
+    unread = unread_convention(setup.conv)
+    if unread is not None:  # here, not in Convention: --detect's walk builds such conventions
+        raise ConventionError(unread)
+    return setup
