@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
 CORE = (
     "aggregate",
+    "by_rows",
     "gae",
     "grad",
     "group",
@@ -36,6 +37,7 @@ PIPELINE_FUNCS = {
     "Normalisers.kwargs",
     "policy_term",
     "update_quantities",
+    "update_rows",
     "clipped_scores",
     "mapped_scores",
     "Convention.__post_init__",
@@ -69,6 +71,11 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     "group": ("tests/property/test_group_more_estimators.py", "tests/property/test_group_std_level.py"),
     "kl": ("tests/property/test_kl_straight_through.py",),
     "score_map": ("tests/unit/test_pipeline_score_map.py",),
+    "by_rows": (
+        "tests/property/test_update_by_rows.py",
+        "tests/unit/test_pipeline_memory.py",
+        "tests/unit/test_by_rows_mutation_kills.py",
+    ),
 }
 """A core module's tests beyond ``test_core_<mod>.py`` and ``test_<mod>_properties.py``."""
 
