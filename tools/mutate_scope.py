@@ -63,6 +63,8 @@ PIPELINE_TESTS = (
     "tests/unit/test_core_boundaries.py",
     "tests/golden/test_golden_ppo.py",
     "tests/unit/test_core_mutation_kills.py",
+    "tests/property/test_update_by_rows.py",
+    "tests/unit/test_pipeline_memory.py",
 )
 """The oracle's tests (tests/unit/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
