@@ -65,6 +65,7 @@ PIPELINE_TESTS = (
     "tests/unit/test_core_mutation_kills.py",
     "tests/property/test_update_by_rows.py",
     "tests/unit/test_pipeline_memory.py",
+    "tests/unit/test_by_rows_mutation_kills.py",
 )
 """The oracle's tests (tests/unit/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""

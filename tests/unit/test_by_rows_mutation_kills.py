@@ -9,13 +9,16 @@ clip ranges and the PPO — not GSPO — ratio, spelled out here, not read from 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import Tensor
 
+import refppo.pipeline as pl
 from refppo.core.by_rows import (
     entropy_bonus_by_rows,
     kl_loss_by_rows,
@@ -24,9 +27,13 @@ from refppo.core.by_rows import (
     value_loss_by_rows,
 )
 from refppo.core.gspo import gspo_policy_loss
+from refppo.core.objective import kl_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.value import value_loss
 from refppo.errors import DtypeError, HyperparameterError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from oracle_helpers import setup_for
 
 
 def _inputs(n: int, B: int = 3, T: int = 4) -> tuple[Tensor, list[Tensor]]:
@@ -131,3 +138,45 @@ def test_value_by_rows_default_clip_is_0_2() -> None:
     want = value_loss(v, vo, ret, mask, clip=0.2, kind="clipped")
     got = value_loss_by_rows(2, v, vo, ret, mask)
     _equal(got, want, ("loss", "per_token", "clipfrac"))
+
+
+def test_value_by_rows_passes_the_horizon() -> None:
+    """``seq-mean-token-sum-norm`` divides each row's sum by the given horizon ``H``: with ``H = 2``
+    (not ``T = 4``) the by-rows loss equals the core's called with ``horizon=2.0`` and differs from
+    the default ``H = T`` (checked). Survivor: ``horizon=`` dropped from the aggregation."""
+    mask, (v, vo, ret) = _inputs(3)
+    kw: dict[str, Any] = {"agg": "seq-mean-token-sum-norm", "kind": "unclipped"}
+    want = value_loss(v, vo, ret, mask, horizon=2.0, **kw)
+    assert not torch.equal(want.loss, value_loss(v, vo, ret, mask, **kw).loss)
+    assert torch.equal(value_loss_by_rows(2, v, vo, ret, mask, horizon=2.0, **kw).loss, want.loss)
+
+
+def test_kl_by_rows_applies_the_value_clamp() -> None:
+    """A value clamp alone (no log-ratio clamp) of 0.05 on k3 of log-ratios ~N(0, 2²) bites (the
+    loss differs from the unclamped one, checked); the by-rows loss equals the core's called with
+    the clamp. Survivor: ``value_clamp=`` dropped from the per-block ``token_kl`` call."""
+    mask, (lp, ref) = _inputs(2)
+    lp = 2.0 * lp
+    want = kl_loss(lp, ref, mask, "k3", value_clamp=0.05)
+    assert not torch.equal(want, kl_loss(lp, ref, mask, "k3"))
+    assert torch.equal(kl_loss_by_rows(2, lp, ref, mask, "k3", value_clamp=0.05), want)
+
+
+@pytest.mark.parametrize("gspo", [False, True])
+def test_policy_term_by_rows_reads_every_setting(gspo: bool) -> None:
+    """``pipeline.policy_term(rows=2)`` passes ε_low = 0.1, ε_high = 0.3, the dual clip 1.5, the
+    log-ratio clamp 0.7 and ``seq-mean-token-sum`` to the by-rows loss: it equals the core called
+    directly with those values spelled out (the graph-free block path; survivors: each setting
+    dropped from the ``policy_loss_by_rows`` call, where the defaults 0.2 / None / token-mean took
+    over unnoticed because the update tests used the presets' 0.2)."""
+    conv: dict[str, Any] = {"loss_agg": "seq-mean-token-sum", "log_ratio_clamp": 0.7}
+    conv.update({"policy_loss": "gspo", "dual_clip": "none"} if gspo else {"dual_clip": 1.5})
+    s = setup_for("verl", conv, {"cliprange": 0.1, "cliprange_high": 0.3})
+    mask, (lp, old, adv) = _inputs(3, B=5, T=6)
+    got = pl.policy_term(lp, old, adv, mask, hp=s.hp, conv=s.conv, rows=2)
+    kw: dict[str, Any] = {"clip_low": 0.1, "clip_high": 0.3, "agg": "seq-mean-token-sum"}
+    if gspo:
+        want = gspo_policy_loss(lp, old, adv, mask, log_ratio_max=0.7, **kw)
+    else:
+        want = clipped_policy_loss(lp, old, adv, mask, dual_clip=1.5, log_ratio_clamp=0.7, **kw)
+    _equal(got, want, ("loss", "per_token", "ratio", "clipfrac", "clipfrac_lower", "approx_kl"))
