@@ -180,3 +180,23 @@ def test_policy_term_by_rows_reads_every_setting(gspo: bool) -> None:
     else:
         want = clipped_policy_loss(lp, old, adv, mask, dual_clip=1.5, log_ratio_clamp=0.7, **kw)
     _equal(got, want, ("loss", "per_token", "ratio", "clipfrac", "clipfrac_lower", "approx_kl"))
+
+
+@pytest.mark.parametrize(
+    "budget, B, T, want",
+    [
+        (24, 6, 12, 2),  # 24 // 12 = 2 rows per block
+        (24, 3, 12, 2),  # the last block shorter
+        (24, 2, 12, None),  # the whole batch fits one block: no blocks
+        (4, 6, 12, 1),  # a row over the budget: still one row per block, never 0
+        (8, 6, 0, None),  # no column: 8 // max(0, 1) = 8 rows ≥ B, the whole batch
+    ],
+)
+def test_update_rows_by_hand(
+    budget: int, B: int, T: int, want: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``update_rows``: ``step = max(1, ⌊budget / max(T, 1)⌋)`` rows, None when ``step ≥ B``, worked
+    out by hand above. Survivors: the ``1`` of ``max(1, …)`` (0 gave blocks of no row) and of
+    ``max(T, 1)`` (0 divided by zero, 2 halved the step) mutated."""
+    monkeypatch.setattr(pl, "ROW_BLOCK_ELEMENTS", budget)
+    assert pl.update_rows(torch.ones(B, T, dtype=torch.bool), torch.zeros(B, T)) == want
