@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
 CORE = (
+    "_group_stats",
     "aggregate",
     "by_rows",
     "gae",
@@ -72,6 +73,12 @@ per run on a shared 2-core machine; the golden replay covers the whole iteration
 EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     "logprobs": ("tests/property/test_logprobs_chunked.py",),
     "group": ("tests/property/test_group_more_estimators.py", "tests/property/test_group_std_level.py"),
+    "_group_stats": (  # group.py's batch statistics: group.py's tests
+        "tests/unit/test_core_group.py",
+        "tests/property/test_group_properties.py",
+        "tests/property/test_group_more_estimators.py",
+        "tests/property/test_group_std_level.py",
+    ),
     "kl": ("tests/property/test_kl_straight_through.py",),
     "score_map": ("tests/unit/test_pipeline_score_map.py",),
     "by_rows": (

@@ -20,13 +20,18 @@ Two halves, two interpreters, as ``tools/validate_presets.py``:
      ``equivalent``: differing only on keys the dump does not pin, re-checked through the pipeline).
 
    A case in :data:`DETECT_GAPS` may miss the third check (reported with the reason).
+   ``--no-detect`` leaves the third check out (``detect: "not run"``): ``--detect`` costs minutes
+   per case on TRL GRPO dumps, so ``tests/e2e/test_peer_grpo_trl_areal.py`` runs the first two on
+   every case and ``--detect`` per case (``--case NAME``, each its own run) on a representative subset.
    A case whose ``--set`` names a key refppo does not have is reported NOT EXPRESSIBLE: the same
    diff without that key must MISMATCH (the form is really different); it counts as a failure only
    if it matches. (TRL ``scale_rewards="batch"`` was one until ``group_std_level=batch`` existed;
    AReaL ``std_level: batch`` under ``mean_level: group`` is ``group_std_level=batch-centred``.)
 
-Exit 0 when every case that ran passes, 1 otherwise; a venv that is not built (no ``READY``
-stamp) is SKIPPED with the reason. ``--json-out FILE`` writes the results.
+Exit 0 when every case that ran passes and at least one ran; 1 otherwise. A venv that is not
+built (no ``READY`` stamp) is SKIPPED with the reason; a built venv whose makers crash (non-zero
+exit, no status file, or a maker that raised) is FAILED (exit 1), whatever the other venvs did.
+``--json-out FILE`` writes the results.
 """
 
 from __future__ import annotations
@@ -90,9 +95,9 @@ def known_keys() -> set[str]:
 
 
 def check_case(
-    dump: Path, preset: str, conv: dict[str, Any], flip: dict[str, Any], keys: set[str]
+    dump: Path, preset: str, conv: dict[str, Any], flip: dict[str, Any], keys: set[str], detect: bool = True
 ) -> dict[str, Any]:
-    """Diff, control and ``--detect`` of one dump (see the module docstring)."""
+    """Diff, control and (unless ``detect`` is False) ``--detect`` of one dump (module docstring)."""
     from validate_detect import detect_case
 
     unknown = sorted(set(conv) - keys)
@@ -109,9 +114,10 @@ def check_case(
     rc, rep = _diff(dump, preset, conv)
     errs = [q["max_abs_err"] for q in rep.get("quantities", {}).values()]
     crc, _ = _diff(dump, preset, {**conv, **flip})
-    det = detect_case(dump, preset, conv)
-    gap = DETECT_GAPS.get(dump.stem) if det["verdict"] not in ("found", "equivalent") else None
-    ok = rc == 0 and crc == 1 and (det["verdict"] in ("found", "equivalent") or gap is not None)
+    det = detect_case(dump, preset, conv) if detect else {"verdict": "not run"}
+    found = det["verdict"] in ("found", "equivalent", "not run")
+    gap = DETECT_GAPS.get(dump.stem) if not found else None
+    ok = rc == 0 and crc == 1 and (found or gap is not None)
     return {
         "verdict": "MATCH" if rc == 0 else f"MISMATCH at {rep.get('first_divergence')}",
         "ok": ok,
@@ -131,25 +137,27 @@ def _cmd(dump: Path, preset: str, conv: dict[str, Any]) -> str:
     return f"refppo diff {dump.name} --preset {preset} " + " ".join(f"--set {k}={v}" for k, v in conv.items())
 
 
-def run_venv(venv: str, py: Path, out: Path, only: str | None) -> dict[str, Any]:
+def run_venv(
+    venv: str, py: Path, out: Path, only: str | None, detect: bool = True, case: str | None = None
+) -> dict[str, Any]:
     proc = subprocess.run(
         [str(py), str(Path(__file__).resolve()), "--make", str(out), "--venv", venv],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     status_file = out / f"status-{venv}.json"
     if proc.returncode != 0 or not status_file.exists():
-        return {"skipped": "the makers could not run: " + " | ".join(proc.stderr.strip().splitlines()[-3:])}
+        return {"failed": "the makers could not run: " + " | ".join(proc.stderr.strip().splitlines()[-3:])}
     st = json.loads(status_file.read_text())[venv]
-    if "skipped" in st:
-        return {"skipped": st["skipped"], "tb": st.get("tb", [])}
+    if "skipped" in st:  # the venv is built (READY) but its maker raised: a failure, not a skip
+        return {"failed": f"the maker raised: {st['skipped']}", "tb": st.get("tb", [])}
     keys = known_keys()
     cases = {}
     for name in st["made"]:
-        if only and only not in name:
+        if (only and only not in name) or (case and case != name):
             continue
         conv = json.loads((out / f"{name}.set.json").read_text())
         flip = json.loads((out / f"{name}.control.json").read_text())
-        cases[name] = check_case(out / f"{name}.pt", VENVS[venv], conv, flip, keys)
+        cases[name] = check_case(out / f"{name}.pt", VENVS[venv], conv, flip, keys, detect)
         _print_case(name, cases[name])
     return {"cases": cases}
 
@@ -174,7 +182,15 @@ def _print_case(name: str, c: dict[str, Any]) -> None:
     print(f"      {c['command']}", flush=True)
 
 
-def validate(venvs: list[str], root: Path, keep: Path | None, only: str | None, json_out: Path | None) -> int:
+def validate(
+    venvs: list[str],
+    root: Path,
+    keep: Path | None,
+    only: str | None,
+    json_out: Path | None,
+    detect: bool = True,
+    case: str | None = None,
+) -> int:
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tools"))
     from validate_presets import peers_python
@@ -194,15 +210,16 @@ def validate(venvs: list[str], root: Path, keep: Path | None, only: str | None, 
                 capture_output=True, text=True,
             ).stdout.strip()  # fmt: skip
             print(f"{venv}: {VENVS[venv]} {ver}", flush=True)
-            result[venv] = {"version": ver, **run_venv(venv, py, out, only)}
-            if "skipped" in result[venv]:
-                print(f"{venv}: SKIPPED ({result[venv]['skipped']})")
+            result[venv] = {"version": ver, **run_venv(venv, py, out, only, detect, case)}
+            if "failed" in result[venv]:
+                print(f"{venv}: FAILED ({result[venv]['failed']})")
     ran = [c for r in result.values() for c in r.get("cases", {}).values()]
-    bad = [c for c in ran if not c["ok"]]
+    crashed = [v for v, r in result.items() if "failed" in r]
+    bad = [c for c in ran if not c["ok"]] + crashed
     expressed = [c for c in ran if c["verdict"] != "not expressible"]
     worst = max((c["max_abs_err"] for c in expressed), default=float("nan"))
-    print(f"{len(ran)} cases ({len(ran) - len(expressed)} not expressible), {len(bad)} failure(s); "
-          f"max abs err {worst:.2e}")  # fmt: skip
+    print(f"{len(ran)} cases ({len(ran) - len(expressed)} not expressible), {len(bad)} failure(s) "
+          f"({len(crashed)} venv(s) whose makers crashed); max abs err {worst:.2e}")  # fmt: skip
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=2, default=str))
     return 1 if bad or not ran else 0
@@ -215,7 +232,11 @@ def main() -> int:
     ap.add_argument("--peers-root", default=str(PEERS_ROOT), help="folder of the side venvs")
     ap.add_argument("--keep", metavar="DIR", help="keep the dumps in DIR")
     ap.add_argument("--only", metavar="SUBSTR", help="check only the cases whose name contains SUBSTR")
+    ap.add_argument("--case", metavar="NAME", help="check only the case named exactly NAME")
     ap.add_argument("--json-out", metavar="FILE", help="write the results as JSON")
+    ap.add_argument(
+        "--no-detect", action="store_true", help="skip the --detect check (preset and control only)"
+    )
     args = ap.parse_args()
     if args.make:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -226,6 +247,8 @@ def main() -> int:
         Path(args.keep) if args.keep else None,
         args.only,
         Path(args.json_out) if args.json_out else None,
+        detect=not args.no_detect,
+        case=args.case,
     )
 
 

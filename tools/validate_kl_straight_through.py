@@ -20,6 +20,9 @@ and ``mount`` from ``tools/peer_makers/common.py``, imported):
 
 Batch: float64, B = 8, T = 12, right-padded, seed 0, ``log π``, ``log π_ref`` ∈ [−6, 0) plus rows
 spread to ``d`` = ±25 (the clamps).
+
+Exit 0 when every name matches, 1 on a mismatch or when the verl half crashes, 2 (one line) when
+the interpreter does not exist: nothing ran, so it is never reported as a pass.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-PEER = "/work/peervenv/verl-openrlhf/bin/python"
+PEER = os.path.join(os.environ.get("REFPPO_PEERS_ROOT", "/work/peervenv"), "verl-openrlhf", "bin", "python")
 B, T = 8, 12
 # verl's name → refppo's kl_estimator
 NAMES = {
@@ -111,9 +114,9 @@ def refppo_side(x: dict[str, Any], est: str) -> tuple[Any, Any, Any]:
 def validate(python: str) -> int:
     import torch
 
-    if not Path(python).exists():
-        print(f"SKIPPED: no interpreter {python}")
-        return 0
+    if not Path(python).exists():  # nothing can run: a failure, never a pass (exit 2, one line)
+        print(f"validate_kl_straight_through.py: --peers-python: no interpreter {python}", file=sys.stderr)
+        return 2
     x = make_batch()
     m = x["mask"].bool()
     failures = 0

@@ -39,7 +39,7 @@ from refppo.core.group import GROUP_ESTIMATORS
 
 STD_LEVEL_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
 """The estimators whose σ ``ppo.group_std_level`` chooses (:func:`refppo.core.group.group_scalar_advantages`
-passes it to ``_sigma`` for these two only); a non-default level with any other is refused."""
+passes it to ``group_sigma`` for these two only); a non-default level with any other is refused."""
 
 
 @dataclass(frozen=True)

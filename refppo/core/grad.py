@@ -243,6 +243,44 @@ def _normaliser_kwargs(norm: Normalisers | None, horizon: float | None, *, value
     return out
 
 
+def _pg_grad(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    hp: Hyperparams,
+    conv: Convention,
+    pol: dict[str, float],
+) -> Tensor:
+    """``∂pg/∂logprobs`` by ``conv.policy_loss``: GSPO's (:func:`refppo.core.gspo.gspo_policy_grad_naive`)
+    or the per-token ratio's (:func:`policy_grad_naive`), with the normalisers ``pol``."""
+    if conv.policy_loss is PolicyLoss.GSPO:
+        return gspo_policy_grad_naive(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high,
+            agg=conv.loss_agg,
+            log_ratio_max=conv.log_ratio_clamp,
+            **pol,
+        )
+    return policy_grad_naive(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=hp.cliprange,
+        clip_high=hp.cliprange_high,
+        dual_clip=conv.dual_clip,
+        agg=conv.loss_agg,
+        log_ratio_clamp=conv.log_ratio_clamp,
+        **pol,
+    )
+
+
 def objective_grads_naive(
     *,
     logprobs: Tensor,
@@ -270,31 +308,7 @@ def objective_grads_naive(
     del entropy
     pol = _normaliser_kwargs(norm, hp.horizon, value=False)
     val = _normaliser_kwargs(norm, hp.horizon, value=True)
-    if conv.policy_loss is PolicyLoss.GSPO:
-        g_lp = gspo_policy_grad_naive(
-            logprobs,
-            old_logprobs,
-            advantages,
-            mask,
-            clip_low=hp.cliprange,
-            clip_high=hp.cliprange_high,
-            agg=conv.loss_agg,
-            log_ratio_max=conv.log_ratio_clamp,
-            **pol,
-        )
-    else:
-        g_lp = policy_grad_naive(
-            logprobs,
-            old_logprobs,
-            advantages,
-            mask,
-            clip_low=hp.cliprange,
-            clip_high=hp.cliprange_high,
-            dual_clip=conv.dual_clip,
-            agg=conv.loss_agg,
-            log_ratio_clamp=conv.log_ratio_clamp,
-            **pol,
-        )
+    g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
     if conv.kl_in is KLPlacement.LOSS:
         if ref_logprobs is None:
             raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")

@@ -55,12 +55,13 @@ a tolerance (the peers share this: verl/SkyRL divide the same ``torch.mean``).
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
+from refppo.core._group_stats import batch_stats, group_sigma, passk_margin
 from refppo.core.gae import gae
 
 # the naive twins live in group_naive.py, re-exported here (tests and callers import them from here)
@@ -115,49 +116,6 @@ def _whiten(x: Tensor, m: Tensor, unbiased: bool, eps: float, form: str) -> Tens
     return torch.where(m, (x - mu) * torch.rsqrt(denom), torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def _batch_stats(x: Tensor, all_reduce: AllReduce | None) -> Tensor:
-    """``x`` (a few batch sums) summed over every rank: this process's when ``all_reduce`` is None."""
-    return x if all_reduce is None else all_reduce(x.clone())
-
-
-def _sigma(
-    s: Tensor, mu: Tensor, inv: Tensor, level: GroupStdLevel, unbiased: bool, all_reduce: AllReduce | None
-) -> Tensor:
-    """The std ``[B]`` of each row at ``level``: ``σ_G`` (its group's, around ``μ_G``), ``σ_B`` (every
-    score around the batch mean ``μ_B``) or ``σ_C`` (every ``s_j − μ_G(j)`` around 0); divisor ``n − 1``
-    (``unbiased``, at least 1) or ``n``. The batch levels' sums go through ``all_reduce``."""
-    ones = torch.ones_like(s)
-    if level is GroupStdLevel.GROUP:
-        K = int(inv.max()) + 1
-        n = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, ones)
-        sq = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, (s - mu) ** 2)
-        dof = torch.clamp(n - 1, min=1) if unbiased else n
-        return torch.sqrt(sq / dof)[inv]
-    if level is GroupStdLevel.BATCH:
-        n_sum = _batch_stats(torch.stack([ones.sum(), s.sum()]), all_reduce)
-        c = s - n_sum[1] / n_sum[0]
-    else:
-        c = s - mu
-    n_sq = _batch_stats(torch.stack([ones.sum(), (c**2).sum()]), all_reduce)
-    dof = torch.clamp(n_sq[0] - 1, min=1) if unbiased else n_sq[0]
-    return torch.sqrt(n_sq[1] / dof).expand_as(s)
-
-
-def _passk(s: Tensor, inv: Tensor, K: int, scale: Tensor | None, eps: float) -> Tensor:
-    """``grpo-passk``: ``(s_max − s_2nd)/(σ_G + ε)`` (or unscaled) on the group's unique argmax, else 0."""
-    neg_inf = torch.full((K,), -math.inf, dtype=s.dtype, device=s.device)
-    top = neg_inf.scatter_reduce(0, inv, s, "amax")
-    is_top = s == top[inv]
-    n_top = torch.zeros(K, dtype=torch.long, device=s.device).index_add(0, inv, is_top.long())
-    rest = torch.where(is_top, torch.full_like(s, -math.inf), s)
-    second = neg_inf.scatter_reduce(0, inv, rest, "amax")
-    second = torch.where(n_top >= 2, top, second)  # a tie for the best: the gap is 0
-    gap = (top - second)[inv]
-    if scale is not None:
-        gap = gap / (scale + eps)
-    return torch.where(is_top & (n_top[inv] == 1), gap, torch.zeros_like(s))
-
-
 def group_scalar_advantages(
     scores: SeqFloat,
     group_index: Tensor | None,
@@ -186,6 +144,20 @@ def group_scalar_advantages(
     """
     est = parse(AdvantageEstimator, estimator, what="estimator")
     level = parse(GroupStdLevel, std_level, what="std_level")
+    s = _check_scalar_inputs(est, scores, eps, singleton)
+    if est is AdvantageEstimator.FLASH_REINFORCE:
+        return _flash_reinforce(s, group_index, all_reduce)
+    grp = _groups(est, s, group_index, singleton)
+    sigma = None
+    if scale_by_std and est in (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK):
+        sigma = group_sigma(s, grp.mu, grp.inv, level, unbiased_std, all_reduce)
+    a, raw = _centred(est, s, grp, sigma, eps, lengths, all_reduce)
+    zero = torch.zeros_like(a)
+    return torch.where(grp.single, raw if singleton == "score" else zero, a)
+
+
+def _check_scalar_inputs(est: AdvantageEstimator, scores: SeqFloat, eps: float, singleton: str) -> Tensor:
+    """The checked ``scores`` ``[B]`` (B ≥ 1) of a group (or batch-baseline) estimator ``est``."""
     if est not in GROUP_ESTIMATORS and est is not AdvantageEstimator.FLASH_REINFORCE:
         raise HyperparameterError(
             f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)"
@@ -195,11 +167,33 @@ def group_scalar_advantages(
         raise ShapeError(f"scores: expected shape [B] (batch) with B >= 1, got {list(s.shape)}")
     check_nonneg("eps", eps)
     _check_options(singleton, "add")
-    if est is AdvantageEstimator.FLASH_REINFORCE:
-        if group_index is not None:  # unused (no group), but a malformed one is still named
-            _check_group_index(group_index, s.shape[0], s.device)
-        n_sum = _batch_stats(torch.stack([torch.ones_like(s).sum(), s.sum()]), all_reduce)
-        return s - n_sum[1] / n_sum[0]
+    return s
+
+
+def _flash_reinforce(s: Tensor, group_index: Tensor | None, all_reduce: AllReduce | None) -> Tensor:
+    """``flash-reinforce``: ``a_i = s_i − (1/B) Σ_j s_j`` over the whole batch (every rank's)."""
+    if group_index is not None:  # unused (no group), but a malformed one is still named
+        _check_group_index(group_index, s.shape[0], s.device)
+    n_sum = batch_stats(torch.stack([torch.ones_like(s).sum(), s.sum()]), all_reduce)
+    return s - n_sum[1] / n_sum[0]
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The batch's ``K`` groups, renumbered ``0..K−1`` by sorted prompt id: ``inv`` ``[B]`` (long)
+    each row's group, ``n_i`` ``[B]`` its size ``n``, ``total`` ``[K]`` each group's ``Σ_{j∈G} s_j``,
+    ``mu`` ``[B]`` each row's ``μ_G``, ``single`` ``[B]`` (bool) the rows alone in their group."""
+
+    inv: Tensor
+    K: int
+    n_i: Tensor
+    total: Tensor
+    mu: Tensor
+    single: Tensor
+
+
+def _groups(est: AdvantageEstimator, s: Tensor, group_index: Tensor | None, singleton: str) -> _Groups:
+    """The groups of ``group_index`` (checked), refusing groups of one by ``singleton``."""
     if group_index is None:
         raise ShapeError(
             f"group_index: estimator {est.value!r} needs group_index [B] (the prompt of each row)"
@@ -220,30 +214,39 @@ def group_scalar_advantages(
             "singleton: grpo-passk has no second-best score in a group of one; use 'error' (verl) or 'zero'"
         )
     total = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, s)
-    mu = (total / n)[inv]
-    sigma = None
-    if scale_by_std and est in (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK):
-        sigma = _sigma(s, mu, inv, level, unbiased_std, all_reduce)
-    raw = s  # a group of one under singleton='score': μ := 0, σ := 1
+    return _Groups(inv, K, n_i, total, (total / n)[inv], single)
+
+
+def _centred(
+    est: AdvantageEstimator,
+    s: Tensor,
+    grp: _Groups,
+    sigma: Tensor | None,
+    eps: float,
+    lengths: SeqFloat | None,
+    all_reduce: AllReduce | None,
+) -> tuple[Tensor, Tensor]:
+    """``(a, raw)`` ``[B]``: each row's advantage by ``est`` (module docstring's table; ``σ`` scales
+    ``grpo``/``dr-grpo``/``reinforce++-baseline`` when given), and ``raw``, its value for a group of
+    one under ``singleton='score'`` (``μ := 0``, ``σ := 1``)."""
+    inv, K = grp.inv, grp.K
     if est is AdvantageEstimator.RLOO:
-        a = s - (total[inv] - s) / torch.clamp(n_i - 1, min=1)
-    elif est is AdvantageEstimator.OPO:
+        return s - (grp.total[inv] - s) / torch.clamp(grp.n_i - 1, min=1), s
+    if est is AdvantageEstimator.OPO:
         L = _lengths(lengths, s)
         num = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, L * s)
         den = torch.zeros(K, dtype=s.dtype, device=s.device).index_add(0, inv, L)
-        a = s - (num / den)[inv]
-    elif est is AdvantageEstimator.GRPO_PASSK:
-        a = _passk(s, inv, K, sigma, eps)
-    elif est is AdvantageEstimator.GPG:
-        b_nz = _batch_stats(torch.stack([torch.ones_like(s).sum(), (s != 0).to(s.dtype).sum()]), all_reduce)
+        return s - (num / den)[inv], s
+    if est is AdvantageEstimator.GRPO_PASSK:
+        return passk_margin(s, inv, K, sigma, eps), s
+    if est is AdvantageEstimator.GPG:
+        b_nz = batch_stats(torch.stack([torch.ones_like(s).sum(), (s != 0).to(s.dtype).sum()]), all_reduce)
         alpha = b_nz[0] / torch.clamp(b_nz[1], min=1)
-        a, raw = alpha * (s - mu), alpha * s
-    else:
-        a = s - mu
-        if sigma is not None:
-            a, raw = a / (sigma + eps), s / (1.0 + eps)
-    zero = torch.zeros_like(a)
-    return torch.where(single, raw if singleton == "score" else zero, a)
+        return alpha * (s - grp.mu), alpha * s
+    a = s - grp.mu
+    if sigma is None:
+        return a, s
+    return a / (sigma + eps), s / (1.0 + eps)
 
 
 def _lengths(lengths: SeqFloat | None, s: Tensor) -> Tensor:

@@ -206,6 +206,25 @@ class PolicyLossNaive:
     approx_kl_k2: float
 
 
+def _policy_token_naive(
+    d: float, a: float, clip_low: float, eps_hi: float, dual_clip: float | None, log_ratio_clamp: float | None
+) -> tuple[float, float, bool, bool]:
+    """One valid token of :func:`clipped_policy_loss_naive`, ``d = l − l^old``: ``(ℓ, ρ, clipped,
+    lower)``; ``ℓ = max(−Aρ, −A·clip(ρ, 1−ε_low, 1+ε_high))`` with ``ρ = exp(clamp(d, ±κ))``,
+    ``clipped`` when the clipped term wins strictly, ``lower`` when dual-clip caps ``ℓ`` at ``−cA``."""
+    if log_ratio_clamp is not None:
+        d = min(max(d, -log_ratio_clamp), log_ratio_clamp)
+    r = math.exp(d)
+    r_clipped = min(max(r, 1.0 - clip_low), 1.0 + eps_hi)
+    unclipped_term = -a * r
+    clipped_term = -a * r_clipped
+    loss = max(unclipped_term, clipped_term)
+    clipped = clipped_term > unclipped_term
+    if dual_clip is not None and a < 0 and loss > -a * dual_clip:
+        return -a * dual_clip, r, clipped, True
+    return loss, r, clipped, False
+
+
 def clipped_policy_loss_naive(
     logp: Tensor,
     logp_old: Tensor,
@@ -238,19 +257,11 @@ def clipped_policy_loss_naive(
             d = lp[b][t] - lo[b][t]
             kl_sum += -d
             kl2_sum += 0.5 * d * d
-            if log_ratio_clamp is not None:
-                d = min(max(d, -log_ratio_clamp), log_ratio_clamp)
-            r = math.exp(d)
-            a = advs[b][t]
-            r_clipped = min(max(r, 1.0 - clip_low), 1.0 + eps_hi)
-            unclipped_term = -a * r
-            clipped_term = -a * r_clipped
-            if clipped_term > unclipped_term:
-                n_clipped += 1
-            loss = max(unclipped_term, clipped_term)
-            if dual_clip is not None and a < 0 and loss > -a * dual_clip:
-                n_lower += 1
-                loss = -a * dual_clip
+            loss, r, clipped, lower = _policy_token_naive(
+                d, advs[b][t], clip_low, eps_hi, dual_clip, log_ratio_clamp
+            )
+            n_clipped += clipped
+            n_lower += lower
             prow.append(loss)
             rrow.append(r)
         per_token.append(prow)

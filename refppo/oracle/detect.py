@@ -28,14 +28,18 @@ statistics it matches named (:func:`refppo.oracle.solve.fit_normalisation`).
 After each stage, candidates whose outputs are bit-identical are merged into one group (so an
 inactive clamp, say, never doubles the work of the stages after it), and when the dump holds a
 quantity of the stage only the groups that reproduce it go on. When none does, the nearest groups
-go on and the stage is recorded as unmatched.
+go on and the stage is recorded as unmatched. Groups are scored as they are made and the search
+holds a bounded number of ``[B, T]`` states (the others are replayed when read:
+:mod:`refppo.oracle.search_groups`), so a dump that prunes nothing (no rollout intermediates) does
+not hold a state per candidate.
 
 The staged search (:mod:`refppo.oracle.search`; the reward, GAE and whitening stages in
 :mod:`refppo.oracle.search_rollout`) composes the core functions itself (for speed)
 and the solvers only propose, so its result is not trusted on its own: the :data:`VERIFIED`
-detected conventions closest to the base are re-checked through the one verified path
-(:func:`refppo.oracle.diagnose.check` → :mod:`refppo.pipeline`), and a convention that fails that
-re-check is dropped.
+detected conventions closest to the base (and, with ``grad_logprobs``, the nearest of each
+``kl_estimator``: :func:`_recheck`) are re-checked through the one verified path
+(:func:`refppo.oracle.diagnose.check` → :mod:`refppo.pipeline`); a convention that fails that
+re-check is dropped, and so are the unchecked entries of an estimator the re-check rejected.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from refppo.conventions import KLEstimator
 from refppo.core.gae import has_holes
 from refppo.errors import RefPPOError
 from refppo.oracle.diagnose import alt_json, check
@@ -60,7 +65,10 @@ class Detection:
     """The outcome of ``--detect``."""
 
     detected: list[dict[str, Any]]
-    """Full conventions that reproduce the dump (re-checked through the pipeline), nearest first."""
+    """Full conventions that reproduce the dump, nearest first. The first :attr:`n_rechecked`
+    passed the re-check through the pipeline (:func:`_recheck`: the :data:`VERIFIED` nearest,
+    with ``grad_logprobs`` also the nearest of each ``kl_estimator``); the rest come from the
+    staged search alone, minus those of an estimator whose every re-checked entry failed."""
     n_detected: int
     """How many conventions reproduce it in all (``detected`` holds at most ``limit``)."""
     nearest: dict[str, Any] | None
@@ -74,6 +82,8 @@ class Detection:
     notes: list[str] = field(default_factory=list)
     """What the data cannot decide, one line each: e.g. with one score on every row, the score
     maps ``(s + b)·k`` that reproduce it (the bias and the scale cannot be told apart)."""
+    n_rechecked: int = 0
+    """How many entries at the head of ``detected`` were re-checked through the pipeline."""
 
 
 def _full(base: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +101,65 @@ def _distance(base: dict[str, Any], conv: dict[str, Any]) -> int:
 
 
 VERIFIED = 5
-"""How many detected conventions (closest to the base first) are re-checked through the pipeline."""
+"""How many detected conventions (closest to the base first) are re-checked through the pipeline
+(plus, with ``grad_logprobs``, the nearest of each ``kl_estimator`` not among them: :func:`_recheck`)."""
+
+
+def _rechecked(convs: list[dict[str, Any]], grads: bool) -> list[int]:
+    """Indices into ``convs`` (nearest first) to re-check: the :data:`VERIFIED` nearest and, when
+    the dump holds ``grad_logprobs``, the nearest entry of each ``kl_estimator`` not among them
+    (k3/k3+, k1/k1+, abs/abs+ share every value, so the search keeps both: only the pipeline's
+    gradient tells them apart, and which one fills the first VERIFIED slots is tie order)."""
+    picked = list(range(min(VERIFIED, len(convs))))
+    if grads:
+        seen = {convs[i]["kl_estimator"] for i in picked}
+        for i in range(len(picked), len(convs)):
+            if convs[i]["kl_estimator"] not in seen:
+                seen.add(convs[i]["kl_estimator"])
+                picked.append(i)
+    return picked
+
+
+def _recheck(
+    dump: Dump, base: Setup, convs: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(head, rest)``: the re-checked entries that the pipeline confirms (nearest first), and the
+    entries not re-checked, without those of a ``kl_estimator`` whose every re-checked entry failed
+    (never report a member of a class the pipeline rejected)."""
+    picked = _rechecked(convs, dump.has("grad_logprobs"))
+    rollouts = RolloutMemo(dump)  # the nearest conventions often share steps 1-4
+    ok = {
+        i: check(dump, setup_from_json(base, convs[i]), explain_divergence=False, rollouts=rollouts).match
+        for i in picked
+    }
+    del rollouts
+    head = [convs[i] for i in picked if ok[i]]
+    rejected = {convs[i]["kl_estimator"] for i in picked} - {c["kl_estimator"] for c in head}
+    rest = [c for i, c in enumerate(convs) if i not in ok and c["kl_estimator"] not in rejected]
+    return head, rest
+
+
+def _value_twin_notes(dump: Dump, convs: list[dict[str, Any]], undetermined: list[str]) -> list[str]:
+    """Without ``grad_logprobs``, a detected ``k3`` (``k1``, ``abs``) with the KL in the loss is not
+    told from its straight-through twin ``k3+`` (same values, another gradient): the search walks
+    one of the pair (:func:`refppo.oracle.search.kl_candidates`). Adds ``kl_estimator`` to
+    ``undetermined`` (in place) and returns the note line; ``[]`` when the dump has gradients or
+    no such entry. (With ``kl_in = reward`` no gradient flows through the estimate: the pair is
+    the same step, nothing to decide.)"""
+    if dump.has("grad_logprobs"):
+        return []
+    found = {KLEstimator(c["kl_estimator"]) for c in convs if c.get("kl_in") == "loss"}
+    pairs = sorted({e.base.value for e in found if any(t.base is e.base and t is not e for t in KLEstimator)})
+    if not pairs:
+        return []
+    if "kl_estimator" not in undetermined:
+        undetermined.append("kl_estimator")
+        undetermined.sort()
+    both = ", ".join(f"{b} and {b}+" for b in pairs)
+    return [
+        f"kl_estimator: {both} have the same values (only the gradient differs): without grad_logprobs "
+        f"the dump cannot tell them apart; detected lists one of each pair"
+    ]
 
 
 def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
@@ -124,33 +192,25 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
         convs.sort(key=lambda c: _distance({**base_json, **_hp_json(base)}, c))
         for g in groups:  # the search's [B, T] states are not read again: free them before the re-checks
             g.state = {}
-        rollouts = RolloutMemo(dump)  # the nearest conventions often share steps 1-4
-        head = [
-            c
-            for c in convs[:VERIFIED]
-            if check(dump, setup_from_json(base, c), explain_divergence=False, rollouts=rollouts).match
-        ]
-        del rollouts
+        head, rest = _recheck(dump, base, convs)
         # every re-checked candidate failing means the staged search itself is off: trust none of it
-        if head and dump.has("grad_logprobs"):
-            # k3 and k3+ share every value: the gradient re-check above tells them apart; drop the
-            # unchecked tail's estimators that the re-check rejected outright
-            rejected = {c["kl_estimator"] for c in convs[:VERIFIED]} - {c["kl_estimator"] for c in head}
-            convs = head + [c for c in convs[VERIFIED:] if c["kl_estimator"] not in rejected]
-        else:
-            convs = head + convs[VERIFIED:] if head else []
+        convs = head + rest if head else []
         n_total = sum(g.n_equiv for g in matched)
         keys = list(base_json) + [k for k in HP_KEYS if convs and k in convs[0]]
         undetermined = sorted(k for k in keys if len({repr(c.get(k)) for c in convs}) > 1)
         if not has_holes(dump.tensors["response_mask"]):  # right-padded: every hole convention agrees
             undetermined = sorted({*undetermined, "gae_holes", "whiten_holes"})
+        notes = search.notes + _value_twin_notes(dump, convs, undetermined)
         if convs:
             confirmed = {
                 k: [v for v in vs if any(c.get(k) == v for c in convs[:limit])] for k, vs in solved.items()
             }
             confirmed = {k: vs for k, vs in confirmed.items() if vs}
             n = max(n_total, len(convs))
-            return Detection(convs[:limit], n, None, [], undetermined, fitted, confirmed, search.notes)
+            shown = convs[:limit]
+            return Detection(
+                shown, n, None, [], undetermined, fitted, confirmed, notes, min(len(head), limit)
+            )
     best = min(groups, key=lambda g: g.worst) if groups else None
     nearest = _full(base_json, best.convs[0]) if best is not None else None
     return Detection([], 0, nearest, list(dict.fromkeys(search.unmatched)), [], fitted, {}, search.notes)

@@ -33,6 +33,7 @@ def detection_json(result: CheckResult, detection: Detection, nearest: CheckResu
     out: dict[str, Any] = {
         "detected": detection.detected,
         "detected_count": detection.n_detected,
+        "detected_rechecked": detection.n_rechecked,
         "detected_changes": [changes(checked, c) for c in detection.detected],
         "undetermined_keys": detection.undetermined,
         "solved": detection.solved,

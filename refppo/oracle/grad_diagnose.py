@@ -352,7 +352,7 @@ def explain_grad(
         if _reproduces(dump, cand, names):
             if hid.startswith("kl_estimator="):
                 alt = setup.with_convention({"kl_estimator": hid.split("=", 1)[1]})
-                off = kl_values_differ(dump, alt, inp, results)
+                off = kl_values_differ(dump, alt, results)
                 if off:
                     ruled_out.append(f"{hid} (its {', '.join(off)} differ)")
                     continue

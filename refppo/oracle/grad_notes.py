@@ -14,10 +14,9 @@ import torch
 from torch import Tensor
 
 from refppo.oracle.compare import QuantityResult, compare
-from refppo.oracle.grad import UpdateInputs
 from refppo.oracle.load import TOLERANCES, Dump
+from refppo.oracle.recompute import recompute
 from refppo.oracle.settings import Setup
-from refppo.pipeline import update_quantities
 
 
 def where_text(r: int, k: int, dump: Dump) -> str:
@@ -112,13 +111,15 @@ KL_VALUES = ("kl_loss", "loss")
 ``algorithm.kl_penalty`` vs ``kl_loss_type``), and a loss on the wrong estimator is the bug named."""
 
 
-def kl_values_differ(
-    dump: Dump, setup: Setup, inp: UpdateInputs, results: dict[str, QuantityResult]
-) -> list[str]:
+def kl_values_differ(dump: Dump, setup: Setup, results: dict[str, QuantityResult]) -> list[str]:
     """The quantities of :data:`KL_VALUES` that ``setup`` (a ``kl_estimator`` candidate) does NOT
-    reproduce, among the 0-dim ones the checked setting reproduced (``results[n].ok``): the
-    pipeline's :func:`refppo.pipeline.update_quantities` over the whole step, as the reference,
-    compared within the dump's value tolerance.
+    reproduce, among the 0-dim ones the checked setting reproduced (``results[n].ok``), compared
+    within the dump's value tolerance.
+
+    The reference is :func:`refppo.oracle.recompute.recompute` under ``setup``: the very path that
+    made the checked setting's ``loss``/``kl_loss`` (one path), so a separate critic's ``loss``
+    (no value term) and a critic-free dump (no value term, not a zero stand-in's) are built as
+    the checked setting's were.
 
     k2, k1+, k3+ and abs+ all have the gradient ``d = l − l_ref`` (``∂½d²/∂l``), so the gradient
     alone cannot tell them apart; their ``kl_loss = agg(KL_t)`` with ``KL_t`` = ``½d²``, ``d``,
@@ -128,13 +129,8 @@ def kl_values_differ(
     if not ok:
         return []
     tol = TOLERANCES[dump.dtype]
-    uq = update_quantities(
-        logprobs=inp.logprobs, values=inp.values, old_logprobs=inp.old_logprobs,
-        old_values=inp.old_values, advantages=inp.advantages, returns=inp.returns, mask=inp.mask,
-        value_mask_=inp.value_mask, ref_logprobs=inp.ref_logprobs, entropy=inp.entropy,
-        hp=setup.hp, conv=setup.conv,
-    )  # fmt: skip
-    return [n for n in ok if not compare(n, dump.tensors[n], getattr(uq, n).detach(), None, tol).ok]
+    ref = recompute(dump, setup).values
+    return [n for n in ok if not compare(n, dump.tensors[n], ref[n], None, tol).ok]
 
 
 __all__ = ["KL_VALUES", "first_line", "kl_values_differ", "nonfinite", "where_text", "zero_reference_line"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -32,6 +32,7 @@ from refppo.oracle.recompute import (
     approx_kl_k2_all_positions,
     pg_tie_share,
 )
+from refppo.oracle.search_groups import Group, Replayer, expand_groups
 from refppo.oracle.settings import Setup
 from refppo.oracle.solve import (
     PolicyTerms,
@@ -42,6 +43,7 @@ from refppo.oracle.solve import (
     solve_clip_ranges,
     solve_dual_clip,
 )
+from refppo.pipeline import value_mask
 
 MAX_EQUIV = 256
 """Equivalent conventions kept per group (the rest are counted)."""
@@ -64,18 +66,6 @@ def kl_candidates(own: KLEstimator, has_grad: bool) -> tuple[KLEstimator, ...]:
     if has_grad:
         return tuple(KLEstimator)
     return tuple(e for e in KLEstimator if e == own or (not e.straight_through and e != own.base))
-
-
-@dataclass
-class Group:
-    """Candidates whose outputs so far are identical: their partial conventions and shared state."""
-
-    convs: list[dict[str, Any]]
-    n_equiv: int
-    state: dict[str, Any]
-    worst: float = 0.0
-    """Largest err/tol ratio over the quantities checked so far (0 = all matched exactly)."""
-    unmatched: list[str] = field(default_factory=list)
 
 
 def digest(*parts: Any) -> bytes:
@@ -108,6 +98,8 @@ class Search:
         self.norm = {"horizon": self.hp.horizon} if self.hp.horizon is not None else {}
         self.compared: set[str] = set()
         """Dumped keys compared since the last :meth:`release_compared` (their pages are resident)."""
+        self.replayer = Replayer()
+        """Rebuilds the states the stages do not hold (:mod:`refppo.oracle.search_groups`)."""
 
     # ----- helpers -------------------------------------------------------------------------
     def ratio(
@@ -130,40 +122,11 @@ class Search:
         checks: Callable[[dict[str, Any]], list[float | None]],
         stage: str,
     ) -> list[Group]:
-        """Expand each group by ``options`` (``(conv update, new state, digest)``), merge, filter."""
-        merged: dict[bytes, Group] = {}
-        for g in groups:
-            for upd, st, key in options(g):
-                new_convs = [{**c, **upd} for c in g.convs]
-                if key in merged:
-                    tgt = merged[key]
-                    room = MAX_EQUIV - len(tgt.convs)
-                    tgt.convs.extend(new_convs[: max(room, 0)])
-                    tgt.n_equiv += g.n_equiv
-                    tgt.worst = min(tgt.worst, g.worst)
-                    continue
-                merged[key] = Group(new_convs, g.n_equiv, st, g.worst, list(g.unmatched))
-        out = list(merged.values())
-        scored: list[tuple[float, Group]] = []
-        any_check = False
-        for g in out:
-            ratios = [r for r in checks(g.state) if r is not None]
-            any_check = any_check or bool(ratios)
-            scored.append((max(ratios) if ratios else 0.0, g))
-        self.release_compared()
-        if not any_check:
-            return out
-        ok = [g for s, g in scored if s == 0.0]
-        if ok:
-            return ok
-        self.unmatched.append(stage)
-        scored.sort(key=lambda sg: max(sg[0], sg[1].worst))
-        kept = []
-        for s, g in scored[:NEAREST]:
-            g.worst = max(g.worst, s)
-            g.unmatched.append(stage)
-            kept.append(g)
-        return kept
+        """Expand each group by ``options`` (``(conv update, new state, digest)``), merge, filter.
+
+        Scored as each group is made, in bounded memory: :func:`refppo.oracle.search_groups.expand_groups`.
+        """
+        return expand_groups(self, groups, options, checks, stage, NEAREST, MAX_EQUIV)
 
     def stage(
         self,
@@ -195,6 +158,14 @@ class Search:
         for name in sorted(self.compared):
             self.dump.release(name)
         self.compared.clear()
+
+    def value_mask(self, score_at: Any) -> Tensor:
+        """:func:`refppo.pipeline.value_mask` once per score slot: one tensor each for the whole
+        search, so that replayed states share it and caches keyed by its ``id`` stay valid."""
+        vms: dict[Any, Tensor] = self.__dict__.setdefault("_vms", {})
+        if score_at not in vms:
+            vms[score_at] = value_mask(self.m, score_at)
+        return vms[score_at]
 
     def propose_value(self, key: str, value: Any) -> None:
         """Record a solver's proposal for ``key`` (None, "no clamp", is not a proposal)."""
@@ -234,7 +205,7 @@ class Search:
             groups = value_stage(self, groups)
         else:  # no critic: no value loss (refppo.pipeline.update_quantities)
             for g in groups:
-                g.state = {**g.state, "vf_loss": torch.zeros((), dtype=t["old_logprobs"].dtype)}
+                g.patch({"vf_loss": torch.zeros((), dtype=t["old_logprobs"].dtype)})
         return self._loss(groups)
 
     def _kl(self, groups: list[Group]) -> list[Group]:
@@ -329,12 +300,12 @@ class Search:
         duals: list[float] = []
         clips: list[tuple[float, float | None]] = []
         lrcs = list(dict.fromkeys([None, self.base.conv.log_ratio_clamp, 20.0]))
-        seen_adv: set[int] = set()
+        seen_adv: set[bytes] = set()  # by content: a replayed state's tensors are new objects
         for g in groups[:SOLVE_GROUPS]:
-            adv = g.state["adv"]
-            if id(adv) in seen_adv:
+            adv, adv_key = g.state["adv"], g.state["adv_key"]
+            if adv_key in seen_adv:
                 continue
-            seen_adv.add(id(adv))
+            seen_adv.add(adv_key)
             for lrc in lrcs:
                 ratio = policy_ratio(t["logprobs"], t["old_logprobs"], m, log_ratio_clamp=lrc)
                 plain = clipped_policy_loss(
@@ -386,7 +357,7 @@ advantages, returns, masks and KL keys, so these ``[B, T]`` tensors are dropped 
 def drop_rollout_state(groups: list[Group]) -> list[Group]:
     """The groups with :data:`ROLLOUT_ONLY_STATE` removed from their states (in place)."""
     for g in groups:
-        g.state = {k: v for k, v in g.state.items() if k not in ROLLOUT_ONLY_STATE}
+        g.patch(omit=ROLLOUT_ONLY_STATE)
     return groups
 
 
@@ -401,12 +372,16 @@ def nearest_note(g: Group) -> str:
 
 
 def pg_widen_for(search: Search, s: dict[str, Any]) -> Callable[[], float]:
-    """The tie-widening of ``pg_clipfrac`` for a policy-stage state (cached per adv/clamp/clip)."""
+    """The tie-widening of ``pg_clipfrac`` for a policy-stage state (cached per adv/clamp/clip).
+
+    Keyed by the advantages' content digest (``adv_key``), not ``id``: the search drops and
+    replays states, so an ``id`` could be reused by another tensor.
+    """
     t, m = search.t, search.m
     cache: dict[Any, float] = search.__dict__.setdefault("_widen_cache", {})
 
     def widen() -> float:
-        ck = (id(s["adv"]), s["lrc"], s["clip"])
+        ck = (s["adv_key"], s["lrc"], s["clip"])
         if ck not in cache:
             setup = search.setup_for(
                 log_ratio_clamp=s["lrc"], cliprange=s["clip"][0], cliprange_high=s["clip"][1]

@@ -23,6 +23,9 @@ from refppo.oracle.search import Group, Option, Search, digest, pg_widen_for
 from refppo.oracle.settings import APPROX_KL_METRICS
 from refppo.validate import count_true
 
+MEMO_MAX = 16384
+"""Entries of the policy stage's per-advantages loss memo (scalars) before it is cleared."""
+
 
 def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     t, m, hp = search.t, search.m, search.hp
@@ -46,14 +49,17 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     # core's aggregate_masked with the token count computed once is aggregate_loss without the
     # per-call re-validation, masking and counting (three full passes per candidate and mode).
     n_tok = float(count_true(m))
+    # By the advantages' content (groups of other rollout conventions often share it): whether a
+    # dual clip acts, and the loss under each (clip, dual, clamp), aggregated (scalars only).
+    acts: dict[tuple[Any, ...], bool] = {}
+    computed: dict[tuple[Any, ...], _Aggregated] = {}
 
     def make(extra: dict[str, list[Any]] | None) -> Callable[[Group], Iterable[Option]]:
         duals = list(dict.fromkeys(base_duals + list((extra or {}).get("duals", []))))
         clips = [base_clip, *(extra or {}).get("clips", [])]
 
         def opts(g: Group) -> Iterable[Option]:
-            adv = g.state["adv"]
-            computed: dict[tuple[Any, ...], Any] = {}
+            adv, adv_key = g.state["adv"], g.state["adv_key"]
             for clip in clips:
                 lo, hi = clip
                 for dual in duals:
@@ -63,20 +69,29 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                         eff_lrc = lrc if (lrc is not None and max_abs_d > lrc) else None
                         eff_dual = dual
                         if dual is not None and dual > 1.0 + (hi if hi is not None else lo):
-                            dc = d_valid if eff_lrc is None else torch.clamp(d_valid, -eff_lrc, eff_lrc)
-                            if not bool((m & (adv < 0) & (torch.exp(dc) > dual)).any()):
+                            dk = (adv_key, dual, eff_lrc)
+                            if dk not in acts:
+                                dc = d_valid if eff_lrc is None else torch.clamp(d_valid, -eff_lrc, eff_lrc)
+                                acts[dk] = bool((m & (adv < 0) & (torch.exp(dc) > dual)).any())
+                            if not acts[dk]:
                                 eff_dual = None
-                        ck = (clip, eff_dual, eff_lrc)
+                        ck = (adv_key, clip, eff_dual, eff_lrc)
                         if ck not in computed:
-                            computed[ck] = clipped_policy_loss(
-                                logprobs,
-                                t["old_logprobs"],
-                                adv,
-                                m,
-                                clip_low=lo,
-                                clip_high=hi,
-                                dual_clip=eff_dual,
-                                log_ratio_clamp=eff_lrc,
+                            if len(computed) >= MEMO_MAX:  # a cache: bounded, values recomputed
+                                computed.clear()
+                            computed[ck] = _Aggregated.of(
+                                clipped_policy_loss(
+                                    logprobs,
+                                    t["old_logprobs"],
+                                    adv,
+                                    m,
+                                    clip_low=lo,
+                                    clip_high=hi,
+                                    dual_clip=eff_dual,
+                                    log_ratio_clamp=eff_lrc,
+                                ),
+                                lambda x, a: aggregate_masked(x, m, LossAgg(a), token_count=n_tok, **norm),
+                                aggs,
                             )
                         out = computed[ck]
                         upd_clip = {} if clip == base_clip else {"cliprange": lo, "cliprange_high": hi}
@@ -88,7 +103,7 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
         g: Group, out: Any, dual: Any, lrc: Any, eff_lrc: Any, clip: Any, upd_clip: dict[str, Any]
     ) -> Iterable[Option]:
         for agg in aggs:
-            pg = aggregate_masked(out.per_token, m, LossAgg(agg), token_count=n_tok, **norm).detach()
+            pg = out.pg[agg]
             # entropy_agg: like pg_loss (None), or, when the dump holds entropy_loss to pin it, any
             # other mode (SkyRL's entropy is token-mean whatever loss_agg: skyrl_train ppo_utils)
             ents: list[tuple[dict[str, Any], Tensor | None]] = [(own_eagg, ent_by_agg.get(agg))]
@@ -116,6 +131,7 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                     "kl_cur": g.state["kl_cur"] if kll is not None else None,
                     "agg": agg,
                     "adv": g.state["adv"],
+                    "adv_key": g.state["adv_key"],
                     "lrc": eff_lrc,
                     "clip": clip,
                 }
@@ -146,3 +162,14 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
         return out
 
     return search.stage(groups, make, checks, "policy", search.propose_policy if has_lp else None)
+
+
+class _Aggregated:
+    """A clipped policy loss without its ``[B, T]`` tensors: ``pg_loss`` under each aggregation."""
+
+    def __init__(self, pg: dict[str, Tensor], clipfrac: Tensor, approx_kl: Tensor) -> None:
+        self.pg, self.clipfrac, self.approx_kl = pg, clipfrac, approx_kl
+
+    @classmethod
+    def of(cls, out: Any, agg: Callable[[Tensor, str], Tensor], aggs: list[str]) -> _Aggregated:
+        return cls({a: agg(out.per_token, a).detach() for a in aggs}, out.clipfrac, out.approx_kl)

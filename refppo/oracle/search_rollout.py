@@ -49,7 +49,6 @@ from refppo.errors import RefPPOError
 from refppo.oracle.recompute import clipped_scores, whiten
 from refppo.oracle.search import SOLVE_GROUPS, Group, Option, Search, digest, nearest_note
 from refppo.oracle.solve import fit_normalisation, nice
-from refppo.pipeline import value_mask
 
 WhitenKey = tuple[str, str, str]
 """``(whiten_rewards, whiten_variance, whiten_eps_at)``."""
@@ -82,11 +81,12 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
         """``extra``: None on the first walk, then the solved score maps (maybe none)."""
         maps = list(dict.fromkeys([(ex.score_bias, ex.score_scale), *extra_maps, *(extra or [])]))
         wr_opts = _whiten_reward_opts(s, walk_all=extra is not None or not checkable)
+        clips = list(clip_opts)  # as of this walk: a replay must walk the same options
 
         def opts(g: Group) -> Iterable[Option]:
-            for kl_in, score_at, (bias, scale), sc in product(KLPlacement, ScorePosition, maps, clip_opts):
+            for kl_in, score_at, (bias, scale), sc in product(KLPlacement, ScorePosition, maps, clips):
                 use_kl = kl_in is KLPlacement.REWARD and hp.kl_coef > 0
-                vm = value_mask(m, score_at)
+                vm = s.value_mask(score_at)
                 scores = clipped_scores(t["scores"], sc, bias, scale)
                 r0 = token_rewards(
                     scores, g.state["kl"] if use_kl else None, m, hp.kl_coef, score_at=score_at
@@ -316,11 +316,12 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
                             adv = whiten(g.state["adv_raw"], m, s.base.with_convention(upd))
                         except RefPPOError:
                             continue
-                        st = {**g.state, "adv": adv}
+                        adv_key = digest(adv)  # the policy stage's caches key on it (not on id)
+                        st = {**g.state, "adv": adv, "adv_key": adv_key}
                         yield (
                             upd,
                             st,
-                            digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv, fixed),
+                            digest(g.state["kl_key"], g.state["kl_in"], g.state["ret_key"], adv_key, fixed),
                         )
 
         return opts
@@ -348,7 +349,7 @@ def _carry_dumped(groups: list[Group], key: str, dumped: Tensor, mask: Tensor | 
     zero = torch.zeros((), dtype=dumped.dtype)
     for g in groups:  # compared where the stage compares: the response mask, or the group's value mask
         given = torch.where(g.state["vm"] if mask is None else mask, dumped, zero)
-        g.state = {**g.state, key: given}
+        g.patch({key: given, **({"adv_key": digest(given)} if key == "adv" else {})})
 
 
 PEER_GROUP_EPS = (1e-5, 1e-6, 1e-4)

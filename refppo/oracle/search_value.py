@@ -35,7 +35,9 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
     own_vagg = search.base.conv.value_loss_agg
     own_vagg_name = None if own_vagg is None else own_vagg.value
 
-    n_tok: dict[int, float] = {}  # token count of each mask (per_token is 0 on its padding)
+    # token count of each mask (per_token is 0 on its padding); the mask is kept in the entry so
+    # that its id cannot be reused while the memo lives
+    n_tok: dict[int, tuple[float, Tensor]] = {}
     # vf_tie_widen per (returns, mask, ε_v): the options of a group share them. The tensors are kept
     # in the entry so that their ids cannot be reused while the memo lives.
     widen_memo: dict[tuple[int, int, float], tuple[float, Tensor, Tensor]] = {}
@@ -71,8 +73,8 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
                         vf = out.loss.detach()
                     else:
                         if id(mask) not in n_tok:
-                            n_tok[id(mask)] = float(count_true(mask))
-                        n = n_tok[id(mask)]
+                            n_tok[id(mask)] = (float(count_true(mask)), mask)
+                        n = n_tok[id(mask)][0]
                         vf = aggregate_masked(
                             out.per_token, mask, LossAgg(vagg), token_count=n, **norm
                         ).detach()

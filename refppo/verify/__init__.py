@@ -1,24 +1,33 @@
-"""``refppo verify``: every vectorized core step against its naive twin, on seeded ragged batches.
+"""``refppo verify``: every public vectorized core function against its naive twin, on seeded batches.
 
-Each case builds a right-padded batch (random lengths, including length-1 rows) whose padded
-positions hold junk (NaN, ±inf, huge values), runs the vectorized function and its naive twin
-(plain Python floats, one token at a time), and compares them on every output. One table row per
-(step, device, dtype); the exit status is non-zero if any row fails. Runs on CPU, and also on CUDA
-when ``torch.cuda.is_available()``.
+"Every" is checked by ``tests/unit/test_verify_coverage.py``: it enumerates the public functions of
+the ``refppo.core`` modules (``*_naive`` twins excluded) and fails if a case calls none of them
+directly; the deliberate exceptions are the argument validators (``check_*``), which return
+nothing to compare. Known gap: the update-stage functions listed in that test's ``NOT_YET_COVERED``
+(``by_rows.*``, ``*_terms``) have no case yet.
+
+Each case builds a right-padded batch (random lengths, including length-1 rows; some cases also
+punch interior holes) whose padded positions hold junk (NaN, ±inf, huge values), runs the
+vectorized function and its naive twin (plain Python floats, one token at a time), and compares
+them on every output. One table row per (step, device, dtype); the exit status is non-zero if any
+row fails. Runs on CPU, and also on CUDA when ``torch.cuda.is_available()``.
 
 The tolerances live in :mod:`refppo.verify.tolerance` (:data:`TOLERANCES`), and the test suite
 imports them from there, so the CLI and the property tests judge "equal to the naive twin" by one
 rule (:func:`compare`).
 
 Modules: :mod:`~refppo.verify.tolerance` (:data:`TOLERANCES`, :func:`compare`),
-:mod:`~refppo.verify.batches` (seeded ragged batches with junk padding),
-:mod:`~refppo.verify.cases` and :mod:`~refppo.verify.cases_loss` (one case per vectorized step,
-:data:`CASES`), :mod:`~refppo.verify.cli` (rows, the table, ``main``). This module re-exports them.
+:mod:`~refppo.verify.batches` (seeded ragged batches with junk padding, and with interior holes),
+:mod:`~refppo.verify.cases` (per-token steps, :data:`CASES`), :mod:`~refppo.verify.cases_adv`
+(score map, score positions, critic-free advantages, normalisation) and
+:mod:`~refppo.verify.cases_loss` (losses and gradients), :mod:`~refppo.verify.cases_dist` (the
+``all_reduce`` paths on two simulated ranks, :mod:`~refppo.verify.ranks`), :mod:`~refppo.verify.cli`
+(rows, the table, ``main``). This module re-exports them.
 """
 
 from __future__ import annotations
 
-from refppo.verify.batches import JUNK_VALUES, Batch, Case, Pair, make_batch
+from refppo.verify.batches import JUNK_VALUES, Batch, Case, Pair, make_batch, with_holes
 from refppo.verify.cases import CASES
 from refppo.verify.cli import Row, device_problem, devices, format_table, main, run_step
 from refppo.verify.tolerance import TOLERANCES, Comparison, Tolerance, compare, tolerance_for
@@ -41,4 +50,5 @@ __all__ = [
     "make_batch",
     "run_step",
     "tolerance_for",
+    "with_holes",
 ]

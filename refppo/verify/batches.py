@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -59,6 +59,21 @@ def make_batch(seed: int, dtype: torch.dtype, *, B: int | None = None, T: int | 
         lengths[1] = T
     mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
     return Batch(mask=mask, dtype=dtype, gen=gen)
+
+
+def with_holes(b: Batch) -> Batch:
+    """``b`` with interior holes punched in its mask (same generator): each row keeps its first and
+    last valid token, and every position strictly between them is masked with probability 0.4.
+
+    The original mask is the new one's envelope (:func:`refppo.core.gae.envelope`), so
+    ``b.floats`` is finite on the holes and ``with_holes(b).floats`` holds junk there.
+    """
+    B, T = b.shape
+    last = b.mask.sum(dim=1, keepdim=True) - 1
+    t = torch.arange(T).unsqueeze(0)
+    interior = (t > 0) & (t < last)
+    drop = torch.rand((B, T), generator=b.gen) < 0.4
+    return replace(b, mask=b.mask & ~(interior & drop))
 
 
 Pair = tuple[str, Tensor, Tensor, Tensor | None]

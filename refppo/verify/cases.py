@@ -13,9 +13,13 @@ import math
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator
-from refppo.verify.batches import Batch, Case, Pair
+from refppo.conventions import GaeHoles, KLEstimator
+from refppo.core import helpers_naive
+from refppo.verify.batches import Batch, Case, Pair, with_holes
+from refppo.verify.cases_adv import ADV_CASES
+from refppo.verify.cases_dist import DIST_CASES
 from refppo.verify.cases_loss import LOSS_CASES
+from refppo.verify.cases_rows import ROW_CASES
 
 # The modules themselves, looked up by name: ``refppo.core`` re-exports the *function* ``gae``
 # under the submodule's name, so ``from refppo.core import gae`` would give the function. Calling
@@ -70,6 +74,34 @@ def _case_masked_whiten(b: Batch, dev: torch.device) -> list[Pair]:
         for unbiased in (True, False)
         for shift in (True, False)
     ]
+
+
+def _case_masked_moments(b: Batch, dev: torch.device) -> list[Pair]:
+    x, m = b.floats(-3.0, 3.0), b.mask
+    out: list[Pair] = []
+    for unbiased in (True, False):
+        mu, var = masked_mod.masked_moments(x.to(dev), m.to(dev), unbiased=unbiased)
+        out.append((f"mean(unbiased={unbiased})", mu, masked_mod.masked_mean_naive(x, m), None))
+        out.append(
+            (f"var(unbiased={unbiased})", var, masked_mod.masked_var_naive(x, m, unbiased=unbiased), None)
+        )
+    return out
+
+
+def _case_envelope(b: Batch, dev: torch.device) -> list[Pair]:
+    out: list[Pair] = []
+    for tag, mask in (("right-padded", b.mask), ("holes", with_holes(b).mask)):
+        vec = gae_mod.envelope(mask.to(dev))
+        out.append((tag, vec, torch.tensor(helpers_naive.envelope_naive(mask)), None))
+    return out
+
+
+def _case_has_holes(b: Batch, dev: torch.device) -> list[Pair]:
+    out: list[Pair] = []
+    for tag, mask in (("right-padded", b.mask), ("holes", with_holes(b).mask)):
+        vec = torch.tensor(gae_mod.has_holes(mask.to(dev)))
+        out.append((tag, vec, torch.tensor(helpers_naive.has_holes_naive(mask)), None))
+    return out
 
 
 def _logits(b: Batch) -> tuple[Tensor, Tensor]:
@@ -152,6 +184,15 @@ def _case_gae(b: Batch, dev: torch.device) -> list[Pair]:
         adv_n, ret_n = gae_mod.gae_naive(r, v, b.mask, gamma=gamma, lam=lam)
         out.append((f"advantages(γ={gamma},λ={lam})", adv, adv_n, None))
         out.append((f"returns(γ={gamma},λ={lam})", ret, ret_n, None))
+    # Interior holes (multi-turn): `skip` and `zero` never read r, V there (junk); `through` does.
+    hb = with_holes(b)
+    r_junk, v_junk = hb.floats(-1.0, 1.0), hb.floats(-2.0, 2.0)
+    for how in GaeHoles:
+        rh, vh = (r, v) if how is GaeHoles.THROUGH else (r_junk, v_junk)
+        adv, ret = gae_mod.gae(rh.to(dev), vh.to(dev), hb.mask.to(dev), gamma=0.99, lam=0.95, holes=how)
+        adv_n, ret_n = gae_mod.gae_naive(rh, vh, hb.mask, gamma=0.99, lam=0.95, holes=how)
+        out.append((f"advantages(holes={how.value})", adv, adv_n, None))
+        out.append((f"returns(holes={how.value})", ret, ret_n, None))
     return out
 
 
@@ -160,13 +201,19 @@ TOKEN_CASES: dict[str, Case] = {
     "masked_mean": _case_masked_mean,
     "masked_var": _case_masked_var,
     "masked_whiten": _case_masked_whiten,
+    "masked_moments": _case_masked_moments,
     "logprobs_from_logits": _case_logprobs,
     "entropy_from_logits": _case_entropy,
     "token_kl": _case_kl,
     "token_rewards": _case_rewards,
     "gae": _case_gae,
+    "envelope": _case_envelope,
+    "has_holes": _case_has_holes,
 }
 """The per-token steps' cases, in table order (before :data:`.cases_loss.LOSS_CASES`)."""
 
-CASES: dict[str, Case] = {**TOKEN_CASES, **LOSS_CASES}
-"""Step (vectorized function) -> case. Together they call every vectorized function of the core."""
+CASES: dict[str, Case] = {**TOKEN_CASES, **ADV_CASES, **LOSS_CASES, **ROW_CASES, **DIST_CASES}
+"""Step (vectorized function) -> case. Together they call every public vectorized function of the
+core directly, each against its naive twin (``tests/unit/test_verify_coverage.py`` checks this and
+lists the deliberate exceptions, the argument validators ``check_*``, and the known gaps in
+``NOT_YET_COVERED``)."""

@@ -56,6 +56,19 @@ def _case_policy(b: Batch, dev: torch.device) -> list[Pair]:
     return out
 
 
+def _case_policy_ratio(b: Batch, dev: torch.device) -> list[Pair]:
+    """``ρ = exp(clamp(l − l^old, ±κ))``: the twin is the ratio of the naive clipped loss, token by token."""
+    lp_old = b.floats(-4.0, -0.1)
+    lp = torch.where(b.mask, lp_old + b.floats(-2.0, 2.0), lp_old)
+    zeros = torch.zeros_like(lp)
+    out: list[Pair] = []
+    for clamp in (None, 0.5):
+        vec = policy_mod.policy_ratio(lp.to(dev), lp_old.to(dev), b.mask.to(dev), log_ratio_clamp=clamp)
+        nv = policy_mod.clipped_policy_loss_naive(lp, lp_old, zeros, b.mask, log_ratio_clamp=clamp)
+        out.append((f"κ={clamp}", vec, _t(nv.ratio, vec), None))
+    return out
+
+
 def _case_value(b: Batch, dev: torch.device) -> list[Pair]:
     v_old = b.floats(-2.0, 2.0)
     v = torch.where(b.mask, v_old + b.floats(-0.5, 0.5), v_old)
@@ -98,6 +111,20 @@ def _case_aggregate(b: Batch, dev: torch.device) -> list[Pair]:
                 None,
             )
         )
+    return out
+
+
+def _case_aggregate_masked(b: Batch, dev: torch.device) -> list[Pair]:
+    """The core-internal entry of :func:`aggregate_loss` (inputs already 0 on padding)."""
+    x = torch.where(b.mask, b.floats(-3.0, 3.0), torch.zeros((), dtype=b.dtype))
+    norms = {"token_count": 97.0, "seq_count": 13.0, "horizon": 40.0}
+    out: list[Pair] = []
+    for agg in LossAgg:
+        for tag, kw in (("", {}), ("(global counts)", norms)):
+            vec = aggregate_mod.aggregate_masked(x.to(dev), b.mask.to(dev), agg, **kw)
+            out.append(
+                (f"{agg.value}{tag}", vec, aggregate_mod.aggregate_loss_naive(x, b.mask, agg, **kw), None)
+            )
     return out
 
 
@@ -198,9 +225,11 @@ def _case_gradients(b: Batch, dev: torch.device) -> list[Pair]:
 
 
 LOSS_CASES: dict[str, Case] = {
+    "policy_ratio": _case_policy_ratio,
     "clipped_policy_loss": _case_policy,
     "value_loss": _case_value,
     "aggregate_loss": _case_aggregate,
+    "aggregate_masked": _case_aggregate_masked,
     "entropy_bonus": _case_entropy_bonus,
     "kl_loss": _case_kl_loss,
     "total_loss": _case_total_loss,

@@ -15,15 +15,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "validate_kl_straight_through.py"
-PEER = Path("/work/peervenv/verl-openrlhf/bin/python")
+sys.path.insert(0, str(REPO / "tools"))
+from validate_presets import PEERS_ROOT, peers_python  # noqa: E402  (tools/ is not a package)
 
 
-@pytest.mark.skipif(
-    not PEER.exists(), reason=f"peer venv absent: {PEER} (built as /work/shared/peers/README.md says)"
-)
 def test_verl_straight_through_kl_matches_refppo() -> None:
+    peer = peers_python("verl-openrlhf", PEERS_ROOT)  # $REFPPO_PEERS_ROOT and its READY stamp
+    if peer is None:
+        pytest.skip(
+            f"peer venv not built: {PEERS_ROOT / 'verl-openrlhf'} "
+            "(no READY stamp; /work/shared/peers/README.md)"
+        )
     proc = subprocess.run(
-        [sys.executable, str(TOOL), "--peers-python", str(PEER)],
+        [sys.executable, str(TOOL), "--peers-python", str(peer)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -19,18 +19,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "validate_trl_grpo.py"
-VENVS = {
-    "1.12.0": Path("/work/peervenv/trl/bin/python"),
-    "1.16.0": Path("/work/peervenv/trl-grpo/bin/python"),
-}
+sys.path.insert(0, str(REPO / "tools"))
+from validate_presets import PEERS_ROOT, peers_python  # noqa: E402  (tools/ is not a package)
+
+VENVS = {"1.12.0": "trl", "1.16.0": "trl-grpo"}
+"""TRL version → its side venv under ``$REFPPO_PEERS_ROOT``."""
 
 
 @pytest.mark.parametrize("version", sorted(VENVS))
 def test_trl_grpo_loss_types_match_refppo(version: str) -> None:
-    peer = VENVS[version]
-    if not peer.exists():
+    peer = peers_python(VENVS[version], PEERS_ROOT)  # None unless the READY stamp is there
+    if peer is None:
         pytest.skip(
-            f"peer venv absent: {peer} (built by tools/build_peer_venvs.sh, /work/shared/peers/README.md)"
+            f"peer venv not built: {PEERS_ROOT / VENVS[version]} (no READY stamp; "
+            "tools/build_peer_venvs.sh, /work/shared/peers/README.md)"
         )
     proc = subprocess.run(
         [sys.executable, str(TOOL), "--peers-python", str(peer)],

@@ -86,66 +86,67 @@ def _frame(x: dict[str, Any]) -> dict[str, Any]:
 
 
 def make(out: Path) -> list[str]:
-    import torch
-
+    """Run AReaL's own ``PPOActor._compute_advantages`` and ``ppo_actor_loss_fn`` on every case of
+    :data:`CASES`; save each dump with its ``--set`` and control. Returns the dump names."""
     install_stubs(extra=("areal.infra", "areal.experimental", "transformers"))
     mount("areal")
     mount("areal.trainer")
+    return [save(out, *_case(i, case)) for i, case in enumerate(CASES)]
+
+
+def _case(i: int, case: tuple[Any, ...]) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], Any]:
+    """One case of :data:`CASES` (seed ``800 + i``): ``(name, dump, hp, --set, control)`` for ``save``."""
+    import torch
     from areal.api.cli_args import NormConfig  # type: ignore[import-not-found]  # side venv only
     from areal.trainer.ppo.actor import PPOActor  # type: ignore[import-not-found]  # side venv only
     from areal.utils.data import KLEstimator, Normalization  # type: ignore[import-not-found]  # side venv
     from areal.utils.functional import ppo_actor_loss_fn  # type: ignore[import-not-found]  # side venv
 
-    made = []
-    for i, case in enumerate(CASES):
-        name, rnorm, n, anorm, kl_ctl, est, (bias, scale, rclip), equal, conv, control = case
-        x = inputs(800 + i, B=B, T=T, dtype=torch.float32, full_row=False)
-        for k in ("old_values", "values", "entropy"):
-            x.pop(k)
-        x["scores"] = x["scores"] / 4.0
-        if equal:
-            x["scores"][:n] = 1.0  # σ = 0 in the first group
-        x["group_index"] = torch.arange(B, dtype=torch.int64) // n
-        m = x["response_mask"]
-        mb = m.bool()
-        mean_level, std_level, leave1out, unbiased = rnorm
-        reward_norm = Normalization(
-            NormConfig(
-                mean_level=mean_level, std_level=std_level, mean_leave1out=leave1out,
-                std_unbiased=unbiased, group_size=n, eps=HP["whiten_eps"],
-            )
-        )  # fmt: skip
-        adv_norm = None
-        if anorm is not None:
-            adv_norm = Normalization(
-                NormConfig(mean_level=anorm[0], std_level=anorm[1], eps=HP["whiten_eps"])
-            )
-        actor = types.SimpleNamespace(
-            config=types.SimpleNamespace(
-                overlong_reward_penalty=False, use_decoupled_loss=False, recompute_logprob=False
-            ),
-            reward_bias=bias, reward_scaling=scale, reward_clip=rclip, reward_norm=reward_norm,
-            kl_ctl=kl_ctl, kl_estimator=KLEstimator(est), adv_norm=adv_norm,
-            discount=HP["gamma"], gae_lambda=HP["lam"], mask_no_eos_with_zero=False,
-        )  # fmt: skip
-        res = PPOActor._compute_advantages(actor, _frame(x))
-        adv = res["advantages"][:, :T]
-        kl = KLEstimator(est)(x["old_logprobs"] * m, x["ref_logprobs"] * m)
-        pg, st = ppo_actor_loss_fn(
-            logprobs=x["logprobs"], proximal_logprobs=x["old_logprobs"], old_logprobs=x["old_logprobs"],
-            advantages=adv, eps_clip=HP["cliprange"], loss_mask=mb, eps_clip_higher=0.28, c_clip=None,
-        )  # fmt: skip
-        nt = mb.sum().to(torch.float32)
-        dump: dict[str, Any] = dict(x)
-        dump.update(
-            kl=kl,
-            advantages=adv,
-            returns=res["returns"][:, :T],  # advantages + 0 values, before adv_norm: the raw ones
-            pg_loss=pg.detach(),
-            pg_clipfrac=st["clip_mask"].sum().to(torch.float32) / nt,
-            approx_kl=torch.where(mb, st["approx_kl"], 0.0).sum() / nt,
-            loss=pg.detach(),
+    name, rnorm, n, anorm, kl_ctl, est, (bias, scale, rclip), equal, conv, control = case
+    x = inputs(800 + i, B=B, T=T, dtype=torch.float32, full_row=False)
+    for k in ("old_values", "values", "entropy"):
+        x.pop(k)
+    x["scores"] = x["scores"] / 4.0
+    if equal:
+        x["scores"][:n] = 1.0  # σ = 0 in the first group
+    x["group_index"] = torch.arange(B, dtype=torch.int64) // n
+    m = x["response_mask"]
+    mb = m.bool()
+    mean_level, std_level, leave1out, unbiased = rnorm
+    reward_norm = Normalization(
+        NormConfig(
+            mean_level=mean_level, std_level=std_level, mean_leave1out=leave1out,
+            std_unbiased=unbiased, group_size=n, eps=HP["whiten_eps"],
         )
-        hp = dict(HP, kl_coef=kl_ctl, cliprange_high=0.28)
-        made.append(save(out, f"areal_grpo_{name}", dump, hp, {"kl_estimator": est, **conv}, control))
-    return made
+    )  # fmt: skip
+    adv_norm = None
+    if anorm is not None:
+        adv_norm = Normalization(NormConfig(mean_level=anorm[0], std_level=anorm[1], eps=HP["whiten_eps"]))
+    actor = types.SimpleNamespace(
+        config=types.SimpleNamespace(
+            overlong_reward_penalty=False, use_decoupled_loss=False, recompute_logprob=False
+        ),
+        reward_bias=bias, reward_scaling=scale, reward_clip=rclip, reward_norm=reward_norm,
+        kl_ctl=kl_ctl, kl_estimator=KLEstimator(est), adv_norm=adv_norm,
+        discount=HP["gamma"], gae_lambda=HP["lam"], mask_no_eos_with_zero=False,
+    )  # fmt: skip
+    res = PPOActor._compute_advantages(actor, _frame(x))
+    adv = res["advantages"][:, :T]
+    kl = KLEstimator(est)(x["old_logprobs"] * m, x["ref_logprobs"] * m)
+    pg, st = ppo_actor_loss_fn(
+        logprobs=x["logprobs"], proximal_logprobs=x["old_logprobs"], old_logprobs=x["old_logprobs"],
+        advantages=adv, eps_clip=HP["cliprange"], loss_mask=mb, eps_clip_higher=0.28, c_clip=None,
+    )  # fmt: skip
+    nt = mb.sum().to(torch.float32)
+    dump: dict[str, Any] = dict(x)
+    dump.update(
+        kl=kl,
+        advantages=adv,
+        returns=res["returns"][:, :T],  # advantages + 0 values, before adv_norm: the raw ones
+        pg_loss=pg.detach(),
+        pg_clipfrac=st["clip_mask"].sum().to(torch.float32) / nt,
+        approx_kl=torch.where(mb, st["approx_kl"], 0.0).sum() / nt,
+        loss=pg.detach(),
+    )
+    hp = dict(HP, kl_coef=kl_ctl, cliprange_high=0.28)
+    return f"areal_grpo_{name}", dump, hp, {"kl_estimator": est, **conv}, control

@@ -52,6 +52,9 @@ CASES: list[tuple[str, Any, str, float, int, str, str, dict[str, Any], dict[str,
      {"advantage": "grpo"}, {"group_eps": 1e-6}),
     ("group_equal_scores", "group", "dapo", 0.0, 4, "f64", "equal",
      {"advantage": "grpo"}, {"advantage": "dr-grpo"}),
+    # n = 1 only on the advantage block's stand-in: GRPOConfig refuses num_generations < 2 ("GRPO requires
+    # at least 2 generations per prompt", trl 1.12.0 and 1.16.0), so make() passes max(n, 2) to the
+    # config; TRL reaches this torch.zeros_like branch only as num_generations_eval = 1 (no loss).
     ("group_n1", "group", "dapo", 0.0, 1, "f64", "randn",
      {"advantage": "grpo"}, {"group_singleton": "score"}),
     ("group_f32_beta", "group", "dapo", 0.04, 4, "f32", "randn",
