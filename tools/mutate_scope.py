@@ -10,6 +10,7 @@ EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
 CORE = (
     "_group_stats",
     "aggregate",
+    "by_rows",
     "gae",
     "grad",
     "group",
@@ -37,6 +38,7 @@ PIPELINE_FUNCS = {
     "Normalisers.kwargs",
     "policy_term",
     "update_quantities",
+    "update_rows",
     "clipped_scores",
     "mapped_scores",
     "Convention.__post_init__",
@@ -62,6 +64,9 @@ PIPELINE_TESTS = (
     "tests/unit/test_core_boundaries.py",
     "tests/golden/test_golden_ppo.py",
     "tests/unit/test_core_mutation_kills.py",
+    "tests/property/test_update_by_rows.py",
+    "tests/unit/test_pipeline_memory.py",
+    "tests/unit/test_by_rows_mutation_kills.py",
 )
 """The oracle's tests (tests/unit/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
@@ -76,6 +81,11 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "kl": ("tests/property/test_kl_straight_through.py",),
     "score_map": ("tests/unit/test_pipeline_score_map.py",),
+    "by_rows": (
+        "tests/property/test_update_by_rows.py",
+        "tests/unit/test_pipeline_memory.py",
+        "tests/unit/test_by_rows_mutation_kills.py",
+    ),
 }
 """A core module's tests beyond ``test_core_<mod>.py`` and ``test_<mod>_properties.py``."""
 
