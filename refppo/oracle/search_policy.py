@@ -17,10 +17,12 @@ from torch import Tensor
 
 from refppo.conventions import KLPlacement, LossAgg
 from refppo.core.aggregate import aggregate_loss, aggregate_masked
+from refppo.core.by_rows import policy_loss_by_rows
 from refppo.core.policy import clipped_policy_loss
 from refppo.oracle.recompute import approx_kl_k2_all_positions
 from refppo.oracle.search import Group, Option, Search, digest, pg_widen_for
 from refppo.oracle.settings import APPROX_KL_METRICS
+from refppo.pipeline import update_rows
 from refppo.validate import count_true
 
 MEMO_MAX = 16384
@@ -49,6 +51,9 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     # core's aggregate_masked with the token count computed once is aggregate_loss without the
     # per-call re-validation, masking and counting (three full passes per candidate and mode).
     n_tok = float(count_true(m))
+    # Above ROW_BLOCK_ELEMENTS, the loss by row blocks (refppo.core.by_rows: the same per-token loss,
+    # clip fraction and approx_kl bit for bit) instead of the whole batch's ~8 [B, T] temporaries.
+    rows = update_rows(m)
     # By the advantages' content (groups of other rollout conventions often share it): whether a
     # dual clip acts, and the loss under each (clip, dual, clamp), aggregated (scalars only).
     acts: dict[tuple[Any, ...], bool] = {}
@@ -80,15 +85,8 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                             if len(computed) >= MEMO_MAX:  # a cache: bounded, values recomputed
                                 computed.clear()
                             computed[ck] = _Aggregated.of(
-                                clipped_policy_loss(
-                                    logprobs,
-                                    t["old_logprobs"],
-                                    adv,
-                                    m,
-                                    clip_low=lo,
-                                    clip_high=hi,
-                                    dual_clip=eff_dual,
-                                    log_ratio_clamp=eff_lrc,
+                                _policy_loss(
+                                    rows, logprobs, t["old_logprobs"], adv, m, lo, hi, eff_dual, eff_lrc
                                 ),
                                 lambda x, a: aggregate_masked(x, m, LossAgg(a), token_count=n_tok, **norm),
                                 aggs,
@@ -162,6 +160,26 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
         return out
 
     return search.stage(groups, make, checks, "policy", search.propose_policy if has_lp else None)
+
+
+def _policy_loss(
+    rows: int | None,
+    logp: Tensor,
+    logp_old: Tensor,
+    adv: Tensor,
+    m: Tensor,
+    lo: float,
+    hi: float | None,
+    dual: float | None,
+    lrc: float | None,
+) -> Any:
+    """:func:`clipped_policy_loss` (``rows`` None) or :func:`policy_loss_by_rows` by ``rows`` rows:
+    the same ``per_token``, ``clipfrac`` and ``approx_kl`` bit for bit, the latter without the
+    whole batch's ``[B, T]`` temporaries (two ``[B, T]`` buffers plus one block's)."""
+    kw: dict[str, Any] = {"clip_low": lo, "clip_high": hi, "dual_clip": dual, "log_ratio_clamp": lrc}
+    if rows is None:
+        return clipped_policy_loss(logp, logp_old, adv, m, **kw)
+    return policy_loss_by_rows(rows, logp, logp_old, adv, m, **kw)
 
 
 class _Aggregated:
