@@ -172,14 +172,17 @@ def _policy_loss(
     hi: float | None,
     dual: float | None,
     lrc: float | None,
-) -> Any:
-    """:func:`clipped_policy_loss` (``rows`` None) or :func:`policy_loss_by_rows` by ``rows`` rows:
-    the same ``per_token``, ``clipfrac`` and ``approx_kl`` bit for bit, the latter without the
-    whole batch's ``[B, T]`` temporaries (two ``[B, T]`` buffers plus one block's)."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(per_token, clipfrac, approx_kl)`` of :func:`clipped_policy_loss` (``rows`` None) or of
+    :func:`policy_loss_by_rows` by ``rows`` rows: the same values bit for bit, the latter without
+    the whole batch's ``[B, T]`` temporaries (two ``[B, T]`` buffers plus one block's). The ratio
+    ``ρ`` ``[B, T]`` is not read here: it is freed before the aggregations."""
     kw: dict[str, Any] = {"clip_low": lo, "clip_high": hi, "dual_clip": dual, "log_ratio_clamp": lrc}
     if rows is None:
-        return clipped_policy_loss(logp, logp_old, adv, m, **kw)
-    return policy_loss_by_rows(rows, logp, logp_old, adv, m, **kw)
+        out = clipped_policy_loss(logp, logp_old, adv, m, **kw)
+    else:
+        out = policy_loss_by_rows(rows, logp, logp_old, adv, m, **kw)
+    return out.per_token, out.clipfrac, out.approx_kl
 
 
 class _Aggregated:
@@ -189,5 +192,8 @@ class _Aggregated:
         self.pg, self.clipfrac, self.approx_kl = pg, clipfrac, approx_kl
 
     @classmethod
-    def of(cls, out: Any, agg: Callable[[Tensor, str], Tensor], aggs: list[str]) -> _Aggregated:
-        return cls({a: agg(out.per_token, a).detach() for a in aggs}, out.clipfrac, out.approx_kl)
+    def of(
+        cls, out: tuple[Tensor, Tensor, Tensor], agg: Callable[[Tensor, str], Tensor], aggs: list[str]
+    ) -> _Aggregated:
+        per_token, clipfrac, approx_kl = out
+        return cls({a: agg(per_token, a).detach() for a in aggs}, clipfrac, approx_kl)
