@@ -3,10 +3,13 @@
 
 Targets: issue #5 (B=256, T=2048): without ``--detect`` at most 1.5x
 ``python -c "import torch, safetensors"``, with ``--detect`` under 30 s. Issue #9 (B=1024, T=8192,
-a 268 MB dump): a mismatch with its diagnosis at most 10 s beyond the import baseline, ``--detect``
+a 296 MiB dump): a mismatch with its diagnosis at most 10 s beyond the import baseline, ``--detect``
 at most 60 s, peak RSS at most 2.5x the dump's size. Prints the median of ``--repeat`` runs of
 each command, its ratio to the import baseline measured in the same run, and the peak RSS of the
-child process (``ru_maxrss`` of a one-child wrapper).
+child process (``ru_maxrss`` of a one-child wrapper). The last row runs ``--detect`` on a dump
+without the rollout intermediates (inputs and losses only), by default at B/16, T/16
+(``--losses-only-size B T``): nothing prunes its rollout stages, so its time grows with the thousands
+of candidate conventions times B·T (memory stays bounded).
 
     .venv/bin/python benchmarks/bench_oracle.py [--B 256] [--T 2048] [--repeat 3]
     .venv/bin/python benchmarks/bench_oracle.py --B 1024 --T 8192 --repeat 3   # issue #9
@@ -124,6 +127,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--preset", default="trl")
     ap.add_argument("--against", type=Path, default=None, help="another checkout to alternate with")
+    ap.add_argument(
+        "--losses-only-size",
+        type=int,
+        nargs=2,
+        metavar=("B", "T"),
+        default=None,
+        help="size of the dump without rollout intermediates (default B/16, T/16: its --detect walks "
+        "thousands of rollout candidates, each over B*T tokens)",
+    )
     a = ap.parse_args()
     py = sys.executable
     tool = str(REPO / "tools" / "diff_against.py")
@@ -131,13 +143,14 @@ def main() -> int:
         full = Path(tmp) / "full.safetensors"
         losses = Path(tmp) / "losses_only.safetensors"
         make_dump(full, a.B, a.T, a.preset)
-        make_dump(losses, a.B, a.T, a.preset, keep_intermediates=False)
+        lo_B, lo_T = a.losses_only_size or (max(a.B // 16, 8), max(a.T // 16, 16))
+        make_dump(losses, lo_B, lo_T, a.preset, keep_intermediates=False)
         rows = [
             ("import torch, safetensors (baseline)", [py, "-c", "import torch, safetensors"]),
             (f"diff --preset {a.preset} (match)", [py, tool, str(full), "--preset", a.preset]),
             ("diff --preset verl (mismatch + explain)", [py, tool, str(full), "--preset", "verl"]),
             (f"diff --preset {a.preset} --detect", [py, tool, str(full), "--preset", a.preset, "--detect"]),
-            ("diff --detect, losses-only dump", [py, tool, str(losses), "--detect"]),
+            (f"diff --detect, losses-only B={lo_B} T={lo_T}", [py, tool, str(losses), "--detect"]),
         ]
         base = None
         size = full.stat().st_size / 2**20
