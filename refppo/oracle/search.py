@@ -27,7 +27,7 @@ from refppo.core.policy import clipped_policy_loss, policy_ratio
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import compare
 from refppo.oracle.diagnose import ALTERNATIVES, CLAMP_BUNDLES
-from refppo.oracle.load import TOLERANCES, Dump
+from refppo.oracle.load import TOLERANCES, Dump, trim_heap
 from refppo.oracle.recompute import (
     approx_kl_k2_all_positions,
     pg_tie_share,
@@ -137,6 +137,7 @@ class Search:
         propose: Callable[[list[Group]], Any] | None = None,
     ) -> list[Group]:
         """Walk the named options; when none reproduces (or none applies), walk again with the solver's."""
+        trim_heap()  # what the previous stage freed is not resident under this one's peak
         out = self.expand(groups, make_options(None), checks, name)
         # none of the first walk's options applies (say advantage=gae on a dump without a critic):
         # that is no match either, so the solver's walk runs too

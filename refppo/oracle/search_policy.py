@@ -17,10 +17,12 @@ from torch import Tensor
 
 from refppo.conventions import KLPlacement, LossAgg
 from refppo.core.aggregate import aggregate_loss, aggregate_masked
+from refppo.core.by_rows import policy_loss_by_rows
 from refppo.core.policy import clipped_policy_loss
 from refppo.oracle.recompute import approx_kl_k2_all_positions
 from refppo.oracle.search import Group, Option, Search, digest, pg_widen_for
 from refppo.oracle.settings import APPROX_KL_METRICS
+from refppo.pipeline import update_rows
 from refppo.validate import count_true
 
 MEMO_MAX = 16384
@@ -49,6 +51,9 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     # core's aggregate_masked with the token count computed once is aggregate_loss without the
     # per-call re-validation, masking and counting (three full passes per candidate and mode).
     n_tok = float(count_true(m))
+    # Above ROW_BLOCK_ELEMENTS, the loss by row blocks (refppo.core.by_rows: the same per-token loss,
+    # clip fraction and approx_kl bit for bit) instead of the whole batch's ~8 [B, T] temporaries.
+    rows = update_rows(m)
     # By the advantages' content (groups of other rollout conventions often share it): whether a
     # dual clip acts, and the loss under each (clip, dual, clamp), aggregated (scalars only).
     acts: dict[tuple[Any, ...], bool] = {}
@@ -80,15 +85,8 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                             if len(computed) >= MEMO_MAX:  # a cache: bounded, values recomputed
                                 computed.clear()
                             computed[ck] = _Aggregated.of(
-                                clipped_policy_loss(
-                                    logprobs,
-                                    t["old_logprobs"],
-                                    adv,
-                                    m,
-                                    clip_low=lo,
-                                    clip_high=hi,
-                                    dual_clip=eff_dual,
-                                    log_ratio_clamp=eff_lrc,
+                                _policy_loss(
+                                    rows, logprobs, t["old_logprobs"], adv, m, lo, hi, eff_dual, eff_lrc
                                 ),
                                 lambda x, a: aggregate_masked(x, m, LossAgg(a), token_count=n_tok, **norm),
                                 aggs,
@@ -164,6 +162,29 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     return search.stage(groups, make, checks, "policy", search.propose_policy if has_lp else None)
 
 
+def _policy_loss(
+    rows: int | None,
+    logp: Tensor,
+    logp_old: Tensor,
+    adv: Tensor,
+    m: Tensor,
+    lo: float,
+    hi: float | None,
+    dual: float | None,
+    lrc: float | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(per_token, clipfrac, approx_kl)`` of :func:`clipped_policy_loss` (``rows`` None) or of
+    :func:`policy_loss_by_rows` by ``rows`` rows: the same values bit for bit, the latter without
+    the whole batch's ``[B, T]`` temporaries (two ``[B, T]`` buffers plus one block's). The ratio
+    ``ρ`` ``[B, T]`` is not read here: it is freed before the aggregations."""
+    kw: dict[str, Any] = {"clip_low": lo, "clip_high": hi, "dual_clip": dual, "log_ratio_clamp": lrc}
+    if rows is None:
+        out = clipped_policy_loss(logp, logp_old, adv, m, **kw)
+    else:
+        out = policy_loss_by_rows(rows, logp, logp_old, adv, m, **kw)
+    return out.per_token, out.clipfrac, out.approx_kl
+
+
 class _Aggregated:
     """A clipped policy loss without its ``[B, T]`` tensors: ``pg_loss`` under each aggregation."""
 
@@ -171,5 +192,8 @@ class _Aggregated:
         self.pg, self.clipfrac, self.approx_kl = pg, clipfrac, approx_kl
 
     @classmethod
-    def of(cls, out: Any, agg: Callable[[Tensor, str], Tensor], aggs: list[str]) -> _Aggregated:
-        return cls({a: agg(out.per_token, a).detach() for a in aggs}, out.clipfrac, out.approx_kl)
+    def of(
+        cls, out: tuple[Tensor, Tensor, Tensor], agg: Callable[[Tensor, str], Tensor], aggs: list[str]
+    ) -> _Aggregated:
+        per_token, clipfrac, approx_kl = out
+        return cls({a: agg(per_token, a).detach() for a in aggs}, clipfrac, approx_kl)

@@ -14,11 +14,13 @@ from torch import Tensor
 
 from refppo.conventions import LossAgg, ValueClipForm
 from refppo.core.aggregate import aggregate_loss, aggregate_masked
+from refppo.core.by_rows import value_loss_by_rows
 from refppo.core.value import value_loss
 from refppo.oracle.diagnose import ALTERNATIVES
 from refppo.oracle.recompute import vf_tie_widen
 from refppo.oracle.search import SOLVE_GROUPS, Group, Option, Search, digest
 from refppo.oracle.solve import loss_weights, nice
+from refppo.pipeline import update_rows
 from refppo.validate import count_true
 
 
@@ -31,6 +33,7 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
     """
     t, m, hp, norm = search.t, search.m, search.hp, search.norm
     values = t.get("values", t["old_values"])
+    rows = update_rows(m)
     value_aggs_all = [a["value_loss_agg"] for a in ALTERNATIVES["value_loss_agg"]]
     own_vagg = search.base.conv.value_loss_agg
     own_vagg_name = None if own_vagg is None else own_vagg.value
@@ -57,17 +60,17 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
         for vl, form in value_kinds:
             for vfm in ("value", "response"):
                 mask = g.state["vm"] if vfm == "value" else m
-                out = value_loss(
-                    values,
-                    t["old_values"],
-                    g.state["returns"],
-                    mask,
-                    clip=clip,
-                    kind=vl,
-                    clip_form=form,
-                    agg=g.state["agg"],
+                vkw: dict[str, Any] = {
+                    "clip": clip,
+                    "kind": vl,
+                    "clip_form": form,
+                    "agg": g.state["agg"],
                     **norm,
-                )
+                }
+                vin = (values, t["old_values"], g.state["returns"], mask)
+                # above ROW_BLOCK_ELEMENTS by row blocks (refppo.core.by_rows): the same outputs bit
+                # for bit, without the whole batch's [B, T] temporaries
+                out = value_loss(*vin, **vkw) if rows is None else value_loss_by_rows(rows, *vin, **vkw)
                 for vagg in vaggs:
                     if vagg is None or vagg == g.state["agg"]:
                         vf = out.loss.detach()
