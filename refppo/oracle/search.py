@@ -257,6 +257,7 @@ class Search:
         has_lp = "logprobs" in t
 
         own_kagg = {} if self.base.conv.kl_loss_agg is None else {"kl_loss_agg": None}
+        separate = self.dump.step.separate_critic
 
         def opts(g: Group) -> Iterable[Option]:
             s = g.state
@@ -269,7 +270,9 @@ class Search:
                         kll = aggregate_loss(s["kl_cur"], self.m, a.value, **self.norm)
                         kls.append(({"kl_loss_agg": a.value}, kll))
             for upd, kl_loss in kls:
-                total = s["pg_loss"] + hp.vf_coef * s["vf_loss"]
+                # separate_critic: the dumped ``loss`` is the actor's objective, without the value term
+                # (as recompute's reference: refppo/oracle/recompute.py)
+                total = s["pg_loss"] + (0.0 if separate else hp.vf_coef) * s["vf_loss"]
                 if s["entropy_loss"] is not None:
                     total = total - hp.ent_coef * s["entropy_loss"]
                 if kl_loss is not None:
