@@ -67,8 +67,29 @@ def test_compared_keys_are_released_after_each_walk(tmp_path: Path, monkeypatch:
 
 
 def test_release_changes_no_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    dump, start = _dump(tmp_path)
+    """Keys of 32 KiB (B=16, T=512 float32: whole pages), so the release really calls madvise (a
+    B=8, T=16 dump's 512-byte keys are below a page and were never released: the test could not fail)."""
+    import torch
+
+    import refppo.oracle.load as load_mod
+
+    made = setup_for(None, {"whiten_rewards": "masked"})
+    start = setup_for(None, {})
+    d = refppo_dump(make_inputs(B=16, T=512, seed=5), made, dtype=torch.float32)
+    dump = load_dump(save(tmp_path, d, start))
+    calls: list[int] = []
+    real = load_mod._madvise
+
+    def counting() -> Any:
+        fn = real()
+        if fn is None:
+            return None
+        return lambda *a: (calls.append(1), fn(*a))[1]
+
+    monkeypatch.setattr(load_mod, "_madvise", counting)
     with_release = detect(dump, start)
+    if real() is not None:  # Linux: the pages were handed back
+        assert calls, "the release never reached madvise"
     monkeypatch.setattr(Dump, "release", lambda self, key: None)  # the old path: pages kept
     assert _fields(detect(dump, start)) == _fields(with_release)
 
