@@ -38,7 +38,7 @@ from refppo.core.policy import (
     log_ratio_terms,
     policy_terms,
 )
-from refppo.core.value import ValueLossOutput, check_value_clip, value_terms
+from refppo.core.value import ValueLossOutput, _checked_value_inputs, value_terms
 from refppo.errors import HyperparameterError
 from refppo.validate import check_bt, check_mask, check_positive, check_same_dtype, count_true
 
@@ -152,15 +152,9 @@ def value_loss_by_rows(
     clip_form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
 ) -> ValueLossOutput:
     """:func:`refppo.core.value.value_loss` by blocks of ``rows`` rows: the same outputs bit for bit."""
-    k = parse(ValueLoss, kind, what="value_loss")
-    form = parse(ValueClipForm, clip_form, what="value_clip_form")
-    agg_mode = parse(LossAgg, agg, what="loss_agg")
-    m = check_mask("mask", mask)
-    values = check_bt("values", values, m)
-    values_old = check_bt("values_old", values_old, m)
-    returns = check_bt("returns", returns, m)
-    check_same_dtype(values=values, values_old=values_old, returns=returns)
-    eps_v = check_value_clip(k, clip)
+    values, values_old, returns, m, eps_v, form, agg_mode = _checked_value_inputs(
+        values, values_old, returns, mask, clip=clip, kind=kind, agg=agg, clip_form=clip_form
+    )
     _no_grad(values=values, values_old=values_old, returns=returns)
     with torch.no_grad():
         per_token = torch.empty_like(values)

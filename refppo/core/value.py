@@ -41,6 +41,31 @@ class ValueLossOutput:
     clipfrac: Scalar
 
 
+def _checked_value_inputs(
+    values: Tensor,
+    values_old: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None,
+    kind: ValueLoss | str,
+    agg: LossAgg | str,
+    clip_form: ValueClipForm | str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, float | None, ValueClipForm, LossAgg]:
+    """The value loss's inputs checked in one place (:func:`value_loss` and its row-block twin
+    :func:`refppo.core.by_rows.value_loss_by_rows`): ``(values, values_old, returns, mask, ε_v,
+    clip form, loss_agg)``, or one clear error naming the bad input."""
+    k = parse(ValueLoss, kind, what="value_loss")
+    form = parse(ValueClipForm, clip_form, what="value_clip_form")
+    agg_mode = parse(LossAgg, agg, what="loss_agg")
+    m = check_mask("mask", mask)
+    values = check_bt("values", values, m)
+    values_old = check_bt("values_old", values_old, m)
+    returns = check_bt("returns", returns, m)
+    check_same_dtype(values=values, values_old=values_old, returns=returns)
+    return values, values_old, returns, m, check_value_clip(k, clip), form, agg_mode
+
+
 def value_loss(
     values: TokenFloat,
     values_old: TokenFloat,
@@ -56,15 +81,9 @@ def value_loss(
     clip_form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
 ) -> ValueLossOutput:
     """Clipped (or unclipped) value loss, aggregated by ``agg`` (module docstring)."""
-    k = parse(ValueLoss, kind, what="value_loss")
-    form = parse(ValueClipForm, clip_form, what="value_clip_form")
-    agg_mode = parse(LossAgg, agg, what="loss_agg")
-    m = check_mask("mask", mask)
-    values = check_bt("values", values, m)
-    values_old = check_bt("values_old", values_old, m)
-    returns = check_bt("returns", returns, m)
-    check_same_dtype(values=values, values_old=values_old, returns=returns)
-    eps_v = check_value_clip(k, clip)
+    values, values_old, returns, m, eps_v, form, agg_mode = _checked_value_inputs(
+        values, values_old, returns, mask, clip=clip, kind=kind, agg=agg, clip_form=clip_form
+    )
     per_token, clipped = value_terms(values, values_old, returns, m, eps_v=eps_v, form=form)
     if clipped is None:
         clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
