@@ -302,6 +302,17 @@ SIGMA_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
 ``group_std``, ``group_std_level`` and ``group_eps``."""
 
 
+def unread_std_level(conv: Convention, prefix: str = "") -> str | None:
+    """One line when ``group_std_level`` is off ``group`` but ``advantage`` has no σ, else None."""
+    adv = conv.advantage
+    if conv.group_std_level is GroupStdLevel.GROUP or adv in SIGMA_ESTIMATORS:
+        return None
+    return (
+        f"{prefix}group_std_level={conv.group_std_level.value} is set but {prefix}advantage={adv.value} "
+        f"takes no group std (only {', '.join(e.value for e in SIGMA_ESTIMATORS)} read it)"
+    )
+
+
 def unread_convention(conv: Convention, prefix: str = "") -> str | None:
     """One line naming a convention setting its estimator ignores or cannot run, else None.
 
@@ -315,11 +326,9 @@ def unread_convention(conv: Convention, prefix: str = "") -> str | None:
     ``--preset``/``--set``/sidecar) and the trainer's config. ``prefix``: ``"ppo."`` for the
     trainer's keys."""
     adv = conv.advantage
-    if conv.group_std_level is not GroupStdLevel.GROUP and adv not in SIGMA_ESTIMATORS:
-        return (
-            f"{prefix}group_std_level={conv.group_std_level.value} is set but {prefix}advantage={adv.value} "
-            f"takes no group std (only {', '.join(e.value for e in SIGMA_ESTIMATORS)} read it)"
-        )
+    level = unread_std_level(conv, prefix)
+    if level is not None:
+        return level
     if adv is AdvantageEstimator.GRPO_PASSK and conv.group_singleton is GroupSingleton.SCORE:
         return (
             f"{prefix}group_singleton=score is set but {prefix}advantage=grpo-passk has no second-best "

@@ -36,13 +36,19 @@ from refppo.config.sections import (
     RunConfig,
     TaskConfig,
 )
-from refppo.conventions import AdvantageEstimator, GroupStdLevel, Variance
+from refppo.conventions import AdvantageEstimator, Variance
 from refppo.core.group import GROUP_ESTIMATORS
-from refppo.step_settings import Convention, Hyperparams, unread_convention
+from refppo.step_settings import (
+    SIGMA_ESTIMATORS,
+    Convention,
+    Hyperparams,
+    unread_convention,
+    unread_std_level,
+)
 
-STD_LEVEL_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
-"""The estimators whose σ ``ppo.group_std_level`` chooses (:func:`refppo.core.group.group_scalar_advantages`
-passes it to ``group_sigma`` for these two only); a non-default level with any other is refused."""
+STD_LEVEL_ESTIMATORS = SIGMA_ESTIMATORS
+"""The estimators whose σ ``ppo.group_std_level`` chooses (:data:`refppo.step_settings.SIGMA_ESTIMATORS`);
+a non-default level with any other is refused."""
 
 CRITIC_ONLY_KEYS = ("vf_coef", "cliprange_value", "value_loss", "value_clip_form", "value_loss_agg", "lam")
 """``[ppo]`` keys only ``ppo.advantage=gae`` reads: the value loss (:func:`refppo.pipeline.update_quantities`
@@ -122,12 +128,9 @@ class TrainConfig:
             raise ConfigError(
                 f"ppo.advantage={adv.value} needs rollout.group_size >= 2 (responses per prompt), got {g}"
             )
-        level = self.ppo.convention.group_std_level
-        if level is not GroupStdLevel.GROUP and adv not in STD_LEVEL_ESTIMATORS:
-            raise ConfigError(
-                f"ppo.group_std_level={level.value} is set but ppo.advantage={adv.value} takes no group std "
-                f"(only {', '.join(e.value for e in STD_LEVEL_ESTIMATORS)} read it)"
-            )
+        level = unread_std_level(self.ppo.convention, prefix="ppo.")
+        if level is not None:
+            raise ConfigError(level)
         if not self.critic_free:
             return
         if self.optimizer.critic_lr is not None:
@@ -170,7 +173,7 @@ class TrainConfig:
                     f"(only {', '.join(e.value for e in STD_LEVEL_ESTIMATORS)} read it)"
                 )
         if self.critic_free:
-            critic = [f"ppo.{k}={_shown(v)}" for k, v in _off_default(conv, hp) if k in CRITIC_ONLY_KEYS]
+            critic = [f"ppo.{k}={_shown(v)}" for k, v in _off_default(conv, hp)]
             if critic:
                 parts.append(
                     f"{', '.join(critic)} {'is' if len(critic) == 1 else 'are'} set but "

@@ -28,11 +28,12 @@ from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.presets import PRESETS
 from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
 from refppo.oracle.settings import Setup
+from refppo.step_settings import SIGMA_ESTIMATORS
 
 GROUP_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
-"""``group_eps`` of the peers (verl/SkyRL, OpenRLHF, TRL, 1e-8): ``search_estimator.NAMED_EPS``'s
-values (that module imports this one; a test keeps the two equal)."""
-STD_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
+"""``group_eps`` of the peers: verl/SkyRL 1e-6, OpenRLHF 1e-9, TRL GRPOTrainer 1e-4, and 1e-8 (also
+``search_estimator.NAMED_EPS``, which imports this one)."""
+STD_ESTIMATORS = SIGMA_ESTIMATORS
 """The estimators that read ``group_std``, ``group_eps`` and ``group_std_level`` (their σ)."""
 
 CLAMP_BUNDLES: dict[str, dict[str, Any]] = {

@@ -35,14 +35,15 @@ from refppo.core.gae import has_holes
 from refppo.core.group import GROUP_ESTIMATORS as _CORE_GROUP_ESTIMATORS
 from refppo.core.group import group_scalar_advantages
 from refppo.errors import RefPPOError
+from refppo.oracle.diagnose import GROUP_EPS
 from refppo.oracle.search import SOLVE_GROUPS, Group, Option, Search
 from refppo.oracle.search_rollout import _carry_dumped, gae_options, with_raw_advantages
 from refppo.oracle.solve import nice
 from refppo.pipeline import critic_free_advantages
 
 GROUP_ESTIMATORS = tuple(e.value for e in _CORE_GROUP_ESTIMATORS)
-NAMED_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
-"""``group_eps`` of the peers: verl/SkyRL 1e-6, OpenRLHF 1e-9, TRL GRPOTrainer 1e-4, and 1e-8."""
+NAMED_EPS = GROUP_EPS
+"""``group_eps`` of the peers (:data:`refppo.oracle.diagnose.GROUP_EPS`)."""
 
 
 def needs_estimator_stage(s: Search) -> bool:

@@ -3,8 +3,7 @@
 "Every" is checked by ``tests/unit/test_verify_coverage.py``: it enumerates the public functions of
 the ``refppo.core`` modules (``*_naive`` twins excluded) and fails if a case calls none of them
 directly; the deliberate exceptions are the argument validators (``check_*``), which return
-nothing to compare. Known gap: the update-stage functions listed in that test's ``NOT_YET_COVERED``
-(``by_rows.*``, ``*_terms``) have no case yet.
+nothing to compare.
 
 Each case builds a right-padded batch (random lengths, including length-1 rows; some cases also
 punch interior holes) whose padded positions hold junk (NaN, ±inf, huge values), runs the

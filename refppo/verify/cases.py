@@ -215,5 +215,4 @@ TOKEN_CASES: dict[str, Case] = {
 CASES: dict[str, Case] = {**TOKEN_CASES, **ADV_CASES, **LOSS_CASES, **ROW_CASES, **DIST_CASES}
 """Step (vectorized function) -> case. Together they call every public vectorized function of the
 core directly, each against its naive twin (``tests/unit/test_verify_coverage.py`` checks this and
-lists the deliberate exceptions, the argument validators ``check_*``, and the known gaps in
-``NOT_YET_COVERED``)."""
+lists the deliberate exceptions, the argument validators ``check_*``)."""

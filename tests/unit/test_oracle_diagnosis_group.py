@@ -15,8 +15,7 @@ import pytest
 import torch
 from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
-from refppo.oracle import search_estimator
-from refppo.oracle.diagnose import GROUP_ALTERNATIVES, GROUP_EPS, check
+from refppo.oracle.diagnose import GROUP_ALTERNATIVES, check
 from refppo.oracle.load import load_dump
 
 BASE = {"advantage": "grpo", "whiten_advantages": "none", "kl_in": "reward", "group_singleton": "error"}
@@ -73,7 +72,3 @@ def test_a_gae_dump_is_not_rerun_through_the_critic_free_options(tmp_path: Path)
     changed = {k for f in res.explained_by if f["kind"] == "convention" for k in f["change"]}
     assert changed == {"whiten_advantages"}, res.explained_by
     assert not changed & set(GROUP_ALTERNATIVES)
-
-
-def test_the_named_eps_are_the_detect_walks() -> None:
-    assert GROUP_EPS == search_estimator.NAMED_EPS
