@@ -109,12 +109,12 @@ def policy_loss_by_rows(
     B = m.shape[0]
     with torch.no_grad():
         n = float(count_true(m))  # = m.sum(), without its int64 [B, T] copy of the mask
-        per_token = torch.empty_like(logp)
+        per_token = torch.empty_like(logp, memory_format=torch.contiguous_format)
         for r in row_blocks(B, rows):  # d first: its sums are approx_kl's
             per_token[r] = log_ratio_terms(logp[r], logp_old[r], m[r], None)[0]
         approx_kl = -per_token.sum() / n
         approx_kl_k2 = 0.5 * per_token.mul_(per_token).sum() / n
-        ratio = torch.empty_like(logp)
+        ratio = torch.empty_like(logp, memory_format=torch.contiguous_format)
         n_clip = n_lower = 0
         for r in row_blocks(B, rows):
             t = terms(r)
@@ -157,7 +157,7 @@ def value_loss_by_rows(
     )
     _no_grad(values=values, values_old=values_old, returns=returns)
     with torch.no_grad():
-        per_token = torch.empty_like(values)
+        per_token = torch.empty_like(values, memory_format=torch.contiguous_format)
         n_clip = 0
         for r in row_blocks(m.shape[0], rows):
             block, clipped = value_terms(values[r], values_old[r], returns[r], m[r], eps_v=eps_v, form=form)
@@ -184,7 +184,7 @@ def entropy_bonus_by_rows(
     _no_grad(entropy=entropy)
     zero = torch.zeros((), dtype=entropy.dtype, device=entropy.device)
     with torch.no_grad():
-        lm = torch.empty_like(entropy)
+        lm = torch.empty_like(entropy, memory_format=torch.contiguous_format)
         for r in row_blocks(m.shape[0], rows):
             lm[r] = torch.where(m[r], entropy[r], zero)
         return aggregate_masked(lm, m, agg_mode, **norm)
@@ -211,7 +211,7 @@ def kl_loss_by_rows(
     _no_grad(logp=logp, logp_ref=logp_ref)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     with torch.no_grad():
-        lm = torch.empty_like(logp)
+        lm = torch.empty_like(logp, memory_format=torch.contiguous_format)
         for r in row_blocks(m.shape[0], rows):
             kl = token_kl(
                 logp[r],

@@ -21,13 +21,15 @@ from torch import Tensor
 from refppo.conventions import AdvantageEstimator, GroupStdLevel, ScorePosition, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.group_naive import Singleton, _scalar_naive
+from refppo.validate import check_mask
 
 
 def score_positions_naive(
     mask: Tensor, score_at: ScorePosition | str = ScorePosition.LAST_VALID
 ) -> list[int]:
     """``p_b`` for each row: scan the row for its last valid position, then apply ``score_at``."""
-    where = ScorePosition(score_at)
+    check_mask("mask", mask)  # a row without a valid token is an error, as in the core
+    where = parse(ScorePosition, score_at, what="score_at")
     out = []
     for row in pf.mask_rows(mask):
         T = len(row)

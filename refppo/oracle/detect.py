@@ -122,10 +122,10 @@ def _rechecked(convs: list[dict[str, Any]], grads: bool) -> list[int]:
 
 def _recheck(
     dump: Dump, base: Setup, convs: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(head, rest)``: the re-checked entries that the pipeline confirms (nearest first), and the
-    entries not re-checked, without those of a ``kl_estimator`` whose every re-checked entry failed
-    (never report a member of a class the pipeline rejected)."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str]]:
+    """``(head, rest, rejected)``: the re-checked entries that the pipeline confirms (nearest first),
+    the entries not re-checked, without those of a ``kl_estimator`` whose every re-checked entry
+    failed (never report a member of a class the pipeline rejected), and those estimators."""
     picked = _rechecked(convs, dump.has("grad_logprobs"))
     rollouts = RolloutMemo(dump)  # the nearest conventions often share steps 1-4
     ok = {
@@ -136,7 +136,7 @@ def _recheck(
     head = [convs[i] for i in picked if ok[i]]
     rejected = {convs[i]["kl_estimator"] for i in picked} - {c["kl_estimator"] for c in head}
     rest = [c for i, c in enumerate(convs) if i not in ok and c["kl_estimator"] not in rejected]
-    return head, rest
+    return head, rest, rejected
 
 
 def _value_twin_notes(dump: Dump, convs: list[dict[str, Any]], undetermined: list[str]) -> list[str]:
@@ -192,10 +192,12 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
         convs.sort(key=lambda c: _distance({**base_json, **_hp_json(base)}, c))
         for g in groups:  # the search's [B, T] states are not read again: free them before the re-checks
             g.state = {}
-        head, rest = _recheck(dump, base, convs)
+        head, rest, rejected = _recheck(dump, base, convs)
         # every re-checked candidate failing means the staged search itself is off: trust none of it
         convs = head + rest if head else []
-        n_total = sum(g.n_equiv for g in matched)
+        # the search's class sizes count every member; a rejected estimator's members share classes
+        # with the kept ones (same values), so then only the listed entries are counted
+        n_total = 0 if rejected else sum(g.n_equiv for g in matched)
         keys = list(base_json) + [k for k in HP_KEYS if convs and k in convs[0]]
         undetermined = sorted(k for k in keys if len({repr(c.get(k)) for c in convs}) > 1)
         if not has_holes(dump.tensors["response_mask"]):  # right-padded: every hole convention agrees

@@ -196,8 +196,8 @@ def vf_tie_widen(
     """Share of value-mask tokens of :func:`vf_tie_mask`. The mask is elementwise, so it is counted
     by blocks of about :data:`refppo.pipeline.ROW_BLOCK_ELEMENTS` rows (exact integer counts: the
     same share bit for bit, without the whole batch's ~12 ``[B, T]`` temporaries)."""
-    B, T = mask.shape
-    step = max(1, pipeline.ROW_BLOCK_ELEMENTS // max(T, 1))
+    B = mask.shape[0]
+    step = pipeline.update_rows(mask) or B
     n = 0
     for r in row_blocks(B, step):
         n += int(count_true(vf_tie_mask(values[r], old[r], returns[r], mask[r], eps_v, rtol)))

@@ -176,9 +176,15 @@ def test_a_dropped_group_is_not_revived_by_a_later_option() -> None:
     def options(g: Group) -> Any:
         yield {"o": 1}, {"v": g.state["i"]}, keys[g.state["i"]]
 
+    checked: list[int] = []
+
     def checks(st: dict[str, Any]) -> list[float | None]:
+        checked.append(st["v"])
         return [0.0 if st["v"] == 1 else 2.0]
 
     out = groups_mod.expand_groups(S(), src, options, checks, "st", 3, 256)  # type: ignore[arg-type]  # a stub Search
     assert [g.convs for g in out] == [[{"a": 1, "o": 1}]]
+    # group 2's option merged into the dropped digest and was never scored again (a revived group
+    # is scored a third time, then dropped: the output alone cannot tell)
+    assert checked == [0, 1]
     assert search_mod.NEAREST == 3
