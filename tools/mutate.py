@@ -4,15 +4,17 @@ Usage (from the repository root)::
 
     nice -n 5 .venv/bin/python tools/mutate.py                     # every module, report to stdout
     .venv/bin/python tools/mutate.py --list --module kl            # list kl.py's mutants, run nothing
-    .venv/bin/python tools/mutate.py --module pipeline --module kl --json out.json
+    .venv/bin/python tools/mutate.py --module pipeline_rollout --module kl --json out.json
     .venv/bin/python tools/mutate.py --module policy --only 12 --only 40 --show   # rerun two, show output
 
 Scope: in ``refppo/core/*.py`` every function whose name does not end in ``_naive`` (the naive twins
 and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validation-only helpers
 (``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``) and ``grad.py``'s per-token
 helpers (``_pg_token``, ``_vf_token``, ``_kl_token``: the closed-form gradient twin's formulas;
-``group_naive.py`` holds only naive twins and is not listed); in ``refppo/pipeline.py``
-``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``gae_by_rows``, ``critic_free_advantages``,
+``group_naive.py`` holds only naive twins and is not listed); in ``refppo/pipeline.py``'s
+modules (``pipeline_rollout``, ``pipeline_update``, ``pipeline_blocks``)
+``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``gae_by_rows``, ``critic_free_advantages``
+(and its ``_group_scores``, ``rollout_quantities``'s ``_gae_advantages``),
 ``Normalisers.kwargs``, ``policy_term``, ``update_quantities``, ``clipped_scores``,
 ``mapped_scores``, the ``__post_init__`` checks
 of ``Convention`` and ``Hyperparams`` and their fields' numeric defaults (not the dict
