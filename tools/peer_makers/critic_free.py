@@ -137,27 +137,28 @@ VERL_CASES: list[tuple[str, str, str, str, str, dict[str, Any], dict[str, Any]]]
 VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl", "abs": "abs"}
 
 
-def _verl_advantages(ca: Any, call: str, rewards: Any, m: Any, idx: Any) -> tuple[Any, Any]:
-    """verl's estimator ``call`` of a :data:`VERL_CASES` row on the token ``rewards`` ``[B, T]``."""
+def _verl_advantages(ca: Any, call: str, rewards: Any, m: Any, idx: Any) -> Any:
+    """verl's estimator ``call`` of a :data:`VERL_CASES` row on the token ``rewards`` ``[B, T]``:
+    its ``(advantages, returns)`` (verl is untyped: Any)."""
     if call == "grpo":
-        return ca.compute_grpo_outcome_advantage(rewards, m, idx, epsilon=1e-6)  # type: ignore[no-any-return]  # verl is untyped (side venv)
+        return ca.compute_grpo_outcome_advantage(rewards, m, idx, epsilon=1e-6)
     if call == "grpo_nostd":
-        return ca.compute_grpo_outcome_advantage(rewards, m, idx, norm_adv_by_std_in_grpo=False)  # type: ignore[no-any-return]  # verl is untyped (side venv)
+        return ca.compute_grpo_outcome_advantage(rewards, m, idx, norm_adv_by_std_in_grpo=False)
     if call == "rloo":
-        return ca.compute_rloo_outcome_advantage(rewards, m, idx)  # type: ignore[no-any-return]  # verl is untyped (side venv)
+        return ca.compute_rloo_outcome_advantage(rewards, m, idx)
     if call == "rloo_vectorized":
-        return ca.compute_rloo_vectorized_outcome_advantage(rewards, m, idx)  # type: ignore[no-any-return]  # verl is untyped (side venv)
+        return ca.compute_rloo_vectorized_outcome_advantage(rewards, m, idx)
     if call == "rpp":
         cfg = types.SimpleNamespace(gamma=HP["gamma"])
-        return ca.compute_reinforce_plus_plus_outcome_advantage(rewards, m, config=cfg)  # type: ignore[no-any-return]  # verl is untyped (side venv)
+        return ca.compute_reinforce_plus_plus_outcome_advantage(rewards, m, config=cfg)
     if call == "opo":
-        return ca.compute_opo_outcome_advantage(rewards, m, idx)  # type: ignore[no-any-return]  # verl is untyped (side venv)
+        return ca.compute_opo_outcome_advantage(rewards, m, idx)
     if call == "gpg":
-        return ca.compute_gpg_outcome_advantage(rewards, m, idx)  # type: ignore[no-any-return]  # verl is untyped (side venv)
+        return ca.compute_gpg_outcome_advantage(rewards, m, idx)
     if call == "grpo_passk":
         passk = {"norm_adv_by_std_in_grpo": True}
-        return ca.compute_grpo_passk_outcome_advantage(rewards, m, idx, config=passk)  # type: ignore[no-any-return]  # verl is untyped (side venv)
-    return ca.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, m, idx)  # type: ignore[no-any-return]  # verl is untyped (side venv)
+        return ca.compute_grpo_passk_outcome_advantage(rewards, m, idx, config=passk)
+    return ca.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, m, idx)
 
 
 def make_verl(out: Path) -> list[str]:
