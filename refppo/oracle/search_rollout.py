@@ -439,8 +439,10 @@ def _solve_clip(s: Search, a: list[float]) -> list[tuple[float, float]]:
     y = [min(max(v, -c0), c0) for v in x]
     eps_read = _eps_read(groups, y, a)
     for eps in dict.fromkeys([s.base.conv.group_eps, *PEER_GROUP_EPS]):
-        if eps_read is None or eps <= 0:
+        if eps_read is None:
             break
+        if eps <= 0:  # a checked group_eps = 0 gives no ratio; the peers' ε still do
+            continue
         ratio = eps / eps_read
         r = nice(ratio)[0]  # a round ratio only (≤ 2 digits): a configured scale, not noise
         if abs(r - ratio) <= 1e-3 * ratio and float(f"{r:.2g}") == r and r != 1.0:
