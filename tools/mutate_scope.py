@@ -82,6 +82,7 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/property/test_group_std_level.py",
     ),
     "_ties": (  # the tie rules of grad.py's and gspo.py's gradient twins: their tests
+        "tests/unit/test_core_ties.py",
         "tests/unit/test_core_grad.py",
         "tests/property/test_grad_properties.py",
         "tests/unit/test_core_gspo.py",
