@@ -17,8 +17,8 @@ helpers (``_pg_token``, ``_vf_token``, ``_kl_token``: the closed-form gradient t
 ``critic_free_advantages``, ``Normalisers.kwargs``, ``policy_term``, ``update_quantities``,
 ``update_rows``, ``clipped_scores``, ``mapped_scores``; in ``refppo/step_settings.py`` the
 ``__post_init__`` checks of ``Convention``, ``Hyperparams`` and ``ScoreMap`` and their fields' numeric
-defaults (not the dict (de)serialisation or ``stats``). The numeric/bool default values of the in-scope functions'
-arguments are mutated too (``unbiased=True``, ``vf_coef=0.0``, ...). Statements
+defaults (not the dict (de)serialisation or ``stats``). The numeric/bool default values of the
+in-scope functions' arguments are mutated too (``unbiased=True``, ``vf_coef=0.0``, ...). Statements
 inside ``raise`` (error-message formatting) and docstrings are never mutated.
 
 Operators (one change per mutant): arithmetic swap (``+ −``, ``* /``, ``** → *``), a dropped right
