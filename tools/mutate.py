@@ -12,7 +12,7 @@ and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validat
 (``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``) and ``grad.py``'s per-token
 helpers (``_pg_token``, ``_vf_token``, ``_kl_token``: the closed-form gradient twin's formulas;
 ``group_naive.py`` holds only naive twins and is not listed) and ``_ties.py`` (``shares``, ``inside``,
-``clamp``: the tie rules those helpers call, run against grad's and gspo's tests); in
+``clamp``: the tie rules those helpers call, run against their own and grad's and gspo's tests); in
 ``refppo/pipeline.py`` ``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``gae_by_rows``,
 ``critic_free_advantages``, ``Normalisers.kwargs``, ``policy_term``, ``update_quantities``,
 ``update_rows``, ``clipped_scores``, ``mapped_scores``; in ``refppo/step_settings.py`` the
