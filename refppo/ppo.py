@@ -63,474 +63,60 @@ Design decisions:
 - **Old policy.** No copy of the actor is kept: π_old enters only through the cached
   ``scored.old_logprobs`` (see spec/models.md; tests/unit/test_old_policy.py compares it with a
   deep-copied snapshot network at every epoch and minibatch).
+
+Where the code lives (this module re-exports every name it had before the split, the same
+objects; assigning one of them, e.g. ``monkeypatch.setattr(ppo, "rollout_quantities", spy)``,
+also assigns it in the module that looks it up: :mod:`refppo.split_module`)::
+
+    refppo/train/update_config.py  PPOUpdateConfig, CaptureRequest, PtxBatch, MinibatchRecord
+    refppo/train/update.py         ppo_update (step 4) and ptx_loss
+    refppo/train/iteration.py      iteration (steps 1–4), rollout_metrics, IterationResult
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from refppo.capture import StepRecorder as StepRecorder
+from refppo.conventions import AdvantageEstimator as AdvantageEstimator
+from refppo.conventions import KLPlacement as KLPlacement
+from refppo.core.kl import token_kl as token_kl
+from refppo.core.masked import AllReduce as AllReduce
+from refppo.core.masked import masked_mean as masked_mean
+from refppo.core.masked import masked_sum as masked_sum
+from refppo.errors import HyperparameterError as HyperparameterError
+from refppo.errors import ShapeError as ShapeError
+from refppo.models import Reward as Reward
+from refppo.models import SequenceBatch as SequenceBatch
+from refppo.models import eval_mode as eval_mode
+from refppo.models import position_ids_from_mask as position_ids_from_mask
+from refppo.models import response_logprobs as response_logprobs
+from refppo.models import response_values as response_values
+from refppo.pipeline import Convention as Convention
+from refppo.pipeline import Hyperparams as Hyperparams
+from refppo.pipeline import Normalisers as Normalisers
+from refppo.pipeline import RolloutQuantities as RolloutQuantities
+from refppo.pipeline import ScoreMap as ScoreMap
+from refppo.pipeline import UpdateQuantities as UpdateQuantities
+from refppo.pipeline import rollout_quantities as rollout_quantities
+from refppo.pipeline import update_quantities as update_quantities
+from refppo.rollout import RolloutConfig as RolloutConfig
+from refppo.rollout import ScoredRollout as ScoredRollout
+from refppo.rollout import generate_rollout as generate_rollout
+from refppo.rollout import score_rollout as score_rollout
+from refppo.split_module import forward_assignments
+from refppo.train import iteration as _iteration_module
+from refppo.train import update as _update_module
+from refppo.train import update_config as _update_config_module
+from refppo.train.iteration import IterationResult as IterationResult
+from refppo.train.iteration import iteration as iteration
+from refppo.train.iteration import rollout_metrics as rollout_metrics
+from refppo.train.update import ppo_update as ppo_update
+from refppo.train.update import ptx_loss as ptx_loss
+from refppo.train.update_config import CaptureRequest as CaptureRequest
+from refppo.train.update_config import MinibatchRecord as MinibatchRecord
+from refppo.train.update_config import PPOUpdateConfig as PPOUpdateConfig
+from refppo.train.update_config import PtxBatch as PtxBatch
 
-import torch
-from torch import Tensor, nn
-
-from refppo.capture import StepRecorder
-from refppo.conventions import AdvantageEstimator, KLPlacement
-from refppo.core.kl import token_kl
-from refppo.core.masked import AllReduce, masked_mean, masked_sum
-from refppo.errors import HyperparameterError, ShapeError
-from refppo.models import (
-    Reward,
-    SequenceBatch,
-    eval_mode,
-    position_ids_from_mask,
-    response_logprobs,
-    response_values,
-)
-from refppo.pipeline import (
-    Convention,
-    Hyperparams,
-    Normalisers,
-    RolloutQuantities,
-    ScoreMap,
-    UpdateQuantities,
-    rollout_quantities,
-    update_quantities,
-)
-from refppo.rollout import RolloutConfig, ScoredRollout, generate_rollout, score_rollout
-
-
-@dataclass(frozen=True)
-class PPOUpdateConfig:
-    """How the cached rollout is consumed by the PPO epochs."""
-
-    ppo_epochs: int = 4
-    """K: passes over the rollout batch."""
-    num_minibatches: int = 1
-    """Optimizer steps per epoch; the batch size must be divisible by it."""
-    micro_batch_size: int | None = None
-    """Rows per forward/backward (gradient accumulation); None = the whole minibatch."""
-    max_grad_norm: float | None = 1.0
-    """Clip of the global gradient norm, per model (actor and critic separately); None = off."""
-    ptx_coef: float = 0.0
-    """γ_ptx of InstructGPT's PPO-ptx: weight of the LM loss on ``ptx_batch`` (0 = off)."""
-    dropout_in_update: bool = False
-    """False (default, TRL): update forwards in eval mode, same as the cached old log-probs."""
-    shuffle: bool = True
-    """Shuffle rows (with the ``generator``) at every epoch."""
-
-    def __post_init__(self) -> None:
-        if self.ppo_epochs < 1:
-            raise HyperparameterError(f"ppo_epochs: expected >= 1, got {self.ppo_epochs}")
-        if self.num_minibatches < 1:
-            raise HyperparameterError(f"num_minibatches: expected >= 1, got {self.num_minibatches}")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise HyperparameterError(f"micro_batch_size: expected >= 1, got {self.micro_batch_size}")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise HyperparameterError(f"max_grad_norm: expected > 0 or None, got {self.max_grad_norm}")
-        if not (math.isfinite(self.ptx_coef) and self.ptx_coef >= 0):
-            raise HyperparameterError(f"ptx_coef: expected >= 0, got {self.ptx_coef}")
-
-
-@dataclass(frozen=True)
-class CaptureRequest:
-    """Dump one optimizer step of :func:`ppo_update` as a v2 dump through ``recorder``
-    (:class:`refppo.capture.StepRecorder`, ``reduce="mean"``: DDP averages) to ``path``."""
-
-    epoch: int
-    minibatch: int
-    recorder: StepRecorder
-    path: str
-
-    def wants(self, epoch: int, minibatch: int) -> StepRecorder | None:
-        return self.recorder if (epoch, minibatch) == (self.epoch, self.minibatch) else None
-
-
-@dataclass(frozen=True)
-class PtxBatch:
-    """Pretraining/SFT token ids for the PPO-ptx term: ``[N, S]`` ids and attention mask."""
-
-    input_ids: Tensor
-    attention_mask: Tensor
-
-
-@dataclass(frozen=True)
-class MinibatchRecord:
-    """Passed to ``on_minibatch`` after each optimizer step (all tensors detached)."""
-
-    epoch: int
-    index: int
-    """Minibatch index within the epoch."""
-    rows: Tensor
-    """``[b]`` row indices of the minibatch in the rollout batch."""
-    old_logprobs: Tensor
-    """``[b, T]`` the cached π_old log-probs used for the ratio."""
-    logprobs: Tensor
-    """``[b, T]`` current log-probs before this step (as used in the loss)."""
-    stats: dict[str, float] = field(default_factory=dict)
-    """Minibatch scalars (losses, clip fractions, approx-KL, grad norms, max |ratio − 1|)."""
-
-
-def ptx_loss(actor: nn.Module, ptx: PtxBatch) -> Tensor:
-    """Token-mean next-token NLL of ``actor`` on ``ptx`` (InstructGPT's pretraining LM loss).
-
-    Logits at position p predict token p+1; a pair counts when both positions are real tokens.
-    """
-    am = ptx.attention_mask.long()
-    out = actor(input_ids=ptx.input_ids, attention_mask=am, position_ids=position_ids_from_mask(am))
-    logits: Tensor = out.logits[:, :-1, :]
-    labels = ptx.input_ids[:, 1:]
-    valid = (am[:, :-1] * am[:, 1:]).bool()
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    n = valid.sum().clamp(min=1)
-    return -(torch.where(valid, logp, torch.zeros_like(logp)).sum() / n)
-
-
-def _splits(n: int, parts: int, what: str) -> int:
-    if n % parts != 0:
-        raise ShapeError(f"{what}: {n} rows cannot be split evenly into {parts} parts")
-    return n // parts
-
-
-def _params(model: nn.Module) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def _grad_norm(params: list[nn.Parameter], max_norm: float | None) -> float:
-    grads = [p for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    return float(torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm is not None else math.inf))
-
-
-def _record(
-    rec: StepRecorder,
-    k: int,
-    logp: Tensor,
-    values: Tensor | None,
-    entropy: Tensor,
-    idx: Tensor,
-    scored: ScoredRollout,
-    q: RolloutQuantities,
-    uq: UpdateQuantities,
-    world_size: int,
-    group_index: Tensor | None,
-) -> None:
-    """Record micro-batch ``k`` (rows ``idx``); the losses as passed to backward (× world_size);
-    a critic-free step (``values`` None) carries no value quantity (``old_values``, ``values``,
-    ``grad_values``, ``vf_loss``: the oracle's critic-free dump) and its rows' ``group_index``."""
-    more: dict[str, Tensor] = {"group_index": group_index[idx]} if group_index is not None else {}
-    if values is not None:
-        more["old_values"] = scored.old_values[idx]
-    rec.record(
-        micro_batch=k,
-        logprobs=logp,
-        values=values,
-        response_mask=scored.batch.response_mask[idx],
-        old_logprobs=scored.old_logprobs[idx],
-        ref_logprobs=scored.ref_logprobs[idx],
-        scores=scored.scores[idx],
-        entropy=entropy,
-        advantages=q.advantages[idx],
-        returns=q.returns[idx],
-        **{
-            n: getattr(uq, n) * world_size
-            for n in ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss")
-            if n != "vf_loss" or values is not None
-        },
-        **more,
-    )
-
-
-def ppo_update(
-    actor: nn.Module,
-    critic: nn.Module | None,
-    actor_optimizer: torch.optim.Optimizer,
-    critic_optimizer: torch.optim.Optimizer | None,
-    scored: ScoredRollout,
-    quantities: RolloutQuantities,
-    *,
-    hp: Hyperparams,
-    conv: Convention,
-    cfg: PPOUpdateConfig,
-    generator: torch.Generator,
-    world_size: int = 1,
-    all_reduce: AllReduce | None = None,
-    ptx_batch: PtxBatch | None = None,
-    on_minibatch: Callable[[MinibatchRecord], None] | None = None,
-    capture: CaptureRequest | None = None,
-    group_index: Tensor | None = None,
-) -> dict[str, float]:
-    """K PPO epochs over shuffled minibatches of one scored rollout (module docstring, step 4).
-
-    Returns the means over all minibatch steps of ``loss, pg_loss, vf_loss, entropy, kl_loss,
-    ptx_loss, pg_clipfrac, approx_kl, vf_clipfrac, actor_grad_norm, critic_grad_norm`` (grad norms
-    before clipping), plus ``first_ratio_max_dev``, ``first_pg_clipfrac`` and ``first_approx_kl``
-    of the first minibatch of the first epoch. ``capture``: record one optimizer step (every
-    micro-batch, as passed to backward) and write it as one v2 dump after its backward(s);
-    ``group_index`` ``[B]`` is written with it (critic-free group estimators).
-    ``critic=None`` (a critic-free ``conv.advantage``): no value forward and no value loss
-    (``vf_loss``, ``vf_clipfrac`` and ``critic_grad_norm`` are 0); pass ``critic_optimizer=None``.
-    """
-    if world_size < 1:
-        raise HyperparameterError(f"world_size: expected >= 1, got {world_size}")
-    batch = scored.batch
-    B = batch.batch_size
-    mb_size = _splits(B, cfg.num_minibatches, "num_minibatches")
-    micro = cfg.micro_batch_size or mb_size
-    n_micro = _splits(mb_size, micro, "micro_batch_size") if micro <= mb_size else 1
-    micro = min(micro, mb_size)
-    mask = batch.response_mask
-    vmask = quantities.value_mask
-    advantages = quantities.advantages.to(scored.old_logprobs.dtype)
-    returns = quantities.returns.to(scored.old_logprobs.dtype)
-    actor_params = _params(actor)
-    critic_params = _params(critic) if critic is not None else []
-    models = (actor,) if critic is None else (actor, critic)
-    optimizers = [actor_optimizer] + ([critic_optimizer] if critic_optimizer is not None else [])
-    sums: dict[str, float] = {}
-    first: dict[str, float] = {}
-    n_steps = 0
-    device = mask.device
-    with eval_mode(*models):
-        if cfg.dropout_in_update:
-            for model in models:
-                model.train()
-        for epoch in range(cfg.ppo_epochs):
-            perm = torch.randperm(B, generator=generator) if cfg.shuffle else torch.arange(B)
-            perm = perm.to(device)
-            for mb in range(cfg.num_minibatches):
-                rows = perm[mb * mb_size : (mb + 1) * mb_size]
-                counts = torch.tensor(
-                    [float(mask[rows].sum()), float(mb_size), float(vmask[rows].sum())],
-                    dtype=torch.float64,
-                    device=device,
-                )
-                if all_reduce is not None:
-                    counts = all_reduce(counts)
-                norm = Normalisers(
-                    token_count=float(counts[0]),
-                    seq_count=float(counts[1]),
-                    value_token_count=float(counts[2]),
-                )
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                st = {k: 0.0 for k in ("loss", "pg_loss", "vf_loss", "entropy", "kl_loss", "ptx_loss")}
-                n_tok_local = float(mask[rows].sum())
-                n_vtok_local = float(vmask[rows].sum())
-                clip_w = akl_w = vclip_w = 0.0
-                ratio_dev = 0.0
-                lp_parts: list[Tensor] = []
-                rec = capture.wants(epoch, mb) if capture is not None else None
-                for k in range(n_micro):
-                    idx = rows[k * micro : (k + 1) * micro]
-                    sub = batch.select(idx)
-                    logp, ent = response_logprobs(actor, sub, scored.temperature)
-                    values = response_values(critic, sub) if critic is not None else None
-                    uq = update_quantities(
-                        logprobs=logp,
-                        values=values,
-                        old_logprobs=scored.old_logprobs[idx],
-                        old_values=scored.old_values[idx] if critic is not None else None,
-                        advantages=advantages[idx],
-                        returns=returns[idx],
-                        mask=mask[idx],
-                        value_mask_=vmask[idx],
-                        ref_logprobs=scored.ref_logprobs[idx],
-                        entropy=ent,
-                        hp=hp,
-                        conv=conv,
-                        norm=norm,
-                    )
-                    if rec is not None:
-                        _record(
-                            rec, k, logp, values, ent, idx, scored, quantities, uq, world_size, group_index
-                        )
-                    torch.autograd.backward(uq.loss * world_size)
-                    st["loss"] += float(uq.loss.detach())
-                    st["pg_loss"] += float(uq.pg_loss.detach())
-                    st["vf_loss"] += float(uq.vf_loss.detach())
-                    st["entropy"] += float(uq.entropy_loss.detach())
-                    st["kl_loss"] += float(uq.kl_loss.detach())
-                    n_m = float(mask[idx].sum())
-                    clip_w += float(uq.pg_clipfrac) * n_m
-                    akl_w += float(uq.approx_kl) * n_m
-                    vclip_w += float(uq.vf_clipfrac) * float(vmask[idx].sum())
-                    dev = torch.where(mask[idx], (uq.ratio.detach() - 1.0).abs(), torch.zeros_like(logp))
-                    ratio_dev = max(ratio_dev, float(dev.max()))
-                    lp_parts.append(logp.detach())
-                if ptx_batch is not None and cfg.ptx_coef > 0:
-                    lm = ptx_loss(actor, ptx_batch)
-                    torch.autograd.backward(cfg.ptx_coef * lm)
-                    st["ptx_loss"] = float(lm.detach())
-                    st["loss"] += cfg.ptx_coef * st["ptx_loss"]
-                if rec is not None and capture is not None:
-                    rec.write(capture.path)  # a collective: every rank reaches it
-                st["pg_clipfrac"] = clip_w / n_tok_local
-                st["approx_kl"] = akl_w / n_tok_local
-                st["vf_clipfrac"] = vclip_w / n_vtok_local
-                st["ratio_max_dev"] = ratio_dev
-                st["actor_grad_norm"] = _grad_norm(actor_params, cfg.max_grad_norm)
-                st["critic_grad_norm"] = _grad_norm(critic_params, cfg.max_grad_norm)
-                for opt in optimizers:
-                    opt.step()
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                if epoch == 0 and mb == 0:
-                    first = {
-                        "first_ratio_max_dev": ratio_dev,
-                        "first_pg_clipfrac": st["pg_clipfrac"],
-                        "first_approx_kl": st["approx_kl"],
-                    }
-                for key, val in st.items():
-                    sums[key] = sums.get(key, 0.0) + val
-                n_steps += 1
-                if on_minibatch is not None:
-                    on_minibatch(
-                        MinibatchRecord(
-                            epoch=epoch,
-                            index=mb,
-                            rows=rows.detach().cpu(),
-                            old_logprobs=scored.old_logprobs[rows].detach(),
-                            logprobs=torch.cat(lp_parts, dim=0),
-                            stats=dict(st),
-                        )
-                    )
-    metrics = {k: v / n_steps for k, v in sums.items() if k != "ratio_max_dev"}
-    metrics.update(first)
-    return metrics
-
-
-def rollout_metrics(
-    scored: ScoredRollout, quantities: RolloutQuantities, hp: Hyperparams, conv: Convention
-) -> dict[str, float]:
-    """Scalars of one rollout (formulas in spec/models.md):
-
-    ``score`` mean of the scores entering the rewards (after the missing-EOS penalty);
-    ``raw_score``; ``kl`` = mean over sequences of Σ_t KL_t(old‖ref) (``conv.kl_estimator``,
-    whatever the KL placement); ``non_score_reward`` = mean_b Σ_t (r_t − score·[t = score slot]);
-    ``response_length`` mean number of valid response tokens; ``eos_frac``; ``old_entropy``
-    token mean; ``advantage_mean``, ``return_mean``, ``value_mean`` over valid tokens
-    (``value_mean`` only with a critic, ``conv.advantage = gae``: a critic-free rollout has no values).
-    """
-    m = scored.batch.response_mask
-    kl = token_kl(
-        scored.old_logprobs.double(),
-        scored.ref_logprobs.double(),
-        m,
-        conv.kl_estimator,
-        log_ratio_clamp=conv.kl_log_ratio_clamp,
-        value_clamp=conv.kl_value_clamp,
-    )
-    beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
-    vm = quantities.value_mask
-    out = {
-        "score": float(scored.scores.double().mean()),
-        "raw_score": float(scored.raw_scores.double().mean()),
-        "kl": float(masked_sum(kl, m, dim=1).mean()),
-        "non_score_reward": float(masked_sum(-beta * quantities.kl.double(), m, dim=1).mean()),
-        "response_length": float(m.sum(dim=1).double().mean()),
-        "eos_frac": float(scored.has_eos.double().mean()),
-        "old_entropy": float(masked_mean(scored.old_entropy.double(), m)),
-        "advantage_mean": float(masked_mean(quantities.advantages.double(), m)),
-        "return_mean": float(masked_mean(quantities.returns.double(), vm)),
-    }
-    if conv.advantage is AdvantageEstimator.GAE:  # critic-free: the zeros stand in for no critic
-        out["value_mean"] = float(masked_mean(scored.old_values.double(), vm))
-    return out
-
-
-@dataclass(frozen=True)
-class IterationResult:
-    """One PPO iteration: the metrics (rollout ∪ update) and the cached rollout tensors."""
-
-    metrics: dict[str, float]
-    scored: ScoredRollout
-    quantities: RolloutQuantities
-
-
-def iteration(
-    actor: nn.Module,
-    reference: nn.Module,
-    critic: nn.Module | None,
-    reward: Reward,
-    actor_optimizer: torch.optim.Optimizer,
-    critic_optimizer: torch.optim.Optimizer | None,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    *,
-    rollout_cfg: RolloutConfig,
-    update_cfg: PPOUpdateConfig,
-    hp: Hyperparams,
-    conv: Convention,
-    generator: torch.Generator,
-    world_size: int = 1,
-    all_reduce: AllReduce | None = None,
-    ptx_batch: PtxBatch | None = None,
-    batch: SequenceBatch | None = None,
-    on_minibatch: Callable[[MinibatchRecord], None] | None = None,
-    capture: CaptureRequest | None = None,
-    group_index: Tensor | None = None,
-    groups_on_rank: bool = False,
-    score_map: ScoreMap | None = None,
-) -> IterationResult:
-    """Rollout → scoring → rollout quantities → update (module docstring, steps 1–4).
-
-    ``batch``: replay these responses instead of sampling (the prompts must be ``prompt_ids``);
-    the generator is then not used for sampling. ``critic=None``: a critic-free
-    ``conv.advantage`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
-    answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
-    are on this rank (see :func:`refppo.pipeline.rollout_quantities`). ``score_map``: the
-    pipeline's step 0 on the scores (None: as the reward gives them).
-    """
-    if batch is None:
-        batch = generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator)
-    scored = score_rollout(
-        actor,
-        reference,
-        critic,
-        reward,
-        batch,
-        temperature=rollout_cfg.temperature,
-        eos_token_id=rollout_cfg.eos_token_id,
-        missing_eos_penalty=rollout_cfg.missing_eos_penalty,
-    )
-    quantities = rollout_quantities(
-        scores=scored.scores,
-        old_logprobs=scored.old_logprobs,
-        ref_logprobs=scored.ref_logprobs,
-        old_values=scored.old_values if critic is not None else None,  # no critic: no values
-        mask=batch.response_mask,
-        hp=hp,
-        conv=conv,
-        all_reduce=all_reduce,
-        group_index=group_index,
-        groups_on_rank=groups_on_rank,
-        score_map=score_map,
-    )
-    metrics = rollout_metrics(scored, quantities, hp, conv)
-    metrics.update(
-        ppo_update(
-            actor,
-            critic,
-            actor_optimizer,
-            critic_optimizer,
-            scored,
-            quantities,
-            hp=hp,
-            conv=conv,
-            cfg=update_cfg,
-            generator=generator,
-            world_size=world_size,
-            all_reduce=all_reduce,
-            ptx_batch=ptx_batch,
-            on_minibatch=on_minibatch,
-            capture=capture,
-            group_index=group_index,
-        )
-    )
-    return IterationResult(metrics, scored, quantities)
-
+forward_assignments(__name__, _iteration_module, _update_module, _update_config_module)
 
 __all__ = [
     "AllReduce",

@@ -26,8 +26,10 @@ CORE = (
     "score_map",
     "value",
 )
-MODULES = (*CORE, "pipeline", "step_settings")
-TOP_LEVEL = ("pipeline", "step_settings")
+PIPELINE = ("pipeline_rollout", "pipeline_update", "pipeline_blocks")
+"""refppo/pipeline.py's code (it re-exports these modules' names; ``refppo.split_module``)."""
+MODULES = (*CORE, *PIPELINE, "step_settings")
+TOP_LEVEL = (*PIPELINE, "step_settings")
 """Modules directly under refppo/ (the others are refppo/core/); step_settings holds
 ``Convention`` and ``Hyperparams``, which refppo/pipeline.py re-exports."""
 PIPELINE_FUNCS = {
@@ -35,6 +37,8 @@ PIPELINE_FUNCS = {
     "reward_quantities",
     "rollout_quantities",
     "critic_free_advantages",
+    "_group_scores",
+    "_gae_advantages",
     "gae_by_rows",
     "Normalisers.kwargs",
     "policy_term",

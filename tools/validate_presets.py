@@ -17,10 +17,9 @@ Two halves, two interpreters:
    the option the case exercises flipped, which must NOT match (else the case proves nothing).
 
 Critic-free cases (issue #13: GRPO, Dr. GRPO, RLOO, REINFORCE++ and its baseline, no critic in the
-dump) come from ``tools/peer_makers/critic_free.py``; its makers are named ``PEER:critic-free`` and
-checked under ``--preset PEER`` with the case's ``--set advantage=...``. verl's ``opo``, ``gpg``,
-``grpo_passk`` and OpenRLHF's ``flash_reinforce`` come from ``tools/peer_makers/critic_free_more.py``
-(makers ``PEER:critic-free-more``), checked the same way.
+dump; and verl's ``opo``, ``gpg``, ``grpo_passk`` and OpenRLHF's ``flash_reinforce``) come from
+``tools/peer_makers/critic_free.py``; its makers are named ``PEER:critic-free`` and checked under
+``--preset PEER`` with the case's ``--set advantage=...``.
 
 TRL 1.12.0 runs in its own venv through ``tools/validate_trl_preset.py`` (TRL's whole
 ``PPOTrainer.train``, captured with a tracer). A venv that is not built (no ``READY`` stamp) is
@@ -53,15 +52,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "openrlhf",
         "verl:critic-free",
         "openrlhf:critic-free",
-        "verl:critic-free-more",
-        "openrlhf:critic-free-more",
     ),
     "skyrl-areal": ("skyrl", "areal", "skyrl:critic-free"),
 }
 """Side venv (``tools/build_peer_venvs.sh``) → the dump makers that run in it. ``PEER:critic-free``
-(``tools/peer_makers/critic_free.py``; ``PEER:critic-free-more``: verl ``opo``, ``gpg``,
-``grpo_passk`` and OpenRLHF ``flash_reinforce``, ``tools/peer_makers/critic_free_more.py``) is
-checked under ``--preset PEER`` with ``--set advantage=…``."""
+(``tools/peer_makers/critic_free.py``) is checked under ``--preset PEER`` with ``--set advantage=…``."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -74,15 +69,13 @@ def make(out: Path, group: str) -> int:
 
     makers: dict[str, Callable[[Path], list[str]]] = {}
     if group == "verl-openrlhf":
-        from peer_makers import critic_free, critic_free_more, verl_openrlhf
+        from peer_makers import critic_free, verl_openrlhf
 
         makers = {
             "verl": verl_openrlhf.make_verl,
             "openrlhf": verl_openrlhf.make_openrlhf,
             "verl:critic-free": critic_free.make_verl,
             "openrlhf:critic-free": critic_free.make_openrlhf,
-            "verl:critic-free-more": critic_free_more.make_verl,
-            "openrlhf:critic-free-more": critic_free_more.make_openrlhf,
         }
     elif group == "skyrl-areal":
         from peer_makers import areal, critic_free, skyrl

@@ -137,6 +137,18 @@ def _scalar(name: str, value: Tensor | float) -> float:
     return v
 
 
+def _mask_shape(response_mask: object) -> tuple[int, ...]:
+    """``[b, T]`` of a :meth:`StepRecorder.record` call's ``response_mask`` (a 0/1 or bool tensor)."""
+    if not isinstance(response_mask, Tensor):
+        raise CaptureError(f"record: response_mask must be a tensor, got {type(response_mask).__name__}")
+    if not bool(((response_mask == 0) | (response_mask == 1)).all()):
+        raise CaptureError("record: response_mask must hold only 0/1 (or bool) values")
+    shape = tuple(response_mask.shape)
+    if len(shape) != 2:
+        raise CaptureError(f"record: response_mask must be [b, T], got shape {list(shape)}")
+    return shape
+
+
 class StepRecorder:
     """Records one optimizer step's micro-batches on this rank; :meth:`write` makes one v2 dump.
 
@@ -187,13 +199,7 @@ class StepRecorder:
         ``more`` takes the other keys of :data:`TOKEN_KEYS` (``advantages``, ``returns``,
         ``entropy``, ...) and the loss scalars of :data:`LOSS_KEYS`.
         """
-        if self._written:
-            raise CaptureError("record: this recorder has already written its dump; make a new one per step")
-        if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)):
-            raise CaptureError(f"record: micro_batch must be an int index, got {micro_batch!r}")
-        k = len(self._micro) if micro_batch is None else micro_batch
-        if any(m.index == k for m in self._micro):
-            raise CaptureError(f"record: micro_batch={k} was already recorded in this step")
+        k = self._next_index(micro_batch)
         given: dict[str, Any] = {
             "response_mask": response_mask,
             "old_logprobs": old_logprobs,
@@ -209,37 +215,48 @@ class StepRecorder:
             valid = sorted({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS})
             raise CaptureError(f"record: unknown keys {unknown}; valid keys are {valid}")
         micro = _Micro(k, {}, {})
-        if not isinstance(response_mask, Tensor):
-            raise CaptureError(f"record: response_mask must be a tensor, got {type(response_mask).__name__}")
-        if not bool(((response_mask == 0) | (response_mask == 1)).all()):
-            raise CaptureError("record: response_mask must hold only 0/1 (or bool) values")
-        shape = tuple(response_mask.shape)
-        if len(shape) != 2:
-            raise CaptureError(f"record: response_mask must be [b, T], got shape {list(shape)}")
+        shape = _mask_shape(response_mask)
         for name, value in given.items():
             if value is None:
                 continue
             if name in LOSS_KEYS:
                 micro.losses[name] = _scalar(name, value)
                 continue
-            if not isinstance(value, Tensor):
-                raise CaptureError(f"record: {name} must be a tensor, got {type(value).__name__}")
-            want = shape if name in TOKEN_KEYS else shape[:1]
-            if tuple(value.shape) != want:
-                raise CaptureError(f"record: {name} has shape {list(value.shape)}, expected {list(want)}")
-            t = value.detach().to("cpu", copy=True)
-            micro.tensors[name] = t.to(torch.uint8) if name == "response_mask" else t
-            if name in GRAD_KEYS and not value.requires_grad and self._grads and torch.is_grad_enabled():
-                raise CaptureError(
-                    f"record: {name} does not require grad (recorded after .detach()?), so its gradient "
-                    "cannot be captured; record the tensor the loss is computed from, or pass "
-                    "StepRecorder(grads=False) for a dump without gradients"
-                )
-            if name in GRAD_KEYS and value.requires_grad and self._grads:
-                micro.grads[name] = None
-                # Tensor.register_hook is untyped in torch's stubs
-                self._handles.append(value.register_hook(self._hook(micro, name)))  # type: ignore[no-untyped-call]
+            self._keep(micro, name, value, shape)
         self._micro.append(micro)
+
+    def _next_index(self, micro_batch: int | None) -> int:
+        """The micro-batch index of a :meth:`record` call (the next one when None); refuses a
+        recorder that has written its dump, a non-int index and an index already recorded."""
+        if self._written:
+            raise CaptureError("record: this recorder has already written its dump; make a new one per step")
+        if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)):
+            raise CaptureError(f"record: micro_batch must be an int index, got {micro_batch!r}")
+        k = len(self._micro) if micro_batch is None else micro_batch
+        if any(m.index == k for m in self._micro):
+            raise CaptureError(f"record: micro_batch={k} was already recorded in this step")
+        return k
+
+    def _keep(self, micro: _Micro, name: str, value: object, shape: tuple[int, ...]) -> None:
+        """Check tensor ``name`` (``[b, T]`` token key or ``[b]`` row key, ``shape`` = the mask's),
+        keep a detached CPU copy in ``micro`` and hook its gradient (:data:`GRAD_KEYS`)."""
+        if not isinstance(value, Tensor):
+            raise CaptureError(f"record: {name} must be a tensor, got {type(value).__name__}")
+        want = shape if name in TOKEN_KEYS else shape[:1]
+        if tuple(value.shape) != want:
+            raise CaptureError(f"record: {name} has shape {list(value.shape)}, expected {list(want)}")
+        t = value.detach().to("cpu", copy=True)
+        micro.tensors[name] = t.to(torch.uint8) if name == "response_mask" else t
+        if name in GRAD_KEYS and not value.requires_grad and self._grads and torch.is_grad_enabled():
+            raise CaptureError(
+                f"record: {name} does not require grad (recorded after .detach()?), so its gradient "
+                "cannot be captured; record the tensor the loss is computed from, or pass "
+                "StepRecorder(grads=False) for a dump without gradients"
+            )
+        if name in GRAD_KEYS and value.requires_grad and self._grads:
+            micro.grads[name] = None
+            # Tensor.register_hook is untyped in torch's stubs
+            self._handles.append(value.register_hook(self._hook(micro, name)))  # type: ignore[no-untyped-call]
 
     @staticmethod
     def _hook(micro: _Micro, name: str) -> Any:

@@ -15,90 +15,25 @@ from typing import Any
 
 import torch
 
-from refppo.conventions import AdvantageEstimator, GroupKL, GroupSingleton, GroupStdLevel, KLPlacement
+from refppo.conventions import AdvantageEstimator, KLPlacement
 from refppo.core.gae import has_holes
 from refppo.core.group import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import QuantityResult, compare, describe
+from refppo.oracle.diagnose_alternatives import AFFECTS as AFFECTS
+from refppo.oracle.diagnose_alternatives import ALTERNATIVES as ALTERNATIVES
+from refppo.oracle.diagnose_alternatives import CLAMP_BUNDLES as CLAMP_BUNDLES
+from refppo.oracle.diagnose_alternatives import GROUP_ALTERNATIVES as GROUP_ALTERNATIVES
+from refppo.oracle.diagnose_alternatives import GROUP_EPS as GROUP_EPS
+from refppo.oracle.diagnose_alternatives import STD_ESTIMATORS as STD_ESTIMATORS
 from refppo.oracle.fastcheck import PrefixCheck, RolloutMemo
-from refppo.oracle.grad import GRAD_QUANTITIES, grad_tolerance
+from refppo.oracle.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance
 from refppo.oracle.grad_diagnose import explain_grad
 from refppo.oracle.grad_notes import first_line
 from refppo.oracle.load import TOLERANCES, Dump
 from refppo.oracle.presets import PRESETS
 from refppo.oracle.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
 from refppo.oracle.settings import Setup
-from refppo.step_settings import SIGMA_ESTIMATORS
-
-GROUP_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
-"""``group_eps`` of the peers: verl/SkyRL 1e-6, OpenRLHF 1e-9, TRL GRPOTrainer 1e-4, and 1e-8 (also
-``search_estimator.NAMED_EPS``, which imports this one)."""
-STD_ESTIMATORS = SIGMA_ESTIMATORS
-"""The estimators that read ``group_std``, ``group_eps`` and ``group_std_level`` (their σ)."""
-
-CLAMP_BUNDLES: dict[str, dict[str, Any]] = {
-    "none": {"kl_log_ratio_clamp": None, "kl_value_clamp": None},
-    "verl-k3": {"kl_log_ratio_clamp": (-20.0, 20.0), "kl_value_clamp": 10.0},
-    "openrlhf": {"kl_log_ratio_clamp": None, "kl_value_clamp": 10.0},
-    "openrlhf-k3": {"kl_log_ratio_clamp": (-10.0, None), "kl_value_clamp": 10.0},
-}
-"""The KL clamp combinations the peers use (see refppo.oracle.presets)."""
-
-ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
-    "kl_estimator": [{"kl_estimator": e} for e in ("k1", "k2", "k3", "abs")],
-    "kl_clamps": list(CLAMP_BUNDLES.values()),
-    "kl_in": [{"kl_in": p} for p in ("reward", "loss")],
-    "score_at": [{"score_at": s} for s in ("last_valid", "after_last_valid", "last_position")],
-    "score_clip": [{"score_clip": c} for c in (None, 5.0, 10.0)],
-    "whiten_advantages": [{"whiten_advantages": w} for w in ("none", "masked", "masked_no_shift")],
-    "whiten_variance": [{"whiten_variance": v} for v in ("unbiased", "population")],
-    "dual_clip": [{"dual_clip": c} for c in (None, 3.0)],
-    "log_ratio_clamp": [{"log_ratio_clamp": c} for c in (None, 20.0)],
-    "loss_agg": [
-        {"loss_agg": a}
-        for a in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-    ],
-    "value_loss_agg": [
-        {"value_loss_agg": a}
-        for a in (None, "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-    ],
-    "value_loss": [{"value_loss": v} for v in ("clipped", "unclipped")],
-    "value_clip_form": [{"value_clip_form": f} for f in ("around_old", "delta")],
-    "vf_mask": [{"vf_mask": v} for v in ("value", "response")],
-    "approx_kl": [{"approx_kl": v} for v in ("k1", "k2_all_positions")],
-}
-
-GROUP_ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
-    "advantage": [{"advantage": e.value} for e in AdvantageEstimator if e is not AdvantageEstimator.GAE],
-    "group_std": [{"group_std": v} for v in ("unbiased", "population")],
-    "group_std_level": [{"group_std_level": v.value} for v in GroupStdLevel],
-    "group_eps": [{"group_eps": e} for e in GROUP_EPS],
-    "group_singleton": [{"group_singleton": v.value} for v in GroupSingleton],
-    "group_kl": [{"group_kl": v.value} for v in GroupKL],
-}
-"""The critic-free estimators (step 3) and their options, tried only where they apply
-(:func:`_applies`); kept apart from :data:`ALTERNATIVES`, which every base setting (and
-``--detect``'s walks) reads."""
-
-_KL = ("kl_estimator", "kl_clamps")
-_REW = (*_KL, "kl_in", "score_at", "score_clip")
-_GROUP = ("advantage", "group_std", "group_std_level", "group_eps", "group_singleton", "group_kl")
-_ADV = (*_REW, *_GROUP, "whiten_advantages", "whiten_variance")
-AFFECTS: dict[str, tuple[str, ...]] = {
-    "kl": _KL,
-    "token_rewards": _REW,
-    "advantages": _ADV,
-    "returns": (*_REW, *_GROUP),
-    "pg_loss": (*_ADV, "dual_clip", "log_ratio_clamp", "loss_agg"),
-    "pg_clipfrac": (*_ADV, "log_ratio_clamp"),
-    "approx_kl": ("approx_kl",),
-    "vf_loss": (*_REW, "value_loss", "value_clip_form", "loss_agg", "value_loss_agg", "vf_mask"),
-    "vf_clipfrac": (*_REW, "value_loss", "value_clip_form", "vf_mask"),
-    "entropy_loss": ("loss_agg",),
-    "kl_loss": (*_KL, "kl_in", "loss_agg"),
-    "loss": (*ALTERNATIVES, *_GROUP),
-}
-"""Which convention keys can change each quantity (the stages of the pipeline)."""
 
 
 def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
@@ -107,7 +42,7 @@ def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
     estimator only with a ``group_index``; σ's options only under ``grpo``/``grpo-passk`` (the
     batch levels only with more than one prompt); ``group_singleton`` only with a group of one;
     ``group_kl`` only with a reward KL (``kl_in=reward``, ``kl_coef`` > 0)."""
-    if key not in _GROUP:
+    if key not in GROUP_ALTERNATIVES:  # the group options (the same keys as _GROUP of its module)
         return True
     conv = setup.conv
     if conv.advantage is AdvantageEstimator.GAE:
@@ -213,52 +148,74 @@ def _fmt_value(v: Any) -> str:
     return str(getattr(v, "value", v))
 
 
+def _candidate(
+    dump: Dump, first: str, prefix_ok: PrefixCheck, alt: Setup, bug: str | None = None
+) -> dict[str, QuantityResult] | None:
+    """Every quantity under ``alt`` (and ``bug``), or None when ``first`` or a quantity before it
+    still differs. A rollout-stage ``first`` is tested on the rollout stage alone first (cheap);
+    only a candidate that passes is recomputed in full, to say whether it explains everything."""
+    if not prefix_ok(alt, bug):  # differs at kl/token_rewards already
+        return None
+    early = first in ROLLOUT_QUANTITIES
+    ro = recompute(dump, alt, bug=bug, rollout_only=early)
+    res = compare_all(dump, ro)
+    if not _prefix_ok(res, first):
+        return None
+    if not early:
+        return res
+    # continue the rollout just recomputed with the update stage (not steps 1-4 again), holding
+    # only what the update reads: the rollout quantities are compared already
+    slim = ro.slim()
+    del ro
+    return compare_all(dump, recompute(dump, alt, bug=bug, rollout=slim), known=res)
+
+
+def _worth_trying(key: str, upd: dict[str, Any], current: dict[str, Any], setup: Setup, dump: Dump) -> bool:
+    """A change ``upd`` of ``key`` that differs from ``current``, is not a duplicate of another
+    candidate and applies to this dump (:func:`_applies`)."""
+    norm = {k: (tuple(v) if isinstance(v, list) else v) for k, v in current.items()}
+    if all(_same(norm.get(k), v) for k, v in upd.items()):
+        return False
+    if key == "value_loss_agg" and _same(upd["value_loss_agg"], norm.get("loss_agg")):
+        return False  # the same as value_loss_agg=none (also tried): report one of the two
+    return _applies(key, upd, setup, dump)
+
+
+def _closing_note(notes: list[str], found: list[dict[str, Any]], first: str) -> str | None:
+    """What :func:`explain` adds when nothing (or nothing complete) explains ``first``."""
+    if not notes:
+        return (
+            "no single convention change or known bug explains it; "
+            "run with --detect to search the convention space"
+        )
+    if not any(f["all_match"] for f in found):
+        return (
+            f"no single convention change or known bug explains every quantity: besides what explains "
+            f"{first}, something else differs too (run with --detect to search the convention space)"
+        )
+    return None
+
+
 def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[str, Any]]]:
     """Single convention changes and known bugs under which ``first`` (and all before it) match."""
     notes: list[str] = []
     found: list[dict[str, Any]] = []
     current = setup.convention_dict()
-    # A rollout-stage divergence is first tested on the rollout stage alone (cheap); only a
-    # candidate that passes is recomputed in full, to say whether it explains everything.
-    early = first in ROLLOUT_QUANTITIES
     prefix_ok = PrefixCheck(dump, first)
-
-    def compare_candidate(alt: Setup, bug: str | None = None) -> dict[str, QuantityResult] | None:
-        if not prefix_ok(alt, bug):  # differs at kl/token_rewards already
-            return None
-        ro = recompute(dump, alt, bug=bug, rollout_only=early)
-        res = compare_all(dump, ro)
-        if not _prefix_ok(res, first):
-            return None
-        if not early:
-            return res
-        # continue the rollout just recomputed with the update stage (not steps 1-4 again), holding
-        # only what the update reads: the rollout quantities are compared already
-        slim = ro.slim()
-        del ro
-        return compare_all(dump, recompute(dump, alt, bug=bug, rollout=slim), known=res)
-
     for key in AFFECTS[first]:
         for upd in {**ALTERNATIVES, **GROUP_ALTERNATIVES}[key]:
-            norm = {k: (tuple(v) if isinstance(v, list) else v) for k, v in current.items()}
-            if all(_same(norm.get(k), v) for k, v in upd.items()):
-                continue
-            if key == "value_loss_agg" and _same(upd["value_loss_agg"], norm.get("loss_agg")):
-                continue  # the same as value_loss_agg=none (also tried): report one of the two
-            if not _applies(key, upd, setup, dump):
+            if not _worth_trying(key, upd, current, setup, dump):
                 continue
             try:
                 alt = setup.with_convention(upd)
-                maybe = compare_candidate(alt)
+                res = _candidate(dump, first, prefix_ok, alt)
             except RefPPOError:
                 continue
-            if maybe is not None:
-                res = maybe
-                everything = first_divergence(res) is None
+            if res is not None:
                 users = _presets_using(upd)
                 tail = f" (as in preset {', '.join(users)})" if users else ""
-                what = f"the convention {_fmt_updates(upd)}{tail}"
-                notes.append(_explained(what, first, res))
+                notes.append(_explained(f"the convention {_fmt_updates(upd)}{tail}", first, res))
+                everything = first_divergence(res) is None
                 found.append({"kind": "convention", "change": alt_json(upd), "all_match": everything})
     for bug, text in BUGS.items():
         if first not in BUG_AFFECTS[bug]:
@@ -266,25 +223,14 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
         if bug == "kl_from_current_logprobs" and not dump.has("logprobs"):
             continue
         try:
-            maybe = compare_candidate(setup, bug)
+            res = _candidate(dump, first, prefix_ok, setup, bug)
         except (RefPPOError, ValueError):
             continue
-        if maybe is not None:
-            res = maybe
-            everything = first_divergence(res) is None
+        if res is not None:
             notes.append(_explained(f"a known bug ({bug}): {text}", first, res))
-            found.append({"kind": "bug", "bug": bug, "all_match": everything})
-    if not notes:
-        notes.append(
-            "no single convention change or known bug explains it; "
-            "run with --detect to search the convention space"
-        )
-    elif not any(f["all_match"] for f in found):
-        notes.append(
-            f"no single convention change or known bug explains every quantity: besides what explains "
-            f"{first}, something else differs too (run with --detect to search the convention space)"
-        )
-    return notes, found
+            found.append({"kind": "bug", "bug": bug, "all_match": first_divergence(res) is None})
+    closing = _closing_note(notes, found, first)
+    return notes if closing is None else [*notes, closing], found
 
 
 def _explained(what: str, first: str, res: dict[str, QuantityResult]) -> str:
@@ -312,15 +258,13 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def check(
-    dump: Dump, setup: Setup, *, explain_divergence: bool = True, rollouts: RolloutMemo | None = None
-) -> CheckResult:
-    """Compare every quantity under ``setup``; diagnose and explain the first divergence.
+def _recheck(
+    dump: Dump, setup: Setup, rollouts: RolloutMemo | None
+) -> tuple[dict[str, QuantityResult], Reference]:
+    """Every quantity's comparison under ``setup`` and the reference of the update stage.
 
-    ``rollouts``: steps 1–4 are taken from (and kept in) this memo (``--detect``'s re-checks).
-    """
-    # Steps 1-4 first, compared at once; the update stage then continues a slim copy of them (what
-    # it reads, and the first divergent rollout quantity for describe()): one reference at a time.
+    Steps 1-4 first, compared at once; the update stage then continues a slim copy of them (what
+    it reads, and the first divergent rollout quantity for describe()): one reference at a time."""
     ro = recompute(dump, setup, rollout_only=True) if rollouts is None else rollouts.get(setup)
     known = compare_all(dump, ro)
     first_ro = first_divergence(known)
@@ -328,17 +272,62 @@ def check(
     del ro
     ref = recompute(dump, setup, rollout=slim)
     del slim
-    results = compare_all(dump, ref, known=known)
-    first = first_divergence(results)
-    out = CheckResult(setup, results, first)
-    if not results:
+    return compare_all(dump, ref, known=known), ref
+
+
+def _padding_notes(out: CheckResult, dump: Dump, where: str) -> None:
+    """No output to compare; outputs equal on valid tokens that differ at ignored positions."""
+    if not out.quantities:
         out.diagnosis.append("the dump holds no trainer outputs to compare (only inputs)")
-    where = "masked positions (padding and holes)" if has_holes(dump.mask) else "padded positions"
-    for name, r in results.items():
+    for name, r in out.quantities.items():
         if r.ok and r.padding_diff:
             out.diagnosis.append(
                 f"{name}: also differs at {r.padding_diff} {where} (not compared: they are ignored)"
             )
+
+
+def _first_lines(dump: Dump, ref: Reference, first: str, r: QuantityResult, where: str) -> list[str]:
+    """The first divergence of a non-gradient quantity: its line and the description of how."""
+    lines = [
+        f"first divergence: {first} (max abs err {r.max_abs_err:.3g} > tol {r.tol:.3g}); "
+        "later quantities may inherit it"
+    ]
+    lines += describe(
+        first, dump.tensors[first], ref.values[first], ref.compare_mask(first), dump.mask, r.tol
+    )
+    if r.padding_diff:
+        lines.append(f"{first}: also differs at {r.padding_diff} {where} (not compared)")
+    return lines
+
+
+def _explain_first(
+    out: CheckResult, dump: Dump, setup: Setup, first: str, inp: UpdateInputs | None, grad_bad: bool
+) -> None:
+    """The convention changes that explain a non-gradient first divergence (:func:`explain`), and
+    the gradient's explanation (:func:`explain_grad` on ``inp``) when a gradient diverges too."""
+    notes, found = explain(dump, setup, first)
+    if grad_bad and inp is not None:  # e.g. pg_loss logged per micro-batch: the gradient says why
+        g_notes, g_found = explain_grad(dump, setup, inp, out.quantities)
+        if g_found and not found:  # the gradient's explanation replaces "nothing explains it"
+            notes = [n for n in notes if not n.startswith("no single convention change")]
+        notes += g_notes
+        found += g_found
+    out.diagnosis += notes
+    out.explained_by = found
+
+
+def check(
+    dump: Dump, setup: Setup, *, explain_divergence: bool = True, rollouts: RolloutMemo | None = None
+) -> CheckResult:
+    """Compare every quantity under ``setup``; diagnose and explain the first divergence.
+
+    ``rollouts``: steps 1–4 are taken from (and kept in) this memo (``--detect``'s re-checks).
+    """
+    results, ref = _recheck(dump, setup, rollouts)
+    first = first_divergence(results)
+    out = CheckResult(setup, results, first)
+    where = "masked positions (padding and holes)" if has_holes(dump.mask) else "padded positions"
+    _padding_notes(out, dump, where)
     grad_bad = any(not r.ok for n, r in results.items() if n in GRAD_QUANTITIES)
     if first is not None and first in GRAD_QUANTITIES:
         r = results[first]
@@ -349,31 +338,9 @@ def check(
             out.explained_by = found
     elif first is not None:
         inp = ref.update_inputs if grad_bad else None  # held through explain() only when used there
-        r = results[first]
-        out.diagnosis.append(
-            f"first divergence: {first} (max abs err {r.max_abs_err:.3g} > tol {r.tol:.3g}); "
-            "later quantities may inherit it"
-        )
-        out.diagnosis += describe(
-            first,
-            dump.tensors[first],
-            ref.values[first],
-            ref.compare_mask(first),
-            dump.mask,
-            r.tol,
-        )
-        if r.padding_diff:
-            out.diagnosis.append(f"{first}: also differs at {r.padding_diff} {where} (not compared)")
+        out.diagnosis += _first_lines(dump, ref, first, results[first], where)
         del ref  # the candidates below recompute their own: never hold two references at once
         if explain_divergence:
-            notes, found = explain(dump, setup, first)
-            if grad_bad and inp is not None:  # e.g. pg_loss logged per micro-batch: the gradient says why
-                g_notes, g_found = explain_grad(dump, setup, inp, results)
-                if g_found and not found:  # the gradient's explanation replaces "nothing explains it"
-                    notes = [n for n in notes if not n.startswith("no single convention change")]
-                notes += g_notes
-                found += g_found
-            out.diagnosis += notes
-            out.explained_by = found
+            _explain_first(out, dump, setup, first, inp, grad_bad)
     out.diagnosis += dump.key_notes()
     return out

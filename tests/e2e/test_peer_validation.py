@@ -94,7 +94,7 @@ def test_presets_reproduce_the_peers_own_code(group: str, tmp_path: Path) -> Non
                 assert case["control"] is not None
     assert ran >= 8  # at least eight cases really compared per venv
     assert critic_free >= 4  # the GRPO-family cases of tools/peer_makers/critic_free.py ran
-    if group == "verl-openrlhf":  # tools/peer_makers/critic_free_more.py: whole steps of the newer estimators
+    if group == "verl-openrlhf":  # tools/peer_makers/critic_free.py: whole steps of the newer estimators too
         assert {"opo", "gpg", "grpo-passk", "flash-reinforce"} <= advantages, sorted(advantages)
 
 

@@ -1,4 +1,5 @@
-"""Critic-free dumps (GRPO, Dr. GRPO, RLOO, REINFORCE++ and its baseline) from the peers' own code.
+"""Critic-free dumps (GRPO, Dr. GRPO, RLOO, REINFORCE++ and its baseline, OPO, GPG, GRPO pass@k,
+flash-REINFORCE) from the peers' own code.
 
 Run in the side venvs (nothing from refppo is imported). Each case draws a grouped batch (rows of
 one prompt interleaved, ``group_index`` [B] integers; for verl and SkyRL a group of one), calls the
@@ -9,14 +10,25 @@ peer's advantage estimator and its policy loss, and writes a dump without ``old_
   (``norm_adv_by_std_in_grpo`` True/False), ``compute_rloo_outcome_advantage``,
   ``compute_rloo_vectorized_outcome_advantage``,
   ``compute_reinforce_plus_plus_outcome_advantage``,
-  ``compute_reinforce_plus_plus_baseline_outcome_advantage``, ``compute_policy_loss_vanilla``,
-  ``agg_loss``. Restated: ``ray_trainer.apply_kl_penalty`` (``scores − β·KL·mask``) and the loss sum.
+  ``compute_reinforce_plus_plus_baseline_outcome_advantage``, ``compute_opo_outcome_advantage``,
+  ``compute_gpg_outcome_advantage`` (two groups scored 0, so ``α = B/#{s ≠ 0}`` binds: the KL is
+  in the loss, the reward is the score alone), ``compute_grpo_passk_outcome_advantage``
+  (``norm_adv_by_std_in_grpo`` from the config, as ``AlgoConfig.get``; no group of one: verl raises
+  on it), ``compute_policy_loss_vanilla``, ``agg_loss``. Restated: ``ray_trainer.apply_kl_penalty``
+  (``scores − β·KL·mask``) and the loss sum. verl's GPG recipe pairs the estimator with
+  ``policy_loss.loss_mode: gpg`` (``−log π·A``, no ratio), which refppo has no policy loss for; the
+  vanilla PPO loss (verl's default ``loss_mode``) is used with every estimator here.
 - OpenRLHF 0.11.2: ``openrlhf/models/utils.py::compute_approx_kl``;
   ``RemoteExperienceMaker.compute_advantages_and_returns`` itself (called unbound on a stand-in
-  ``self``, as ``tools/validate_group_estimators.py``; two experiences with permuted ``index``);
-  ``models/loss.py::PolicyLoss``, ``aggregate_loss``. Its ``token_rewards`` (the shaped group
-  reward at the last token) are not the format's and are left out; scores are ``randn`` so that
-  ``reward.clip_range`` (±10, clamping the SHAPED reward) never binds (spec/conventions.md).
+  ``self``, as ``tools/validate_group_estimators.py``; two experiences with permuted ``index``;
+  ``flash_reinforce``'s batch mean spans both); ``models/loss.py::PolicyLoss``, ``aggregate_loss``.
+  Its ``token_rewards`` (the shaped group reward at the last token) are not the format's and are
+  left out; scores are ``randn`` so that ``reward.clip_range`` (±10, clamping the SHAPED reward)
+  never binds (spec/conventions.md).
+
+The verl ``opo``/``gpg``/``grpo_passk`` and OpenRLHF ``flash_reinforce`` cases (issue #13 follow-up)
+were ``tools/peer_makers/critic_free_more.py`` (makers ``PEER:critic-free-more``) before they were
+folded in here; they keep that file's seeds (:data:`SEEDS`) and batches, so their dumps are the same.
 - SkyRL-train 0.3.1 ``skyrl_train/utils/ppo_utils.py``: ``compute_approx_kl``,
   ``compute_grpo_outcome_advantage`` (``grpo_norm_by_std``), ``compute_rloo_outcome_advantage``,
   ``compute_reinforce_plus_plus_outcome_advantage``, ``ppo_policy_loss``, ``masked_mean``.
@@ -33,6 +45,13 @@ from peer_makers.common import HP, inputs, install_stubs, mount, save
 
 GROUP_IDS = [7, 3, 7, 11, 3, 7, 3, 11, 7, 3, 11, 5]
 """Prompt of each row (B = 12): groups of 4 (7), 4 (3), 3 (11), 1 (5), interleaved."""
+NO_SINGLETON = [7, 3, 7, 11, 3, 7, 3, 11, 7, 3, 11, 11]
+"""Groups of 4 (7), 4 (3), 4 (11): ``grpo_passk`` raises on a group of one."""
+CASE_GROUP_IDS = {"grpo_passk": NO_SINGLETON}
+"""The cases whose rows are not :data:`GROUP_IDS` (verl)."""
+SEEDS = {"opo": 800, "gpg": 801, "grpo_passk": 802, "flash_reinforce": 900}
+"""Batch seeds of the cases folded in from critic_free_more.py; the others draw ``500 + i`` (verl)
+and ``600 + i`` (OpenRLHF) by their index ``i`` in the case list."""
 
 
 def _grouped(seed: int, dtype: Any, group_ids: list[int] | None = None) -> dict[str, Any]:
@@ -103,8 +122,43 @@ VERL_CASES: list[tuple[str, str, str, str, str, dict[str, Any], dict[str, Any]]]
         {"advantage": "reinforce++-baseline"},
         {"group_singleton": "zero"},
     ),
+    ("opo", "opo", "k1", "reward", "token-mean", {"advantage": "opo"}, {"advantage": "dr-grpo"}),
+    ("gpg", "gpg", "k3", "loss", "seq-mean-token-mean", {"advantage": "gpg"}, {"advantage": "dr-grpo"}),
+    (
+        "grpo_passk",
+        "grpo_passk",
+        "k2",
+        "reward",
+        "seq-mean-token-sum",
+        {"advantage": "grpo-passk"},
+        {"advantage": "grpo"},
+    ),
 ]
 VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl", "abs": "abs"}
+
+
+def _verl_advantages(ca: Any, call: str, rewards: Any, m: Any, idx: Any) -> Any:
+    """verl's estimator ``call`` of a :data:`VERL_CASES` row on the token ``rewards`` ``[B, T]``:
+    its ``(advantages, returns)`` (verl is untyped: Any)."""
+    if call == "grpo":
+        return ca.compute_grpo_outcome_advantage(rewards, m, idx, epsilon=1e-6)
+    if call == "grpo_nostd":
+        return ca.compute_grpo_outcome_advantage(rewards, m, idx, norm_adv_by_std_in_grpo=False)
+    if call == "rloo":
+        return ca.compute_rloo_outcome_advantage(rewards, m, idx)
+    if call == "rloo_vectorized":
+        return ca.compute_rloo_vectorized_outcome_advantage(rewards, m, idx)
+    if call == "rpp":
+        cfg = types.SimpleNamespace(gamma=HP["gamma"])
+        return ca.compute_reinforce_plus_plus_outcome_advantage(rewards, m, config=cfg)
+    if call == "opo":
+        return ca.compute_opo_outcome_advantage(rewards, m, idx)
+    if call == "gpg":
+        return ca.compute_gpg_outcome_advantage(rewards, m, idx)
+    if call == "grpo_passk":
+        passk = {"norm_adv_by_std_in_grpo": True}
+        return ca.compute_grpo_passk_outcome_advantage(rewards, m, idx, config=passk)
+    return ca.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, m, idx)
 
 
 def make_verl(out: Path) -> list[str]:
@@ -121,26 +175,16 @@ def make_verl(out: Path) -> list[str]:
 
     made = []
     for i, (name, call, est, kl_in, agg, conv, control) in enumerate(VERL_CASES):
-        x = _grouped(500 + i, torch.float64)
+        x = _grouped(SEEDS.get(name, 500 + i), torch.float64, CASE_GROUP_IDS.get(name))
         m = x["response_mask"]
         idx = x["group_index"].numpy()
+        if call == "gpg":  # two whole groups scored 0 (5 rows): α = B/#{s ≠ 0} = 12/7
+            x["scores"] = torch.where(torch.isin(x["group_index"], torch.tensor([7, 5])), 0.0, x["scores"])
         kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
         rewards = _last_token(m, x["scores"])
         if kl_in == "reward":
             rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
-        if call == "grpo":
-            adv, ret = ca.compute_grpo_outcome_advantage(rewards, m, idx, epsilon=1e-6)
-        elif call == "grpo_nostd":
-            adv, ret = ca.compute_grpo_outcome_advantage(rewards, m, idx, norm_adv_by_std_in_grpo=False)
-        elif call == "rloo":
-            adv, ret = ca.compute_rloo_outcome_advantage(rewards, m, idx)
-        elif call == "rloo_vectorized":
-            adv, ret = ca.compute_rloo_vectorized_outcome_advantage(rewards, m, idx)
-        elif call == "rpp":
-            cfg = types.SimpleNamespace(gamma=HP["gamma"])
-            adv, ret = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, m, config=cfg)
-        else:
-            adv, ret = ca.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, m, idx)
+        adv, ret = _verl_advantages(ca, call, rewards, m, idx)
         pg, metrics = ca.compute_policy_loss_vanilla(
             x["old_logprobs"],
             x["logprobs"],
@@ -197,6 +241,7 @@ OPENRLHF_CASES: list[tuple[str, str, bool, dict[str, Any], dict[str, Any]]] = [
         {"whiten_variance": "unbiased"},
     ),
     ("reinforce", "k1", False, {"advantage": "reinforce++"}, {"whiten_variance": "unbiased"}),
+    ("flash_reinforce", "k1", True, {"advantage": "flash-reinforce"}, {"advantage": "dr-grpo"}),
 ]
 
 
@@ -265,8 +310,9 @@ def make_openrlhf(out: Path) -> list[str]:
     made = []
     ids = [k // 4 for k in range(12)]  # OpenRLHF: n_samples_per_prompt rows per prompt, in prompt order
     for i, (est, kl_est, token_level, conv, control) in enumerate(OPENRLHF_CASES):
-        x = _grouped(600 + i, torch.float32, ids)
-        g = torch.Generator().manual_seed(600 + i)
+        seed = SEEDS.get(est, 600 + i)
+        x = _grouped(seed, torch.float32, ids)
+        g = torch.Generator().manual_seed(seed)
         perm = torch.randperm(12, generator=g).tolist()
         kl = compute_approx_kl(x["old_logprobs"], x["ref_logprobs"], kl_estimator=kl_est)
         adv, ret = _openrlhf_advantages(est, x, kl, perm)

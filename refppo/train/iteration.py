@@ -1,0 +1,142 @@
+"""Steps 1–4 of one PPO iteration (:func:`iteration`) and the rollout's scalars
+(:func:`rollout_metrics`), moved out of ``refppo/ppo.py``, which re-exports them (the numbered
+skeleton and the design notes are in :mod:`refppo.ppo`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from refppo.conventions import AdvantageEstimator, KLPlacement
+from refppo.core.kl import token_kl
+from refppo.core.masked import AllReduce, masked_mean, masked_sum
+from refppo.models import Reward, SequenceBatch
+from refppo.pipeline import Convention, Hyperparams, RolloutQuantities, ScoreMap, rollout_quantities
+from refppo.rollout import RolloutConfig, ScoredRollout, generate_rollout, score_rollout
+from refppo.train.update import ppo_update
+from refppo.train.update_config import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
+
+
+def rollout_metrics(
+    scored: ScoredRollout, quantities: RolloutQuantities, hp: Hyperparams, conv: Convention
+) -> dict[str, float]:
+    """Scalars of one rollout (formulas in spec/models.md):
+
+    ``score`` mean of the scores entering the rewards (after the missing-EOS penalty);
+    ``raw_score``; ``kl`` = mean over sequences of Σ_t KL_t(old‖ref) (``conv.kl_estimator``,
+    whatever the KL placement); ``non_score_reward`` = mean_b Σ_t (r_t − score·[t = score slot]);
+    ``response_length`` mean number of valid response tokens; ``eos_frac``; ``old_entropy``
+    token mean; ``advantage_mean``, ``return_mean``, ``value_mean`` over valid tokens
+    (``value_mean`` only with a critic, ``conv.advantage = gae``: a critic-free rollout has no values).
+    """
+    m = scored.batch.response_mask
+    kl = token_kl(
+        scored.old_logprobs.double(),
+        scored.ref_logprobs.double(),
+        m,
+        conv.kl_estimator,
+        log_ratio_clamp=conv.kl_log_ratio_clamp,
+        value_clamp=conv.kl_value_clamp,
+    )
+    beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
+    vm = quantities.value_mask
+    out = {
+        "score": float(scored.scores.double().mean()),
+        "raw_score": float(scored.raw_scores.double().mean()),
+        "kl": float(masked_sum(kl, m, dim=1).mean()),
+        "non_score_reward": float(masked_sum(-beta * quantities.kl.double(), m, dim=1).mean()),
+        "response_length": float(m.sum(dim=1).double().mean()),
+        "eos_frac": float(scored.has_eos.double().mean()),
+        "old_entropy": float(masked_mean(scored.old_entropy.double(), m)),
+        "advantage_mean": float(masked_mean(quantities.advantages.double(), m)),
+        "return_mean": float(masked_mean(quantities.returns.double(), vm)),
+    }
+    if conv.advantage is AdvantageEstimator.GAE:  # critic-free: the zeros stand in for no critic
+        out["value_mean"] = float(masked_mean(scored.old_values.double(), vm))
+    return out
+
+
+@dataclass(frozen=True)
+class IterationResult:
+    """One PPO iteration: the metrics (rollout ∪ update) and the cached rollout tensors."""
+
+    metrics: dict[str, float]
+    scored: ScoredRollout
+    quantities: RolloutQuantities
+
+
+def _score(
+    actor: nn.Module,
+    reference: nn.Module,
+    critic: nn.Module | None,
+    reward: Reward,
+    batch: SequenceBatch,
+    rollout_cfg: RolloutConfig,
+) -> ScoredRollout:
+    """Step 2: π_old, π_ref log-probs, V_old and scores of ``batch`` (one pass each, no grad)."""
+    return score_rollout(
+        actor,
+        reference,
+        critic,
+        reward,
+        batch,
+        temperature=rollout_cfg.temperature,
+        eos_token_id=rollout_cfg.eos_token_id,
+        missing_eos_penalty=rollout_cfg.missing_eos_penalty,
+    )
+
+
+def iteration(
+    actor: nn.Module,
+    reference: nn.Module,
+    critic: nn.Module | None,
+    reward: Reward,
+    actor_optimizer: torch.optim.Optimizer,
+    critic_optimizer: torch.optim.Optimizer | None,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    rollout_cfg: RolloutConfig,
+    update_cfg: PPOUpdateConfig,
+    hp: Hyperparams,
+    conv: Convention,
+    generator: torch.Generator,
+    world_size: int = 1,
+    all_reduce: AllReduce | None = None,
+    ptx_batch: PtxBatch | None = None,
+    batch: SequenceBatch | None = None,
+    on_minibatch: Callable[[MinibatchRecord], None] | None = None,
+    capture: CaptureRequest | None = None,
+    group_index: Tensor | None = None,
+    groups_on_rank: bool = False,
+    score_map: ScoreMap | None = None,
+) -> IterationResult:
+    """Rollout → scoring → rollout quantities → update (:mod:`refppo.ppo`, steps 1–4).
+
+    ``batch``: replay these responses instead of sampling (the prompts must be ``prompt_ids``);
+    the generator is then not used for sampling. ``critic=None``: a critic-free
+    ``conv.advantage`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
+    answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
+    are on this rank (see :func:`refppo.pipeline.rollout_quantities`). ``score_map``: the
+    pipeline's step 0 on the scores (None: as the reward gives them).
+    """
+    if batch is None:
+        batch = generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator)
+    scored = _score(actor, reference, critic, reward, batch, rollout_cfg)
+    quantities = rollout_quantities(
+        scores=scored.scores, old_logprobs=scored.old_logprobs, ref_logprobs=scored.ref_logprobs,
+        old_values=scored.old_values if critic is not None else None,  # no critic: no values
+        mask=batch.response_mask, hp=hp, conv=conv, all_reduce=all_reduce, group_index=group_index,
+        groups_on_rank=groups_on_rank, score_map=score_map,
+    )  # fmt: skip
+    metrics = rollout_metrics(scored, quantities, hp, conv)
+    update = ppo_update(
+        actor, critic, actor_optimizer, critic_optimizer, scored, quantities, hp=hp, conv=conv,
+        cfg=update_cfg, generator=generator, world_size=world_size, all_reduce=all_reduce,
+        ptx_batch=ptx_batch, on_minibatch=on_minibatch, capture=capture, group_index=group_index,
+    )  # fmt: skip
+    metrics.update(update)
+    return IterationResult(metrics, scored, quantities)
