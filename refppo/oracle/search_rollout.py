@@ -272,6 +272,8 @@ def gae_options(s: Search, g: Group, pads: list[str], holes: list[GaeHoles]) -> 
     for pad, h in product(pads, holes):
         gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
         adv_raw, ret = gae(g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam, holes=h)
+        if s.prune is not None and not s.prune.keeps(digest(ret, vm), ret, vm):
+            continue  # no value loss reproduces the dump on these returns (refppo.oracle.search_prune)
         upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {})
         yield with_raw_advantages(g, upd, adv_raw, ret)
 
