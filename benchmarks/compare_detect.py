@@ -1,22 +1,24 @@
 """``refppo diff --detect`` of this checkout against another one, byte for byte, on many small dumps.
 
-Run by hand (not a test): ``python benchmarks/compare_detect.py OTHER_CHECKOUT [--jobs N]``. Makes
-dumps with :func:`bench_oracle.make_dump` for every preset's maker at a few small sizes, full and
-losses-only (no ``kl``, ``token_rewards``, ``advantages``, ``returns``), plus variants: only
-``returns`` dropped, and losses-only with one loss scaled by 1.05 (nothing reproduces it, so the
-search's nearest-group paths run). Each dump is diffed with ``--detect`` under no preset (as text and as
-``--json``) and under its maker's preset (text), by both checkouts (``python -m refppo`` run in each), and
-stdout and exit code are compared. Prints one line per case and the count that differ; exit 1 if any.
+Run by hand (not a test): ``python benchmarks/compare_detect.py OTHER_CHECKOUT [--small]``. Makes
+dumps with :func:`bench_oracle.make_dump` for every preset's maker: at the first size full,
+losses-only (no ``kl``, ``token_rewards``, ``advantages``, ``returns``), only ``returns``
+dropped, and losses-only with ``vf_loss`` or ``pg_loss`` scaled by 1.05 (nothing reproduces it,
+so the search's nearest-group paths run); at the second size full and losses-only. Each dump is
+diffed with ``--detect`` under no preset (text) and under its maker's preset (``--json``) by both
+checkouts: one process each runs ``refppo.cli.main`` on every case in turn, with that checkout's
+``refppo`` first on ``sys.path``. Stdout and exit code are compared; prints one line per case and
+the count that differ, exit 1 if any.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -47,53 +49,74 @@ def make_dumps(d: Path, sizes: tuple[tuple[int, int], ...]) -> list[tuple[Path, 
             full = d / f"{maker}_{B}x{T}_full.safetensors"
             make_dump(full, B, T, maker)
             out.append((full, maker))
-            for name, drop, scale in (
+            variants = (
                 ("lossesonly", INTERMEDIATES, None),
                 ("noreturns", ("returns",), None),
                 ("lo_vf105", INTERMEDIATES, "vf_loss"),
                 ("lo_pg105", INTERMEDIATES, "pg_loss"),
-            ):
+            )
+            for name, drop, scale in variants if sizes[0] == (B, T) else variants[:1]:
                 p = d / f"{maker}_{B}x{T}_{name}.safetensors"
                 _variant(full, p, drop, scale)
                 out.append((p, maker))
     return out
 
 
-def run(cwd: Path, args: list[str]) -> tuple[int, bytes, float]:
-    t0 = time.process_time()
-    p = subprocess.run(
-        ["nice", "-n", "5", sys.executable, "-m", "refppo", "diff", *args], cwd=cwd, capture_output=True
-    )
-    return p.returncode, p.stdout, time.process_time() - t0
+WORKER = """
+import contextlib, io, json, os, sys
+sys.path.insert(0, os.getcwd())  # this checkout's refppo, not the installed one
+from refppo.cli import main
+cases, out = json.load(open(sys.argv[1])), sys.argv[2]
+for i, args in enumerate(cases):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            rc = main(["diff", *args])
+        except SystemExit as e:
+            rc = e.code
+    with open(os.path.join(out, f"{i}.txt"), "w") as f:
+        f.write(f"{rc}\\n{buf.getvalue()}")
+    print(i, flush=True)
+"""
+
+
+def run_all(cwd: Path, cases: list[list[str]], tmp: Path, tag: str) -> subprocess.Popen[bytes]:
+    """One process per checkout runs every case in turn (one torch import, not one per case)."""
+    (tmp / tag).mkdir()
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    (tmp / "worker.py").write_text(WORKER)
+    cmd = ["nice", "-n", "5", sys.executable, str(tmp / "worker.py"), str(tmp / "cases.json"), str(tmp / tag)]
+    return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("other", type=Path, help="the other checkout (its refppo is run from there)")
-    ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--small", action="store_true", help="only the first size")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
         torch.manual_seed(0)
-        dumps = make_dumps(Path(tmp), SIZES[:1] if a.small else SIZES)
+        dumps = make_dumps(tmp, SIZES[:1] if a.small else SIZES)
         cases = []
         for path, maker in dumps:
-            for preset, js in ((None, False), (None, True), (maker, False)):
+            for preset, js in ((None, False), (maker, True)):
                 args = [str(path), "--detect", *(["--preset", preset] if preset else [])]
                 cases.append(args + (["--json"] if js else []))
-
-        def one(args: list[str]) -> tuple[list[str], bool, int, int]:
-            rc_a, out_a, _ = run(REPO, args)
-            rc_b, out_b, _ = run(a.other.resolve(), args)
-            return args, (rc_a, out_a) == (rc_b, out_b), rc_a, rc_b
-
+        t0 = time.perf_counter()
+        procs = [run_all(REPO, cases, tmp, "this"), run_all(a.other.resolve(), cases, tmp, "other")]
+        codes = [p.wait() for p in procs]
         differ = 0
-        with ThreadPoolExecutor(a.jobs) as ex:
-            for args, same, rc_a, rc_b in ex.map(one, cases):
-                differ += not same
-                print(("same  " if same else "DIFFER"), rc_a, rc_b, Path(args[0]).name, *args[1:], flush=True)
-        print(f"{len(cases)} reports compared, {differ} differ")
-        return 1 if differ else 0
+        for i, args in enumerate(cases):
+            same = (tmp / "this" / f"{i}.txt").read_bytes() == (tmp / "other" / f"{i}.txt").read_bytes()
+            rc = (tmp / "this" / f"{i}.txt").read_text().split("\n", 1)[0]
+            differ += not same
+            print("same  " if same else "DIFFER", rc, Path(args[0]).name, *args[1:], flush=True)
+        print(
+            f"{len(cases)} reports compared ({len(dumps)} dumps), {differ} differ; workers {codes}, "
+            f"{time.perf_counter() - t0:.0f} s"
+        )
+        return 1 if differ or any(codes) else 0
 
 
 if __name__ == "__main__":
