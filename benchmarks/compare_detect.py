@@ -1,14 +1,14 @@
 """``refppo diff --detect`` of this checkout against another one, byte for byte, on many small dumps.
 
-Run by hand (not a test): ``python benchmarks/compare_detect.py OTHER_CHECKOUT [--small]``. Makes
-dumps with :func:`bench_oracle.make_dump` for every preset's maker: at the first size full,
-losses-only (no ``kl``, ``token_rewards``, ``advantages``, ``returns``), only ``returns``
-dropped, and losses-only with ``vf_loss`` or ``pg_loss`` scaled by 1.05 (nothing reproduces it,
-so the search's nearest-group paths run); at the second size full and losses-only. Each dump is
-diffed with ``--detect`` under no preset (text) and under its maker's preset (``--json``) by both
-checkouts: one process each runs ``refppo.cli.main`` on every case in turn, with that checkout's
-``refppo`` first on ``sys.path``. Stdout and exit code are compared; prints one line per case and
-the count that differ, exit 1 if any.
+Run by hand (not a test): ``python benchmarks/compare_detect.py OTHER_CHECKOUT [--small] [--both]``.
+Makes dumps with :func:`bench_oracle.make_dump` for every preset's maker: at the first size full,
+losses-only (no ``kl``, ``token_rewards``, ``advantages``, ``returns``) and with only ``returns``
+dropped; for the makers in :data:`SCALED` also losses-only with ``vf_loss`` or ``pg_loss`` scaled by
+1.05 (nothing reproduces it: the search's nearest-group paths run); at the other sizes losses-only.
+Each dump is diffed with ``--detect`` by both checkouts, alternately as text under no preset and as
+``--json`` under its maker's preset (``--both``: each dump both ways): one process per checkout runs
+``refppo.cli.main`` on every case in turn, with that checkout's ``refppo`` first on ``sys.path``.
+Stdout and exit code are compared; prints one line per case and the count that differ, exit 1 if any.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_oracle import make_dump  # noqa: E402
 
 MAKERS = ("refppo", "verl", "openrlhf", "trl", "deepspeed-chat", "skyrl", "areal")
-SIZES = ((8, 16), (12, 32))
+SIZES = ((8, 16), (12, 32), (10, 24))
 INTERMEDIATES = ("kl", "token_rewards", "advantages", "returns")
+SCALED = ("trl", "verl")
+"""Makers whose losses-only dumps are also compared with a loss scaled (both searches walk everything)."""
 
 
 def _variant(src: Path, dst: Path, drop: tuple[str, ...], scale: str | None) -> None:
@@ -48,14 +50,14 @@ def make_dumps(d: Path, sizes: tuple[tuple[int, int], ...]) -> list[tuple[Path, 
         for B, T in sizes:
             full = d / f"{maker}_{B}x{T}_full.safetensors"
             make_dump(full, B, T, maker)
-            out.append((full, maker))
-            variants = (
-                ("lossesonly", INTERMEDIATES, None),
-                ("noreturns", ("returns",), None),
-                ("lo_vf105", INTERMEDIATES, "vf_loss"),
-                ("lo_pg105", INTERMEDIATES, "pg_loss"),
-            )
-            for name, drop, scale in variants if sizes[0] == (B, T) else variants[:1]:
+            if sizes[0] == (B, T):
+                out.append((full, maker))
+            variants = [("lossesonly", INTERMEDIATES, None)]
+            if sizes[0] == (B, T):
+                variants.append(("noreturns", ("returns",), None))
+            if sizes[0] == (B, T) and maker in SCALED:
+                variants += [("lo_vf105", INTERMEDIATES, "vf_loss"), ("lo_pg105", INTERMEDIATES, "pg_loss")]
+            for name, drop, scale in variants:
                 p = d / f"{maker}_{B}x{T}_{name}.safetensors"
                 _variant(full, p, drop, scale)
                 out.append((p, maker))
@@ -93,16 +95,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("other", type=Path, help="the other checkout (its refppo is run from there)")
     ap.add_argument("--small", action="store_true", help="only the first size")
+    ap.add_argument("--both", action="store_true", help="each dump as text and as --json (else alternately)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         torch.manual_seed(0)
         dumps = make_dumps(tmp, SIZES[:1] if a.small else SIZES)
         cases = []
-        for path, maker in dumps:
-            for preset, js in ((None, False), (maker, True)):
-                args = [str(path), "--detect", *(["--preset", preset] if preset else [])]
-                cases.append(args + (["--json"] if js else []))
+        for i, (path, maker) in enumerate(dumps):  # text under no preset, --json under the maker's
+            preset, js = (None, False) if i % 2 == 0 or a.both else (maker, True)
+            args = [str(path), "--detect", *(["--preset", preset] if preset else [])]
+            cases.append(args + (["--json"] if js else []))
+            if a.both:
+                cases.append([str(path), "--detect", "--preset", maker, "--json"])
         t0 = time.perf_counter()
         procs = [run_all(REPO, cases, tmp, "this"), run_all(a.other.resolve(), cases, tmp, "other")]
         codes = [p.wait() for p in procs]
