@@ -25,8 +25,14 @@ NO_RETURNS = ("advantages", "returns")
 LOSSES_ONLY = ("kl", "token_rewards", "advantages", "returns")
 
 
-def _dump(tmp: Path, preset: str | None, drop: tuple[str, ...], scale: str | None = None) -> Dump:
-    made = setup_for(preset)
+def _dump(
+    tmp: Path,
+    preset: str | None,
+    drop: tuple[str, ...],
+    scale: str | None = None,
+    conv: dict[str, Any] | None = None,
+) -> Dump:
+    made = setup_for(preset, conv)
     d = refppo_dump(make_inputs(B=B, T=T, seed=5), made, dtype=torch.float32)
     d = {k: v for k, v in d.items() if k not in drop}
     if scale is not None:  # a loss no convention reproduces: the nearest-group paths run
@@ -55,10 +61,12 @@ def _spy(mp: pytest.MonkeyPatch) -> list[tuple[bool, int, bool]]:
     return seen
 
 
-CASES = {
-    "no_returns_trl": ("trl", NO_RETURNS, None, None),
-    "no_returns_openrlhf_from_verl": ("openrlhf", NO_RETURNS, None, "verl"),
-    "no_returns_refppo": (None, NO_RETURNS, None, None),
+CASES: dict[str, tuple[str | None, dict[str, Any], str | None]] = {
+    "no_returns_trl": ("trl", {}, None),
+    "no_returns_openrlhf_from_verl": ("openrlhf", {}, "verl"),
+    "no_returns_refppo": (None, {}, None),
+    # the value loss over the response mask, which differs from the value mask (a slot past the end)
+    "no_returns_vf_mask_response": (None, {"vf_mask": "response", "score_at": "after_last_valid"}, None),
 }
 
 
@@ -66,8 +74,8 @@ CASES = {
 def test_pruned_detection_equals_the_unpruned_one(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    preset, drop, scale, checked = CASES[case]
-    dump = _dump(tmp_path, preset, drop, scale)
+    preset, conv, checked = CASES[case]
+    dump = _dump(tmp_path, preset, NO_RETURNS, conv=conv)
     start = setup_for(checked)
     seen = _spy(monkeypatch)
     new = detect(dump, start)
