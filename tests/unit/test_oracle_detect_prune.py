@@ -67,6 +67,11 @@ CASES: dict[str, tuple[str | None, dict[str, Any], str | None]] = {
     "no_returns_refppo": (None, {}, None),
     # the value loss over the response mask, which differs from the value mask (a slot past the end)
     "no_returns_vf_mask_response": (None, {"vf_mask": "response", "score_at": "after_last_valid"}, None),
+    "no_returns_unclipped_seq_sum": (
+        None,
+        {"value_loss": "unclipped", "loss_agg": "seq-mean-token-sum"},
+        None,
+    ),
 }
 
 
