@@ -168,6 +168,7 @@ def test_a_dropped_group_is_not_revived_by_a_later_option() -> None:
     class S:
         replayer = groups_mod.Replayer()
         unmatched: ClassVar[list[str]] = []
+        walks: ClassVar[list[tuple[str, bool, bool]]] = []
 
         def release_compared(self) -> None:
             pass
