@@ -33,7 +33,10 @@ def _dump(
     conv: dict[str, Any] | None = None,
 ) -> Dump:
     made = setup_for(preset, conv)
-    d = refppo_dump(make_inputs(B=B, T=T, seed=5), made, dtype=torch.float32)
+    inputs = make_inputs(B=B, T=T, seed=5)
+    if (conv or {}).get("value_loss") == "unclipped":  # |V − V_old| up to 1: the clip (0.2) binds
+        inputs["values"] = inputs["old_values"] + torch.linspace(-1.0, 1.0, T, dtype=torch.float64)
+    d = refppo_dump(inputs, made, dtype=torch.float32)
     d = {k: v for k, v in d.items() if k not in drop}
     if scale is not None:  # a loss no convention reproduces: the nearest-group paths run
         d[scale] = d[scale] * 1.05
