@@ -54,6 +54,7 @@ from refppo.oracle.diagnose import alt_json, check
 from refppo.oracle.fastcheck import RolloutMemo
 from refppo.oracle.load import Dump
 from refppo.oracle.search import Search
+from refppo.oracle.search_prune import prune_held, value_prune_for
 from refppo.oracle.settings import Setup
 
 HP_KEYS = ("cliprange", "cliprange_high", "cliprange_value")
@@ -170,7 +171,11 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
     ``cliprange_value``).
     """
     search = Search(dump, base)
+    search.prune = value_prune_for(search)
     groups = search.run()
+    if search.prune is not None and not prune_held(search):  # the pruned walk may differ: walk all
+        search = Search(dump, base)
+        groups = search.run()
     base_json = _full(base.convention_dict(), {})
     fitted, solved = list(search.fitted), dict(search.solved)
     matched = [g for g in groups if not g.unmatched and g.worst == 0.0]

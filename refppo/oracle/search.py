@@ -33,6 +33,7 @@ from refppo.oracle.recompute import (
     pg_tie_share,
 )
 from refppo.oracle.search_groups import Group, Replayer, expand_groups
+from refppo.oracle.search_prune import ValuePrune
 from refppo.oracle.settings import Setup
 from refppo.oracle.solve import (
     PolicyTerms,
@@ -100,6 +101,10 @@ class Search:
         """Dumped keys compared since the last :meth:`release_compared` (their pages are resident)."""
         self.replayer = Replayer()
         """Rebuilds the states the stages do not hold (:mod:`refppo.oracle.search_groups`)."""
+        self.walks: list[tuple[str, bool, bool]] = []
+        """``(stage, some group passed, some check applied)`` of each walk, in order (search_groups)."""
+        self.prune: ValuePrune | None = None
+        """Drops GAE options no value loss can match (:mod:`refppo.oracle.search_prune`), when set."""
 
     # ----- helpers -------------------------------------------------------------------------
     def ratio(

@@ -191,6 +191,7 @@ def expand_groups(
             n_held = sum(1 for _, h, _ in live if h.held)
     replayer.clear()
     search.release_compared()
+    search.walks.append((stage, ok_seen, any_check))
     if ok_seen or not any_check:
         return [h for r, h, _ in live if r == 0.0]
     search.unmatched.append(stage)

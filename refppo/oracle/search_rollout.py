@@ -249,13 +249,19 @@ def gae_options(s: Search, g: Group, pads: list[str], holes: list[GaeHoles]) -> 
     for pad, h in product(pads, holes):
         gmask = vm if pad == GaePadding.MASKED.value else torch.ones_like(vm)
         adv_raw, ret = gae(g.state["rewards"], t["old_values"], gmask, gamma=hp.gamma, lam=hp.lam, holes=h)
+        ret_key = digest(ret, vm)
+        if s.prune is not None and not s.prune.keeps(ret_key, ret, vm):
+            continue  # no value loss reproduces the dump on these returns (refppo.oracle.search_prune)
         upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {})
-        yield with_raw_advantages(g, upd, adv_raw, ret)
+        yield with_raw_advantages(g, upd, adv_raw, ret, ret_key)
 
 
-def with_raw_advantages(g: Group, upd: dict[str, Any], adv_raw: Tensor, ret: Tensor) -> Option:
-    """The option of step 3 (GAE or a critic-free estimator): its raw advantages and returns."""
-    ret_key = digest(ret, g.state["vm"])
+def with_raw_advantages(
+    g: Group, upd: dict[str, Any], adv_raw: Tensor, ret: Tensor, ret_key: bytes | None = None
+) -> Option:
+    """The option of step 3 (GAE or a critic-free estimator): its raw advantages and returns
+    (``ret_key``: their digest with the value mask, when the caller has it)."""
+    ret_key = digest(ret, g.state["vm"]) if ret_key is None else ret_key
     st = {**g.state, "adv_raw": adv_raw, "returns": ret, "ret_key": ret_key}
     key = digest(g.state["kl_key"], g.state["kl_in"], ret_key, adv_raw, g.state.get("fixed_whiten"))
     return upd, st, key

@@ -17,6 +17,7 @@ import pytest
 import torch
 from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
+import refppo.oracle.detect as detect_mod
 import refppo.oracle.search as search_mod
 import refppo.oracle.search_groups as groups_mod
 import refppo.oracle.search_policy as search_policy
@@ -151,6 +152,8 @@ def test_live_bt_tensors_stay_bounded_as_candidates_grow(
         return real(search, groups)
 
     monkeypatch.setattr(search_policy, "policy_stage", spy)
+    # every candidate reaches the policy stage: without the value-loss pruning (search_prune)
+    monkeypatch.setattr(detect_mod, "value_prune_for", lambda _s: None)
     found = detect(dump, setup_for(None))
     assert found.n_detected > 0 and seen
     n_groups, live = seen[0]
@@ -165,6 +168,7 @@ def test_a_dropped_group_is_not_revived_by_a_later_option() -> None:
     class S:
         replayer = groups_mod.Replayer()
         unmatched: ClassVar[list[str]] = []
+        walks: ClassVar[list[tuple[str, bool, bool]]] = []
 
         def release_compared(self) -> None:
             pass
