@@ -71,7 +71,7 @@ from refppo.core.group_naive import discounted_returns_naive as discounted_retur
 from refppo.core.group_naive import group_advantages_naive as group_advantages_naive
 from refppo.core.group_naive import reinforce_pp_advantages_naive as reinforce_pp_advantages_naive
 from refppo.core.masked import AllReduce, masked_moments
-from refppo.errors import DtypeError, HyperparameterError, ShapeError, SingletonGroupError
+from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError, SingletonGroupError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 from refppo.validate import check_b, check_bt, check_float, check_mask, check_nonneg, check_unit_interval
 
@@ -144,7 +144,7 @@ def group_scalar_advantages(
     """
     est = parse(AdvantageEstimator, estimator, what="estimator")
     level = parse(GroupStdLevel, std_level, what="std_level")
-    s = _check_scalar_inputs(est, scores, eps, singleton)
+    s = _check_scalar_inputs(est, scores, eps, singleton, lengths)
     if est is AdvantageEstimator.FLASH_REINFORCE:
         return _flash_reinforce(s, group_index, all_reduce)
     grp = _groups(est, s, group_index, singleton)
@@ -156,8 +156,12 @@ def group_scalar_advantages(
     return torch.where(grp.single, raw if singleton == "score" else zero, a)
 
 
-def _check_scalar_inputs(est: AdvantageEstimator, scores: SeqFloat, eps: float, singleton: str) -> Tensor:
-    """The checked ``scores`` ``[B]`` (B ≥ 1) of a group (or batch-baseline) estimator ``est``."""
+def _check_scalar_inputs(
+    est: AdvantageEstimator, scores: SeqFloat, eps: float, singleton: str, lengths: SeqFloat | None = None
+) -> Tensor:
+    """The checked ``scores`` ``[B]`` (B ≥ 1) of a group (or batch-baseline) estimator ``est``, and
+    ``lengths`` when given (read by ``opo`` only, but a malformed one is named under any estimator).
+    Shared with the naive twin :func:`refppo.core.helpers_naive.group_scalar_advantages_naive`."""
     if est not in GROUP_ESTIMATORS and est is not AdvantageEstimator.FLASH_REINFORCE:
         raise HyperparameterError(
             f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)"
@@ -167,6 +171,8 @@ def _check_scalar_inputs(est: AdvantageEstimator, scores: SeqFloat, eps: float, 
         raise ShapeError(f"scores: expected shape [B] (batch) with B >= 1, got {list(s.shape)}")
     check_nonneg("eps", eps)
     _check_options(singleton, "add")
+    if lengths is not None:
+        _check_lengths(lengths, s.shape[0])
     return s
 
 
@@ -252,10 +258,25 @@ def _centred(
 def _lengths(lengths: SeqFloat | None, s: Tensor) -> Tensor:
     if lengths is None:
         raise ShapeError("lengths: estimator 'opo' needs the valid-token count [B] of each row")
+    return _check_lengths(lengths, s.shape[0]).to(s.dtype)
+
+
+def _check_lengths(lengths: object, B: int) -> Tensor:
+    """``lengths`` ``[B]``: each row's valid-token count ``L_i``, a float tensor of whole numbers
+    ``>= 1`` (as a checked mask's rows: every row has a valid token). Refused with one
+    :class:`~refppo.errors.MaskError` naming the first bad row otherwise (a NaN, infinite, negative,
+    zero or fractional count would make ``opo``'s ``Σ L_j s_j / Σ L_j`` NaN or silently wrong).
+    Shared with the naive twin :func:`refppo.core.helpers_naive.group_scalar_advantages_naive`."""
     L = check_float("lengths", lengths)
-    if L.shape != s.shape:
-        raise ShapeError(f"lengths: expected shape [B] = [{s.shape[0]}], got {list(L.shape)}")
-    return L.to(s.dtype)
+    if L.shape != (B,):
+        raise ShapeError(f"lengths: expected shape [B] = [{B}], got {list(L.shape)}")
+    bad = ~(torch.isfinite(L) & (L >= 1) & (torch.floor(L) == L))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise MaskError(
+            f"lengths: expected valid-token counts (whole numbers >= 1), got {float(L[i])!r} at row {i}"
+        )
+    return L
 
 
 def group_advantages(
@@ -297,7 +318,7 @@ def group_advantages(
     a = group_scalar_advantages(
         scores, group_index, estimator=estimator, scale_by_std=scale_by_std,
         unbiased_std=unbiased_std, eps=eps, singleton=singleton, all_reduce=all_reduce,
-        std_level=std_level, lengths=m.sum(dim=1).to(scores.dtype) if isinstance(scores, Tensor) else None,
+        std_level=std_level, lengths=_row_lengths(estimator, scores, m),
     )  # fmt: skip
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     adv = torch.where(m, a.unsqueeze(1).expand(m.shape), zero)
@@ -311,6 +332,16 @@ def group_advantages(
     if whiten and parse(AdvantageEstimator, estimator) is AdvantageEstimator.REINFORCE_PP_BASELINE:
         adv = _whiten(adv, m, whiten_unbiased, whiten_eps, whiten_eps_form)
     return adv
+
+
+def _row_lengths(estimator: AdvantageEstimator | str, scores: object, m: Tensor) -> Tensor | None:
+    """``opo``'s ``L_i``: the valid tokens of each row of the checked mask (None for the other
+    estimators, which do not read them)."""
+    if not isinstance(scores, Tensor) or parse(AdvantageEstimator, estimator, what="estimator") is not (
+        AdvantageEstimator.OPO
+    ):
+        return None
+    return m.sum(dim=1).to(scores.dtype)
 
 
 def discounted_returns(
