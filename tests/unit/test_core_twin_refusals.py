@@ -1,0 +1,234 @@
+"""Bad input to a core step gets the SAME refusal from every implementation of that step: the
+whole-batch function, its row-block twin (:mod:`refppo.core.by_rows`) and its naive twin.
+
+Each case feeds one bad input (a doubly bad one where the order of the checks matters) to every
+implementation and asserts each raises the project's own error (a :class:`RefPPOError` subclass)
+of one class with one message: a twin that skips a check (and computes on garbage), checks in
+another order, or names the argument differently fails here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from refppo.core.by_rows import policy_loss_by_rows, value_loss_by_rows
+from refppo.core.group import group_scalar_advantages
+from refppo.core.gspo import gspo_policy_grad_naive, gspo_policy_loss, gspo_policy_loss_naive
+from refppo.core.helpers_naive import group_scalar_advantages_naive
+from refppo.core.policy import clipped_policy_loss, clipped_policy_loss_naive
+from refppo.core.value import value_loss, value_loss_naive
+from refppo.errors import RefPPOError
+
+F64, F32 = torch.float64, torch.float32
+NAN, INF = math.nan, math.inf
+
+
+def _refusal(call: Callable[[], object]) -> tuple[type[BaseException], str]:
+    """The error ``call`` raises (class, message); fails the test when it raises none."""
+    try:
+        call()
+    except Exception as e:
+        return type(e), str(e)
+    raise AssertionError("accepted a bad input (no error)")
+
+
+def _same_refusal(calls: dict[str, Callable[[], object]]) -> tuple[type[BaseException], str]:
+    got = {name: _refusal(call) for name, call in calls.items()}
+    first = next(iter(got.values()))
+    assert issubclass(first[0], RefPPOError), got
+    assert all(g == first for g in got.values()), got
+    return first
+
+
+def _bt(B: int = 3, T: int = 4) -> dict[str, Any]:
+    """Good inputs: a ragged mask and float64 log-probs, advantages, values."""
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)[:B, :T]
+    lp_old = -torch.rand(B, T, generator=g, dtype=F64) - 0.1
+    return {
+        "logp": lp_old + 0.1 * torch.randn(B, T, generator=g, dtype=F64),
+        "logp_old": lp_old,
+        "advantages": torch.randn(B, T, generator=g, dtype=F64),
+        "mask": mask,
+    }
+
+
+# ---- the clipped surrogate: whole batch, by rows, naive (fin1 #2) -----------------------------
+
+POLICY_BAD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    # (id, tensor overrides, keyword overrides)
+    ("clip_low<0 & logp f32", {"logp": F32}, {"clip_low": -1.0}),
+    ("clip_low=1", {}, {"clip_low": 1.0}),
+    ("clip_low=nan", {}, {"clip_low": NAN}),
+    ("clip_high<0", {}, {"clip_high": -0.1}),
+    ("clip_high=inf & agg bogus", {}, {"clip_high": INF, "agg": "bogus"}),
+    ("dual_clip=1", {}, {"dual_clip": 1.0}),
+    ("dual_clip=nan & logp_old f32", {"logp_old": F32}, {"dual_clip": NAN}),
+    ("agg bogus & logp f32", {"logp": F32}, {"agg": "bogus"}),
+    ("log_ratio_clamp=0", {}, {"log_ratio_clamp": 0.0}),
+    ("log_ratio_clamp=nan & adv f32", {"advantages": F32}, {"log_ratio_clamp": NAN}),
+    ("adv f32", {"advantages": F32}, {}),
+    ("logp_old f32", {"logp_old": F32}, {}),
+    ("logp int & logp_old f32", {"logp": torch.int64, "logp_old": F32}, {}),
+    ("adv shape & clip_low<0", {"advantages": "short"}, {"clip_low": -1.0}),
+    ("mask 2", {"mask": "two"}, {}),
+    ("mask empty row & clip_low<0", {"mask": "empty"}, {"clip_low": -1.0}),
+    ("token_count=0", {}, {"token_count": 0.0}),
+    ("horizon=nan", {}, {"horizon": NAN, "agg": "seq-mean-token-sum-norm"}),
+]
+
+
+def _apply(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if v == "short":
+            out[k] = base[k][:, :-1]
+        elif v == "two":
+            out[k] = base[k].to(torch.int64) * 2
+        elif v == "empty":
+            m = base[k].clone()
+            m[1] = False
+            out[k] = m
+        else:
+            out[k] = base[k].to(v)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("tensors", "kw"), [(t, k) for _, t, k in POLICY_BAD], ids=[i for i, _, _ in POLICY_BAD]
+)
+def test_policy_loss_refusals_are_identical(tensors: dict[str, Any], kw: dict[str, Any]) -> None:
+    x = _apply(_bt(), tensors)
+    args = (x["logp"], x["logp_old"], x["advantages"], x["mask"])
+    _same_refusal(
+        {
+            "whole": lambda: clipped_policy_loss(*args, **kw),
+            "rows=1": lambda: policy_loss_by_rows(1, *args, **kw),
+            "rows=2": lambda: policy_loss_by_rows(2, *args, **kw),
+            "naive": lambda: clipped_policy_loss_naive(*args, **kw),
+        }
+    )
+
+
+def test_policy_doubly_bad_input_names_the_clip_first() -> None:
+    # fin1 #2: by_rows checked the dtypes first (DtypeError), the whole batch the clip
+    x = _apply(_bt(), {"logp": F32})
+    args = (x["logp"], x["logp_old"], x["advantages"], x["mask"])
+    cls, msg = _same_refusal(
+        {
+            "whole": lambda: clipped_policy_loss(*args, clip_low=-1.0),
+            "rows": lambda: policy_loss_by_rows(1, *args, clip_low=-1.0),
+        }
+    )
+    assert cls.__name__ == "HyperparameterError" and msg.startswith("clip_low:"), msg
+
+
+# ---- GSPO: whole batch, by rows (gspo=True), naive loss and naive gradient --------------------
+
+GSPO_BAD = [
+    (i, t, {("log_ratio_max" if k == "log_ratio_clamp" else k): v for k, v in kw.items()})
+    for i, t, kw in POLICY_BAD
+    if "dual_clip" not in kw
+] + [("log_ratio_max<0 & clip_low<0", {}, {"log_ratio_max": -1.0, "clip_low": -1.0})]
+
+
+@pytest.mark.parametrize(("tensors", "kw"), [(t, k) for _, t, k in GSPO_BAD], ids=[i for i, _, _ in GSPO_BAD])
+def test_gspo_loss_refusals_are_identical(tensors: dict[str, Any], kw: dict[str, Any]) -> None:
+    x = _apply(_bt(), tensors)
+    args = (x["logp"], x["logp_old"], x["advantages"], x["mask"])
+    rows_kw = {("log_ratio_clamp" if k == "log_ratio_max" else k): v for k, v in kw.items()}
+    _same_refusal(
+        {
+            "whole": lambda: gspo_policy_loss(*args, **kw),
+            "rows": lambda: policy_loss_by_rows(1, *args, gspo=True, **rows_kw),
+            "naive": lambda: gspo_policy_loss_naive(*args, **kw),
+        }
+    )
+
+
+def test_gspo_by_rows_names_the_clamp_log_ratio_max() -> None:
+    # fin1 #2: by_rows said `log_ratio_clamp` where gspo_policy_loss says `log_ratio_max`
+    x = _bt()
+    args = (x["logp"], x["logp_old"], x["advantages"], x["mask"])
+    _, msg = _same_refusal(
+        {
+            "whole": lambda: gspo_policy_loss(*args, log_ratio_max=-1.0),
+            "rows": lambda: policy_loss_by_rows(1, *args, gspo=True, log_ratio_clamp=-1.0),
+            "grad naive": lambda: gspo_policy_grad_naive(*args, log_ratio_max=-1.0),
+        }
+    )
+    assert msg.startswith("log_ratio_max:"), msg
+
+
+# ---- the value loss: whole batch, by rows, naive -----------------------------------------------
+
+VALUE_BAD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("clip<0", {}, {"clip": -0.5}),
+    ("clip None", {}, {"clip": None}),
+    ("clip=nan & returns f32", {"returns": F32}, {"clip": NAN}),
+    ("kind bogus", {}, {"kind": "bogus"}),
+    ("clip_form bogus", {}, {"clip_form": "bogus"}),
+    ("agg bogus & values f32", {"values": F32}, {"agg": "bogus"}),
+    ("values_old f32", {"values_old": F32}, {}),
+    ("mask 2", {"mask": "two"}, {}),
+    ("seq_count<0", {}, {"seq_count": -1.0, "agg": "seq-mean-token-mean"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("tensors", "kw"), [(t, k) for _, t, k in VALUE_BAD], ids=[i for i, _, _ in VALUE_BAD]
+)
+def test_value_loss_refusals_are_identical(tensors: dict[str, Any], kw: dict[str, Any]) -> None:
+    b = _bt()
+    base = {"values": b["logp"], "values_old": b["logp_old"], "returns": b["advantages"], "mask": b["mask"]}
+    x = _apply(base, tensors)
+    args = (x["values"], x["values_old"], x["returns"], x["mask"])
+    _same_refusal(
+        {
+            "whole": lambda: value_loss(*args, **kw),
+            "rows": lambda: value_loss_by_rows(1, *args, **kw),
+            "naive": lambda: value_loss_naive(*args, **kw),
+        }
+    )
+
+
+# ---- group scalar advantages: the lengths of `opo` (fin1 #4) ----------------------------------
+
+LENGTHS_BAD = [
+    [3.0, NAN, 2.0, 4.0],
+    [3.0, INF, 2.0, 4.0],
+    [3.0, -2.0, 2.0, 4.0],
+    [3.0, 0.0, 2.0, 4.0],
+    [3.0, 2.5, 2.0, 4.0],
+]
+
+
+@pytest.mark.parametrize("estimator", ["opo", "grpo"])
+@pytest.mark.parametrize("lengths", LENGTHS_BAD, ids=["nan", "inf", "negative", "zero", "fraction"])
+def test_group_lengths_that_are_not_counts_are_refused(lengths: list[float], estimator: str) -> None:
+    s = torch.tensor([1.0, 0.0, 0.5, 2.0], dtype=F64)
+    g = torch.tensor([0, 0, 1, 1])
+    L = torch.tensor(lengths, dtype=F64)
+    cls, msg = _same_refusal(
+        {
+            "core": lambda: group_scalar_advantages(s, g, estimator=estimator, lengths=L),
+            "naive": lambda: group_scalar_advantages_naive(s, g, estimator=estimator, lengths=L),
+        }
+    )
+    assert cls.__name__ == "MaskError" and msg.startswith("lengths:") and "at row 1" in msg, msg
+
+
+def test_group_lengths_good_counts_still_give_opo() -> None:
+    # the check refuses nothing a mask could give: whole counts >= 1, any float dtype
+    s = torch.tensor([1.0, 0.0, 0.5, 2.0], dtype=F64)
+    g = torch.tensor([0, 0, 1, 1])
+    L = torch.tensor([3.0, 1.0, 2.0, 4.0], dtype=F64)
+    a = group_scalar_advantages(s, g, estimator="opo", lengths=L)
+    # by hand: group 0 mean (3·1 + 1·0)/4 = 0.75, group 1 (2·0.5 + 4·2)/6 = 1.5
+    assert torch.equal(a, torch.tensor([0.25, -0.75, -1.0, 0.5], dtype=F64))
+    assert group_scalar_advantages_naive(s, g, estimator="opo", lengths=L) == [0.25, -0.75, -1.0, 0.5]
