@@ -20,7 +20,7 @@ from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GroupStdLevel, ScorePosition, parse
 from refppo.core import _pyfloat as pf
-from refppo.core.group import _check_scalar_inputs
+from refppo.core._group_checks import _check_scalar_inputs, _checked_group_index
 from refppo.core.group_naive import Singleton, _scalar_naive
 from refppo.validate import check_mask
 
@@ -83,7 +83,7 @@ def group_scalar_advantages_naive(
     est = parse(AdvantageEstimator, estimator, what="estimator")
     level = parse(GroupStdLevel, std_level, what="std_level")
     # the core's own input checks (NaN/inf, negative or fractional lengths refused as there)
-    _check_scalar_inputs(est, scores, eps, singleton, lengths)
+    _checked_group_index(est, group_index, _check_scalar_inputs(est, scores, eps, singleton, lengths))
     s = pf.vec(scores)
     gs = [int(v) for v in group_index.tolist()] if group_index is not None else [0] * len(s)
     lens = [int(v) for v in pf.vec(lengths)] if lengths is not None else [1] * len(s)

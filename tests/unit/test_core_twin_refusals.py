@@ -232,3 +232,98 @@ def test_group_lengths_good_counts_still_give_opo() -> None:
     # by hand: group 0 mean (3·1 + 1·0)/4 = 0.75, group 1 (2·0.5 + 4·2)/6 = 1.5
     assert torch.equal(a, torch.tensor([0.25, -0.75, -1.0, 0.5], dtype=F64))
     assert group_scalar_advantages_naive(s, g, estimator="opo", lengths=L) == [0.25, -0.75, -1.0, 0.5]
+
+
+# ---- every other public step against its naive twin (item 3 of the checks brief) -------------
+# One table: (id, the vectorized call, the naive twin's call), each on one bad input.
+
+_MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+_X = torch.linspace(-1.0, 1.0, 12, dtype=F64).reshape(3, 4)
+_EMPTY_ROW = _MASK.clone()
+_EMPTY_ROW[1] = False
+_TWO = _MASK.to(torch.int64) * 2
+_S4 = torch.tensor([1.0, 0.0, 0.5, 2.0], dtype=F64)
+_G4 = torch.tensor([0, 0, 1, 1])
+_LONE = torch.tensor([0, 0, 1, 2])  # prompts 1 and 2 have one response each
+_M4 = torch.ones(4, 3, dtype=torch.bool)
+_ONE_TOKEN = torch.ones(1, 1, dtype=torch.bool)
+
+
+def _group_cases() -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
+    from refppo.core import group as gr
+
+    def adv(**kw: Any) -> tuple[Callable[[], object], Callable[[], object]]:
+        a = {"scores": _S4, "group_index": _G4, "mask": _M4}
+        a.update(kw)
+        s, g, m = a.pop("scores"), a.pop("group_index"), a.pop("mask")
+        return (lambda: gr.group_advantages(s, g, m, **a)), (lambda: gr.group_advantages_naive(s, g, m, **a))
+
+    def scalar(**kw: Any) -> tuple[Callable[[], object], Callable[[], object]]:
+        a = {"scores": _S4, "group_index": _G4}
+        a.update(kw)
+        s, g = a.pop("scores"), a.pop("group_index")
+        return (
+            lambda: gr.group_scalar_advantages(s, g, **a),
+            lambda: group_scalar_advantages_naive(s, g, **a),
+        )
+
+    def rpp(x: torch.Tensor = _X, m: torch.Tensor = _MASK, **kw: Any) -> tuple[Callable[[], object], ...]:
+        return (lambda: gr.reinforce_pp_advantages(x, m, **kw)), (
+            lambda: gr.reinforce_pp_advantages_naive(x, m, **kw)
+        )
+
+    def ret(x: torch.Tensor = _X, m: torch.Tensor = _MASK, **kw: Any) -> tuple[Callable[[], object], ...]:
+        return (lambda: gr.discounted_returns(x, m, **kw)), (lambda: gr.discounted_returns_naive(x, m, **kw))
+
+    table: dict[str, tuple[Callable[[], object], ...]] = {
+        "adv estimator bogus": adv(estimator="bogus"),
+        "adv estimator gae": adv(estimator="gae"),
+        "adv std_level bogus": adv(std_level="bogus"),
+        "adv eps<0": adv(eps=-1.0),
+        "adv singleton bogus": adv(singleton="bogus"),
+        "adv lone prompts": adv(group_index=_LONE),
+        "adv group_index float": adv(group_index=_G4.to(F64)),
+        "adv group_index None": adv(group_index=None),
+        "adv group_index short": adv(group_index=_G4[:3]),
+        "adv mask 2": adv(mask=_M4.to(torch.int64) * 2),
+        "adv mask empty rows": adv(mask=torch.zeros(4, 3, dtype=torch.bool)),
+        "adv scores short": adv(scores=_S4[:3]),
+        "adv scores int": adv(scores=_S4.to(torch.int64)),
+        "adv penalty f32": adv(token_penalty=torch.zeros(4, 3)),
+        "adv penalty shape & lone": adv(token_penalty=torch.zeros(4, 2, dtype=F64), group_index=_LONE),
+        "adv whiten_eps<0": adv(estimator="reinforce++-baseline", whiten_eps=-1.0),
+        "adv whiten_eps_form bogus": adv(whiten_eps_form="bogus"),
+        "adv passk score lone": adv(estimator="grpo-passk", singleton="score", group_index=_LONE),
+        "scalar lone prompts": scalar(group_index=_LONE),
+        "scalar group_index float": scalar(group_index=_G4.to(F64)),
+        "scalar group_index short": scalar(group_index=_G4[:3]),
+        "scalar group_index None": scalar(group_index=None),
+        "scalar flash group_index short": scalar(estimator="flash-reinforce", group_index=_G4[:3]),
+        "scalar scores int": scalar(scores=_S4.to(torch.int64)),
+        "scalar scores empty": scalar(scores=_S4[:0], group_index=_G4[:0]),
+        "scalar lengths short": scalar(estimator="opo", lengths=_S4[:3]),
+        "scalar lengths None under opo": scalar(estimator="opo"),
+        "scalar eps nan": scalar(eps=NAN),
+        "rpp gamma>1": rpp(gamma=1.5),
+        "rpp whiten_eps<0": rpp(whiten_eps=-1.0),
+        "rpp whiten_eps_form bogus": rpp(whiten_eps_form="bogus"),
+        "rpp holes bogus": rpp(holes="bogus"),
+        "rpp one valid token": rpp(x=torch.ones(1, 1, dtype=F64), m=_ONE_TOKEN),
+        "rpp mask 2": rpp(m=_TWO),
+        "returns gamma nan": ret(gamma=NAN),
+        "returns holes bogus": ret(holes="bogus"),
+        "returns int rewards": ret(x=_X.to(torch.int64)),
+        "returns empty row": ret(m=_EMPTY_ROW),
+        "returns f32 rewards & gamma<0": ret(x=_X.to(F32), gamma=-0.5),
+    }
+    return [(k, *v) for k, v in table.items()]  # type: ignore[misc]  # (id, core, twin)
+
+
+GROUP_CASES = _group_cases()
+
+
+@pytest.mark.parametrize(("core", "twin"), [c[1:] for c in GROUP_CASES], ids=[c[0] for c in GROUP_CASES])
+def test_group_advantages_refusals_are_identical(
+    core: Callable[[], object], twin: Callable[[], object]
+) -> None:
+    _same_refusal({"core": core, "naive": twin})
