@@ -69,6 +69,24 @@ def has_holes(mask: Tensor) -> bool:
     return bool((mask[:, 1:] & ~mask[:, :-1]).any())
 
 
+def _checked_gae_inputs(
+    rewards: TokenFloat,
+    values: TokenFloat,
+    mask: ResponseMask,
+    gamma: float,
+    lam: float,
+    holes: GaeHoles | str,
+) -> tuple[GaeHoles, Tensor, Tensor, Tensor, float, float]:
+    """:func:`gae`'s inputs checked in one place (shared with :func:`gae_naive`, so a bad input gets
+    the same error from both): ``(holes, rewards, values, mask, γ, λ)``."""
+    how = parse(GaeHoles, holes, what="gae_holes")
+    m = check_mask("mask", mask)
+    rewards = check_bt("rewards", rewards, m)
+    values = check_bt("values", values, m)
+    check_same_dtype(rewards=rewards, values=values)
+    return how, rewards, values, m, check_unit_interval("gamma", gamma), check_unit_interval("lam", lam)
+
+
 def gae(
     rewards: TokenFloat,
     values: TokenFloat,
@@ -87,13 +105,7 @@ def gae(
     ``holes`` = ``zero``/``through``: the same over the envelope (module docstring) after setting
     ``r, V`` on the holes to 0 (``zero``) or keeping them (``through``).
     """
-    how = parse(GaeHoles, holes, what="gae_holes")
-    m = check_mask("mask", mask)
-    rewards = check_bt("rewards", rewards, m)
-    values = check_bt("values", values, m)
-    check_same_dtype(rewards=rewards, values=values)
-    gamma = check_unit_interval("gamma", gamma)
-    lam = check_unit_interval("lam", lam)
+    how, rewards, values, m, gamma, lam = _checked_gae_inputs(rewards, values, mask, gamma, lam, holes)
     if how is not GaeHoles.SKIP:
         e = envelope(m)
         if how is GaeHoles.ZERO:
@@ -142,7 +154,7 @@ def gae_naive(
     ``skip``: over the valid positions only. ``zero``/``through``: over every position up to the
     row's last valid one, reading ``0`` (``zero``) or the given ``r, V`` (``through``) on the holes.
     """
-    how = GaeHoles(holes)
+    how = _checked_gae_inputs(rewards, values, mask, gamma, lam, holes)[0]  # the core's checks
     rs, vs, ms = pf.rows(rewards), pf.rows(values), pf.mask_rows(mask)
     adv_out, ret_out = [], []
     for r_row, v_row, m_row in zip(rs, vs, ms, strict=True):

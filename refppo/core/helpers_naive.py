@@ -49,6 +49,7 @@ def score_positions_naive(
 
 def envelope_naive(mask: Tensor) -> list[list[bool]]:
     """``e[b][t]``: is any of ``m[b][t], m[b][t+1], …`` valid (every position up to the last valid one)."""
+    check_mask("mask", mask, require_nonempty_rows=False)  # as the core's envelope
     out = []
     for row in pf.mask_rows(mask):
         out.append([any(row[k] for k in range(t, len(row))) for t in range(len(row))])

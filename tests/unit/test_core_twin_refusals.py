@@ -316,7 +316,7 @@ def _group_cases() -> list[tuple[str, Callable[[], object], Callable[[], object]
         "returns empty row": ret(m=_EMPTY_ROW),
         "returns f32 rewards & gamma<0": ret(x=_X.to(F32), gamma=-0.5),
     }
-    return [(k, *v) for k, v in table.items()]  # type: ignore[misc]  # (id, core, twin)
+    return [(k, *v) for k, v in table.items()]  # (id, core, twin)
 
 
 GROUP_CASES = _group_cases()
@@ -327,3 +327,131 @@ def test_group_advantages_refusals_are_identical(
     core: Callable[[], object], twin: Callable[[], object]
 ) -> None:
     _same_refusal({"core": core, "naive": twin})
+
+
+def _step_cases() -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
+    import importlib
+
+    from refppo.core import helpers_naive as hn
+    from refppo.core import kl, logprobs, masked, normalize, objective, rewards, score_map
+
+    gae = importlib.import_module("refppo.core.gae")  # refppo.core re-exports the function `gae`
+    x, y, m, s3 = _X, _X.flip(1), _MASK, torch.tensor([1.0, -1.0, 0.5], dtype=F64)
+    logits = torch.linspace(-2.0, 2.0, 60, dtype=F64).reshape(3, 4, 5)
+    tokens = torch.tensor([[0, 1, 2, 3], [4, 0, 1, 2], [3, 4, 0, 1]])
+
+    def pair(core: Callable[..., object], twin: Callable[..., object], *a: Any, **kw: Any) -> tuple[Any, Any]:
+        return (lambda: core(*a, **kw)), (lambda: twin(*a, **kw))
+
+    table: dict[str, tuple[Any, Any]] = {}
+    for name, core, twin in (
+        ("sum", masked.masked_sum, masked.masked_sum_naive),
+        ("mean", masked.masked_mean, masked.masked_mean_naive),
+    ):
+        table |= {
+            f"masked_{name} dim=0": pair(core, twin, x, m, dim=0),
+            f"masked_{name} mask 2": pair(core, twin, x, _TWO),
+            f"masked_{name} int x": pair(core, twin, x.to(torch.int64), m),
+            f"masked_{name} x short": pair(core, twin, x[:, :3], m),
+        }
+    table |= {
+        "masked_mean empty row": pair(masked.masked_mean, masked.masked_mean_naive, x, _EMPTY_ROW),
+        "masked_var one token": pair(masked.masked_var, masked.masked_var_naive, x[:1, :1], _ONE_TOKEN),
+        "masked_var mask 2": pair(masked.masked_var, masked.masked_var_naive, x, _TWO),
+        "masked_whiten eps<0": pair(masked.masked_whiten, masked.masked_whiten_naive, x, m, eps=-1.0),
+        "masked_whiten one token": pair(
+            masked.masked_whiten, masked.masked_whiten_naive, x[:1, :1], _ONE_TOKEN
+        ),
+        "masked_whiten int x & eps<0": pair(
+            masked.masked_whiten, masked.masked_whiten_naive, x.to(torch.int64), m, eps=-1.0
+        ),
+        "token_kl estimator bogus": pair(kl.token_kl, kl.token_kl_naive, x, y, m, "bogus"),
+        "token_kl clamp nan": pair(kl.token_kl, kl.token_kl_naive, x, y, m, log_ratio_clamp=(NAN, None)),
+        "token_kl clamp lo>hi": pair(kl.token_kl, kl.token_kl_naive, x, y, m, log_ratio_clamp=(1.0, -1.0)),
+        "token_kl value_clamp 0": pair(kl.token_kl, kl.token_kl_naive, x, y, m, value_clamp=0.0),
+        "token_kl logp_ref f32": pair(kl.token_kl, kl.token_kl_naive, x, y.to(F32), m),
+        "token_kl mask 2": pair(kl.token_kl, kl.token_kl_naive, x, y, _TWO),
+        "token_rewards beta<0": pair(rewards.token_rewards, rewards.token_rewards_naive, s3, x, m, -1.0),
+        "token_rewards beta nan": pair(rewards.token_rewards, rewards.token_rewards_naive, s3, x, m, NAN),
+        "token_rewards score_at bogus": pair(
+            rewards.token_rewards, rewards.token_rewards_naive, s3, x, m, 0.1, score_at="bogus"
+        ),
+        "token_rewards scores f32": pair(
+            rewards.token_rewards, rewards.token_rewards_naive, s3.to(F32), x, m, 0.1
+        ),
+        "token_rewards scores short": pair(
+            rewards.token_rewards, rewards.token_rewards_naive, s3[:2], x, m, 0.1
+        ),
+        "token_rewards empty row": pair(
+            rewards.token_rewards, rewards.token_rewards_naive, s3, x, _EMPTY_ROW, 0.1
+        ),
+        "score_positions empty row": pair(rewards.score_positions, hn.score_positions_naive, _EMPTY_ROW),
+        "score_positions bogus": pair(rewards.score_positions, hn.score_positions_naive, m, "bogus"),
+        "gae gamma>1": pair(gae.gae, gae.gae_naive, x, y, m, gamma=1.5, lam=0.9),
+        "gae lam nan": pair(gae.gae, gae.gae_naive, x, y, m, gamma=1.0, lam=NAN),
+        "gae holes bogus": pair(gae.gae, gae.gae_naive, x, y, m, gamma=1.0, lam=1.0, holes="bogus"),
+        "gae values f32": pair(gae.gae, gae.gae_naive, x, y.to(F32), m, gamma=1.0, lam=1.0),
+        "gae empty row": pair(gae.gae, gae.gae_naive, x, y, _EMPTY_ROW, gamma=1.0, lam=1.0),
+        "envelope mask 2": pair(gae.envelope, hn.envelope_naive, _TWO),
+        "logprobs temperature 0": pair(
+            logprobs.logprobs_from_logits,
+            logprobs.logprobs_from_logits_naive,
+            logits,
+            tokens,
+            m,
+            temperature=0.0,
+        ),
+        "logprobs token out of range": pair(
+            logprobs.logprobs_from_logits, logprobs.logprobs_from_logits_naive, logits, tokens + 5, m
+        ),
+        "logprobs float tokens": pair(
+            logprobs.logprobs_from_logits, logprobs.logprobs_from_logits_naive, logits, tokens.to(F64), m
+        ),
+        "entropy temperature nan": pair(
+            logprobs.entropy_from_logits, logprobs.entropy_from_logits_naive, logits, m, temperature=NAN
+        ),
+        "entropy 2-d logits": pair(logprobs.entropy_from_logits, logprobs.entropy_from_logits_naive, x, m),
+        "entropy mask shape": pair(
+            logprobs.entropy_from_logits, logprobs.entropy_from_logits_naive, logits, m[:, :3]
+        ),
+        "entropy_bonus agg bogus": pair(
+            objective.entropy_bonus, objective.entropy_bonus_naive, x, m, "bogus"
+        ),
+        "entropy_bonus token_count 0": pair(
+            objective.entropy_bonus, objective.entropy_bonus_naive, x, m, token_count=0.0
+        ),
+        "kl_loss estimator bogus": pair(objective.kl_loss, objective.kl_loss_naive, x, y, m, "bogus"),
+        "kl_loss logp_ref f32": pair(objective.kl_loss, objective.kl_loss_naive, x, y.to(F32), m),
+        "kl_loss empty row": pair(objective.kl_loss, objective.kl_loss_naive, x, y, _EMPTY_ROW),
+        "normalize kind bogus": pair(normalize.normalize, normalize.normalize_naive, x, m, "bogus"),
+        "normalize eps_at bogus": pair(normalize.normalize, normalize.normalize_naive, x, m, eps_at="bogus"),
+        "normalize eps<0": pair(normalize.normalize, normalize.normalize_naive, x, m, eps=-1.0),
+        "normalize int x": pair(normalize.normalize, normalize.normalize_naive, x.to(torch.int64), m),
+        "map_scores bias nan": pair(score_map.map_scores, score_map.map_scores_naive, s3, bias=NAN),
+        "map_scores clip 0": pair(score_map.map_scores, score_map.map_scores_naive, s3, clip=0.0),
+        "map_scores int": pair(score_map.map_scores, score_map.map_scores_naive, s3.to(torch.int64)),
+        "map_scores 2-d": pair(score_map.map_scores, score_map.map_scores_naive, x),
+    }
+    return [(k, *v) for k, v in table.items()]
+
+
+STEP_CASES = _step_cases()
+
+
+@pytest.mark.parametrize(("core", "twin"), [c[1:] for c in STEP_CASES], ids=[c[0] for c in STEP_CASES])
+def test_step_refusals_are_identical(core: Callable[[], object], twin: Callable[[], object]) -> None:
+    _same_refusal({"core": core, "naive": twin})
+
+
+def test_group_advantages_counts_lengths_only_for_opo() -> None:
+    # group_advantages counts each row's valid tokens for `opo` only: in float16 a count past 65504
+    # is inf, which the lengths check refuses, so the other estimators must not count at all
+    from refppo.core.group import group_advantages
+
+    m = torch.ones(2, 65600, dtype=torch.bool)
+    s = torch.tensor([1.0, 0.0], dtype=torch.float16)
+    a = group_advantages(s, torch.tensor([0, 0]), m, estimator="grpo")
+    # by hand: μ = 0.5, σ = sqrt(0.5) (unbiased), (±0.5)/(σ + 1e-6) = ±0.7071 in float16
+    assert torch.equal(a[:, 0], torch.tensor([0.7070, -0.7070], dtype=torch.float16))
+    with pytest.raises(RefPPOError, match=r"lengths: .* got inf at row 0"):
+        group_advantages(s, torch.tensor([0, 0]), m, estimator="opo")
