@@ -149,7 +149,8 @@ def agg_weights_naive(
     horizon: float | None = None,
 ) -> list[list[float]]:
     """``w(b,t) = ∂agg(L)/∂L[b,t]`` (module docstring); 0 at padded positions."""
-    mode = parse(LossAgg, agg, what="loss_agg")
+    mode = parse(LossAgg, agg, what="loss_agg")  # aggregate_loss's checks, in its order
+    check_mask("mask", mask)
     _checked_norms(mode, token_count, seq_count, horizon)
     ms = pf.mask_rows(mask)
     B, T = len(ms), len(ms[0])

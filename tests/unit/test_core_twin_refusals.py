@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from refppo.core.by_rows import policy_loss_by_rows, value_loss_by_rows
+from refppo.core.grad import kl_loss_grad_naive, policy_grad_naive, value_grad_naive
 from refppo.core.group import group_scalar_advantages
 from refppo.core.gspo import gspo_policy_grad_naive, gspo_policy_loss, gspo_policy_loss_naive
 from refppo.core.helpers_naive import group_scalar_advantages_naive
@@ -111,6 +112,7 @@ def test_policy_loss_refusals_are_identical(tensors: dict[str, Any], kw: dict[st
             "rows=1": lambda: policy_loss_by_rows(1, *args, **kw),
             "rows=2": lambda: policy_loss_by_rows(2, *args, **kw),
             "naive": lambda: clipped_policy_loss_naive(*args, **kw),
+            "grad naive": lambda: policy_grad_naive(*args, **kw),
         }
     )
 
@@ -147,6 +149,7 @@ def test_gspo_loss_refusals_are_identical(tensors: dict[str, Any], kw: dict[str,
             "whole": lambda: gspo_policy_loss(*args, **kw),
             "rows": lambda: policy_loss_by_rows(1, *args, gspo=True, **rows_kw),
             "naive": lambda: gspo_policy_loss_naive(*args, **kw),
+            "grad naive": lambda: gspo_policy_grad_naive(*args, **kw),
         }
     )
 
@@ -193,6 +196,7 @@ def test_value_loss_refusals_are_identical(tensors: dict[str, Any], kw: dict[str
             "whole": lambda: value_loss(*args, **kw),
             "rows": lambda: value_loss_by_rows(1, *args, **kw),
             "naive": lambda: value_loss_naive(*args, **kw),
+            "grad naive": lambda: value_grad_naive(*args, **kw),
         }
     )
 
@@ -423,6 +427,22 @@ def _step_cases() -> list[tuple[str, Callable[[], object], Callable[[], object]]
         "kl_loss estimator bogus": pair(objective.kl_loss, objective.kl_loss_naive, x, y, m, "bogus"),
         "kl_loss logp_ref f32": pair(objective.kl_loss, objective.kl_loss_naive, x, y.to(F32), m),
         "kl_loss empty row": pair(objective.kl_loss, objective.kl_loss_naive, x, y, _EMPTY_ROW),
+        "kl_loss grad estimator bogus": pair(objective.kl_loss, kl_loss_grad_naive, x, y, m, "bogus"),
+        "kl_loss grad logp_ref f32": pair(objective.kl_loss, kl_loss_grad_naive, x, y.to(F32), m),
+        "kl_loss grad empty row": pair(objective.kl_loss, kl_loss_grad_naive, x, y, _EMPTY_ROW),
+        "kl_loss grad clamp lo>hi": pair(
+            objective.kl_loss, kl_loss_grad_naive, x, y, m, log_ratio_clamp=(1.0, 0.0)
+        ),
+        "kl_loss grad agg bogus": pair(objective.kl_loss, kl_loss_grad_naive, x, y, m, "k3", "bogus"),
+        "kl_loss grad horizon 0": pair(
+            objective.kl_loss, kl_loss_grad_naive, x, y, m, agg="seq-mean-token-sum-norm", horizon=0.0
+        ),
+        "total_loss vf_coef<0": pair(
+            objective.total_loss, objective.total_loss_naive, torch.tensor(1.0, dtype=F64), vf_coef=-1.0
+        ),
+        "total_loss kl_coef nan": pair(
+            objective.total_loss, objective.total_loss_naive, torch.tensor(1.0, dtype=F64), kl_coef=NAN
+        ),
         "normalize kind bogus": pair(normalize.normalize, normalize.normalize_naive, x, m, "bogus"),
         "normalize eps_at bogus": pair(normalize.normalize, normalize.normalize_naive, x, m, eps_at="bogus"),
         "normalize eps<0": pair(normalize.normalize, normalize.normalize_naive, x, m, eps=-1.0),
