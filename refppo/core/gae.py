@@ -65,8 +65,12 @@ def envelope(mask: Tensor) -> Tensor:
 
 
 def has_holes(mask: Tensor) -> bool:
-    """Whether a row of the bool ``[B, T]`` mask has an interior hole (a valid token after a masked one)."""
-    return bool((mask[:, 1:] & ~mask[:, :-1]).any())
+    """Whether a row of the ``[B, T]`` mask has an interior hole (a valid token after a masked one).
+
+    The mask is checked as :func:`envelope`'s (a bool mask passes through untouched; 0/1 integers
+    or floats become bool, anything else is one ``MaskError``: ``~`` on a mask of 2s miscounted)."""
+    m = check_mask("mask", mask, require_nonempty_rows=False)
+    return bool((m[:, 1:] & ~m[:, :-1]).any())
 
 
 def _checked_gae_inputs(

@@ -58,6 +58,7 @@ def envelope_naive(mask: Tensor) -> list[list[bool]]:
 
 def has_holes_naive(mask: Tensor) -> bool:
     """Whether a row has a valid token right after a masked one (an interior hole)."""
+    check_mask("mask", mask, require_nonempty_rows=False)  # as the core's has_holes
     for row in pf.mask_rows(mask):
         for t in range(1, len(row)):
             if row[t] and not row[t - 1]:

@@ -362,6 +362,10 @@ def _step_cases() -> list[tuple[str, Callable[[], object], Callable[[], object]]
         "masked_mean empty row": pair(masked.masked_mean, masked.masked_mean_naive, x, _EMPTY_ROW),
         "masked_var one token": pair(masked.masked_var, masked.masked_var_naive, x[:1, :1], _ONE_TOKEN),
         "masked_var mask 2": pair(masked.masked_var, masked.masked_var_naive, x, _TWO),
+        "masked_var empty row": pair(masked.masked_var, masked.masked_var_naive, x, _EMPTY_ROW),
+        "masked_whiten empty row & eps<0": pair(
+            masked.masked_whiten, masked.masked_whiten_naive, x, _EMPTY_ROW, eps=-1.0
+        ),
         "masked_whiten eps<0": pair(masked.masked_whiten, masked.masked_whiten_naive, x, m, eps=-1.0),
         "masked_whiten one token": pair(
             masked.masked_whiten, masked.masked_whiten_naive, x[:1, :1], _ONE_TOKEN
@@ -397,6 +401,8 @@ def _step_cases() -> list[tuple[str, Callable[[], object], Callable[[], object]]
         "gae values f32": pair(gae.gae, gae.gae_naive, x, y.to(F32), m, gamma=1.0, lam=1.0),
         "gae empty row": pair(gae.gae, gae.gae_naive, x, y, _EMPTY_ROW, gamma=1.0, lam=1.0),
         "envelope mask 2": pair(gae.envelope, hn.envelope_naive, _TWO),
+        "has_holes mask 2": pair(gae.has_holes, hn.has_holes_naive, torch.tensor([[2, 0, 0], [1, 1, 0]])),
+        "has_holes 1-d mask": pair(gae.has_holes, hn.has_holes_naive, _MASK[0]),
         "logprobs temperature 0": pair(
             logprobs.logprobs_from_logits,
             logprobs.logprobs_from_logits_naive,
@@ -415,6 +421,9 @@ def _step_cases() -> list[tuple[str, Callable[[], object], Callable[[], object]]
             logprobs.entropy_from_logits, logprobs.entropy_from_logits_naive, logits, m, temperature=NAN
         ),
         "entropy 2-d logits": pair(logprobs.entropy_from_logits, logprobs.entropy_from_logits_naive, x, m),
+        "entropy logits a list": pair(
+            logprobs.entropy_from_logits, logprobs.entropy_from_logits_naive, logits.tolist(), m
+        ),
         "entropy mask shape": pair(
             logprobs.entropy_from_logits, logprobs.entropy_from_logits_naive, logits, m[:, :3]
         ),
