@@ -484,3 +484,18 @@ def test_group_advantages_counts_lengths_only_for_opo() -> None:
     assert torch.equal(a[:, 0], torch.tensor([0.7070, -0.7070], dtype=torch.float16))
     with pytest.raises(RefPPOError, match=r"lengths: .* got inf at row 0"):
         group_advantages(s, torch.tensor([0, 0]), m, estimator="opo")
+
+
+def test_has_holes_accepts_an_empty_row_as_envelope_does() -> None:
+    # the mask check of has_holes is envelope's (no non-empty-row rule): a row with no valid token
+    # has no hole; [1, 1, 0] has none either, [0, 1] has one (a valid token after a masked one)
+    import importlib
+
+    from refppo.core import helpers_naive as hn
+
+    gae = importlib.import_module("refppo.core.gae")
+    no_hole = torch.tensor([[0, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    hole = torch.tensor([[0, 0, 0], [0, 1, 1]], dtype=torch.bool)
+    assert gae.has_holes(no_hole) is False and hn.has_holes_naive(no_hole) is False
+    assert gae.has_holes(hole) is True and hn.has_holes_naive(hole) is True
+    assert torch.equal(gae.envelope(hole), torch.tensor([[False] * 3, [True] * 3]))
