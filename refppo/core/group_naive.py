@@ -79,9 +79,8 @@ def _scalar_naive(
     n = len(group)
     if n == 1:
         if singleton == "error":
-            ids = [g for g in gs if gs.count(g) == 1][
-                :8
-            ]  # the core's message: every lone prompt, in row order
+            # the core's error: every lone prompt (at most 8), in row order
+            ids = [g for g in gs if gs.count(g) == 1][:8]
             raise SingletonGroupError(
                 ids, f"group_index: groups {ids} have one response (pass singleton='score' or 'zero')"
             )
