@@ -11,13 +11,14 @@ Scope: in ``refppo/core/*.py`` every function whose name does not end in ``_naiv
 and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validation-only helpers
 (``kl.check_kl_clamps``, ``masked._check_dim``, ``logprobs._prepare``) and ``grad.py``'s per-token
 helpers (``_pg_token``, ``_vf_token``, ``_kl_token``: the closed-form gradient twin's formulas;
-``group_naive.py`` holds only naive twins and is not listed); in ``refppo/pipeline.py``
-``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``gae_by_rows``, ``critic_free_advantages``,
-``Normalisers.kwargs``, ``policy_term``, ``update_quantities``, ``clipped_scores``,
-``mapped_scores``, the ``__post_init__`` checks
-of ``Convention`` and ``Hyperparams`` and their fields' numeric defaults (not the dict
-(de)serialisation or ``stats``). The numeric/bool default values of the in-scope functions'
-arguments are mutated too (``unbiased=True``, ``vf_coef=0.0``, ...). Statements
+``group_naive.py`` holds only naive twins and is not listed) and ``_ties.py`` (``shares``, ``inside``,
+``clamp``: the tie rules those helpers call, run against their own and grad's and gspo's tests); in
+``refppo/pipeline.py`` ``value_mask``, ``reward_quantities``, ``rollout_quantities``, ``gae_by_rows``,
+``critic_free_advantages``, ``Normalisers.kwargs``, ``policy_term``, ``update_quantities``,
+``update_rows``, ``clipped_scores``, ``mapped_scores``; in ``refppo/step_settings.py`` the
+``__post_init__`` checks of ``Convention``, ``Hyperparams`` and ``ScoreMap`` and their fields' numeric
+defaults (not the dict (de)serialisation or ``stats``). The numeric/bool default values of the
+in-scope functions' arguments are mutated too (``unbiased=True``, ``vf_coef=0.0``, ...). Statements
 inside ``raise`` (error-message formatting) and docstrings are never mutated.
 
 Operators (one change per mutant): arithmetic swap (``+ −``, ``* /``, ``** → *``), a dropped right

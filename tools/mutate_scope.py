@@ -10,6 +10,7 @@ EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
 CORE = (
     "_group_checks",
     "_group_stats",
+    "_ties",
     "aggregate",
     "by_rows",
     "gae",
@@ -44,9 +45,10 @@ PIPELINE_FUNCS = {
     "mapped_scores",
     "Convention.__post_init__",
     "Hyperparams.__post_init__",
+    "ScoreMap.__post_init__",
 }
 NAIVE_HELPERS = {"_log_sum_exp"}
-DEFAULT_CLASSES = {"Hyperparams", "Convention"}
+DEFAULT_CLASSES = {"Hyperparams", "Convention", "ScoreMap"}
 """step_settings.py classes whose field defaults (numeric/bool constants) are mutated too."""
 # New tests that target gaps across modules (added with this tool); missing files are skipped.
 GAP_TESTS = (
@@ -85,6 +87,13 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/property/test_group_properties.py",
         "tests/property/test_group_more_estimators.py",
         "tests/property/test_group_std_level.py",
+    ),
+    "_ties": (  # the tie rules of grad.py's and gspo.py's gradient twins: their tests
+        "tests/unit/test_core_ties.py",
+        "tests/unit/test_core_grad.py",
+        "tests/property/test_grad_properties.py",
+        "tests/unit/test_core_gspo.py",
+        "tests/property/test_gspo_properties.py",
     ),
     "kl": ("tests/property/test_kl_straight_through.py",),
     "score_map": ("tests/unit/test_pipeline_score_map.py",),

@@ -24,9 +24,13 @@ checked under ``--preset PEER`` with the case's ``--set advantage=...``. verl's 
 
 TRL 1.12.0 runs in its own venv through ``tools/validate_trl_preset.py`` (TRL's whole
 ``PPOTrainer.train``, captured with a tracer). A venv that is not built (no ``READY`` stamp) is
-reported as SKIPPED. ``$REFPPO_PEERS_PYTHON`` still overrides the ``verl-openrlhf`` interpreter.
+reported as SKIPPED; a built venv whose makers crash (non-zero exit, no status file, or a maker
+recorded as raised) is FAILED, whatever the other venvs did (the rule of
+``tools/validate_grpo_peers.py`` and ``tools/validate_detect.py``). ``$REFPPO_PEERS_PYTHON`` still
+overrides the ``verl-openrlhf`` interpreter.
 
-Exit codes: 0 every case that ran matches and every control mismatches, 1 otherwise.
+Exit codes: 0 some case ran, every case that ran matches and every control mismatches; 1 otherwise
+(a mismatch, a vacuous control, a crashed maker, or nothing run at all).
 """
 
 from __future__ import annotations
@@ -120,7 +124,8 @@ def _reproduce(dump: Path, peer: str, conv: dict[str, Any]) -> list[str]:
 def run_group(group: str, py: Path, out: Path) -> dict[str, Any]:
     """Make the dumps of ``group`` with ``py`` and diff each against its preset + ``--set``.
 
-    Returns ``{peer: {"skipped": why} | {"cases": [{name, ok, max_abs_err, quantities, command}]}}``.
+    Returns ``{peer: {"failed": why, "tb": [...]} | {"cases": [{name, ok, max_abs_err, quantities,
+    command}]}}``: the venv is built, so a maker that did not run is a failure, never a skip.
     """
     import contextlib
     import io
@@ -137,14 +142,14 @@ def run_group(group: str, py: Path, out: Path) -> dict[str, Any]:
     if proc.returncode != 0 or not status_file.exists():
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
         return {
-            p: {"skipped": f"the {group} interpreter could not run the dump makers ({tail})"}
+            p: {"failed": f"the {group} interpreter could not run the dump makers ({tail})"}
             for p in GROUPS[group]
         }
     status = json.loads(status_file.read_text())
     result: dict[str, Any] = {}
     for peer, st in status.items():
-        if "skipped" in st:
-            result[peer] = {"skipped": st["skipped"], "tb": st.get("tb", [])}
+        if "skipped" in st:  # the venv is built (READY) but its maker raised: a failure, not a skip
+            result[peer] = {"failed": f"the maker raised: {st['skipped']}", "tb": st.get("tb", [])}
             continue
         cases = []
         for name in st["made"]:
@@ -183,10 +188,12 @@ def run_group(group: str, py: Path, out: Path) -> dict[str, Any]:
 def _print(result: dict[str, Any], verbose: bool) -> int:
     failures = 0
     for peer, res in result.items():
-        if "skipped" in res:
-            print(f"{peer}: SKIPPED ({res['skipped']})")
+        if "skipped" in res or "failed" in res:
+            word = "SKIPPED" if "skipped" in res else "FAILED"
+            print(f"{peer}: {word} ({res.get('skipped') or res['failed']})")
             for line in res.get("tb", []):
                 print(f"    {line}")
+            failures += word == "FAILED"
             continue
         for c in res["cases"]:
             verdict = "MATCH" if c["ok"] else f"MISMATCH at {c['first_divergence']}"
@@ -230,6 +237,9 @@ def validate(groups: list[str], root: Path, keep: Path | None, verbose: bool, js
     failures = _print(result, verbose)
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=2))
+    if not any(res.get("cases") for res in result.values()):
+        print("no case ran (every side venv skipped or crashed): not a pass")
+        return 1
     return 1 if failures else 0
 
 

@@ -227,7 +227,7 @@ def load_dump(
         raise DumpError(f"{hparams_file}: no such hyperparameter file")
     side = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
     base = read_hparams(side) if side is not None else {}
-    return validate(p, raw, hparams={**base, **overlay}, mmapped=mmapped)
+    return validate(p, raw, hparams={**base, **overlay}, hparams_path=side, mmapped=mmapped)
 
 
 def validate(
@@ -236,11 +236,13 @@ def validate(
     hparams_file: str | Path | None = None,
     *,
     hparams: dict[str, Any] | None = None,
+    hparams_path: Path | None = None,
     mmapped: bool = False,
 ) -> Dump:
     """Check keys, shapes, dtypes, finiteness and masks; convert to the compute dtype.
 
-    ``hparams``: the sidecar's object given in memory (instead of a file beside ``p``).
+    ``hparams``: the sidecar's object given in memory (instead of a file beside ``p``);
+    ``hparams_path``: the file part of it was read from, if any (named in errors and reports).
     ``mmapped``: ``raw``'s tensors are memory-mapped from ``p`` (safetensors): those used as they
     are (already in the compute dtype) are listed in :attr:`Dump.mapped`.
     """
@@ -299,7 +301,7 @@ def validate(
         except ValueError as exc:
             raise DumpError(f"{p}: {exc}") from None
     dtypes: list[torch.dtype] = []
-    hp_path: Path | None = None
+    hp_path: Path | None = hparams_path
     if hparams is None:
         hp_path = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
         if hparams_file is not None and not Path(hparams_file).is_file():

@@ -33,7 +33,13 @@ import torch
 from torch import Tensor, nn
 
 from refppo.core.logprobs import logprobs_from_logits
-from refppo.models import SequenceBatch, last_valid_index, response_slice, sequence_logits
+from refppo.models import (
+    SequenceBatch,
+    last_valid_index,
+    position_ids_from_mask,
+    response_slice,
+    sequence_logits,
+)
 from refppo.oracle.compare import QuantityResult, compare
 from refppo.oracle.load import TOLERANCES, Dump, DumpError
 from refppo.oracle.rescore_inputs import RescoreError, sequence_batch
@@ -257,16 +263,42 @@ def _check_ids_fit(dump: Dump, role: str, model: nn.Module) -> None:
             f"{dump.path}: input_ids: ids up to {int(ids.max())} in rows {rows}, but the --{role} "
             f"model's vocabulary has {int(vocab)} tokens (another tokenizer or checkpoint?)"
         )
-    n_pos = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
-    if (
-        dump.has("position_ids")
-        and n_pos is not None
-        and int(dump.tensors["position_ids"].max()) >= int(n_pos)
-    ):
-        raise DumpError(
-            f"{dump.path}: position_ids: up to {int(dump.tensors['position_ids'].max())}, but the --{role} "
-            f"model has {int(n_pos)} positions"
-        )
+    _check_positions_fit(dump, role, model)
+
+
+def _check_positions_fit(dump: Dump, role: str, model: nn.Module) -> None:
+    """Positions fed to a model with a learned absolute position table (GPT-2's ``wpe``) must be
+    rows of it. Rotary models (Llama, Qwen2) compute their angles for any position, so
+    ``max_position_embeddings`` is no limit there and nothing is refused. The positions checked
+    are the dump's ``position_ids``, else the ones the re-score derives,
+    ``clamp(cumsum(attention_mask) − 1, 0)`` (:func:`refppo.models.position_ids_from_mask`)."""
+    table = _learned_positions(model)
+    if table is None:
+        return
+    name, n_pos = table
+    if dump.has("position_ids"):
+        key, pos = "position_ids", dump.tensors["position_ids"]
+    else:
+        key, pos = "attention_mask", position_ids_from_mask(dump.tensors["attention_mask"])
+    if int(pos.max()) < n_pos:
+        return
+    rows = sorted({int(b) for b in (pos >= n_pos).nonzero()[:, 0].tolist()})[:8]
+    what = "positions" if key == "position_ids" else "real tokens give positions"
+    raise DumpError(
+        f"{dump.path}: {key}: {what} up to {int(pos.max())} in rows {rows}, but the --{role} model's "
+        f"learned position table ({name}) has {n_pos} positions (0..{n_pos - 1})"
+    )
+
+
+def _learned_positions(model: nn.Module) -> tuple[str, int] | None:
+    """``(module name, positions)`` of the model's learned absolute position embedding, if any:
+    an ``nn.Embedding`` named ``wpe`` (GPT-2) or ``*position*`` (``embed_positions``,
+    ``position_embeddings``); an OPT-style table shifted by ``offset`` holds ``n − offset``."""
+    for name, mod in model.named_modules():
+        last = name.rsplit(".", 1)[-1]
+        if isinstance(mod, nn.Embedding) and (last == "wpe" or "position" in last):
+            return name, int(mod.num_embeddings) - int(getattr(mod, "offset", 0))
+    return None
 
 
 def _precision_report(

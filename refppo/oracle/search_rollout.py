@@ -48,6 +48,7 @@ from refppo.core.rewards import score_positions, token_rewards
 from refppo.errors import RefPPOError
 from refppo.oracle.recompute import clipped_scores, whiten
 from refppo.oracle.search import SOLVE_GROUPS, Group, Option, Search, digest, nearest_note
+from refppo.oracle.search_score_const import constant_score_notes, propose_constant_score_map
 from refppo.oracle.solve import fit_normalisation, nice
 
 WhitenKey = tuple[str, str, str]
@@ -109,12 +110,16 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
     def check(st: dict[str, Any]) -> list[float | None]:
         return [s.ratio("token_rewards", st["rewards"], st["vm"])]
 
+    solved: list[tuple[float, float]] = []
+
     def propose(gs: list[Group]) -> list[tuple[float, float]]:
-        maps = _propose_score_map(s, gs, clip_opts)  # a solved score clip joins clip_opts
+        solved.extend(_propose_score_map(s, gs, clip_opts))  # a solved score clip joins clip_opts
         # an empty proposal still walks the reward whitening: return a list that is truthy
-        return maps or [(ex.score_bias, ex.score_scale)]
+        return solved or [(ex.score_bias, ex.score_scale)]
 
     out = s.stage(groups, make, check, "token_rewards", propose)
+    if solved and float(t["scores"].max() - t["scores"].min()) == 0.0:
+        s.notes += constant_score_notes(s, out)
     if "token_rewards" in s.unmatched and out:
         st = out[0].state
         tol = s.tol.of(float(t["token_rewards"].abs().max()))
@@ -138,12 +143,13 @@ def _propose_score_map(
     round numbers by :func:`nice`). When no line fits, the map is fitted on the rows inside
     ``±max|y|`` and that bound, the score clip, is appended to ``clips`` (the options the stage
     walks again) when it binds on some row. With one score on every row the bias and the scale
-    cannot be told apart: :func:`_propose_constant_score_map` proposes the class instead.
+    cannot be told apart: :func:`~refppo.oracle.search_score_const.propose_constant_score_map`
+    proposes the class instead.
     """
     t = s.t
     scores = t["scores"].double()
     if float(scores.max() - scores.min()) == 0.0:
-        return _propose_constant_score_map(s, groups)
+        return propose_constant_score_map(s, groups)
     tol = s.tol.of(float(t["token_rewards"].abs().max()))
     out: list[tuple[float, float]] = []
     for g in groups[:SOLVE_GROUPS]:
@@ -178,35 +184,6 @@ def _slot_targets(s: Search, g: Group) -> Iterable[tuple[str, Tensor]]:
                 f"kl_in={kl_in.value} score_at={score_at.value}",
                 (t["token_rewards"][rows, pos] - rest[rows, pos]).double(),
             )
-
-
-def _propose_constant_score_map(s: Search, groups: list[Group]) -> list[tuple[float, float]]:
-    """Every row holds the same score ``s₀``: the slot reward ``y = k·(s₀ + b)`` pins only the
-    product, so the map is proposed as its two one-key members, ``(0, y/s₀)`` (scale only, when
-    ``s₀ ≠ 0``) and ``(y − s₀, 1)`` (bias only), and :attr:`Search.notes` says which maps reproduce.
-    ``y`` must be one number on every row (within tolerance) for some KL placement and slot."""
-    s0 = float(s.t["scores"].double().flatten()[0])
-    tol = s.tol.of(float(s.t["token_rewards"].abs().max()))
-    out: list[tuple[float, float]] = []
-    for g in groups[:SOLVE_GROUPS]:
-        for label, y in _slot_targets(s, g):
-            if float(y.max() - y.min()) > tol:
-                continue
-            y0 = float(y.mean())
-            maps = ([(0.0, nice(y0 / s0)[0])] if s0 != 0.0 and y0 != 0.0 else []) + [(nice(y0 - s0)[0], 1.0)]
-            if all(mp in out for mp in maps):
-                continue
-            out += [mp for mp in maps if mp not in out]
-            s.notes.append(
-                f"token_rewards: every score is {s0:g}, so score_bias b and score_scale k cannot be told "
-                f"apart: every map with k·({s0:g} + b) = {y0:.6g} reproduces the score slots ({label}), "
-                "e.g. " + " or ".join(f"score_bias={b:g} score_scale={k:g}" for b, k in maps)
-            )
-    out = list(dict.fromkeys(out))[:8]
-    for b, k in out:
-        s.propose_value("score_bias", b)
-        s.propose_value("score_scale", k)
-    return out
 
 
 def _fit_line(x: Tensor, y: Tensor, tol: float) -> tuple[float, float, None] | None:
@@ -401,8 +378,10 @@ def _solve_clip(s: Search, a: list[float]) -> list[tuple[float, float]]:
     y = [min(max(v, -c0), c0) for v in x]
     eps_read = _eps_read(groups, y, a)
     for eps in dict.fromkeys([s.base.conv.group_eps, *PEER_GROUP_EPS]):
-        if eps_read is None or eps <= 0:
+        if eps_read is None:
             break
+        if eps <= 0:  # a checked group_eps = 0 gives no ratio; the peers' ε still do
+            continue
         ratio = eps / eps_read
         r = nice(ratio)[0]  # a round ratio only (≤ 2 digits): a configured scale, not noise
         if abs(r - ratio) <= 1e-3 * ratio and float(f"{r:.2g}") == r and r != 1.0:

@@ -104,6 +104,18 @@ def test_hyperparams_defaults_are_the_documented_ones() -> None:
     assert hp.cliprange_high is None and hp.horizon is None
 
 
+def test_score_map_defaults_are_the_identity() -> None:
+    # spec/ppo.md step 0: "The defaults (`0`, `1`, none) are the identity". ScoreMap() goes through
+    # the pipeline's step 0 unchanged (the score-map tests compare pipeline and naive twin, which
+    # read the same defaults, so a changed default could not fail there; mutation testing).
+    from refppo.pipeline import ScoreMap, mapped_scores
+
+    sm = ScoreMap()
+    assert (sm.bias, sm.scale, sm.clip) == (0.0, 1.0, None)
+    s = torch.tensor([-3.0, -0.5, 0.0, 2.5, 40.0], dtype=F64)
+    assert mapped_scores(s, sm).tolist() == [-3.0, -0.5, 0.0, 2.5, 40.0]
+
+
 def _documented_convention_defaults() -> dict[str, str]:
     """The "refppo default" column of the convention table in spec/dump-format.md."""
     rows: dict[str, str] = {}

@@ -57,3 +57,22 @@ def test_detect_solves_the_score_clip_of_a_grpo_dump(
     hit = [c for c in found if c["score_scale"] == SCALE and c["score_clip"] == CLIP]
     assert hit, found  # the generating map, not only its ε-near twin score_scale=1 score_clip=0.45
     assert rc == 1  # the checked setting (score_clip=20, scale 1) does not reproduce the dump
+
+
+def test_a_checked_group_eps_of_zero_still_tries_the_peers_eps(tmp_path: Path) -> None:
+    """rev2 NIT-3: the scale is read as ``r = ε/ε_read`` for the checked ``group_eps`` and each of
+    ``PEER_GROUP_EPS``. A checked ``group_eps = 0`` gives no ratio; before, it ended the loop
+    (``break``), so AReaL's ε = 1e-5 was never tried and only the ε-near twin ``(1, 0.45)`` came out."""
+    from oracle_helpers import setup_for
+
+    from refppo.oracle.load import load_dump
+    from refppo.oracle.search import Search
+    from refppo.oracle.search_rollout import solve_group_score_clip
+
+    p = tmp_path / "d.pt"
+    write_dump(p, _dump())
+    for eps in (0.0, 1e-6):
+        base = setup_for("areal", {"advantage": "grpo", "group_eps": eps}, {"kl_coef": 0.0})
+        assert base.conv.group_eps == eps
+        maps = solve_group_score_clip(Search(load_dump(p), base), [])
+        assert (SCALE, CLIP) in maps, (eps, maps)

@@ -95,6 +95,35 @@ def test_detect_with_constant_scores_proposes_the_score_map_class(tmp_path: Path
     assert out.json()["detect_notes"] == [note]
 
 
+def test_constant_score_note_names_only_maps_that_reproduce(tmp_path: Path) -> None:
+    """rev2 BUG-4: with s₀ = 1.3 and k·(s₀ + b) = 3.5 the scale-only member 3.5/1.3 is no round
+    number; before, the note printed ``score_scale=2.69`` (2.69·1.3 = 3.497, not the dump) and only
+    the bias member was detected. Every example the note prints must be a detected map that the
+    pipeline re-check confirms, and both one-key members must be there."""
+    import re
+
+    import torch
+
+    made = setup_for(None, {"score_bias": 2.2})
+    start = setup_for(None, {})
+    x = make_inputs(B=8, T=16, seed=5)
+    x["scores"] = torch.full_like(x["scores"], 1.3)
+    dump = load_dump(save(tmp_path, refppo_dump(x, made), start))
+    assert not check(dump, start).match
+    found = detect(dump, start)
+    assert len(found.notes) == 1, found.notes
+    shown = [
+        (float(b), float(k)) for b, k in re.findall(r"score_bias=(\S+) score_scale=(\S+)", found.notes[0])
+    ]
+    assert len(shown) == 2 and shown[1] == (2.2, 1.0), found.notes
+    assert shown[0][0] == 0.0 and abs(shown[0][1] * 1.3 - 3.5) < 1e-9, found.notes
+    for b, k in shown:
+        hits = [c for c in found.detected if (c["score_bias"], c["score_scale"]) == (b, k)]
+        assert hits, (b, k, {(c["score_bias"], c["score_scale"]) for c in found.detected})
+        res = check(dump, setup_from_json(start, hits[0]), explain_divergence=False)
+        assert res.match, (b, k, res.diagnosis)
+
+
 def test_detect_identifies_the_loss_conventions_behind_advantages_it_cannot_reproduce(tmp_path: Path) -> None:
     # The advantages are normalised per row (no convention expresses that); the losses were computed
     # from THOSE advantages with seq-mean-token-mean aggregation and k2-over-all-positions approx_kl.

@@ -241,3 +241,22 @@ def test_two_names_for_one_quantity_are_refused(
     assert main([str(path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and "keep one of them" in err and err.count("\n") == 1
+
+
+def test_overlay_keeps_the_sidecar_path(tmp_path: Path) -> None:
+    """rev2 NIT-1: with ``overlay`` (``check_step(path, hparams=...)``) the sidecar file is read
+    too; before, its path was lost: the report's ``hparams_file`` was null and a bad sidecar value
+    was blamed on the dump."""
+    from refppo.oracle.run import check_step
+
+    path, _ = _good(tmp_path)
+    side = sidecar_for(path)
+    assert load_dump(path, overlay={"gamma": 0.99}).hparams_path == side
+    assert check_step(path, hparams={"gamma": HP["gamma"]}).json()["dump"]["hparams_file"] == str(side)
+    other = tmp_path / "hp.json"
+    other.write_text(side.read_text())
+    assert load_dump(path, other, overlay={"gamma": 0.99}).hparams_path == other
+    side.write_text(json.dumps({**HP, "temperature": -1.0}))
+    with pytest.raises(DumpError) as err:
+        load_dump(path, overlay={"gamma": 0.99})
+    assert str(err.value).startswith(f"{side}: temperature"), err.value

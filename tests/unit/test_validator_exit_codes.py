@@ -1,6 +1,7 @@
 """The peer validators never read a skip or a crash as a pass (rev4 STD-1).
 
-Rule (tools/validate_grpo_peers.py, tools/validate_detect.py, tools/validate_kl_straight_through.py):
+Rule (tools/validate_grpo_peers.py, tools/validate_detect.py, tools/validate_kl_straight_through.py,
+tools/validate_presets.py):
 a side venv that is not built (no ``READY`` stamp) is a skip with the reason; a built venv whose
 makers crash (non-zero exit, or a maker recorded as raised in its status file) is a failure, exit
 1, whatever another venv did; nothing run at all is exit 1 (or 2 with one line). No real peer venv
@@ -22,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 import validate_detect  # noqa: E402  (tools/ is not a package)
 import validate_grpo_peers  # noqa: E402
+import validate_presets  # noqa: E402
 
 CRASH = "#!/bin/sh\necho 'Traceback: boom in the maker' >&2\nexit 1\n"
 """A built venv's interpreter whose makers crash (non-zero exit, no status file)."""
@@ -133,3 +135,46 @@ def test_kl_straight_through_without_an_interpreter_exits_2_with_one_line(tmp_pa
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(missing) in lines[0], proc.stderr
     assert "SKIPPED" not in proc.stdout, proc.stdout
+
+
+def _presets_with_a_passing_group(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, script: str, ready: bool = True
+) -> None:
+    """Group ``fake`` (maker ``fake-peer``) runs ``script``; group ``good``'s stand-in passes."""
+    monkeypatch.delenv("REFPPO_PEERS_PYTHON", raising=False)
+    monkeypatch.setattr(validate_presets, "GROUPS", {"fake": ("fake-peer",), "good": ("good-peer",)})
+    _venv(tmp_path, "fake", script, ready=ready)
+    _venv(tmp_path, "good", CRASH)  # built; its stand-in run_group passes
+    real = validate_presets.run_group
+    ok = {"name": "c", "ok": True, "max_abs_err": 0.0, "quantities": {}, "command": "refppo diff c"}
+
+    def run_group(group: str, py: Path, out: Path) -> dict[str, Any]:
+        return real(group, py, out) if group == "fake" else {"good-peer": {"cases": [ok]}}
+
+    monkeypatch.setattr(validate_presets, "run_group", run_group)
+
+
+@pytest.mark.parametrize("script", [CRASH, RAISED], ids=["maker-exits-1", "maker-raised"])
+def test_presets_a_built_venv_whose_makers_crash_fails_even_if_another_passed(
+    script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _presets_with_a_passing_group(monkeypatch, tmp_path, script)
+    out = tmp_path / "res.json"
+    rc = validate_presets.validate(["fake", "good"], tmp_path, None, False, out)
+    log = capsys.readouterr().out
+    assert rc == 1, log
+    res = json.loads(out.read_text())
+    assert "failed" in res["fake-peer"] and "skipped" not in res["fake-peer"], res
+    assert "fake-peer: FAILED (" in log and "SKIPPED" not in log, log
+    assert res["good-peer"]["cases"], res  # the other venv did run and pass
+
+
+def test_presets_a_venv_without_ready_is_a_skip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _presets_with_a_passing_group(monkeypatch, tmp_path, CRASH, ready=False)
+    rc = validate_presets.validate(["fake", "good"], tmp_path, None, False, None)
+    log = capsys.readouterr().out
+    assert rc == 0, log  # the skipped venv is named; the cases that ran passed
+    assert "fake-peer: SKIPPED (no side venv" in log and "FAILED" not in log, log
+    assert validate_presets.validate(["fake"], tmp_path, None, False, None) == 1  # nothing ran
