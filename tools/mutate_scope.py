@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
 CORE = (
+    "_group_checks",
     "_group_stats",
     "_ties",
     "aggregate",
@@ -79,6 +80,12 @@ per run on a shared 2-core machine; the golden replay covers the whole iteration
 EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     "logprobs": ("tests/property/test_logprobs_chunked.py",),
     "group": ("tests/property/test_group_more_estimators.py", "tests/property/test_group_std_level.py"),
+    "_group_checks": (  # group.py's input checks: group.py's tests (and the twins' refusals, below)
+        "tests/unit/test_core_group.py",
+        "tests/property/test_group_properties.py",
+        "tests/property/test_group_more_estimators.py",
+        "tests/unit/test_pipeline_singleton_error.py",
+    ),
     "_group_stats": (  # group.py's batch statistics: group.py's tests
         "tests/unit/test_core_group.py",
         "tests/property/test_group_properties.py",
@@ -120,5 +127,5 @@ def subset(mod: str) -> list[str]:
     else:
         extra = EXTRA_TESTS.get(mod, ())
         own = (f"tests/unit/test_core_{mod}.py", f"tests/property/test_{mod}_properties.py", *extra)
-        files = (*own, "tests/unit/test_core_inputs.py", *GAP_TESTS)
+        files = (*own, "tests/unit/test_core_inputs.py", "tests/unit/test_core_twin_refusals.py", *GAP_TESTS)
     return [f for f in files if (ROOT / f).exists()]

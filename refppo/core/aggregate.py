@@ -67,19 +67,37 @@ def aggregate_masked(
     rows; only the normalisers are checked here. (Saves re-validating the mask per loss term.)
     """
     B, T = m.shape
+    tc, sc, hc = _checked_norms(agg, token_count, seq_count, horizon)
     if agg is LossAgg.TOKEN_MEAN:
-        n_tok = float(count_true(m)) if token_count is None else check_positive("token_count", token_count)
+        n_tok = float(count_true(m)) if tc is None else tc
         return lm.sum() / n_tok
     if agg is LossAgg.TOKEN_SUM:
         return lm.sum()
-    n_seq = check_positive("seq_count", seq_count) if seq_count is not None else float(B)
+    n_seq = sc if sc is not None else float(B)
     if agg is LossAgg.SEQ_MEAN_TOKEN_MEAN:
         per_seq = lm.sum(dim=1) / count_true(m, 1).to(lm.dtype)
         return per_seq.sum() / n_seq
     if agg is LossAgg.SEQ_MEAN_TOKEN_SUM:
         return lm.sum() / n_seq
-    h = check_positive("horizon", horizon) if horizon is not None else float(T)
+    h = hc if hc is not None else float(T)
     return lm.sum() / n_seq / h
+
+
+def _checked_norms(
+    agg: LossAgg, token_count: float | None, seq_count: float | None, horizon: float | None
+) -> tuple[float | None, float | None, float | None]:
+    """The global normalisers ``agg`` reads, each checked finite and > 0 (None where not given or
+    not read): ``token_count`` (token-mean), ``seq_count`` (the seq-* modes), ``horizon``
+    (seq-mean-token-sum-norm). Shared by :func:`aggregate_masked` and the naive twins, so a bad
+    normaliser gets the same error from each."""
+    tc = sc = h = None
+    if agg is LossAgg.TOKEN_MEAN and token_count is not None:
+        tc = check_positive("token_count", token_count)
+    if agg not in (LossAgg.TOKEN_MEAN, LossAgg.TOKEN_SUM) and seq_count is not None:
+        sc = check_positive("seq_count", seq_count)
+    if agg is LossAgg.SEQ_MEAN_TOKEN_SUM_NORM and horizon is not None:
+        h = check_positive("horizon", horizon)
+    return tc, sc, h
 
 
 def aggregate_loss_naive(
@@ -92,7 +110,9 @@ def aggregate_loss_naive(
     horizon: float | None = None,
 ) -> Scalar:
     """Naive twin of :func:`aggregate_loss`."""
-    agg = LossAgg(mode)
+    agg = parse(LossAgg, mode, what="loss_agg")  # the core's checks (the sums below are separate)
+    check_bt("loss_mat", loss_mat, check_mask("mask", mask))
+    _checked_norms(agg, token_count, seq_count, horizon)
     ls, ms = pf.rows(loss_mat), pf.mask_rows(mask)
     seq_sums, seq_lens = [], []
     for lrow, mrow in zip(ls, ms, strict=True):
@@ -129,7 +149,9 @@ def agg_weights_naive(
     horizon: float | None = None,
 ) -> list[list[float]]:
     """``w(b,t) = ∂agg(L)/∂L[b,t]`` (module docstring); 0 at padded positions."""
-    mode = LossAgg(agg)
+    mode = parse(LossAgg, agg, what="loss_agg")  # aggregate_loss's checks, in its order
+    check_mask("mask", mask)
+    _checked_norms(mode, token_count, seq_count, horizon)
     ms = pf.mask_rows(mask)
     B, T = len(ms), len(ms[0])
     n_tok = token_count if token_count is not None else float(sum(sum(r) for r in ms))

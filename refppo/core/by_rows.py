@@ -29,18 +29,18 @@ from torch import Tensor
 
 from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss, parse
 from refppo.core.aggregate import aggregate_masked
-from refppo.core.gspo import _check_clips, gspo_terms
+from refppo.core.gspo import _checked_gspo_inputs, gspo_terms
 from refppo.core.kl import LogRatioClamp, token_kl
 from refppo.core.policy import (
     PolicyLossOutput,
     PolicyTerms,
-    check_policy_clips,
+    _checked_policy_inputs,
     log_ratio_terms,
     policy_terms,
 )
 from refppo.core.value import ValueLossOutput, _checked_value_inputs, value_terms
 from refppo.errors import HyperparameterError
-from refppo.validate import check_bt, check_mask, check_positive, check_same_dtype, count_true
+from refppo.validate import check_bt, check_mask, count_true
 
 
 def row_blocks(B: int, rows: int) -> Iterator[slice]:
@@ -76,24 +76,25 @@ def policy_loss_by_rows(
     horizon: float | None = None,
 ) -> PolicyLossOutput:
     """:func:`refppo.core.policy.clipped_policy_loss` (``gspo``:
-    :func:`refppo.core.gspo.gspo_policy_loss`, ``log_ratio_clamp`` its κ) by blocks of ``rows`` rows
-    (the first argument): the same outputs bit for bit."""
-    m = check_mask("mask", mask)
-    advantages = check_bt("advantages", advantages, m)
-    logp = check_bt("logp", logp, m)
-    logp_old = check_bt("logp_old", logp_old, m)
-    if gspo:  # the same checks, in the same order, as the whole-batch function
-        check_same_dtype(logp=logp, logp_old=logp_old, advantages=advantages)
-    else:
-        check_same_dtype(logp=logp, logp_old=logp_old)
-        check_same_dtype(logp=logp, advantages=advantages)
+    :func:`refppo.core.gspo.gspo_policy_loss`, ``log_ratio_clamp`` its κ, named ``log_ratio_max`` in
+    its errors) by blocks of ``rows`` rows (the first argument): the same outputs bit for bit, and the
+    same error for bad input (the same check function, ``_checked_policy_inputs`` /
+    ``_checked_gspo_inputs``)."""
     if gspo and dual_clip is not None:
         raise HyperparameterError("dual_clip: GSPO has no dual clip")
-    eps_lo, eps_hi = (
-        _check_clips(clip_low, clip_high) if gspo else check_policy_clips(clip_low, clip_high, dual_clip)
-    )
-    agg_mode = parse(LossAgg, agg, what="loss_agg")
-    k = check_positive("log_ratio_clamp", log_ratio_clamp) if log_ratio_clamp is not None else None
+    # the whole-batch function's own checks (one function each: the same errors, in the same order)
+    checked = (
+        _checked_gspo_inputs(
+            logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, agg=agg,
+            log_ratio_max=log_ratio_clamp,
+        )
+        if gspo
+        else _checked_policy_inputs(
+            logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+            agg=agg, log_ratio_clamp=log_ratio_clamp,
+        )
+    )  # fmt: skip
+    logp, logp_old, advantages, m, eps_lo, eps_hi, agg_mode, k = checked
     _no_grad(logp=logp, logp_old=logp_old, advantages=advantages)
 
     def terms(r: slice) -> PolicyTerms:

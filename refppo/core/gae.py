@@ -65,8 +65,30 @@ def envelope(mask: Tensor) -> Tensor:
 
 
 def has_holes(mask: Tensor) -> bool:
-    """Whether a row of the bool ``[B, T]`` mask has an interior hole (a valid token after a masked one)."""
-    return bool((mask[:, 1:] & ~mask[:, :-1]).any())
+    """Whether a row of the ``[B, T]`` mask has an interior hole (a valid token after a masked one).
+
+    The mask is checked as :func:`envelope`'s (a bool mask passes through untouched; 0/1 integers
+    or floats become bool, anything else is one ``MaskError``: ``~`` on a mask of 2s miscounted)."""
+    m = check_mask("mask", mask, require_nonempty_rows=False)
+    return bool((m[:, 1:] & ~m[:, :-1]).any())
+
+
+def _checked_gae_inputs(
+    rewards: TokenFloat,
+    values: TokenFloat,
+    mask: ResponseMask,
+    gamma: float,
+    lam: float,
+    holes: GaeHoles | str,
+) -> tuple[GaeHoles, Tensor, Tensor, Tensor, float, float]:
+    """:func:`gae`'s inputs checked in one place (shared with :func:`gae_naive`, so a bad input gets
+    the same error from both): ``(holes, rewards, values, mask, γ, λ)``."""
+    how = parse(GaeHoles, holes, what="gae_holes")
+    m = check_mask("mask", mask)
+    rewards = check_bt("rewards", rewards, m)
+    values = check_bt("values", values, m)
+    check_same_dtype(rewards=rewards, values=values)
+    return how, rewards, values, m, check_unit_interval("gamma", gamma), check_unit_interval("lam", lam)
 
 
 def gae(
@@ -87,13 +109,7 @@ def gae(
     ``holes`` = ``zero``/``through``: the same over the envelope (module docstring) after setting
     ``r, V`` on the holes to 0 (``zero``) or keeping them (``through``).
     """
-    how = parse(GaeHoles, holes, what="gae_holes")
-    m = check_mask("mask", mask)
-    rewards = check_bt("rewards", rewards, m)
-    values = check_bt("values", values, m)
-    check_same_dtype(rewards=rewards, values=values)
-    gamma = check_unit_interval("gamma", gamma)
-    lam = check_unit_interval("lam", lam)
+    how, rewards, values, m, gamma, lam = _checked_gae_inputs(rewards, values, mask, gamma, lam, holes)
     if how is not GaeHoles.SKIP:
         e = envelope(m)
         if how is GaeHoles.ZERO:
@@ -142,7 +158,7 @@ def gae_naive(
     ``skip``: over the valid positions only. ``zero``/``through``: over every position up to the
     row's last valid one, reading ``0`` (``zero``) or the given ``r, V`` (``through``) on the holes.
     """
-    how = GaeHoles(holes)
+    how = _checked_gae_inputs(rewards, values, mask, gamma, lam, holes)[0]  # the core's checks
     rs, vs, ms = pf.rows(rewards), pf.rows(values), pf.mask_rows(mask)
     adv_out, ret_out = [], []
     for r_row, v_row, m_row in zip(rs, vs, ms, strict=True):

@@ -67,7 +67,9 @@ from refppo.core import _pyfloat as pf
 from refppo.core._ties import clamp, inside, shares
 from refppo.core.aggregate import agg_weights_naive
 from refppo.core.gspo import gspo_policy_grad_naive
-from refppo.core.kl import LogRatioClamp
+from refppo.core.kl import LogRatioClamp, _checked_kl_inputs
+from refppo.core.policy import _checked_policy_inputs
+from refppo.core.value import _checked_value_inputs
 from refppo.errors import ConventionError
 
 if TYPE_CHECKING:  # the pipeline imports the core; the core needs its types only for annotations
@@ -114,6 +116,10 @@ def policy_grad_naive(
     horizon: float | None = None,
 ) -> Tensor:
     """``∂pg_loss/∂logp`` ``[B, T]`` of :func:`~refppo.core.policy.clipped_policy_loss` (same args)."""
+    _checked_policy_inputs(  # the loss's own refusals (the derivative below is separate)
+        logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+        agg=agg, log_ratio_clamp=log_ratio_clamp,
+    )  # fmt: skip
     eps_hi = clip_high if clip_high is not None else clip_low
     w = agg_weights_naive(mask, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
     lp, lo, advs, ms = pf.rows(logp), pf.rows(logp_old), pf.rows(advantages), pf.mask_rows(mask)
@@ -158,6 +164,9 @@ def value_grad_naive(
     clip_form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
 ) -> Tensor:
     """``∂vf_loss/∂values`` ``[B, T]`` of :func:`~refppo.core.value.value_loss` (same args)."""
+    _checked_value_inputs(  # the loss's own refusals (the derivative below is separate)
+        values, values_old, returns, mask, clip=clip, kind=kind, agg=agg, clip_form=clip_form
+    )
     clipped = ValueLoss(kind) == ValueLoss.CLIPPED
     delta_form = ValueClipForm(clip_form) == ValueClipForm.DELTA
     w = agg_weights_naive(mask, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
@@ -213,7 +222,7 @@ def kl_loss_grad_naive(
     horizon: float | None = None,
 ) -> Tensor:
     """``∂kl_loss/∂logp`` ``[B, T]`` of :func:`~refppo.core.objective.kl_loss` (same args)."""
-    est = KLEstimator(estimator)
+    est = _checked_kl_inputs(logp, logp_ref, mask, estimator, log_ratio_clamp, value_clamp)[0]
     w = agg_weights_naive(mask, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
     lp, lr, ms = pf.rows(logp), pf.rows(logp_ref), pf.mask_rows(mask)
     out: Rows = []

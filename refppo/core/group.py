@@ -61,6 +61,15 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
+from refppo.core._group_checks import GROUP_ESTIMATORS as GROUP_ESTIMATORS
+from refppo.core._group_checks import (
+    _check_lengths,
+    _check_options,
+    _check_scalar_inputs,
+    _checked_group_index,
+    _checked_group_inputs,
+    _checked_returns_inputs,
+)
 from refppo.core._group_stats import batch_stats, group_sigma, passk_margin
 from refppo.core.gae import gae
 
@@ -71,42 +80,9 @@ from refppo.core.group_naive import discounted_returns_naive as discounted_retur
 from refppo.core.group_naive import group_advantages_naive as group_advantages_naive
 from refppo.core.group_naive import reinforce_pp_advantages_naive as reinforce_pp_advantages_naive
 from refppo.core.masked import AllReduce, masked_moments
-from refppo.errors import DtypeError, HyperparameterError, ShapeError, SingletonGroupError
+from refppo.errors import HyperparameterError, SingletonGroupError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
-from refppo.validate import check_b, check_bt, check_float, check_mask, check_nonneg, check_unit_interval
-
-GROUP_ESTIMATORS = (
-    AdvantageEstimator.GRPO,
-    AdvantageEstimator.DR_GRPO,
-    AdvantageEstimator.RLOO,
-    AdvantageEstimator.REINFORCE_PP_BASELINE,
-    AdvantageEstimator.OPO,
-    AdvantageEstimator.GPG,
-    AdvantageEstimator.GRPO_PASSK,
-)
-"""The estimators that need ``group_index`` (``flash-reinforce``'s baseline is the batch's, no group)."""
-
-
-def _check_group_index(group_index: object, B: int, device: torch.device) -> Tensor:
-    if not isinstance(group_index, Tensor):
-        raise DtypeError(f"group_index: expected a torch.Tensor, got {type(group_index).__name__}")
-    if group_index.dtype.is_floating_point or group_index.dtype == torch.bool or group_index.is_complex():
-        raise DtypeError(
-            f"group_index: expected an integer tensor (prompt ids), got dtype {group_index.dtype}"
-        )
-    if group_index.shape != (B,):
-        shape = "[" + ", ".join(str(s) for s in group_index.shape) + "]"
-        raise ShapeError(f"group_index: expected shape [B] = [{B}] (batch), got {shape}")
-    if group_index.device != device:
-        raise ShapeError(f"group_index: expected device {device}, got {group_index.device}")
-    return group_index
-
-
-def _check_options(singleton: str, whiten_eps_form: str) -> None:
-    if singleton not in ("error", "score", "zero"):
-        raise HyperparameterError(f"singleton: expected 'error', 'score' or 'zero', got {singleton!r}")
-    if whiten_eps_form not in ("add", "clamp"):
-        raise HyperparameterError(f"whiten_eps_form: expected 'add' or 'clamp', got {whiten_eps_form!r}")
+from refppo.validate import check_mask, check_nonneg
 
 
 def _whiten(x: Tensor, m: Tensor, unbiased: bool, eps: float, form: str) -> Tensor:
@@ -144,7 +120,7 @@ def group_scalar_advantages(
     """
     est = parse(AdvantageEstimator, estimator, what="estimator")
     level = parse(GroupStdLevel, std_level, what="std_level")
-    s = _check_scalar_inputs(est, scores, eps, singleton)
+    s = _check_scalar_inputs(est, scores, eps, singleton, lengths)
     if est is AdvantageEstimator.FLASH_REINFORCE:
         return _flash_reinforce(s, group_index, all_reduce)
     grp = _groups(est, s, group_index, singleton)
@@ -156,24 +132,9 @@ def group_scalar_advantages(
     return torch.where(grp.single, raw if singleton == "score" else zero, a)
 
 
-def _check_scalar_inputs(est: AdvantageEstimator, scores: SeqFloat, eps: float, singleton: str) -> Tensor:
-    """The checked ``scores`` ``[B]`` (B ≥ 1) of a group (or batch-baseline) estimator ``est``."""
-    if est not in GROUP_ESTIMATORS and est is not AdvantageEstimator.FLASH_REINFORCE:
-        raise HyperparameterError(
-            f"estimator: {est.value!r} is not a group estimator (see reinforce_pp_advantages)"
-        )
-    s = check_float("scores", scores)
-    if s.dim() != 1 or s.shape[0] == 0:
-        raise ShapeError(f"scores: expected shape [B] (batch) with B >= 1, got {list(s.shape)}")
-    check_nonneg("eps", eps)
-    _check_options(singleton, "add")
-    return s
-
-
 def _flash_reinforce(s: Tensor, group_index: Tensor | None, all_reduce: AllReduce | None) -> Tensor:
     """``flash-reinforce``: ``a_i = s_i − (1/B) Σ_j s_j`` over the whole batch (every rank's)."""
-    if group_index is not None:  # unused (no group), but a malformed one is still named
-        _check_group_index(group_index, s.shape[0], s.device)
+    _checked_group_index(AdvantageEstimator.FLASH_REINFORCE, group_index, s)
     n_sum = batch_stats(torch.stack([torch.ones_like(s).sum(), s.sum()]), all_reduce)
     return s - n_sum[1] / n_sum[0]
 
@@ -194,11 +155,8 @@ class _Groups:
 
 def _groups(est: AdvantageEstimator, s: Tensor, group_index: Tensor | None, singleton: str) -> _Groups:
     """The groups of ``group_index`` (checked), refusing groups of one by ``singleton``."""
-    if group_index is None:
-        raise ShapeError(
-            f"group_index: estimator {est.value!r} needs group_index [B] (the prompt of each row)"
-        )
-    g = _check_group_index(group_index, s.shape[0], s.device)
+    g = _checked_group_index(est, group_index, s)
+    assert g is not None  # a group estimator: None refused above
     _, inv = torch.unique(g, return_inverse=True)
     K = int(inv.max()) + 1
     n = torch.bincount(inv, minlength=K).to(s.dtype)
@@ -250,12 +208,9 @@ def _centred(
 
 
 def _lengths(lengths: SeqFloat | None, s: Tensor) -> Tensor:
-    if lengths is None:
-        raise ShapeError("lengths: estimator 'opo' needs the valid-token count [B] of each row")
-    L = check_float("lengths", lengths)
-    if L.shape != s.shape:
-        raise ShapeError(f"lengths: expected shape [B] = [{s.shape[0]}], got {list(L.shape)}")
-    return L.to(s.dtype)
+    """``opo``'s ``L`` in ``s``'s dtype (given and checked: :func:`_check_scalar_inputs`)."""
+    assert lengths is not None
+    return _check_lengths(lengths, s.shape[0]).to(s.dtype)
 
 
 def group_advantages(
@@ -289,28 +244,32 @@ def group_advantages(
     that whitening to the caller (:func:`refppo.pipeline.rollout_quantities` applies its own step 4,
     the ``whiten_*`` conventions, so one set of keys says how every advantage is whitened).
     """
-    m = check_mask("mask", mask)
-    _check_options(singleton, whiten_eps_form)
-    check_nonneg("whiten_eps", whiten_eps)
-    if isinstance(scores, Tensor) and scores.shape[:1] != m.shape[:1]:
-        check_b("scores", scores, m.shape[0], m.device)
+    m, p = _checked_group_inputs(
+        scores, group_index, mask, estimator=estimator, std_level=std_level, eps=eps, singleton=singleton,
+        token_penalty=token_penalty, whiten_eps=whiten_eps, whiten_eps_form=whiten_eps_form,
+    )  # fmt: skip
     a = group_scalar_advantages(
         scores, group_index, estimator=estimator, scale_by_std=scale_by_std,
         unbiased_std=unbiased_std, eps=eps, singleton=singleton, all_reduce=all_reduce,
-        std_level=std_level, lengths=m.sum(dim=1).to(scores.dtype) if isinstance(scores, Tensor) else None,
+        std_level=std_level, lengths=_row_lengths(estimator, scores, m),
     )  # fmt: skip
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     adv = torch.where(m, a.unsqueeze(1).expand(m.shape), zero)
-    if token_penalty is not None:
-        p = check_bt("token_penalty", token_penalty, m)
-        if p.dtype != a.dtype:
-            raise DtypeError(
-                f"expected one floating dtype for all inputs, got scores={a.dtype}, token_penalty={p.dtype}"
-            )
+    if p is not None:
         adv = adv + gae(p, torch.zeros_like(p), m, gamma=1.0, lam=1.0)[0]
     if whiten and parse(AdvantageEstimator, estimator) is AdvantageEstimator.REINFORCE_PP_BASELINE:
         adv = _whiten(adv, m, whiten_unbiased, whiten_eps, whiten_eps_form)
     return adv
+
+
+def _row_lengths(estimator: AdvantageEstimator | str, scores: object, m: Tensor) -> Tensor | None:
+    """``opo``'s ``L_i``: the valid tokens of each row of the checked mask (None for the other
+    estimators, which do not read them)."""
+    if not isinstance(scores, Tensor) or parse(AdvantageEstimator, estimator, what="estimator") is not (
+        AdvantageEstimator.OPO
+    ):
+        return None
+    return m.sum(dim=1).to(scores.dtype)
 
 
 def discounted_returns(
@@ -329,9 +288,7 @@ def discounted_returns(
     :func:`reinforce_pp_advantages` whitens it. With ``zero``/``through`` the holes carry their
     return too (as GAE's); the policy loss never reads them.
     """
-    m = check_mask("mask", mask)
-    r = check_bt("rewards", rewards, m)
-    gamma = check_unit_interval("gamma", gamma)
+    r, m, gamma = _checked_returns_inputs(rewards, mask, gamma, holes)
     return gae(r, torch.zeros_like(r), m, gamma=gamma, lam=1.0, holes=holes)[0]
 
 

@@ -14,8 +14,10 @@ from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
 from refppo.core import _pyfloat as pf
+from refppo.core._group_checks import _check_options, _checked_group_inputs, _checked_returns_inputs
 from refppo.errors import HyperparameterError, MaskError, SingletonGroupError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
+from refppo.validate import check_nonneg
 
 Singleton = Literal["error", "score", "zero"]
 WhitenEps = Literal["add", "clamp"]
@@ -77,11 +79,18 @@ def _scalar_naive(
     n = len(group)
     if n == 1:
         if singleton == "error":
-            raise SingletonGroupError([gs[i]], f"group_index: groups [{gs[i]}] have one response")
+            # the core's error: every lone prompt (at most 8), in row order
+            ids = [g for g in gs if gs.count(g) == 1][:8]
+            raise SingletonGroupError(
+                ids, f"group_index: groups {ids} have one response (pass singleton='score' or 'zero')"
+            )
         if singleton == "zero":
             return 0.0
         if est is AdvantageEstimator.GRPO_PASSK:
-            raise HyperparameterError("singleton: grpo-passk has no second-best score in a group of one")
+            raise HyperparameterError(
+                "singleton: grpo-passk has no second-best score in a group of one;"
+                " use 'error' (verl) or 'zero'"
+            )
         if est is AdvantageEstimator.GPG:
             return alpha * s[i]
         return s[i] / (1.0 + eps) if (est is AdvantageEstimator.GRPO and scale) else s[i]
@@ -121,6 +130,10 @@ def group_advantages_naive(
     std_level: GroupStdLevel | str = GroupStdLevel.GROUP,
 ) -> TokenFloat:
     """Naive twin of :func:`group_advantages`: each response against the others of its prompt."""
+    _checked_group_inputs(  # the core's own input checks (the arithmetic below is separate)
+        scores, group_index, mask, estimator=estimator, std_level=std_level, eps=eps, singleton=singleton,
+        token_penalty=token_penalty, whiten_eps=whiten_eps, whiten_eps_form=whiten_eps_form,
+    )  # fmt: skip
     est = parse(AdvantageEstimator, estimator)
     level = parse(GroupStdLevel, std_level, what="std_level")
     s, ms = pf.vec(scores), pf.mask_rows(mask)
@@ -155,6 +168,8 @@ def reinforce_pp_advantages_naive(
     holes: GaeHoles | str = GaeHoles.SKIP,
 ) -> TokenFloat:
     """Naive twin of :func:`reinforce_pp_advantages`: :func:`discounted_returns_naive`, whitened."""
+    _check_options("error", whiten_eps_form)  # the core's checks, in its order
+    check_nonneg("whiten_eps", whiten_eps)
     returns = pf.rows(discounted_returns_naive(rewards, mask, gamma=gamma, holes=holes))
     ms = pf.mask_rows(mask)
     return pf.tensor_like(_whiten_naive(returns, ms, whiten_unbiased, whiten_eps, whiten_eps_form), rewards)
@@ -164,6 +179,7 @@ def discounted_returns_naive(
     rewards: TokenFloat, mask: ResponseMask, *, gamma: float = 1.0, holes: GaeHoles | str = GaeHoles.SKIP
 ) -> TokenFloat:
     """Naive twin of :func:`discounted_returns`: each ``R_t`` summed as its docstring's equation."""
+    _checked_returns_inputs(rewards, mask, gamma, holes)  # the core's input checks
     how = GaeHoles(holes)
     rs, ms = pf.rows(rewards), pf.mask_rows(mask)
     out = []

@@ -47,6 +47,33 @@ def _check_clips(clip_low: float, clip_high: float | None) -> tuple[float, float
     return eps_lo, eps_hi
 
 
+def _checked_gspo_inputs(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float | None,
+    agg: LossAgg | str,
+    log_ratio_max: float | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, float, float, LossAgg, float | None]:
+    """The GSPO loss's inputs checked in one place, in one order (:func:`gspo_policy_loss`, its
+    row-block twin :func:`refppo.core.by_rows.policy_loss_by_rows` with ``gspo=True``, and the
+    naive twins :func:`gspo_policy_loss_naive`, :func:`gspo_policy_grad_naive`), so a doubly bad
+    input gets the same first error from each, and κ is named ``log_ratio_max`` everywhere:
+    ``(logp, logp_old, advantages, mask, ε_low, ε_high, loss_agg, κ)``, or one clear error."""
+    m = check_mask("mask", mask)
+    logp = check_bt("logp", logp, m)
+    logp_old = check_bt("logp_old", logp_old, m)
+    advantages = check_bt("advantages", advantages, m)
+    check_same_dtype(logp=logp, logp_old=logp_old, advantages=advantages)
+    eps_lo, eps_hi = _check_clips(clip_low, clip_high)
+    agg_mode = parse(LossAgg, agg, what="loss_agg")
+    k = check_positive("log_ratio_max", log_ratio_max) if log_ratio_max is not None else None
+    return logp, logp_old, advantages, m, eps_lo, eps_hi, agg_mode, k
+
+
 def gspo_policy_loss(
     logp: TokenFloat,
     logp_old: TokenFloat,
@@ -62,14 +89,10 @@ def gspo_policy_loss(
     horizon: float | None = None,
 ) -> PolicyLossOutput:
     """The GSPO surrogate (module docstring); ``log_ratio_max`` is κ (verl: 10)."""
-    m = check_mask("mask", mask)
-    logp = check_bt("logp", logp, m)
-    logp_old = check_bt("logp_old", logp_old, m)
-    advantages = check_bt("advantages", advantages, m)
-    check_same_dtype(logp=logp, logp_old=logp_old, advantages=advantages)
-    eps_lo, eps_hi = _check_clips(clip_low, clip_high)
-    agg_mode = parse(LossAgg, agg, what="loss_agg")
-    k = check_positive("log_ratio_max", log_ratio_max) if log_ratio_max is not None else None
+    logp, logp_old, advantages, m, eps_lo, eps_hi, agg_mode, k = _checked_gspo_inputs(
+        logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, agg=agg,
+        log_ratio_max=log_ratio_max,
+    )  # fmt: skip
     t = gspo_terms(logp, logp_old, advantages, m, eps_lo=eps_lo, eps_hi=eps_hi, log_ratio_max=k)
     loss = aggregate_masked(
         t.per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
@@ -134,6 +157,10 @@ def gspo_policy_loss_naive(
     horizon: float | None = None,
 ) -> PolicyLossNaive:
     """Naive twin of :func:`gspo_policy_loss`: one sequence ratio per row, then token by token."""
+    _checked_gspo_inputs(  # the same refusals as the vectorized function (the math below is separate)
+        logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, agg=agg,
+        log_ratio_max=log_ratio_max,
+    )  # fmt: skip
     eps_hi = clip_high if clip_high is not None else clip_low
     lp, lo, advs, ms = pf.rows(logp), pf.rows(logp_old), pf.rows(advantages), pf.mask_rows(mask)
     seqs = _seq_log_ratios(lp, lo, ms)
@@ -187,6 +214,10 @@ def gspo_policy_grad_naive(
 ) -> Tensor:
     """``∂pg_loss/∂logp`` ``[B, T]`` (float64) of :func:`gspo_policy_loss`:
     ``w·(−A)·(s1 + s2·[1−ε_low ≤ s_b ≤ 1+ε_high])·s_b·[S_b ≤ κ]`` (shares as refppo/core/grad.py)."""
+    _checked_gspo_inputs(  # the same refusals as the vectorized function (the math below is separate)
+        logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, agg=agg,
+        log_ratio_max=log_ratio_max,
+    )  # fmt: skip
     eps_hi = clip_high if clip_high is not None else clip_low
     w = agg_weights_naive(mask, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
     lp, lo, advs, ms = pf.rows(logp), pf.rows(logp_old), pf.rows(advantages), pf.mask_rows(mask)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GroupStdLevel, ScorePosition, parse
 from refppo.core import _pyfloat as pf
+from refppo.core._group_checks import _check_scalar_inputs, _checked_group_index
 from refppo.core.group_naive import Singleton, _scalar_naive
 from refppo.validate import check_mask
 
@@ -48,6 +49,7 @@ def score_positions_naive(
 
 def envelope_naive(mask: Tensor) -> list[list[bool]]:
     """``e[b][t]``: is any of ``m[b][t], m[b][t+1], …`` valid (every position up to the last valid one)."""
+    check_mask("mask", mask, require_nonempty_rows=False)  # as the core's envelope
     out = []
     for row in pf.mask_rows(mask):
         out.append([any(row[k] for k in range(t, len(row))) for t in range(len(row))])
@@ -56,6 +58,7 @@ def envelope_naive(mask: Tensor) -> list[list[bool]]:
 
 def has_holes_naive(mask: Tensor) -> bool:
     """Whether a row has a valid token right after a masked one (an interior hole)."""
+    check_mask("mask", mask, require_nonempty_rows=False)  # as the core's has_holes
     for row in pf.mask_rows(mask):
         for t in range(1, len(row)):
             if row[t] and not row[t - 1]:
@@ -79,13 +82,13 @@ def group_scalar_advantages_naive(
 
     ``reinforce++-baseline`` gives the centred score ``s_i − μ_G`` (its whitening is token-level).
     """
-    est = parse(AdvantageEstimator, estimator)
+    est = parse(AdvantageEstimator, estimator, what="estimator")
     level = parse(GroupStdLevel, std_level, what="std_level")
+    # the core's own input checks (NaN/inf, negative or fractional lengths refused as there)
+    _checked_group_index(est, group_index, _check_scalar_inputs(est, scores, eps, singleton, lengths))
     s = pf.vec(scores)
     gs = [int(v) for v in group_index.tolist()] if group_index is not None else [0] * len(s)
     lens = [int(v) for v in pf.vec(lengths)] if lengths is not None else [1] * len(s)
-    if lengths is not None and lens != pf.vec(lengths):
-        raise ValueError("lengths: the naive twin takes token counts (whole numbers)")
     return [
         _scalar_naive(s, gs, lens, i, est, scale_by_std, unbiased_std, eps, singleton, level)
         for i in range(len(s))

@@ -59,6 +59,25 @@ def check_kl_clamps(
         raise HyperparameterError(f"{vc}: expected a number > 0, got {value_clamp!r}")
 
 
+def _checked_kl_inputs(
+    logp: Tensor,
+    logp_ref: Tensor,
+    mask: Tensor,
+    estimator: KLEstimator | str,
+    log_ratio_clamp: LogRatioClamp | None,
+    value_clamp: float | None,
+) -> tuple[KLEstimator, Tensor, Tensor, Tensor]:
+    """:func:`token_kl`'s inputs checked in one place (shared with :func:`token_kl_naive`, so a bad
+    input gets the same error from both): ``(estimator, logp, logp_ref, mask)``."""
+    est = parse(KLEstimator, estimator, what="kl_estimator")
+    m = check_mask("mask", mask, require_nonempty_rows=False)
+    logp = check_bt("logp", logp, m)
+    logp_ref = check_bt("logp_ref", logp_ref, m)
+    check_same_dtype(logp=logp, logp_ref=logp_ref)
+    check_kl_clamps(log_ratio_clamp, value_clamp)
+    return est, logp, logp_ref, m
+
+
 def token_kl(
     logp: TokenFloat,
     logp_ref: TokenFloat,
@@ -69,12 +88,7 @@ def token_kl(
     value_clamp: float | None = None,
 ) -> TokenFloat:
     """Per-token KL estimate ``[B, T]`` of the chosen ``estimator``; 0 at padded positions."""
-    est = parse(KLEstimator, estimator, what="kl_estimator")
-    m = check_mask("mask", mask, require_nonempty_rows=False)
-    logp = check_bt("logp", logp, m)
-    logp_ref = check_bt("logp_ref", logp_ref, m)
-    check_same_dtype(logp=logp, logp_ref=logp_ref)
-    check_kl_clamps(log_ratio_clamp, value_clamp)
+    est, logp, logp_ref, m = _checked_kl_inputs(logp, logp_ref, mask, estimator, log_ratio_clamp, value_clamp)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     d = torch.where(m, logp - logp_ref, zero)
     if log_ratio_clamp is not None and log_ratio_clamp != (None, None):
@@ -109,7 +123,7 @@ def token_kl_naive(
     value_clamp: float | None = None,
 ) -> TokenFloat:
     """Naive twin of :func:`token_kl` (values: a ``+`` variant is its base estimator)."""
-    est = KLEstimator(estimator).base
+    est = _checked_kl_inputs(logp, logp_ref, mask, estimator, log_ratio_clamp, value_clamp)[0].base
     lp, lr, ms = pf.rows(logp), pf.rows(logp_ref), pf.mask_rows(mask)
     out = []
     for row_p, row_r, mrow in zip(lp, lr, ms, strict=True):

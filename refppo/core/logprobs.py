@@ -99,14 +99,19 @@ def logprobs_from_logits(
     return torch.where(m, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
 
 
+def _dummy_tokens(logits: Tensor) -> Tensor:
+    """Token ids ``[B, T]`` (zeros) for :func:`_prepare` when only the logits are checked (a
+    logits tensor that is not ``[B, T, V]`` is passed through, so the logits' own error comes)."""
+    if isinstance(logits, Tensor) and logits.dim() == 3:
+        return torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
+    return logits
+
+
 def entropy_from_logits(
     logits: Logits, mask: ResponseMask | None = None, *, temperature: float = 1.0
 ) -> TokenFloat:
     """Entropy of ``softmax(logits/τ)`` per position, ``[B, T]``; 0 where ``mask`` is 0."""
-    dummy = (
-        torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device) if logits.dim() == 3 else logits
-    )
-    lg, ids, m = _prepare(logits, dummy, mask, temperature)
+    lg, ids, m = _prepare(logits, _dummy_tokens(logits), mask, temperature)
 
     # −Σ p·log p from the log-softmax, not logsumexp(z) − Σ p·z: the latter subtracts two numbers
     # of the size of the logits and loses ~|z|·u absolute precision (float32, large logits or low τ).
@@ -135,6 +140,7 @@ def logprobs_from_logits_naive(
     logits: Logits, tokens: TokenIds, mask: ResponseMask | None = None, *, temperature: float = 1.0
 ) -> TokenFloat:
     """Naive twin of :func:`logprobs_from_logits`."""
+    _prepare(logits, tokens, mask, temperature)  # the core's checks (the sums below are separate)
     B, T, _ = logits.shape
     lg = logits.detach().to(torch.float64).cpu().tolist()
     ids = tokens.cpu().tolist()
@@ -156,6 +162,7 @@ def entropy_from_logits_naive(
     logits: Logits, mask: ResponseMask | None = None, *, temperature: float = 1.0
 ) -> TokenFloat:
     """Naive twin of :func:`entropy_from_logits`: ``−Σ_v p_v log p_v``."""
+    _prepare(logits, _dummy_tokens(logits), mask, temperature)  # the core's checks
     B, T, _ = logits.shape
     lg = logits.detach().to(torch.float64).cpu().tolist()
     ms = pf.mask_rows(mask) if mask is not None else [[True] * T for _ in range(B)]

@@ -65,20 +65,32 @@ def _check_dim(dim: int | None) -> None:
         raise ShapeError(f"dim: expected None (everything) or -1/1 (per row, over resp), got {dim!r}")
 
 
+def _checked_reduction(
+    x: TokenFloat, mask: ResponseMask, dim: int | None, *, nonempty_rows: bool
+) -> tuple[Tensor, Tensor]:
+    """``(x, mask)`` of a masked reduction checked (``dim``, the mask, ``x`` ``[B, T]`` float): the
+    checks of :func:`masked_sum` (``nonempty_rows=False``), :func:`masked_mean`, :func:`masked_var`
+    and :func:`masked_whiten`, shared with their naive twins (the same error for a bad input)."""
+    _check_dim(dim)
+    m = check_mask("mask", mask, require_nonempty_rows=nonempty_rows)
+    return check_bt("x", x, m), m
+
+
+def _check_unbiased_count(n: int, unbiased: bool) -> None:
+    if unbiased and n < 2:
+        raise MaskError(f"mask: an unbiased variance needs at least 2 valid tokens, got {n}")
+
+
 def masked_sum(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
     """``Σ m·x`` over everything (``dim=None``, 0-dim result) or per row (``dim=-1`` or 1, ``[B]``)."""
-    _check_dim(dim)
-    m = check_mask("mask", mask, require_nonempty_rows=False)
-    x = check_bt("x", x, m)
+    x, m = _checked_reduction(x, mask, dim, nonempty_rows=False)
     xm = _masked_values(x, m)
     return xm.sum() if dim is None else xm.sum(dim=dim)
 
 
 def masked_mean(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
     """``Σ m·x / Σ m`` over everything or per row (``dim=-1`` or 1). Every row needs a valid token."""
-    _check_dim(dim)
-    m = check_mask("mask", mask)
-    x = check_bt("x", x, m)
+    x, m = _checked_reduction(x, mask, dim, nonempty_rows=True)
     xm = _masked_values(x, m)
     if dim is None:
         return xm.sum() / count_true(m).to(x.dtype)
@@ -93,13 +105,11 @@ def masked_var(
     With ``all_reduce`` the variance over every rank's shard (module docstring, "Distributed").
     Raises MaskError when an unbiased variance is asked of fewer than 2 valid tokens.
     """
-    m = check_mask("mask", mask)
-    x = check_bt("x", x, m)
+    x, m = _checked_reduction(x, mask, None, nonempty_rows=True)
     if all_reduce is not None:
         return _global_moments(x, m, unbiased, all_reduce)[1]
     n = int(count_true(m))
-    if unbiased and n < 2:
-        raise MaskError(f"mask: an unbiased variance needs at least 2 valid tokens, got {n}")
+    _check_unbiased_count(n, unbiased)
     mu = _masked_values(x, m).sum() / n
     sq = _masked_values((x - mu) ** 2, m).sum()
     return sq / (n - 1 if unbiased else n)
@@ -140,8 +150,7 @@ def masked_whiten(
     ``rsqrt(var+1e-8)``); TRL ``trl/core.py::masked_whiten`` (unbiased, ``shift_mean`` flag);
     OpenRLHF whitens with the population variance.
     """
-    m = check_mask("mask", mask)
-    x = check_bt("x", x, m)
+    x, m = _checked_reduction(x, mask, None, nonempty_rows=True)
     check_nonneg("eps", eps)
     mu, var = masked_moments(x, m, unbiased=unbiased, all_reduce=all_reduce)
     out = (x - mu) * torch.rsqrt(var + eps)
@@ -157,6 +166,7 @@ def masked_whiten(
 
 def masked_sum_naive(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
     """Naive twin of :func:`masked_sum` (``dim`` None or -1/1)."""
+    _checked_reduction(x, mask, dim, nonempty_rows=False)  # the core's checks (the sums are separate)
     xs, ms = pf.rows(x), pf.mask_rows(mask)
     per_row = []
     for row, mrow in zip(xs, ms, strict=True):
@@ -172,6 +182,7 @@ def masked_sum_naive(x: TokenFloat, mask: ResponseMask, dim: int | None = None) 
 
 def masked_mean_naive(x: TokenFloat, mask: ResponseMask, dim: int | None = None) -> Tensor:
     """Naive twin of :func:`masked_mean` (``dim`` None or -1/1)."""
+    _checked_reduction(x, mask, dim, nonempty_rows=True)  # the core's checks
     xs, ms = pf.rows(x), pf.mask_rows(mask)
     total, count = 0.0, 0
     per_row = []
@@ -191,6 +202,7 @@ def masked_mean_naive(x: TokenFloat, mask: ResponseMask, dim: int | None = None)
 
 def masked_var_naive(x: TokenFloat, mask: ResponseMask, *, unbiased: bool = True) -> Scalar:
     """Naive twin of :func:`masked_var`: two passes over the valid values."""
+    _checked_reduction(x, mask, None, nonempty_rows=True)  # the core's checks
     valid_values = [
         v
         for row, mrow in zip(pf.rows(x), pf.mask_rows(mask), strict=True)
@@ -198,6 +210,7 @@ def masked_var_naive(x: TokenFloat, mask: ResponseMask, *, unbiased: bool = True
         if ok
     ]
     n = len(valid_values)
+    _check_unbiased_count(n, unbiased)
     mean = sum(valid_values) / n
     sq = sum((v - mean) ** 2 for v in valid_values)
     return pf.tensor_like(sq / (n - 1 if unbiased else n), x)
@@ -212,11 +225,14 @@ def masked_whiten_naive(
     eps: float = 1e-8,
 ) -> TokenFloat:
     """Naive twin of :func:`masked_whiten`."""
+    _checked_reduction(x, mask, None, nonempty_rows=True)  # the core's checks, in its order
+    check_nonneg("eps", eps)
     xs, ms = pf.rows(x), pf.mask_rows(mask)
     valid_values = [
         v for row, mrow in zip(xs, ms, strict=True) for v, ok in zip(row, mrow, strict=True) if ok
     ]
     n = len(valid_values)
+    _check_unbiased_count(n, unbiased)
     mean = sum(valid_values) / n
     var = sum((v - mean) ** 2 for v in valid_values) / (n - 1 if unbiased else n)
     scale = 1.0 / math.sqrt(var + eps)

@@ -60,6 +60,19 @@ def _mean_square(x: Tensor, m: Tensor, unbiased: bool, all_reduce: AllReduce | N
     return ms
 
 
+def _checked_normalize_inputs(
+    x: TokenFloat, mask: ResponseMask, kind: Whitening | str, eps: float, eps_at: WhitenEps | str
+) -> tuple[Whitening, WhitenEps, Tensor, Tensor]:
+    """:func:`normalize`'s inputs checked (shared with :func:`normalize_naive`): ``(kind, eps_at,
+    x, mask)``, or one clear error."""
+    k = parse(Whitening, kind, what="whiten_advantages")
+    at = parse(WhitenEps, eps_at, what="whiten_eps_at")
+    m = check_mask("mask", mask)
+    x = check_bt("x", x, m)
+    check_nonneg("eps", eps)
+    return k, at, x, m
+
+
 def normalize(
     x: TokenFloat,
     mask: ResponseMask,
@@ -71,11 +84,7 @@ def normalize(
     all_reduce: AllReduce | None = None,
 ) -> TokenFloat:
     """Normalise ``x`` ``[B, T]`` over its valid tokens by ``kind`` (module docstring); 0 on padding."""
-    k = parse(Whitening, kind, what="whiten_advantages")
-    at = parse(WhitenEps, eps_at, what="whiten_eps_at")
-    m = check_mask("mask", mask)
-    x = check_bt("x", x, m)
-    check_nonneg("eps", eps)
+    k, at, x, m = _checked_normalize_inputs(x, mask, kind, eps, eps_at)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     if k is Whitening.NONE:
         return torch.where(m, x, zero)
@@ -104,7 +113,7 @@ def normalize_naive(
     eps_at: WhitenEps | str = WhitenEps.VARIANCE,
 ) -> TokenFloat:
     """Naive twin of :func:`normalize`: Python floats, two passes over the valid values."""
-    k, at = Whitening(kind), WhitenEps(eps_at)
+    k, at = _checked_normalize_inputs(x, mask, kind, eps, eps_at)[:2]  # the core's checks
     xs, ms = pf.rows(x), pf.mask_rows(mask)
     valid = [v for row, mrow in zip(xs, ms, strict=True) for v, ok in zip(row, mrow, strict=True) if ok]
     n = len(valid)

@@ -72,6 +72,17 @@ def kl_loss_naive(
     return aggregate_loss_naive(kl, mask, agg, **norm)
 
 
+def _check_coefs(vf_coef: float, ent_coef: float, kl_coef: float, ptx_coef: float) -> None:
+    """The coefficients of :func:`total_loss` (and its naive twin): finite and ``>= 0``."""
+    for name, c in (
+        ("vf_coef", vf_coef),
+        ("ent_coef", ent_coef),
+        ("kl_coef", kl_coef),
+        ("ptx_coef", ptx_coef),
+    ):
+        check_nonneg(name, c)
+
+
 def total_loss(
     pg_loss: Scalar,
     vf_loss: Scalar | None = None,
@@ -85,13 +96,7 @@ def total_loss(
     ptx_coef: float = 0.0,
 ) -> Scalar:
     """``pg + vf_coef·vf − ent_coef·H + kl_coef·kl + ptx_coef·ptx`` (terms given as None count 0)."""
-    for name, c in (
-        ("vf_coef", vf_coef),
-        ("ent_coef", ent_coef),
-        ("kl_coef", kl_coef),
-        ("ptx_coef", ptx_coef),
-    ):
-        check_nonneg(name, c)
+    _check_coefs(vf_coef, ent_coef, kl_coef, ptx_coef)
     loss: Tensor = pg_loss
     if vf_loss is not None:
         loss = loss + vf_coef * vf_loss
@@ -117,6 +122,7 @@ def total_loss_naive(
     ptx_coef: float = 0.0,
 ) -> float:
     """Naive twin of :func:`total_loss` on Python floats."""
+    _check_coefs(vf_coef, ent_coef, kl_coef, ptx_coef)
     total = pg_loss
     total += vf_coef * (vf_loss or 0.0)
     total -= ent_coef * (entropy or 0.0)

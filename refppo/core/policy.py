@@ -150,6 +150,35 @@ def policy_terms(
     return PolicyTerms(d, ratio, loss1, loss2, per_token, lower_active)
 
 
+def _checked_policy_inputs(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float | None,
+    dual_clip: float | None,
+    agg: LossAgg | str,
+    log_ratio_clamp: float | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, float, float, LossAgg, float | None]:
+    """The clipped surrogate's inputs checked in one place, in one order (:func:`clipped_policy_loss`,
+    its row-block twin :func:`refppo.core.by_rows.policy_loss_by_rows` and its naive twin
+    :func:`clipped_policy_loss_naive`), so a doubly bad input gets the same first error from each:
+    ``(logp, logp_old, advantages, mask, ε_low, ε_high, loss_agg, κ)``, or one clear error naming
+    the bad input."""
+    m = check_mask("mask", mask)
+    advantages = check_bt("advantages", advantages, m)
+    eps_lo, eps_hi = check_policy_clips(clip_low, clip_high, dual_clip)
+    agg_mode = parse(LossAgg, agg, what="loss_agg")
+    logp = check_bt("logp", logp, m)
+    logp_old = check_bt("logp_old", logp_old, m)
+    check_same_dtype(logp=logp, logp_old=logp_old)
+    k = check_positive("log_ratio_clamp", log_ratio_clamp) if log_ratio_clamp is not None else None
+    check_same_dtype(logp=logp, advantages=advantages)
+    return logp, logp_old, advantages, m, eps_lo, eps_hi, agg_mode, k
+
+
 def clipped_policy_loss(
     logp: TokenFloat,
     logp_old: TokenFloat,
@@ -166,15 +195,11 @@ def clipped_policy_loss(
     horizon: float | None = None,
 ) -> PolicyLossOutput:
     """The clipped surrogate (module docstring). ``clip_high`` defaults to ``clip_low``."""
-    m = check_mask("mask", mask)
-    advantages = check_bt("advantages", advantages, m)
-    eps_lo, eps_hi = check_policy_clips(clip_low, clip_high, dual_clip)
-    agg_mode = parse(LossAgg, agg, what="loss_agg")
-    logp = check_bt("logp", logp, m)
-    logp_old = check_bt("logp_old", logp_old, m)
-    check_same_dtype(logp=logp, logp_old=logp_old)
-    k = check_positive("log_ratio_clamp", log_ratio_clamp) if log_ratio_clamp is not None else None
-    check_same_dtype(logp=logp, advantages=advantages)
+    c = _checked_policy_inputs(
+        logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+        agg=agg, log_ratio_clamp=log_ratio_clamp,
+    )  # fmt: skip
+    logp, logp_old, advantages, m, eps_lo, eps_hi, agg_mode, k = c
     t = policy_terms(
         logp, logp_old, advantages, m, eps_lo=eps_lo, eps_hi=eps_hi, dual_clip=dual_clip, log_ratio_clamp=k
     )
@@ -241,6 +266,10 @@ def clipped_policy_loss_naive(
     horizon: float | None = None,
 ) -> PolicyLossNaive:
     """Naive twin of :func:`clipped_policy_loss`, case by case on each token."""
+    _checked_policy_inputs(  # the same refusals as the vectorized function (the math below is separate)
+        logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+        agg=agg, log_ratio_clamp=log_ratio_clamp,
+    )  # fmt: skip
     eps_hi = clip_high if clip_high is not None else clip_low
     lp, lo, advs, ms = pf.rows(logp), pf.rows(logp_old), pf.rows(advantages), pf.mask_rows(mask)
     per_token, ratios = [], []
@@ -267,13 +296,9 @@ def clipped_policy_loss_naive(
         per_token.append(prow)
         ratios.append(rrow)
     agg_value = aggregate_loss_naive(
-        torch.tensor(per_token, dtype=torch.float64),
-        mask,
-        agg,
-        token_count=token_count,
-        seq_count=seq_count,
-        horizon=horizon,
-    ).item()
+        torch.tensor(per_token, dtype=torch.float64), mask, agg, token_count=token_count,
+        seq_count=seq_count, horizon=horizon,
+    ).item()  # fmt: skip
     return PolicyLossNaive(
         loss=agg_value,
         per_token=per_token,

@@ -53,6 +53,22 @@ def _score_positions(m: Tensor, where: ScorePosition) -> Tensor:
     return torch.full((B,), T - 1, dtype=torch.long, device=m.device)
 
 
+def _checked_reward_inputs(
+    scores: SeqFloat, kl: TokenFloat | None, mask: ResponseMask, beta: float, score_at: ScorePosition | str
+) -> tuple[Tensor, Tensor, Tensor | None, ScorePosition]:
+    """:func:`token_rewards`' inputs checked in one place (shared with :func:`token_rewards_naive`,
+    so a bad input gets the same error from both): ``(mask, scores, kl, score_at)``."""
+    m = check_mask("mask", mask)
+    B, _ = m.shape
+    scores = check_b("scores", scores, B, m.device)
+    check_nonneg("beta", beta)
+    where = parse(ScorePosition, score_at, what="score_at")
+    if kl is not None:
+        kl = check_bt("kl", kl, m)
+        check_same_dtype(scores=scores, kl=kl)
+    return m, scores, kl, where
+
+
 def token_rewards(
     scores: SeqFloat,
     kl: TokenFloat | None,
@@ -65,17 +81,12 @@ def token_rewards(
 
     Only the score slot may be non-zero outside the mask (``after_last_valid``/``last_position``).
     """
-    m = check_mask("mask", mask)
-    B, _ = m.shape
-    scores = check_b("scores", scores, B, m.device)
-    check_nonneg("beta", beta)
-    pos = _score_positions(m, parse(ScorePosition, score_at, what="score_at"))
+    m, scores, kl, where = _checked_reward_inputs(scores, kl, mask, beta, score_at)
+    pos = _score_positions(m, where)
     zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
     if kl is None:
         r = torch.zeros(m.shape, dtype=scores.dtype, device=m.device)
     else:
-        kl = check_bt("kl", kl, m)
-        check_same_dtype(scores=scores, kl=kl)
         r = torch.where(m, -beta * kl, zero)
     # r[b, p_b] += s_b (one score slot per row).
     return r.scatter_add(1, pos.unsqueeze(1), scores.unsqueeze(1))
@@ -90,7 +101,7 @@ def token_rewards_naive(
     score_at: ScorePosition | str = ScorePosition.LAST_VALID,
 ) -> TokenFloat:
     """Naive twin of :func:`token_rewards`: build each row as ``[0, …, 0, s] − β·KL``."""
-    where = ScorePosition(score_at)
+    where = _checked_reward_inputs(scores, kl, mask, beta, score_at)[3]  # the core's checks
     ms = pf.mask_rows(mask)
     ss = pf.vec(scores)
     ks = pf.rows(kl) if kl is not None else [[0.0] * len(row) for row in ms]

@@ -37,14 +37,20 @@ def check_score_map(bias: float, scale: float, clip: float | None) -> None:
         check_positive("score_clip", clip)
 
 
-def map_scores(
-    scores: SeqFloat, *, bias: float = 0.0, scale: float = 1.0, clip: float | None = None
-) -> Tensor:
-    """``clip((s + bias)·scale, ±clip)`` ``[B]`` (module docstring)."""
+def _checked_scores(scores: SeqFloat, bias: float, scale: float, clip: float | None) -> Tensor:
+    """:func:`map_scores`' inputs checked (shared with :func:`map_scores_naive`): ``scores`` ``[B]``."""
     s = check_float("scores", scores)
     if s.dim() != 1:
         raise ShapeError(f"scores: expected shape [B], got {list(s.shape)}")
     check_score_map(bias, scale, clip)
+    return s
+
+
+def map_scores(
+    scores: SeqFloat, *, bias: float = 0.0, scale: float = 1.0, clip: float | None = None
+) -> Tensor:
+    """``clip((s + bias)·scale, ±clip)`` ``[B]`` (module docstring)."""
+    s = _checked_scores(scores, bias, scale, clip)
     if bias != 0.0 or scale != 1.0:
         s = (s + bias) * scale
     return s if clip is None else torch.clamp(s, -clip, clip)
@@ -54,6 +60,7 @@ def map_scores_naive(
     scores: Tensor, *, bias: float = 0.0, scale: float = 1.0, clip: float | None = None
 ) -> list[float]:
     """Naive twin of :func:`map_scores`: each score in double precision, the clip by comparisons."""
+    _checked_scores(scores, bias, scale, clip)  # the core's checks (the arithmetic below is separate)
     out = []
     for s in pf.vec(scores):
         if bias != 0.0 or scale != 1.0:

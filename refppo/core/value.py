@@ -161,6 +161,9 @@ def value_loss_naive(
     clip_form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
 ) -> ValueLossNaive:
     """Naive twin of :func:`value_loss` (Python floats: float64 arithmetic)."""
+    _checked_value_inputs(  # the same refusals as the vectorized function (the math below is separate)
+        values, values_old, returns, mask, clip=clip, kind=kind, agg=agg, clip_form=clip_form
+    )
     clipped = ValueLoss(kind) == ValueLoss.CLIPPED
     delta = ValueClipForm(clip_form) == ValueClipForm.DELTA
     vs, vos, rs, ms = pf.rows(values), pf.rows(values_old), pf.rows(returns), pf.mask_rows(mask)
