@@ -20,7 +20,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, LossAgg
+from refppo.conventions import KLEstimator, KLPlacement, LossAgg
 from refppo.core.aggregate import aggregate_loss
 from refppo.core.kl import token_kl
 from refppo.core.policy import clipped_policy_loss, policy_ratio
@@ -189,10 +189,15 @@ class Search:
         from refppo.oracle.search_estimator import estimator_stage, needs_estimator_stage
         from refppo.oracle.search_rollout import gae_stage, reward_stage, whiten_stage
 
+        self.dump.release_mapped()  # the loader's validation read every key
         groups = self._kl(groups)
+        self.dump.release_mapped()
         groups = reward_stage(self, groups)
+        self.dump.release_mapped()
         # a dump with a critic and no group_index under a gae setting walks GAE alone, as before
         groups = estimator_stage(self, groups) if needs_estimator_stage(self) else gae_stage(self, groups)
+        self.dump.release_mapped()
+        groups = drop_reward_state(groups)
         groups = whiten_stage(self, groups)
         t = self.t
         if not ("logprobs" in t or "values" in t):
@@ -200,13 +205,16 @@ class Search:
         from refppo.oracle.search_policy import policy_stage
         from refppo.oracle.search_value import value_stage
 
+        self.dump.release_mapped()
         groups = drop_rollout_state(groups)
         groups = policy_stage(self, groups)
+        self.dump.release_mapped()
         if "old_values" in t:
             groups = value_stage(self, groups)
         else:  # no critic: no value loss (refppo.pipeline.update_quantities)
             for g in groups:
                 g.patch({"vf_loss": torch.zeros((), dtype=t["old_logprobs"].dtype)})
+        self.dump.release_mapped()
         return self._loss(groups)
 
     def _kl(self, groups: list[Group]) -> list[Group]:
@@ -353,16 +361,43 @@ class Search:
         return abs(clipfrac_of(terms, lo, hi) - got) <= slack + self.tol.rtol
 
 
+REWARD_STATE = ("kl", "rewards")
+"""State entries that only the reward stage and step 3 (GAE or a critic-free estimator) read: the
+whitening walk reads the raw advantages, so these ``[B, T]`` tensors are dropped before it runs."""
 ROLLOUT_ONLY_STATE = ("kl", "rewards", "adv_raw")
 """State entries that only the rollout stages read: the policy stage builds its states from the
 advantages, returns, masks and KL keys, so these ``[B, T]`` tensors are dropped before it runs."""
 
 
+def drop_state(groups: list[Group], keys: tuple[str, ...]) -> list[Group]:
+    """The groups with ``keys`` removed from their states (in place).
+
+    Dropped from the groups a stage returns, before the next stage expands them: those groups are
+    then also the parents the next stage's replayed states are rebuilt from (a parent holds its
+    state for as long as a child may be replayed), so a key the next walk does not read is not
+    held by them either.
+    """
+    for g in groups:
+        g.patch(omit=keys)
+    return groups
+
+
+def drop_reward_state(groups: list[Group]) -> list[Group]:
+    """:data:`REWARD_STATE` removed from the states (in place), and ``kl_cur`` where the KL penalty
+    is not in the loss (``kl_in`` ≠ loss): only the policy stage's KL loss reads it then.
+
+    A group's ``kl_in`` is read off its conventions (every member has the same: the reward stage's
+    digest holds it), not off its state, which would replay a state that is not held.
+    """
+    for g in groups:
+        in_loss = g.convs[0]["kl_in"] == KLPlacement.LOSS.value
+        g.patch(omit=REWARD_STATE if in_loss else (*REWARD_STATE, "kl_cur"))
+    return groups
+
+
 def drop_rollout_state(groups: list[Group]) -> list[Group]:
     """The groups with :data:`ROLLOUT_ONLY_STATE` removed from their states (in place)."""
-    for g in groups:
-        g.patch(omit=ROLLOUT_ONLY_STATE)
-    return groups
+    return drop_state(groups, ROLLOUT_ONLY_STATE)
 
 
 def nearest_note(g: Group) -> str:
@@ -404,6 +439,8 @@ __all__ = [
     "Search",
     "approx_kl_k2_all_positions",
     "digest",
+    "drop_reward_state",
     "drop_rollout_state",
+    "drop_state",
     "pg_widen_for",
 ]
