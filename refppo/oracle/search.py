@@ -23,6 +23,7 @@ from torch import Tensor
 from refppo.conventions import KLEstimator, KLPlacement, LossAgg
 from refppo.core.aggregate import aggregate_loss
 from refppo.core.kl import token_kl
+from refppo.core.objective import total_loss
 from refppo.core.policy import clipped_policy_loss, policy_ratio
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import compare
@@ -278,13 +279,13 @@ class Search:
                         kll = aggregate_loss(s["kl_cur"], self.m, a.value, **self.norm)
                         kls.append(({"kl_loss_agg": a.value}, kll))
             for upd, kl_loss in kls:
-                # separate_critic: the dumped ``loss`` is the actor's objective, without the value term
-                # (as recompute's reference: refppo/oracle/recompute.py)
-                total = s["pg_loss"] + (0.0 if separate else hp.vf_coef) * s["vf_loss"]
-                if s["entropy_loss"] is not None:
-                    total = total - hp.ent_coef * s["entropy_loss"]
-                if kl_loss is not None:
-                    total = total + hp.kl_coef * kl_loss
+                # the core's objective (step 9), as the pipeline composes it; separate_critic: the
+                # dumped ``loss`` is the actor's objective, without the value term (a weight of 0,
+                # as recompute's reference: refppo/oracle/recompute.py)
+                total = total_loss(
+                    s["pg_loss"], s["vf_loss"], s["entropy_loss"], kl_loss,
+                    vf_coef=0.0 if separate else hp.vf_coef, ent_coef=hp.ent_coef, kl_coef=hp.kl_coef,
+                )  # fmt: skip
                 st = {**s, "loss": total, "kl_loss": kl_loss}
                 yield upd, st, digest(total, s["pg_loss"], s["vf_loss"], kl_loss)
 

@@ -300,3 +300,26 @@ def test_count_true_along_rows_makes_no_mask_sized_copy() -> None:
         count_true(m, 1)
     biggest = max((e.cpu_memory_usage for e in prof.events()), default=0)
     assert biggest < m.numel(), biggest  # the old code: 8 · 64 · 4096 bytes
+
+
+def test_loss_stage_composes_the_core_objective(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss stage's total is :func:`refppo.core.objective.total_loss` (one path; the old code
+    summed the terms by hand), with the value term weighted 0 for a separate critic; each total
+    equals the core called directly on the state's terms."""
+    from refppo.core.objective import total_loss
+
+    dump, start = _paged_dump(tmp_path, None, whiten_rewards="masked")
+    calls: list[tuple[Any, ...]] = []
+
+    def spy(*a: Any, **k: Any) -> Any:
+        out = total_loss(*a, **k)
+        calls.append((a, k, out))
+        return out
+
+    monkeypatch.setattr(search_mod, "total_loss", spy)
+    assert detect(dump, start).detected
+    assert calls
+    for a, k, out in calls:
+        assert k["vf_coef"] == (0.0 if dump.step.separate_critic else start.hp.vf_coef)
+        assert k["ent_coef"] == start.hp.ent_coef and k["kl_coef"] == start.hp.kl_coef
+        assert torch.equal(out, total_loss(*a, **k))
