@@ -148,7 +148,22 @@ def count_true(mask: Tensor, dim: int | None = None) -> Tensor:
     Over everything ``torch.count_nonzero`` (~7x faster than a sum on CPU at 8 M entries); along a
     dim a sum of a uint8 view of the mask's bytes (as fast as ``count_nonzero`` there, and several
     times faster than a bool reduction, whose CPU kernels are not vectorized). Exact integers.
+
+    Along the last axis of a ``[B, T]`` mask, in two steps: the bytes of each run of
+    :data:`_COUNT_RUN` entries are summed in uint8 (at most 128, no overflow), then the ``[B, T/128]``
+    partial counts in int64. A plain uint8 sum into int64 first casts the whole mask (an int64
+    ``[B, T]`` copy: 64 MB at B=1024, T=8192); this allocates only the partial counts.
     """
     if dim is None:
         return torch.count_nonzero(mask)
-    return mask.view(torch.uint8).sum(dim=dim)
+    u = mask.view(torch.uint8)
+    if u.dim() != 2 or dim not in (1, -1):
+        return u.sum(dim=dim)
+    t0 = u.shape[1] - u.shape[1] % _COUNT_RUN
+    runs = u[:, :t0].view(u.shape[0], t0 // _COUNT_RUN, _COUNT_RUN)  # a view: one axis split
+    out = runs.sum(-1, dtype=torch.uint8).sum(1)
+    return out + u[:, t0:].sum(1) if t0 < u.shape[1] else out
+
+
+_COUNT_RUN = 128
+"""Entries per uint8 partial count of :func:`count_true` along ``T`` (≤ 255: no uint8 overflow)."""

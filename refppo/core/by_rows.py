@@ -23,6 +23,7 @@ gradient (the trainer's differentiated path keeps the whole-batch functions).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -80,6 +81,50 @@ def policy_loss_by_rows(
     its errors) by blocks of ``rows`` rows (the first argument): the same outputs bit for bit, and the
     same error for bad input (the same check function, ``_checked_policy_inputs`` /
     ``_checked_gspo_inputs``)."""
+    out = _policy_loss_by_rows(
+        rows, logp, logp_old, advantages, mask, gspo=gspo, clip_low=clip_low, clip_high=clip_high,
+        dual_clip=dual_clip, agg=agg, log_ratio_clamp=log_ratio_clamp, token_count=token_count,
+        seq_count=seq_count, horizon=horizon, keep_ratio=True,
+    )  # fmt: skip
+    ratio = cast(Tensor, out.ratio)  # kept: keep_ratio=True
+    return PolicyLossOutput(
+        out.loss, out.per_token, ratio, out.clipfrac, out.clipfrac_lower, out.approx_kl, out.approx_kl_k2
+    )
+
+
+class _BlockPolicyLoss(NamedTuple):
+    """:class:`refppo.core.policy.PolicyLossOutput` with ``ratio`` optional (None: not kept)."""
+
+    loss: Tensor
+    per_token: Tensor
+    ratio: Tensor | None
+    clipfrac: Tensor
+    clipfrac_lower: Tensor
+    approx_kl: Tensor
+    approx_kl_k2: Tensor
+
+
+def _policy_loss_by_rows(
+    rows: int,
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    gspo: bool,
+    clip_low: float,
+    clip_high: float | None,
+    dual_clip: float | None,
+    agg: LossAgg | str,
+    log_ratio_clamp: float | None,
+    token_count: float | None,
+    seq_count: float | None,
+    horizon: float | None,
+    keep_ratio: bool,
+) -> _BlockPolicyLoss:
+    """:func:`policy_loss_by_rows`; ``keep_ratio`` False: the ratio ``ρ`` is not kept (``ratio``
+    None), so one ``[B, T]`` buffer (``ℓ``) instead of two, for callers that read only the loss,
+    ``per_token``, the clip fractions and approx_kl (the ``--detect`` search's policy stage)."""
     if gspo and dual_clip is not None:
         raise HyperparameterError("dual_clip: GSPO has no dual clip")
     # the whole-batch function's own checks (one function each: the same errors, in the same order)
@@ -115,11 +160,13 @@ def policy_loss_by_rows(
             per_token[r] = log_ratio_terms(logp[r], logp_old[r], m[r], None)[0]
         approx_kl = -per_token.sum() / n
         approx_kl_k2 = 0.5 * per_token.mul_(per_token).sum() / n
-        ratio = torch.empty_like(logp, memory_format=torch.contiguous_format)
+        ratio = torch.empty_like(logp, memory_format=torch.contiguous_format) if keep_ratio else None
         n_clip = n_lower = 0
         for r in row_blocks(B, rows):
             t = terms(r)
-            per_token[r], ratio[r] = t.per_token, t.ratio
+            per_token[r] = t.per_token
+            if ratio is not None:
+                ratio[r] = t.ratio
             n_clip += int((t.loss2 > t.loss1).sum())
             n_lower += int(t.lower_active.sum()) if t.lower_active is not None else 0
             del t
@@ -128,7 +175,7 @@ def policy_loss_by_rows(
         )
         clipfrac = _count(n_clip, logp) / n
         clipfrac_lower = _count(n_lower, logp) / n if dual_clip is not None else torch.zeros_like(loss)
-    return PolicyLossOutput(loss, per_token, ratio, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
+    return _BlockPolicyLoss(loss, per_token, ratio, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
 
 
 def _count(n: int, like: Tensor) -> Tensor:

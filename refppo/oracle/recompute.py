@@ -141,9 +141,14 @@ def reference_kl(dump: Dump, setup: Setup, logp: Tensor | None = None) -> Tensor
 
 
 def approx_kl_k2_all_positions(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
-    """TRL's ``approxkl``: ``½·mean((l − l_old)²)`` over all B·T positions, padding counted as 0."""
-    d = torch.where(mask, logprobs - old_logprobs, torch.zeros((), dtype=logprobs.dtype))
-    return 0.5 * (d * d).sum() / d.numel()
+    """TRL's ``approxkl``: ``½·mean((l − l_old)²)`` over all B·T positions, padding counted as 0.
+
+    ``d = l − l_old`` is made once and masked and squared in place (one float ``[B, T]`` buffer and
+    one bool: the inverted mask), then summed as a whole: the same elementwise values and the same
+    sum as ``where(m, l − l_old, 0)`` squared out of place (three float ``[B, T]`` temporaries)."""
+    d = logprobs - old_logprobs
+    d.masked_fill_(mask.logical_not(), 0.0)
+    return 0.5 * d.mul_(d).sum() / d.numel()
 
 
 def pg_tie_share(
@@ -248,10 +253,14 @@ def recompute(
     ``rollout``: such a ``rollout_only`` result for the same ``setup`` and ``bug``, continued with
     the update stage instead of recomputing steps 1–4 (the same values: the same calls made them).
     """
-    trim_heap()  # what earlier stages freed is not resident under this one's peak
+    # what earlier stages freed, and the dumped keys they read, are not resident under this one's
+    # peak (the keys are paged in again from the file as they are read: Dump.release_mapped)
+    dump.release_mapped()
+    trim_heap()
     ro = _rollout_reference(dump, setup, bug) if rollout is None else rollout
     if rollout_only:
         return ro
+    dump.release_mapped()
     trim_heap()
     return _with_update(dump, setup, ro)
 
@@ -369,9 +378,12 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
             vf_term = hp.vf_coef * uq.vf_loss if dump.step.separate_critic else 0.0
             vals["loss"] = (uq.loss - vf_term).detach()
         grad_setup, critic = setup, "old_values" in t
-        zeros = torch.zeros_like(t["old_logprobs"])
-        v_in = values if values is not None else zeros
-        ov_in = t["old_values"] if critic else zeros
+        if values is not None and critic:
+            v_in, ov_in = values, t["old_values"]
+        else:  # zero stand-ins, one [B, T] buffer for both, made only when one is missing
+            zeros = torch.zeros_like(t["old_logprobs"])
+            v_in = values if values is not None else zeros
+            ov_in = t["old_values"] if critic else zeros
         if not critic:  # no critic: zero stand-ins and no value term (grad_values needs values: refused)
             grad_setup = Setup(conv, ex, replace(hp, vf_coef=0.0))
         inp = UpdateInputs(

@@ -20,9 +20,10 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, LossAgg
+from refppo.conventions import KLEstimator, KLPlacement, LossAgg
 from refppo.core.aggregate import aggregate_loss
 from refppo.core.kl import token_kl
+from refppo.core.objective import total_loss
 from refppo.core.policy import clipped_policy_loss, policy_ratio
 from refppo.errors import RefPPOError
 from refppo.oracle.compare import compare
@@ -194,10 +195,15 @@ class Search:
         from refppo.oracle.search_estimator import estimator_stage, needs_estimator_stage
         from refppo.oracle.search_rollout import gae_stage, reward_stage, whiten_stage
 
+        self.dump.release_mapped()  # the loader's validation read every key
         groups = self._kl(groups)
+        self.dump.release_mapped()
         groups = reward_stage(self, groups)
+        self.dump.release_mapped()
         # a dump with a critic and no group_index under a gae setting walks GAE alone, as before
         groups = estimator_stage(self, groups) if needs_estimator_stage(self) else gae_stage(self, groups)
+        self.dump.release_mapped()
+        groups = drop_reward_state(groups)
         groups = whiten_stage(self, groups)
         t = self.t
         if not ("logprobs" in t or "values" in t):
@@ -205,13 +211,16 @@ class Search:
         from refppo.oracle.search_policy import policy_stage
         from refppo.oracle.search_value import value_stage
 
+        self.dump.release_mapped()
         groups = drop_rollout_state(groups)
         groups = policy_stage(self, groups)
+        self.dump.release_mapped()
         if "old_values" in t:
             groups = value_stage(self, groups)
         else:  # no critic: no value loss (refppo.pipeline.update_quantities)
             for g in groups:
                 g.patch({"vf_loss": torch.zeros((), dtype=t["old_logprobs"].dtype)})
+        self.dump.release_mapped()
         return self._loss(groups)
 
     def _kl(self, groups: list[Group]) -> list[Group]:
@@ -275,13 +284,13 @@ class Search:
                         kll = aggregate_loss(s["kl_cur"], self.m, a.value, **self.norm)
                         kls.append(({"kl_loss_agg": a.value}, kll))
             for upd, kl_loss in kls:
-                # separate_critic: the dumped ``loss`` is the actor's objective, without the value term
-                # (as recompute's reference: refppo/oracle/recompute.py)
-                total = s["pg_loss"] + (0.0 if separate else hp.vf_coef) * s["vf_loss"]
-                if s["entropy_loss"] is not None:
-                    total = total - hp.ent_coef * s["entropy_loss"]
-                if kl_loss is not None:
-                    total = total + hp.kl_coef * kl_loss
+                # the core's objective (step 9), as the pipeline composes it; separate_critic: the
+                # dumped ``loss`` is the actor's objective, without the value term (a weight of 0,
+                # as recompute's reference: refppo/oracle/recompute.py)
+                total = total_loss(
+                    s["pg_loss"], s["vf_loss"], s["entropy_loss"], kl_loss,
+                    vf_coef=0.0 if separate else hp.vf_coef, ent_coef=hp.ent_coef, kl_coef=hp.kl_coef,
+                )  # fmt: skip
                 st = {**s, "loss": total, "kl_loss": kl_loss}
                 yield upd, st, digest(total, s["pg_loss"], s["vf_loss"], kl_loss)
 
@@ -358,16 +367,43 @@ class Search:
         return abs(clipfrac_of(terms, lo, hi) - got) <= slack + self.tol.rtol
 
 
+REWARD_STATE = ("kl", "rewards")
+"""State entries that only the reward stage and step 3 (GAE or a critic-free estimator) read: the
+whitening walk reads the raw advantages, so these ``[B, T]`` tensors are dropped before it runs."""
 ROLLOUT_ONLY_STATE = ("kl", "rewards", "adv_raw")
 """State entries that only the rollout stages read: the policy stage builds its states from the
 advantages, returns, masks and KL keys, so these ``[B, T]`` tensors are dropped before it runs."""
 
 
+def drop_state(groups: list[Group], keys: tuple[str, ...]) -> list[Group]:
+    """The groups with ``keys`` removed from their states (in place).
+
+    Dropped from the groups a stage returns, before the next stage expands them: those groups are
+    then also the parents the next stage's replayed states are rebuilt from (a parent holds its
+    state for as long as a child may be replayed), so a key the next walk does not read is not
+    held by them either.
+    """
+    for g in groups:
+        g.patch(omit=keys)
+    return groups
+
+
+def drop_reward_state(groups: list[Group]) -> list[Group]:
+    """:data:`REWARD_STATE` removed from the states (in place), and ``kl_cur`` where the KL penalty
+    is not in the loss (``kl_in`` ≠ loss): only the policy stage's KL loss reads it then.
+
+    A group's ``kl_in`` is read off its conventions (every member has the same: the reward stage's
+    digest holds it), not off its state, which would replay a state that is not held.
+    """
+    for g in groups:
+        in_loss = g.convs[0]["kl_in"] == KLPlacement.LOSS.value
+        g.patch(omit=REWARD_STATE if in_loss else (*REWARD_STATE, "kl_cur"))
+    return groups
+
+
 def drop_rollout_state(groups: list[Group]) -> list[Group]:
     """The groups with :data:`ROLLOUT_ONLY_STATE` removed from their states (in place)."""
-    for g in groups:
-        g.patch(omit=ROLLOUT_ONLY_STATE)
-    return groups
+    return drop_state(groups, ROLLOUT_ONLY_STATE)
 
 
 def nearest_note(g: Group) -> str:
@@ -409,6 +445,8 @@ __all__ = [
     "Search",
     "approx_kl_k2_all_positions",
     "digest",
+    "drop_reward_state",
     "drop_rollout_state",
+    "drop_state",
     "pg_widen_for",
 ]

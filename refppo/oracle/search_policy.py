@@ -9,7 +9,7 @@ dual-clip constant and the clip ranges from the data and the stage is walked aga
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from refppo.conventions import KLPlacement, LossAgg
 from refppo.core.aggregate import aggregate_loss, aggregate_masked
-from refppo.core.by_rows import policy_loss_by_rows
+from refppo.core.by_rows import _policy_loss_by_rows, row_blocks
 from refppo.core.policy import clipped_policy_loss
 from refppo.oracle.recompute import approx_kl_k2_all_positions
 from refppo.oracle.search import Group, Option, Search, digest, pg_widen_for
@@ -42,8 +42,13 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     own_eagg: dict[str, Any] = {} if search.base.conv.entropy_agg is None else {"entropy_agg": None}
 
     # Work shared by every candidate of the stage, done once.
-    d_valid = torch.where(m, logprobs - t["old_logprobs"], torch.zeros((), dtype=logprobs.dtype))
-    max_abs_d = float(d_valid.abs().max())
+    # Above ROW_BLOCK_ELEMENTS, the loss by row blocks (refppo.core.by_rows: the same per-token loss,
+    # clip fraction and approx_kl bit for bit) instead of the whole batch's ~8 [B, T] temporaries;
+    # the log-ratio tests below by the same blocks (one block below ROW_BLOCK_ELEMENTS).
+    rows = update_rows(m)
+    block = m.shape[0] if rows is None else rows
+    lp_old = t["old_logprobs"]
+    max_abs_d = max(float(d.abs().max()) for _, d in _log_ratios(block, logprobs, lp_old, m))
     ak2 = approx_kl_k2_all_positions(logprobs, t["old_logprobs"], m) if has_lp else None
     ent_by_agg = {a: aggregate_loss(entropy, m, a, **norm) for a in aggs} if entropy is not None else {}
     kll_cache: dict[tuple[bytes, str], Tensor] = {}
@@ -51,9 +56,6 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     # core's aggregate_masked with the token count computed once is aggregate_loss without the
     # per-call re-validation, masking and counting (three full passes per candidate and mode).
     n_tok = float(count_true(m))
-    # Above ROW_BLOCK_ELEMENTS, the loss by row blocks (refppo.core.by_rows: the same per-token loss,
-    # clip fraction and approx_kl bit for bit) instead of the whole batch's ~8 [B, T] temporaries.
-    rows = update_rows(m)
     # By the advantages' content (groups of other rollout conventions often share it): whether a
     # dual clip acts, and the loss under each (clip, dual, clamp), aggregated (scalars only).
     acts: dict[tuple[Any, ...], bool] = {}
@@ -76,8 +78,7 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                         if dual is not None and dual > 1.0 + (hi if hi is not None else lo):
                             dk = (adv_key, dual, eff_lrc)
                             if dk not in acts:
-                                dc = d_valid if eff_lrc is None else torch.clamp(d_valid, -eff_lrc, eff_lrc)
-                                acts[dk] = bool((m & (adv < 0) & (torch.exp(dc) > dual)).any())
+                                acts[dk] = _dual_acts(block, logprobs, lp_old, adv, m, dual, eff_lrc)
                             if not acts[dk]:
                                 eff_dual = None
                         ck = (adv_key, clip, eff_dual, eff_lrc)
@@ -162,6 +163,26 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     return search.stage(groups, make, checks, "policy", search.propose_policy if has_lp else None)
 
 
+def _log_ratios(rows: int, logp: Tensor, logp_old: Tensor, m: Tensor) -> Iterator[tuple[slice, Tensor]]:
+    """``(r, d[r])`` for each block ``r`` of ``rows`` rows: ``d = logp − logp_old`` on valid tokens,
+    0 on padding (the elementwise values of the whole batch's ``d``, without its ``[B, T]``)."""
+    zero = torch.zeros((), dtype=logp.dtype)
+    for r in row_blocks(m.shape[0], rows):
+        yield r, torch.where(m[r], logp[r] - logp_old[r], zero)
+
+
+def _dual_acts(
+    rows: int, logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, dual: float, lrc: float | None
+) -> bool:
+    """Whether a dual clip ``c`` acts on some token: valid, ``A < 0`` and ``exp(clamp(d, ±κ)) > c``
+    (``d`` of :func:`_log_ratios`; κ the log-ratio clamp, or none), by blocks of ``rows`` rows."""
+    for r, d in _log_ratios(rows, logp, logp_old, m):
+        dc = d if lrc is None else torch.clamp(d, -lrc, lrc)
+        if bool((m[r] & (adv[r] < 0) & (torch.exp(dc) > dual)).any()):
+            return True
+    return False
+
+
 def _policy_loss(
     rows: int | None,
     logp: Tensor,
@@ -174,15 +195,19 @@ def _policy_loss(
     lrc: float | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(per_token, clipfrac, approx_kl)`` of :func:`clipped_policy_loss` (``rows`` None) or of
-    :func:`policy_loss_by_rows` by ``rows`` rows: the same values bit for bit, the latter without
-    the whole batch's ``[B, T]`` temporaries (two ``[B, T]`` buffers plus one block's). The ratio
-    ``ρ`` ``[B, T]`` is not read here: it is freed before the aggregations."""
+    :func:`refppo.core.by_rows.policy_loss_by_rows` by ``rows`` rows: the same values bit for bit,
+    the latter without the whole batch's ``[B, T]`` temporaries (one ``[B, T]`` buffer, ``ℓ``, plus
+    one block's: the ratio ``ρ``, not read here, is not kept)."""
     kw: dict[str, Any] = {"clip_low": lo, "clip_high": hi, "dual_clip": dual, "log_ratio_clamp": lrc}
     if rows is None:
         out = clipped_policy_loss(logp, logp_old, adv, m, **kw)
-    else:
-        out = policy_loss_by_rows(rows, logp, logp_old, adv, m, **kw)
-    return out.per_token, out.clipfrac, out.approx_kl
+        return out.per_token, out.clipfrac, out.approx_kl
+    # the loss by blocks without the ratio's [B, T] buffer (not read here)
+    blocks = _policy_loss_by_rows(
+        rows, logp, logp_old, adv, m, gspo=False, agg=LossAgg.TOKEN_MEAN, token_count=None,
+        seq_count=None, horizon=None, keep_ratio=False, **kw,
+    )  # fmt: skip
+    return blocks.per_token, blocks.clipfrac, blocks.approx_kl
 
 
 class _Aggregated:
