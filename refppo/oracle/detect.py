@@ -53,8 +53,8 @@ from refppo.errors import RefPPOError
 from refppo.oracle.diagnose import alt_json, check
 from refppo.oracle.fastcheck import RolloutMemo
 from refppo.oracle.load import Dump
-from refppo.oracle.search import Search
-from refppo.oracle.search_prune import prune_held, value_prune_for
+from refppo.oracle.search import Group, Search
+from refppo.oracle.search_prune import PruneLostError, prune_held, value_prune_for
 from refppo.oracle.settings import Setup
 
 HP_KEYS = ("cliprange", "cliprange_high", "cliprange_value")
@@ -163,6 +163,24 @@ def _value_twin_notes(dump: Dump, convs: list[dict[str, Any]], undetermined: lis
     ]
 
 
+def _search(dump: Dump, base: Setup) -> tuple[Search, list[Group]]:
+    """The staged search, pruned by the value loss where that is exact
+    (:mod:`refppo.oracle.search_prune`): when the pruned walk cannot hold (found at the first stage
+    that shows it, or afterwards), its groups are dropped and the search runs again unpruned."""
+    search = Search(dump, base)
+    search.prune = value_prune_for(search)
+    try:
+        groups = search.run()
+        if search.prune is None or prune_held(search):
+            return search, groups
+        del groups
+    except PruneLostError:
+        pass
+    del search  # the pruned walk's states are not read again: free them before the second walk
+    search = Search(dump, base)
+    return search, search.run()
+
+
 def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
     """Search the convention space around ``base``.
 
@@ -170,12 +188,7 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
     finds others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``/
     ``cliprange_value``).
     """
-    search = Search(dump, base)
-    search.prune = value_prune_for(search)
-    groups = search.run()
-    if search.prune is not None and not prune_held(search):  # the pruned walk may differ: walk all
-        search = Search(dump, base)
-        groups = search.run()
+    search, groups = _search(dump, base)
     base_json = _full(base.convention_dict(), {})
     fitted, solved = list(search.fitted), dict(search.solved)
     matched = [g for g in groups if not g.unmatched and g.worst == 0.0]

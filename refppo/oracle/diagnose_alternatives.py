@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from refppo.conventions import AdvantageEstimator, GroupKL, GroupSingleton, GroupStdLevel
+from refppo.conventions import AdvantageEstimator, GroupKL, GroupSingleton, GroupStdLevel, LossAgg
 from refppo.step_settings import SIGMA_ESTIMATORS
 
 GROUP_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
@@ -33,14 +33,9 @@ ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
     "whiten_variance": [{"whiten_variance": v} for v in ("unbiased", "population")],
     "dual_clip": [{"dual_clip": c} for c in (None, 3.0)],
     "log_ratio_clamp": [{"log_ratio_clamp": c} for c in (None, 20.0)],
-    "loss_agg": [
-        {"loss_agg": a}
-        for a in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-    ],
-    "value_loss_agg": [
-        {"value_loss_agg": a}
-        for a in (None, "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-    ],
+    # every mode of the enum (token-sum was missing: a token-sum value loss was never detected)
+    "loss_agg": [{"loss_agg": a.value} for a in LossAgg],
+    "value_loss_agg": [{"value_loss_agg": a} for a in (None, *(m.value for m in LossAgg))],
     "value_loss": [{"value_loss": v} for v in ("clipped", "unclipped")],
     "value_clip_form": [{"value_clip_form": f} for f in ("around_old", "delta")],
     "vf_mask": [{"vf_mask": v} for v in ("value", "response")],

@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from refppo.oracle.search_prune import note_walk
+
 if TYPE_CHECKING:
     from refppo.oracle.search import Option, Search
 
@@ -191,7 +193,7 @@ def expand_groups(
             n_held = sum(1 for _, h, _ in live if h.held)
     replayer.clear()
     search.release_compared()
-    search.walks.append((stage, ok_seen, any_check))
+    note_walk(search, stage, ok_seen, any_check)  # a pruned search that cannot hold stops here
     if ok_seen or not any_check:
         return [h for r, h, _ in live if r == 0.0]
     search.unmatched.append(stage)

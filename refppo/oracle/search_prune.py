@@ -47,6 +47,11 @@ CHECKED_AFTER = ("advantages", "policy")
 """Stages after the GAE stage whose first walk must pass some group (or check nothing)."""
 
 
+class PruneLostError(Exception):
+    """Raised by :func:`note_walk` in a pruned search as soon as a first walk shows that
+    :func:`prune_held` will be False: the rest of the pruned walk would be thrown away."""
+
+
 class ValuePrune:
     """Which ``(returns, value mask)`` can reproduce ``vf_loss`` (memoised by the returns' digest)."""
 
@@ -97,6 +102,18 @@ def value_prune_for(search: Search) -> ValuePrune | None:
     if "returns" in t or not all(search.dump.has(k) for k in needed) or needs_estimator_stage(search):
         return None
     return ValuePrune(search)
+
+
+def note_walk(search: Search, stage: str, ok_seen: bool, any_check: bool) -> None:
+    """Log a stage's walk in :attr:`Search.walks`; in a pruned search, raise :class:`PruneLostError` when
+    this first walk of the stage already makes :func:`prune_held` False (the value stage passed no
+    group, or a stage of :data:`CHECKED_AFTER` checked something and passed no group)."""
+    first = all(st != stage for st, _, _ in search.walks)
+    search.walks.append((stage, ok_seen, any_check))
+    if search.prune is None or not first or ok_seen:
+        return
+    if stage == "value" or (stage in CHECKED_AFTER and any_check):
+        raise PruneLostError(stage)
 
 
 def prune_held(search: Search) -> bool:

@@ -11,6 +11,7 @@ import torch
 from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
 import refppo.oracle.detect as detect_mod
+import refppo.oracle.search_groups as groups_mod
 import refppo.oracle.search_prune as prune_mod
 import refppo.oracle.search_rollout as rollout_mod
 from refppo.conventions import LossAgg
@@ -107,9 +108,23 @@ def test_an_unmatched_stage_walks_again_unpruned(
         runs.append(self.prune is not None)
         return real_run(self)
 
+    walked: list[tuple[bool, str]] = []
+    real_note = groups_mod.note_walk
+
+    def note(search: Search, stage: str, ok_seen: bool, any_check: bool) -> None:
+        walked.append((search.prune is not None, stage))
+        real_note(search, stage, ok_seen, any_check)
+
     monkeypatch.setattr(Search, "run", run)
+    monkeypatch.setattr(groups_mod, "note_walk", note)
     new = detect(dump, setup_for(None))
-    assert runs == [True, False] and seen and not seen[0][2]
+    assert runs == [True, False] and not (seen and seen[0][2])
+    # the pruned walk stops at the first stage that shows it cannot hold (rev5: it used to walk to
+    # the end, so a mismatching dump paid for two whole searches); the unpruned one walks them all
+    pruned = [st for p, st in walked if p]
+    assert pruned[-1] == {"vf_loss": "value", "pg_loss": "policy"}[scale]
+    assert pruned.count(pruned[-1]) == 1 and "loss" not in pruned
+    assert "loss" in [st for p, st in walked if not p]
     assert new.n_detected == 0 and new.nearest is not None
     assert repr(vars(new)) == repr(vars(_unpruned(dump, setup_for(None), monkeypatch)))
 

@@ -224,3 +224,12 @@ def test_detect_reproduces_an_areal_dump_from_refppo_defaults(tmp_path: Path) ->
     found = detect(dump, start)
     _recheck(dump, start, found)
     assert all(c["approx_kl"] == "neg_k1" for c in found.detected)
+
+
+def test_detect_finds_a_token_sum_value_loss(tmp_path: Path) -> None:
+    # the value stage walked value_loss_agg over four of the five LossAgg modes: a token-sum value
+    # loss (verl's agg_loss mode) was reported as "value, loss unmatched" (rev5)
+    dump, start, found = _detect(tmp_path, {"value_loss_agg": "token-sum"})
+    assert found.unmatched_stages == []
+    assert {c["value_loss_agg"] for c in found.detected} == {"token-sum"}
+    _recheck(dump, start, found)

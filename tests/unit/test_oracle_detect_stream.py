@@ -169,6 +169,7 @@ def test_a_dropped_group_is_not_revived_by_a_later_option() -> None:
         replayer = groups_mod.Replayer()
         unmatched: ClassVar[list[str]] = []
         walks: ClassVar[list[tuple[str, bool, bool]]] = []
+        prune = None
 
         def release_compared(self) -> None:
             pass
