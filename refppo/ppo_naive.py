@@ -174,7 +174,11 @@ def _whiten_mask_naive(mask: Tensor, holes: WhitenHoles) -> Tensor:
     if holes is not WhitenHoles.INCLUDE:
         return mask
     rows = mask.bool().tolist()
-    return torch.tensor([[any(row[t:]) for t in range(len(row))] for row in rows], dtype=torch.bool)
+    return torch.tensor(
+        [[any(row[t:]) for t in range(len(row))] for row in rows],
+        dtype=torch.bool,
+        device=mask.device,
+    )
 
 
 __all__ = [

@@ -92,12 +92,21 @@ def _checked_group_index(est: AdvantageEstimator, group_index: Tensor | None, s:
     return _check_group_index(group_index, s.shape[0], s.device)
 
 
+def _is_integer(dtype: torch.dtype) -> bool:
+    """An integer dtype (bool excluded: a mask is not a count)."""
+    return dtype != torch.bool and not dtype.is_floating_point and not dtype.is_complex
+
+
 def _check_lengths(lengths: object, B: int) -> Tensor:
-    """``lengths`` ``[B]``: each row's valid-token count ``L_i``, a float tensor of whole numbers
-    ``>= 1`` (as a checked mask's rows: every row has a valid token). Refused with one
-    :class:`~refppo.errors.MaskError` naming the first bad row otherwise (a NaN, infinite, negative,
-    zero or fractional count would make ``opo``'s ``Σ L_j s_j / Σ L_j`` NaN or silently wrong).
+    """``lengths`` ``[B]``: each row's valid-token count ``L_i``, whole numbers ``>= 1`` (as a
+    checked mask's rows: every row has a valid token), as a float tensor or an integer one (counts
+    such as ``mask.sum(1)``; returned cast to float64, the caller casts to its compute dtype).
+    Refused with one :class:`~refppo.errors.MaskError` naming the first bad row otherwise (a NaN,
+    infinite, negative, zero or fractional count would make ``opo``'s ``Σ L_j s_j / Σ L_j`` NaN or
+    silently wrong); a bool or complex tensor is a :class:`~refppo.errors.DtypeError`.
     Shared with the naive twin :func:`refppo.core.helpers_naive.group_scalar_advantages_naive`."""
+    if isinstance(lengths, Tensor) and _is_integer(lengths.dtype):
+        lengths = lengths.to(torch.float64)
     L = check_float("lengths", lengths)
     if L.shape != (B,):
         raise ShapeError(f"lengths: expected shape [B] = [{B}], got {list(L.shape)}")

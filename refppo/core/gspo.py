@@ -186,7 +186,7 @@ def gspo_policy_loss_naive(
         per_token.append(prow)
         ratios.append(rrow)
     total = aggregate_loss_naive(
-        torch.tensor(per_token, dtype=torch.float64),
+        torch.tensor(per_token, dtype=torch.float64, device=mask.device),
         mask,
         agg,
         token_count=token_count,

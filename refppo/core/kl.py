@@ -43,14 +43,19 @@ LogRatioClamp = tuple[float | None, float | None]
 def check_kl_clamps(
     log_ratio_clamp: LogRatioClamp | None, value_clamp: float | None, *, prefix: str = ""
 ) -> None:
-    """``log_ratio_clamp`` ``(lo, hi)``: finite or None, ``lo <= hi``; ``value_clamp``: finite, > 0.
+    """``log_ratio_clamp`` a pair ``(lo, hi)``, each a finite number or None, ``lo <= hi``;
+    ``value_clamp``: finite, > 0. Anything else is one :class:`HyperparameterError`.
 
     ``prefix`` goes before the names in the messages (``kl_`` for the pipeline's Convention fields).
     """
     lr, vc = f"{prefix}log_ratio_clamp", f"{prefix}value_clamp"
     if log_ratio_clamp is not None:
+        if not (isinstance(log_ratio_clamp, (tuple, list)) and len(log_ratio_clamp) == 2):
+            raise HyperparameterError(f"{lr}: expected a pair (lo, hi), got {log_ratio_clamp!r}")
         lo, hi = log_ratio_clamp
         for side, bound in (("lo", lo), ("hi", hi)):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))):
+                raise HyperparameterError(f"{lr}: {side} must be a number or None, got {bound!r}")
             if bound is not None and not math.isfinite(bound):
                 raise HyperparameterError(f"{lr}: {side} must be finite or None, got {bound!r}")
         if lo is not None and hi is not None and lo > hi:

@@ -296,7 +296,7 @@ def clipped_policy_loss_naive(
         per_token.append(prow)
         ratios.append(rrow)
     agg_value = aggregate_loss_naive(
-        torch.tensor(per_token, dtype=torch.float64), mask, agg, token_count=token_count,
+        torch.tensor(per_token, dtype=torch.float64, device=mask.device), mask, agg, token_count=token_count,
         seq_count=seq_count, horizon=horizon,
     ).item()  # fmt: skip
     return PolicyLossNaive(

@@ -192,7 +192,7 @@ def value_loss_naive(
                 row.append(0.5 * e1)
         per_token.append(row)
     total = aggregate_loss_naive(
-        torch.tensor(per_token, dtype=torch.float64),
+        torch.tensor(per_token, dtype=torch.float64, device=mask.device),
         mask,
         agg,
         token_count=token_count,

@@ -238,6 +238,82 @@ def test_group_lengths_good_counts_still_give_opo() -> None:
     assert group_scalar_advantages_naive(s, g, estimator="opo", lengths=L) == [0.25, -0.75, -1.0, 0.5]
 
 
+def test_group_lengths_as_integer_counts_are_accepted_under_every_estimator() -> None:
+    # rev6 STD-2: `mask.sum(1)` (int64) is the natural count; it was a DtypeError under every
+    # estimator. Integer counts now give what the same counts as floats give (core and twin).
+    s = torch.tensor([1.0, 0.0, 0.5, 2.0], dtype=F64)
+    g = torch.tensor([0, 0, 1, 1])
+    L = torch.tensor([3.0, 1.0, 2.0, 4.0], dtype=F64)
+    from refppo.core._group_checks import GROUP_ESTIMATORS
+
+    for estimator in [e.value for e in GROUP_ESTIMATORS] + ["flash-reinforce"]:
+        want = group_scalar_advantages(s, g, estimator=estimator, lengths=L)
+        want_naive = group_scalar_advantages_naive(s, g, estimator=estimator, lengths=L)
+        for dtype in (torch.int64, torch.int32):
+            got = group_scalar_advantages(s, g, estimator=estimator, lengths=L.to(dtype))
+            assert got.dtype == F64 and torch.equal(got, want), (estimator, dtype)
+            got_naive = group_scalar_advantages_naive(s, g, estimator=estimator, lengths=L.to(dtype))
+            assert got_naive == want_naive, (estimator, dtype)
+    # by hand (opo): group 0 mean (3·1 + 1·0)/4 = 0.75, group 1 (2·0.5 + 4·2)/6 = 1.5
+    got = group_scalar_advantages(s, g, estimator="opo", lengths=torch.tensor([3, 1, 2, 4]))
+    assert torch.equal(got, torch.tensor([0.25, -0.75, -1.0, 0.5], dtype=F64))
+
+
+INT_LENGTHS_BAD = [
+    (torch.tensor([3, 0, 2, 4]), "MaskError"),
+    (torch.tensor([3, -1, 2, 4], dtype=torch.int32), "MaskError"),
+    (torch.tensor([True, True, True, True]), "DtypeError"),
+]
+
+
+@pytest.mark.parametrize("estimator", ["opo", "grpo"])
+@pytest.mark.parametrize(("L", "cls_name"), INT_LENGTHS_BAD, ids=["int64 zero", "int32 negative", "bool"])
+def test_group_lengths_integer_zero_and_bool_are_refused(
+    estimator: str, L: torch.Tensor, cls_name: str
+) -> None:
+    s = torch.tensor([1.0, 0.0, 0.5, 2.0], dtype=F64)
+    g = torch.tensor([0, 0, 1, 1])
+    cls, msg = _same_refusal(
+        {
+            "core": lambda: group_scalar_advantages(s, g, estimator=estimator, lengths=L),
+            "naive": lambda: group_scalar_advantages_naive(s, g, estimator=estimator, lengths=L),
+        }
+    )
+    assert cls.__name__ == cls_name and msg.startswith("lengths:"), msg
+
+
+# ---- token_kl's log_ratio_clamp that is not a pair (rev6 STD-1) -------------------------------
+
+KL_CLAMP_BAD: list[tuple[str, object]] = [
+    ("scalar", 0.5),
+    ("one-tuple", (0.5,)),
+    ("triple", (-1.0, 0.0, 1.0)),
+    ("string bound", ("a", 1.0)),
+    ("bool bound", (-1.0, True)),
+]
+
+
+@pytest.mark.parametrize("clamp", [c[1] for c in KL_CLAMP_BAD], ids=[c[0] for c in KL_CLAMP_BAD])
+def test_kl_log_ratio_clamp_not_a_pair_is_one_hyperparameter_error(clamp: object) -> None:
+    from refppo.core import kl, objective
+    from refppo.core.by_rows import kl_loss_by_rows
+
+    x = torch.linspace(-1.0, 0.0, 12, dtype=F64).reshape(3, 4)
+    y, m = x.flip(1), _bt()["mask"]
+    kw: dict[str, Any] = {"log_ratio_clamp": clamp}
+    cls, msg = _same_refusal(
+        {
+            "token_kl": lambda: kl.token_kl(x, y, m, **kw),
+            "token_kl_naive": lambda: kl.token_kl_naive(x, y, m, **kw),
+            "kl_loss": lambda: objective.kl_loss(x, y, m, **kw),
+            "kl_loss_naive": lambda: objective.kl_loss_naive(x, y, m, **kw),
+            "kl_loss rows": lambda: kl_loss_by_rows(1, x, y, m, **kw),
+            "kl_loss_grad_naive": lambda: kl_loss_grad_naive(x, y, m, **kw),
+        }
+    )
+    assert cls.__name__ == "HyperparameterError" and msg.startswith("log_ratio_clamp:"), msg
+
+
 # ---- every other public step against its naive twin (item 3 of the checks brief) -------------
 # One table: (id, the vectorized call, the naive twin's call), each on one bad input.
 
