@@ -99,17 +99,18 @@ def test_gpt2_refuses_derived_positions_when_dumped_position_ids_fit(tmp_path: P
         assert "(transformer.wpe) has 6 positions (0..5)" in msg, msg
 
 
-def test_diagnosis_skips_arange_positions_past_the_table(tmp_path: Path) -> None:
-    """rev6 BUG-2: every row's real tokens fit GPT-2's 7 positions, arange(P+T) (up to 10) does
-    not; the mismatching re-score (dumped log-probs 0) is diagnosed and that hypothesis skipped."""
-    model = _model("gpt2", 7)
+@pytest.mark.parametrize("n_pos", [7, 10])
+def test_diagnosis_skips_arange_positions_past_the_table(tmp_path: Path, n_pos: int) -> None:
+    """rev6 BUG-2: every row's real tokens fit GPT-2's 7 (10) positions, arange(P+T) (up to 10)
+    does not; the mismatching re-score (dumped log-probs 0) is diagnosed and that hypothesis skipped."""
+    model = _model("gpt2", n_pos)
     with pytest.raises(IndexError):  # what the model itself does with arange(P+T)
         model(input_ids=ROWS["input_ids"], position_ids=ARANGE)
     (item,) = rescore_dump(_dump(tmp_path, False), {"actor": model}, {"actor": "old_logprobs"})
     assert not item.ok
     note = (
         "position hypothesis arange(P+T) not testable: positions up to 10, the model's learned "
-        "position table (transformer.wpe) has 7"
+        f"position table (transformer.wpe) has {n_pos}"
     )
     assert note in item.notes, item.notes
     assert not any(f.name.startswith("position_ids") for f in item.findings)
