@@ -269,25 +269,27 @@ def _check_ids_fit(dump: Dump, role: str, model: nn.Module) -> None:
 def _check_positions_fit(dump: Dump, role: str, model: nn.Module) -> None:
     """Positions fed to a model with a learned absolute position table (GPT-2's ``wpe``) must be
     rows of it. Rotary models (Llama, Qwen2) compute their angles for any position, so
-    ``max_position_embeddings`` is no limit there and nothing is refused. The positions checked
-    are the dump's ``position_ids``, else the ones the re-score derives,
-    ``clamp(cumsum(attention_mask) − 1, 0)`` (:func:`refppo.models.position_ids_from_mask`)."""
+    ``max_position_embeddings`` is no limit there and nothing is refused. Checked: the positions
+    the re-score feeds, ``clamp(cumsum(attention_mask) − 1, 0)``
+    (:func:`refppo.models.position_ids_from_mask`), always; and the dump's ``position_ids`` when
+    given (the diagnosis feeds them; a table that cannot hold the trainer's positions is not the
+    trainer's model). The diagnosis skips its ``arange(P+T)`` hypothesis when that does not fit."""
     table = _learned_positions(model)
     if table is None:
         return
-    name, n_pos = table
+    checked = [("attention_mask", position_ids_from_mask(dump.tensors["attention_mask"]))]
     if dump.has("position_ids"):
-        key, pos = "position_ids", dump.tensors["position_ids"]
-    else:
-        key, pos = "attention_mask", position_ids_from_mask(dump.tensors["attention_mask"])
-    if int(pos.max()) < n_pos:
-        return
-    rows = sorted({int(b) for b in (pos >= n_pos).nonzero()[:, 0].tolist()})[:8]
-    what = "positions" if key == "position_ids" else "real tokens give positions"
-    raise DumpError(
-        f"{dump.path}: {key}: {what} up to {int(pos.max())} in rows {rows}, but the --{role} model's "
-        f"learned position table ({name}) has {n_pos} positions (0..{n_pos - 1})"
-    )
+        checked.append(("position_ids", dump.tensors["position_ids"]))
+    name, n_pos = table
+    for key, pos in checked:
+        if int(pos.max()) < n_pos:
+            continue
+        rows = sorted({int(b) for b in (pos >= n_pos).nonzero()[:, 0].tolist()})[:8]
+        what = "positions" if key == "position_ids" else "real tokens give positions"
+        raise DumpError(
+            f"{dump.path}: {key}: {what} up to {int(pos.max())} in rows {rows}, but the --{role} model's "
+            f"learned position table ({name}) has {n_pos} positions (0..{n_pos - 1})"
+        )
 
 
 def _learned_positions(model: nn.Module) -> tuple[str, int] | None:

@@ -9,7 +9,8 @@ matches (``Finding.check.ok``). The hypotheses:
   ``τ̂ = argmin_τ Σ_valid (log softmax(z/τ)[y] − lp_dump)²`` over ``log τ`` (grid, then golden section);
 - labels shifted by one: the logits slice ``[P-1±1, P+T-1±1)`` scores ``y_t``;
 - position ids: the dump's own ``position_ids`` when it has them, else ``arange(S)`` (ignoring the
-  left padding, the default of a forward pass given no position ids);
+  left padding, the default of a forward pass given no position ids); skipped with a note when the
+  model's learned position table cannot hold them;
 - critic read one position off: the values slice shifted by ±1;
 - reward read one position off, or at the last token whose id is not the pad id (pad/EOS confusion:
   transformers' ``*ForSequenceClassification`` pooling, which with pad = EOS skips the EOS);
@@ -37,6 +38,7 @@ from refppo.oracle.rescore import (
     RescoreItem,
     Rescorer,
     Variant,
+    _learned_positions,
     compare_mask,
     compare_rescore,
 )
@@ -173,19 +175,20 @@ def solve_temperature(logits: Tensor, tokens: Tensor, mask: Tensor, target: Tens
 
 
 def _positions(item: RescoreItem, r: Rescorer, dump: Dump, tau: float, check: Check) -> None:
-    """The dump's position ids (if given and different from refppo's), else ``arange(S)``."""
+    """The dump's position ids (if given and different from refppo's), else ``arange(S)``; a
+    hypothesis whose positions a learned position table cannot hold is skipped with a note."""
     am = r.batch.attention_mask.cpu()
     ours = position_ids_from_mask(am)
     S = am.shape[1]
     arange = torch.arange(S).expand_as(am)
     real = am.bool()
     if dump.has("position_ids"):
-        theirs = dump.tensors["position_ids"]
-        n_diff = int((theirs != ours)[real].sum())
+        pos, what = dump.tensors["position_ids"], "the dump's position_ids"
+        n_diff = int((pos != ours)[real].sum())
         if n_diff == 0:
             item.notes.append("the dump's position_ids equal clamp(cumsum(mask) − 1, 0) on every real token")
             return
-        ignore = bool((theirs == arange)[real].all())
+        ignore = bool((pos == arange)[real].all())
         name = "position_ids_ignore_left_padding" if ignore else "position_ids_differ"
         text = (
             "position ids that ignore left padding: the trainer fed arange(P+T) (the dump's position_ids), "
@@ -194,17 +197,23 @@ def _positions(item: RescoreItem, r: Rescorer, dump: Dump, tau: float, check: Ch
             else f"the trainer's position_ids (from the dump) differ from clamp(cumsum(mask) − 1, 0) "
             f"at {n_diff} real tokens"
         )
-        check(name, text, Variant(tau, position_ids=theirs))
-        return
-    if bool((ours == arange)[real].all()):
+    elif bool((ours == arange)[real].all()):
         item.notes.append("no row is left-padded: position ids cannot tell arange from the mask's")
         return
-    check(
-        "position_ids_ignore_left_padding",
-        "position ids that ignore left padding: the dump is reproduced with position_ids = arange(P+T) "
-        "(a forward pass given no position_ids), not clamp(cumsum(mask) − 1, 0)",
-        Variant(tau, position_ids=arange),
-    )
+    else:
+        pos, what, name = arange, "arange(P+T)", "position_ids_ignore_left_padding"
+        text = (
+            "position ids that ignore left padding: the dump is reproduced with position_ids = arange(P+T) "
+            "(a forward pass given no position_ids), not clamp(cumsum(mask) − 1, 0)"
+        )
+    table = _learned_positions(r.model)
+    if table is not None and int(pos.max()) >= table[1]:
+        item.notes.append(
+            f"position hypothesis {what} not testable: positions up to {int(pos.max())}, the model's "
+            f"learned position table ({table[0]}) has {table[1]}"
+        )
+        return
+    check(name, text, Variant(tau, position_ids=pos))
 
 
 def _reward_slots(item: RescoreItem, r: Rescorer, tau: float, check: Check) -> None:
