@@ -8,8 +8,9 @@ at most 60 s, peak RSS at most 2.5x the dump's size. Prints the median of ``--re
 each command, its ratio to the import baseline measured in the same run, and the peak RSS of the
 child process (``ru_maxrss`` of a one-child wrapper). The last row runs ``--detect`` on a dump
 without the rollout intermediates (inputs and losses only), by default at B/16, T/16
-(``--losses-only-size B T``): nothing prunes its rollout stages, so its time grows with the thousands
-of candidate conventions times B·T (memory stays bounded). That row is OUTSIDE the issue #5/#9
+(``--losses-only-size B T``): no rollout stage can be checked against the dump (only the value loss
+prunes the GAE options, when ``vf_loss`` is dumped), so its time grows with the hundreds of rollout
+candidates times B·T (memory stays bounded). That row is OUTSIDE the issue #5/#9
 targets above: at its default size it shows only that such a dump is searched in bounded memory and
 time, not that ``--detect`` meets 30 s / 60 s at the issue's B, T (it does not; README, "Oracle");
 ``--losses-only-size 1024 8192`` times it at full size.
