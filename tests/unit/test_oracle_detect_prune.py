@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -23,7 +23,6 @@ from refppo.oracle.search import Group, Search
 
 B, T = 8, 16
 NO_RETURNS = ("advantages", "returns")
-LOSSES_ONLY = ("kl", "token_rewards", "advantages", "returns")
 
 
 def _dump(
@@ -109,7 +108,7 @@ def test_an_unmatched_stage_walks_again_unpruned(
         return real_run(self)
 
     walked: list[tuple[bool, str]] = []
-    real_note = groups_mod.note_walk
+    real_note = prune_mod.note_walk  # the object search_groups imported
 
     def note(search: Search, stage: str, ok_seen: bool, any_check: bool) -> None:
         walked.append((search.prune is not None, stage))
@@ -166,19 +165,19 @@ def test_prune_held_reads_each_stage_first_walk() -> None:
     class S:
         walks: list[tuple[str, bool, bool]]
 
-    s = S()
+    s = cast(Search, S())  # a stub: prune_held reads only .walks
     ok = [("kl", True, True), ("advantages", False, False), ("policy", True, True), ("value", True, True)]
     s.walks = ok
-    assert prune_mod.prune_held(s)  # type: ignore[arg-type]  # a stub Search
+    assert prune_mod.prune_held(s)
     # a solver walk matched the policy stage after the first failed: the pruned walk may differ
     s.walks = [*ok[:2], ("policy", False, True), ("policy", True, True), ok[3]]
-    assert not prune_mod.prune_held(s)  # type: ignore[arg-type]
+    assert not prune_mod.prune_held(s)
     s.walks = [*ok[:3], ("value", False, True)]  # nothing passed the value stage
-    assert not prune_mod.prune_held(s)  # type: ignore[arg-type]
+    assert not prune_mod.prune_held(s)
     s.walks = ok[:3]  # the value stage never ran
-    assert not prune_mod.prune_held(s)  # type: ignore[arg-type]
+    assert not prune_mod.prune_held(s)
     s.walks = [ok[0], ("advantages", False, True), *ok[2:]]  # whitening checked, nothing passed
-    assert not prune_mod.prune_held(s)  # type: ignore[arg-type]
+    assert not prune_mod.prune_held(s)
 
 
 def test_no_pruning_without_a_value_loss_or_with_dumped_returns(tmp_path: Path) -> None:
