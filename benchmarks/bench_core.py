@@ -18,21 +18,16 @@ from typing import Any
 
 import torch
 
-from refppo.core import (
-    aggregate_loss,
-    aggregate_loss_naive,
-    clipped_policy_loss,
-    clipped_policy_loss_naive,
-    entropy_bonus,
-    entropy_bonus_naive,
+from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
+from refppo.core.gae import gae, gae_naive
+from refppo.core.kl import token_kl, token_kl_naive
+from refppo.core.logprobs import (
     entropy_from_logits,
     entropy_from_logits_naive,
-    gae,
-    gae_naive,
-    kl_loss,
-    kl_loss_naive,
     logprobs_from_logits,
     logprobs_from_logits_naive,
+)
+from refppo.core.masked import (
     masked_mean,
     masked_mean_naive,
     masked_sum,
@@ -41,13 +36,11 @@ from refppo.core import (
     masked_var_naive,
     masked_whiten,
     masked_whiten_naive,
-    token_kl,
-    token_kl_naive,
-    token_rewards,
-    token_rewards_naive,
-    value_loss,
-    value_loss_naive,
 )
+from refppo.core.objective import entropy_bonus, entropy_bonus_naive, kl_loss, kl_loss_naive
+from refppo.core.policy import clipped_policy_loss, clipped_policy_loss_naive
+from refppo.core.rewards import token_rewards, token_rewards_naive
+from refppo.core.value import value_loss, value_loss_naive
 
 BAR = 100.0
 

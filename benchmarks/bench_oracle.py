@@ -40,10 +40,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from refppo.dump import write_dump  # noqa: E402
-from refppo.oracle.presets import resolve_preset  # noqa: E402
-from refppo.oracle.recompute import reference_outputs  # noqa: E402
-from refppo.oracle.settings import build_setup, parse_value  # noqa: E402
+from refppo.dump.write import write_dump  # noqa: E402
+from refppo.oracle.check.recompute import reference_outputs  # noqa: E402
+from refppo.oracle.check.settings import build_setup, parse_value  # noqa: E402
+from refppo.oracle.presets.registry import resolve_preset  # noqa: E402
 
 HP = {"gamma": 1.0, "lam": 0.95, "kl_coef": 0.05, "cliprange": 0.2, "cliprange_value": 0.2, "vf_coef": 0.1}
 

@@ -2,12 +2,12 @@
 
 Reports seconds per PPO iteration (median after warm-up), response tokens/s, peak RSS, and the
 split between rollout (generation), scoring (π_old/π_ref/critic/reward passes) and the PPO update.
-The iterations are the trainer's own (:meth:`refppo.trainer.Trainer.step`: ``generate_rollout`` +
-``ppo.iteration``). ``iteration`` runs scoring and update back to back, so the scoring time is
+The iterations are the trainer's own (:meth:`refppo.train.loop.Trainer.step`: ``generate_rollout`` +
+``iteration``). ``iteration`` runs scoring and update back to back, so the scoring time is
 measured by re-running ``score_rollout`` on each iteration's batch outside the timed iteration,
 and update = (scoring + update) − scoring.
 
-``--naive`` also times the naive step-by-step twin (:mod:`refppo.ppo_naive`: per-prefix forwards,
+``--naive`` also times the naive step-by-step twin (:mod:`refppo.pipeline.naive`: per-prefix forwards,
 a snapshot π_old network, Python-loop losses) against the vectorized path on the same rows for ONE
 minibatch step (``--naive-rows`` rows, 1 epoch, 1 minibatch): the full config would take hours.
 
@@ -51,9 +51,10 @@ def _median(xs: list[float]) -> float:
 
 
 def bench(config: str, iterations: int, warmup: int, overrides: list[str]) -> tuple[dict[str, Any], Any]:
-    from refppo.config import load_config
-    from refppo.rollout import score_rollout
-    from refppo.trainer import Trainer, peak_rss_mb
+    from refppo.models.rollout import score_rollout
+    from refppo.train.config.schema import load_config
+    from refppo.train.loop import Trainer
+    from refppo.train.runtime import peak_rss_mb
 
     out = tempfile.mkdtemp(prefix="refppo-bench-")
     cfg = load_config(
@@ -127,18 +128,20 @@ def bench_naive(trainer: Any, rows: int) -> dict[str, float]:
     """One minibatch step on ``rows`` rows: naive twin vs vectorized, same starting weights."""
     import copy
 
-    from refppo import ppo, ppo_naive
-    from refppo.pipeline import rollout_quantities
-    from refppo.rollout import generate_rollout, score_rollout
+    from refppo.models.rollout import generate_rollout, score_rollout
+    from refppo.models.rollout_naive import score_rollout_naive
+    from refppo.pipeline.naive import rollout_quantities_naive
+    from refppo.pipeline.rollout import rollout_quantities
+    from refppo.train.update import ppo_update
+    from refppo.train.update_config import PPOUpdateConfig
+    from refppo.train.update_naive import ppo_update_naive
 
     cfg = trainer.cfg
     texts = trainer.task.prompts(rows, trainer.task_rng)
     pid, pmask = trainer.encode_prompts(texts)
     batch = generate_rollout(trainer.actor, pid, pmask, trainer.rollout_cfg, trainer.generator)
     hp, conv = cfg.ppo.hp, cfg.ppo.convention
-    upd = ppo.PPOUpdateConfig(
-        ppo_epochs=1, num_minibatches=1, max_grad_norm=cfg.ppo.max_grad_norm, shuffle=False
-    )
+    upd = PPOUpdateConfig(ppo_epochs=1, num_minibatches=1, max_grad_norm=cfg.ppo.max_grad_norm, shuffle=False)
     kw: dict[str, Any] = {
         "temperature": trainer.rollout_cfg.temperature,
         "eos_token_id": trainer.rollout_cfg.eos_token_id,
@@ -153,11 +156,9 @@ def bench_naive(trainer: Any, rows: int) -> dict[str, float]:
         if name == "vectorized":
             scored = score_rollout(actor, trainer.reference, critic, trainer.reward, batch, **kw)
         else:
-            scored = ppo_naive.score_rollout_naive(
-                actor, trainer.reference, critic, trainer.reward, batch, **kw
-            )
+            scored = score_rollout_naive(actor, trainer.reference, critic, trainer.reward, batch, **kw)
         t1 = time.perf_counter()
-        qfn = rollout_quantities if name == "vectorized" else ppo_naive.rollout_quantities_naive
+        qfn = rollout_quantities if name == "vectorized" else rollout_quantities_naive
         q = qfn(
             scores=scored.scores,
             old_logprobs=scored.old_logprobs,
@@ -168,11 +169,11 @@ def bench_naive(trainer: Any, rows: int) -> dict[str, float]:
             conv=conv,
         )
         if name == "vectorized":
-            ppo.ppo_update(
+            ppo_update(
                 actor, critic, a_opt, c_opt, scored, q, hp=hp, conv=conv, cfg=upd, generator=torch.Generator()
             )
         else:
-            ppo_naive.ppo_update_naive(
+            ppo_update_naive(
                 actor, critic, a_opt, c_opt, scored, q, hp=hp, conv=conv, cfg=upd, perms=[torch.arange(rows)]
             )
         t2 = time.perf_counter()

@@ -54,7 +54,7 @@ def main() -> int:
     from trl.experimental.ppo import PPOConfig, PPOTrainer
     from trl.experimental.ppo import ppo_trainer as trl_ppo
 
-    from refppo.tasks.words import WordsTask, build_tokenizer
+    from refppo.train.tasks.words import WordsTask, build_tokenizer
 
     tok = build_tokenizer()
     n = args.warmup + args.iterations

@@ -11,7 +11,7 @@ Temporary names start with ``.tmp-`` so that nothing else (``latest_checkpoint``
 glob, a reader of ``metrics.jsonl``) can mistake them for a finished file.
 
 :func:`pause_for_test` is a test-only hook (``REFPPO_TEST_PAUSE_AT``): the kill tests in
-``tests/e2e/test_integrity.py`` use it to stop a run at a known point of a write and ``SIGKILL`` it
+``tests/train/test_integrity.py`` use it to stop a run at a known point of a write and ``SIGKILL`` it
 there, deterministically.
 """
 

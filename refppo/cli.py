@@ -3,12 +3,12 @@
 =========== =========================================== ===============================
 subcommand  what it does                                implemented in
 =========== =========================================== ===============================
-verify      every vectorized core step vs its naive     :mod:`refppo.verify`
+verify      every vectorized core step vs its naive     :mod:`refppo.verify.cli`
             twin on seeded batches (CPU, and CUDA)
 diff        compare a trainer's dumped PPO step with    :mod:`refppo.oracle.cli`
             the reference (also tools/diff_against.py)
 train       a PPO training run                          :mod:`refppo.train.cli`
-demo        the main job of ``make demo``               :mod:`refppo.demo`
+demo        the main job of ``make demo``               :mod:`refppo.train.demo`
 =========== =========================================== ===============================
 """
 
@@ -19,10 +19,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "verify": ("refppo.verify", "check every vectorized step against its naive twin"),
+    "verify": ("refppo.verify.cli", "check every vectorized step against its naive twin"),
     "diff": ("refppo.oracle.cli", "diff a dumped PPO step from another trainer against the reference"),
     "train": ("refppo.train.cli", "run PPO training"),
-    "demo": ("refppo.demo", "the end-to-end demo (what `make demo` runs)"),
+    "demo": ("refppo.train.demo", "the end-to-end demo (what `make demo` runs)"),
 }
 
 

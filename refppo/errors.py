@@ -23,7 +23,7 @@ class SingletonGroupError(MaskError):
     """A group estimator under ``singleton='error'`` met prompts with one response each.
 
     ``groups`` holds those prompts' ``group_index`` values (at most 8), so a caller can name them
-    without reading the message (:func:`refppo.pipeline.critic_free_advantages` catches it by type).
+    without reading the message (:func:`refppo.pipeline.rollout.critic_free_advantages` catches it by type).
     """
 
     def __init__(self, groups: list[int], message: str) -> None:

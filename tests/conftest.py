@@ -22,8 +22,17 @@ Tests marked ``@pytest.mark.gpu`` (marker declared in pyproject.toml) are skippe
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 from refppo import cpu_numerics
+
+# Every test folder on sys.path: shared helpers (tests/helpers/) and the few test modules that others
+# import by name (e.g. train/test_ddp.py's spawn and teardown helpers) resolve wherever they sit.
+_TESTS = Path(__file__).resolve().parent
+for _d in sorted({p.parent for p in _TESTS.rglob("*.py")}, key=str):
+    if str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 
 # Before torch runs any kernel: the AVX2 code paths of torch and MKL on every x86 CPU, so the golden
 # trajectories replay bitwise across machines (refppo/cpu_numerics.py says why).

@@ -6,7 +6,8 @@ Usage::
 
 ``OLD_ROOT``/``NEW_ROOT`` are directories holding a ``refppo/`` package (e.g. ``git archive 86e8067
 refppo | tar -x -C /tmp/old``). Each scenario runs in a fresh interpreter per tree (same seeds):
-``refppo.ppo.iteration`` for a few iterations, then every metric of every iteration is compared with
+``refppo.train.iteration.iteration`` for a few iterations, then every metric of every iteration is compared
+with
 ``==`` (as Python floats; NaN equals NaN), every actor/critic parameter and Adam state tensor with
 ``torch.equal``, every ``on_minibatch`` record's tensors with ``torch.equal``, and the captured v2
 dump files byte for byte. Prints the counts; exit 1 on any difference.
@@ -37,11 +38,14 @@ def _run(scenario: str, iterations: int, out: Path) -> None:
     """Run ``scenario`` with the ``refppo`` on ``sys.path``; write metrics.json, tensors.pt, dumps."""
     import torch
 
-    from refppo.capture import StepRecorder
-    from refppo.models import left_pad, make_reference, tiny_actor, tiny_critic
-    from refppo.pipeline import Convention, Hyperparams
-    from refppo.ppo import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch, iteration
-    from refppo.rollout import RolloutConfig
+    from refppo.capture.recorder import StepRecorder
+    from refppo.models.batch import left_pad
+    from refppo.models.roles import make_reference
+    from refppo.models.rollout import RolloutConfig
+    from refppo.models.tiny import tiny_actor, tiny_critic
+    from refppo.pipeline.settings import Convention, Hyperparams
+    from refppo.train.iteration import iteration
+    from refppo.train.update_config import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
 
     torch.manual_seed(123)
     critic_free = scenario == "grpo"

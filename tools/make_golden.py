@@ -23,13 +23,16 @@ cpu_numerics.pin()  # before torch runs any kernel (refppo/cpu_numerics.py)
 
 import torch  # noqa: E402
 
-from refppo import golden  # noqa: E402
+from refppo.golden.cases import CASES, CPU_REPLAY, CUDA_REPLAY  # noqa: E402
+from refppo.golden.check import compare, max_deviations  # noqa: E402
+from refppo.golden.store import load, paths, save  # noqa: E402
+from refppo.golden.trajectory import run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=os.path.join("spec", "golden"))
-    ap.add_argument("--case", action="append", choices=sorted(golden.CASES), default=None)
+    ap.add_argument("--case", action="append", choices=sorted(CASES), default=None)
     ap.add_argument("--check", action="store_true", help="compare with the files instead of writing")
     ap.add_argument("--device", default="cpu", help="with --check: replay on this device (cpu, cuda)")
     args = ap.parse_args(argv)
@@ -44,26 +47,26 @@ def main(argv: list[str] | None = None) -> int:
         # (on CUDA this would also need CUBLAS_WORKSPACE_CONFIG; the CUDA replay has looser tolerances)
         torch.use_deterministic_algorithms(True)
     status = 0
-    for name in args.case or sorted(golden.CASES):
-        case = golden.CASES[name]
-        traj = golden.run(case, device=args.device)
+    for name in args.case or sorted(CASES):
+        case = CASES[name]
+        traj = run(case, device=args.device)
         if args.check:
-            old, _ = golden.load(args.out, name)
-            tol = golden.CPU_REPLAY if args.device == "cpu" else golden.CUDA_REPLAY
-            bad = golden.compare(old, traj, tol)
+            old, _ = load(args.out, name)
+            tol = CPU_REPLAY if args.device == "cpu" else CUDA_REPLAY
+            bad = compare(old, traj, tol)
             print(f"{name} on {args.device}: {'OK' if not bad else f'{len(bad)} mismatches'}")
             if args.device != "cpu":
-                for key, dev in sorted(golden.max_deviations(old, traj).items()):
+                for key, dev in sorted(max_deviations(old, traj).items()):
                     print(f"  max deviation {key}: {dev:.3g}")
             for line in bad[:20]:
                 print("  " + line)
             status |= int(bool(bad))
             continue
         os.makedirs(args.out, exist_ok=True)
-        golden.save(traj, case, args.out)
+        save(traj, case, args.out)
         lengths = [traj.tensors[f"it{i}.response_mask"].sum(1).tolist() for i in range(case.iterations)]
         clip = [it["metrics"]["pg_clipfrac"] for it in traj.record["iterations"]]
-        print(f"{name}: wrote {golden.paths(args.out, name)}; response lengths {lengths}; pg_clipfrac {clip}")
+        print(f"{name}: wrote {paths(args.out, name)}; response lengths {lengths}; pg_clipfrac {clip}")
     return status
 
 

@@ -1,6 +1,8 @@
-"""Write the run directories of older refppo releases under tests/fixtures/old_runs/ (never run by the tests).
+"""Write the run directories of older refppo releases under tests/train/fixtures/old_runs/ (never run by the
+tests).
 
-Usage: ``python tools/make_old_run_fixture.py [--rev 648bff8 --rev 61be225] [--out tests/fixtures/old_runs]``
+Usage:
+``python tools/make_old_run_fixture.py [--rev 648bff8 --rev 61be225] [--out tests/train/fixtures/old_runs]``
 (run from the repository root with the project's venv; needs git and the release commits).
 
 For each release ``REV``: ``git archive REV refppo`` is unpacked in a temporary folder and THAT code
@@ -19,7 +21,7 @@ run):
 release's ``TEST`` preset + ``task.reward=rule``, so the test resumes with the command line the
 release's user would have typed), the versions used and (2). The checksum of a model
 (:func:`weights_sha256`) is SHA-256 over its tensors in name order: name, dtype, shape, raw bytes;
-``tests/e2e/test_resume_old_release.py`` states the same formula independently.
+``tests/train/test_resume_old_release.py`` states the same formula independently.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ PINNED_CPU_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 CHILD = """
 import json, sys
 import refppo
-from refppo.tasks.presets import TEST, preset
+from refppo.train.tasks.presets import TEST, preset
 from refppo.trainer import Trainer
 src, out, iterations, resume = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "resume"
 assert refppo.__file__.startswith(src), (refppo.__file__, src)  # the release's code, not today's
@@ -147,7 +149,7 @@ def make(rev: str, out_root: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rev", action="append", default=None, help=f"release commit (default: {REVS})")
-    ap.add_argument("--out", default=os.path.join("tests", "fixtures", "old_runs"))
+    ap.add_argument("--out", default=os.path.join("tests", "train", "fixtures", "old_runs"))
     args = ap.parse_args(argv)
     for rev in args.rev or REVS:
         dest = make(rev, Path(args.out))

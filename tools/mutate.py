@@ -4,7 +4,7 @@ Usage (from the repository root)::
 
     nice -n 5 .venv/bin/python tools/mutate.py                     # every module, report to stdout
     .venv/bin/python tools/mutate.py --list --module kl            # list kl.py's mutants, run nothing
-    .venv/bin/python tools/mutate.py --module pipeline_rollout --module kl --json out.json
+    .venv/bin/python tools/mutate.py --module rollout --module kl --json out.json
     .venv/bin/python tools/mutate.py --module policy --only 12 --only 40 --show   # rerun two, show output
 
 Scope: in ``refppo/core/*.py`` every function whose name does not end in ``_naive`` (the naive twins
@@ -13,11 +13,11 @@ and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validat
 helpers (``_pg_token``, ``_vf_token``, ``_kl_token``: the closed-form gradient twin's formulas;
 ``group_naive.py`` holds only naive twins and is not listed) and ``_ties.py`` (``shares``, ``inside``,
 ``clamp``: the tie rules those helpers call, run against their own and grad's and gspo's tests); in
-``refppo/pipeline.py``'s modules (``pipeline_rollout``, ``pipeline_update``, ``pipeline_blocks``)
+``refppo/pipeline/``'s modules (``rollout``, ``update``, ``blocks``)
 ``value_mask``, ``reward_quantities``, ``rollout_quantities`` (and its ``_gae_advantages``),
 ``gae_by_rows``, ``critic_free_advantages`` (and its ``_group_scores``), ``Normalisers.kwargs``,
 ``policy_term``, ``update_quantities``, ``update_rows``, ``clipped_scores``, ``mapped_scores``; in
-``refppo/step_settings.py`` the ``__post_init__`` checks of ``Convention``, ``Hyperparams`` and
+``refppo/pipeline/settings.py`` the ``__post_init__`` checks of ``Convention``, ``Hyperparams`` and
 ``ScoreMap`` and their fields' numeric defaults (not the dict (de)serialisation or ``stats``). The
 numeric/bool default values of the in-scope functions' arguments are mutated too
 (``unbiased=True``, ``vf_coef=0.0``, ...). Statements
@@ -47,7 +47,7 @@ in ``tools/mutate_equivalent.json`` (key and one-line reason) are reported as eq
 out of the score's denominator. A key names the file, the function, the mutated line's *text*, the
 change and, for a repeated one, its occurrence (:meth:`Mutant.key`), never the line number, so an
 edit elsewhere in the file leaves the entries valid; an entry that matches no mutant any more is
-listed as stale in the report (and fails ``tests/unit/test_mutate_keys.py``).
+listed as stale in the report (and fails ``tests/structure/test_mutate_keys.py``).
 
 Modules (every name stays importable from this one): ``mutate_scope.py`` (the modules, files and
 test subsets), ``mutate_ops.py`` (:class:`Mutant`, the operators, the ``ast`` walker),

@@ -2,14 +2,14 @@
 """The re-scoring check on a device: ``refppo diff --actor ... --device DEV`` (tools/gpu_check.sh).
 
 Builds tiny GPT-2 and Llama checkpoints (from configs, ``save_pretrained`` in a temporary folder),
-scores the rows of ``tests/unit/rescore_helpers.py`` with a trainer's pass ON THE DEVICE — float32
+scores the rows of ``tests/helpers/rescore_helpers.py`` with a trainer's pass ON THE DEVICE — float32
 correct, float32 without the temperature, bfloat16 correct — and runs ``refppo diff --device DEV
 --json`` on each dump. Prints, per architecture: the float32 re-score's max abs error and
 tolerance, the name given to the injected bug, and the precision statistics of the bf16 pass.
 
 Exit 0 when every float32 correct pass matches and every injected bug is named; 1 otherwise; 0 with
 ``SKIPPED`` when the device is ``cuda`` and none is available. ``--device cpu`` runs the same on the
-CPU (tests/e2e/test_rescore_cli.py runs it that way, so the script cannot rot without a GPU).
+CPU (tests/oracle/rescore/test_rescore_cli.py runs it that way, so the script cannot rot without a GPU).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _diff(dump: Path, actor: Path, device: str) -> tuple[int, dict[str, Any]]:
 
 def check(arch: Any, tmp: Path, device: str) -> bool:
     import torch
-    from rescore_helpers import (  # type: ignore[import-not-found]  # tests/unit, put on sys.path by main()
+    from rescore_helpers import (  # type: ignore[import-not-found]  # tests/helpers, put on sys.path by main()
         make_rows,
         save_actor,
         trainer_logprobs,
@@ -81,7 +81,7 @@ def main() -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
         return 0
-    sys.path[:0] = [str(REPO), str(REPO / "tests" / "unit")]
+    sys.path[:0] = [str(REPO), str(REPO / "tests" / "helpers")]
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for arch in ("gpt2", "llama"):

@@ -16,7 +16,7 @@ Two halves, two interpreters (as ``tools/validate_presets.py``):
    peer version, the verdicts and the max errors; ``--json-out`` writes them.
 
 A venv that is not built (no ``READY`` stamp) is reported as SKIPPED. When the installed oracle has
-no dump v2 (no ``refppo.oracle.load.GRAD_KEYS``) the makers leave the gradients out.
+no dump v2 (no ``refppo.dump.load.GRAD_KEYS``) the makers leave the gradients out.
 Exit codes: 0 every case matches and every control mismatches (or all skipped), 1 otherwise.
 """
 
@@ -58,7 +58,7 @@ def make(out: Path, peer: str, v2: bool) -> int:
 
 
 def oracle_has_v2() -> bool:
-    from refppo.oracle import load
+    from refppo.dump import load
 
     return hasattr(load, "GRAD_KEYS")
 

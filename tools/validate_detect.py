@@ -3,7 +3,7 @@
 
 For every dump ``tools/validate_presets.py`` makes with a peer's OWN code (side venvs, makers in
 ``tools/peer_makers/``), and every dump ``tools/validate_detect_trl.py`` makes with TRL 1.12.0's
-whole ``PPOTrainer.train`` (group ``trl``), run :func:`refppo.oracle.detect.detect` from
+whole ``PPOTrainer.train`` (group ``trl``), run :func:`refppo.oracle.detect.detection.detect` from
 refppo's DEFAULT conventions with the dump's sidecar (exactly ``refppo diff DUMP --detect``, no
 ``--preset``) and check that the case's generating convention (``--preset PEER`` + the case's
 ``--set``, resolved as :func:`refppo.oracle.run.check_step` resolves them) is among ``detected``.
@@ -16,7 +16,7 @@ Verdicts per case:
   the case's ``--set`` keys (the options the case exercises; unless the option provably acts on
   nothing in this dump, :func:`_inert_by_construction`), checked: the
   generating convention with those keys set to the entry's values still reproduces the dump through
-  :func:`refppo.oracle.diagnose.check` (the verified pipeline). The keys are named.
+  :func:`refppo.oracle.check.diagnose.check` (the verified pipeline). The keys are named.
 * ``not found``: neither; ``nearest``, ``unmatched_stages`` and the differing keys are reported.
 
 Each case also records ``preset_match``: whether the generating convention itself reproduces the
@@ -64,11 +64,11 @@ def _json(v: Any) -> Any:
 
 def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int = 100000) -> dict[str, Any]:
     """Detect from refppo's defaults; compare with ``preset`` + ``conv`` (the case's ``--set``)."""
-    from refppo.oracle.detect import HP_KEYS, detect, setup_from_json
-    from refppo.oracle.diagnose import check
-    from refppo.oracle.load import SIDECAR_SCORING_KEYS, load_dump
-    from refppo.oracle.presets import resolve_preset
-    from refppo.oracle.settings import build_setup, parse_value
+    from refppo.dump.load import SIDECAR_SCORING_KEYS, load_dump
+    from refppo.oracle.check.diagnose import check
+    from refppo.oracle.check.settings import build_setup, parse_value
+    from refppo.oracle.detect.detection import HP_KEYS, detect, setup_from_json
+    from refppo.oracle.presets.registry import resolve_preset
 
     dump = load_dump(dump_path)
     sidecar = {k: parse_value(k, v) for k, v in dump.hparams.items() if k not in SIDECAR_SCORING_KEYS}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the peers' OWN critic-free advantage estimators on grouped batches and compare with refppo.
 
-Not part of CI (by hand; ``tests/e2e/test_validate_group_estimators.py`` runs it when the peer
+Not part of CI (by hand; ``tests/peers/test_validate_group_estimators.py`` runs it when the peer
 venvs exist). Two halves, two interpreters, as ``tools/validate_agg_modes.py``; the import stubs
 are those of ``tools/peer_makers/common.py`` (``install_stubs``, ``mount``), imported, not copied:
 
@@ -10,7 +10,7 @@ are those of ``tools/peer_makers/common.py`` (``install_stubs``, ``mount``), imp
 2. Without it (refppo's interpreter) it writes the batch, runs half 1 with each ``--peers-python``
    and prints, per comparison, the max abs error over valid tokens against refppo's
    ``refppo.core.group`` with the named parameters (and, for the keys of ``VIA_PRESET``, through
-   ``refppo.pipeline.critic_free_advantages`` under the preset variant; both in
+   ``refppo.pipeline.rollout.critic_free_advantages`` under the preset variant; both in
    ``tools/validate_group_estimators_refppo.py``, refppo's half); exit 1 on a mismatch
    (> 1e-6, float64 inputs; OpenRLHF whitens in float32, so 1e-6 relative there too).
 

@@ -3,7 +3,7 @@ estimator and refppo's advantages for them.
 
 :data:`SETTINGS` maps each peer result key to refppo's core call, :data:`CONTRASTS` flips one
 parameter (the peer must then differ), :data:`VIA_PRESET` names the keys also checked through
-``refppo.pipeline.critic_free_advantages`` under ``--preset PEER --set advantage=EST``.
+``refppo.pipeline.rollout.critic_free_advantages`` under ``--preset PEER --set advantage=EST``.
 :func:`refppo_result` composes ``refppo.core.group`` (``[B, T]`` advantages, ``B, T`` from the
 batch's mask) and :func:`preset_result` goes through the pipeline. refppo is imported inside the
 functions only, so the peers' half (a side venv) can import this module's constants.
@@ -77,7 +77,7 @@ CONTRASTS: dict[str, dict[str, Any]] = {
 }
 
 # The peer keys that are also checked through the preset variant (``--preset PEER --set
-# advantage=EST``): refppo.pipeline.critic_free_advantages under the preset's resolved conventions.
+# advantage=EST``): refppo.pipeline.rollout.critic_free_advantages under the preset's resolved conventions.
 VIA_PRESET: dict[str, tuple[str, str]] = {
     "verl.opo": ("verl", "opo"),
     "verl.gpg": ("verl", "gpg"),
@@ -129,8 +129,9 @@ def preset_result(key: str, x: dict[str, Any]) -> Any:
     import torch
 
     sys.path.insert(0, str(REPO))
-    from refppo.oracle.presets import resolve_preset
-    from refppo.pipeline import Convention, Hyperparams, critic_free_advantages
+    from refppo.oracle.presets.registry import resolve_preset
+    from refppo.pipeline.rollout import critic_free_advantages
+    from refppo.pipeline.settings import Convention, Hyperparams
 
     peer, est = VIA_PRESET[key]
     conv_d, _ = resolve_preset(peer, advantage=est)

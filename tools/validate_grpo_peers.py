@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """TRL GRPOTrainer's and AReaL's GRPO family, run as dumps: preset reproduction and ``--detect``.
 
-Not part of CI (by hand; ``tests/e2e/test_peer_grpo_trl_areal.py`` runs it where the venvs exist).
+Not part of CI (by hand; ``tests/peers/test_peer_grpo_trl_areal.py`` runs it where the venvs exist).
 Two halves, two interpreters, as ``tools/validate_presets.py``:
 
 1. ``--make OUTDIR --venv V`` runs in side venv ``V`` (``$REFPPO_PEERS_ROOT``, default
@@ -21,7 +21,7 @@ Two halves, two interpreters, as ``tools/validate_presets.py``:
 
    A case in :data:`DETECT_GAPS` may miss the third check (reported with the reason).
    ``--no-detect`` leaves the third check out (``detect: "not run"``): ``--detect`` costs minutes
-   per case on TRL GRPO dumps, so ``tests/e2e/test_peer_grpo_trl_areal.py`` runs the first two on
+   per case on TRL GRPO dumps, so ``tests/peers/test_peer_grpo_trl_areal.py`` runs the first two on
    every case and ``--detect`` per case (``--case NAME``, each its own run) on a representative subset.
    A case whose ``--set`` names a key refppo does not have is reported NOT EXPRESSIBLE: the same
    diff without that key must MISMATCH (the form is really different); it counts as a failure only
@@ -89,7 +89,7 @@ def _diff(dump: Path, preset: str, conv: dict[str, Any]) -> tuple[int, dict[str,
 
 def known_keys() -> set[str]:
     """Every key ``--set`` accepts (convention keys, oracle extras, hyperparameters)."""
-    from refppo.oracle.settings import ALL_KEYS
+    from refppo.oracle.check.settings import ALL_KEYS
 
     return set(ALL_KEYS)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run verl's and SkyRL-train's OWN GSPO policy losses on one batch and compare refppo's ``policy_loss=gspo``.
 
-Not part of CI (by hand; ``tests/e2e/test_validate_gspo.py`` runs it when the peer venv exists).
+Not part of CI (by hand; ``tests/peers/test_validate_gspo.py`` runs it when the peer venv exists).
 Two halves, two interpreters, as ``tools/validate_group_estimators.py``; the import stubs are those
 of ``tools/peer_makers/common.py`` (imported, not copied):
 

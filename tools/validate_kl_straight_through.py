@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run verl's OWN straight-through KL estimators and compare value and gradient with refppo's.
 
-Not part of CI (by hand; ``tests/e2e/test_validate_kl_straight_through.py`` runs it when the peer
+Not part of CI (by hand; ``tests/peers/test_validate_kl_straight_through.py`` runs it when the peer
 venv exists). Two halves, two interpreters, as ``tools/validate_group_estimators.py`` (import stubs
 and ``mount`` from ``tools/peer_makers/common.py``, imported):
 
@@ -99,7 +99,7 @@ def refppo_side(x: dict[str, Any], est: str) -> tuple[Any, Any, Any]:
     sys.path.insert(0, str(REPO))
     from refppo.core.grad import kl_loss_grad_naive
     from refppo.core.kl import token_kl
-    from refppo.oracle.presets import resolve_preset
+    from refppo.oracle.presets.registry import resolve_preset
 
     conv, _ = resolve_preset("verl", estimator=est)
     kw = {"log_ratio_clamp": conv["kl_log_ratio_clamp"], "value_clamp": conv["kl_value_clamp"]}

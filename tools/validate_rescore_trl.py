@@ -69,7 +69,7 @@ def run_case(tool: Any, case: str, spec: dict[str, Any], out: Path) -> Path:
     import torch
 
     from refppo.capture.adapters import trl as trl_adapter
-    from refppo.dump import write_dump
+    from refppo.dump.write import write_dump
 
     extra: dict[str, Any] = {}
     base = trl_adapter._Tracer

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run TRL's OWN ``GRPOTrainer._compute_loss`` on one batch and compare refppo's pipeline with it.
 
-Not part of CI (by hand; ``tests/e2e/test_validate_trl_grpo.py`` runs it when the TRL venv exists).
+Not part of CI (by hand; ``tests/peers/test_validate_trl_grpo.py`` runs it when the TRL venv exists).
 Two halves, two interpreters, as ``tools/validate_gspo.py``:
 
 1. ``--peer-half IN OUT`` (the TRL venv, ``/work/shared/peers/README.md``: TRL 1.12.0, which has
@@ -11,10 +11,10 @@ Two halves, two interpreters, as ``tools/validate_gspo.py``:
    process, no gradient accumulation, no vLLM; it back-propagates and saves the loss and
    ``∂loss/∂logps``. Only ``requests``/``urllib3`` are stubbed (imported by TRL's vLLM client, not
    called).
-2. Without it (refppo's interpreter) it runs ``refppo.pipeline.update_quantities`` with the mapping
+2. Without it (refppo's interpreter) it runs ``refppo.pipeline.update.update_quantities`` with the mapping
    of spec/conventions.md ("Policy-loss modes and GRPO loss types") and compares the loss (the
    pipeline's, with ``vf_coef = 0``) and the autograd gradient, plus the closed-form twin
-   ``refppo.core.grad.objective_grads_naive``; exit 1 when one differs by more than
+   ``refppo.pipeline.grad_naive.objective_grads_naive``; exit 1 when one differs by more than
    ``1e-9·max(1, |value|)`` (float64), or when a contrast (the mapping with one key flipped) does
    NOT differ.
 
@@ -177,8 +177,9 @@ def refppo_case(x: dict[str, Any], setting: dict[str, Any], beta: float) -> dict
     import torch
 
     sys.path.insert(0, str(REPO))
-    from refppo.core.grad import objective_grads_naive
-    from refppo.pipeline import Convention, Hyperparams, Normalisers, update_quantities
+    from refppo.pipeline.grad_naive import objective_grads_naive
+    from refppo.pipeline.settings import Convention, Hyperparams
+    from refppo.pipeline.update import Normalisers, update_quantities
 
     m = x["mask"].bool()
     conv_keys = {k: v for k, v in setting.items() if k != "global_tokens"}

@@ -45,7 +45,7 @@ pg_loss ... loss    ``pg_loss``, ``pg_clipfrac``, ``approxkl`` (-> ``approx_kl``
 
 Hyperparameters come from the run's ``PPOConfig`` (``kl_coef``, ``cliprange``, ``cliprange_value``,
 ``vf_coef``, ``gamma``, ``lam``; ``kl_estimator`` as a convention key). The dump is written with
-``refppo.dump.write_dump`` and checked with ``refppo diff DUMP --preset trl --json`` (in-process when
+``refppo.dump.write.write_dump`` and checked with ``refppo diff DUMP --preset trl --json`` (in-process when
 refppo imports in this interpreter, else with ``--refppo-python``, default ``.venv/bin/python``).
 
 Cases: ``full`` (no stop token: every row full width, k1, TRL defaults), ``ragged``
@@ -117,7 +117,7 @@ def build_trainer(spec: dict[str, Any]) -> tuple[Any, Any]:
     from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
     from trl.experimental.ppo import PPOConfig, PPOTrainer  # type: ignore[import-not-found]  # trl venv only
 
-    from refppo.tasks.words import WordsTask, build_tokenizer
+    from refppo.train.tasks.words import WordsTask, build_tokenizer
 
     torch.set_num_threads(2)
     tok = build_tokenizer()
@@ -200,7 +200,7 @@ def make(out: Path) -> dict[str, Any]:
         tensors, side, facts = run_trl(case, spec)
         path = out / f"trl_{case}.safetensors"
         try:
-            from refppo.dump import write_dump
+            from refppo.dump.write import write_dump
 
             write_dump(path, tensors, hparams=side["hparams"], convention=side["convention"])
         except ImportError:  # refppo's extra deps missing here: plain safetensors/.pt + sidecar

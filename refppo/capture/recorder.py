@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
 from refppo.capture import gather
-from refppo.dump import write_dump
+from refppo.dump.write import write_dump
 from refppo.errors import RefPPOError
 
 TOKEN_KEYS: tuple[str, ...] = (

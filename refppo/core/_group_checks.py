@@ -3,7 +3,7 @@
 Split out of ``group.py`` (its size limit) so that the vectorized functions and their naive twins
 (:mod:`refppo.core.group_naive`, :func:`refppo.core.helpers_naive.group_scalar_advantages_naive`)
 run the SAME checks, in the same order, before any arithmetic: a bad input gets one error (class
-and message) from every implementation (tests/unit/test_core_twin_refusals.py).
+and message) from every implementation (tests/core/test_core_twin_refusals.py).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
+from refppo.core.checks import check_b, check_bt, check_float, check_mask, check_nonneg, check_unit_interval
 from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
-from refppo.validate import check_b, check_bt, check_float, check_mask, check_nonneg, check_unit_interval
 
 GROUP_ESTIMATORS = (
     AdvantageEstimator.GRPO,

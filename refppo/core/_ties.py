@@ -1,6 +1,6 @@
 """The subgradient rules of torch autograd at ties, as plain-float helpers for the gradient twins.
 
-torch 2.13 (pinned by tests/unit/test_core_grad.py::test_torch_tie_rules_are_the_ones_the_twin_states):
+torch 2.13 (pinned by tests/core/test_core_grad.py::test_torch_tie_rules_are_the_ones_the_twin_states):
 ``torch.maximum``/``torch.minimum`` give each argument half of the gradient on a tie; ``torch.clamp``
 passes the gradient on its closed interval. Used by :mod:`refppo.core.grad` and :mod:`refppo.core.gspo`.
 """

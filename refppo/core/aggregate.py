@@ -30,8 +30,8 @@ from torch import Tensor
 
 from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
+from refppo.core.checks import check_bt, check_mask, check_positive, count_true
 from refppo.types import ResponseMask, Scalar, TokenFloat
-from refppo.validate import check_bt, check_mask, check_positive, count_true
 
 
 def aggregate_loss(

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss, parse
 from refppo.core.aggregate import aggregate_masked
+from refppo.core.checks import check_bt, check_mask, count_true
 from refppo.core.gspo import _checked_gspo_inputs, gspo_terms
 from refppo.core.kl import LogRatioClamp, token_kl
 from refppo.core.policy import (
@@ -41,7 +42,6 @@ from refppo.core.policy import (
 )
 from refppo.core.value import ValueLossOutput, _checked_value_inputs, value_terms
 from refppo.errors import HyperparameterError
-from refppo.validate import check_bt, check_mask, count_true
 
 
 def row_blocks(B: int, rows: int) -> Iterator[slice]:

@@ -29,8 +29,8 @@ from torch import Tensor
 
 from refppo.conventions import GaeHoles, parse
 from refppo.core import _pyfloat as pf
+from refppo.core.checks import check_bt, check_mask, check_same_dtype, check_unit_interval
 from refppo.types import ResponseMask, TokenFloat
-from refppo.validate import check_bt, check_mask, check_same_dtype, check_unit_interval
 
 
 def _discounted_reverse_cumsum(x: Tensor, g: float) -> Tensor:

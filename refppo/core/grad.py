@@ -3,7 +3,7 @@
 Every function here is a *naive twin*: plain Python floats (IEEE double), one token at a time,
 reading like the equations below; the vectorized side is torch autograd through
 :func:`~refppo.core.policy.clipped_policy_loss`, :func:`~refppo.core.value.value_loss`,
-:func:`~refppo.core.objective.kl_loss` and :func:`refppo.pipeline.update_quantities`. Outputs are
+:func:`~refppo.core.objective.kl_loss` and :func:`refppo.pipeline.update.update_quantities`. Outputs are
 float64 ``[B, T]`` tensors (on the input's device), exactly 0 at padded positions.
 
 Aggregation weight ``w(b,t) = ∂agg(L)/∂L[b,t]`` at a valid token (0 on padding), with the global
@@ -29,12 +29,12 @@ KL loss (current vs reference log-probs), ``d = l − l^ref`` clamped to ``[lo, 
     k' = 1 (k1), d (k2), 1 − e^{−d} (k3), sign d (abs; 0 at d = 0)
     ∂kl/∂l = w · d, no clamp gate   (straight-through k1+, k3+, abs+: the gradient of ½ d², verl)
 
-Objective (:func:`refppo.pipeline.update_quantities`): ``∂J/∂l = ∂pg/∂l + kl_coef·∂kl/∂l`` (the KL
+Objective (:func:`refppo.pipeline.update.update_quantities`): ``∂J/∂l = ∂pg/∂l + kl_coef·∂kl/∂l`` (the KL
 term only with ``kl_in = loss``), ``∂J/∂V = vf_coef·∂vf/∂V``. The entropy is an *input* of the
 pipeline (a tensor given beside the log-probs, not computed from them), so it contributes nothing to
 ``∂J/∂l``; through a model both come from the same logits, which is the model's business.
 
-**Ties: the subgradient autograd takes (torch 2.13, checked in tests/unit/test_core_grad.py).**
+**Ties: the subgradient autograd takes (torch 2.13, checked in tests/core/test_core_grad.py).**
 
 - ``torch.maximum(x, y)`` / ``torch.minimum``: the *shares* ``(s1, s2)`` are ``(1, 0)`` when x wins
   strictly, ``(0, 1)`` when y does, ``(½, ½)`` on a tie ``x == y``. ``s_min`` is the share of ``ℓ``
@@ -57,23 +57,17 @@ not hinge on the last rounding step of the core's dtype (ties that are exact in 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, KLPlacement, LossAgg, PolicyLoss, ValueClipForm, ValueLoss
+from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
 from refppo.core import _pyfloat as pf
 from refppo.core._ties import clamp, inside, shares
 from refppo.core.aggregate import agg_weights_naive
-from refppo.core.gspo import gspo_policy_grad_naive
 from refppo.core.kl import LogRatioClamp, _checked_kl_inputs
 from refppo.core.policy import _checked_policy_inputs
 from refppo.core.value import _checked_value_inputs
-from refppo.errors import ConventionError
-
-if TYPE_CHECKING:  # the pipeline imports the core; the core needs its types only for annotations
-    from refppo.pipeline import Convention, Hyperparams, Normalisers
 
 Rows = list[list[float]]
 
@@ -234,113 +228,3 @@ def kl_loss_grad_naive(
             ]
         )
     return _out(out, logp)
-
-
-def _normaliser_kwargs(norm: Normalisers | None, horizon: float | None, *, value: bool) -> dict[str, float]:
-    """The twin's own reading of the normalisers (restated, not :meth:`Normalisers.kwargs`, so a slip
-    there is not copied here): ``token_count`` (the value term: ``value_token_count`` when given),
-    ``seq_count`` and ``horizon``, each only when set."""
-    out: dict[str, float] = {}
-    if norm is not None:
-        tokens = norm.value_token_count if value and norm.value_token_count is not None else norm.token_count
-        if tokens is not None:
-            out["token_count"] = tokens
-        if norm.seq_count is not None:
-            out["seq_count"] = norm.seq_count
-    if horizon is not None:
-        out["horizon"] = horizon
-    return out
-
-
-def _pg_grad(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    hp: Hyperparams,
-    conv: Convention,
-    pol: dict[str, float],
-) -> Tensor:
-    """``∂pg/∂logprobs`` by ``conv.policy_loss``: GSPO's (:func:`refppo.core.gspo.gspo_policy_grad_naive`)
-    or the per-token ratio's (:func:`policy_grad_naive`), with the normalisers ``pol``."""
-    if conv.policy_loss is PolicyLoss.GSPO:
-        return gspo_policy_grad_naive(
-            logprobs,
-            old_logprobs,
-            advantages,
-            mask,
-            clip_low=hp.cliprange,
-            clip_high=hp.cliprange_high,
-            agg=conv.loss_agg,
-            log_ratio_max=conv.log_ratio_clamp,
-            **pol,
-        )
-    return policy_grad_naive(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clip_low=hp.cliprange,
-        clip_high=hp.cliprange_high,
-        dual_clip=conv.dual_clip,
-        agg=conv.loss_agg,
-        log_ratio_clamp=conv.log_ratio_clamp,
-        **pol,
-    )
-
-
-def objective_grads_naive(
-    *,
-    logprobs: Tensor,
-    values: Tensor,
-    old_logprobs: Tensor,
-    old_values: Tensor,
-    advantages: Tensor,
-    returns: Tensor,
-    mask: Tensor,
-    value_mask_: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-    hp: Hyperparams,
-    conv: Convention,
-    norm: Normalisers | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``(∂J/∂logprobs, ∂J/∂values)`` of :func:`refppo.pipeline.update_quantities` (same args).
-
-    ``J = pg + vf_coef·vf − ent_coef·entropy + kl_coef·kl`` with the pipeline's normalisers: the
-    policy and KL terms use ``token_count``, ``seq_count`` and ``hp.horizon``; the value term the same
-    but ``value_token_count`` for ``token_count`` when given, over ``value_mask_`` (default ``mask``).
-    ``entropy`` is accepted (the pipeline's arguments) and unused: the entropy is an input, so
-    ``ent_coef·entropy`` adds nothing to either gradient.
-    """
-    del entropy
-    pol = _normaliser_kwargs(norm, hp.horizon, value=False)
-    val = _normaliser_kwargs(norm, hp.horizon, value=True)
-    g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
-    if conv.kl_in is KLPlacement.LOSS:
-        if ref_logprobs is None:
-            raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
-        g_kl = kl_loss_grad_naive(
-            logprobs,
-            ref_logprobs,
-            mask,
-            conv.kl_estimator,
-            conv.loss_agg if conv.kl_loss_agg is None else conv.kl_loss_agg,
-            log_ratio_clamp=conv.kl_log_ratio_clamp,
-            value_clamp=conv.kl_value_clamp,
-            **pol,
-        )
-        g_lp = g_lp + hp.kl_coef * g_kl
-    g_v = value_grad_naive(
-        values,
-        old_values,
-        returns,
-        mask if value_mask_ is None else value_mask_,
-        clip=hp.cliprange_value,
-        kind=conv.value_loss,
-        agg=conv.loss_agg if conv.value_loss_agg is None else conv.value_loss_agg,
-        clip_form=conv.value_clip_form,
-        **val,
-    )
-    return g_lp, hp.vf_coef * g_v

@@ -61,7 +61,6 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
-from refppo.core._group_checks import GROUP_ESTIMATORS as GROUP_ESTIMATORS
 from refppo.core._group_checks import (
     _check_lengths,
     _check_options,
@@ -71,18 +70,17 @@ from refppo.core._group_checks import (
     _checked_returns_inputs,
 )
 from refppo.core._group_stats import batch_stats, group_sigma, passk_margin
+from refppo.core.checks import check_mask, check_nonneg
 from refppo.core.gae import gae
 
 # the naive twins live in group_naive.py, re-exported here (tests and callers import them from here)
-from refppo.core.group_naive import Singleton as Singleton
-from refppo.core.group_naive import WhitenEps as WhitenEps
-from refppo.core.group_naive import discounted_returns_naive as discounted_returns_naive
-from refppo.core.group_naive import group_advantages_naive as group_advantages_naive
-from refppo.core.group_naive import reinforce_pp_advantages_naive as reinforce_pp_advantages_naive
+from refppo.core.group_naive import (
+    Singleton,
+    WhitenEps,
+)
 from refppo.core.masked import AllReduce, masked_moments
 from refppo.errors import HyperparameterError, SingletonGroupError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
-from refppo.validate import check_mask, check_nonneg
 
 
 def _whiten(x: Tensor, m: Tensor, unbiased: bool, eps: float, form: str) -> Tensor:
@@ -241,7 +239,7 @@ def group_advantages(
     ``reinforce++-baseline`` whitens the result over the batch's valid tokens with
     ``whiten_unbiased`` (verl: True; OpenRLHF: False) and ``whiten_eps_form`` (verl ``add``:
     ``rsqrt(σ²+1e-8)``; OpenRLHF ``clamp``: ``rsqrt(max(σ², 1e-8))``). ``whiten=False`` leaves
-    that whitening to the caller (:func:`refppo.pipeline.rollout_quantities` applies its own step 4,
+    that whitening to the caller (:func:`refppo.pipeline.rollout.rollout_quantities` applies its own step 4,
     the ``whiten_*`` conventions, so one set of keys says how every advantage is whitened).
     """
     m, p = _checked_group_inputs(

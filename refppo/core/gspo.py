@@ -33,10 +33,17 @@ from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
 from refppo.core._ties import clamp, inside, shares
 from refppo.core.aggregate import agg_weights_naive, aggregate_loss_naive, aggregate_masked
+from refppo.core.checks import (
+    check_bt,
+    check_mask,
+    check_nonneg,
+    check_positive,
+    check_same_dtype,
+    count_true,
+)
 from refppo.core.policy import PolicyLossNaive, PolicyLossOutput, PolicyTerms
 from refppo.errors import HyperparameterError
 from refppo.types import ResponseMask, TokenFloat
-from refppo.validate import check_bt, check_mask, check_nonneg, check_positive, check_same_dtype, count_true
 
 
 def _check_clips(clip_low: float, clip_high: float | None) -> tuple[float, float]:

@@ -21,8 +21,8 @@ from torch import Tensor
 from refppo.conventions import AdvantageEstimator, GroupStdLevel, ScorePosition, parse
 from refppo.core import _pyfloat as pf
 from refppo.core._group_checks import _check_scalar_inputs, _checked_group_index
+from refppo.core.checks import check_mask
 from refppo.core.group_naive import Singleton, _scalar_naive
-from refppo.validate import check_mask
 
 
 def score_positions_naive(

@@ -3,7 +3,7 @@
 With ``d_t = log π(y_t) − log π_ref(y_t)`` at a token sampled from π:
 
 ======= ===================== =============================================================
-name    value                 properties (proven in tests/property/test_kl_properties.py)
+name    value                 properties (proven in tests/core/test_kl_properties.py)
 ======= ===================== =============================================================
 k1      ``d``                 unbiased for KL(π‖π_ref); can be negative
 k2      ``½ d²``              ≥ 0; biased
@@ -33,9 +33,9 @@ from torch import Tensor
 
 from refppo.conventions import KLEstimator, parse
 from refppo.core import _pyfloat as pf
+from refppo.core.checks import check_bt, check_mask, check_same_dtype
 from refppo.errors import HyperparameterError
 from refppo.types import ResponseMask, TokenFloat
-from refppo.validate import check_bt, check_mask, check_same_dtype
 
 LogRatioClamp = tuple[float | None, float | None]
 

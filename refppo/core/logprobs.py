@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from refppo.core import _pyfloat as pf
+from refppo.core.checks import check_logits, check_mask, check_positive
 from refppo.errors import ShapeError
 from refppo.types import Logits, ResponseMask, TokenFloat, TokenIds
-from refppo.validate import check_logits, check_mask, check_positive
 
 
 def _prepare(

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from refppo.core import _pyfloat as pf
+from refppo.core.checks import check_bt, check_mask, check_nonneg, count_true
 from refppo.errors import MaskError, ShapeError
 from refppo.types import ResponseMask, Scalar, TokenFloat
-from refppo.validate import check_bt, check_mask, check_nonneg, count_true
 
 AllReduce = Callable[[Tensor], Tensor]
 """A SUM all-reduce across ranks: returns the elementwise sum over ranks (in place is fine)."""

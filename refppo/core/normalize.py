@@ -31,10 +31,10 @@ from torch import Tensor
 
 from refppo.conventions import WhitenEps, Whitening, parse
 from refppo.core import _pyfloat as pf
+from refppo.core.checks import check_bt, check_mask, check_nonneg, count_true
 from refppo.core.masked import AllReduce, masked_moments, masked_whiten
 from refppo.errors import MaskError
 from refppo.types import ResponseMask, TokenFloat
-from refppo.validate import check_bt, check_mask, check_nonneg, count_true
 
 
 def _scale(v: Tensor, eps: float, eps_at: WhitenEps) -> Tensor:

@@ -19,9 +19,9 @@ from torch import Tensor
 
 from refppo.conventions import KLEstimator, LossAgg
 from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
+from refppo.core.checks import check_nonneg
 from refppo.core.kl import LogRatioClamp, token_kl, token_kl_naive
 from refppo.types import ResponseMask, Scalar, TokenFloat
-from refppo.validate import check_nonneg
 
 
 def entropy_bonus(

@@ -25,8 +25,8 @@ from torch import Tensor
 
 from refppo.conventions import ScorePosition, parse
 from refppo.core import _pyfloat as pf
+from refppo.core.checks import check_b, check_bt, check_mask, check_nonneg, check_same_dtype
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
-from refppo.validate import check_b, check_bt, check_mask, check_nonneg, check_same_dtype
 
 
 def score_positions(mask: ResponseMask, score_at: ScorePosition | str = ScorePosition.LAST_VALID) -> Tensor:

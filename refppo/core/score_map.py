@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from refppo.core import _pyfloat as pf
+from refppo.core.checks import check_float, check_positive
 from refppo.errors import HyperparameterError, ShapeError
 from refppo.types import SeqFloat
-from refppo.validate import check_float, check_positive
 
 
 def check_score_map(bias: float, scale: float, clip: float | None) -> None:

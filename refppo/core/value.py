@@ -27,9 +27,9 @@ from torch import Tensor
 from refppo.conventions import LossAgg, ValueClipForm, ValueLoss, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.aggregate import aggregate_loss_naive, aggregate_masked
+from refppo.core.checks import check_bt, check_mask, check_nonneg, check_same_dtype
 from refppo.errors import HyperparameterError
 from refppo.types import ResponseMask, Scalar, TokenFloat
-from refppo.validate import check_bt, check_mask, check_nonneg, check_same_dtype
 
 
 @dataclass(frozen=True)

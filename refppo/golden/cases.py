@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, Whitening
-from refppo.models import Arch
-from refppo.pipeline import Convention, Hyperparams
-from refppo.ppo import PPOUpdateConfig
-from refppo.rollout import RolloutConfig
+from refppo.models.rollout import RolloutConfig
+from refppo.models.tiny import Arch
+from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.train.update_config import PPOUpdateConfig
 
 TENSOR_FIELDS = (
     "prompt_ids",

@@ -1,8 +1,8 @@
 """Running a golden case: the tiny models and optimizers, parameter checksums, the trajectory.
 
-Batched path: sample and update through :func:`refppo.ppo.iteration` (the trainer's path).
+Batched path: sample and update through :func:`refppo.train.iteration.iteration` (the trainer's path).
 Naive path: replay a golden's tokens and epoch permutations through the per-prefix read-outs,
-the core's naive twins and :func:`refppo.ppo_naive.ppo_update_naive`.
+the core's naive twins and :func:`refppo.train.update_naive.ppo_update_naive`.
 """
 
 from __future__ import annotations
@@ -14,20 +14,16 @@ import torch
 from torch import Tensor, nn
 
 from refppo.golden.cases import COMPARED_METRICS, GoldenCase
-from refppo.models import (
-    Critic,
-    RewardModel,
-    SequenceBatch,
-    left_pad,
-    make_reference,
-    tiny_actor,
-    tiny_critic,
-    tiny_reward_model,
-)
-from refppo.pipeline import RolloutQuantities
-from refppo.ppo import MinibatchRecord, iteration, rollout_metrics
-from refppo.ppo_naive import ppo_update_naive, rollout_quantities_naive, score_rollout_naive
-from refppo.rollout import ScoredRollout
+from refppo.models.batch import SequenceBatch, left_pad
+from refppo.models.roles import Critic, RewardModel, make_reference
+from refppo.models.rollout import ScoredRollout
+from refppo.models.rollout_naive import score_rollout_naive
+from refppo.models.tiny import tiny_actor, tiny_critic, tiny_reward_model
+from refppo.pipeline.naive import rollout_quantities_naive
+from refppo.pipeline.rollout import RolloutQuantities
+from refppo.train.iteration import iteration, rollout_metrics
+from refppo.train.update_config import MinibatchRecord
+from refppo.train.update_naive import ppo_update_naive
 
 
 @dataclass
@@ -81,10 +77,10 @@ def run(
 ) -> Trajectory:
     """Run ``case`` for ``case.iterations`` PPO iterations.
 
-    Batched path (default): sample with the seeded generator, :func:`refppo.ppo.iteration`.
+    Batched path (default): sample with the seeded generator, :func:`refppo.train.iteration.iteration`.
     Naive path (``naive_from`` = a golden): replay its sampled tokens and epoch permutations;
     score with per-prefix forwards, rollout quantities from the core's naive twins, update with
-    :func:`refppo.ppo_naive.ppo_update_naive` (a real snapshot network for π_old).
+    :func:`refppo.train.update_naive.ppo_update_naive` (a real snapshot network for π_old).
     """
     models = build(case, device)
     rows, group_index = case.rows()
@@ -133,7 +129,8 @@ def _batched_iteration(
     gi: Tensor | None,
     gen: torch.Generator,
 ) -> _Iteration:
-    """Sample and update through :func:`refppo.ppo.iteration`; ``perm`` from the minibatch records."""
+    """Sample and update through :func:`refppo.train.iteration.iteration`; ``perm`` from the minibatch
+    records."""
     recs: list[MinibatchRecord] = []
     res = iteration(
         models.actor,

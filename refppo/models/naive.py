@@ -2,9 +2,9 @@
 
 For each sequence alone (no padding at all) and each response position ``t``, the model is run
 on the prefix ``(x, y_<t)`` and its LAST position is read: that is ``log π(y_t | x, y_<t)`` (via
-:func:`refppo.core.logprobs_from_logits_naive`, in float64 Python arithmetic) and
+:func:`refppo.core.logprobs.logprobs_from_logits_naive`, in float64 Python arithmetic) and
 ``V(x, y_<t)``. No causal mask is relied on — the future is simply not in the input. The batched
-single pass of :mod:`refppo.models` must equal these (tests/unit/test_models.py).
+single pass of :mod:`refppo.models` must equal these (tests/models/test_models.py).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def response_logprobs_naive(
 
 
 def response_values_naive(critic: nn.Module, batch: SequenceBatch) -> TokenFloat:
-    """``V(x, y_<t)`` ``[B, T]`` on :func:`refppo.models.value_positions`, one prefix forward each."""
+    """``V(x, y_<t)`` ``[B, T]`` on :func:`refppo.models.readout.value_positions`, one prefix forward each."""
     B, T = batch.batch_size, batch.response_width
     device = batch.prompt_ids.device
     keep = value_positions(batch.response_mask)

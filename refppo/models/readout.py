@@ -59,7 +59,7 @@ def response_logprobs(
     model: nn.Module, batch: SequenceBatch, temperature: float = 1.0
 ) -> tuple[TokenFloat, TokenFloat]:
     """``(log π(y_t | x, y_<t), H_t)``, both ``[B, T]``, 0 at padding; logits divided by
-    ``temperature`` before the log-softmax (:func:`refppo.core.logprobs_from_logits`); at least
+    ``temperature`` before the log-softmax (:func:`refppo.core.logprobs.logprobs_from_logits`); at least
     float32 (:func:`at_least_float32`)."""
     lg = response_logits(model, batch)
     logp = logprobs_from_logits(lg, batch.response_ids, batch.response_mask, temperature=temperature)

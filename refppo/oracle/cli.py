@@ -158,8 +158,8 @@ def preset_overrides_note(
 
 def _run(args: argparse.Namespace) -> int:
     _threads()
+    from refppo.oracle.check.settings import parse_value
     from refppo.oracle.run import as_dump, check_step
-    from refppo.oracle.settings import parse_value
 
     overrides: dict[str, Any] = {}
     for item in args.sets:
@@ -170,8 +170,8 @@ def _run(args: argparse.Namespace) -> int:
     dump = as_dump(Path(args.dump), hparams_file=args.hparams)
     rescored = None
     if any((args.actor, args.ref, args.critic, args.reward_model)):
-        from refppo.oracle.recompute import PIPELINE_ORDER
-        from refppo.oracle.rescore_cli import print_rescore_only, rescore_from_args
+        from refppo.oracle.check.recompute import PIPELINE_ORDER
+        from refppo.oracle.rescore.cli import print_rescore_only, rescore_from_args
 
         rescored = rescore_from_args(args, dump)
         if not any(dump.has(k) for k in PIPELINE_ORDER):  # inputs only: the re-score is the check
@@ -180,14 +180,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         rep = outcome.json()
         if rescored is not None:
-            from refppo.oracle.rescore_report import rescore_json
+            from refppo.oracle.rescore.report import rescore_json
 
             rep["rescore"] = rescore_json(*rescored)
         print(json.dumps(rep, indent=2))
     else:
         print(outcome.text())
         if rescored is not None:
-            from refppo.oracle.rescore_report import rescore_text
+            from refppo.oracle.rescore.report import rescore_text
 
             print("\n" + rescore_text(*rescored))
     # The exit code is the checked convention's verdict, with or without --detect: a CI gate that

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from refppo.oracle.detect import Detection
-from refppo.oracle.diagnose import CheckResult
-from refppo.oracle.load import TOLERANCES, Dump
+from refppo.dump.load import TOLERANCES, Dump
+from refppo.oracle.check.diagnose import CheckResult
+from refppo.oracle.detect.detection import Detection
 
 
 def _dtype_name(dump: Dump) -> str:
@@ -44,7 +44,7 @@ def json_report(
         },
     }
     if detection is not None:
-        from refppo.oracle.detect_report import detection_json
+        from refppo.oracle.detect.report import detection_json
 
         out.update(detection_json(result, detection, nearest))
     return out
@@ -110,7 +110,7 @@ def text_report(
         lines.append("diagnosis:")
         lines += [f"  - {d}" for d in result.diagnosis]
     if detection is not None:
-        from refppo.oracle.detect_report import detection_text
+        from refppo.oracle.detect.report import detection_text
 
         lines += detection_text(result, detection, nearest)
     return "\n".join(lines)

@@ -16,13 +16,20 @@ from typing import Any
 
 from torch import Tensor
 
-from refppo.oracle.detect import Detection, detect, setup_from_json
-from refppo.oracle.diagnose import CheckResult, check
-from refppo.oracle.load import SIDECAR_SCORING_KEYS, Dump, DumpError, check_inputs_for, load_dump, validate
-from refppo.oracle.presets import resolve_preset
-from refppo.oracle.recompute import PIPELINE_ORDER
+from refppo.dump.load import (
+    SIDECAR_SCORING_KEYS,
+    Dump,
+    DumpError,
+    check_inputs_for,
+    load_dump,
+    validate,
+)
+from refppo.oracle.check.diagnose import CheckResult, check
+from refppo.oracle.check.recompute import PIPELINE_ORDER
+from refppo.oracle.check.settings import build_setup, parse_value
+from refppo.oracle.detect.detection import Detection, detect, setup_from_json
+from refppo.oracle.presets.registry import resolve_preset
 from refppo.oracle.report import json_report, text_report
-from refppo.oracle.settings import build_setup, parse_value
 
 
 @dataclass
@@ -86,7 +93,7 @@ def check_step(
         # OpenRLHF kl_estimator): the run's own (--set, else the sidecar) wins over the preset's.
         estimator = parsed.get("kl_estimator", sidecar.get("kl_estimator"))
         # So is the advantage estimator (verl adv_estimator, OpenRLHF advantage.estimator): the
-        # preset then applies the peer's critic-free variant (refppo/oracle/presets_critic_free.py).
+        # preset then applies the peer's critic-free variant (refppo/oracle/presets/critic_free.py).
         advantage = parsed.get("advantage", sidecar.get("advantage"))
         preset_conv, preset_hp = resolve_preset(
             preset,

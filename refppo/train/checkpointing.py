@@ -3,16 +3,16 @@ saving on every rank into one atomic folder, and resuming only the same run.
 
 A checkpoint holds the models (policy, reference, critic, reward model), the optimizers, every
 rank's RNGs, the KL controller, the config, the world size, the run id and the config hash
-(:mod:`refppo.checkpoint` writes it, :mod:`refppo.rundir` names the run). ``--resume`` refuses a
+(:mod:`refppo.train.checkpoint` writes it, :mod:`refppo.train.rundir` names the run). ``--resume`` refuses a
 checkpoint of another run, another config (except :data:`RESUMABLE_KEYS`) or another world
 size; with ``--resume-fallback`` a DAMAGED newest checkpoint is skipped (and named) for the
 previous complete one.
 
 A checkpoint written by an older refppo, whose saved config lacks keys added since, is resumed when
-each such key is at its default (the rule: :mod:`refppo.rundir`). The run's identity stays the older
+each such key is at its default (the rule: :mod:`refppo.train.rundir`). The run's identity stays the older
 config's: ``Trainer.config_absent`` names those keys (``--resume`` prints them in one line), and
 every checkpoint written afterwards stores the config without them and the run's hash
-(:func:`refppo.rundir.without_keys`).
+(:func:`refppo.train.rundir.without_keys`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from refppo import checkpoint as ckpt
-from refppo import rundir
 from refppo.atomic import pause_for_test
-from refppo.config import TrainConfig
+from refppo.train import checkpoint as ckpt
+from refppo.train import rundir
+from refppo.train.config.schema import TrainConfig
 from refppo.train.runtime import TrainingError
 
 if TYPE_CHECKING:

@@ -23,8 +23,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from refppo.config import TrainConfig, load_config
 from refppo.errors import RefPPOError
+from refppo.train.config.schema import TrainConfig, load_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``refppo train``; returns the exit code (2: bad config or input)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.help_config is not None:
-        from refppo.config.doc import describe_config, sections
+        from refppo.train.config.doc import describe_config, sections
 
         if args.help_config and args.help_config not in sections():
             print(

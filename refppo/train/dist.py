@@ -15,7 +15,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import Tensor
 
-from refppo import ppo
+from refppo.core.masked import AllReduce
 
 SUMMED_OVER_RANKS = ("loss", "pg_loss", "vf_loss", "entropy", "kl_loss")
 """Update metrics that are per-rank shares of a global value (global normalisers): summed over ranks."""
@@ -34,8 +34,8 @@ class DistContext:
         """Rank 0 writes logs, plots and weights."""
         return self.rank == 0
 
-    def all_reduce(self) -> ppo.AllReduce | None:
-        """SUM all-reduce hook for :func:`refppo.ppo.iteration` (None on one process): global loss
+    def all_reduce(self) -> AllReduce | None:
+        """SUM all-reduce hook for :func:`refppo.train.iteration.iteration` (None on one process): global loss
         normalisers in the update and global advantage-whitening moments (μ, σ² over every rank's
         rows, as verl), so a torchrun step equals one process on the concatenated batch."""
         if self.world_size == 1:

@@ -1,8 +1,8 @@
 """``run.dump_iteration``: the trainer's own step as a v2 dump, through ``refppo.capture``.
 
-The trainer checked by its own oracle: :func:`request` asks :func:`refppo.ppo.ppo_update` to
+The trainer checked by its own oracle: :func:`request` asks :func:`refppo.train.update.ppo_update` to
 record the LAST optimizer step of the chosen iteration (last epoch, last minibatch: the ratio has
-moved away from 1, so the clip is exercised) with a :class:`refppo.capture.StepRecorder`, the very
+moved away from 1, so the clip is exercised) with a :class:`refppo.capture.recorder.StepRecorder`, the very
 recorder any other trainer uses (one capture path). Every rank records its micro-batches; rank 0
 writes ``<out_dir>/dumps/iter_<N>.safetensors`` and its sidecar (the iteration's hyperparameters,
 with the KL controller's current β, the conventions, and the score map ``score_bias``,
@@ -13,7 +13,7 @@ as ``ppo.iteration`` hands them to the pipeline, which maps them at its step 0, 
 Why the last minibatch equals the oracle's view only with ``ppo.minibatches=1`` when advantages or
 rewards are whitened, or the estimator has group or batch statistics (the group estimators,
 ``flash-reinforce``): the trainer computes them over the whole rollout batch, the oracle over the dump's
-rows (:meth:`refppo.config.TrainConfig.__post_init__` refuses the other combinations).
+rows (:meth:`refppo.train.config.schema.TrainConfig.__post_init__` refuses the other combinations).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from refppo.capture import StepRecorder
-from refppo.config import TrainConfig
-from refppo.pipeline import Hyperparams
-from refppo.ppo import CaptureRequest
+from refppo.capture.recorder import StepRecorder
+from refppo.pipeline.settings import Hyperparams
+from refppo.train.config.schema import TrainConfig
+from refppo.train.update_config import CaptureRequest
 
 
 def dump_path(out_dir: Path, iteration: int) -> Path:
@@ -35,7 +35,7 @@ def dump_path(out_dir: Path, iteration: int) -> Path:
 def sidecar_conventions(cfg: TrainConfig) -> dict[str, Any]:
     """The sidecar's conventions: ``ppo.convention`` and the oracle's score-map keys
     (``score_bias``, ``score_scale``, ``score_clip``: the flat keys of
-    :class:`refppo.oracle.settings.Extras`), always written, the identity included."""
+    :class:`refppo.oracle.check.settings.Extras`), always written, the identity included."""
     return {
         **cfg.ppo.convention.to_dict(),
         "score_bias": cfg.ppo.score_bias,

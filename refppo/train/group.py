@@ -11,7 +11,7 @@ groups, so the group statistics (μ_G, σ_G, the leave-one-out mean) computed on
 global ones, and only the batch-level whitening (REINFORCE++) needs the all-reduce the PPO
 pipeline already does. :func:`check_groups_on_rank` asserts it before every update: it gathers
 every rank's group ids and refuses an id seen on two ranks (GroupError, one line), so
-``refppo.pipeline.rollout_quantities(groups_on_rank=True)`` is only ever told the truth.
+``refppo.pipeline.rollout.rollout_quantities(groups_on_rank=True)`` is only ever told the truth.
 (verl 0.9.1 computes the advantages once over the whole batch on its driver,
 ``ray_trainer.compute_advantage``, before the data-parallel split; refppo's ranks compute their
 own rows' advantages, hence the invariant.)
@@ -56,7 +56,8 @@ def check_groups_on_rank(
     a single row either.
 
     One process: nothing to check. Else the ids are gathered (all ranks hold the same number of
-    rows, :meth:`refppo.config.TrainConfig.check_world_size`) and an id on two ranks raises. Every
+    rows, :meth:`refppo.train.config.schema.TrainConfig.check_world_size`) and an id on two ranks raises.
+    Every
     rank reads the same gathered ids, so every rank raises the same :class:`GroupError` here,
     before the update's collectives: the core's own singleton refusal
     (:class:`refppo.errors.SingletonGroupError`, raised on the rank holding the group only, before

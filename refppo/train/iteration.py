@@ -13,9 +13,11 @@ from torch import Tensor, nn
 from refppo.conventions import AdvantageEstimator, KLPlacement
 from refppo.core.kl import token_kl
 from refppo.core.masked import AllReduce, masked_mean, masked_sum
-from refppo.models import Reward, SequenceBatch
-from refppo.pipeline import Convention, Hyperparams, RolloutQuantities, ScoreMap, rollout_quantities
-from refppo.rollout import RolloutConfig, ScoredRollout, generate_rollout, score_rollout
+from refppo.models.batch import SequenceBatch
+from refppo.models.roles import Reward
+from refppo.models.rollout import RolloutConfig, ScoredRollout, generate_rollout, score_rollout
+from refppo.pipeline.rollout import RolloutQuantities, rollout_quantities
+from refppo.pipeline.settings import Convention, Hyperparams, ScoreMap
 from refppo.train.update import ppo_update
 from refppo.train.update_config import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
 
@@ -120,7 +122,7 @@ def iteration(
     the generator is then not used for sampling. ``critic=None``: a critic-free
     ``conv.advantage`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
     answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
-    are on this rank (see :func:`refppo.pipeline.rollout_quantities`). ``score_map``: the
+    are on this rank (see :func:`refppo.pipeline.rollout.rollout_quantities`). ``score_map``: the
     pipeline's step 0 on the scores (None: as the reward gives them).
     """
     if batch is None:

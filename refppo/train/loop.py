@@ -1,7 +1,9 @@
 """The trainer: models, data, logging and checkpoints around ONE per-iteration algorithm.
 
-Each iteration is :func:`refppo.rollout.generate_rollout` followed by :func:`refppo.ppo.iteration`
-(scoring → :func:`refppo.pipeline.rollout_quantities` → :func:`refppo.ppo.ppo_update`) — the same
+Each iteration is :func:`refppo.models.rollout.generate_rollout` followed by
+:func:`refppo.train.iteration.iteration`
+(scoring → :func:`refppo.pipeline.rollout.rollout_quantities` → :func:`refppo.train.update.ppo_update`) —
+the same
 functions the golden trajectories and the oracle check; this package adds no PPO math of its own.
 (``generate_rollout`` is called here and its batch handed to ``iteration(batch=...)``, which is
 exactly what ``iteration`` does itself when no batch is given; it lets the trainer time the
@@ -19,7 +21,7 @@ Numbered skeleton of :meth:`Trainer.train` (where each step lives in :mod:`refpp
     1. prompts from the task's RNG, each repeated rollout.group_size times with its group_index
        (whole groups per rank: group.py) → token ids (length checked) → left-padded batch (prompts.py)
     2. responses = generate_rollout(actor, prompts)                    (timed: rollout)
-    3. result = ppo.iteration(..., hp with β from the KL controller, ppo.score_* as score_map)
+    3. result = iteration(..., hp with β from the KL controller, ppo.score_* as score_map)
        (timed: score + update; under torchrun with the all_reduce hook: global normalisers and
        whitening; dump.py)
     4. metrics reduced over ranks (dist.py); non-finite loss → error (or skip + restore, run.on_nan)
@@ -41,17 +43,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from refppo import checkpoint as ckpt
-from refppo import models, ppo, rundir
-from refppo import rollout as rl
-from refppo.config import ConfigError, TrainConfig
-from refppo.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
-from refppo.logging_utils import MetricsLog, Progress, TensorBoard
-from refppo.models import SequenceBatch
-from refppo.pipeline import Hyperparams
-from refppo.reward_fn import TextRewardFn, resolve_reward_function
-from refppo.tasks.words import WordsTask
-from refppo.train import checkpointing, dump, prompts, report, setup
+from refppo.models import rollout as rl
+from refppo.models.batch import SequenceBatch
+from refppo.models.roles import make_reference
+from refppo.pipeline.settings import Hyperparams
+from refppo.train import checkpoint as ckpt
+from refppo.train import checkpointing, dump, prompts, report, rundir, setup
+from refppo.train.config.schema import TrainConfig
+from refppo.train.config.sections import ConfigError
 from refppo.train.dist import (
     DistContext,
     init_distributed,
@@ -59,6 +58,10 @@ from refppo.train.dist import (
     reduce_metrics,
     shutdown_distributed,
 )
+from refppo.train.iteration import IterationResult, iteration
+from refppo.train.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
+from refppo.train.reward_fn import TextRewardFn, resolve_reward_function
+from refppo.train.runlog import MetricsLog, Progress, TensorBoard
 from refppo.train.runtime import (
     TrainingError,
     resolve_device,
@@ -67,13 +70,15 @@ from refppo.train.runtime import (
     seed_everything,
     set_threads,
 )
+from refppo.train.tasks.words import WordsTask
+from refppo.train.update_config import CaptureRequest
 
 
 class Trainer:
     """One training run of ``cfg`` (see the module docstring).
 
     ``resume``: continue the run in ``run.out_dir`` from its newest complete checkpoint (which must
-    belong to that run: same run id and config hash, see :mod:`refppo.rundir`). ``resume_fallback``
+    belong to that run: same run id and config hash, see :mod:`refppo.train.rundir`). ``resume_fallback``
     (with ``resume``): when that checkpoint is damaged, say so and try the previous complete one.
     ``overwrite`` (without ``resume``): a non-empty ``run.out_dir`` that is a refppo run is cleared
     (refppo's entries only) instead of refused."""
@@ -171,7 +176,7 @@ class Trainer:
         self.actor.to(self.device, self.param_dtype)
         self.threads = set_threads(cfg.model.threads, self.actor, self.device)
         setup.warm_start(ctx, self.actor, self.tokenizer, self.task)
-        self.reference = models.make_reference(self.actor)
+        self.reference = make_reference(self.actor)
         self.reward_model, self.reward = setup.build_reward(
             ctx, self.actor, self.tokenizer, self.task, user_reward
         )
@@ -223,7 +228,7 @@ class Trainer:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return torch.autocast(device_type=self.device.type, enabled=False)
 
-    def step(self, it: int) -> tuple[dict[str, Any], ppo.IterationResult, list[str]]:
+    def step(self, it: int) -> tuple[dict[str, Any], IterationResult, list[str]]:
         """One iteration (skeleton steps 1–5); returns the record, the raw result and the prompts."""
         cfg, d = self.cfg, self.dist
         texts, group_index = prompts.draw(cfg, self.task, self.task_rng, self.prompt_pool, d, self.device)
@@ -259,12 +264,12 @@ class Trainer:
         prompt_ids: Tensor,
         prompt_mask: Tensor,
         hp: Hyperparams,
-        capture: ppo.CaptureRequest | None,
+        capture: CaptureRequest | None,
         group_index: Tensor,
-    ) -> ppo.IterationResult:
-        """Skeleton step 3 on the sampled ``batch``: :func:`refppo.ppo.iteration`."""
+    ) -> IterationResult:
+        """Skeleton step 3 on the sampled ``batch``: :func:`refppo.train.iteration.iteration`."""
         d = self.dist
-        return ppo.iteration(
+        return iteration(
             self.actor_train,
             self.reference,
             self.critic_train,
@@ -287,7 +292,7 @@ class Trainer:
             groups_on_rank=True,
         )
 
-    def _metrics(self, it: int, result: ppo.IterationResult, batch: SequenceBatch) -> dict[str, float]:
+    def _metrics(self, it: int, result: IterationResult, batch: SequenceBatch) -> dict[str, float]:
         """The iteration's metrics over every rank, with the hidden rule's mean score when logged."""
         metrics = reduce_metrics(self.dist, result.metrics, self.device)
         if self.rule is not None:

@@ -15,14 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from refppo import models
-from refppo.config import TrainConfig
 from refppo.conventions import GroupSingleton
-from refppo.core.group import GROUP_ESTIMATORS
-from refppo.tasks.words import WordsTask
+from refppo.core._group_checks import GROUP_ESTIMATORS
+from refppo.models.batch import left_pad
 from refppo.train import group
+from refppo.train.config.schema import TrainConfig
 from refppo.train.dist import DistContext
 from refppo.train.runtime import TrainingError, context_length
+from refppo.train.tasks.words import WordsTask
 
 
 def max_prompt_tokens(actor: nn.Module, max_new_tokens: int, max_prompt: int) -> int:
@@ -73,7 +73,7 @@ class PromptEncoder:
         ids = [self.tokenize(t) for t in texts]
         for t, row in zip(texts, ids, strict=True):
             self.check(row, t)
-        pid, pmask = models.left_pad(ids, int(self.tokenizer.pad_token_id))
+        pid, pmask = left_pad(ids, int(self.tokenizer.pad_token_id))
         return pid.to(self.device), pmask.to(self.device)
 
     def read_file(self, path: str) -> list[str]:

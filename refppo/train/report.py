@@ -17,10 +17,11 @@ from typing import Any
 
 from torch import nn
 
-from refppo import ppo, rundir
 from refppo.atomic import atomic_write_text, atomic_write_with
-from refppo.config import TrainConfig
-from refppo.logging_utils import format_samples, plot_metrics, read_metrics
+from refppo.train import rundir
+from refppo.train.config.schema import TrainConfig
+from refppo.train.iteration import IterationResult
+from refppo.train.runlog import format_samples, plot_metrics, read_metrics
 from refppo.train.runtime import TrainingError, finite, params_finite, peak_rss_mb
 
 ROLLOUT_KEYS = (
@@ -35,7 +36,8 @@ ROLLOUT_KEYS = (
     "return_mean",
     "value_mean",
 )
-"""Keys of :func:`refppo.ppo.rollout_metrics` (logged as ``rollout/<key>``; the rest as ``ppo/<key>``)."""
+"""Keys of :func:`refppo.train.iteration.rollout_metrics` (logged as ``rollout/<key>``; the rest as
+``ppo/<key>``)."""
 
 
 def make_record(it: int, kl_coef: float, metrics: dict[str, float], eos_penalty: bool) -> dict[str, Any]:
@@ -76,7 +78,7 @@ def non_finite_error(it: int, bad: list[str], metrics: dict[str, float], last: P
     )
 
 
-def samples_text(n: int, texts: list[str], result: ppo.IterationResult, tokenizer: Any) -> str:
+def samples_text(n: int, texts: list[str], result: IterationResult, tokenizer: Any) -> str:
     """Up to three prompts of iteration ``n`` with their decoded responses and scores."""
     b = result.scored.batch
     responses = [tokenizer.decode(b.unpadded(i)[1]) for i in range(min(3, b.batch_size))]

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from refppo.errors import RefPPOError
-from refppo.reward_fn import RewardFunctionError
 from refppo.train.dist import DistContext
+from refppo.train.reward_fn import RewardFunctionError
 
 SMALL_MODEL_PARAMS = 50_000_000
 """Below this many policy parameters ``model.threads=0`` (auto) uses ONE intra-op thread on CPU

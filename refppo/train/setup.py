@@ -1,5 +1,5 @@
 """Setup of a run (skeleton step 0 of :mod:`refppo.train.loop`): the models, the reward, the
-optimizers and the per-iteration configs, built from a :class:`refppo.config.TrainConfig`.
+optimizers and the per-iteration configs, built from a :class:`refppo.train.config.schema.TrainConfig`.
 
 In the order :meth:`refppo.train.loop.Trainer` calls them (the order fixes every RNG draw)::
 
@@ -26,17 +26,21 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from refppo import models, ppo
-from refppo import rollout as rl
-from refppo.config import ConfigError, TrainConfig
-from refppo.reward_fn import TextRewardFn, text_reward
-from refppo.tasks.warmstart import sft, train_reward_model
-from refppo.tasks.words import PROMPT_HEAD, WordsTask, build_tokenizer, rule_reward
+from refppo.models import rollout as rl
+from refppo.models.loading import load_actor, load_reward_model
+from refppo.models.roles import Critic, Reward, RewardFn, RewardModel
+from refppo.models.tiny import Arch, tiny_actor, tiny_reward_model
+from refppo.train.config.schema import TrainConfig
+from refppo.train.config.sections import ConfigError
+from refppo.train.reward_fn import TextRewardFn, text_reward
 from refppo.train.runtime import TrainingError, rank0_output
+from refppo.train.tasks.warmstart import sft, train_reward_model
+from refppo.train.tasks.words import PROMPT_HEAD, WordsTask, build_tokenizer, rule_reward
+from refppo.train.update_config import PPOUpdateConfig
 
 EMBEDDED_POLICIES = ("tiny_gpt2", "tiny_llama")
 """``model.policy`` values built from a config (anything else is a local model directory)."""
-RULE_REWARD = "refppo.tasks.words:rule_reward"
+RULE_REWARD = "refppo.train.tasks.words:rule_reward"
 """The embedded task's hidden rule as a text reward (``task.reward=rule``, and the logged ``rule_score``)."""
 
 
@@ -91,7 +95,7 @@ def check_inputs(cfg: TrainConfig) -> None:
         )
 
 
-def _embedded_arch(cfg: TrainConfig) -> models.Arch:
+def _embedded_arch(cfg: TrainConfig) -> Arch:
     return "gpt2" if cfg.model.policy == "tiny_gpt2" else "llama"
 
 
@@ -110,17 +114,17 @@ def load_local_policy(path: str, is_main: bool) -> tuple[Any, nn.Module]:
         except Exception as e:  # transformers raises OSError/ValueError/...: report them all alike
             raise TrainingError(f"--model {path!r}: cannot load its tokenizer: {e}") from e
         try:
-            actor = models.load_actor(path)
+            actor = load_actor(path)
         except Exception as e:
             raise TrainingError(f"--model {path!r}: cannot load it as a causal LM: {e}") from e
     return tok, actor
 
 
-def load_local_reward(path: str, is_main: bool) -> models.RewardModel:
+def load_local_reward(path: str, is_main: bool) -> RewardModel:
     """The sequence-classification reward model of the local directory ``path``."""
     with rank0_output(is_main):
         try:
-            return models.load_reward_model(path)
+            return load_reward_model(path)
         except Exception as e:
             raise TrainingError(f"--reward-model {path!r}: cannot load it: {e}") from e
 
@@ -135,7 +139,7 @@ def build_policy(ctx: SetupContext) -> tuple[Any, nn.Module]:
         vocab = cfg.model.vocab_size or len(tokenizer)
         if vocab < len(tokenizer):
             raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer ({len(tokenizer)})")
-        actor = models.tiny_actor(_embedded_arch(cfg), vocab, seed=cfg.run.seed, **_tiny_sizes(cfg))
+        actor = tiny_actor(_embedded_arch(cfg), vocab, seed=cfg.run.seed, **_tiny_sizes(cfg))
     else:
         tokenizer, actor = load_local_policy(cfg.model.policy, ctx.is_main)
     if tokenizer.pad_token_id is None:
@@ -179,11 +183,11 @@ def warm_start(ctx: SetupContext, actor: nn.Module, tokenizer: Any, task: WordsT
         ctx.echo(f"warm start: {len(losses)} SFT steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
 
-def _tiny_reward_model(ctx: SetupContext, vocab: int, tokenizer: Any, task: WordsTask) -> models.RewardModel:
+def _tiny_reward_model(ctx: SetupContext, vocab: int, tokenizer: Any, task: WordsTask) -> RewardModel:
     """The embedded task's reward model: tiny (seed ``run.seed + 2``), trained with the
     Bradley–Terry loss on ``task.rm_pairs`` rule-labelled pairs (not when resuming)."""
     cfg = ctx.cfg
-    rm = models.tiny_reward_model(_embedded_arch(cfg), vocab, seed=cfg.run.seed + 2, **_tiny_sizes(cfg))
+    rm = tiny_reward_model(_embedded_arch(cfg), vocab, seed=cfg.run.seed + 2, **_tiny_sizes(cfg))
     rm.to(ctx.device, ctx.param_dtype)
     if not ctx.resuming and cfg.task.rm_steps > 0:
         stats = train_reward_model(
@@ -207,7 +211,7 @@ def _tiny_reward_model(ctx: SetupContext, vocab: int, tokenizer: Any, task: Word
 
 def build_reward(
     ctx: SetupContext, actor: Any, tokenizer: Any, task: WordsTask, user_reward: TextRewardFn | None
-) -> tuple[models.RewardModel | None, models.Reward]:
+) -> tuple[RewardModel | None, Reward]:
     """``(reward model or None, reward)`` for ``task.reward``: ``model`` (``--reward-model DIR``, or
     the embedded task's tiny trained one; frozen, eval mode), ``rule`` (the hidden rule) or the
     resolved ``module:function`` ``user_reward``, as a text reward. ``actor``: the policy (a
@@ -231,7 +235,7 @@ def build_reward(
     return reward_model, reward_model
 
 
-def build_rule(ctx: SetupContext, tokenizer: Any) -> models.RewardFn | None:
+def build_rule(ctx: SetupContext, tokenizer: Any) -> RewardFn | None:
     """The hidden rule, logged alongside a learned reward (the embedded task's true objective);
     None for a local policy."""
     if not ctx.embedded:
@@ -240,9 +244,7 @@ def build_rule(ctx: SetupContext, tokenizer: Any) -> models.RewardFn | None:
     return text_reward(rule_reward, tokenizer, keep_special_tokens=keep, name=RULE_REWARD)
 
 
-def build_critic(
-    ctx: SetupContext, actor: Any, reward_model: models.RewardModel | None
-) -> models.Critic | None:
+def build_critic(ctx: SetupContext, actor: Any, reward_model: RewardModel | None) -> Critic | None:
     """The critic: a copy of the policy's backbone (``model.critic_init=reward``: the reward
     model's) with a fresh value head seeded by ``run.seed + 1`` (the global RNG is left as it was);
     None when ``ppo.advantage`` is critic-free."""
@@ -258,7 +260,7 @@ def build_critic(
             backbone = copy.deepcopy(actor.base_model)
         for p in backbone.parameters():
             p.requires_grad_(True)
-        critic = models.Critic(backbone)
+        critic = Critic(backbone)
     critic.to(ctx.device, ctx.param_dtype)
     critic.train()
     return critic
@@ -294,9 +296,9 @@ def rollout_config(cfg: TrainConfig, tokenizer: Any) -> rl.RolloutConfig:
     )
 
 
-def update_config(cfg: TrainConfig, world_size: int) -> ppo.PPOUpdateConfig:
+def update_config(cfg: TrainConfig, world_size: int) -> PPOUpdateConfig:
     """The update schedule on one rank: epochs, minibatches, micro-batch size, grad clip."""
-    return ppo.PPOUpdateConfig(
+    return PPOUpdateConfig(
         ppo_epochs=cfg.ppo.epochs,
         num_minibatches=cfg.ppo.minibatches,
         micro_batch_size=cfg.micro_batch_size(world_size),

@@ -1,7 +1,8 @@
-"""Step 4 of :func:`refppo.ppo.iteration`: K PPO epochs over one scored rollout (:func:`ppo_update`,
+"""Step 4 of :func:`refppo.train.iteration.iteration`: K PPO epochs over one scored rollout
+(:func:`ppo_update`,
 moved out of ``refppo/ppo.py``, which re-exports it; the design notes are in :mod:`refppo.ppo`).
 
-One call, as nested loops (every loss through :func:`refppo.pipeline.update_quantities`)::
+One call, as nested loops (every loss through :func:`refppo.pipeline.update.update_quantities`)::
 
     ppo_update          for epoch: perm = randperm(B, generator) (or arange); for each minibatch:
       _minibatch          global normalisers (counts all-reduced), zero grads, then
@@ -23,19 +24,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from refppo.capture import StepRecorder
+from refppo.capture.recorder import StepRecorder
 from refppo.core.masked import AllReduce
 from refppo.errors import HyperparameterError, ShapeError
-from refppo.models import eval_mode, position_ids_from_mask, response_logprobs, response_values
-from refppo.pipeline import (
-    Convention,
-    Hyperparams,
-    Normalisers,
-    RolloutQuantities,
-    UpdateQuantities,
-    update_quantities,
-)
-from refppo.rollout import ScoredRollout
+from refppo.models.batch import position_ids_from_mask
+from refppo.models.readout import response_logprobs, response_values
+from refppo.models.roles import eval_mode
+from refppo.models.rollout import ScoredRollout
+from refppo.pipeline.rollout import RolloutQuantities
+from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.update import Normalisers, UpdateQuantities, update_quantities
 from refppo.train.update_config import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
 
 LOSS_KEYS = ("loss", "pg_loss", "vf_loss", "entropy", "kl_loss", "ptx_loss")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from refppo.capture import StepRecorder
+from refppo.capture.recorder import StepRecorder
 from refppo.errors import HyperparameterError
 
 
@@ -47,7 +47,7 @@ class PPOUpdateConfig:
 @dataclass(frozen=True)
 class CaptureRequest:
     """Dump one optimizer step of :func:`ppo_update` as a v2 dump through ``recorder``
-    (:class:`refppo.capture.StepRecorder`, ``reduce="mean"``: DDP averages) to ``path``."""
+    (:class:`refppo.capture.recorder.StepRecorder`, ``reduce="mean"``: DDP averages) to ``path``."""
 
     epoch: int
     minibatch: int

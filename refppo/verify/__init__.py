@@ -1,6 +1,6 @@
 """``refppo verify``: every public vectorized core function against its naive twin, on seeded batches.
 
-"Every" is checked by ``tests/unit/test_verify_coverage.py``: it enumerates the public functions of
+"Every" is checked by ``tests/verify/test_verify_coverage.py``: it enumerates the public functions of
 the ``refppo.core`` modules (``*_naive`` twins excluded) and fails if a case calls none of them
 directly; the deliberate exceptions are the argument validators (``check_*``), which return
 nothing to compare.
@@ -23,31 +23,3 @@ Modules: :mod:`~refppo.verify.tolerance` (:data:`TOLERANCES`, :func:`compare`),
 ``all_reduce`` paths on two simulated ranks, :mod:`~refppo.verify.ranks`), :mod:`~refppo.verify.cli`
 (rows, the table, ``main``). This module re-exports them.
 """
-
-from __future__ import annotations
-
-from refppo.verify.batches import JUNK_VALUES, Batch, Case, Pair, make_batch, with_holes
-from refppo.verify.cases import CASES
-from refppo.verify.cli import Row, device_problem, devices, format_table, main, run_step
-from refppo.verify.tolerance import TOLERANCES, Comparison, Tolerance, compare, tolerance_for
-
-__all__ = [
-    "CASES",
-    "JUNK_VALUES",
-    "TOLERANCES",
-    "Batch",
-    "Case",
-    "Comparison",
-    "Pair",
-    "Row",
-    "Tolerance",
-    "compare",
-    "device_problem",
-    "devices",
-    "format_table",
-    "main",
-    "make_batch",
-    "run_step",
-    "tolerance_for",
-    "with_holes",
-]

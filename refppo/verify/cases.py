@@ -21,9 +21,8 @@ from refppo.verify.cases_dist import DIST_CASES
 from refppo.verify.cases_loss import LOSS_CASES
 from refppo.verify.cases_rows import ROW_CASES
 
-# The modules themselves, looked up by name: ``refppo.core`` re-exports the *function* ``gae``
-# under the submodule's name, so ``from refppo.core import gae`` would give the function. Calling
-# through the module at run time also lets a test monkeypatch one vectorised function.
+# The modules themselves, looked up by name at run time, so that a test can monkeypatch one
+# vectorised function.
 gae_mod = importlib.import_module("refppo.core.gae")
 kl_mod = importlib.import_module("refppo.core.kl")
 logprobs_mod = importlib.import_module("refppo.core.logprobs")
@@ -214,5 +213,5 @@ TOKEN_CASES: dict[str, Case] = {
 
 CASES: dict[str, Case] = {**TOKEN_CASES, **ADV_CASES, **LOSS_CASES, **ROW_CASES, **DIST_CASES}
 """Step (vectorized function) -> case. Together they call every public vectorized function of the
-core directly, each against its naive twin (``tests/unit/test_verify_coverage.py`` checks this and
+core directly, each against its naive twin (``tests/verify/test_verify_coverage.py`` checks this and
 lists the deliberate exceptions, the argument validators ``check_*``)."""

@@ -132,7 +132,7 @@ def _case_group_advantages(b: Batch, dev: torch.device) -> list[Pair]:
             s.to(dev), gi.to(dev) if gi is not None else None, m.to(dev),
             token_penalty=pen.to(dev) if pen is not None else None, **kw,
         )  # fmt: skip
-        nv = group_mod.group_advantages_naive(s, gi, m, token_penalty=pen, **kw)
+        nv = group_naive.group_advantages_naive(s, gi, m, token_penalty=pen, **kw)
         out.append((tag, vec, nv, None))
     # whiten=False leaves reinforce++-baseline's whitening to the caller: a_i = s_i − μ_G (= dr-grpo's).
     s, g = scores["distinct"], groups["distinct"]
@@ -143,7 +143,7 @@ def _case_group_advantages(b: Batch, dev: torch.device) -> list[Pair]:
         (
             "reinforce++-baseline,whiten=False",
             vec,
-            group_mod.group_advantages_naive(s, g, m, estimator=E.DR_GRPO),
+            group_naive.group_advantages_naive(s, g, m, estimator=E.DR_GRPO),
             None,
         )
     )
@@ -192,12 +192,17 @@ def _case_reinforce_pp(b: Batch, dev: torch.device) -> list[Pair]:
     for how in GaeHoles:
         r = r_env if how is GaeHoles.THROUGH else r_junk
         for gamma, unb, form in ((1.0, True, "add"), (0.95, False, "clamp")):
-            kw = {"gamma": gamma, "whiten_unbiased": unb, "whiten_eps_form": form, "holes": how}
+            kw: dict[str, Any] = {
+                "gamma": gamma,
+                "whiten_unbiased": unb,
+                "whiten_eps_form": form,
+                "holes": how,
+            }
             vec = group_mod.reinforce_pp_advantages(r.to(dev), hb.mask.to(dev), **kw)
-            nv = group_mod.reinforce_pp_advantages_naive(r, hb.mask, **kw)
+            nv = group_naive.reinforce_pp_advantages_naive(r, hb.mask, **kw)
             out.append((f"holes,{how.value},γ={gamma},{form}", vec, nv, None))
     vec = group_mod.reinforce_pp_advantages(r_env.to(dev), b.mask.to(dev), gamma=0.9)
-    out.append(("γ=0.9", vec, group_mod.reinforce_pp_advantages_naive(r_env, b.mask, gamma=0.9), None))
+    out.append(("γ=0.9", vec, group_naive.reinforce_pp_advantages_naive(r_env, b.mask, gamma=0.9), None))
     return out
 
 

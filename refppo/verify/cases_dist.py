@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, GroupStdLevel, WhitenEps, Whitening
-from refppo.core import helpers_naive
+from refppo.core import group_naive, helpers_naive
 from refppo.core.masked import AllReduce
 from refppo.verify.batches import Batch, Case, Pair
 from refppo.verify.cases_adv import _distinct_scores, _groups
@@ -99,7 +99,7 @@ def _group_pairs(b: Batch, dev: torch.device) -> list[Pair]:
         kw: dict[str, Any] = {"estimator": est, "std_level": level}
         tag = f"({est.value},{level.value})"
         vec = _gathered(group_mod.group_advantages, (s.to(dev), gid, m.to(dev)), kw, shards)
-        out.append((f"group_advantages{tag}", vec, group_mod.group_advantages_naive(s, gi, m, **kw), None))
+        out.append((f"group_advantages{tag}", vec, group_naive.group_advantages_naive(s, gi, m, **kw), None))
         vec = _gathered(group_mod.group_scalar_advantages, (s.to(dev), gid), kw, shards)
         nv = helpers_naive.group_scalar_advantages_naive(s, gi, **kw)
         out.append((f"group_scalar_advantages{tag}", vec, torch.tensor(nv, dtype=torch.float64), None))

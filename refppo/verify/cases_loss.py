@@ -16,9 +16,8 @@ from torch import Tensor
 from refppo.conventions import KLEstimator, LossAgg, ValueLoss
 from refppo.verify.batches import Batch, Case, Pair
 
-# The modules themselves, looked up by name: ``refppo.core`` re-exports the *function* ``gae``
-# under the submodule's name, so ``from refppo.core import gae`` would give the function. Calling
-# through the module at run time also lets a test monkeypatch one vectorised function.
+# The modules themselves, looked up by name at run time, so that a test can monkeypatch one
+# vectorised function.
 aggregate_mod = importlib.import_module("refppo.core.aggregate")
 grad_mod = importlib.import_module("refppo.core.grad")
 gspo_mod = importlib.import_module("refppo.core.gspo")

@@ -13,19 +13,16 @@ import pytest
 import torch
 from torch import Tensor
 
-from refppo.core import (
-    clipped_policy_loss,
-    entropy_from_logits,
-    gae,
-    kl_loss,
-    logprobs_from_logits,
-    policy_ratio,
-    token_kl,
-    token_rewards,
-    total_loss,
-    value_loss,
-)
-from refppo.pipeline import Convention, Hyperparams, rollout_quantities, update_quantities
+from refppo.core.gae import gae
+from refppo.core.kl import token_kl
+from refppo.core.logprobs import entropy_from_logits, logprobs_from_logits
+from refppo.core.objective import kl_loss, total_loss
+from refppo.core.policy import clipped_policy_loss, policy_ratio
+from refppo.core.rewards import token_rewards
+from refppo.core.value import value_loss
+from refppo.pipeline.rollout import rollout_quantities
+from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.update import update_quantities
 
 F64 = torch.float64
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from refppo.core import logprobs_from_logits, policy_ratio
+from refppo.core.logprobs import logprobs_from_logits
+from refppo.core.policy import policy_ratio
 
 F64 = torch.float64
 VOCAB = 7

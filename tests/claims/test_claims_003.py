@@ -15,15 +15,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from refppo.core import (
-    clipped_policy_loss,
-    entropy_bonus,
-    entropy_from_logits,
-    logprobs_from_logits,
-    policy_ratio,
-    total_loss,
-    value_loss,
-)
+from refppo.core.logprobs import entropy_from_logits, logprobs_from_logits
+from refppo.core.objective import entropy_bonus, total_loss
+from refppo.core.policy import clipped_policy_loss, policy_ratio
+from refppo.core.value import value_loss
 
 F64 = torch.float64
 

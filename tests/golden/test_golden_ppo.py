@@ -1,10 +1,10 @@
 """Golden PPO trajectories (spec/golden/ppo_*.{json,safetensors}, written by tools/make_golden.py).
 
-- replay on CPU: same seed → same trajectory (tolerances ``refppo.golden.CPU_REPLAY``);
+- replay on CPU: same seed → same trajectory (tolerances ``refppo.golden.cases.CPU_REPLAY``);
 - the naive step-by-step path (per-prefix read-outs, a real π_old snapshot network, the core's
-  naive twins) reproduces it from the golden tokens (``refppo.golden.NAIVE``);
+  naive twins) reproduces it from the golden tokens (``refppo.golden.cases.NAIVE``);
 - sensitivity: the check fails when ε, γ, λ, β or the aggregation mode is changed;
-- CUDA replay (``gpu`` marker; ``refppo.golden.CUDA_REPLAY``).
+- CUDA replay (``gpu`` marker; ``refppo.golden.cases.CUDA_REPLAY``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,14 @@ from typing import Any
 import pytest
 import torch
 
-from refppo import cpu_numerics, golden
+from refppo import cpu_numerics
+from refppo.golden.cases import CASES, CPU_REPLAY, CUDA_REPLAY, NAIVE, TENSOR_FIELDS, variant
+from refppo.golden.check import compare, max_deviations
+from refppo.golden.store import SCHEMA_VERSION, load, paths
+from refppo.golden.trajectory import Trajectory, run
 
 GOLDEN_DIR = Path(__file__).resolve().parents[2] / "spec" / "golden"
-NAMES = sorted(golden.CASES)
+NAMES = sorted(CASES)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -35,22 +39,22 @@ def _deterministic() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
-def _load(name: str) -> tuple[golden.Trajectory, dict[str, Any]]:
-    return golden.load(GOLDEN_DIR, name)
+def _load(name: str) -> tuple[Trajectory, dict[str, Any]]:
+    return load(GOLDEN_DIR, name)
 
 
 def test_golden_files_schema_and_size() -> None:
     total = 0
     for name in NAMES:
-        jpath, tpath = golden.paths(GOLDEN_DIR, name)
+        jpath, tpath = paths(GOLDEN_DIR, name)
         total += os.path.getsize(jpath) + os.path.getsize(tpath)
         traj, doc = _load(name)
-        assert doc["schema_version"] == golden.SCHEMA_VERSION
-        case = golden.CASES[name]
+        assert doc["schema_version"] == SCHEMA_VERSION
+        case = CASES[name]
         assert doc["case"] == case.to_dict(), "the golden was generated from another configuration"
         assert len(doc["iterations"]) == case.iterations == 3
         for it in range(case.iterations):
-            for f in (*golden.TENSOR_FIELDS, "perm"):
+            for f in (*TENSOR_FIELDS, "perm"):
                 assert f"it{it}.{f}" in traj.tensors
             assert set(doc["iterations"][it]["checksums"]) == set(doc["init_checksums"])
         # the trajectory exercises what the sensitivity test relies on
@@ -64,19 +68,19 @@ def test_golden_files_schema_and_size() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_golden_replay_cpu(name: str) -> None:
     ref, _ = _load(name)
-    got = golden.run(golden.CASES[name])
-    dev = golden.max_deviations(ref, got)
+    got = run(CASES[name])
+    dev = max_deviations(ref, got)
     print(f"{name}: CPU replay max deviations {max(dev.values()):.3g}")
-    assert golden.compare(ref, got, golden.CPU_REPLAY) == []
+    assert compare(ref, got, CPU_REPLAY) == []
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_golden_naive_path_reproduces(name: str) -> None:
     ref, _ = _load(name)
-    got = golden.run(golden.CASES[name], naive_from=ref)
-    dev = golden.max_deviations(ref, got)
+    got = run(CASES[name], naive_from=ref)
+    dev = max_deviations(ref, got)
     print(f"{name}: naive path max deviations {dev}")
-    assert golden.compare(ref, got, golden.NAIVE) == []
+    assert compare(ref, got, NAIVE) == []
 
 
 SENSITIVITY = {
@@ -91,9 +95,9 @@ SENSITIVITY = {
 @pytest.mark.parametrize("change", sorted(SENSITIVITY))
 def test_golden_check_fails_when_a_hyperparameter_changes(change: str) -> None:
     ref, _ = _load("gpt2")
-    case = golden.variant(golden.CASES["gpt2"], **SENSITIVITY[change])
-    got = golden.run(case)
-    bad = golden.compare(ref, got, golden.CPU_REPLAY)
+    case = variant(CASES["gpt2"], **SENSITIVITY[change])
+    got = run(case)
+    bad = compare(ref, got, CPU_REPLAY)
     # it must fail on a computed quantity, not only on re-sampled tokens
     assert any("response_ids" not in line and "response_mask" not in line for line in bad), bad[:5]
 
@@ -113,8 +117,8 @@ and the shared ones; γ and λ do not enter an outcome-reward GRPO step."""
 @pytest.mark.parametrize("change", sorted(GRPO_SENSITIVITY))
 def test_grpo_golden_check_fails_when_a_key_changes(change: str) -> None:
     ref, _ = _load("grpo_gpt2")
-    case = golden.variant(golden.CASES["grpo_gpt2"], **GRPO_SENSITIVITY[change])
-    bad = golden.compare(ref, golden.run(case), golden.CPU_REPLAY)
+    case = variant(CASES["grpo_gpt2"], **GRPO_SENSITIVITY[change])
+    bad = compare(ref, run(case), CPU_REPLAY)
     assert any("response_ids" not in line and "response_mask" not in line for line in bad), bad[:5]
 
 
@@ -135,7 +139,7 @@ def test_grpo_golden_is_critic_free_with_groups() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_golden_replay_cuda(name: str) -> None:
     ref, _ = _load(name)
-    got = golden.run(golden.CASES[name], device="cuda")
-    dev = golden.max_deviations(ref, got)
+    got = run(CASES[name], device="cuda")
+    dev = max_deviations(ref, got)
     print(f"{name}: CUDA replay max deviations {dev}")
-    assert golden.compare(ref, got, golden.CUDA_REPLAY) == []
+    assert compare(ref, got, CUDA_REPLAY) == []

@@ -50,7 +50,7 @@ def make(out: Path, v2: bool) -> list[dict[str, Any]]:
 
     import torch
 
-    from refppo.capture.adapters import from_openrlhf, openrlhf_hparams
+    from refppo.capture.adapters.openrlhf import from_openrlhf, openrlhf_hparams
 
     o = _openrlhf_import()
     made = []

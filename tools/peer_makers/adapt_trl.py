@@ -11,7 +11,7 @@ from peer_makers.adapters import corrupt, save_case
 def make(out: Path, v2: bool) -> list[dict[str, Any]]:
     from validate_trl_preset import CASES, build_trainer
 
-    from refppo.capture.adapters import trace_ppo_step, trl_hparams
+    from refppo.capture.adapters.trl import trace_ppo_step, trl_hparams
 
     made = []
     for case in ("ragged", "ragged_k3_epoch2"):

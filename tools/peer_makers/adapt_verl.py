@@ -214,7 +214,7 @@ def _verl_update(
 
 
 def make(out: Path, v2: bool) -> list[dict[str, Any]]:
-    from refppo.capture.adapters import from_verl, verl_hparams
+    from refppo.capture.adapters.verl import from_verl, verl_hparams
 
     v = _verl_import()
     made = []

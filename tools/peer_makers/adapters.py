@@ -39,7 +39,7 @@ V2_KEYS = ("grad_logprobs", "grad_values", "micro_batch", "rank")
 def _write(
     out: Path, name: str, tensors: dict[str, Any], hp: dict[str, Any], conv: dict[str, Any], v2: bool
 ) -> None:
-    from refppo.dump import write_dump
+    from refppo.dump.write import write_dump
 
     hp = dict(hp)
     if not v2:

@@ -6,7 +6,7 @@
   ``PolicyLoss`` / ``ValueLoss``;
 - :func:`trace_ppo_step` — one PPO step of TRL 1.12.0's ``PPOTrainer.train``, captured with a tracer.
 
-Each returns ``{dump key: tensor}`` for :func:`refppo.dump.write_dump`; the ``*_hparams`` helpers
+Each returns ``{dump key: tensor}`` for :func:`refppo.dump.write.write_dump`; the ``*_hparams`` helpers
 return the sidecar. None imports its peer: the containers are read by duck typing, so refppo needs
 no peer installed.
 """

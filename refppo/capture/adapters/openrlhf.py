@@ -85,7 +85,7 @@ def from_openrlhf(
     …)``, or the loss alone); ``value_loss``: ``ValueLoss.forward``'s output; ``token_rewards``: the
     output of ``models/utils.py::compute_reward`` (not kept in the ``Experience``); ``loss``: the
     actor's total (``actor_loss + kl_loss·kl_ctl − entropy_loss·entropy_coef``); the rest as in
-    :func:`refppo.capture.adapters.from_verl`. ``ref_logprobs``: with ``algo.kl.use_loss`` off,
+    :func:`refppo.capture.adapters.verl.from_verl`. ``ref_logprobs``: with ``algo.kl.use_loss`` off,
     ``make_experience`` drops ``base_action_log_probs`` (it sets them to None once ``kl`` is
     computed): keep them and pass them here. Raises ``ValueError`` naming a missing field.
     """

@@ -176,7 +176,7 @@ def dump_from_locals(c: dict[str, Any]) -> dict[str, Tensor]:
 
 def trace_ppo_step(trainer: Any, *, epoch: int = 0, grads: bool = True) -> dict[str, Tensor]:
     """Run TRL's ``PPOTrainer.train()`` and return the dump of PPO epoch ``epoch`` of its first
-    iteration (``{dump key: tensor}``; write it with :func:`refppo.dump.write_dump` and
+    iteration (``{dump key: tensor}``; write it with :func:`refppo.dump.write.write_dump` and
     :func:`trl_hparams`)."""
     return dump_from_locals(capture_train_locals(trainer, epoch=epoch, grads=grads))
 

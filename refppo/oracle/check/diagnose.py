@@ -1,0 +1,346 @@
+"""One check of a dump under one setting: compare every quantity, find the first divergence, explain it.
+
+The explanation re-runs the reference with one convention key changed at a time (only keys that can
+affect the divergent quantity; a critic-free dump's estimator and its ``group_*`` options too, where
+they apply: :func:`_applies`) and with each known bug of :data:`refppo.oracle.check.recompute.BUGS`
+re-enacted; a candidate *explains* the divergence when, under it, the divergent quantity and every
+quantity before it in pipeline order match the dump. A candidate under which later quantities still
+differ is reported as explaining the first divergence *only*, naming what still differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from refppo.conventions import AdvantageEstimator, KLPlacement
+from refppo.core._group_checks import GROUP_ESTIMATORS
+from refppo.core.gae import has_holes
+from refppo.dump.load import TOLERANCES, Dump
+from refppo.errors import RefPPOError
+from refppo.oracle.check.alternatives import (
+    AFFECTS,
+    ALTERNATIVES,
+    GROUP_ALTERNATIVES,
+    STD_ESTIMATORS,
+)
+from refppo.oracle.check.compare import QuantityResult, compare, describe
+from refppo.oracle.check.fastcheck import PrefixCheck, RolloutMemo
+from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance
+from refppo.oracle.check.grad_diagnose import explain_grad
+from refppo.oracle.check.grad_notes import first_line
+from refppo.oracle.check.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
+from refppo.oracle.check.settings import Setup
+from refppo.oracle.presets.registry import PRESETS
+
+
+def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
+    """Whether the single change ``upd`` of the critic-free ``key`` can change anything under
+    ``setup``: none under ``gae`` (a GAE dump is not re-run through every estimator); a group
+    estimator only with a ``group_index``; σ's options only under ``grpo``/``grpo-passk`` (the
+    batch levels only with more than one prompt); ``group_singleton`` only with a group of one;
+    ``group_kl`` only with a reward KL (``kl_in=reward``, ``kl_coef`` > 0)."""
+    if key not in GROUP_ALTERNATIVES:  # the group options (the same keys as _GROUP of its module)
+        return True
+    conv = setup.conv
+    if conv.advantage is AdvantageEstimator.GAE:
+        return False
+    groups = dump.tensors.get("group_index")
+    if key == "advantage":
+        return groups is not None or upd["advantage"] in ("reinforce++", "flash-reinforce")
+    if groups is None or conv.advantage not in GROUP_ESTIMATORS:
+        return False
+    if key in ("group_std", "group_eps", "group_std_level"):
+        several = int(torch.unique(groups).numel()) > 1
+        return conv.advantage in STD_ESTIMATORS and (key != "group_std_level" or several)
+    if key == "group_singleton":
+        return bool((torch.unique(groups, return_counts=True)[1] == 1).any())
+    return conv.kl_in is KLPlacement.REWARD and setup.hp.kl_coef > 0
+
+
+BUG_AFFECTS: dict[str, frozenset[str]] = {
+    "kl_from_current_logprobs": frozenset(PIPELINE_ORDER) - {"approx_kl", "entropy_loss", "kl_loss"},
+    "gae_through_padding": frozenset(PIPELINE_ORDER) - {"kl", "token_rewards", "approx_kl", "entropy_loss"},
+    "gae_bootstrap_from_padding": frozenset(PIPELINE_ORDER)
+    - {"kl", "token_rewards", "approx_kl", "entropy_loss"},
+    "whiten_over_padding": frozenset({"advantages", "pg_loss", "pg_clipfrac", "loss"}),
+}
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one check (what the report prints)."""
+
+    setup: Setup
+    quantities: dict[str, QuantityResult]
+    first_divergence: str | None
+    diagnosis: list[str] = field(default_factory=list)
+    explained_by: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def match(self) -> bool:
+        return self.first_divergence is None
+
+
+def compare_all(
+    dump: Dump, ref: Reference, known: dict[str, QuantityResult] | None = None
+) -> dict[str, QuantityResult]:
+    """Every quantity present in both the dump and the reference, in pipeline order.
+
+    ``known``: results already compared for some of them (the same tensors: ``ref`` continues the
+    rollout they were compared on), taken as they are.
+    """
+    tol = TOLERANCES[dump.dtype]
+    out: dict[str, QuantityResult] = {}
+    for name in PIPELINE_ORDER:
+        if known is not None and name in known:
+            out[name] = known[name]
+        elif dump.has(name) and name in ref.values:
+            cm = ref.compare_mask(name)
+            qtol = grad_tolerance(tol) if name in GRAD_QUANTITIES else tol
+            res = compare(name, dump.tensors[name], ref.values[name], cm, qtol)
+            if not res.ok and name in ref.widen:  # clip fractions: allow rounding ties (computed lazily)
+                res = compare(name, dump.tensors[name], ref.values[name], cm, tol, widen=ref.widen[name]())
+            out[name] = res
+            dump.release(name)  # its pages are read again from the file when next compared
+    return out
+
+
+def first_divergence(results: dict[str, QuantityResult]) -> str | None:
+    for name, r in results.items():
+        if not r.ok:
+            return name
+    return None
+
+
+def _prefix_ok(results: dict[str, QuantityResult], upto: str) -> bool:
+    for name, r in results.items():
+        if not r.ok:
+            return False
+        if name == upto:
+            return True
+    return False
+
+
+def _presets_using(updates: dict[str, Any]) -> list[str]:
+    names = []
+    for name, p in PRESETS.items():
+        if not any(k in p.conventions for k in updates):
+            continue
+        if all(p.conventions.get(k, object()) == v for k, v in updates.items() if k in p.conventions):
+            names.append(name)
+    return names
+
+
+def _fmt_updates(updates: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_fmt_value(v)}" for k, v in updates.items())
+
+
+def _fmt_value(v: Any) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, tuple):
+        return ",".join(_fmt_value(x) for x in v)
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(getattr(v, "value", v))
+
+
+def _candidate(
+    dump: Dump, first: str, prefix_ok: PrefixCheck, alt: Setup, bug: str | None = None
+) -> dict[str, QuantityResult] | None:
+    """Every quantity under ``alt`` (and ``bug``), or None when ``first`` or a quantity before it
+    still differs. A rollout-stage ``first`` is tested on the rollout stage alone first (cheap);
+    only a candidate that passes is recomputed in full, to say whether it explains everything."""
+    if not prefix_ok(alt, bug):  # differs at kl/token_rewards already
+        return None
+    early = first in ROLLOUT_QUANTITIES
+    ro = recompute(dump, alt, bug=bug, rollout_only=early)
+    res = compare_all(dump, ro)
+    if not _prefix_ok(res, first):
+        return None
+    if not early:
+        return res
+    # continue the rollout just recomputed with the update stage (not steps 1-4 again), holding
+    # only what the update reads: the rollout quantities are compared already
+    slim = ro.slim()
+    del ro
+    return compare_all(dump, recompute(dump, alt, bug=bug, rollout=slim), known=res)
+
+
+def _worth_trying(key: str, upd: dict[str, Any], current: dict[str, Any], setup: Setup, dump: Dump) -> bool:
+    """A change ``upd`` of ``key`` that differs from ``current``, is not a duplicate of another
+    candidate and applies to this dump (:func:`_applies`)."""
+    norm = {k: (tuple(v) if isinstance(v, list) else v) for k, v in current.items()}
+    if all(_same(norm.get(k), v) for k, v in upd.items()):
+        return False
+    if key == "value_loss_agg" and _same(upd["value_loss_agg"], norm.get("loss_agg")):
+        return False  # the same as value_loss_agg=none (also tried): report one of the two
+    return _applies(key, upd, setup, dump)
+
+
+def _closing_note(notes: list[str], found: list[dict[str, Any]], first: str) -> str | None:
+    """What :func:`explain` adds when nothing (or nothing complete) explains ``first``."""
+    if not notes:
+        return (
+            "no single convention change or known bug explains it; "
+            "run with --detect to search the convention space"
+        )
+    if not any(f["all_match"] for f in found):
+        return (
+            f"no single convention change or known bug explains every quantity: besides what explains "
+            f"{first}, something else differs too (run with --detect to search the convention space)"
+        )
+    return None
+
+
+def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Single convention changes and known bugs under which ``first`` (and all before it) match."""
+    notes: list[str] = []
+    found: list[dict[str, Any]] = []
+    current = setup.convention_dict()
+    prefix_ok = PrefixCheck(dump, first)
+    for key in AFFECTS[first]:
+        for upd in {**ALTERNATIVES, **GROUP_ALTERNATIVES}[key]:
+            if not _worth_trying(key, upd, current, setup, dump):
+                continue
+            try:
+                alt = setup.with_convention(upd)
+                res = _candidate(dump, first, prefix_ok, alt)
+            except RefPPOError:
+                continue
+            if res is not None:
+                users = _presets_using(upd)
+                tail = f" (as in preset {', '.join(users)})" if users else ""
+                notes.append(_explained(f"the convention {_fmt_updates(upd)}{tail}", first, res))
+                everything = first_divergence(res) is None
+                found.append({"kind": "convention", "change": alt_json(upd), "all_match": everything})
+    for bug, text in BUGS.items():
+        if first not in BUG_AFFECTS[bug]:
+            continue
+        if bug == "kl_from_current_logprobs" and not dump.has("logprobs"):
+            continue
+        try:
+            res = _candidate(dump, first, prefix_ok, setup, bug)
+        except (RefPPOError, ValueError):
+            continue
+        if res is not None:
+            notes.append(_explained(f"a known bug ({bug}): {text}", first, res))
+            found.append({"kind": "bug", "bug": bug, "all_match": first_divergence(res) is None})
+    closing = _closing_note(notes, found, first)
+    return notes if closing is None else [*notes, closing], found
+
+
+def _explained(what: str, first: str, res: dict[str, QuantityResult]) -> str:
+    """One diagnosis line for a candidate under which ``first`` and everything before it match.
+
+    A candidate that leaves later quantities differing is said to explain ``first`` only — it is
+    part of the story, not a fix ("... explains token_rewards only; advantages still differ").
+    """
+    still = [n for n, r in res.items() if not r.ok]
+    if not still:
+        return f"explained by {what}; with it every quantity in the dump matches"
+    verb = "differs" if len(still) == 1 else "differ"
+    return f"{what} explains {first} only; {', '.join(still)} still {verb} (not a fix on its own)"
+
+
+def alt_json(upd: dict[str, Any]) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, tuple) else getattr(v, "value", v)) for k, v in upd.items()}
+
+
+def _same(a: Any, b: Any) -> bool:
+    a = getattr(a, "value", a)
+    b = getattr(b, "value", b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return tuple(a) == tuple(b)
+    return bool(a == b)
+
+
+def _recheck(
+    dump: Dump, setup: Setup, rollouts: RolloutMemo | None
+) -> tuple[dict[str, QuantityResult], Reference]:
+    """Every quantity's comparison under ``setup`` and the reference of the update stage.
+
+    Steps 1-4 first, compared at once; the update stage then continues a slim copy of them (what
+    it reads, and the first divergent rollout quantity for describe()): one reference at a time."""
+    ro = recompute(dump, setup, rollout_only=True) if rollouts is None else rollouts.get(setup)
+    known = compare_all(dump, ro)
+    first_ro = first_divergence(known)
+    slim = ro.slim(() if first_ro is None else (first_ro,))
+    del ro
+    ref = recompute(dump, setup, rollout=slim)
+    del slim
+    return compare_all(dump, ref, known=known), ref
+
+
+def _padding_notes(out: CheckResult, dump: Dump, where: str) -> None:
+    """No output to compare; outputs equal on valid tokens that differ at ignored positions."""
+    if not out.quantities:
+        out.diagnosis.append("the dump holds no trainer outputs to compare (only inputs)")
+    for name, r in out.quantities.items():
+        if r.ok and r.padding_diff:
+            out.diagnosis.append(
+                f"{name}: also differs at {r.padding_diff} {where} (not compared: they are ignored)"
+            )
+
+
+def _first_lines(dump: Dump, ref: Reference, first: str, r: QuantityResult, where: str) -> list[str]:
+    """The first divergence of a non-gradient quantity: its line and the description of how."""
+    lines = [
+        f"first divergence: {first} (max abs err {r.max_abs_err:.3g} > tol {r.tol:.3g}); "
+        "later quantities may inherit it"
+    ]
+    lines += describe(
+        first, dump.tensors[first], ref.values[first], ref.compare_mask(first), dump.mask, r.tol
+    )
+    if r.padding_diff:
+        lines.append(f"{first}: also differs at {r.padding_diff} {where} (not compared)")
+    return lines
+
+
+def _explain_first(
+    out: CheckResult, dump: Dump, setup: Setup, first: str, inp: UpdateInputs | None, grad_bad: bool
+) -> None:
+    """The convention changes that explain a non-gradient first divergence (:func:`explain`), and
+    the gradient's explanation (:func:`explain_grad` on ``inp``) when a gradient diverges too."""
+    notes, found = explain(dump, setup, first)
+    if grad_bad and inp is not None:  # e.g. pg_loss logged per micro-batch: the gradient says why
+        g_notes, g_found = explain_grad(dump, setup, inp, out.quantities)
+        if g_found and not found:  # the gradient's explanation replaces "nothing explains it"
+            notes = [n for n in notes if not n.startswith("no single convention change")]
+        notes += g_notes
+        found += g_found
+    out.diagnosis += notes
+    out.explained_by = found
+
+
+def check(
+    dump: Dump, setup: Setup, *, explain_divergence: bool = True, rollouts: RolloutMemo | None = None
+) -> CheckResult:
+    """Compare every quantity under ``setup``; diagnose and explain the first divergence.
+
+    ``rollouts``: steps 1–4 are taken from (and kept in) this memo (``--detect``'s re-checks).
+    """
+    results, ref = _recheck(dump, setup, rollouts)
+    first = first_divergence(results)
+    out = CheckResult(setup, results, first)
+    where = "masked positions (padding and holes)" if has_holes(dump.mask) else "padded positions"
+    _padding_notes(out, dump, where)
+    grad_bad = any(not r.ok for n, r in results.items() if n in GRAD_QUANTITIES)
+    if first is not None and first in GRAD_QUANTITIES:
+        r = results[first]
+        out.diagnosis.append(first_line(dump, first, r.max_abs_err, r.tol))
+        if explain_divergence and ref.update_inputs is not None:
+            notes, found = explain_grad(dump, setup, ref.update_inputs, results)
+            out.diagnosis += notes
+            out.explained_by = found
+    elif first is not None:
+        inp = ref.update_inputs if grad_bad else None  # held through explain() only when used there
+        out.diagnosis += _first_lines(dump, ref, first, results[first], where)
+        del ref  # the candidates below recompute their own: never hold two references at once
+        if explain_divergence:
+            _explain_first(out, dump, setup, first, inp, grad_bad)
+    out.diagnosis += dump.key_notes()
+    return out

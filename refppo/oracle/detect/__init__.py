@@ -1,0 +1,1 @@
+"""``--detect``: every convention that reproduces a dump, searched stage by stage (:mod:`.detection`)."""

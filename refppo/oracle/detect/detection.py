@@ -1,0 +1,264 @@
+"""``--detect``: every convention that reproduces a dump, searched stage by stage.
+
+Conventions decompose along the pipeline, so the search never enumerates the full product. Each
+stage walks its named options; when none reproduces the stage's dumped quantity, its *solver*
+(:mod:`refppo.oracle.detect.solve`) reads constants off the data and the stage is walked again:
+
+====== ============================================ ====================== ====================
+stage  keys it adds                                  checked against        solved from the data
+====== ============================================ ====================== ====================
+kl     kl_estimator, KL clamps                       kl                     log-ratio bounds and
+                                                                            value clamp
+reward kl_in, score_at, score_clip, whiten_rewards  token_rewards          score bias and scale
+       (score_bias, score_scale)                                            (else a fitted map)
+gae    gae_padding; gae_holes (mask with holes)      returns
+whiten whiten_advantages, whiten_variance,           advantages             (fitted map, named)
+       whiten_eps_at; whiten_holes (mask with holes)
+policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac,  dual-clip c, clip
+       approx_kl (cliprange, cliprange_high)         approx_kl, entropy     ranges ε_low/ε_high
+value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac   value clip range ε_v
+       value_loss_agg (cliprange_value)
+loss   (none: the total)                             kl_loss, loss
+====== ============================================ ====================== ====================
+
+A "fitted map" is reported (:attr:`Detection.fitted`) when no convention reproduces the stage:
+the affine map between the dump and refppo's raw values, for the batch or per row, with the
+statistics it matches named (:func:`refppo.oracle.detect.solve.fit_normalisation`).
+
+After each stage, candidates whose outputs are bit-identical are merged into one group (so an
+inactive clamp, say, never doubles the work of the stages after it), and when the dump holds a
+quantity of the stage only the groups that reproduce it go on. When none does, the nearest groups
+go on and the stage is recorded as unmatched. Groups are scored as they are made and the search
+holds a bounded number of ``[B, T]`` states (the others are replayed when read:
+:mod:`refppo.oracle.detect.groups`), so a dump that prunes nothing (no rollout intermediates) does
+not hold a state per candidate.
+
+The staged search (:mod:`refppo.oracle.detect.search`; the reward, GAE and whitening stages in
+:mod:`refppo.oracle.detect.rollout`) composes the core functions itself (for speed)
+and the solvers only propose, so its result is not trusted on its own: the :data:`VERIFIED`
+detected conventions closest to the base (and, with ``grad_logprobs``, the nearest of each
+``kl_estimator``: :func:`_recheck`) are re-checked through the one verified path
+(:func:`refppo.oracle.check.diagnose.check` → :mod:`refppo.pipeline`); a convention that fails that
+re-check is dropped, and so are the unchecked entries of an estimator the re-check rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from refppo.conventions import KLEstimator
+from refppo.core.gae import has_holes
+from refppo.dump.load import Dump
+from refppo.errors import RefPPOError
+from refppo.oracle.check.diagnose import alt_json, check
+from refppo.oracle.check.fastcheck import RolloutMemo
+from refppo.oracle.check.settings import Setup
+from refppo.oracle.detect.groups import Group
+from refppo.oracle.detect.prune import PruneLostError, prune_held, value_prune_for
+from refppo.oracle.detect.search import Search
+
+HP_KEYS = ("cliprange", "cliprange_high", "cliprange_value")
+"""Hyperparameters the solvers can recover (an entry of ``detected`` names them when they differ)."""
+
+
+@dataclass
+class Detection:
+    """The outcome of ``--detect``."""
+
+    detected: list[dict[str, Any]]
+    """Full conventions that reproduce the dump, nearest first. The first :attr:`n_rechecked`
+    passed the re-check through the pipeline (:func:`_recheck`: the :data:`VERIFIED` nearest,
+    with ``grad_logprobs`` also the nearest of each ``kl_estimator``); the rest come from the
+    staged search alone, minus those of an estimator whose every re-checked entry failed."""
+    n_detected: int
+    """How many conventions reproduce it in all (``detected`` holds at most ``limit``)."""
+    nearest: dict[str, Any] | None
+    unmatched_stages: list[str]
+    undetermined: list[str]
+    fitted: list[str] = field(default_factory=list)
+    """For each stage no convention reproduces: the map fitted between the dump and refppo."""
+    solved: dict[str, list[Any]] = field(default_factory=dict)
+    """Constants read off the data by a solver (not in the named options) that some entry of
+    ``detected`` uses, i.e. that the pipeline confirmed."""
+    notes: list[str] = field(default_factory=list)
+    """What the data cannot decide, one line each: e.g. with one score on every row, the score
+    maps ``(s + b)·k`` that reproduce it (the bias and the scale cannot be told apart)."""
+    n_rechecked: int = 0
+    """How many entries at the head of ``detected`` were re-checked through the pipeline."""
+
+
+def _full(base: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    out.update(alt_json(partial))
+    for k, v in out.items():
+        out[k] = getattr(v, "value", v)
+        if isinstance(out[k], tuple):
+            out[k] = list(out[k])
+    return out
+
+
+def _distance(base: dict[str, Any], conv: dict[str, Any]) -> int:
+    return sum(1 for k in conv if conv[k] != base.get(k))
+
+
+VERIFIED = 5
+"""How many detected conventions (closest to the base first) are re-checked through the pipeline
+(plus, with ``grad_logprobs``, the nearest of each ``kl_estimator`` not among them: :func:`_recheck`)."""
+
+
+def _rechecked(convs: list[dict[str, Any]], grads: bool) -> list[int]:
+    """Indices into ``convs`` (nearest first) to re-check: the :data:`VERIFIED` nearest and, when
+    the dump holds ``grad_logprobs``, the nearest entry of each ``kl_estimator`` not among them
+    (k3/k3+, k1/k1+, abs/abs+ share every value, so the search keeps both: only the pipeline's
+    gradient tells them apart, and which one fills the first VERIFIED slots is tie order)."""
+    picked = list(range(min(VERIFIED, len(convs))))
+    if grads:
+        seen = {convs[i]["kl_estimator"] for i in picked}
+        for i in range(len(picked), len(convs)):
+            if convs[i]["kl_estimator"] not in seen:
+                seen.add(convs[i]["kl_estimator"])
+                picked.append(i)
+    return picked
+
+
+def _recheck(
+    dump: Dump, base: Setup, convs: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str]]:
+    """``(head, rest, rejected)``: the re-checked entries that the pipeline confirms (nearest first),
+    the entries not re-checked, without those of a ``kl_estimator`` whose every re-checked entry
+    failed (never report a member of a class the pipeline rejected), and those estimators."""
+    picked = _rechecked(convs, dump.has("grad_logprobs"))
+    rollouts = RolloutMemo(dump)  # the nearest conventions often share steps 1-4
+    ok = {
+        i: check(dump, setup_from_json(base, convs[i]), explain_divergence=False, rollouts=rollouts).match
+        for i in picked
+    }
+    del rollouts
+    head = [convs[i] for i in picked if ok[i]]
+    rejected = {convs[i]["kl_estimator"] for i in picked} - {c["kl_estimator"] for c in head}
+    rest = [c for i, c in enumerate(convs) if i not in ok and c["kl_estimator"] not in rejected]
+    return head, rest, rejected
+
+
+def _value_twin_notes(dump: Dump, convs: list[dict[str, Any]], undetermined: list[str]) -> list[str]:
+    """Without ``grad_logprobs``, a detected ``k3`` (``k1``, ``abs``) with the KL in the loss is not
+    told from its straight-through twin ``k3+`` (same values, another gradient): the search walks
+    one of the pair (:func:`refppo.oracle.detect.search.kl_candidates`). Adds ``kl_estimator`` to
+    ``undetermined`` (in place) and returns the note line; ``[]`` when the dump has gradients or
+    no such entry. (With ``kl_in = reward`` no gradient flows through the estimate: the pair is
+    the same step, nothing to decide.)"""
+    if dump.has("grad_logprobs"):
+        return []
+    found = {KLEstimator(c["kl_estimator"]) for c in convs if c.get("kl_in") == "loss"}
+    pairs = sorted({e.base.value for e in found if any(t.base is e.base and t is not e for t in KLEstimator)})
+    if not pairs:
+        return []
+    if "kl_estimator" not in undetermined:
+        undetermined.append("kl_estimator")
+        undetermined.sort()
+    both = ", ".join(f"{b} and {b}+" for b in pairs)
+    return [
+        f"kl_estimator: {both} have the same values (only the gradient differs): without grad_logprobs "
+        f"the dump cannot tell them apart; detected lists one of each pair"
+    ]
+
+
+def _search(dump: Dump, base: Setup) -> tuple[Search, list[Group]]:
+    """The staged search, pruned by the value loss where that is exact
+    (:mod:`refppo.oracle.detect.prune`): when the pruned walk cannot hold (found at the first stage
+    that shows it, or afterwards), its groups are dropped and the search runs again unpruned."""
+    search = Search(dump, base)
+    search.prune = value_prune_for(search)
+    try:
+        groups = search.run()
+        if search.prune is None or prune_held(search):
+            return search, groups
+        del groups
+    except PruneLostError:
+        pass
+    del search  # the pruned walk's states are not read again: free them before the second walk
+    search = Search(dump, base)
+    return search, search.run()
+
+
+def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
+    """Search the convention space around ``base``.
+
+    Its hyperparameters are kept, except the clip ranges when the policy or value stage's solver
+    finds others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``/
+    ``cliprange_value``).
+    """
+    search, groups = _search(dump, base)
+    base_json = _full(base.convention_dict(), {})
+    fitted, solved = list(search.fitted), dict(search.solved)
+    matched = [g for g in groups if not g.unmatched and g.worst == 0.0]
+    if matched:
+        seen: set[str] = set()
+        convs: list[dict[str, Any]] = []
+        for g in matched:
+            for c in g.convs:
+                full = _full(base_json, c)
+                key = repr(sorted(full.items()))
+                if key not in seen:
+                    seen.add(key)
+                    convs.append(full)
+        if any(k in c for c in convs for k in HP_KEYS):  # one schema for every entry
+            for c in convs:
+                for k in HP_KEYS:
+                    c.setdefault(k, getattr(base.hp, k))
+        convs = [c for c in convs if _valid(base, c)]  # an expanded class may pair refused keys
+        convs.sort(key=lambda c: _distance({**base_json, **_hp_json(base)}, c))
+        for g in groups:  # the search's [B, T] states are not read again: free them before the re-checks
+            g.state = {}
+        head, rest, rejected = _recheck(dump, base, convs)
+        # every re-checked candidate failing means the staged search itself is off: trust none of it
+        convs = head + rest if head else []
+        # the search's class sizes count every member; a rejected estimator's members share classes
+        # with the kept ones (same values), so then only the listed entries are counted
+        n_total = 0 if rejected else sum(g.n_equiv for g in matched)
+        keys = list(base_json) + [k for k in HP_KEYS if convs and k in convs[0]]
+        undetermined = sorted(k for k in keys if len({repr(c.get(k)) for c in convs}) > 1)
+        if not has_holes(dump.tensors["response_mask"]):  # right-padded: every hole convention agrees
+            undetermined = sorted({*undetermined, "gae_holes", "whiten_holes"})
+        notes = search.notes + _value_twin_notes(dump, convs, undetermined)
+        if convs:
+            confirmed = {
+                k: [v for v in vs if any(c.get(k) == v for c in convs[:limit])] for k, vs in solved.items()
+            }
+            confirmed = {k: vs for k, vs in confirmed.items() if vs}
+            n = max(n_total, len(convs))
+            shown = convs[:limit]
+            return Detection(
+                shown, n, None, [], undetermined, fitted, confirmed, notes, min(len(head), limit)
+            )
+    best = min(groups, key=lambda g: g.worst) if groups else None
+    nearest = _full(base_json, best.convs[0]) if best is not None else None
+    return Detection([], 0, nearest, list(dict.fromkeys(search.unmatched)), [], fitted, {}, search.notes)
+
+
+def _hp_json(base: Setup) -> dict[str, Any]:
+    return {k: getattr(base.hp, k) for k in HP_KEYS}
+
+
+def setup_from_json(base: Setup, conv: dict[str, Any]) -> Setup:
+    """A setup with the convention keys of a detected/nearest dict (other hyperparameters from ``base``).
+
+    Solved clip ranges (``cliprange``, ``cliprange_high``) replace the base's.
+    """
+    upd = {k: (tuple(v) if isinstance(v, list) else v) for k, v in conv.items() if k not in HP_KEYS}
+    out = base.with_convention(upd)
+    hp_up = {k: conv[k] for k in HP_KEYS if k in conv}
+    return replace(out, hp=replace(out.hp, **hp_up)) if hp_up else out
+
+
+__all__ = ["Detection", "detect", "setup_from_json"]
+
+
+def _valid(base: Setup, c: dict[str, Any]) -> bool:
+    """False when the setting ``c`` is refused (e.g. ``group_kl=to_go`` with ``whiten_rewards``)."""
+    try:
+        setup_from_json(base, c)
+    except RefPPOError:
+        return False
+    return True

@@ -1,0 +1,250 @@
+"""The groups of the ``--detect`` search and the walk that expands them, in bounded memory.
+
+A stage expands every group by its options (``(convention update, new state, digest)``) and merges
+the options whose digests are equal (bit-identical outputs) into one group. A group's state holds
+``[B, T]`` tensors (KL, rewards, advantages, returns, …). On a dump without the rollout's
+intermediates nothing prunes the rollout stages, and the number of groups grows as the product of
+their options (6156 advantage variants on a B=64, T=512 dump): holding every state is what ran out
+of memory. So:
+
+* **Held or replayed.** A stage holds the states of at most :data:`HOLD` of the groups that
+  reproduce it (a failing group's state is read again only when it is among the nearest).
+  Every other group keeps only its *source*: the group it was expanded from, the stage's option
+  walk and the option's index. Its state is rebuilt on demand by running the walk again
+  (:class:`Replayer`; the walks are deterministic, so the rebuilt state is bit-identical to the
+  first). A stage walks its input groups in order, and the groups of one source are consecutive,
+  so each source's walk is replayed once per pass.
+* **Scored when made.** Each new group is checked as soon as it is made (the order of the checks,
+  and so of their side effects, is the order of the old walk: the groups' creation order). A
+  group that cannot be returned is dropped at once, its digest kept so that later options
+  merge into it as before: every group that does not reproduce the stage once one does, and,
+  before that, every one that :data:`~refppo.oracle.detect.search.NEAREST` others must precede in the
+  nearest-first order.
+
+What the stage returns (the groups, their conventions, counts, ``worst`` and order) is the same as
+the walk that held every state and scored after merging (``Search.expand`` up to 932018a).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from refppo.oracle.detect.prune import note_walk
+
+if TYPE_CHECKING:
+    from refppo.oracle.detect.search import Option, Search
+
+HOLD = 4
+"""States a stage holds (the rest are replayed when read)."""
+
+Options = Callable[["Group"], Iterable["Option"]]
+
+
+class Replayer:
+    """Rebuilds a group's state by replaying its stage's option walk up to the option's index.
+
+    One live walk per stage walk (``options``): a request for a later option of the same source
+    advances it; any other request restarts it. Only the last option's state is kept.
+    """
+
+    def __init__(self) -> None:
+        self.slots: dict[int, tuple[Options, Group, Iterator[Option], int, dict[str, Any]]] = {}
+        self.replayed = 0
+        """Options replayed so far (for tests and profiles)."""
+
+    def state(self, parent: Group, options: Options, idx: int) -> dict[str, Any]:
+        slot = self.slots.get(id(options))  # the slot holds ``options``: its id is not reused
+        if slot is not None and slot[1] is parent and slot[3] == idx:
+            return slot[4]
+        if slot is None or slot[1] is not parent or slot[3] > idx:
+            slot = (options, parent, iter(options(parent)), -1, {})
+        _, _, it, pos, st = slot
+        while pos < idx:
+            _, st, _ = next(it)
+            pos += 1
+            self.replayed += 1
+        self.slots[id(options)] = (options, parent, it, pos, st)
+        return st
+
+    def clear(self) -> None:
+        """Drop the live walks (and the tensors their frames hold)."""
+        self.slots.clear()
+
+
+class Group:
+    """Candidates whose outputs so far are identical: their partial conventions and shared state."""
+
+    def __init__(
+        self,
+        convs: list[dict[str, Any]],
+        n_equiv: int,
+        state: dict[str, Any] | None,
+        worst: float = 0.0,
+        unmatched: list[str] | None = None,
+        source: tuple[Replayer, Group, Options, int] | None = None,
+    ) -> None:
+        self.convs = convs
+        self.n_equiv = n_equiv
+        self.worst = worst
+        """Largest err/tol ratio over the quantities checked so far (0 = all matched exactly)."""
+        self.unmatched: list[str] = [] if unmatched is None else unmatched
+        self._state = state
+        self.source = source
+        """Where a state that is not held is rebuilt from: (replayer, parent group, walk, index)."""
+        self.omit: frozenset[str] = frozenset()
+        self.extra: dict[str, Any] = {}
+
+    @property
+    def held(self) -> bool:
+        return self._state is not None
+
+    @property
+    def state(self) -> dict[str, Any]:
+        if self._state is not None:
+            return self._state
+        if self.source is None:
+            raise RuntimeError("search group without a state or a source")
+        replayer, parent, options, idx = self.source
+        st = replayer.state(parent, options, idx)
+        if self.omit or self.extra:
+            st = {**{k: v for k, v in st.items() if k not in self.omit}, **self.extra}
+        return st
+
+    @state.setter
+    def state(self, value: dict[str, Any]) -> None:
+        self._state, self.source, self.omit, self.extra = value, None, frozenset(), {}
+
+    def drop_state(self) -> None:
+        """Stop holding the state (it is replayed from the source when read)."""
+        if self.source is not None:
+            self._state = None
+
+    def patch(self, extra: dict[str, Any] | None = None, omit: Iterable[str] = ()) -> None:
+        """Set ``extra`` and remove ``omit`` from the state, held or replayed."""
+        extra = extra or {}
+        if self._state is not None:
+            self._state = {**{k: v for k, v in self._state.items() if k not in omit}, **extra}
+            return
+        self.omit = self.omit | frozenset(omit)
+        self.extra = {**{k: v for k, v in self.extra.items() if k not in omit}, **extra}
+
+
+_DEAD = None
+"""A digest whose group was dropped: later options with that digest merge into nothing."""
+
+
+def expand_groups(
+    search: Search,
+    groups: list[Group],
+    options: Options,
+    checks: Callable[[dict[str, Any]], list[float | None]],
+    stage: str,
+    nearest: int,
+    max_equiv: int,
+) -> list[Group]:
+    """Expand each group by ``options``, merge bit-identical outputs, keep what reproduces the stage.
+
+    Returns, in creation order, the groups whose checks all pass (ratio 0; a group no check applies
+    to passes); when some group fails and none passes, the ``nearest`` groups by
+    ``max(ratio, worst)`` (a stable sort), with the stage recorded as unmatched.
+    """
+    merged: dict[bytes, Group | None] = {}
+    live: list[tuple[float, Group, bytes]] = []  # creation order
+    ok_seen = any_check = False
+    n_held = 0
+    replayer: Replayer = search.replayer
+    for g in groups:
+        for idx, (upd, st, key) in enumerate(options(g)):
+            if key in merged:
+                tgt = merged[key]
+                if tgt is not None:
+                    room = max_equiv - len(tgt.convs)
+                    if room > 0:
+                        tgt.convs.extend({**c, **upd} for c in g.convs[:room])
+                    tgt.n_equiv += g.n_equiv
+                    tgt.worst = min(tgt.worst, g.worst)
+                continue
+            ratios = [r for r in checks(st) if r is not None]
+            any_check = any_check or bool(ratios)
+            s = max(ratios) if ratios else 0.0
+            if s != 0.0 and (ok_seen or _behind(live, s, nearest)):
+                merged[key] = _DEAD  # never returned: ``s != 0`` means a check applied
+                continue
+            held = s == 0.0 and n_held < HOLD  # a failing group is read again only if nearest
+            new = Group(
+                [{**c, **upd} for c in g.convs],
+                g.n_equiv,
+                st if held else None,
+                g.worst,
+                list(g.unmatched),
+                None if held else (replayer, g, options, idx),  # a held state needs no source
+            )
+            merged[key] = new
+            live.append((s, new, key))
+            n_held += held
+            if s == 0.0 and not ok_seen:
+                ok_seen = True
+                live = _kill(live, merged, {i for i, (r, _, _) in enumerate(live) if r != 0.0})
+            elif s != 0.0:
+                live = _kill(live, merged, _nearest_dead(live, nearest))
+            else:
+                continue
+            n_held = sum(1 for _, h, _ in live if h.held)
+    replayer.clear()
+    search.release_compared()
+    note_walk(search, stage, ok_seen, any_check)  # a pruned search that cannot hold stops here
+    if ok_seen or not any_check:
+        return [h for r, h, _ in live if r == 0.0]
+    search.unmatched.append(stage)
+    live.sort(key=lambda sg: max(sg[0], sg[1].worst))
+    kept = []
+    for r, h, _ in live[:nearest]:
+        h.worst = max(h.worst, r)
+        h.unmatched.append(stage)
+        kept.append(h)
+    return kept
+
+
+def _behind(live: list[tuple[float, Group, bytes]], s: float, nearest: int) -> bool:
+    """True when ``nearest`` earlier groups are sure to sort before a new group of ratio ``s``.
+
+    A group's final sort key is ``max(ratio, worst)``; ``worst`` only decreases as options merge
+    in, so ``max(ratio, worst)`` now bounds it from above, and the new group's key is at least
+    ``s``. The sort is stable, so earlier groups with a key ``<= s`` come first.
+    """
+    n = 0
+    for r, g, _ in live:
+        if r != 0.0 and max(r, g.worst) <= s:
+            n += 1
+            if n >= nearest:
+                return True
+    return False
+
+
+def _nearest_dead(live: list[tuple[float, Group, bytes]], nearest: int) -> set[int]:
+    """The failing groups that ``nearest`` others are sure to precede (see :func:`_behind`).
+
+    Group ``j`` is preceded by ``k`` for sure when ``k``'s key bound is below ``j``'s ratio, or
+    equal to it with ``k`` made earlier.
+    """
+    failing = [(i, r, max(r, g.worst)) for i, (r, g, _) in enumerate(live) if r != 0.0]
+    if len(failing) <= nearest:
+        return set()
+    dead: set[int] = set()
+    for i, r, _ in failing:
+        n = sum(1 for k, _, b in failing if k != i and k not in dead and (b < r or (b == r and k < i)))
+        if n >= nearest:
+            dead.add(i)
+    return dead
+
+
+def _kill(
+    live: list[tuple[float, Group, bytes]], merged: dict[bytes, Group | None], dead: set[int]
+) -> list[tuple[float, Group, bytes]]:
+    """``live`` without the entries ``dead``; their digests stay in ``merged`` as dropped."""
+    if not dead:
+        return live
+    for i in dead:
+        merged[live[i][2]] = _DEAD
+    return [e for i, e in enumerate(live) if i not in dead]

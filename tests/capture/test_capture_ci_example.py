@@ -1,0 +1,65 @@
+"""The README's "Check your trainer in CI" example, run as written: a user's own micro-batch loop
+gains a recorder (4 lines), a dump and an assertion; the same loop with a per-micro-batch
+token-mean fails with the oracle's report as the assertion message."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _capture_trainer as ct  # the tiny models and batch of the 2-rank capture test
+
+from refppo.pipeline.settings import Convention
+from refppo.pipeline.update import Normalisers, update_quantities
+
+pytestmark = pytest.mark.e2e
+
+
+def my_training_step(tmp_path: Path, per_micro_batch_mean: bool) -> Path:
+    """Stands for the user's trainer: one optimizer step over 2 micro-batches, ONE process."""
+    from refppo.capture.recorder import StepRecorder  # + user line 1
+
+    policy, critic, b = ct.setup()
+    conv = Convention()
+    q = ct.quantities(b, conv)
+    opt = torch.optim.SGD([*policy.parameters(), *critic.parameters()], lr=0.1)
+    n_tok, n_vtok = float(b.mask.sum()), float(q.value_mask.sum())
+    rec = StepRecorder(hparams=ct.HP, conventions=conv)  # + user line 2
+    for k, rows in enumerate(([0, 1, 2, 3], [4, 5, 6, 7])):
+        idx = torch.tensor(rows)
+        logprobs, values = policy(b.ids[idx]), critic(b.ids[idx])
+        norm = None if per_micro_batch_mean else Normalisers(n_tok, 8.0, n_vtok)
+        uq = update_quantities(
+            logprobs=logprobs, values=values, old_logprobs=b.old_logprobs[idx], old_values=b.old_values[idx],
+            advantages=q.advantages[idx], returns=q.returns[idx], mask=b.mask[idx], hp=ct.HP, conv=conv,
+            norm=norm, value_mask_=q.value_mask[idx],
+        )  # fmt: skip
+        rec.record(  # + user line 3 (one call)
+            micro_batch=k, logprobs=logprobs, values=values, response_mask=b.mask[idx],
+            old_logprobs=b.old_logprobs[idx], ref_logprobs=b.ref_logprobs[idx], old_values=b.old_values[idx],
+            scores=b.scores[idx], advantages=q.advantages[idx], returns=q.returns[idx],
+        )  # fmt: skip
+        (uq.loss / 2 if per_micro_batch_mean else uq.loss).backward()
+    rec.write(tmp_path / "step.safetensors")  # + user line 4
+    opt.step()
+    return tmp_path / "step.safetensors"
+
+
+def test_readme_ci_example_passes_on_a_correct_step(tmp_path: Path) -> None:
+    from refppo.testing import assert_step_matches
+
+    assert_step_matches(my_training_step(tmp_path, per_micro_batch_mean=False))
+
+
+def test_readme_ci_example_fails_with_the_diagnosis(tmp_path: Path) -> None:
+    from refppo.testing import assert_step_matches
+
+    with pytest.raises(AssertionError) as err:
+        assert_step_matches(my_training_step(tmp_path, per_micro_batch_mean=True))
+    text = str(err.value)
+    assert "grad_logprobs" in text and "per-micro-batch normaliser" in text, text
+    assert "micro-batch 0" in text and "micro-batch 1" in text, text

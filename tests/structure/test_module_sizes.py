@@ -1,0 +1,108 @@
+"""Size limits over the whole tree (STYLE.md: modules under ~400 lines, functions under ~60): every
+module of ``refppo/`` and ``tools/`` and every function in them, no hand-picked list.
+
+Lines of a function: ``end_lineno − lineno + 1`` of its ``def`` in the AST (signature and docstring
+included); of a module: its newline count.
+
+:data:`OVER` lists what is over the limit today, each entry with its size; it only shrinks: an entry
+that is no longer over the limit fails (remove it), and so does a size that grew.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE_LINES = 400
+FUNCTION_LINES = 60
+TREES = ("refppo", "tools")
+
+OVER: dict[str, int] = {
+    "refppo/pipeline/update.py::update_quantities": 104,
+    "refppo/dump/load.py": 524,
+    "refppo/dump/load.py::validate": 127,
+    "refppo/dump/sequences.py::validate_sequences": 65,
+    "refppo/train/loop.py": 408,
+    "refppo/models/rollout.py::generate_rollout": 62,
+    "refppo/oracle/cli.py::build_parser": 73,
+    "refppo/oracle/detect/rollout.py": 446,
+    "refppo/oracle/detect/rollout.py::reward_stage": 61,
+    "refppo/oracle/detect/groups.py::expand_groups": 70,
+    "refppo/oracle/detect/solve.py": 433,
+    "refppo/oracle/detect/search.py": 449,
+    "refppo/oracle/detect/policy.py::policy_stage": 132,
+    "refppo/oracle/detect/value.py::value_stage": 107,
+    "refppo/oracle/check/compare.py::_describe_tokens": 63,
+    "refppo/oracle/check/grad_diagnose.py::explain_grad": 62,
+    "refppo/oracle/check/recompute.py": 433,
+    "refppo/oracle/check/recompute.py::_with_update": 84,
+    "refppo/capture/adapters/openrlhf.py::from_openrlhf": 63,
+    "refppo/core/by_rows.py::_policy_loss_by_rows": 72,
+    "tools/validate_presets.py::run_group": 62,
+    "tools/validate_detect.py::detect_case": 70,
+    "tools/compare_split.py::_run": 61,
+    "tools/validate_group_estimators.py::_openrlhf": 61,
+    "tools/peer_makers/adapt_openrlhf.py::make": 84,
+    "tools/peer_makers/verl_openrlhf.py::make_openrlhf": 81,
+    "tools/peer_makers/skyrl.py::make": 85,
+    "tools/peer_makers/holes.py::areal_cases": 92,
+    "tools/peer_makers/areal.py::make": 116,
+    "tools/peer_makers/adapt_verl.py::_verl_update": 84,
+    "tools/peer_makers/critic_free.py": 424,
+    "tools/peer_makers/critic_free.py::make_verl": 65,
+}
+
+
+def sizes() -> dict[str, int]:
+    """Every module's and function's size, keyed ``path`` and ``path::name`` (methods ``Class.name``)."""
+    out: dict[str, int] = {}
+    for tree in TREES:
+        for path in sorted((ROOT / tree).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            text = path.read_text(encoding="utf-8")
+            out[rel] = text.count("\n")
+            for node, owner in _functions(ast.parse(text)):
+                name = f"{owner}.{node.name}" if owner else node.name
+                out[f"{rel}::{name}"] = node.end_lineno - node.lineno + 1 if node.end_lineno else 0
+    return out
+
+
+def _functions(tree: ast.Module) -> list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]]:
+    found: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]] = []
+
+    def walk(node: ast.AST, owner: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((child, owner))
+                walk(child, owner)
+            elif isinstance(child, ast.ClassDef):
+                walk(child, child.name)
+            else:
+                walk(child, owner)
+
+    walk(tree, "")
+    return found
+
+
+def _limit(key: str) -> int:
+    return FUNCTION_LINES if "::" in key else MODULE_LINES
+
+
+def test_nothing_over_the_limits_but_the_listed() -> None:
+    over = {k: n for k, n in sizes().items() if n > _limit(k) and k not in OVER}
+    assert not over, f"over {MODULE_LINES} lines (module) / {FUNCTION_LINES} (function): {over}"
+
+
+def test_the_listed_are_still_over_and_did_not_grow() -> None:
+    now = sizes()
+    stale = {k: now.get(k) for k, n in OVER.items() if now.get(k, 0) <= _limit(k)}
+    grew = {k: (OVER[k], now[k]) for k in OVER if now.get(k, 0) > OVER[k]}
+    assert not stale, f"no longer over the limit (remove from OVER): {stale}"
+    assert not grew, f"grew (listed, now): {grew}"
+
+
+def test_the_size_reader_counts_functions_and_methods() -> None:
+    tree = ast.parse("def f():\n    pass\n\nclass C:\n    def g(self):\n        x = 1\n        return x\n")
+    got = {(f"{o}.{n.name}" if o else n.name): n.end_lineno - n.lineno + 1 for n, o in _functions(tree)}
+    assert got == {"f": 2, "C.g": 3}

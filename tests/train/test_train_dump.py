@@ -1,0 +1,116 @@
+"""``refppo train --set run.dump_iteration=N``: the trainer's own step as a v2 dump (through
+``refppo.capture``), and ``refppo diff`` on it matches — on one process and under ``torchrun``
+(2 gloo processes). Issue 10 item 6: the trainer checked by its own oracle."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from refppo.oracle.cli import main as refppo_diff
+from refppo.train.config.sections import ConfigError
+from refppo.train.loop import Trainer
+from refppo.train.tasks.presets import TEST, preset
+
+pytestmark = pytest.mark.e2e
+
+BASE = ("task.reward=rule", "task.sft_steps=3", "ppo.minibatches=1", "run.dump_iteration=2")
+"""TEST preset (8 rollouts, 2 epochs, 2 micro-batches, 2 iterations) with one minibatch, dump the last."""
+WORKER_TIMEOUT_S = 1200
+"""Hang guard for torchrun (not a speed assertion), as tests/train/test_ddp.py."""
+
+
+def _diff(path: Path, *extra: str) -> tuple[int, dict[str, object]]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = refppo_diff([str(path), "--json", *extra])
+    return code, json.loads(buf.getvalue())
+
+
+def _check_dump(path: Path, world: int) -> None:
+    d = load_file(str(path))
+    side = json.loads(Path(f"{path}.json").read_text())
+    assert d["response_mask"].shape[0] == 8  # every row of the step (batch 8, one minibatch), all ranks
+    assert sorted(set(d["rank"].tolist())) == list(range(world))
+    assert (side["world_size"], side["micro_batches"]) == (world, 2)  # ppo.micro_batches is per rank
+    assert float(d["grad_logprobs"].abs().max()) > 1e-4 and float(d["grad_values"].abs().max()) > 1e-4
+    code, rep = _diff(path)
+    assert code == 0, rep["diagnosis"]
+    assert {"grad_logprobs", "grad_values", "loss"} <= set(rep["quantities"])  # type: ignore[arg-type]
+    # control: the same dump with grad_logprobs off by the factor W·K of a normaliser bug mismatches
+    bad = dict(d, grad_logprobs=d["grad_logprobs"] * 2)
+    save_file(bad, str(path.with_name("bad.safetensors")))
+    Path(path.with_name("bad.safetensors.json")).write_text(json.dumps(side))
+    code, rep = _diff(path.with_name("bad.safetensors"))
+    assert code == 1 and not rep["quantities"]["grad_logprobs"]["ok"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("ppo.loss_agg=seq-mean-token-sum", "ppo.kl_in=loss", "ppo.kl_estimator=k3", "ppo.ent_coef=0.01")],
+    ids=["defaults", "seq-sum-kl-loss"],
+)
+def test_trainer_dump_iteration_matches_its_oracle(tmp_path: Path, extra: tuple[str, ...]) -> None:
+    cfg = preset("test", *BASE, *extra, f"run.out_dir={tmp_path / 'run'}")
+    Trainer(cfg).train()
+    dumps = sorted((tmp_path / "run" / "dumps").glob("*.safetensors"))
+    assert [p.name for p in dumps] == ["iter_000002.safetensors"]  # only the chosen iteration
+    _check_dump(dumps[0], world=1)
+
+
+def test_dump_iteration_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"run\.dump_iteration: expected an iteration in 1\.\.2"):
+        preset("test", "run.dump_iteration=3")
+    with pytest.raises(ConfigError, match=r"run\.dump_iteration needs ppo\.minibatches=1"):
+        preset("test", "run.dump_iteration=1")  # TEST has 2 minibatches and whitened advantages
+    cfg = preset("test", "run.dump_iteration=1", "ppo.whiten_advantages=none")  # per-row: allowed
+    assert cfg.run.dump_iteration == 1
+    # a group estimator: the dump must hold whole groups, so one minibatch (groups of 2 here)
+    grouped = ("ppo.advantage=grpo", "rollout.group_size=2", "ppo.whiten_advantages=none")
+    with pytest.raises(ConfigError, match=r"needs ppo\.minibatches=1 \(got 2\) with ppo\.advantage=grpo"):
+        preset("test", "run.dump_iteration=1", *grouped)
+    assert preset("test", "run.dump_iteration=1", "ppo.minibatches=1", *grouped).run.dump_iteration == 1
+
+
+def test_torchrun_trainer_dump_matches_its_oracle(tmp_path: Path) -> None:
+    """``torchrun --standalone --nproc-per-node 2 -m refppo train --set run.dump_iteration=2``:
+    rank 0 writes one dump holding both ranks' rows, and the oracle matches it."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    argv += ["-m", "refppo", "train", "--out", str(out)]
+    for s in (*TEST, *BASE):
+        argv += ["--set", s]
+    log = tmp_path / "torchrun.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with log.open("wb") as fh:  # own session: a timeout kills the agent AND its workers
+        proc = subprocess.Popen(
+            argv,
+            cwd=Path(__file__).parents[2],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+    try:
+        proc.wait(timeout=WORKER_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, (
+        f"torchrun: exit {proc.returncode}\n" + log.read_text(errors="replace")[-6000:]
+    )
+    path = out / "dumps" / "iter_000002.safetensors"
+    _check_dump(path, world=2)
+    d = load_file(str(path))
+    assert torch.equal(d["rank"], torch.tensor([0] * 4 + [1] * 4))  # gathered in rank order
