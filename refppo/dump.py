@@ -28,7 +28,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,53 @@ import torch
 from torch import Tensor
 
 from refppo.atomic import fsync_dir, fsync_file, temp_path
+from refppo.conventions import parse
+from refppo.errors import RefPPOError
+from refppo.oracle.keys import misspelt_error
+from refppo.oracle.load import KNOWN_KEYS, SIDECAR_SCORING_KEYS, STEP_KEYS, DumpError
+from refppo.step_settings import _ENUM_FIELDS as ENUM_FIELDS
+from refppo.step_settings import _OPTIONAL_ENUM_FIELDS as OPTIONAL_ENUM_FIELDS
+from refppo.step_settings import Convention, Hyperparams
+
+ORACLE_EXTRA_KEYS: tuple[str, ...] = ("score_clip", "score_bias", "score_scale", "approx_kl", "vf_mask")
+"""The oracle's own convention keys (:class:`refppo.oracle.settings.Extras`, whose values the
+oracle checks when it reads the sidecar)."""
+CONVENTION_FIELDS: frozenset[str] = frozenset(f.name for f in fields(Convention))
+HPARAM_FIELDS: frozenset[str] = frozenset(f.name for f in fields(Hyperparams))
+SIDECAR_KEYS: frozenset[str] = frozenset(
+    (*CONVENTION_FIELDS, *HPARAM_FIELDS, *ORACLE_EXTRA_KEYS, *SIDECAR_SCORING_KEYS, *STEP_KEYS)
+)
+"""Every key a sidecar may hold (spec/dump-format.md, "Hyperparameters and conventions")."""
+
+
+def check_sidecar(where: str, side: Mapping[str, Any]) -> None:
+    """Refuse (``DumpError``, one line naming ``where`` and the key) a sidecar key the oracle does
+    not know, with its "did you mean", a name the convention key does not have
+    (``loss_agg="token_mean"``) and a hyperparameter number out of its range: the error at the
+    trainer's line, not at diff time."""
+    import difflib
+
+    for key in sorted(side):
+        if key not in SIDECAR_KEYS:
+            close = difflib.get_close_matches(key, sorted(SIDECAR_KEYS), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else " (spec/dump-format.md lists the keys)"
+            raise DumpError(f"{where}: unknown sidecar key {key!r}{hint}")
+    # values as the oracle will read them (refppo.oracle.settings.parse_value): a name of an enum
+    # key must be one of its names; a number must be in its range (strings of numbers, "none" and
+    # the other spellings the oracle accepts are left to it)
+    names = {**ENUM_FIELDS, **OPTIONAL_ENUM_FIELDS}
+    nums = {k: v for k, v in side.items() if k in HPARAM_FIELDS and _is_number(v)}
+    try:
+        for k, v in side.items():
+            if k in names and isinstance(v, str) and v.strip().lower() not in ("none", "null", "off", ""):
+                parse(names[k], v.strip(), what=k)
+        Hyperparams(**nums)
+    except RefPPOError as exc:
+        raise DumpError(f"{where}: {' '.join(str(exc).split())}") from None
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _to_tensor(name: str, value: Any) -> Tensor:
@@ -96,8 +143,17 @@ def write_dump(
     ``hparams`` may be a mapping or a :class:`refppo.pipeline.Hyperparams`; ``convention`` a mapping,
     a :class:`refppo.pipeline.Convention` or a :class:`refppo.oracle.settings.Extras`. Returns the
     sidecar's path. Tensor values are written as given (no dtype change except the mask).
+
+    A key that evidently misspells a dump key or a peer alias (``pgloss``, ``grad_log_probs``,
+    ``advantage``: :func:`refppo.oracle.keys.misspelt`) raises ``DumpError`` naming it, with its
+    "did you mean", and nothing is written: ``refppo diff`` would refuse the dump. Other unknown
+    keys are written (the oracle lists them as ignored). So is a sidecar key the oracle does not
+    know, or a convention value it refuses (:func:`check_sidecar`).
     """
     p = Path(path)
+    typo = misspelt_error(f"write_dump {p}", list(tensors), KNOWN_KEYS)
+    if typo is not None:  # what the oracle would refuse at load time, refused before it is written
+        raise DumpError(typo)
     data = {k: _to_tensor(k, v) for k, v in tensors.items()}
     suffix = p.suffix.lower()
     write: Callable[[Path], object]
@@ -122,6 +178,7 @@ def write_dump(
     side: dict[str, Any] = {}
     side.update(_as_dict(hparams))
     side.update(_as_dict(convention))
+    check_sidecar(f"write_dump {p}", side)
     text = json.dumps({k: _jsonable(v) for k, v in side.items()}, indent=2, sort_keys=True) + "\n"
     # Crash safety (kill -9 at any point): both files are complete before either is renamed into
     # place, and the old dump goes first, so a dump is never paired with another dump's sidecar:
@@ -180,4 +237,4 @@ def pipeline_tensors(
     return {k: v.detach() for k, v in out.items()}
 
 
-__all__ = ["pipeline_tensors", "sidecar_for", "write_dump"]
+__all__ = ["SIDECAR_KEYS", "check_sidecar", "pipeline_tensors", "sidecar_for", "write_dump"]
