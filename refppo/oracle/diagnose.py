@@ -181,17 +181,18 @@ def _worth_trying(key: str, upd: dict[str, Any], current: dict[str, Any], setup:
     return _applies(key, upd, setup, dump)
 
 
+DETECT_HINT = "run with --detect to search the convention space"
+"""The closing advice of a divergence nothing explains (left out of a report that ran ``--detect``)."""
+
+
 def _closing_note(notes: list[str], found: list[dict[str, Any]], first: str) -> str | None:
     """What :func:`explain` adds when nothing (or nothing complete) explains ``first``."""
     if not notes:
-        return (
-            "no single convention change or known bug explains it; "
-            "run with --detect to search the convention space"
-        )
+        return f"no single convention change or known bug explains it; {DETECT_HINT}"
     if not any(f["all_match"] for f in found):
         return (
             f"no single convention change or known bug explains every quantity: besides what explains "
-            f"{first}, something else differs too (run with --detect to search the convention space)"
+            f"{first}, something else differs too ({DETECT_HINT})"
         )
     return None
 
