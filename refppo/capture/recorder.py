@@ -47,7 +47,8 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
 from refppo.capture import gather
-from refppo.dump.write import write_dump
+from refppo.dump.keys import suggest
+from refppo.dump.write import check_sidecar, write_dump
 from refppo.errors import RefPPOError
 
 TOKEN_KEYS: tuple[str, ...] = (
@@ -170,6 +171,10 @@ class StepRecorder:
             raise CaptureError(f"reduce: expected 'mean' or 'sum', got {reduce!r}")
         self.hparams = _as_dict(hparams)
         self.conventions = _as_dict(conventions)
+        try:  # a bad key or value fails here, at the trainer's line, not at diff time
+            check_sidecar("StepRecorder", {**self.hparams, **self.conventions})
+        except RefPPOError as exc:
+            raise CaptureError(str(exc)) from None
         self.reduce: Reduce = reduce
         self.separate_critic = bool(separate_critic)
         self._grads = bool(grads)
@@ -210,10 +215,15 @@ class StepRecorder:
             "values": values,
             **more,
         }
-        unknown = sorted(set(given) - set(TOKEN_KEYS) - set(ROW_KEYS) - set(LOSS_KEYS))
+        valid = frozenset({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS})
+        unknown = sorted(set(given) - valid)
         if unknown:
-            valid = sorted({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS})
-            raise CaptureError(f"record: unknown keys {unknown}; valid keys are {valid}")
+            hints = {k: h for k in unknown if (h := suggest(k, valid)) in valid}
+            named = ", ".join(
+                f"{k!r}" + (f" (did you mean {hints[k]}?)" if k in hints else "") for k in unknown
+            )
+            tail = "" if len(hints) == len(unknown) else f"; valid keys are {sorted(valid)}"
+            raise CaptureError(f"record: unknown key{'s' if len(unknown) > 1 else ''} {named}{tail}")
         micro = _Micro(k, {}, {})
         shape = _mask_shape(response_mask)
         for name, value in given.items():

@@ -60,13 +60,68 @@ def resolve_aliases(path: Path, raw: dict[str, Any]) -> tuple[dict[str, Any], di
 def suggest(name: str, known: frozenset[str]) -> str | None:
     """The dump key ``name`` most likely misspells (case and ``_``/``-``/``/`` ignored), or None."""
 
-    def norm(s: str) -> str:
-        return s.lower().replace("_", "").replace("-", "").replace("/", "")
-
-    choices = {norm(k): k for k in known}
-    choices.update({norm(a): key for a, (key, _) in ALIASES.items()})
-    hit = difflib.get_close_matches(norm(name), list(choices), n=1, cutoff=0.75)
+    choices = {_norm(k): k for k in known}
+    choices.update({_norm(a): key for a, (key, _) in ALIASES.items()})
+    hit = difflib.get_close_matches(_norm(name), list(choices), n=1, cutoff=0.75)
     return choices[hit[0]] if hit else None
+
+
+def _norm(s: str) -> str:
+    return s.lower().replace("_", "").replace("-", "").replace("/", "")
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """``a`` and ``b`` differ by at most one insertion, deletion, substitution or swap of neighbours."""
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        if len(diff) == 1:
+            return True
+        i = diff[0]
+        return len(diff) == 2 and diff[1] == i + 1 and a[i] == b[i + 1] and a[i + 1] == b[i]
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+
+
+def misspelt(name: str, known: frozenset[str]) -> tuple[str, str] | None:
+    """``(dump key, the spelling name is close to)`` when the unknown ``name`` evidently misspells a
+    dump key or a peer alias of one: the same letters once case and ``_``/``-``/``/`` are ignored
+    (``grad_log_probs``, ``gradvalues``, ``PgLoss``), or one edit away from them (an insertion,
+    deletion, substitution or swap; names of 4+ letters: ``advantage``, ``old_value``); else None.
+
+    Looser resemblances (:func:`suggest`: ``token_level_scores`` ~ ``token_rewards``, a distinct
+    verl tensor) are hints, never errors: a dump may carry tensors of its own.
+    """
+    if name in known or name in ALIASES:
+        return None
+    n = _norm(name)
+    spellings = [(k, k) for k in sorted(known)] + [(a, key) for a, (key, _) in ALIASES.items()]
+    for strict in (True, False):
+        for spelt, key in spellings:
+            m = _norm(spelt)
+            if m == n if strict else (len(n) >= 4 and _one_edit(n, m)):
+                return key, spelt
+    return None
+
+
+def misspelt_error(where: str, names: list[str], known: frozenset[str]) -> str | None:
+    """One line naming every key of ``names`` that :func:`misspelt` flags, with its "did you mean"
+    (``where``: the file or call the keys came from), or None when there is none."""
+    hits = [(k, got) for k in sorted(names) if (got := misspelt(k, known)) is not None]
+    if not hits:
+        return None
+    parts = [
+        f"{k!r} (did you mean {key}?" + ("" if spelt == key else f" {spelt!r} is a peer's name for it") + ")"
+        for k, (key, spelt) in hits
+    ]
+    what = "key" if len(hits) == 1 else "keys"
+    return (
+        f"{where}: unknown tensor {what} {', '.join(parts)}: a misspelt output would not be compared; "
+        "rename it (spec/dump-format.md lists the keys)"
+    )
 
 
 def alias_table() -> str:
@@ -74,4 +129,4 @@ def alias_table() -> str:
     return ", ".join(f"{a}->{k}" for a, (k, _) in ALIASES.items())
 
 
-__all__ = ["ALIASES", "alias_table", "resolve_aliases", "suggest"]
+__all__ = ["ALIASES", "alias_table", "misspelt", "misspelt_error", "resolve_aliases", "suggest"]

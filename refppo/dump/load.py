@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import mmap
+import re
 import sys
 import warnings
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.dump.keys import alias_table, resolve_aliases, suggest
+from refppo.dump.keys import alias_table, misspelt_error, resolve_aliases, suggest
 from refppo.errors import RefPPOError
 
 REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "ref_logprobs", "scores")
@@ -66,7 +67,7 @@ STEP_KEYS: tuple[str, ...] = ("world_size", "micro_batches", "separate_critic")
 """v2 sidecar keys describing the optimizer step (read here, not by the settings)."""
 KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *GRAD_KEYS, *INTEGER_KEYS))
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_NEEDS_UPDATE = {
+NEEDS_UPDATE: dict[str, tuple[str, ...]] = {
     "pg_loss": ("logprobs",),
     "pg_clipfrac": ("logprobs",),
     "approx_kl": ("logprobs",),
@@ -78,7 +79,9 @@ _NEEDS_UPDATE = {
     "grad_logprobs": ("logprobs",),
     "grad_values": ("values",),
 }
-_NEEDS_CRITIC = ("values", "vf_loss", "vf_clipfrac")
+"""The update-step inputs each update-stage output is computed from (``loss``: ``logprobs`` alone
+without a critic)."""
+NEEDS_CRITIC: tuple[str, ...] = ("values", "vf_loss", "vf_clipfrac")
 """Keys that make no sense without ``old_values`` (the value loss is clipped around them)."""
 
 
@@ -116,6 +119,9 @@ class Dump:
     """Peer names read as dump keys (``{alias: key}``, :data:`refppo.dump.keys.ALIASES`)."""
     step: StepLayout = field(default_factory=lambda: StepLayout())
     """v2: how the rows were split over ranks and micro-batches (defaults: one of each)."""
+    sidecar_keys: frozenset[str] | None = None
+    """The keys of the sidecar as given (step keys included): None when there was none (no file
+    beside the dump, no ``--hparams``, no hyperparameters given in memory)."""
     mapped: frozenset[str] = frozenset()
     """Keys whose tensor is the loader's own, memory-mapped from the file (safetensors, used in its
     own dtype): :meth:`release` may hand their pages back to the OS."""
@@ -176,10 +182,7 @@ def _load_raw(path: Path) -> dict[str, Any]:
                 warnings.simplefilter("ignore")  # pickle-protocol notices of the restricted unpickler
                 obj = torch.load(str(path), map_location="cpu", weights_only=True)
         except Exception as exc:  # any failure of the restricted unpickler is a refusal
-            raise DumpError(
-                f"{path}: refused: torch.load(weights_only=True) could not load it "
-                f"(only plain tensors are accepted; {_one_line(exc)})"
-            ) from None
+            raise DumpError(f"{path}: refused: {_pt_refusal(exc)}") from None
         if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
             raise DumpError(f"{path}: expected a dict of name -> tensor, got {type(obj).__name__}")
         return dict(obj)
@@ -192,6 +195,27 @@ def _load_raw(path: Path) -> dict[str, Any]:
         except Exception as exc:  # numpy raises ValueError/OSError/zipfile errors
             raise DumpError(f"{path}: not a readable .npz file without pickles ({_one_line(exc)})") from None
     raise DumpError(f"{path}: unknown file type {suffix or '(none)'!r}; expected .safetensors, .pt or .npz")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _pt_refusal(exc: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a ``.pt`` file, in one clean line: the global a
+    pickle names (``posix.system``) when it names one, else the first line of torch's message that
+    is not its advice to load with ``weights_only=False`` (never repeated: it runs the pickle's
+    code). ANSI colour codes are dropped."""
+    text = _ANSI.sub("", str(exc))
+    found = re.search(r"GLOBAL\s+([\w.]+)", text)
+    if found:
+        return (
+            f"it is a pickle that calls {found.group(1)}, which the weights-only unpickler blocks "
+            "(a .pt dump holds a dict of tensors only)"
+        )
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    useful = [ln for ln in lines if "weights_only" not in ln and "PyTorch 2.6" not in ln]
+    why = _one_line(ValueError(useful[0])) if useful else type(exc).__name__
+    return f"not a weights-only torch file of tensors ({why})"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -262,17 +286,20 @@ def validate(
     missing = [k for k in REQUIRED_INPUTS if k not in raw]
     if missing:
         raise DumpError(f"{p}: missing required keys {missing}{_missing_hint(ignored)}")
+    typo = misspelt_error(str(p), ignored, KNOWN_KEYS)
+    if typo is not None:  # never compare fewer outputs than were dumped: a misspelt one is refused
+        raise DumpError(typo)
     for k, v in raw.items():
         if k in KNOWN_KEYS and not isinstance(v, Tensor):
             raise DumpError(f"{p}: {k}: expected a tensor, got {type(v).__name__}")
     critic = "old_values" in raw
-    given = [k for k in _NEEDS_CRITIC if k in raw]
+    given = [k for k in NEEDS_CRITIC if k in raw]
     if given and not critic:
         raise DumpError(
             f"{p}: missing required key 'old_values' (the critic's rollout values): {given} are given "
             "and need it (a critic-free dump leaves out every value quantity)"
         )
-    for k, needs in _NEEDS_UPDATE.items():
+    for k, needs in NEEDS_UPDATE.items():
         if k == "loss" and not critic:
             needs = ("logprobs",)  # a critic-free step's loss has no value term
         absent = [n for n in needs if n not in raw]
@@ -310,16 +337,19 @@ def validate(
             raise DumpError(f"{p}: {exc}") from None
     dtypes: list[torch.dtype] = []
     hp_path: Path | None = hparams_path
+    has_side = hparams is not None and (bool(hparams) or hparams_path is not None)
     if hparams is None:
         hp_path = Path(hparams_file) if hparams_file is not None else sidecar_path(p)
         if hparams_file is not None and not Path(hparams_file).is_file():
             raise DumpError(f"{hparams_file}: no such hyperparameter file")
         hparams = read_hparams(hp_path) if hp_path is not None else {}
+        has_side = hp_path is not None
+    sidecar_keys = frozenset(hparams) if has_side else None
     step = _step_layout(hp_path or p, hparams)
     hparams = {k: v for k, v in hparams.items() if k not in STEP_KEYS}
     for k in sorted((INTEGER_KEYS - set(SEQUENCE_KEYS)) & set(raw)):
         out[k] = _integer_key(p, k, raw[k], B)
-    _check_rows(p, out, step)
+    _check_rows(p, out, step, _sidecar_advice(p, hp_path, has_side))
     for k in KNOWN_KEYS:
         if k not in raw or k == "response_mask" or k in INTEGER_KEYS:
             continue
@@ -364,7 +394,7 @@ def validate(
     mapped = frozenset(
         k for k, v in out.items() if mmapped and k in raw and k != "response_mask" and _same_bytes(v, raw[k])
     )
-    return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased, step, mapped)
+    return Dump(p, out, mask, dtype, hparams, hp_path, ignored, aliased, step, sidecar_keys, mapped)
 
 
 def _same_bytes(a: Tensor, b: Any) -> bool:
@@ -457,8 +487,21 @@ def _integer_key(p: Path, k: str, t: Tensor, B: int) -> Tensor:
     return t.detach().to(torch.int64)
 
 
-def _check_rows(p: Path, out: dict[str, Tensor], step: StepLayout) -> None:
-    """``rank`` in ``[0, world_size)`` and ``micro_batch`` in ``[0, micro_batches)``."""
+def _sidecar_advice(p: Path, hp_path: Path | None, has_side: bool) -> str:
+    """Where to set a sidecar key, as the user gave (or did not give) the sidecar."""
+    if hp_path is not None:
+        return f"set {{key}} in the sidecar {hp_path}"
+    if has_side:
+        return "set {key} in the hyperparameters given with the tensors"
+    return (
+        f"there is no sidecar: write {p.name}.json beside the dump with {{key}} and the run's "
+        "hyperparameters, or pass --hparams FILE"
+    )
+
+
+def _check_rows(p: Path, out: dict[str, Tensor], step: StepLayout, advice: str) -> None:
+    """``rank`` in ``[0, world_size)`` and ``micro_batch`` in ``[0, micro_batches)``; ``advice``
+    (:func:`_sidecar_advice`) says where to set the sidecar key."""
     for k, n, name in (
         ("rank", step.world_size, "world_size"),
         ("micro_batch", step.micro_batches, "micro_batches"),
@@ -469,7 +512,7 @@ def _check_rows(p: Path, out: dict[str, Tensor], step: StepLayout) -> None:
         if bad:
             raise DumpError(
                 f"{p}: {k}: row {bad[0]} holds {int(out[k][bad[0]])}, outside [0, {name}={n}) "
-                f"(set {name} in the sidecar)"
+                f"({advice.format(key=name)})"
             )
     if step.world_size > 1 and "rank" not in out:
         raise DumpError(f"{p}: rank: missing while the sidecar says world_size={step.world_size}")

@@ -28,7 +28,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,53 @@ import torch
 from torch import Tensor
 
 from refppo.atomic import fsync_dir, fsync_file, temp_path
+from refppo.conventions import parse
+from refppo.dump.keys import misspelt_error
+from refppo.dump.load import KNOWN_KEYS, SIDECAR_SCORING_KEYS, STEP_KEYS, DumpError
+from refppo.errors import RefPPOError
+from refppo.pipeline.settings import _ENUM_FIELDS as ENUM_FIELDS
+from refppo.pipeline.settings import _OPTIONAL_ENUM_FIELDS as OPTIONAL_ENUM_FIELDS
+from refppo.pipeline.settings import Convention, Hyperparams
+
+ORACLE_EXTRA_KEYS: tuple[str, ...] = ("score_clip", "score_bias", "score_scale", "approx_kl", "vf_mask")
+"""The oracle's own convention keys (:class:`refppo.oracle.check.settings.Extras`, whose values the
+oracle checks when it reads the sidecar)."""
+CONVENTION_FIELDS: frozenset[str] = frozenset(f.name for f in fields(Convention))
+HPARAM_FIELDS: frozenset[str] = frozenset(f.name for f in fields(Hyperparams))
+SIDECAR_KEYS: frozenset[str] = frozenset(
+    (*CONVENTION_FIELDS, *HPARAM_FIELDS, *ORACLE_EXTRA_KEYS, *SIDECAR_SCORING_KEYS, *STEP_KEYS)
+)
+"""Every key a sidecar may hold (spec/dump-format.md, "Hyperparameters and conventions")."""
+
+
+def check_sidecar(where: str, side: Mapping[str, Any]) -> None:
+    """Refuse (``DumpError``, one line naming ``where`` and the key) a sidecar key the oracle does
+    not know, with its "did you mean", a name the convention key does not have
+    (``loss_agg="token_mean"``) and a hyperparameter number out of its range: the error at the
+    trainer's line, not at diff time."""
+    import difflib
+
+    for key in sorted(side):
+        if key not in SIDECAR_KEYS:
+            close = difflib.get_close_matches(key, sorted(SIDECAR_KEYS), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else " (spec/dump-format.md lists the keys)"
+            raise DumpError(f"{where}: unknown sidecar key {key!r}{hint}")
+    # values as the oracle will read them (refppo.oracle.check.settings.parse_value): a name of an enum
+    # key must be one of its names; a number must be in its range (strings of numbers, "none" and
+    # the other spellings the oracle accepts are left to it)
+    names = {**ENUM_FIELDS, **OPTIONAL_ENUM_FIELDS}
+    nums = {k: v for k, v in side.items() if k in HPARAM_FIELDS and _is_number(v)}
+    try:
+        for k, v in side.items():
+            if k in names and isinstance(v, str) and v.strip().lower() not in ("none", "null", "off", ""):
+                parse(names[k], v.strip(), what=k)
+        Hyperparams(**nums)
+    except RefPPOError as exc:
+        raise DumpError(f"{where}: {' '.join(str(exc).split())}") from None
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _to_tensor(name: str, value: Any) -> Tensor:
@@ -85,6 +132,22 @@ def sidecar_for(path: str | Path) -> Path:
     return p.with_name(p.name + ".json")
 
 
+def _writer(p: Path, suffix: str, data: dict[str, Tensor]) -> Callable[[Path], object]:
+    """The function that writes ``data`` to a temporary path in the format of ``suffix``."""
+    if suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        return lambda tmp: save_file(data, str(tmp))
+    if suffix == ".pt":
+        return lambda tmp: torch.save(data, str(tmp))
+    if suffix == ".npz":
+        import numpy as np
+
+        arrays: dict[str, Any] = {k: v.numpy() for k, v in data.items()}
+        return lambda tmp: np.savez(str(tmp), **arrays)  # tmp ends in .npz, so savez adds no suffix
+    raise ValueError(f"{p}: unknown dump type {suffix!r}; use .safetensors, .pt or .npz")
+
+
 def write_dump(
     path: str | Path,
     tensors: Mapping[str, Any],
@@ -93,36 +156,28 @@ def write_dump(
 ) -> Path:
     """Write ``tensors`` to ``path`` (``.safetensors``, ``.pt`` or ``.npz``) and the sidecar JSON.
 
-    ``hparams`` may be a mapping or a :class:`refppo.pipeline.settings.Hyperparams`; ``convention`` a mapping,
-    a :class:`refppo.pipeline.settings.Convention` or a :class:`refppo.oracle.check.settings.Extras`.
-    Returns the
-    sidecar's path. Tensor values are written as given (no dtype change except the mask).
+    ``hparams`` may be a mapping or a :class:`refppo.pipeline.settings.Hyperparams`; ``convention`` a
+    mapping, a :class:`refppo.pipeline.settings.Convention` or a
+    :class:`refppo.oracle.check.settings.Extras`. Returns the sidecar's path. Tensor values are written
+    as given (no dtype change except the mask).
+
+    A key that evidently misspells a dump key or a peer alias (``pgloss``, ``grad_log_probs``,
+    ``advantage``: :func:`refppo.dump.keys.misspelt`) raises ``DumpError`` naming it, with its
+    "did you mean", and nothing is written: ``refppo diff`` would refuse the dump. Other unknown
+    keys are written (the oracle lists them as ignored). So is a sidecar key the oracle does not
+    know, or a convention value it refuses (:func:`check_sidecar`).
     """
     p = Path(path)
+    typo = misspelt_error(f"write_dump {p}", list(tensors), KNOWN_KEYS)
+    if typo is not None:  # what the oracle would refuse at load time, refused before it is written
+        raise DumpError(typo)
     data = {k: _to_tensor(k, v) for k, v in tensors.items()}
     suffix = p.suffix.lower()
-    write: Callable[[Path], object]
-    if suffix == ".safetensors":
-        from safetensors.torch import save_file
-
-        def write(tmp: Path) -> None:
-            save_file(data, str(tmp))
-    elif suffix == ".pt":
-
-        def write(tmp: Path) -> None:
-            torch.save(data, str(tmp))
-    elif suffix == ".npz":
-        import numpy as np
-
-        arrays: dict[str, Any] = {k: v.numpy() for k, v in data.items()}
-
-        def write(tmp: Path) -> None:
-            np.savez(str(tmp), **arrays)  # tmp ends in .npz, so savez adds no suffix
-    else:
-        raise ValueError(f"{p}: unknown dump type {suffix!r}; use .safetensors, .pt or .npz")
+    write = _writer(p, suffix, data)
     side: dict[str, Any] = {}
     side.update(_as_dict(hparams))
     side.update(_as_dict(convention))
+    check_sidecar(f"write_dump {p}", side)
     text = json.dumps({k: _jsonable(v) for k, v in side.items()}, indent=2, sort_keys=True) + "\n"
     # Crash safety (kill -9 at any point): both files are complete before either is renamed into
     # place, and the old dump goes first, so a dump is never paired with another dump's sidecar:
@@ -181,4 +236,4 @@ def pipeline_tensors(
     return {k: v.detach() for k, v in out.items()}
 
 
-__all__ = ["pipeline_tensors", "sidecar_for", "write_dump"]
+__all__ = ["SIDECAR_KEYS", "check_sidecar", "pipeline_tensors", "sidecar_for", "write_dump"]

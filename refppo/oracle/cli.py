@@ -1,8 +1,8 @@
 """``refppo diff`` / ``tools/diff_against.py``: compare a dumped PPO step with the reference.
 
 Exit codes: 0 the dump matches the checked convention (defaults < sidecar < ``--preset`` <
-``--set``), 1 it does not — with or without ``--detect``, whose findings are in the report —,
-2 bad input (one line on stderr, never a traceback).
+``--set``), 1 it does not — with or without ``--detect``, whose findings are in the report — or an
+output named by ``--require`` was not compared, 2 bad input (one line on stderr, never a traceback).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hparams", metavar="FILE", help="hyperparameter JSON (default: <dump>.json beside the dump)"
     )
-    p.add_argument(
-        "--preset", metavar="NAME", help="a peer's conventions: verl, openrlhf, trl, deepspeed-chat, refppo"
-    )
+    from refppo.oracle.presets.registry import PRESETS
+
+    p.add_argument("--preset", metavar="NAME", help=f"a peer's conventions: {', '.join(PRESETS)}")
     p.add_argument(
         "--set",
         metavar="KEY=VALUE",
@@ -53,7 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="override one convention key or hyperparameter (repeatable)",
     )
     p.add_argument("--detect", action="store_true", help="search every convention that reproduces the dump")
+    p.add_argument(
+        "--require",
+        metavar="KEYS",
+        help="outputs that must be compared, else exit 1: 'all' (every output the dump's inputs allow, "
+        "but the logged metrics pg_clipfrac, approx_kl, vf_clipfrac) or KEY,KEY,...",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="the convention line lists every key, not only those that differ",
+    )
     m = p.add_argument_group(
         "re-scoring with the trainer's models (needs input_ids and attention_mask in the dump)",
         "Each DIR is a local Hugging Face checkpoint; refppo re-scores the dump's rows with its own "
@@ -159,14 +171,22 @@ def preset_overrides_note(
 def _run(args: argparse.Namespace) -> int:
     _threads()
     from refppo.oracle.check.settings import parse_value
-    from refppo.oracle.run import as_dump, check_step
+    from refppo.oracle.run import as_dump, canonical_key, check_step
 
     overrides: dict[str, Any] = {}
     for item in args.sets:
         if "=" not in item:
             return _fail(f"--set: expected KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
-        overrides[k.strip()] = parse_value(k.strip(), v)
+        key = canonical_key(k)
+        try:
+            overrides[key] = parse_value(key, v)
+        except RefPPOError as exc:
+            return _fail(f"--set {item}: {exc}")
+    raw: str | None = args.require
+    require: str | list[str] | None = raw
+    if raw is not None and raw != "all":
+        require = [x.strip() for x in raw.split(",") if x.strip()]
     dump = as_dump(Path(args.dump), hparams_file=args.hparams)
     rescored = None
     if any((args.actor, args.ref, args.critic, args.reward_model)):
@@ -176,7 +196,9 @@ def _run(args: argparse.Namespace) -> int:
         rescored = rescore_from_args(args, dump)
         if not any(dump.has(k) for k in PIPELINE_ORDER):  # inputs only: the re-score is the check
             return print_rescore_only(args, dump, rescored)
-    outcome = check_step(dump, preset=args.preset, overrides=overrides, detect_conventions=args.detect)
+    outcome = check_step(
+        dump, preset=args.preset, overrides=overrides, detect_conventions=args.detect, require=require
+    )
     if args.json:
         rep = outcome.json()
         if rescored is not None:
@@ -185,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
             rep["rescore"] = rescore_json(*rescored)
         print(json.dumps(rep, indent=2))
     else:
-        print(outcome.text())
+        print(outcome.text(verbose=args.verbose))
         if rescored is not None:
             from refppo.oracle.rescore.report import rescore_text
 
@@ -194,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
     # names a convention must not pass because some other convention reproduces the dump. With
     # model flags, every re-scored key must match as well.
     rescore_ok = rescored is None or all(i.ok for i in rescored[0])
-    return 0 if outcome.match and rescore_ok else 1
+    return 0 if outcome.passed and rescore_ok else 1
 
 
 if __name__ == "__main__":

@@ -16,20 +16,16 @@ from typing import Any
 
 from torch import Tensor
 
-from refppo.dump.load import (
-    SIDECAR_SCORING_KEYS,
-    Dump,
-    DumpError,
-    check_inputs_for,
-    load_dump,
-    validate,
-)
-from refppo.oracle.check.diagnose import CheckResult, check
+from refppo.dump.load import SIDECAR_SCORING_KEYS, Dump, DumpError, check_inputs_for, load_dump, validate
+from refppo.errors import HyperparameterError, RefPPOError
+from refppo.oracle.check.diagnose import DETECT_HINT, CheckResult, check
 from refppo.oracle.check.recompute import PIPELINE_ORDER
-from refppo.oracle.check.settings import build_setup, parse_value
+from refppo.oracle.check.settings import ALL_KEYS, Extras, Setup, build_setup, parse_value
+from refppo.oracle.coverage import no_sidecar_text, required_outputs, sources
 from refppo.oracle.detect.detection import Detection, detect, setup_from_json
 from refppo.oracle.presets.registry import resolve_preset
-from refppo.oracle.report import json_report, text_report
+from refppo.oracle.report import Context, json_report, text_report
+from refppo.pipeline.settings import Convention
 
 
 @dataclass
@@ -41,17 +37,35 @@ class Outcome:
     preset: str | None
     detection: Detection | None = None
     nearest: CheckResult | None = None
+    context: Context | None = None
+    """Where each setting came from, the preset's conventions, the required outputs (the report's
+    provenance and coverage lines); None: the bare report."""
 
     @property
     def match(self) -> bool:
-        """The checked convention's verdict (``refppo diff`` exit 0), with or without detection."""
+        """The checked convention's verdict on what was compared (``refppo diff`` exit 0 unless a
+        required output is missing: :attr:`passed`), with or without detection."""
         return self.result.match
 
-    def text(self) -> str:
-        return text_report(self.dump, self.result, self.preset, self.detection, self.nearest)
+    @property
+    def missing_required(self) -> list[str]:
+        """Required outputs (``require``) the check did not compare."""
+        ctx = self.context
+        return [] if ctx is None else [n for n in ctx.required if n not in self.result.quantities]
+
+    @property
+    def passed(self) -> bool:
+        """The gate's verdict: a match, and every required output compared."""
+        return self.match and not self.missing_required
+
+    def text(self, *, verbose: bool = False) -> str:
+        """The text report; ``verbose``: every convention key, not only those that differ."""
+        return text_report(
+            self.dump, self.result, self.preset, self.detection, self.nearest, self.context, verbose
+        )
 
     def json(self) -> dict[str, Any]:
-        return json_report(self.dump, self.result, self.preset, self.detection, self.nearest)
+        return json_report(self.dump, self.result, self.preset, self.detection, self.nearest, self.context)
 
 
 def as_dump(
@@ -79,11 +93,69 @@ def check_step(
     hparams: Mapping[str, Any] | None = None,
     hparams_file: str | Path | None = None,
     detect_conventions: bool = False,
+    require: str | tuple[str, ...] | list[str] | None = None,
 ) -> Outcome:
-    """Check one dumped step (see the module docstring); ``overrides`` as ``--set`` (strings or values)."""
-    parsed = {k: parse_value(k, v) for k, v in (overrides or {}).items()}
+    """Check one dumped step (see the module docstring); ``overrides`` as ``--set`` (strings or values).
+
+    ``require``: outputs that must be compared (:func:`refppo.oracle.coverage.required_outputs`:
+    ``"all"``, a sequence of output keys, None for none); a missing one fails :attr:`Outcome.passed`.
+    """
+    parsed = {canonical_key(k): parse_value(canonical_key(k), v) for k, v in (overrides or {}).items()}
     d = as_dump(dump, hparams, hparams_file)
-    sidecar = {k: parse_value(k, v) for k, v in d.hparams.items() if k not in SIDECAR_SCORING_KEYS}
+    sidecar = _sidecar(d)
+    setup, ctx, notes = _resolve(d, preset, sidecar, parsed)
+    try:
+        check_inputs_for(d, setup.conv.advantage.value)
+    except DumpError as exc:
+        if not detect_conventions or not any(d.has(k) for k in PIPELINE_ORDER):
+            raise
+        # The named estimator cannot run on this dump (a critic-free dump checked under GAE, say):
+        # that is the checked convention's verdict (a mismatch, exit 1); --detect still searches.
+        result = CheckResult(setup, {}, INAPPLICABLE, [f"the checked convention does not apply: {exc}"])
+    else:
+        result = check(d, setup)
+        if not result.quantities:
+            raise DumpError(
+                f"{d.path}: the dump holds inputs only, none of the trainer outputs "
+                f"({', '.join(PIPELINE_ORDER)}): nothing to compare"
+            )
+    result.diagnosis[:0] = notes
+    ctx.required = required_outputs(d, result, require)
+    out = Outcome(d, result, preset, context=ctx)
+    if detect_conventions:
+        result.diagnosis[:] = [_searched(line) for line in result.diagnosis]
+        out.detection = detect(d, setup)
+        nearest = out.detection.nearest
+        named = any(e.get("all_match") for e in result.explained_by)
+        # a named explanation of every quantity outranks the search's nearest fit (often one
+        # constant fitted to one number): the nearest is then not re-checked nor offered
+        if nearest is not None and not named and check_applies(d, str(nearest.get("advantage", "gae"))):
+            out.nearest = check(d, setup_from_json(setup, nearest), explain_divergence=False)
+    return out
+
+
+def canonical_key(key: str) -> str:
+    """``key`` without ``refppo train``'s section (``ppo.cliprange`` is ``cliprange``): every key of
+    its ``[ppo]`` section is the oracle key of that name."""
+    key = key.strip()
+    rest = key.removeprefix("ppo.")
+    return rest if rest != key and rest in ALL_KEYS else key
+
+
+def _sidecar(d: Dump) -> dict[str, Any]:
+    """The sidecar's PPO settings, typed; a bad key or value names the sidecar file."""
+    where = str(d.hparams_path) if d.hparams_path is not None else "hparams"
+    try:
+        return {k: parse_value(k, v) for k, v in d.hparams.items() if k not in SIDECAR_SCORING_KEYS}
+    except RefPPOError as exc:
+        raise DumpError(f"{where}: {exc}") from None
+
+
+def _resolve(
+    d: Dump, preset: str | None, sidecar: dict[str, Any], parsed: dict[str, Any]
+) -> tuple[Setup, Context, list[str]]:
+    """The checked setting, the report's context (sources, the preset's conventions) and the notes
+    on sidecar conventions the preset replaces."""
     preset_conv = preset_hp = None
     notes: list[str] = []
     if preset:
@@ -101,30 +173,27 @@ def check_step(
             None if advantage is None else str(advantage),
         )
         notes = preset_overrides_note(preset, preset_conv, sidecar, parsed)
-    setup = build_setup(preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=parsed)
     try:
-        check_inputs_for(d, setup.conv.advantage.value)
-    except DumpError as exc:
-        if not detect_conventions or not any(d.has(k) for k in PIPELINE_ORDER):
-            raise
-        # The named estimator cannot run on this dump (a critic-free dump checked under GAE, say):
-        # that is the checked convention's verdict (a mismatch, exit 1); --detect still searches.
-        result = CheckResult(setup, {}, INAPPLICABLE, [f"the checked convention does not apply: {exc}"])
-    else:
-        result = check(d, setup)
-        if not result.quantities:
-            raise DumpError(
-                f"{d.path}: the dump holds inputs only, none of the trainer outputs "
-                f"({', '.join(PIPELINE_ORDER)}): nothing to compare"
-            )
-    result.diagnosis[:0] = notes
-    out = Outcome(d, result, preset)
-    if detect_conventions:
-        out.detection = detect(d, setup)
-        nearest = out.detection.nearest
-        if nearest is not None and check_applies(d, str(nearest.get("advantage", "gae"))):
-            out.nearest = check(d, setup_from_json(setup, nearest), explain_divergence=False)
-    return out
+        setup = build_setup(preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=parsed)
+    except HyperparameterError as exc:
+        if d.sidecar_keys is None and "missing hyperparameters" in str(exc):
+            raise HyperparameterError(f"{no_sidecar_text(d)}; {exc}") from None
+        raise
+    # the report's convention line shows what differs from the preset as written (its own KL
+    # estimator, GAE), so the run's estimator and its critic-free variant are shown too
+    plain = resolve_preset(preset)[0] if preset else {}
+    base = Setup(Convention(), Extras(), setup.hp).with_convention(plain)
+    ctx = Context(sources(setup, sidecar, preset_conv, preset_hp, parsed), base.convention_dict())
+    if d.sidecar_keys is None:
+        notes.insert(0, f"{no_sidecar_text(d)}; {ctx.hparams_from(preset)}")
+    return setup, ctx, notes
+
+
+def _searched(line: str) -> str:
+    """A diagnosis line without its advice to run ``--detect`` (it was given: its search follows)."""
+    return line.replace(f" ({DETECT_HINT})", "; --detect's search is below").replace(
+        f"; {DETECT_HINT}", "; --detect's search is below"
+    )
 
 
 INAPPLICABLE = "inputs"
@@ -141,4 +210,4 @@ def check_applies(d: Dump, advantage: str) -> bool:
     return True
 
 
-__all__ = ["INAPPLICABLE", "Outcome", "as_dump", "check_step"]
+__all__ = ["INAPPLICABLE", "Outcome", "as_dump", "canonical_key", "check_step"]

@@ -65,6 +65,16 @@ def _tol_str(tol: Tolerance) -> str:
     return f"atol={tol.atol:g}·S rtol={tol.rtol:g}"
 
 
+LEGEND = (
+    "\ntolerance: an output passes when |vectorized − naive| ≤ atol·S + rtol·|naive| at every element,\n"
+    "  S = max(1, max |naive|) over that output (the rounding of a sum grows with the terms summed, not\n"
+    "  with the result; refppo/verify/tolerance.py says why these values); max abs err / max rel err:\n"
+    "  the worst |vectorized − naive| and |vectorized − naive| / |naive| (where naive ≠ 0) over every\n"
+    "  output and seed, so a large rel err on a near-zero element can pass within atol·S."
+)
+"""Printed under the table: what its tolerance and error columns mean."""
+
+
 def format_table(rows: Sequence[Row]) -> str:
     """The table ``refppo verify`` prints."""
     header = ("step", "device", "dtype", "max abs err", "max rel err", "tolerance", "result")
@@ -142,6 +152,7 @@ def main(argv: list[str]) -> int:
         for dtype in (torch.float64, torch.float32)
     ]
     print(format_table(rows))
+    print(LEGEND)
     n_fail = sum(not r.ok for r in rows)
     elapsed = time.perf_counter() - start
     print(f"\n{len(rows) - n_fail}/{len(rows)} passed on {len(seeds)} seeds in {elapsed:.1f} s")

@@ -38,12 +38,15 @@ def my_training_step(tmp_path: Path, per_micro_batch_mean: bool) -> Path:
             advantages=q.advantages[idx], returns=q.returns[idx], mask=b.mask[idx], hp=ct.HP, conv=conv,
             norm=norm, value_mask_=q.value_mask[idx],
         )  # fmt: skip
-        rec.record(  # + user line 3 (one call)
+        s = 0.5 if per_micro_batch_mean else 1.0  # the bug: each micro-batch's own mean, averaged
+        rec.record(  # + user line 3 (one call): every output, the losses as passed to backward
             micro_batch=k, logprobs=logprobs, values=values, response_mask=b.mask[idx],
             old_logprobs=b.old_logprobs[idx], ref_logprobs=b.ref_logprobs[idx], old_values=b.old_values[idx],
-            scores=b.scores[idx], advantages=q.advantages[idx], returns=q.returns[idx],
+            scores=b.scores[idx], kl=q.kl[idx], token_rewards=q.token_rewards[idx],
+            advantages=q.advantages[idx], returns=q.returns[idx],
+            pg_loss=s * uq.pg_loss, vf_loss=s * uq.vf_loss, loss=s * uq.loss,
         )  # fmt: skip
-        (uq.loss / 2 if per_micro_batch_mean else uq.loss).backward()
+        (s * uq.loss).backward()
     rec.write(tmp_path / "step.safetensors")  # + user line 4
     opt.step()
     return tmp_path / "step.safetensors"
@@ -63,3 +66,35 @@ def test_readme_ci_example_fails_with_the_diagnosis(tmp_path: Path) -> None:
     text = str(err.value)
     assert "grad_logprobs" in text and "per-micro-batch normaliser" in text, text
     assert "micro-batch 0" in text and "micro-batch 1" in text, text
+    # issue #21 item 3: the losses it logs are those of the same bug, so nothing else is blamed
+    assert "with it every quantity in the dump matches" in text and "still differ" not in text, text
+
+
+def test_readme_ci_example_without_the_losses_fails_by_default(tmp_path: Path) -> None:
+    """A gate never passes on what it did not compare: a dump without outputs its inputs allow
+    fails unless ``require`` names what must be compared."""
+    from refppo.capture.recorder import StepRecorder
+    from refppo.testing import assert_step_matches
+
+    policy, critic, b = ct.setup()
+    conv = Convention()
+    q = ct.quantities(b, conv)
+    rec = StepRecorder(hparams=ct.HP, conventions=conv)
+    logprobs, values = policy(b.ids), critic(b.ids)
+    rec.record(
+        logprobs=logprobs, values=values, response_mask=b.mask, old_logprobs=b.old_logprobs,
+        ref_logprobs=b.ref_logprobs, old_values=b.old_values, scores=b.scores,
+        advantages=q.advantages, returns=q.returns,
+    )  # fmt: skip
+    uq = update_quantities(
+        logprobs=logprobs, values=values, old_logprobs=b.old_logprobs, old_values=b.old_values,
+        advantages=q.advantages, returns=q.returns, mask=b.mask, hp=ct.HP, conv=conv,
+        value_mask_=q.value_mask,
+    )  # fmt: skip
+    uq.loss.backward()
+    path = rec.write(tmp_path / "step.safetensors")
+    assert path is not None
+    dump = tmp_path / "step.safetensors"
+    with pytest.raises(AssertionError, match=r"kl, token_rewards, pg_loss, vf_loss, loss were not compared"):
+        assert_step_matches(dump)
+    assert assert_step_matches(dump, require=("grad_logprobs", "grad_values", "advantages")).match

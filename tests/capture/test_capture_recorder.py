@@ -185,8 +185,14 @@ def test_recorder_misuse_fails_with_one_line(tmp_path: Path) -> None:
         )
     fresh = StepRecorder(hparams=HP)
     kw = {k: b[k] for k in ("response_mask", "old_logprobs", "ref_logprobs", "old_values", "scores")}
-    with pytest.raises(CaptureError, match=r"unknown keys \['advantage'\]"):
+    with pytest.raises(
+        CaptureError, match=r"^record: unknown key 'advantage' \(did you mean advantages\?\)$"
+    ):
         fresh.record(**kw, advantage=b["advantages"])
+    with pytest.raises(
+        CaptureError, match=r"unknown keys 'pgloss' \(did you mean pg_loss\?\), 'zzz'; valid keys"
+    ):
+        fresh.record(**kw, pgloss=0.5, zzz=1.0)
     with pytest.raises(CaptureError, match=r"old_values has shape \[5, 5\], expected \[5, 6\]"):
         fresh.record(**{**kw, "old_values": b["old_values"][:, :5]})
     with pytest.raises(CaptureError, match="nothing was recorded"):
@@ -240,3 +246,16 @@ def test_grads_false_writes_no_gradient_even_for_tensors_that_require_grad(tmp_p
     rec.write(tmp_path / "ng.safetensors")
     keys = set(load_file(str(tmp_path / "ng.safetensors")))
     assert "logprobs" in keys and "grad_logprobs" not in keys
+
+
+def test_bad_conventions_fail_at_construction() -> None:
+    """issue #21: a misspelt convention name or key failed only at diff time, far from the trainer."""
+    with pytest.raises(CaptureError, match=r"^StepRecorder: loss_agg: unknown name 'token_mean'"):
+        StepRecorder(hparams=HP, conventions={"loss_agg": "token_mean"})
+    with pytest.raises(
+        CaptureError, match=r"unknown sidecar key 'kl_estimater' \(did you mean kl_estimator\?\)"
+    ):
+        StepRecorder(hparams=HP, conventions={"kl_estimater": "k3"})
+    with pytest.raises(CaptureError, match="gamma: expected a number in"):
+        StepRecorder(hparams={"gamma": 1.5})
+    StepRecorder(hparams=HP, conventions={"loss_agg": "token-mean", "score_clip": 5.0, "vf_mask": "value"})

@@ -126,11 +126,15 @@ def test_v2_ci_example_runs_as_a_user_test(tmp_path: Path) -> None:
     from grad_helpers import Bugs, step_dump
 
     code = _block("### Check your trainer in CI", "python")
-    ns: dict[str, object] = {"run_one_optimizer_step": lambda tmp: step_dump()}
+    ns: dict[str, object] = {"run_one_optimizer_step": lambda tmp: step_dump(logged_losses=True)}
     exec(compile(code, str(DOC), "exec"), ns)
     test = ns["test_one_optimizer_step_matches_refppo"]
     assert callable(test)
     test(tmp_path)  # a correct step passes
-    ns["run_one_optimizer_step"] = lambda tmp: step_dump(bugs=Bugs(ddp_sum=True))
+    ns["run_one_optimizer_step"] = lambda tmp: step_dump(bugs=Bugs(ddp_sum=True), logged_losses=True)
     with pytest.raises(AssertionError, match="summed over ranks where DDP averages"):
+        test(tmp_path)
+    # the same correct step without its loss scalars fails: every output its inputs allow is required
+    ns["run_one_optimizer_step"] = lambda tmp: step_dump()
+    with pytest.raises(AssertionError, match=r"required output\(s\) pg_loss, vf_loss, entropy_loss, loss"):
         test(tmp_path)

@@ -177,19 +177,41 @@ def _renamed(d: dict[str, torch.Tensor], renames: dict[str, str]) -> dict[str, t
     return out
 
 
+def _save_raw(tmp: Path, d: dict[str, torch.Tensor], name: str) -> Path:
+    """A dump written without write_dump (which refuses misspelt keys): as a trainer of its own would."""
+    from safetensors.torch import save_file
+
+    path = tmp / name
+    save_file({k: v.contiguous() for k, v in d.items()}, str(path))
+    sidecar_for(path).write_text(json.dumps(HP))
+    return path
+
+
 def test_misnamed_key_gets_a_did_you_mean_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _, d = _good(tmp_path)
-    path = save(tmp_path, _renamed(d, {"old_logprobs": "old_log_prob"}), name="typo.safetensors")
+    path = _save_raw(tmp_path, _renamed(d, {"old_logprobs": "old_log_prob"}), name="typo.safetensors")
     assert main([str(path)]) == 2
     err = capsys.readouterr().err
     assert "missing required keys ['old_logprobs']; did you mean 'old_log_prob' -> old_logprobs?" in err
     assert err.count("\n") == 1
 
 
-def test_misnamed_output_key_is_ignored_with_a_hint(tmp_path: Path) -> None:
+def test_misnamed_output_key_is_refused_with_a_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue #21: a misspelt output was ignored, so the dump "matched" on fewer quantities; it is bad
+    # input now (exit 2, one line naming it); a key that only loosely resembles one stays a hint
     _, d = _good(tmp_path)
-    dump = load_dump(save(tmp_path, _renamed(d, {"advantages": "advantage"}), name="typo.safetensors"))
-    assert "ignored unknown tensor key 'advantage' (did you mean advantages?)" in dump.key_notes()
+    path = _save_raw(tmp_path, _renamed(d, {"advantages": "advantage"}), name="typo.safetensors")
+    with pytest.raises(DumpError, match=r"unknown tensor key 'advantage' \(did you mean advantages\?\)"):
+        load_dump(path)
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean advantages?" in err
+    loose = _save_raw(tmp_path, {**d, "token_level_scores": d["kl"].clone()}, name="extra.safetensors")
+    assert "ignored unknown tensor key 'token_level_scores' (did you mean token_rewards?)" in (
+        load_dump(loose).key_notes()
+    )
 
 
 def test_verl_and_openrlhf_names_are_read_as_aliases(

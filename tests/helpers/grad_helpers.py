@@ -24,6 +24,8 @@ from refppo.dump.write import write_dump
 
 LENGTHS = [10, 3, 7, 2, 9, 5, 8, 4]
 """Unequal token counts: 8 rows, T = 10."""
+LAYOUT_LENGTHS = LENGTHS
+"""The row lengths :data:`TWO_RANKS_TWO_MB` splits (row 0 alone is micro-batch 0 of rank 0)."""
 RANK = [0, 0, 0, 0, 1, 1, 1, 1]
 MICRO = [0, 1, 1, 1, 0, 0, 1, 1]
 """Rank 0: micro-batch 0 holds 1 row (10 tokens), micro-batch 1 three (12); rank 1: 2 rows (14), 2 (12)."""
@@ -104,8 +106,9 @@ def _mb_loss(
     conv: dict[str, Any],
     bugs: Bugs,
     norm: dict[str, float],
-) -> Tensor:
-    """The hand-written PPO loss of the rows ``rows`` (``lp``, ``v``: their leaves)."""
+) -> dict[str, Tensor]:
+    """The hand-written PPO loss of the rows ``rows`` (``lp``, ``v``: their leaves): ``loss`` and
+    its terms ``pg_loss``, ``vf_loss`` (and ``kl_loss`` with ``kl_in = loss``)."""
     m = t["response_mask"][rows].bool()
     pm = m.clone()
     for i, b in enumerate(rows.tolist()):
@@ -132,12 +135,17 @@ def _mb_loss(
     v_clip = torch.clamp(v, vo - ev, vo + ev)
     vf_tok = 0.5 * torch.maximum((v - ret) ** 2, (v_clip - ret) ** 2)
     vf = _agg(torch.where(m, vf_tok, zero), m, agg, norm["tok"], norm["seq"], T)
-    loss = pg + HP["vf_coef"] * vf
+    out = {"pg_loss": pg, "vf_loss": vf, "loss": pg + HP["vf_coef"] * vf}
+    if "entropy" in t:  # the entropy bonus: a constant here (it reads no logprobs or values)
+        ent = t["entropy"][rows]
+        out["entropy_loss"] = _agg(torch.where(m, ent, zero), m, agg, norm["tok"], norm["seq"], T)
+        out["loss"] = out["loss"] - HP["ent_coef"] * out["entropy_loss"]
     if conv.get("kl_in") == "loss":
         est = bugs.kl_estimator or conv.get("kl_estimator", "k1")
         kl_tok = _kl(lp - t["ref_logprobs"][rows], est)
-        loss = loss + HP["kl_coef"] * _agg(torch.where(m, kl_tok, zero), m, agg, norm["tok"], norm["seq"], T)
-    return loss  # (the entropy term reads no logprobs or values: it adds no gradient here)
+        out["kl_loss"] = _agg(torch.where(m, kl_tok, zero), m, agg, norm["tok"], norm["seq"], T)
+        out["loss"] = out["loss"] + HP["kl_coef"] * out["kl_loss"]
+    return out
 
 
 @dataclass(frozen=True)
@@ -161,11 +169,22 @@ def trainer_grads(
     t: dict[str, Tensor], conv: dict[str, Any], bugs: Bugs, layout: Layout = TWO_RANKS_TWO_MB
 ) -> dict[str, Tensor]:
     """``grad_logprobs``, ``grad_values`` of the step as this trainer's optimizer would see them."""
+    grads, _ = trainer_step(t, conv, bugs, layout)
+    return grads
+
+
+def trainer_step(
+    t: dict[str, Tensor], conv: dict[str, Any], bugs: Bugs, layout: Layout = TWO_RANKS_TWO_MB
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The step's gradients (:func:`trainer_grads`) and the losses this trainer logs: each
+    micro-batch's loss terms *as passed to backward* (times the scale of its gradient), summed over
+    micro-batches and ranks times ``1/W``, as ``StepRecorder(reduce="mean")`` sums them."""
     W, K = layout.W, layout.K
     mask = t["response_mask"].bool()
     n_step, s_step = float(mask.sum()), float(mask.shape[0])
     g_lp = torch.zeros_like(t["logprobs"])
     g_v = torch.zeros_like(t["values"])
+    logged: dict[str, Tensor] = {}
     for r in range(W):
         for k in range(K):
             rows = torch.tensor(
@@ -186,12 +205,14 @@ def trainer_grads(
                 norm, scale = {"tok": n_step / (K * W), "seq": s_step / (K * W)}, 1.0
             else:  # global normalisers; ×W so that DDP's mean over ranks gives the step's loss
                 norm, scale = {"tok": n_step, "seq": s_step}, float(W)
-            loss = _mb_loss(t, lp, v, rows, conv, bugs, norm) * scale
-            gl, gv = torch.autograd.grad(loss, (lp, v))
+            terms = _mb_loss(t, lp, v, rows, conv, bugs, norm)
+            gl, gv = torch.autograd.grad(terms["loss"] * scale, (lp, v))
             ddp = 1.0 if bugs.ddp_sum else 1.0 / W
             g_lp[rows] += ddp * gl
             g_v[rows] += ddp * gv
-    return {"grad_logprobs": g_lp, "grad_values": g_v}
+            for name, x in terms.items():  # as StepRecorder(reduce="mean") sums them: 1/W, whatever the bug
+                logged[name] = logged.get(name, torch.zeros((), dtype=x.dtype)) + scale * x.detach() / W
+    return {"grad_logprobs": g_lp, "grad_values": g_v}, logged
 
 
 def step_dump(
@@ -202,14 +223,19 @@ def step_dump(
     keep_scalars: bool = False,
     dtype: torch.dtype = torch.float64,
     layout: Layout = TWO_RANKS_TWO_MB,
+    logged_losses: bool = False,
 ) -> dict[str, Tensor]:
-    """A v2 dump: inputs, rollout outputs, the trainer's gradients, ``micro_batch`` and ``rank``."""
+    """A v2 dump: inputs, rollout outputs, the trainer's gradients, ``micro_batch`` and ``rank``;
+    ``logged_losses``: also the loss scalars this trainer logs (:func:`trainer_step`)."""
     conv = dict(conv or {})
     inputs = make_inputs(B=len(LENGTHS), T=max(LENGTHS), seed=seed, lengths=LENGTHS)
     d = refppo_dump(inputs, setup_for(conv=conv))
     if not keep_scalars:
         d = {k: v for k, v in d.items() if v.dim() > 0}
-    d.update(trainer_grads(d, conv, bugs or Bugs(), layout))
+    grads, logged = trainer_step(d, conv, bugs or Bugs(), layout)
+    d.update(grads)
+    if logged_losses:
+        d.update(logged)
     d = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in d.items()}
     d["rank"] = torch.tensor(layout.rank)
     d["micro_batch"] = torch.tensor(layout.micro)

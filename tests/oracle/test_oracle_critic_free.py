@@ -190,16 +190,20 @@ def test_variants_state_what_the_peers_do() -> None:
 def test_text_report_names_group_options_only_without_gae(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, out, _ = _diff(
-        capsys, str(_write(tmp_path, _grpo_dump())), "--preset", "verl", "--set", "advantage=grpo"
-    )
+    grpo = str(_write(tmp_path, _grpo_dump()))
+    _, out, _ = _diff(capsys, grpo, "--preset", "verl", "--set", "advantage=grpo", "-v")
     assert "group_kl=fold" in out and "group_eps=1e-06" in out
+    # without -v the line shows what differs from the preset as written, with its source
+    _, out, _ = _diff(capsys, grpo, "--preset", "verl", "--set", "advantage=grpo")
+    line = next(ln for ln in out.splitlines() if ln.startswith("convention:"))
+    assert "advantage=grpo (--set)" in line and "whiten_advantages=none (preset)" in line, line
+    assert "group_kl=" not in line and line.endswith("the rest preset verl's (-v lists every key)"), line
     x = make_inputs(B=4, T=6, seed=1)
     p = tmp_path / "gae.safetensors"
     write_dump(p, x, hparams=HP)
     _diff(capsys, str(p))  # inputs only: exit 2, nothing to compare
     write_dump(p, {**x, "pg_loss": torch.tensor(0.1, dtype=torch.float64)}, hparams=HP)
-    _, out, _ = _diff(capsys, str(p))
+    _, out, _ = _diff(capsys, str(p), "-v")
     line = next(ln for ln in out.splitlines() if ln.startswith("convention:"))
     assert "advantage=gae" in line and "group_" not in line
 

@@ -42,6 +42,9 @@ def test_verify_cli_passes_and_prints_the_table() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     header = proc.stdout.splitlines()[0].split()
     assert header[:3] == ["step", "device", "dtype"] and "tolerance" in header and "result" in header
+    # the tolerance column is explained under the table (issue #21): the rule and the scale S
+    assert "|vectorized − naive| ≤ atol·S + rtol·|naive|" in proc.stdout
+    assert "S = max(1, max |naive|)" in proc.stdout
     rows = _rows(proc.stdout)
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     for step in STEPS:

@@ -6,7 +6,8 @@ note, never a failure. The error measures are
 
 - ``max_abs_err`` = ``max |dump − ref|`` over the compared positions;
 - ``max_rel_err`` = ``max_abs_err / max |ref|`` (relative to the quantity's scale, so values that
-  cancel to ~0, like whitened advantages, do not blow it up);
+  cancel to ~0, like whitened advantages, do not blow it up); not a number (NaN, reported as
+  ``ref = 0`` with the dump's ``max |x|``) where the reference is 0 at every compared position;
 - ``tol`` = ``atol + rtol·max |ref|`` with ``(rtol, atol)`` chosen by the dump's dtype
   (:data:`refppo.dump.load.TOLERANCES`); ``ok`` = ``max_abs_err <= tol``.
 """
@@ -40,18 +41,32 @@ class QuantityResult:
     ok: bool
     padding_diff: int = 0
     """Padded positions where the dump differs from the reference (not compared)."""
+    ref_zero: bool = False
+    """The reference is 0 at every compared position: ``max_rel_err`` is not a number then (NaN),
+    the report says so (``ref = 0``) and gives ``dump_max_abs``."""
+    dump_max_abs: float = 0.0
+    """``max |dump|`` over the compared positions (= ``max_abs_err`` where the reference is 0)."""
 
-    def as_json(self) -> dict[str, float | bool]:
-        return {
-            "max_abs_err": _finite_or_inf(self.max_abs_err),
-            "max_rel_err": _finite_or_inf(self.max_rel_err),
+    def as_json(self) -> dict[str, float | bool | str | None]:
+        """The JSON entry: a value that is not a finite number is ``null`` (JSON has no NaN or
+        Infinity) and ``note`` says what it is (a zero reference, a non-finite dump value)."""
+        out: dict[str, float | bool | str | None] = {
+            "max_abs_err": _finite_or_none(self.max_abs_err),
+            "max_rel_err": _finite_or_none(self.max_rel_err),
             "tol": self.tol,
             "ok": self.ok,
         }
+        if not math.isfinite(self.max_abs_err):
+            out["note"] = "the dump holds a non-finite value at a compared position"
+        elif self.ref_zero and self.max_abs_err > 0:
+            out["note"] = (
+                f"the reference is 0 at every compared position; the dump's max |x| = {self.dump_max_abs:.6g}"
+            )
+        return out
 
 
-def _finite_or_inf(x: float) -> float:
-    return x if not math.isnan(x) else math.inf
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def compare(
@@ -78,8 +93,12 @@ def compare(
     if not finite:
         max_abs = math.inf
     t = tol.of(scale) + widen
-    max_rel = max_abs / max(scale, _TINY) if max_abs > 0 else 0.0
-    return QuantityResult(name, max_abs, max_rel, t, finite and max_abs <= t, pad)
+    zero = scale == 0.0
+    # relative to a zero scale it is not a number: NaN, reported as "ref = 0"
+    undefined = zero or math.isnan(scale)
+    max_rel = 0.0 if max_abs == 0 else (math.nan if undefined else max_abs / max(scale, _TINY))
+    ok = finite and max_abs <= t
+    return QuantityResult(name, max_abs, max_rel, t, ok, pad, zero, max_abs if zero else 0.0)
 
 
 _CHUNK_ELEMENTS = 1 << 18

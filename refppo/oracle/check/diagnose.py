@@ -20,12 +20,7 @@ from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.core.gae import has_holes
 from refppo.dump.load import TOLERANCES, Dump
 from refppo.errors import RefPPOError
-from refppo.oracle.check.alternatives import (
-    AFFECTS,
-    ALTERNATIVES,
-    GROUP_ALTERNATIVES,
-    STD_ESTIMATORS,
-)
+from refppo.oracle.check.alternatives import AFFECTS, ALTERNATIVES, GROUP_ALTERNATIVES, STD_ESTIMATORS
 from refppo.oracle.check.compare import QuantityResult, compare, describe
 from refppo.oracle.check.fastcheck import PrefixCheck, RolloutMemo
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance
@@ -181,17 +176,18 @@ def _worth_trying(key: str, upd: dict[str, Any], current: dict[str, Any], setup:
     return _applies(key, upd, setup, dump)
 
 
+DETECT_HINT = "run with --detect to search the convention space"
+"""The closing advice of a divergence nothing explains (left out of a report that ran ``--detect``)."""
+
+
 def _closing_note(notes: list[str], found: list[dict[str, Any]], first: str) -> str | None:
     """What :func:`explain` adds when nothing (or nothing complete) explains ``first``."""
     if not notes:
-        return (
-            "no single convention change or known bug explains it; "
-            "run with --detect to search the convention space"
-        )
+        return f"no single convention change or known bug explains it; {DETECT_HINT}"
     if not any(f["all_match"] for f in found):
         return (
             f"no single convention change or known bug explains every quantity: besides what explains "
-            f"{first}, something else differs too (run with --detect to search the convention space)"
+            f"{first}, something else differs too ({DETECT_HINT})"
         )
     return None
 

@@ -47,7 +47,13 @@ from refppo.dump.load import TOLERANCES, Dump
 from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import QuantityResult, compare
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance, pipeline_grads, unclipped
-from refppo.oracle.check.grad_notes import kl_values_differ, nonfinite, zero_reference_line
+from refppo.oracle.check.grad_notes import (
+    factor_text,
+    kl_values_differ,
+    nonfinite,
+    rest_of_step,
+    zero_reference_line,
+)
 from refppo.oracle.check.grad_notes import where_text as _where
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.update import Normalisers, policy_term
@@ -82,7 +88,7 @@ def ratio_lines(dump: Dump, name: str, ref: Tensor, cmp_mask: Tensor, tol: float
     parts = []
     for r, k, rows in groups(dump):
         m = cmp_mask[rows]
-        parts.append(f"{_where(r, k, dump)}: {_factor(d[rows][m], ref[rows][m]):.4g}")
+        parts.append(f"{_where(r, k, dump)}: {factor_text(d[rows][m], ref[rows][m])}")
     if parts:
         lines.append(f"{name}: dump/reference by group: " + "; ".join(parts))
     per_row = [_factor(d[b][cmp_mask[b]], ref[b][cmp_mask[b]]) for b in range(dump.B)]
@@ -343,7 +349,6 @@ def explain_grad(
             "own optimizer): set separate_critic: true and vf_coef to the value loss's weight in the "
             "critic's objective"
         )
-    others_ok = all(r.ok for k, r in results.items() if k not in GRAD_QUANTITIES)
     ruled_out: list[str] = []
     for hid, text, make in hypotheses(dump, setup, inp, ref_full):
         try:
@@ -357,14 +362,9 @@ def explain_grad(
                 if off:
                     ruled_out.append(f"{hid} (its {', '.join(off)} differ)")
                     continue
-            still = [k for k, r in results.items() if k not in GRAD_QUANTITIES and not r.ok]
-            tail = (
-                "; with it every quantity in the dump matches"
-                if others_ok
-                else f"; it explains the gradient only: {', '.join(still)} still differ"
-            )
+            tail, everything = rest_of_step(dump, setup, inp, hid, results, groups(dump))
             notes.append(f"explained by {text}{tail}")
-            found.append({"kind": "gradient", "bug": hid, "all_match": others_ok})
+            found.append({"kind": "gradient", "bug": hid, "all_match": everything})
     if ruled_out:
         notes.append(f"the gradient alone fits {'; '.join(ruled_out)}: ruled out by the dumped values")
     if not found and _leak_only(dump, ref, names, cmp):

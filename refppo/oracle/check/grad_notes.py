@@ -2,7 +2,9 @@
 (micro-batch, rank), a non-finite value (NaN reported as NaN, with its first position), and a
 reference gradient that is exactly 0 (tolerance 0). Used by :mod:`refppo.oracle.check.grad_diagnose`
 and the report's first-divergence line (:mod:`refppo.oracle.check.diagnose`). Also the value check of a
-``kl_estimator`` candidate (:func:`kl_values_differ`): several estimators share a gradient.
+``kl_estimator`` candidate (:func:`kl_values_differ`): several estimators share a gradient; and the
+scalars a trainer with a named normaliser bug would log (:func:`logged_scalars`), so that a bug
+named from the gradient is re-checked against the dumped losses too.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import torch
 from torch import Tensor
 
 from refppo.dump.load import TOLERANCES, Dump
+from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import QuantityResult, compare
-from refppo.oracle.check.recompute import recompute
+from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs
+from refppo.oracle.check.recompute import approx_kl_k2_all_positions, recompute
 from refppo.oracle.check.settings import Setup
+from refppo.pipeline.update import Normalisers, update_quantities
 
 
 def where_text(r: int, k: int, dump: Dump) -> str:
@@ -133,4 +138,162 @@ def kl_values_differ(dump: Dump, setup: Setup, results: dict[str, QuantityResult
     return [n for n in ok if not compare(n, dump.tensors[n], ref[n], None, tol).ok]
 
 
-__all__ = ["KL_VALUES", "first_line", "kl_values_differ", "nonfinite", "where_text", "zero_reference_line"]
+ADDITIVE = ("pg_loss", "vf_loss", "entropy_loss", "kl_loss", "loss")
+"""Loss scalars a split step adds up (each micro-batch's loss as passed to backward, times its scale)."""
+METRICS = ("pg_clipfrac", "approx_kl", "vf_clipfrac")
+"""Logged means: a split step's logger averages the micro-batches' values."""
+
+
+def _scalars(dump: Dump, inp: UpdateInputs, setup: Setup, norm: Normalisers | None) -> dict[str, float]:
+    """The 0-dim quantities of one row set, as :func:`refppo.oracle.check.recompute.recompute` builds them
+    (``approx_kl`` per the extras; no value term in ``loss`` without a critic or with a separate one)."""
+    critic = "old_values" in dump.tensors
+    uq = update_quantities(
+        logprobs=inp.logprobs, values=inp.values, old_logprobs=inp.old_logprobs, old_values=inp.old_values,
+        advantages=inp.advantages, returns=inp.returns, mask=inp.mask, value_mask_=inp.value_mask,
+        ref_logprobs=inp.ref_logprobs, entropy=inp.entropy, hp=setup.hp, conv=setup.conv, norm=norm,
+    )  # fmt: skip
+    out = {n: float(getattr(uq, n).detach()) for n in (*ADDITIVE, "pg_clipfrac", "vf_clipfrac")}
+    if not critic or dump.step.separate_critic:
+        out["loss"] -= setup.hp.vf_coef * out["vf_loss"]
+    kl_metric = setup.extras.approx_kl
+    if kl_metric == "k2_all_positions":
+        out["approx_kl"] = float(approx_kl_k2_all_positions(inp.logprobs, inp.old_logprobs, inp.mask))
+    else:
+        out["approx_kl"] = (-1.0 if kl_metric == "neg_k1" else 1.0) * float(uq.approx_kl)
+    return out
+
+
+def logged_scalars(
+    dump: Dump,
+    inp: UpdateInputs,
+    setup: Setup,
+    row_sets: list[Tensor],
+    scale: float,
+    norm: Normalisers | None = None,
+) -> dict[str, float]:
+    """The 0-dim quantities a trainer would log whose step runs each row set of ``row_sets``
+    through the pipeline on its own (its own normalisers, or ``norm``):
+
+        additive (:data:`ADDITIVE`):  Σ_g scale·q_g   (the losses as passed to backward, summed as
+                                                       ``StepRecorder`` sums them)
+        metrics  (:data:`METRICS`):   (1/G)·Σ_g q_g   (the logger's mean over the G row sets)
+
+    ``scale`` is the hypothesis's factor of each row set's loss (``1/(K·W)`` for the per-micro-batch
+    normaliser: the mean of the micro-batch means)."""
+    parts = [_scalars(dump, inp.take(rows), setup, norm) for rows in row_sets]
+    out = {n: scale * sum(p[n] for p in parts) for n in ADDITIVE}
+    out.update({n: sum(p[n] for p in parts) / len(parts) for n in METRICS})
+    return out
+
+
+LOGGED_AS: dict[str, str] = {
+    "local_normaliser": "the mean of the micro-batch means",
+    "local_normaliser_summed": "the micro-batch means summed (and averaged over ranks)",
+    "rank_normaliser": "the mean of the ranks' means",
+    "padded_tokens_counted": "divided by B·T",
+}
+"""How a hypothesis's trainer logs its losses (the report's words; ``loss_agg=...``: under that mode)."""
+
+
+def hypothesis_logs(
+    hid: str, dump: Dump, inp: UpdateInputs, setup: Setup, groups: list[tuple[int, int, Tensor]]
+) -> dict[str, float] | None:
+    """:func:`logged_scalars` of the step a named gradient hypothesis ``hid`` describes (its row
+    sets, scale and setting, as :mod:`refppo.oracle.check.grad_diagnose` builds its gradient), or None
+    for a hypothesis that says nothing about the logged values (a constant factor of the gradient,
+    the clip or the detach: the forward values are the reference's)."""
+    W, K = dump.step.world_size, dump.step.micro_batches
+    every = [torch.arange(dump.B)]
+    if hid == "local_normaliser":
+        return logged_scalars(dump, inp, setup, [g[2] for g in groups], 1.0 / (K * W))
+    if hid == "local_normaliser_summed":
+        return logged_scalars(dump, inp, setup, [g[2] for g in groups], 1.0 / W)
+    if hid == "rank_normaliser":
+        ranks = sorted({g[0] for g in groups})
+        rows = [torch.cat([g[2] for g in groups if g[0] == r]) for r in ranks]
+        return logged_scalars(dump, inp, setup, rows, 1.0 / W)
+    if hid.startswith("loss_agg="):
+        return logged_scalars(
+            dump, inp, setup.with_convention({"loss_agg": hid.split("=", 1)[1]}), every, 1.0
+        )
+    if hid == "padded_tokens_counted":
+        n_all = float(inp.mask.numel())
+        norm = Normalisers(token_count=n_all, value_token_count=n_all)
+        return logged_scalars(dump, inp, setup, every, 1.0, norm)
+    return None
+
+
+def reproduced_scalars(
+    dump: Dump, logged: dict[str, float], results: dict[str, QuantityResult], names: list[str]
+) -> list[str]:
+    """The quantities of ``names`` that ``logged`` reproduces within their tolerance (as compared)."""
+    return [n for n in names if n in logged and abs(float(dump.tensors[n]) - logged[n]) <= results[n].tol]
+
+
+def factor_text(d: Tensor, r: Tensor) -> str:
+    """The fitted ``dump/reference`` of one group, or what happened where it is not a number: the
+    reference is 0 there (the dump's largest ``|g|`` named), the dump holds a non-finite value."""
+    if not bool(torch.isfinite(d).all()):
+        return "the dump is not finite there"
+    if float((r * r).sum()) == 0.0:
+        peak = float(d.abs().max()) if d.numel() else 0.0
+        return (
+            "reference 0 there, dump 0 too"
+            if peak == 0.0
+            else f"reference 0 there, dump max |g| = {peak:.3g}"
+        )
+    return f"{float((d * r).sum()) / float((r * r).sum()):.4g}"
+
+
+def rest_of_step(
+    dump: Dump,
+    setup: Setup,
+    inp: UpdateInputs,
+    hid: str,
+    results: dict[str, QuantityResult],
+    groups: list[tuple[int, int, Tensor]],
+) -> tuple[str, bool]:
+    """The tail of the line naming gradient hypothesis ``hid``, and whether it explains every
+    quantity: the non-gradient quantities that differ are re-checked against the values the buggy
+    trainer would log (:func:`refppo.oracle.check.grad_notes.hypothesis_logs`: a per-micro-batch
+    normaliser logs the mean of the micro-batch means), never blamed on a second bug unchecked.
+    ``groups``: the dump's ``(rank, micro_batch, rows)``
+    (:func:`refppo.oracle.check.grad_diagnose.groups`)."""
+    still = [k for k, r in results.items() if k not in GRAD_QUANTITIES and not r.ok]
+    if not still:
+        return "; with it every quantity in the dump matches", True
+    scalar = [n for n in still if dump.tensors[n].dim() == 0]
+    logs = None
+    if scalar:
+        try:
+            logs = hypothesis_logs(hid, dump, inp, setup, groups)
+        except (RefPPOError, ValueError):
+            logs = None
+    fits = [] if logs is None else reproduced_scalars(dump, logs, results, scalar)
+    rest = [n for n in still if n not in fits]
+    logged = f"{', '.join(fits)} as this trainer logs them: {LOGGED_AS.get(hid, 'under it')}"
+    if not rest:
+        return f"; with it every quantity in the dump matches ({logged})", True
+    verb = "differs" if len(rest) == 1 else "differ"
+    if fits:
+        return f"; it explains the gradient and {logged}; {', '.join(rest)} still {verb}", False
+    return f"; it explains the gradient only: {', '.join(rest)} still {verb}", False
+
+
+__all__ = [
+    "ADDITIVE",
+    "KL_VALUES",
+    "LOGGED_AS",
+    "METRICS",
+    "factor_text",
+    "first_line",
+    "hypothesis_logs",
+    "kl_values_differ",
+    "logged_scalars",
+    "nonfinite",
+    "reproduced_scalars",
+    "rest_of_step",
+    "where_text",
+    "zero_reference_line",
+]

@@ -110,6 +110,23 @@ class Setup:
         return Setup(self.conv.with_updates(conv_up), replace(self.extras, **ext_up), self.hp)
 
 
+def unknown_key(key: str) -> str:
+    """One short line for an unknown setting: the "did you mean" of a close key (``refppo train``'s
+    ``SECTION.KEY`` spelling pointed at its bare key), else where the keys are listed."""
+    import difflib
+
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf != key and leaf in ALL_KEYS:
+        return f"unknown key {key!r}: did you mean {leaf}? (refppo diff's keys have no section)"
+    close = difflib.get_close_matches(leaf, ALL_KEYS, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key {key!r}: did you mean {close[0]}?"
+    return (
+        f"unknown key {key!r}: not a convention key, oracle extra or hyperparameter "
+        "(spec/dump-format.md, the sidecar section, lists them)"
+    )
+
+
 def _none_word(text: str) -> bool:
     return text.strip().lower() in ("none", "null", "off", "")
 
@@ -120,7 +137,7 @@ def parse_value(key: str, value: Any) -> Any:
     Raises ConventionError on an unknown key, HyperparameterError on a malformed value.
     """
     if key not in ALL_KEYS:
-        raise ConventionError(f"unknown key {key!r}; valid keys are {sorted(ALL_KEYS)}")
+        raise ConventionError(unknown_key(key))
     try:
         if key in _FLOAT_OR_NONE or key in _FLOAT_OR_NONE_HP:
             if value is None or (isinstance(value, str) and _none_word(value)):

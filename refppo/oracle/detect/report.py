@@ -3,12 +3,19 @@
 An entry of ``detected`` is a full convention; what a reader needs is how it differs from the
 convention that was checked (preset + ``--set`` + sidecar), so the text prints only those keys
 and the JSON carries them as ``detected_changes``.
+
+When nothing reproduces the dump, the search's *nearest* convention is its best fit, not a finding:
+a named explanation of the plain check (``explained_by`` with ``all_match``) outranks it (the
+nearest is then not offered: ``nearest_outranked_by``), and a nearest whose changed keys are fixed
+only by 0-dim dumped numbers (:data:`EVIDENCE`: a clip constant fitted to ``pg_loss``) says how
+many numbers it rests on (``nearest.rests_on``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from refppo.dump.load import Dump
 from refppo.oracle.check.diagnose import CheckResult
 from refppo.oracle.detect.detection import HP_KEYS, Detection
 
@@ -28,7 +35,49 @@ def changes(checked: dict[str, Any], conv: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in conv.items() if v != checked.get(k)}
 
 
-def detection_json(result: CheckResult, detection: Detection, nearest: CheckResult | None) -> dict[str, Any]:
+EVIDENCE: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp"), ("kl", "token_rewards")),
+    **dict.fromkeys(
+        ("kl_in", "score_at", "score_clip", "score_bias", "score_scale", "whiten_rewards"), ("token_rewards",)
+    ),
+    **dict.fromkeys(("gae_padding", "gae_holes"), ("returns", "advantages")),
+    **dict.fromkeys(
+        ("whiten_advantages", "whiten_variance", "whiten_eps_at", "whiten_holes"), ("advantages",)
+    ),
+    **dict.fromkeys(
+        ("dual_clip", "log_ratio_clamp", "loss_agg", "policy_loss", "cliprange", "cliprange_high"),
+        ("pg_loss", "pg_clipfrac", "grad_logprobs"),
+    ),
+    "approx_kl": ("approx_kl",),
+    **dict.fromkeys(
+        ("value_loss", "value_clip_form", "vf_mask", "value_loss_agg", "cliprange_value"),
+        ("vf_loss", "vf_clipfrac", "grad_values"),
+    ),
+    "entropy_agg": ("entropy_loss",),
+    "kl_loss_agg": ("kl_loss",),
+}
+"""The dumped quantities that can pin each key (the stages of :mod:`refppo.oracle.detect.detection`); keys
+not listed (the critic-free estimator's) are pinned by the rollout tensors."""
+
+
+def rests_on(dump: Dump, changed: dict[str, Any], nearest: CheckResult | None) -> list[str] | None:
+    """The 0-dim dumped quantities the ``changed`` keys of a nearest convention rest on, when no
+    ``[B, T]`` tensor that could pin them supports them (a tensor of :data:`EVIDENCE` supports a
+    key when it is dumped and matches under the nearest convention; one it does not match refutes,
+    not supports); None when a tensor supports one, or nothing is dumped that could pin it."""
+    names: list[str] = []
+    matched = {} if nearest is None else {n: r.ok for n, r in nearest.quantities.items()}
+    for k in changed:
+        present = [n for n in EVIDENCE.get(k, ("advantages",)) if dump.has(n)]
+        if any(dump.tensors[n].dim() > 0 and matched.get(n, False) for n in present):
+            return None
+        names += [n for n in present if dump.tensors[n].dim() == 0 and n not in names]
+    return names or None
+
+
+def detection_json(
+    dump: Dump, result: CheckResult, detection: Detection, nearest: CheckResult | None
+) -> dict[str, Any]:
     checked = checked_convention(result)
     out: dict[str, Any] = {
         "detected": detection.detected,
@@ -40,14 +89,20 @@ def detection_json(result: CheckResult, detection: Detection, nearest: CheckResu
         "fitted": detection.fitted,
         "detect_notes": detection.notes,
         "nearest": None,
+        "nearest_outranked_by": [],
     }
+    named = [e for e in result.explained_by if e.get("all_match")]
+    if detection.nearest is not None and named and not detection.detected:
+        out["nearest_outranked_by"] = named
     if detection.nearest is not None and nearest is not None:
+        ch = changes(checked, detection.nearest)
         out["nearest"] = {
             "convention": detection.nearest,
-            "changes": changes(checked, detection.nearest),
+            "changes": ch,
             "unmatched_stages": detection.unmatched_stages,
             "still_differs": [n for n, r in nearest.quantities.items() if not r.ok],
             "quantities": {n: r.as_json() for n, r in nearest.quantities.items()},
+            "rests_on": rests_on(dump, ch, nearest),
         }
     return out
 
@@ -66,7 +121,47 @@ def _line(ch: dict[str, Any]) -> str:
     return " ".join(f"{k}={_fmt(v)}" for k, v in ch.items()) or "(the checked convention itself)"
 
 
-def detection_text(result: CheckResult, detection: Detection, nearest: CheckResult | None) -> list[str]:
+def _named(e: dict[str, Any]) -> str:
+    """An ``explained_by`` entry in a few words: the bug's id or the convention change."""
+    if "change" in e:
+        return _line(e["change"])
+    return str(e.get("bug", e.get("kind", "?")))
+
+
+def _nearest_lines(
+    dump: Dump, result: CheckResult, detection: Detection, nearest: CheckResult | None
+) -> list[str]:
+    """The lines after "no convention reproduces the dump": the named explanation that outranks
+    the search's nearest, or the nearest with what still differs and what it rests on."""
+    named = [e for e in result.explained_by if e.get("all_match")]
+    if named:
+        return [
+            f"  the diagnosis names what reproduces every quantity ({', '.join(_named(e) for e in named)}): "
+            "a named explanation outranks the search's nearest fit, which is not offered"
+        ]
+    if detection.nearest is None:
+        return []
+    ch = changes(checked_convention(result), detection.nearest)
+    lines = [f"  nearest: {_line(ch)}"]
+    on = rests_on(dump, ch, nearest)
+    if on:
+        what = (
+            f"one dumped number, {on[0]}" if len(on) == 1 else f"{len(on)} dumped numbers ({', '.join(on)})"
+        )
+        lines.append(
+            f"  (this nearest rests on {what}, fitted by {len(ch)} changed key(s): a constant fitted to "
+            "a number always comes close; it is a fit, not evidence of that convention)"
+        )
+    if nearest is not None:
+        still = [n for n, r in nearest.quantities.items() if not r.ok]
+        lines.append(f"  still differs: {', '.join(still) or '(nothing: within tolerance)'}")
+        lines += [f"    - {d}" for d in nearest.diagnosis if d.startswith(tuple(still))][:6]
+    return lines
+
+
+def detection_text(
+    dump: Dump, result: CheckResult, detection: Detection, nearest: CheckResult | None
+) -> list[str]:
     checked = checked_convention(result)
     lines = [""]
     if detection.detected:
@@ -85,12 +180,7 @@ def detection_text(result: CheckResult, detection: Detection, nearest: CheckResu
             )
     else:
         lines.append("detect: no convention in the search space reproduces the dump.")
-        if detection.nearest is not None:
-            lines.append(f"  nearest: {_line(changes(checked, detection.nearest))}")
-            if nearest is not None:
-                still = [n for n, r in nearest.quantities.items() if not r.ok]
-                lines.append(f"  still differs: {', '.join(still) or '(nothing: within tolerance)'}")
-                lines += [f"    - {d}" for d in nearest.diagnosis if d.startswith(tuple(still))][:6]
+        lines += _nearest_lines(dump, result, detection, nearest)
     lines += [f"  note: {n}" for n in detection.notes]
     if detection.fitted:
         lines.append("  fitted (what the dump holds where no convention reproduces it):")

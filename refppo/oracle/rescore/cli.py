@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
+from typing import Any
 
 from refppo.dump.load import Dump
 from refppo.dump.sequences import RescoreError
@@ -21,7 +24,8 @@ def rescore_from_args(args: argparse.Namespace, dump: Dump) -> tuple[list[Rescor
     if not (0.0 < args.ratio_eps < 1.0):
         raise RescoreError(f"--ratio-eps: expected a number in (0, 1), got {args.ratio_eps}")
     check_device(args.device)  # before any checkpoint loads
-    models = load_models(args.actor, args.ref, args.critic, args.reward_model, args.dtype)
+    with quiet_transformers():  # no loading bars or warnings mixed into the report
+        models = load_models(args.actor, args.ref, args.critic, args.reward_model, args.dtype)
     keys = {
         "actor": args.actor_key,
         "ref": "ref_logprobs",
@@ -30,6 +34,24 @@ def rescore_from_args(args: argparse.Namespace, dump: Dump) -> tuple[list[Rescor
     }
     items = rescore_dump(dump, models, keys, device=args.device, ratio_eps=args.ratio_eps)
     return items, temperature_of(dump)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' (and the hub's) progress bars off and its logging at ``error`` while loading;
+    both restored afterwards."""
+    from transformers.utils import logging as hf_logging_module
+
+    hf: Any = hf_logging_module
+    level, bars = hf.get_verbosity(), hf.is_progress_bar_enabled()
+    hf.set_verbosity_error()
+    hf.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf.set_verbosity(level)
+        if bars:
+            hf.enable_progress_bar()
 
 
 def print_rescore_only(

@@ -81,6 +81,9 @@ def diagnose_item(item: RescoreItem, r: Rescorer, dump: Dump, ref: Tensor, tol: 
             "no single named explanation (temperature, off-by-one, position ids, read slot, dropout) "
             "reproduces the dump; see the precision statistics"
         )
+    elif not any(f.name.startswith("temperature") for f in item.findings):
+        # a named explanation that is not the temperature: the τ̂ solved before it is noise
+        item.notes[:] = [n for n in item.notes if not n.startswith(TAU_NOTE)]
 
 
 def _offset_text(role: str, off: int) -> tuple[str, str]:
@@ -128,7 +131,14 @@ def _temperature(item: RescoreItem, r: Rescorer, d: Tensor, dump: Dump, tol: Any
     lg, toks, flat = r.valid_logits(dump.mask)
     target = d.to(torch.float64).reshape(-1)[flat].unsqueeze(0)
     t_hat = solve_temperature(lg, toks, torch.ones_like(toks, dtype=torch.bool), target)
-    item.notes.append(f"temperature solved from the log-probs: τ̂={t_hat:.6g} (sidecar τ={tau:g})")
+    lo, hi = TAU_RANGE
+    if min(abs(t_hat - lo) / lo, abs(t_hat - hi) / hi) <= 1e-6:  # no interior optimum: nothing fits
+        item.notes.append(
+            f"{TAU_NOTE}: none in [{lo:g}, {hi:g}] fits them (the solve ran to its bound {t_hat:.6g}; "
+            f"sidecar τ={tau:g})"
+        )
+        return
+    item.notes.append(f"{TAU_NOTE}: τ̂={t_hat:.6g} (sidecar τ={tau:g})")
     if abs(t_hat - tau) <= 1e-4 * tau:
         return
     res = compare_rescore(item.key, d, r.run(Variant(t_hat)), dump.mask, tol)
@@ -143,8 +153,13 @@ def _temperature(item: RescoreItem, r: Rescorer, d: Tensor, dump: Dump, tol: Any
         )
 
 
+TAU_NOTE = "temperature solved from the log-probs"
+TAU_RANGE = (0.02, 50.0)
+"""The interval :func:`solve_temperature` searches."""
+
+
 def solve_temperature(logits: Tensor, tokens: Tensor, mask: Tensor, target: Tensor) -> float:
-    """``argmin_τ mean_valid (log softmax(z/τ)[y] − target)²`` over ``τ ∈ [0.02, 50]``.
+    """``argmin_τ mean_valid (log softmax(z/τ)[y] − target)²`` over ``τ ∈ [0.02, 50]`` (:data:`TAU_RANGE`).
 
     A 1-D solve on ``u = log τ``: a grid of 121 points, then golden-section search on the
     bracket around the best grid point (60 steps: |Δu| < 1e-12). ``logits [B, T, V]`` float64.
@@ -154,7 +169,7 @@ def solve_temperature(logits: Tensor, tokens: Tensor, mask: Tensor, target: Tens
         lp = logprobs_from_logits(logits, tokens, mask, temperature=math.exp(u))
         return float(((lp - target)[mask] ** 2).mean())
 
-    lo_u, hi_u, n = math.log(0.02), math.log(50.0), 121
+    lo_u, hi_u, n = math.log(TAU_RANGE[0]), math.log(TAU_RANGE[1]), 121
     grid = [lo_u + (hi_u - lo_u) * i / (n - 1) for i in range(n)]
     vals = [loss(u) for u in grid]
     k = min(range(n), key=lambda i: vals[i])

@@ -81,6 +81,9 @@ def test_actor_bug_is_named_and_rechecked(ckpt: tuple[Arch, Path], bug: str, fin
     assert [f.name for f in item.findings] == [finding], (arch, bug, item.notes)
     chk = item.findings[0].check
     assert chk is not None and chk.ok and chk.max_abs_err < item.result.max_abs_err / 100
+    if not finding.startswith("temperature"):
+        # a named explanation that is not the temperature: no solved τ̂ beside it (issue #21)
+        assert not any(n.startswith("temperature solved") for n in item.notes), item.notes
 
 
 def test_dump_position_ids_name_the_bug(tmp_path: Path) -> None:

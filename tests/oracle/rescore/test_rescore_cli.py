@@ -110,6 +110,10 @@ def test_inputs_only_dump_is_checked_by_rescore(ckpts: Path, tmp_path: Path) -> 
     (item,) = json.loads(r.stdout)["rescore"]["items"]
     assert [e["name"] for e in item["explained_by"]] == ["labels_shifted_+1"]
     assert item["explained_by"][0]["recheck"]["ok"] is True
+    # issue #21: transformers' loading bars are not mixed into the report, and a named explanation
+    # that is not the temperature is not followed by a solved τ̂ (it was: "τ̂=4.46763")
+    assert "Loading" not in r.stderr and "it/s" not in r.stderr, r.stderr
+    assert not any("temperature solved" in n for n in item["notes"]), item["notes"]
 
 
 @pytest.mark.parametrize(
