@@ -130,8 +130,7 @@ def bench_naive(trainer: Any, rows: int) -> dict[str, float]:
 
     from refppo.models.rollout import generate_rollout, score_rollout
     from refppo.models.rollout_naive import score_rollout_naive
-    from refppo.pipeline.naive import rollout_quantities_naive
-    from refppo.pipeline.rollout import rollout_quantities
+    from refppo.pipeline.step import rollout_quantities, rollout_quantities_naive
     from refppo.train.update import ppo_update
     from refppo.train.update_config import PPOUpdateConfig
     from refppo.train.update_naive import ppo_update_naive

@@ -238,6 +238,25 @@ class ValueClipForm(StrEnum):
     DELTA = "delta"
 
 
+class ApproxKL(StrEnum):
+    """The logged ``approx_kl`` metric, ``d = l − l^old``: ``k1`` ``mean_valid(−d)`` (verl 0.9.1
+    ``compute_policy_loss`` ``ppo_kl``, OpenRLHF; refppo default); ``k2_all_positions``
+    ``½·Σ_valid d²/(B·T)`` (TRL ``approxkl``: an unmasked mean, padding 0 through INVALID_LOGPROB);
+    ``neg_k1`` ``mean_valid(d)`` (AReaL 1.0.4 ``ppo_actor_loss_fn``: the opposite sign)."""
+
+    K1 = "k1"
+    K2_ALL_POSITIONS = "k2_all_positions"
+    NEG_K1 = "neg_k1"
+
+
+class VfMask(StrEnum):
+    """The mask of the value loss: ``value`` (the response mask plus the score slot: refppo, TRL
+    ``padding_mask_p1``; default) or ``response`` (DeepSpeed-Chat ``critic_loss_fn``: ``action_mask``)."""
+
+    VALUE = "value"
+    RESPONSE = "response"
+
+
 E = TypeVar("E", bound=Enum)
 
 
@@ -251,23 +270,6 @@ def parse(enum_cls: type[E], value: str | E, *, what: str | None = None) -> E:
     valid = ", ".join(repr(m.value) for m in enum_cls)
     label = what or enum_cls.__name__
     raise ConventionError(f"{label}: unknown name {value!r}; valid names are {valid}")
-
-
-__all__ = [
-    "GaeHoles",
-    "GaePadding",
-    "KLEstimator",
-    "KLPlacement",
-    "LossAgg",
-    "ScorePosition",
-    "ValueClipForm",
-    "ValueLoss",
-    "Variance",
-    "WhitenEps",
-    "WhitenHoles",
-    "Whitening",
-    "parse",
-]
 
 
 class AdvantageEstimator(StrEnum):
@@ -303,9 +305,6 @@ class AdvantageEstimator(StrEnum):
     FLASH_REINFORCE = "flash-reinforce"
 
 
-__all__ += ["AdvantageEstimator"]
-
-
 class PolicyLoss(StrEnum):
     """Which importance ratio the clipped surrogate uses (:mod:`refppo.core.policy`, :mod:`refppo.core.gspo`).
 
@@ -319,9 +318,6 @@ class PolicyLoss(StrEnum):
 
     VANILLA = "vanilla"
     GSPO = "gspo"
-
-
-__all__ += ["PolicyLoss"]
 
 
 class GroupSingleton(StrEnum):
@@ -380,4 +376,25 @@ class GroupStdLevel(StrEnum):
     BATCH_CENTRED = "batch-centred"
 
 
-__all__ += ["GroupKL", "GroupSingleton", "GroupStdLevel"]
+__all__ = [
+    "AdvantageEstimator",
+    "ApproxKL",
+    "GaeHoles",
+    "GaePadding",
+    "GroupKL",
+    "GroupSingleton",
+    "GroupStdLevel",
+    "KLEstimator",
+    "KLPlacement",
+    "LossAgg",
+    "PolicyLoss",
+    "ScorePosition",
+    "ValueClipForm",
+    "ValueLoss",
+    "Variance",
+    "VfMask",
+    "WhitenEps",
+    "WhitenHoles",
+    "Whitening",
+    "parse",
+]

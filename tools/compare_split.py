@@ -57,7 +57,7 @@ def _run(scenario: str, iterations: int, out: Path) -> None:
     pids, pm = left_pad(PROMPTS, 0)
     opt_a = torch.optim.Adam(actor.parameters(), lr=1e-2)
     opt_c = torch.optim.Adam(critic.parameters(), lr=1e-2) if critic is not None else None
-    conv = Convention(advantage="grpo") if critic_free else Convention()  # type: ignore[arg-type]  # parsed
+    conv = Convention.from_dict({"advantage": "grpo"}) if critic_free else Convention()  # old and new trees
     hp = Hyperparams(kl_coef=0.05)
     ptx = PtxBatch(torch.tensor([[1, 5, 6, 7, 2], [1, 7, 8, 2, 0]]), torch.tensor([[1] * 5, [1] * 4 + [0]]))
     cfg = PPOUpdateConfig(

@@ -13,12 +13,12 @@ and their helper ``logprobs._log_sum_exp`` are skipped), *including* the validat
 helpers (``_pg_token``, ``_vf_token``, ``_kl_token``: the closed-form gradient twin's formulas;
 ``group_naive.py`` holds only naive twins and is not listed) and ``_ties.py`` (``shares``, ``inside``,
 ``clamp``: the tie rules those helpers call, run against their own and grad's and gspo's tests); in
-``refppo/pipeline/``'s modules (``rollout``, ``update``, ``blocks``)
-``value_mask``, ``reward_quantities``, ``rollout_quantities`` (and its ``_gae_advantages``),
-``gae_by_rows``, ``critic_free_advantages`` (and its ``_group_scores``), ``Normalisers.kwargs``,
-``policy_term``, ``update_quantities``, ``update_rows``, ``clipped_scores``, ``mapped_scores``; in
-``refppo/pipeline/settings.py`` the ``__post_init__`` checks of ``Convention``, ``Hyperparams`` and
-``ScoreMap`` and their fields' numeric defaults (not the dict (de)serialisation or ``stats``). The
+``refppo/pipeline/``'s modules (``rollout``, ``update``, ``blocks``, ``stages``, ``step``,
+``groups``) the functions of :data:`mutate_scope.PIPELINE_FUNCS` (every stage function, the walk,
+the stage table's key functions, the entry points ``rollout_quantities``/``update_quantities``);
+in ``refppo/pipeline/settings.py`` and ``groups.py`` the ``__post_init__`` checks of
+``Convention``, ``Hyperparams`` and the groups and their fields' numeric defaults (not the dict
+(de)serialisation or ``stats``). The
 numeric/bool default values of the in-scope functions' arguments are mutated too
 (``unbiased=True``, ``vf_coef=0.0``, ...). Statements
 inside ``raise`` (error-message formatting) and docstrings are never mutated.

@@ -27,33 +27,72 @@ CORE = (
     "score_map",
     "value",
 )
-PIPELINE = ("rollout", "update", "blocks")
-"""The modules of refppo/pipeline/ that compose the core (steps 0–9)."""
+PIPELINE = ("rollout", "update", "blocks", "stages", "step", "groups")
+"""The modules of refppo/pipeline/ that compose the core (the stage functions, the table, its walks)."""
 MODULES = (*CORE, *PIPELINE, "settings")
 TOP_LEVEL = (*PIPELINE, "settings")
-"""Modules of refppo/pipeline/ (the others are refppo/core/); settings holds ``Convention``,
-``Hyperparams`` and ``ScoreMap``."""
+"""Modules of refppo/pipeline/ (the others are refppo/core/); settings holds ``Convention`` and
+``Hyperparams``, groups the Convention's groups (``ScoreMap``, ``PolicyConvention``, ...)."""
 PIPELINE_FUNCS = {
     "value_mask",
-    "reward_quantities",
-    "rollout_quantities",
+    "score_map_stage",
+    "kl_stage",
+    "value_mask_stage",
+    "rewards_stage",
+    "advantages_stage",
+    "whitening_stage",
     "critic_free_advantages",
     "_group_scores",
     "_gae_advantages",
     "gae_by_rows",
     "Normalisers.kwargs",
-    "policy_term",
-    "update_quantities",
     "update_rows",
-    "clipped_scores",
-    "mapped_scores",
+    "policy_token_loss",
+    "policy_term",
+    "policy_stage",
+    "aggregate",
+    "policy_agg_stage",
+    "approx_kl_stage",
+    "value_stage",
+    "value_agg_stage",
+    "entropy_stage",
+    "kl_loss_stage",
+    "total_stage",
+    "walk",
+    "Stage.run",
+    "Stage.key",
+    "Stage.reads_now",
+    "_reward_reads",
+    "_advantage_reads",
+    "_whitening_reads",
+    "upstream",
+    "reward_quantities",
+    "rollout_quantities",
+    "_rollout_result",
+    "update_inputs",
+    "update_quantities",
+    "AggConvention.of",
     "Convention.__post_init__",
     "Hyperparams.__post_init__",
     "ScoreMap.__post_init__",
+    "KLConvention.__post_init__",
+    "AdvantageConvention.__post_init__",
+    "PolicyConvention.__post_init__",
 }
 NAIVE_HELPERS = {"_log_sum_exp"}
-DEFAULT_CLASSES = {"Hyperparams", "Convention", "ScoreMap"}
-"""settings.py classes whose field defaults (numeric/bool constants) are mutated too."""
+DEFAULT_CLASSES = {
+    "Hyperparams",
+    "ScoreMap",
+    "KLConvention",
+    "RewardConvention",
+    "NormConvention",
+    "AdvantageConvention",
+    "WhitenConvention",
+    "PolicyConvention",
+    "AggConvention",
+    "ValueConvention",
+}
+"""settings.py / groups.py classes whose field defaults (numeric/bool constants) are mutated too."""
 # New tests that target gaps across modules (added with this tool); missing files are skipped.
 GAP_TESTS = (
     "tests/core/test_core_boundaries.py",
@@ -74,6 +113,7 @@ PIPELINE_TESTS = (
     "tests/pipeline/test_update_by_rows.py",
     "tests/pipeline/test_pipeline_memory.py",
     "tests/core/test_by_rows_mutation_kills.py",
+    "tests/pipeline/test_stages.py",
 )
 """The oracle's tests (tests/oracle/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""

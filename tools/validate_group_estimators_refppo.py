@@ -124,19 +124,17 @@ def refppo_result(key: str, x: dict[str, Any], override: dict[str, Any] | None =
 
 def preset_result(key: str, x: dict[str, Any]) -> Any:
     """refppo's raw advantages for ``key`` through the pipeline: ``--preset PEER --set advantage=EST``."""
-    import dataclasses
 
     import torch
 
     sys.path.insert(0, str(REPO))
     from refppo.oracle.presets.registry import resolve_preset
     from refppo.pipeline.rollout import critic_free_advantages
-    from refppo.pipeline.settings import Convention, Hyperparams
+    from refppo.pipeline.settings import FLAT, Convention, Hyperparams
 
     peer, est = VIA_PRESET[key]
     conv_d, _ = resolve_preset(peer, advantage=est)
-    names = {f.name for f in dataclasses.fields(Convention)}
-    conv = Convention.from_dict({k: v for k, v in conv_d.items() if k in names})
+    conv = Convention.from_dict({k: v for k, v in conv_d.items() if k in FLAT})
     m, f64 = x["mask"].bool(), torch.float64
     B, T = m.shape
     if peer == "verl":  # verl folds the token-level rewards (the score only here: β = 0)

@@ -177,9 +177,10 @@ def refppo_case(x: dict[str, Any], setting: dict[str, Any], beta: float) -> dict
     import torch
 
     sys.path.insert(0, str(REPO))
+    from refppo.pipeline.blocks import Normalisers
     from refppo.pipeline.grad_naive import objective_grads_naive
     from refppo.pipeline.settings import Convention, Hyperparams
-    from refppo.pipeline.update import Normalisers, update_quantities
+    from refppo.pipeline.step import update_quantities
 
     m = x["mask"].bool()
     conv_keys = {k: v for k, v in setting.items() if k != "global_tokens"}

@@ -22,8 +22,7 @@ gradient (the trainer's differentiated path keeps the whole-batch functions).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import NamedTuple, cast
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -36,11 +35,12 @@ from refppo.core.kl import LogRatioClamp, token_kl
 from refppo.core.policy import (
     PolicyLossOutput,
     PolicyTerms,
+    PolicyTokenLoss,
     _checked_policy_inputs,
     log_ratio_terms,
     policy_terms,
 )
-from refppo.core.value import ValueLossOutput, _checked_value_inputs, value_terms
+from refppo.core.value import ValueLossOutput, ValueTokenLoss, _checked_value_inputs, value_terms
 from refppo.errors import HyperparameterError
 
 
@@ -81,30 +81,45 @@ def policy_loss_by_rows(
     its errors) by blocks of ``rows`` rows (the first argument): the same outputs bit for bit, and the
     same error for bad input (the same check function, ``_checked_policy_inputs`` /
     ``_checked_gspo_inputs``)."""
-    out = _policy_loss_by_rows(
+    tok, m, agg_mode = _policy_token_loss_by_rows(
         rows, logp, logp_old, advantages, mask, gspo=gspo, clip_low=clip_low, clip_high=clip_high,
-        dual_clip=dual_clip, agg=agg, log_ratio_clamp=log_ratio_clamp, token_count=token_count,
-        seq_count=seq_count, horizon=horizon, keep_ratio=True,
+        dual_clip=dual_clip, agg=agg, log_ratio_clamp=log_ratio_clamp, keep_ratio=True,
     )  # fmt: skip
-    ratio = cast(Tensor, out.ratio)  # kept: keep_ratio=True
-    return PolicyLossOutput(
-        out.loss, out.per_token, ratio, out.clipfrac, out.clipfrac_lower, out.approx_kl, out.approx_kl_k2
-    )
+    with torch.no_grad():
+        loss = aggregate_masked(
+            tok.per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
+        )
+    return tok.with_loss(loss)
 
 
-class _BlockPolicyLoss(NamedTuple):
-    """:class:`refppo.core.policy.PolicyLossOutput` with ``ratio`` optional (None: not kept)."""
+def policy_token_loss_by_rows(
+    rows: int,
+    /,
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    gspo: bool = False,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    log_ratio_clamp: float | None = None,
+    keep_ratio: bool = True,
+) -> PolicyTokenLoss:
+    """:func:`refppo.core.policy.clipped_policy_token_loss` (``gspo``:
+    :func:`refppo.core.gspo.gspo_policy_token_loss`) by blocks of ``rows`` rows, bit for bit.
+    ``keep_ratio`` False: the ratio ``ρ`` is not kept (``ratio`` is then an empty tensor), so one
+    ``[B, T]`` buffer (``ℓ``) instead of two, for callers that read only ``per_token``, the clip
+    fractions and approx_kl."""
+    tok = _policy_token_loss_by_rows(
+        rows, logp, logp_old, advantages, mask, gspo=gspo, clip_low=clip_low, clip_high=clip_high,
+        dual_clip=dual_clip, agg=LossAgg.TOKEN_MEAN, log_ratio_clamp=log_ratio_clamp, keep_ratio=keep_ratio,
+    )  # fmt: skip
+    return tok[0]
 
-    loss: Tensor
-    per_token: Tensor
-    ratio: Tensor | None
-    clipfrac: Tensor
-    clipfrac_lower: Tensor
-    approx_kl: Tensor
-    approx_kl_k2: Tensor
 
-
-def _policy_loss_by_rows(
+def _policy_token_loss_by_rows(
     rows: int,
     logp: Tensor,
     logp_old: Tensor,
@@ -117,14 +132,10 @@ def _policy_loss_by_rows(
     dual_clip: float | None,
     agg: LossAgg | str,
     log_ratio_clamp: float | None,
-    token_count: float | None,
-    seq_count: float | None,
-    horizon: float | None,
     keep_ratio: bool,
-) -> _BlockPolicyLoss:
-    """:func:`policy_loss_by_rows`; ``keep_ratio`` False: the ratio ``ρ`` is not kept (``ratio``
-    None), so one ``[B, T]`` buffer (``ℓ``) instead of two, for callers that read only the loss,
-    ``per_token``, the clip fractions and approx_kl (the ``--detect`` search's policy stage)."""
+) -> tuple[PolicyTokenLoss, Tensor, LossAgg]:
+    """:func:`policy_token_loss_by_rows`, with the validated mask and ``agg`` (the whole-batch
+    function's checks, in its order: ``agg`` is parsed there)."""
     if gspo and dual_clip is not None:
         raise HyperparameterError("dual_clip: GSPO has no dual clip")
     # the whole-batch function's own checks (one function each: the same errors, in the same order)
@@ -152,6 +163,20 @@ def _policy_loss_by_rows(
             log_ratio_clamp=k,
         )  # fmt: skip
 
+    return _by_blocks(rows, logp, logp_old, m, terms, keep_ratio, dual_clip is not None), m, agg_mode
+
+
+def _by_blocks(
+    rows: int,
+    logp: Tensor,
+    logp_old: Tensor,
+    m: Tensor,
+    terms: Callable[[slice], PolicyTerms],
+    keep_ratio: bool,
+    dual: bool,
+) -> PolicyTokenLoss:
+    """The per-token loss written block by block into one ``[B, T]`` buffer, ``d`` first (its sums
+    are approx_kl's), and the clip counts summed over the blocks."""
     B = m.shape[0]
     with torch.no_grad():
         n = float(count_true(m))  # = m.sum(), without its int64 [B, T] copy of the mask
@@ -170,12 +195,11 @@ def _policy_loss_by_rows(
             n_clip += int((t.loss2 > t.loss1).sum())
             n_lower += int(t.lower_active.sum()) if t.lower_active is not None else 0
             del t
-        loss = aggregate_masked(
-            per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
-        )
         clipfrac = _count(n_clip, logp) / n
-        clipfrac_lower = _count(n_lower, logp) / n if dual_clip is not None else torch.zeros_like(loss)
-    return _BlockPolicyLoss(loss, per_token, ratio, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
+        zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+        clipfrac_lower = _count(n_lower, logp) / n if dual else zero
+    kept = ratio if ratio is not None else logp.new_empty(0)
+    return PolicyTokenLoss(per_token, kept, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
 
 
 def _count(n: int, like: Tensor) -> Tensor:
@@ -203,6 +227,43 @@ def value_loss_by_rows(
     values, values_old, returns, m, eps_v, form, agg_mode = _checked_value_inputs(
         values, values_old, returns, mask, clip=clip, kind=kind, agg=agg, clip_form=clip_form
     )
+    tok = _value_by_blocks(rows, values, values_old, returns, m, eps_v, form)
+    with torch.no_grad():
+        loss = aggregate_masked(
+            tok.per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
+        )
+    return ValueLossOutput(loss, tok.per_token, tok.clipfrac)
+
+
+def value_token_loss_by_rows(
+    rows: int,
+    /,
+    values: Tensor,
+    values_old: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    kind: ValueLoss | str = ValueLoss.CLIPPED,
+    clip_form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
+) -> ValueTokenLoss:
+    """:func:`refppo.core.value.value_token_loss` by blocks of ``rows`` rows, bit for bit."""
+    values, values_old, returns, m, eps_v, form, _ = _checked_value_inputs(
+        values, values_old, returns, mask, clip=clip, kind=kind, agg=LossAgg.TOKEN_MEAN, clip_form=clip_form
+    )
+    return _value_by_blocks(rows, values, values_old, returns, m, eps_v, form)
+
+
+def _value_by_blocks(
+    rows: int,
+    values: Tensor,
+    values_old: Tensor,
+    returns: Tensor,
+    m: Tensor,
+    eps_v: float | None,
+    form: ValueClipForm,
+) -> ValueTokenLoss:
+    """``ℓ^v`` written block by block into one ``[B, T]`` buffer; the clip counts summed."""
     _no_grad(values=values, values_old=values_old, returns=returns)
     with torch.no_grad():
         per_token = torch.empty_like(values, memory_format=torch.contiguous_format)
@@ -216,10 +277,7 @@ def value_loss_by_rows(
             clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
         else:
             clipfrac = _count(n_clip, values) / count_true(m).to(values.dtype)
-        loss = aggregate_masked(
-            per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
-        )
-    return ValueLossOutput(loss, per_token, clipfrac)
+    return ValueTokenLoss(per_token, clipfrac)
 
 
 def entropy_bonus_by_rows(

@@ -41,7 +41,13 @@ from refppo.core.checks import (
     check_same_dtype,
     count_true,
 )
-from refppo.core.policy import PolicyLossNaive, PolicyLossOutput, PolicyTerms
+from refppo.core.policy import (
+    PolicyLossNaive,
+    PolicyLossOutput,
+    PolicyTerms,
+    PolicyTokenLoss,
+    token_statistics,
+)
 from refppo.errors import HyperparameterError
 from refppo.types import ResponseMask, TokenFloat
 
@@ -81,6 +87,26 @@ def _checked_gspo_inputs(
     return logp, logp_old, advantages, m, eps_lo, eps_hi, agg_mode, k
 
 
+def gspo_policy_token_loss(
+    logp: TokenFloat,
+    logp_old: TokenFloat,
+    advantages: TokenFloat,
+    mask: ResponseMask,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    log_ratio_max: float | None = None,
+) -> PolicyTokenLoss:
+    """The GSPO surrogate per token and its statistics, not aggregated: :func:`gspo_policy_loss` is
+    ``agg`` of its ``per_token``."""
+    logp, logp_old, advantages, m, eps_lo, eps_hi, _, k = _checked_gspo_inputs(
+        logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, agg=LossAgg.TOKEN_MEAN,
+        log_ratio_max=log_ratio_max,
+    )  # fmt: skip
+    t = gspo_terms(logp, logp_old, advantages, m, eps_lo=eps_lo, eps_hi=eps_hi, log_ratio_max=k)
+    return token_statistics(t, m)
+
+
 def gspo_policy_loss(
     logp: TokenFloat,
     logp_old: TokenFloat,
@@ -104,13 +130,7 @@ def gspo_policy_loss(
     loss = aggregate_masked(
         t.per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
     )
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    with torch.no_grad():
-        n = float(m.sum())
-        clipfrac = (t.loss2 > t.loss1).sum().to(logp.dtype) / n
-        approx_kl = -t.d.sum() / n
-        approx_kl_k2 = 0.5 * (t.d * t.d).sum() / n
-    return PolicyLossOutput(loss, t.per_token, t.ratio, clipfrac, zero.clone(), approx_kl, approx_kl_k2)
+    return token_statistics(t, m).with_loss(loss)
 
 
 def gspo_terms(

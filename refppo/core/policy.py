@@ -179,6 +179,68 @@ def _checked_policy_inputs(
     return logp, logp_old, advantages, m, eps_lo, eps_hi, agg_mode, k
 
 
+@dataclass(frozen=True)
+class PolicyTokenLoss:
+    """The clipped surrogate before aggregation (:func:`clipped_policy_token_loss`): the per-token
+    loss and the statistics, whatever ``loss_agg`` later makes of ``per_token``."""
+
+    per_token: TokenFloat
+    """``ℓ_t`` (differentiable), 0 on padding."""
+    ratio: TokenFloat
+    """``ρ_t`` (differentiable)."""
+    clipfrac: Scalar
+    clipfrac_lower: Scalar
+    approx_kl: Scalar
+    approx_kl_k2: Scalar
+
+    def with_loss(self, loss: Scalar) -> PolicyLossOutput:
+        """These terms with their aggregated ``loss``."""
+        s = self
+        stats = (s.clipfrac, s.clipfrac_lower, s.approx_kl, s.approx_kl_k2)
+        return PolicyLossOutput(loss, s.per_token, s.ratio, *stats)
+
+
+def token_statistics(t: PolicyTerms, m: Tensor) -> PolicyTokenLoss:
+    """The statistics of the module docstring from the terms ``t`` over the valid tokens of ``m``
+    (detached): ``clipfrac``, ``clipfrac_lower`` (0 without a dual clip), ``approx_kl``,
+    ``approx_kl_k2``."""
+    like = t.ratio
+    with torch.no_grad():
+        n = float(m.sum())
+        clipfrac = (t.loss2 > t.loss1).sum().to(like.dtype) / n  # both 0 on padding: never counted
+        if t.lower_active is None:
+            clipfrac_lower = torch.zeros((), dtype=like.dtype, device=like.device)
+        else:
+            clipfrac_lower = t.lower_active.sum().to(like.dtype) / n
+        approx_kl = -t.d.sum() / n  # d is 0 on padding
+        approx_kl_k2 = 0.5 * (t.d * t.d).sum() / n
+    return PolicyTokenLoss(t.per_token, t.ratio, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
+
+
+def clipped_policy_token_loss(
+    logp: TokenFloat,
+    logp_old: TokenFloat,
+    advantages: TokenFloat,
+    mask: ResponseMask,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    log_ratio_clamp: float | None = None,
+) -> PolicyTokenLoss:
+    """The clipped surrogate per token and its statistics (module docstring), not aggregated:
+    :func:`clipped_policy_loss` is ``agg`` of its ``per_token``."""
+    c = _checked_policy_inputs(
+        logp, logp_old, advantages, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+        agg=LossAgg.TOKEN_MEAN, log_ratio_clamp=log_ratio_clamp,
+    )  # fmt: skip
+    logp, logp_old, advantages, m, eps_lo, eps_hi, _, k = c
+    t = policy_terms(
+        logp, logp_old, advantages, m, eps_lo=eps_lo, eps_hi=eps_hi, dual_clip=dual_clip, log_ratio_clamp=k
+    )
+    return token_statistics(t, m)
+
+
 def clipped_policy_loss(
     logp: TokenFloat,
     logp_old: TokenFloat,
@@ -206,16 +268,34 @@ def clipped_policy_loss(
     loss = aggregate_masked(
         t.per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
     )
+    return token_statistics(t, m).with_loss(loss)
+
+
+def approx_kl_k2_all_positions(logp: TokenFloat, logp_old: TokenFloat, mask: ResponseMask) -> Scalar:
+    """TRL's ``approxkl``: ``½·Σ_valid (l − l^old)² / (B·T)``, a mean over all B·T positions with
+    padding counted as 0 (:class:`refppo.conventions.ApproxKL` ``k2_all_positions``; detached).
+
+    ``d = l − l^old`` is made once and masked and squared in place (one float ``[B, T]`` buffer and
+    one bool: the inverted mask), then summed as a whole: the same elementwise values and the same
+    sum as ``where(m, l − l^old, 0)`` squared out of place."""
+    m = check_mask("mask", mask, require_nonempty_rows=False)
+    logp = check_bt("logp", logp, m)
+    logp_old = check_bt("logp_old", logp_old, m)
     with torch.no_grad():
-        n = float(m.sum())
-        clipfrac = (t.loss2 > t.loss1).sum().to(logp.dtype) / n  # both 0 on padding: never counted
-        if t.lower_active is None:
-            clipfrac_lower = torch.zeros((), dtype=logp.dtype, device=logp.device)
-        else:
-            clipfrac_lower = t.lower_active.sum().to(logp.dtype) / n
-        approx_kl = -t.d.sum() / n  # d is 0 on padding
-        approx_kl_k2 = 0.5 * (t.d * t.d).sum() / n
-    return PolicyLossOutput(loss, t.per_token, t.ratio, clipfrac, clipfrac_lower, approx_kl, approx_kl_k2)
+        d = logp - logp_old
+        d.masked_fill_(m.logical_not(), 0.0)
+        return 0.5 * d.mul_(d).sum() / d.numel()
+
+
+def approx_kl_k2_all_positions_naive(logp: Tensor, logp_old: Tensor, mask: Tensor) -> float:
+    """Naive twin of :func:`approx_kl_k2_all_positions`, token by token."""
+    lp, lo, ms = pf.rows(logp), pf.rows(logp_old), pf.mask_rows(mask)
+    total = 0.0
+    for prow, orow, mrow in zip(lp, lo, ms, strict=True):
+        for p, o, ok in zip(prow, orow, mrow, strict=True):
+            if ok:
+                total += 0.5 * (p - o) ** 2
+    return total / (len(ms) * len(ms[0]))
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,45 @@ def _checked_value_inputs(
     return values, values_old, returns, m, check_value_clip(k, clip), form, agg_mode
 
 
+@dataclass(frozen=True)
+class ValueTokenLoss:
+    """The value loss before aggregation (:func:`value_token_loss`)."""
+
+    per_token: TokenFloat
+    """``ℓ^v_t``, 0 on padding (differentiable)."""
+    clipfrac: Scalar
+
+
+def value_token_loss(
+    values: TokenFloat,
+    values_old: TokenFloat,
+    returns: TokenFloat,
+    mask: ResponseMask,
+    *,
+    clip: float | None = 0.2,
+    kind: ValueLoss | str = ValueLoss.CLIPPED,
+    clip_form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
+) -> ValueTokenLoss:
+    """The clipped (or unclipped) value loss per token and ``vf_clipfrac`` (module docstring), not
+    aggregated: :func:`value_loss` is ``agg`` of its ``per_token``."""
+    values, values_old, returns, m, eps_v, form, _ = _checked_value_inputs(
+        values, values_old, returns, mask, clip=clip, kind=kind, agg=LossAgg.TOKEN_MEAN, clip_form=clip_form
+    )
+    return _token_loss(values, values_old, returns, m, eps_v, form)
+
+
+def _token_loss(
+    values: Tensor, values_old: Tensor, returns: Tensor, m: Tensor, eps_v: float | None, form: ValueClipForm
+) -> ValueTokenLoss:
+    per_token, clipped = value_terms(values, values_old, returns, m, eps_v=eps_v, form=form)
+    if clipped is None:
+        clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
+    else:
+        with torch.no_grad():
+            clipfrac = clipped.sum().to(values.dtype) / m.sum().to(values.dtype)
+    return ValueTokenLoss(per_token, clipfrac)
+
+
 def value_loss(
     values: TokenFloat,
     values_old: TokenFloat,
@@ -84,16 +123,11 @@ def value_loss(
     values, values_old, returns, m, eps_v, form, agg_mode = _checked_value_inputs(
         values, values_old, returns, mask, clip=clip, kind=kind, agg=agg, clip_form=clip_form
     )
-    per_token, clipped = value_terms(values, values_old, returns, m, eps_v=eps_v, form=form)
-    if clipped is None:
-        clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
-    else:
-        with torch.no_grad():
-            clipfrac = clipped.sum().to(values.dtype) / m.sum().to(values.dtype)
+    tok = _token_loss(values, values_old, returns, m, eps_v, form)
     loss = aggregate_masked(
-        per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
+        tok.per_token, m, agg_mode, token_count=token_count, seq_count=seq_count, horizon=horizon
     )
-    return ValueLossOutput(loss, per_token, clipfrac)
+    return ValueLossOutput(loss, tok.per_token, tok.clipfrac)
 
 
 def check_value_clip(kind: ValueLoss, clip: float | None) -> float | None:

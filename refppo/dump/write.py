@@ -28,7 +28,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +40,12 @@ from refppo.conventions import parse
 from refppo.dump.keys import misspelt_error
 from refppo.dump.load import KNOWN_KEYS, SIDECAR_SCORING_KEYS, STEP_KEYS, DumpError
 from refppo.errors import RefPPOError
-from refppo.pipeline.settings import _ENUM_FIELDS as ENUM_FIELDS
-from refppo.pipeline.settings import _OPTIONAL_ENUM_FIELDS as OPTIONAL_ENUM_FIELDS
-from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.settings import CONVENTION_KEYS, HPARAM_KEYS, Hyperparams, enum_keys
 
-ORACLE_EXTRA_KEYS: tuple[str, ...] = ("score_clip", "score_bias", "score_scale", "approx_kl", "vf_mask")
-"""The oracle's own convention keys (:class:`refppo.oracle.check.settings.Extras`, whose values the
-oracle checks when it reads the sidecar)."""
-CONVENTION_FIELDS: frozenset[str] = frozenset(f.name for f in fields(Convention))
-HPARAM_FIELDS: frozenset[str] = frozenset(f.name for f in fields(Hyperparams))
+CONVENTION_FIELDS: frozenset[str] = frozenset(CONVENTION_KEYS)
+HPARAM_FIELDS: frozenset[str] = frozenset(HPARAM_KEYS)
 SIDECAR_KEYS: frozenset[str] = frozenset(
-    (*CONVENTION_FIELDS, *HPARAM_FIELDS, *ORACLE_EXTRA_KEYS, *SIDECAR_SCORING_KEYS, *STEP_KEYS)
+    (*CONVENTION_FIELDS, *HPARAM_FIELDS, *SIDECAR_SCORING_KEYS, *STEP_KEYS)
 )
 """Every key a sidecar may hold (spec/dump-format.md, "Hyperparameters and conventions")."""
 
@@ -70,7 +65,7 @@ def check_sidecar(where: str, side: Mapping[str, Any]) -> None:
     # values as the oracle will read them (refppo.oracle.check.settings.parse_value): a name of an enum
     # key must be one of its names; a number must be in its range (strings of numbers, "none" and
     # the other spellings the oracle accepts are left to it)
-    names = {**ENUM_FIELDS, **OPTIONAL_ENUM_FIELDS}
+    names = enum_keys()
     nums = {k: v for k, v in side.items() if k in HPARAM_FIELDS and _is_number(v)}
     try:
         for k, v in side.items():
@@ -157,9 +152,8 @@ def write_dump(
     """Write ``tensors`` to ``path`` (``.safetensors``, ``.pt`` or ``.npz``) and the sidecar JSON.
 
     ``hparams`` may be a mapping or a :class:`refppo.pipeline.settings.Hyperparams`; ``convention`` a
-    mapping, a :class:`refppo.pipeline.settings.Convention` or a
-    :class:`refppo.oracle.check.settings.Extras`. Returns the sidecar's path. Tensor values are written
-    as given (no dtype change except the mask).
+    mapping or a :class:`refppo.pipeline.settings.Convention`. Returns the sidecar's path. Tensor
+    values are written as given (no dtype change except the mask).
 
     A key that evidently misspells a dump key or a peer alias (``pgloss``, ``grad_log_probs``,
     ``advantage``: :func:`refppo.dump.keys.misspelt`) raises ``DumpError`` naming it, with its

@@ -16,7 +16,7 @@ from torch import Tensor
 from refppo.conventions import AdvantageEstimator, Whitening
 from refppo.models.rollout import RolloutConfig
 from refppo.models.tiny import Arch
-from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.settings import FLAT, Convention, Hyperparams
 from refppo.train.update_config import PPOUpdateConfig
 
 TENSOR_FIELDS = (
@@ -108,8 +108,8 @@ class GoldenCase:
 
     @property
     def critic_free(self) -> bool:
-        """``conv.advantage`` is not GAE: no critic model, optimizer or value loss."""
-        return self.conv.advantage is not AdvantageEstimator.GAE
+        """``conv.adv.estimator`` is not GAE: no critic model, optimizer or value loss."""
+        return self.conv.adv.estimator is not AdvantageEstimator.GAE
 
     def rows(self) -> tuple[list[list[int]], Tensor]:
         """The prompt of every row and ``group_index`` ``[B]`` (B = prompts × ``group_size``)."""
@@ -153,7 +153,7 @@ CASES: dict[str, GoldenCase] = {
         name="grpo_gpt2",
         arch="gpt2",
         group_size=4,
-        conv=Convention(advantage=AdvantageEstimator.GRPO, whiten_advantages=Whitening.NONE),
+        conv=Convention.of(advantage=AdvantageEstimator.GRPO, whiten_advantages=Whitening.NONE),
         update=PPOUpdateConfig(ppo_epochs=2, num_minibatches=2, micro_batch_size=2, max_grad_norm=1.0),
     ),
 }
@@ -162,7 +162,7 @@ CASES: dict[str, GoldenCase] = {
 def variant(case: GoldenCase, **changes: Any) -> GoldenCase:
     """``case`` with hyperparameters (``hp`` fields) or conventions (``conv`` fields) changed."""
     hp_f = {k: v for k, v in changes.items() if k in Hyperparams.__dataclass_fields__}
-    conv_f = {k: v for k, v in changes.items() if k in Convention.__dataclass_fields__}
+    conv_f = {k: v for k, v in changes.items() if k in FLAT}
     unknown = set(changes) - set(hp_f) - set(conv_f)
     if unknown:
         raise ValueError(f"variant: unknown fields {sorted(unknown)}")

@@ -19,8 +19,7 @@ from refppo.models.roles import Critic, RewardModel, make_reference
 from refppo.models.rollout import ScoredRollout
 from refppo.models.rollout_naive import score_rollout_naive
 from refppo.models.tiny import tiny_actor, tiny_critic, tiny_reward_model
-from refppo.pipeline.naive import rollout_quantities_naive
-from refppo.pipeline.rollout import RolloutQuantities
+from refppo.pipeline.step import RolloutQuantities, rollout_quantities_naive
 from refppo.train.iteration import iteration, rollout_metrics
 from refppo.train.update_config import MinibatchRecord
 from refppo.train.update_naive import ppo_update_naive

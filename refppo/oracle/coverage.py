@@ -36,7 +36,8 @@ from refppo.dump.load import KNOWN_KEYS, NEEDS_CRITIC, NEEDS_UPDATE, Dump
 from refppo.errors import RefPPOError
 from refppo.oracle.check.diagnose import CheckResult
 from refppo.oracle.check.recompute import PIPELINE_ORDER
-from refppo.oracle.check.settings import HPARAM_KEYS, Setup
+from refppo.oracle.check.settings import Setup
+from refppo.pipeline.settings import HPARAM_KEYS
 
 METRICS: tuple[str, ...] = ("pg_clipfrac", "approx_kl", "vf_clipfrac")
 """Logged metrics: compared when dumped, required only when named (module docstring)."""
@@ -59,8 +60,8 @@ def not_compared(dump: Dump, result: CheckResult) -> dict[str, str]:
     for n in PIPELINE_ORDER:
         if n in result.quantities:
             continue
-        if n == "kl_loss" and result.setup.conv.kl_in is not KLPlacement.LOSS:
-            out[n] = f"kl_in={result.setup.conv.kl_in.value}: no KL loss"
+        if n == "kl_loss" and result.setup.conv.kl.placement is not KLPlacement.LOSS:
+            out[n] = f"kl_in={result.setup.conv.kl.placement.value}: no KL loss"
             continue
         needs = list(NEEDS_UPDATE.get(n, ()))
         if n == "loss" and not critic:

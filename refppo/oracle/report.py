@@ -32,7 +32,7 @@ class Context:
 
     def hparams_from(self, preset: str | None) -> str:
         """``from the sidecar: gamma, lam; preset verl's defaults: vf_coef; ...`` (hyperparameters)."""
-        from refppo.oracle.check.settings import HPARAM_KEYS
+        from refppo.pipeline.settings import HPARAM_KEYS
 
         groups: dict[str, list[str]] = {}
         for k in HPARAM_KEYS:
@@ -67,7 +67,7 @@ def _coverage_json(dump: Dump, result: CheckResult, ctx: Context | None) -> dict
         "sidecar": _sidecar_json(dump),
     }
     if ctx is not None:
-        from refppo.oracle.check.settings import HPARAM_KEYS
+        from refppo.pipeline.settings import HPARAM_KEYS
 
         out["required"] = list(ctx.required)
         out["required_missing"] = [n for n in ctx.required if n not in result.quantities]

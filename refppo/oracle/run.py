@@ -20,7 +20,7 @@ from refppo.dump.load import SIDECAR_SCORING_KEYS, Dump, DumpError, check_inputs
 from refppo.errors import HyperparameterError, RefPPOError
 from refppo.oracle.check.diagnose import DETECT_HINT, CheckResult, check
 from refppo.oracle.check.recompute import PIPELINE_ORDER
-from refppo.oracle.check.settings import ALL_KEYS, Extras, Setup, build_setup, parse_value
+from refppo.oracle.check.settings import ALL_KEYS, Setup, build_setup, parse_value
 from refppo.oracle.coverage import no_sidecar_text, required_outputs, sources
 from refppo.oracle.detect.detection import Detection, detect, setup_from_json
 from refppo.oracle.presets.registry import resolve_preset
@@ -105,7 +105,7 @@ def check_step(
     sidecar = _sidecar(d)
     setup, ctx, notes = _resolve(d, preset, sidecar, parsed)
     try:
-        check_inputs_for(d, setup.conv.advantage.value)
+        check_inputs_for(d, setup.conv.adv.estimator.value)
     except DumpError as exc:
         if not detect_conventions or not any(d.has(k) for k in PIPELINE_ORDER):
             raise
@@ -182,7 +182,7 @@ def _resolve(
     # the report's convention line shows what differs from the preset as written (its own KL
     # estimator, GAE), so the run's estimator and its critic-free variant are shown too
     plain = resolve_preset(preset)[0] if preset else {}
-    base = Setup(Convention(), Extras(), setup.hp).with_convention(plain)
+    base = Setup(Convention(), setup.hp).with_convention(plain)
     ctx = Context(sources(setup, sidecar, preset_conv, preset_hp, parsed), base.convention_dict())
     if d.sidecar_keys is None:
         notes.insert(0, f"{no_sidecar_text(d)}; {ctx.hparams_from(preset)}")

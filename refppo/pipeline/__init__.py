@@ -1,7 +1,8 @@
 """One PPO step in pipeline order, from cached rollout tensors to the losses — ONE path.
 
-The trainer (:mod:`refppo.trainer`), the oracle (``tools/diff_against.py``) and the golden
-trajectories all call these two functions, so what the oracle checks is what the trainer runs.
+The trainer (:mod:`refppo.train.iteration`), the oracle (:mod:`refppo.oracle.check.recompute`) and
+the golden trajectories walk the one stage table (:mod:`refppo.pipeline.stages`), so what the oracle
+checks is what the trainer runs.
 
 Pipeline order (the numbered skeleton of lm-human-preferences / TRL ppov2)::
 
@@ -35,10 +36,15 @@ the whitening cross the holes by ``gae_holes`` and ``whiten_holes``.
 
 Modules::
 
-    settings     Convention, Hyperparams, ScoreMap: what one step runs under
-    rollout      steps 0–4: value_mask, mapped_scores, RolloutQuantities, reward_quantities,
-                 rollout_quantities, critic_free_advantages
-    update       steps 5–9: UpdateQuantities, Normalisers, policy_term, update_quantities
-    blocks       ROW_BLOCK_ELEMENTS, gae_by_rows, update_rows (evaluation by row blocks)
-    naive        the naive twin of steps 0–4 (naive_group: the critic-free step 3)
+    stages       Stage, STAGES (the stage table: keys read, quantities made, functions, naive
+                 twins, how each is evaluated), walk, upstream, keys_upstream, prefix_key
+    step         the walks: reward_quantities, rollout_quantities(_naive), update_quantities(_naive),
+                 RolloutQuantities, UpdateQuantities
+    rollout      the rollout stages' functions (steps 0–4), value_mask, critic_free_advantages
+    update       the update stages' functions (steps 5–9), policy_token_loss, policy_term
+    naive, naive_group, naive_update   the stages' naive twins
+    grad_naive   the naive twin of the update's gradients
+    settings     Convention (flat keys derived from its groups: FLAT, FLAT_ORDER), Hyperparams
+    groups       the Convention's groups (ScoreMap, KLConvention, ..., ValueConvention)
+    blocks       Evaluation, Normalisers, ROW_BLOCK_ELEMENTS, gae_by_rows, update_rows
 """

@@ -1,23 +1,67 @@
-"""The row blocks of the pipeline (split out of ``refppo/pipeline.py``, which re-exports them):
-:data:`ROW_BLOCK_ELEMENTS`, GAE by blocks of rows (:func:`gae_by_rows`, step 3) and the block size
-of :func:`refppo.pipeline.update.update_quantities` without autograd (:func:`update_rows`, steps 5–9).
+"""How a stage of :mod:`refppo.pipeline.stages` is evaluated: :class:`Evaluation` (row blocks without
+autograd, the global normalisers of a split step, the all-reduce of data-parallel ranks).
 
-Both read :data:`ROW_BLOCK_ELEMENTS` of this module at call time; assigning
-``refppo.pipeline.blocks.ROW_BLOCK_ELEMENTS`` assigns it here too (:mod:`refppo.split_module`).
+Neither changes a formula: the row blocks give the whole batch's values bit for bit
+(:mod:`refppo.core.by_rows`, :func:`gae_by_rows`), the normalisers and the all-reduce make a
+micro-batch's or a rank's terms the whole step's. :data:`ROW_BLOCK_ELEMENTS` is read at call time
+(tests assign ``refppo.pipeline.blocks.ROW_BLOCK_ELEMENTS``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from refppo.conventions import GaeHoles
 from refppo.core.gae import gae
+from refppo.core.masked import AllReduce
 
 ROW_BLOCK_ELEMENTS = 1 << 18
-"""Elements per row block of :func:`gae_by_rows` and of :func:`update_quantities` without autograd
+"""Elements per row block of :func:`gae_by_rows` and of the update stages without autograd
 (1 MiB of float32: GAE's scan and each loss hold about eight block-sized temporaries at once, and
 glibc keeps freed blocks of this size in its heap, so smaller blocks leave less resident)."""
+
+
+@dataclass(frozen=True)
+class Normalisers:
+    """Global normalisers when one optimizer step is split into micro-batches or ranks.
+
+    ``token_count``/``seq_count`` are the valid-token and sequence counts of the WHOLE step
+    (policy mask), ``value_token_count`` the valid-token count of the value mask. None: local.
+    """
+
+    token_count: float | None = None
+    seq_count: float | None = None
+    value_token_count: float | None = None
+
+    def kwargs(self, horizon: float | None, *, value: bool = False) -> dict[str, float]:
+        """The normaliser keyword arguments of the policy terms (``value``: the value term's, whose
+        ``token_count`` is ``value_token_count`` when given), ``horizon`` = ``hp.horizon``; None
+        entries are left out (local counts, the padded length)."""
+        out = {"token_count": self.token_count, "seq_count": self.seq_count, "horizon": horizon}
+        if value and self.value_token_count is not None:
+            out["token_count"] = self.value_token_count
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How the stages of one walk are evaluated (the same values whatever these are, where the
+    stage allows them: :class:`refppo.pipeline.stages.Stage` ``by_rows``, ``normalisers``,
+    ``collective``)."""
+
+    rows: int | None = None
+    """Rows per block for the stages that run by row blocks without autograd; None: the whole batch."""
+    norm: Normalisers = Normalisers()
+    """The step's global normalisers (micro-batches, ranks); the default: local counts."""
+    all_reduce: AllReduce | None = None
+    """A SUM all-reduce across data-parallel ranks (the whitening moments, batch statistics); None:
+    one process. Every rank must walk a collective stage."""
+    groups_on_rank: bool = False
+    """With ``all_reduce``: the caller guarantees that every group's rows are on this rank, so the
+    per-process group statistics are the global ones."""
 
 
 def gae_by_rows(
@@ -41,7 +85,7 @@ def gae_by_rows(
 
 
 def update_rows(mask: Tensor, *inputs: Tensor | None) -> int | None:
-    """Rows per block of :func:`update_quantities`: about :data:`ROW_BLOCK_ELEMENTS` elements' worth
+    """Rows per block of the update stages: about :data:`ROW_BLOCK_ELEMENTS` elements' worth
     when there is no autograd graph to build (grad mode off, or no input requires a gradient);
     None (the whole batch at once) under autograd or for a batch of at most
     :data:`ROW_BLOCK_ELEMENTS` elements."""
@@ -50,3 +94,6 @@ def update_rows(mask: Tensor, *inputs: Tensor | None) -> int | None:
     B, T = mask.shape
     step = max(1, ROW_BLOCK_ELEMENTS // max(T, 1))
     return None if step >= B else step
+
+
+__all__ = ["ROW_BLOCK_ELEMENTS", "Evaluation", "Normalisers", "gae_by_rows", "update_rows"]

@@ -14,8 +14,8 @@ from refppo.conventions import KLPlacement, PolicyLoss
 from refppo.core.grad import kl_loss_grad_naive, policy_grad_naive, value_grad_naive
 from refppo.core.gspo import gspo_policy_grad_naive
 from refppo.errors import ConventionError
+from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import Normalisers
 
 
 def _normaliser_kwargs(norm: Normalisers | None, horizon: float | None, *, value: bool) -> dict[str, float]:
@@ -44,9 +44,9 @@ def _pg_grad(
     conv: Convention,
     pol: dict[str, float],
 ) -> Tensor:
-    """``∂pg/∂logprobs`` by ``conv.policy_loss``: GSPO's (:func:`refppo.core.gspo.gspo_policy_grad_naive`)
+    """``∂pg/∂logprobs`` by ``conv.policy.loss``: GSPO's (:func:`refppo.core.gspo.gspo_policy_grad_naive`)
     or the per-token ratio's (:func:`policy_grad_naive`), with the normalisers ``pol``."""
-    if conv.policy_loss is PolicyLoss.GSPO:
+    if conv.policy.loss is PolicyLoss.GSPO:
         return gspo_policy_grad_naive(
             logprobs,
             old_logprobs,
@@ -54,8 +54,8 @@ def _pg_grad(
             mask,
             clip_low=hp.cliprange,
             clip_high=hp.cliprange_high,
-            agg=conv.loss_agg,
-            log_ratio_max=conv.log_ratio_clamp,
+            agg=conv.agg.loss,
+            log_ratio_max=conv.policy.log_ratio_clamp,
             **pol,
         )
     return policy_grad_naive(
@@ -65,9 +65,9 @@ def _pg_grad(
         mask,
         clip_low=hp.cliprange,
         clip_high=hp.cliprange_high,
-        dual_clip=conv.dual_clip,
-        agg=conv.loss_agg,
-        log_ratio_clamp=conv.log_ratio_clamp,
+        dual_clip=conv.policy.dual_clip,
+        agg=conv.agg.loss,
+        log_ratio_clamp=conv.policy.log_ratio_clamp,
         **pol,
     )
 
@@ -100,17 +100,17 @@ def objective_grads_naive(
     pol = _normaliser_kwargs(norm, hp.horizon, value=False)
     val = _normaliser_kwargs(norm, hp.horizon, value=True)
     g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
-    if conv.kl_in is KLPlacement.LOSS:
+    if conv.kl.placement is KLPlacement.LOSS:
         if ref_logprobs is None:
             raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
         g_kl = kl_loss_grad_naive(
             logprobs,
             ref_logprobs,
             mask,
-            conv.kl_estimator,
-            conv.loss_agg if conv.kl_loss_agg is None else conv.kl_loss_agg,
-            log_ratio_clamp=conv.kl_log_ratio_clamp,
-            value_clamp=conv.kl_value_clamp,
+            conv.kl.estimator,
+            conv.agg.loss if conv.agg.kl is None else conv.agg.kl,
+            log_ratio_clamp=conv.kl.log_ratio_clamp,
+            value_clamp=conv.kl.value_clamp,
             **pol,
         )
         g_lp = g_lp + hp.kl_coef * g_kl
@@ -120,9 +120,9 @@ def objective_grads_naive(
         returns,
         mask if value_mask_ is None else value_mask_,
         clip=hp.cliprange_value,
-        kind=conv.value_loss,
-        agg=conv.loss_agg if conv.value_loss_agg is None else conv.value_loss_agg,
-        clip_form=conv.value_clip_form,
+        kind=conv.value.loss,
+        agg=conv.agg.loss if conv.agg.value is None else conv.agg.value,
+        clip_form=conv.value.clip_form,
         **val,
     )
     return g_lp, hp.vf_coef * g_v

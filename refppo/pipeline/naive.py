@@ -1,12 +1,17 @@
-"""Naive twin of steps 0–4 of the pipeline (:func:`refppo.pipeline.rollout.rollout_quantities`):
-step by step on the naive twins of the core (``refppo.core.*_naive``); the critic-free step 3 in
-:mod:`refppo.pipeline.naive_group`.
+"""Naive twins of the rollout stages (steps 0–4, :mod:`refppo.pipeline.rollout`): each the same
+``fn(q, conv, hp, ev)`` on the naive twins of the core (``refppo.core.*_naive``, Python floats), the
+critic-free step 3 in :mod:`refppo.pipeline.naive_group`. ``ev`` is not read: the naive twins run on
+one process, the whole batch at once. The whole-step walk is
+:func:`refppo.pipeline.step.rollout_quantities_naive`.
 
-Supported subset (what the goldens exercise): the KL clamps must be None; critic-free: every
-critic-free ``advantage`` but ``reinforce++``, and ``group_kl=fold``; anything else raises.
+Supported subset (what the goldens exercise): critic-free: every critic-free ``advantage`` but
+``reinforce++``, and ``group_kl=fold``; anything else raises.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,9 +30,11 @@ from refppo.core.kl import token_kl_naive
 from refppo.core.normalize import normalize_naive
 from refppo.core.rewards import token_rewards_naive
 from refppo.core.score_map import map_scores_naive
+from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.naive_group import critic_free_advantages_naive
-from refppo.pipeline.rollout import RolloutQuantities
-from refppo.pipeline.settings import Convention, Hyperparams, ScoreMap
+from refppo.pipeline.settings import Convention, Hyperparams
+
+Q = Mapping[str, Any]
 
 
 def value_mask_naive(mask: Tensor, score_at: ScorePosition) -> Tensor:
@@ -47,68 +54,66 @@ def value_mask_naive(mask: Tensor, score_at: ScorePosition) -> Tensor:
     return torch.tensor(out, dtype=torch.bool)
 
 
-def rollout_quantities_naive(
-    *,
-    scores: Tensor,
-    old_logprobs: Tensor,
-    ref_logprobs: Tensor,
-    old_values: Tensor,
-    mask: Tensor,
-    hp: Hyperparams,
-    conv: Convention,
-    group_index: Tensor | None = None,
-    score_map: ScoreMap | None = None,
-) -> RolloutQuantities:
-    """Naive twin of :func:`refppo.pipeline.rollout.rollout_quantities` from the ``*_naive`` core twins
-    (critic-free: the group score of row i is Σ_t r_{i,t} over the value mask, as ``group_kl=fold``;
-    ``score_map``: step 0 by :func:`refppo.core.score_map.map_scores_naive`)."""
-    if score_map is not None:
-        scores = _mapped_naive(scores, score_map)
+def score_map_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 0 by :func:`refppo.core.score_map.map_scores_naive`, as a tensor of the scores' dtype."""
+    scores, sm = q["scores"], conv.score
+    mapped = map_scores_naive(scores, bias=sm.bias, scale=sm.scale, clip=sm.clip)
+    return {"mapped_scores": torch.tensor(mapped, dtype=scores.dtype, device=scores.device)}
+
+
+def kl_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 1 by :func:`refppo.core.kl.token_kl_naive`."""
+    k = conv.kl
     kl = token_kl_naive(
-        old_logprobs,
-        ref_logprobs,
-        mask,
-        conv.kl_estimator,
-        log_ratio_clamp=conv.kl_log_ratio_clamp,
-        value_clamp=conv.kl_value_clamp,
+        q["old_logprobs"], q["ref_logprobs"], q["mask"], k.estimator,
+        log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp,
+    )  # fmt: skip
+    return {"kl": kl}
+
+
+def value_mask_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """The value mask by :func:`value_mask_naive`."""
+    return {"value_mask": value_mask_naive(q["mask"], conv.reward.score_at)}
+
+
+def rewards_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 2 by :func:`refppo.core.rewards.token_rewards_naive`, then the reward whitening by
+    :func:`refppo.core.normalize.normalize_naive` over the value mask."""
+    m = q["mask"]
+    beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
+    rewards = token_rewards_naive(
+        q["mapped_scores"], q["kl"] if beta > 0 else None, m, beta, score_at=conv.reward.score_at
     )
-    beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
-    rewards = token_rewards_naive(scores, kl if beta > 0 else None, mask, beta, score_at=conv.score_at)
-    vmask = value_mask_naive(mask, conv.score_at)
-    unbiased = conv.whiten_variance is Variance.UNBIASED
-    if conv.whiten_rewards is not Whitening.NONE:
+    if conv.reward.whiten is not Whitening.NONE:
         rewards = normalize_naive(
-            rewards,
-            vmask,
-            conv.whiten_rewards,
-            unbiased=unbiased,
-            eps=hp.whiten_eps,
-            eps_at=conv.whiten_eps_at,
-        )
-    if conv.advantage is AdvantageEstimator.GAE:
-        gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
+            rewards, q["value_mask"], conv.reward.whiten, unbiased=conv.norm.variance is Variance.UNBIASED,
+            eps=hp.whiten_eps, eps_at=conv.norm.eps_at,
+        )  # fmt: skip
+    return {"token_rewards": rewards}
+
+
+def advantages_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 3: :func:`refppo.core.gae.gae_naive` over the value mask (every position under
+    ``gae_padding=through``), or the critic-free twin (the group score of row i is Σ_t r_{i,t} over
+    the value mask, as ``group_kl=fold``)."""
+    rewards, vmask = q["token_rewards"], q["value_mask"]
+    if conv.adv.estimator is AdvantageEstimator.GAE:
+        gae_mask = vmask if conv.adv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
         adv_raw, returns = gae_naive(
-            rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
+            rewards, q["old_values"], gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes
         )
-    else:
-        adv_raw = returns = critic_free_advantages_naive(rewards, vmask, mask, conv, group_index)
+        return {"advantages_raw": adv_raw, "returns": returns}
+    adv_raw = critic_free_advantages_naive(rewards, vmask, q["mask"], conv, q.get("group_index"))
+    return {"advantages_raw": adv_raw, "returns": adv_raw}
+
+
+def whitening_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 4 by :func:`refppo.core.normalize.normalize_naive`, over the mask or its envelope."""
     adv = normalize_naive(
-        adv_raw,
-        _whiten_mask_naive(mask, conv.whiten_holes),
-        conv.whiten_advantages,
-        unbiased=unbiased,
-        eps=hp.whiten_eps,
-        eps_at=conv.whiten_eps_at,
-    )
-    if conv.kl_in is KLPlacement.LOSS:
-        kl = torch.zeros_like(kl)
-    return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
-
-
-def _mapped_naive(scores: Tensor, score_map: ScoreMap) -> Tensor:
-    """Step 0: the scores through :func:`refppo.core.score_map.map_scores_naive`, as a tensor."""
-    mapped = map_scores_naive(scores, bias=score_map.bias, scale=score_map.scale, clip=score_map.clip)
-    return torch.tensor(mapped, dtype=scores.dtype, device=scores.device)
+        q["advantages_raw"], _whiten_mask_naive(q["mask"], conv.whiten.holes), conv.whiten.advantages,
+        unbiased=conv.norm.variance is Variance.UNBIASED, eps=hp.whiten_eps, eps_at=conv.norm.eps_at,
+    )  # fmt: skip
+    return {"advantages": adv}
 
 
 def _whiten_mask_naive(mask: Tensor, holes: WhitenHoles) -> Tensor:
@@ -125,6 +130,11 @@ def _whiten_mask_naive(mask: Tensor, holes: WhitenHoles) -> Tensor:
 
 
 __all__ = [
-    "rollout_quantities_naive",
+    "advantages_naive",
+    "kl_naive",
+    "rewards_naive",
+    "score_map_naive",
     "value_mask_naive",
+    "value_mask_naive_stage",
+    "whitening_naive",
 ]

@@ -1,10 +1,10 @@
-"""Naive twin of the pipeline's critic-free step 3 (:func:`refppo.pipeline.rollout.rollout_quantities`).
+"""Naive twin of the pipeline's critic-free step 3 (:func:`refppo.pipeline.rollout.advantages_stage`).
 
 The group score of row i is its token rewards summed over the value mask, ``s_i = Σ_t r_{i,t}``
 (the KL folded into the score: ``group_kl=fold``, verl, SkyRL), read one Python float at a time;
 the advantages are then the core's naive group twin
 (:func:`refppo.core.group_naive.group_advantages_naive`) on those scores. Used by
-:func:`refppo.pipeline.naive.rollout_quantities_naive`.
+:func:`refppo.pipeline.step.rollout_quantities_naive`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,14 @@ def critic_free_advantages_naive(
     ``reinforce++-baseline`` is ``s − μ_G`` here (its whitening is step 4's, as in the pipeline);
     ``flash-reinforce`` needs no ``group_index``.
     """
-    est = conv.advantage
+    est = conv.adv.estimator
     supported = (*GROUP_ESTIMATORS, AdvantageEstimator.FLASH_REINFORCE)
     needs_groups = est is not AdvantageEstimator.FLASH_REINFORCE
-    if est not in supported or conv.group_kl is not GroupKL.FOLD or (needs_groups and group_index is None):
+    if (
+        est not in supported
+        or conv.adv.group_kl is not GroupKL.FOLD
+        or (needs_groups and group_index is None)
+    ):
         raise ConventionError(
             "rollout_quantities_naive: critic-free supports the group estimators (with a group_index) "
             "and flash-reinforce, with group_kl=fold"
@@ -45,10 +49,10 @@ def critic_free_advantages_naive(
         group_index,
         mask,
         estimator=est,
-        unbiased_std=conv.group_std is Variance.UNBIASED,
-        std_level=conv.group_std_level,
-        eps=conv.group_eps,
-        singleton=conv.group_singleton.value,
+        unbiased_std=conv.adv.group_std is Variance.UNBIASED,
+        std_level=conv.adv.group_std_level,
+        eps=conv.adv.group_eps,
+        singleton=conv.adv.group_singleton.value,
     )
 
 

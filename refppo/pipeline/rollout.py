@@ -1,13 +1,23 @@
-"""Steps 0–4 of the pipeline: once per rollout, from the cached rollout tensors (split out of
-``refppo/pipeline.py``, which re-exports every name; the numbered pipeline order is there).
+"""The rollout stages' functions (steps 0–4 of :mod:`refppo.pipeline`, once per rollout, from the
+cached rollout tensors), each ``fn(q, conv, hp, ev) -> {quantity: tensor}`` of
+:class:`refppo.pipeline.stages.Stage`::
 
-    reward_quantities       steps 0–2: score map, per-token KL, token rewards (+ whitening), value mask
-    rollout_quantities      steps 0–4: + advantages (GAE, or critic_free_advantages) and whitening
+    score_map_stage      scores                        -> mapped_scores      map_scores
+    kl_stage             old_logprobs, ref_logprobs    -> kl                 token_kl
+    value_mask_stage     mask                          -> value_mask         value_mask
+    rewards_stage        mapped_scores, kl, value_mask -> token_rewards      token_rewards (+ normalize)
+    advantages_stage     token_rewards, old_values, …  -> advantages_raw,    gae_by_rows, or
+                                                          returns            critic_free_advantages
+    whitening_stage      advantages_raw                -> advantages         normalize
+
+``q`` maps quantity names to tensors (or None: no critic, no ``group_index``); ``mask`` there is the
+validated bool response mask.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,8 +41,11 @@ from refppo.core.normalize import normalize
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError, SingletonGroupError
-from refppo.pipeline.blocks import gae_by_rows
-from refppo.pipeline.settings import Convention, Hyperparams, ScoreMap
+from refppo.pipeline.blocks import Evaluation, gae_by_rows
+from refppo.pipeline.settings import Convention, Hyperparams
+
+Q = Mapping[str, Any]
+"""The quantities a stage reads (name → tensor, or None where absent)."""
 
 
 def value_mask(mask: Tensor, score_at: ScorePosition) -> Tensor:
@@ -46,83 +59,81 @@ def value_mask(mask: Tensor, score_at: ScorePosition) -> Tensor:
     return m.clone().scatter_(1, pos.unsqueeze(1), True)
 
 
-def clipped_scores(scores: Tensor, score_clip: float | None, bias: float = 0.0, scale: float = 1.0) -> Tensor:
-    """Step 0: ``clip((s + bias)·scale, ±score_clip)`` (:func:`refppo.core.score_map.map_scores`;
-    bias 0 and scale 1 leave ``s`` as is). The oracle's fast paths call it by this name."""
-    return map_scores(scores, bias=bias, scale=scale, clip=score_clip)
+def score_map_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 0: ``clip((s + bias)·scale, ±clip)`` of ``conv.score`` (the identity leaves ``s`` as is)."""
+    sm = conv.score
+    return {"mapped_scores": map_scores(q["scores"], bias=sm.bias, scale=sm.scale, clip=sm.clip)}
 
 
-def mapped_scores(scores: Tensor, score_map: ScoreMap | None) -> Tensor:
-    """Step 0 under ``score_map`` (None: the identity, ``scores`` itself)."""
-    if score_map is None:
-        return scores
-    return clipped_scores(scores, score_map.clip, score_map.bias, score_map.scale)
+def kl_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 1: the per-token KL of the old vs reference log-probs (always, also when KL is placed in
+    the loss), by ``conv.kl``'s estimator and clamps."""
+    k = conv.kl
+    kl = token_kl(
+        q["old_logprobs"], q["ref_logprobs"], q["mask"], k.estimator,
+        log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp,
+    )  # fmt: skip
+    return {"kl": kl}
 
 
-@dataclass(frozen=True)
-class RolloutQuantities:
-    """Steps 1–4: computed once per rollout from cached tensors. All ``[B, T]``."""
-
-    kl: Tensor
-    """Per-token KL (old vs ref) — the one that enters the reward (zeros if KL is in the loss)."""
-    token_rewards: Tensor
-    advantages_raw: Tensor
-    """GAE advantages before whitening."""
-    advantages: Tensor
-    """As fed to the policy loss (after whitening)."""
-    returns: Tensor
-    """``advantages_raw + old_values``: the value targets."""
-    value_mask: Tensor
-    """Mask of GAE and the value loss (see :func:`value_mask`)."""
+def value_mask_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """The value mask (:func:`value_mask` at ``score_at``)."""
+    return {"value_mask": value_mask(q["mask"], conv.reward.score_at)}
 
 
-def reward_quantities(
-    *,
-    scores: Tensor,
-    old_logprobs: Tensor,
-    ref_logprobs: Tensor,
-    mask: Tensor,
-    hp: Hyperparams,
-    conv: Convention,
-    all_reduce: AllReduce | None = None,
-    kl: Tensor | None = None,
-    score_map: ScoreMap | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Steps 0–2 of the module docstring: ``(kl, token_rewards, value_mask)``, all ``[B, T]``.
-
-    The per-token KL of the old vs reference log-probs (always, also when KL is placed in the loss),
-    the token rewards (score at ``score_at``, ``−β·KL`` when KL is in the reward, then the optional
-    reward whitening over the value mask) and the value mask. :func:`rollout_quantities` continues
-    from here; the oracle's diagnosis pre-test stops here (the same calls, so the same values).
-    ``kl``: step 1's result when the caller already holds it (this very ``token_kl`` call, made for
-    another setting with the same estimator and clamps: the oracle's candidates share it).
-    ``score_map``: step 0 (:func:`mapped_scores`; None: the scores as given).
-    """
-    m = check_mask("response_mask", mask)
-    scores = mapped_scores(scores, score_map)
-    if kl is None:
-        kl = token_kl(
-            old_logprobs,
-            ref_logprobs,
-            m,
-            conv.kl_estimator,
-            log_ratio_clamp=conv.kl_log_ratio_clamp,
-            value_clamp=conv.kl_value_clamp,
-        )
-    beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
-    rewards = token_rewards(scores, kl if beta > 0 else None, m, beta, score_at=conv.score_at)
-    vmask = value_mask(m, conv.score_at)
-    if conv.whiten_rewards is not Whitening.NONE:
+def rewards_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 2: the token rewards (the score at ``score_at``, ``−β·KL`` when KL is in the reward), then
+    the optional reward whitening over the value mask (step 2b; a collective under ``all_reduce``)."""
+    m = q["mask"]
+    beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
+    kl = q["kl"] if beta > 0 else None
+    rewards = token_rewards(q["mapped_scores"], kl, m, beta, score_at=conv.reward.score_at)
+    if conv.reward.whiten is not Whitening.NONE:
         rewards = normalize(
             rewards,
-            vmask,
-            conv.whiten_rewards,
-            unbiased=conv.whiten_variance is Variance.UNBIASED,
+            q["value_mask"],
+            conv.reward.whiten,
+            unbiased=conv.norm.variance is Variance.UNBIASED,
             eps=hp.whiten_eps,
-            eps_at=conv.whiten_eps_at,
-            all_reduce=all_reduce,
+            eps_at=conv.norm.eps_at,
+            all_reduce=ev.all_reduce,
         )
-    return kl, rewards, vmask
+    return {"token_rewards": rewards}
+
+
+def advantages_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 3: ``(advantages_raw, returns)``: GAE for ``advantage=gae`` (needs ``old_values``; returns
+    = raw advantages + old values), else :func:`critic_free_advantages` (``old_values`` unused; the
+    group estimators need ``group_index`` ``[B]``; returns = the raw advantages, as verl and OpenRLHF).
+    A group estimator under ``all_reduce`` needs ``ev.groups_on_rank``."""
+    if conv.adv.estimator is AdvantageEstimator.GAE:
+        adv_raw, returns = _gae_advantages(
+            q["token_rewards"], q.get("old_values"), q["value_mask"], hp=hp, conv=conv
+        )
+        return {"advantages_raw": adv_raw, "returns": returns}
+    adv_raw = critic_free_advantages(
+        scores=q["mapped_scores"], kl=q["kl"], rewards=q["token_rewards"], mask=q["mask"],
+        value_mask_=q["value_mask"], group_index=q.get("group_index"), hp=hp, conv=conv,
+        distributed=ev.all_reduce is not None and not ev.groups_on_rank, all_reduce=ev.all_reduce,
+    )  # fmt: skip
+    return {"advantages_raw": adv_raw, "returns": adv_raw}
+
+
+def whitening_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 4: the advantages as fed to the policy loss: ``advantages_raw`` normalised over the
+    response mask (or its envelope, ``whiten_holes=include``); global under ``all_reduce``, so each
+    rank's advantages equal its rows of one process whitening the whole batch (as verl)."""
+    m = q["mask"]
+    adv = normalize(
+        q["advantages_raw"],
+        m if conv.whiten.holes is WhitenHoles.EXCLUDE else envelope(m),
+        conv.whiten.advantages,
+        unbiased=conv.norm.variance is Variance.UNBIASED,
+        eps=hp.whiten_eps,
+        eps_at=conv.norm.eps_at,
+        all_reduce=ev.all_reduce,
+    )
+    return {"advantages": adv}
 
 
 def _gae_advantages(
@@ -136,68 +147,8 @@ def _gae_advantages(
             "(advantage=grpo, dr-grpo, rloo, reinforce++, reinforce++-baseline, opo, gpg, grpo-passk, "
             "flash-reinforce) does not"
         )
-    gae_mask = vmask if conv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
-    return gae_by_rows(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes)
-
-
-def rollout_quantities(
-    *,
-    scores: Tensor,
-    old_logprobs: Tensor,
-    ref_logprobs: Tensor,
-    old_values: Tensor | None,
-    mask: Tensor,
-    hp: Hyperparams,
-    conv: Convention,
-    all_reduce: AllReduce | None = None,
-    group_index: Tensor | None = None,
-    groups_on_rank: bool = False,
-    score_map: ScoreMap | None = None,
-    kl: Tensor | None = None,
-) -> RolloutQuantities:
-    """Steps 0–4 of the module docstring (steps 0–2: :func:`reward_quantities`).
-
-    ``all_reduce`` (a SUM all-reduce across ranks; None on one process): the tensors are this
-    rank's rows and the whitening moments (step 4) are all-reduced, so each rank's advantages equal
-    its rows of one process whitening the whole global batch (as verl). Steps 1–3 are per row and
-    need no communication. Every rank must call it (the whitening is a collective).
-
-    Step 3 is GAE for ``conv.advantage = gae`` (needs ``old_values``); otherwise the critic-free
-    estimator of :func:`critic_free_advantages` (``old_values`` unused, may be None; the group
-    estimators need ``group_index`` ``[B]``, the prompt each row answers). Critic-free
-    ``returns`` are the raw advantages (verl and OpenRLHF return them as the returns).
-    ``groups_on_rank``: with ``all_reduce``, the caller guarantees that every group's rows are on
-    this rank (the trainer samples whole groups per rank and checks it), so the per-process group
-    statistics are the global ones; without it a group estimator under ``all_reduce`` is refused.
-    ``kl``: step 1's result when the caller already holds it (as :func:`reward_quantities`).
-    """
-    m = check_mask("response_mask", mask)
-    scores = mapped_scores(scores, score_map)  # step 0, once: the critic-free estimators read it too
-    kl, rewards, vmask = reward_quantities(
-        scores=scores, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, mask=m, hp=hp, conv=conv,
-        all_reduce=all_reduce, kl=kl,
-    )  # fmt: skip
-    if conv.advantage is AdvantageEstimator.GAE:
-        adv_raw, returns = _gae_advantages(rewards, old_values, vmask, hp=hp, conv=conv)
-    else:
-        adv_raw = critic_free_advantages(
-            scores=scores, kl=kl, rewards=rewards, mask=m, value_mask_=vmask, group_index=group_index,
-            hp=hp, conv=conv, distributed=all_reduce is not None and not groups_on_rank,
-            all_reduce=all_reduce,
-        )  # fmt: skip
-        returns = adv_raw
-    adv = normalize(
-        adv_raw,
-        m if conv.whiten_holes is WhitenHoles.EXCLUDE else envelope(m),
-        conv.whiten_advantages,
-        unbiased=conv.whiten_variance is Variance.UNBIASED,
-        eps=hp.whiten_eps,
-        eps_at=conv.whiten_eps_at,
-        all_reduce=all_reduce,
-    )
-    if conv.kl_in is KLPlacement.LOSS:
-        kl = torch.zeros_like(kl)
-    return RolloutQuantities(kl, rewards, adv_raw, adv, returns, vmask)
+    gae_mask = vmask if conv.adv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
+    return gae_by_rows(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes)
 
 
 def _group_scores(
@@ -215,11 +166,11 @@ def _group_scores(
     ``to_go``: ``scores`` and ``−β·KL_t`` on ``mask`` (None when the KL is in the loss or β = 0)."""
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     penalty = None
-    if conv.group_kl is GroupKL.FOLD:
+    if conv.adv.group_kl is GroupKL.FOLD:
         s = torch.where(value_mask_, rewards, zero).sum(dim=1)
     else:
         s = scores.to(rewards.dtype)
-        if conv.kl_in is KLPlacement.REWARD and hp.kl_coef > 0:
+        if conv.kl.placement is KLPlacement.REWARD and hp.kl_coef > 0:
             penalty = torch.where(mask, -hp.kl_coef * kl, zero)
     return s, penalty
 
@@ -237,24 +188,24 @@ def critic_free_advantages(
     distributed: bool = False,
     all_reduce: AllReduce | None = None,
 ) -> Tensor:
-    """Step 3 without a critic: the raw advantages ``[B, T]`` of ``conv.advantage`` (before step 4).
+    """Step 3 without a critic: the raw advantages ``[B, T]`` of ``conv.adv.estimator`` (before step 4).
 
     - ``reinforce++``: ``R_t = Σ_{k≥t} γ^{k−t} r_k`` of the token ``rewards`` over the value mask,
-      across interior holes by ``conv.gae_holes`` (:func:`refppo.core.group.discounted_returns`; verl 0.9.1
-      ``compute_reinforce_plus_plus_outcome_advantage``, OpenRLHF 0.11.2 ``reinforce``);
+      across interior holes by ``conv.adv.gae_holes`` (:func:`refppo.core.group.discounted_returns`;
+      verl 0.9.1 ``compute_reinforce_plus_plus_outcome_advantage``, OpenRLHF 0.11.2 ``reinforce``);
     - group estimators (:func:`refppo.core.group.group_advantages`, whitening left to step 4):
       with ``group_kl=fold`` the score of row i is ``Σ_t r_{i,t}`` over the value mask (KL and score
       together, verl ``token_level_rewards.sum(-1)``); with ``to_go`` it is ``scores`` and
       ``−β·KL_t`` is added as its return-to-go (OpenRLHF), β = 0 when the KL is in the loss;
       ``opo``'s lengths are the valid tokens of ``mask``;
     - ``flash-reinforce`` (the batch-mean baseline) needs no ``group_index``; its batch sums,
-      ``gpg``'s and ``grpo``'s batch std (``conv.group_std_level`` ``batch``/``batch-centred``) go
+      ``gpg``'s and ``grpo``'s batch std (``conv.adv.group_std_level`` ``batch``/``batch-centred``) go
       through ``all_reduce`` (every rank's rows, as one process on the whole batch).
     """
-    if conv.advantage is AdvantageEstimator.REINFORCE_PP:
-        return discounted_returns(rewards, value_mask_, gamma=hp.gamma, holes=conv.gae_holes)
-    what = f"advantage={conv.advantage.value}"
-    batch_only = conv.advantage is AdvantageEstimator.FLASH_REINFORCE
+    if conv.adv.estimator is AdvantageEstimator.REINFORCE_PP:
+        return discounted_returns(rewards, value_mask_, gamma=hp.gamma, holes=conv.adv.gae_holes)
+    what = f"advantage={conv.adv.estimator.value}"
+    batch_only = conv.adv.estimator is AdvantageEstimator.FLASH_REINFORCE
     if group_index is None and not batch_only:
         raise ConventionError(f"{what} needs group_index [B] (the prompt each row answers)")
     if distributed and not batch_only:
@@ -268,11 +219,11 @@ def critic_free_advantages(
             s,
             group_index,
             mask,
-            estimator=conv.advantage,
-            unbiased_std=conv.group_std is Variance.UNBIASED,
-            std_level=conv.group_std_level,
-            eps=conv.group_eps,
-            singleton=conv.group_singleton.value,
+            estimator=conv.adv.estimator,
+            unbiased_std=conv.adv.group_std is Variance.UNBIASED,
+            std_level=conv.adv.group_std_level,
+            eps=conv.adv.group_eps,
+            singleton=conv.adv.group_singleton.value,
             token_penalty=penalty,
             whiten=False,
             all_reduce=all_reduce,

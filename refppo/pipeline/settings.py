@@ -1,240 +1,235 @@
 """The settings of one PPO step: :class:`Convention` (which formulas) and :class:`Hyperparams` (the numbers).
 
-Shared by the pipeline (:mod:`refppo.pipeline`, which re-exports both), the trainer's config, the
-oracle's settings and the presets. Each convention key is a typed enum of :mod:`refppo.conventions`
-(or a number / clamp pair); spec/dump-format.md lists the keys and the peers that use each value.
+A :class:`Convention` is one frozen group per stage family of :mod:`refppo.pipeline.stages`
+(:mod:`refppo.pipeline.groups`)::
+
+    score    ScoreMap             score_bias, score_scale, score_clip          (score map)
+    kl       KLConvention         kl_estimator, kl_log_ratio_clamp, kl_value_clamp, kl_in
+    reward   RewardConvention     score_at, whiten_rewards
+    norm     NormConvention       whiten_variance, whiten_eps_at    (both whitenings read them)
+    adv      AdvantageConvention  advantage, gae_padding, gae_holes, group_std, group_std_level,
+                                  group_singleton, group_kl, group_eps
+    whiten   WhitenConvention     whiten_advantages, whiten_holes
+    policy   PolicyConvention     policy_loss, dual_clip, log_ratio_clamp, approx_kl
+    agg      AggConvention        loss_agg, value_loss_agg, kl_loss_agg, entropy_agg
+    value    ValueConvention      value_loss, value_clip_form, vf_mask
+
+The FLAT keys (``--set KEY``, sidecars, presets, the JSON report's ``convention`` object,
+:meth:`Convention.to_dict`, the trainer's ``ppo.*`` keys) are derived from the groups: each field's
+metadata names its flat key (:func:`refppo.pipeline.groups.flat_key`; the field name when it names
+none), :data:`FLAT` maps every flat key to its group and field.
+spec/conventions.md lists the keys and the peers that use each value.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, fields, replace
+import typing
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from typing import Any
 
-from refppo.conventions import (
-    AdvantageEstimator,
-    GaeHoles,
-    GaePadding,
-    GroupKL,
-    GroupSingleton,
-    GroupStdLevel,
-    KLEstimator,
-    KLPlacement,
-    LossAgg,
-    PolicyLoss,
-    ScorePosition,
-    ValueClipForm,
-    ValueLoss,
-    Variance,
-    WhitenEps,
-    WhitenHoles,
-    Whitening,
-    parse,
-)
-from refppo.core.checks import check_nonneg, check_positive, check_unit_interval
-from refppo.core.kl import check_kl_clamps
-from refppo.core.score_map import check_score_map
+from refppo.conventions import AdvantageEstimator, GroupKL, GroupSingleton, GroupStdLevel, Whitening
+from refppo.core.checks import check_nonneg, check_unit_interval
 from refppo.errors import ConventionError, HyperparameterError
-
-_ENUM_FIELDS: dict[str, type[Any]] = {
-    "kl_estimator": KLEstimator,
-    "kl_in": KLPlacement,
-    "score_at": ScorePosition,
-    "whiten_advantages": Whitening,
-    "whiten_variance": Variance,
-    "loss_agg": LossAgg,
-    "value_loss": ValueLoss,
-    "whiten_eps_at": WhitenEps,
-    "whiten_rewards": Whitening,
-    "gae_padding": GaePadding,
-    "value_clip_form": ValueClipForm,
-    "policy_loss": PolicyLoss,
-    "advantage": AdvantageEstimator,
-    "group_std": Variance,
-    "group_std_level": GroupStdLevel,
-    "group_singleton": GroupSingleton,
-    "group_kl": GroupKL,
-    "gae_holes": GaeHoles,
-    "whiten_holes": WhitenHoles,
-}
-_OPTIONAL_ENUM_FIELDS: dict[str, type[Any]] = {
-    "value_loss_agg": LossAgg,
-    "kl_loss_agg": LossAgg,
-    "entropy_agg": LossAgg,
-}
-"""Enum fields that may also be None (parsed like ``_ENUM_FIELDS``; None stays None)."""
-_OMITTED_AT_DEFAULT: dict[str, Any] = {
-    "value_loss_agg": None,
-    "value_clip_form": ValueClipForm.AROUND_OLD,
-    "whiten_eps_at": WhitenEps.VARIANCE,
-    "whiten_rewards": Whitening.NONE,
-    "gae_padding": GaePadding.MASKED,
-    "kl_loss_agg": None,
-    "entropy_agg": None,
-    "policy_loss": PolicyLoss.VANILLA,
-    "advantage": AdvantageEstimator.GAE,
-    "group_std": Variance.UNBIASED,
-    "group_std_level": GroupStdLevel.GROUP,
-    "group_singleton": GroupSingleton.ERROR,
-    "group_kl": GroupKL.FOLD,
-    "group_eps": 1e-6,
-    "gae_holes": GaeHoles.SKIP,
-    "whiten_holes": WhitenHoles.EXCLUDE,
-}
-"""Fields added after the golden cases in ``spec/golden`` were written: :meth:`Convention.to_dict`
-leaves them out while they hold these defaults, so those stored dicts stay exact."""
+from refppo.pipeline.groups import (
+    GROUPS,
+    AdvantageConvention,
+    AggConvention,
+    KLConvention,
+    NormConvention,
+    PolicyConvention,
+    RewardConvention,
+    ScoreMap,
+    ValueConvention,
+    WhitenConvention,
+)
 
 
 @dataclass(frozen=True)
 class Convention:
-    """Every convention on which PPO trainers differ. Defaults are refppo's own choices."""
+    """Every convention on which PPO trainers differ, one group per stage family (module docstring).
+    Defaults are refppo's own choices. Build one from flat keys with :meth:`of` / :meth:`from_dict`;
+    read one flat key with :meth:`get`; vary some with :meth:`with_updates`."""
 
-    kl_estimator: KLEstimator = KLEstimator.K1
-    """Per-token KL estimator (in the reward, or in the loss)."""
-    kl_in: KLPlacement = KLPlacement.REWARD
-    """KL in the reward (old vs ref) or as a loss term (current vs ref)."""
-    score_at: ScorePosition = ScorePosition.LAST_VALID
-    """Which position receives the reward-model score."""
-    whiten_advantages: Whitening = Whitening.MASKED
-    """Advantage whitening after GAE (returns always use the raw advantages)."""
-    whiten_variance: Variance = Variance.UNBIASED
-    """Variance used by the whitening."""
-    loss_agg: LossAgg = LossAgg.TOKEN_MEAN
-    """Aggregation of the per-token policy, entropy and KL losses (and of the value loss unless
-    ``value_loss_agg`` is set)."""
-    value_loss: ValueLoss = ValueLoss.CLIPPED
-    """Clipped or unclipped value loss.
-    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
-    dual_clip: float | None = None
-    """Dual-clip constant c > 1 for negative advantages, or None (off)."""
-    log_ratio_clamp: float | None = None
-    """Clamp of ``logprobs − old_logprobs`` before exp in the ratio (verl, OpenRLHF: 20)."""
-    kl_log_ratio_clamp: tuple[float | None, float | None] | None = None
-    """Clamp ``(lo, hi)`` of ``log π − log π_ref`` before the KL estimator."""
-    kl_value_clamp: float | None = None
-    """Symmetric clamp of the KL estimate (OpenRLHF: 10; verl k3: 10)."""
-    value_loss_agg: LossAgg | None = None
-    """Aggregation of the value loss; None = same as ``loss_agg``. OpenRLHF's critic keeps the value
-    loss ``token-mean`` whatever the actor's aggregation (its critic builds ``ValueLoss(value_clip)``).
-    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
-    whiten_eps_at: WhitenEps = WhitenEps.VARIANCE
-    """Where the whitening's eps enters: ``1/sqrt(σ²+eps)``, ``1/sqrt(max(σ², eps))`` (OpenRLHF) or
-    ``1/(σ+eps)`` (AReaL); also used by ``whiten_rewards``."""
-    whiten_rewards: Whitening = Whitening.NONE
-    """Normalisation of the token rewards over the value mask, after the KL and the score and before
-    GAE (TRL ``whiten_rewards=True``: ``masked_no_shift``)."""
-    gae_padding: GaePadding = GaePadding.MASKED
-    """GAE stops at the value mask (``masked``) or runs through the padding (``through``: SkyRL)."""
-    kl_loss_agg: LossAgg | None = None
-    """Aggregation of the KL loss (``kl_in=loss``); None = ``loss_agg``. SkyRL-train averages per row
-    (``seq-mean-token-mean``) whatever its policy-loss reduction."""
-    entropy_agg: LossAgg | None = None
-    """Aggregation of the entropy term; None = ``loss_agg``. SkyRL-train: ``token-mean`` always."""
-
-    value_clip_form: ValueClipForm = ValueClipForm.AROUND_OLD
-    """How the clipped value is computed: ``around_old`` ``clip(V, V_old ± ε_v)`` (verl, TRL,
-    DeepSpeed-Chat) or ``delta`` ``V_old + clip(V − V_old, ±ε_v)`` (OpenRLHF, SkyRL, AReaL); equal in
-    exact arithmetic, they can count a different ``vf_clipfrac`` in float32.
-    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
-    policy_loss: PolicyLoss = PolicyLoss.VANILLA
-    """The importance ratio of the clipped surrogate: ``vanilla`` (per token) or ``gspo`` (GSPO's
-    length-normalised sequence ratio, :mod:`refppo.core.gspo`; needs ``dual_clip`` None, and takes
-    ``log_ratio_clamp`` as the upper clamp of the log sequence ratio, verl: 10)."""
-    gae_holes: GaeHoles = GaeHoles.SKIP
-    """How GAE crosses interior mask holes (multi-turn tool tokens): ``skip`` (verl), ``zero``
-    (OpenRLHF agent mode), ``through`` (SkyRL); no effect on a right-padded mask."""
-    whiten_holes: WhitenHoles = WhitenHoles.EXCLUDE
-    """The advantage whitening's moments over the valid tokens (``exclude``: verl, OpenRLHF) or over
-    each row's envelope, holes included (``include``: SkyRL); no effect on a right-padded mask."""
-
-    advantage: AdvantageEstimator = AdvantageEstimator.GAE
-    """Step 3's estimator: ``gae`` (with a critic) or a critic-free one (:mod:`refppo.core.group`):
-    ``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo`` (length-weighted group
-    mean), ``gpg`` (``α(s − μ_G)``, ``α`` = B / #nonzero scores of the batch), ``grpo-passk`` (the
-    unique best response's margin) — these need ``group_index`` —, ``reinforce++`` and
-    ``flash-reinforce`` (``s − batch mean``, no group). Step 4 (the ``whiten_*`` keys) still
-    applies: the peers' GRPO/RLOO leave it off (``whiten_advantages=none``), REINFORCE++ is its
-    discounted returns whitened by step 4."""
-    group_std: Variance = Variance.UNBIASED
-    """The group std of ``grpo`` and ``grpo-passk``: ``unbiased`` (n−1: ``torch.std``, verl, OpenRLHF,
-    SkyRL) or ``population`` (n)."""
-    group_std_level: GroupStdLevel = GroupStdLevel.GROUP
-    """Over which rows that std is taken: ``group`` (each row's group), ``batch`` (the whole batch
-    around its mean: TRL ``scale_rewards="batch"``) or ``batch-centred`` (the batch's ``s − μ_G``:
-    AReaL ``std_level: batch`` under ``mean_level: group``); :class:`refppo.conventions.GroupStdLevel`."""
-    group_singleton: GroupSingleton = GroupSingleton.ERROR
-    """A prompt with one response in a group estimator: ``error``, ``score`` or ``zero``."""
-    group_kl: GroupKL = GroupKL.FOLD
-    """The reward KL in a group estimator: folded into the score (verl, SkyRL) or added as its
-    return-to-go after grouping (OpenRLHF)."""
-    group_eps: float = 1e-6
-    """ε of ``grpo``'s (and ``grpo-passk``'s) ``(s − μ)/(σ + ε)`` (verl, SkyRL 1e-6; OpenRLHF
-    ``group_norm`` 1e-9). Read by these two only (the trainer refuses it off its default elsewhere)."""
+    score: ScoreMap = field(default_factory=ScoreMap)
+    """Step 0: the score map."""
+    kl: KLConvention = field(default_factory=KLConvention)
+    """Step 1: the per-token KL and its placement."""
+    reward: RewardConvention = field(default_factory=RewardConvention)
+    """Step 2: the token rewards."""
+    norm: NormConvention = field(default_factory=NormConvention)
+    """The whitening moments (steps 2b and 4)."""
+    adv: AdvantageConvention = field(default_factory=AdvantageConvention)
+    """Step 3: the advantage estimator."""
+    whiten: WhitenConvention = field(default_factory=WhitenConvention)
+    """Step 4: the advantage whitening."""
+    policy: PolicyConvention = field(default_factory=PolicyConvention)
+    """Steps 5–6: the clipped surrogate and the ``approx_kl`` metric."""
+    agg: AggConvention = field(default_factory=AggConvention)
+    """The aggregations of the loss terms."""
+    value: ValueConvention = field(default_factory=ValueConvention)
+    """Step 7: the value loss."""
 
     def __post_init__(self) -> None:
-        for name, cls in _ENUM_FIELDS.items():
-            object.__setattr__(self, name, parse(cls, getattr(self, name), what=name))
-        for name, cls in _OPTIONAL_ENUM_FIELDS.items():
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, parse(cls, getattr(self, name), what=name))
-        # The core's own checks, at construction (a config error before any model is loaded):
-        # dual-clip c finite and > 1 (policy.clipped_policy_loss), the clamps (kl, policy_ratio).
-        if self.dual_clip is not None and not (math.isfinite(self.dual_clip) and self.dual_clip > 1.0):
-            raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
-        if self.log_ratio_clamp is not None:
-            check_positive("log_ratio_clamp", self.log_ratio_clamp)
-        if self.policy_loss is PolicyLoss.GSPO and self.dual_clip is not None:
-            raise ConventionError(
-                f"dual_clip: policy_loss=gspo has no dual-clip (verl compute_policy_loss_gspo), "
-                f"got dual_clip={self.dual_clip!r}; set dual_clip=none"
-            )
-        check_kl_clamps(self.kl_log_ratio_clamp, self.kl_value_clamp, prefix="kl_")
-        check_nonneg("group_eps", self.group_eps)
-        if self.group_kl is GroupKL.TO_GO and self.whiten_rewards is not Whitening.NONE:
+        if self.adv.group_kl is GroupKL.TO_GO and self.reward.whiten is not Whitening.NONE:
             raise ConventionError(
                 "group_kl=to_go with whiten_rewards: the return-to-go of −β·KL is read before any reward "
                 "whitening; no peer combines them (use group_kl=fold)"
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly dict (enum values as their names).
+    @classmethod
+    def of(cls, **flat: Any) -> Convention:
+        """A Convention from flat keys (``Convention.of(kl_estimator="k3", loss_agg="token-sum")``)."""
+        return cls().with_updates(flat)
 
-        The fields of :data:`_OMITTED_AT_DEFAULT` (``value_loss_agg``, ``value_clip_form``,
-        ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``, ``entropy_agg``,
-        ``policy_loss``, ``gae_holes``, ``whiten_holes``, ``group_std_level``, ...) are
-        left out while they hold their defaults, so that the dict of a convention that does not use
-        them is the one written before they existed (the golden cases in ``spec/golden`` store it);
-        :meth:`from_dict` restores the defaults.
+    def get(self, key: str) -> Any:
+        """The value of flat key ``key``."""
+        fk = FLAT[key]
+        return getattr(getattr(self, fk.group), fk.name)
+
+    def flat(self) -> dict[str, Any]:
+        """Every flat key's typed value, in :data:`FLAT_ORDER`."""
+        return {k: self.get(k) for k in FLAT_ORDER}
+
+    def with_updates(self, data: dict[str, Any]) -> Convention:
+        """A copy with some flat keys replaced (values may be strings, as typed on a command line)."""
+        unknown = sorted(set(data) - set(FLAT))
+        if unknown:
+            raise ConventionError(f"unknown convention keys {unknown}; valid keys are {sorted(FLAT)}")
+        by_group: dict[str, dict[str, Any]] = {}
+        for key, value in data.items():
+            fk = FLAT[key]
+            by_group.setdefault(fk.group, {})[fk.name] = value
+        return replace(self, **{g: replace(getattr(self, g), **upd) for g, upd in by_group.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly flat dict (enum values as their names, tuples as lists), in :data:`FLAT_ORDER`.
+
+        The keys marked ``omit`` (:func:`flat_key`: ``value_loss_agg``, ``whiten_rewards``,
+        ``gae_padding``, ``advantage``, the ``group_*`` keys, the score map, ...) are left out while
+        they hold their defaults, so that the dict of a convention that does not use them is the one
+        written before they existed (the golden cases in ``spec/golden`` store it); :meth:`from_dict`
+        restores the defaults.
         """
-        out = asdict(self)
-        for name in _ENUM_FIELDS:
-            out[name] = getattr(self, name).value
-        for name in _OPTIONAL_ENUM_FIELDS:
-            value = getattr(self, name)
-            out[name] = None if value is None else value.value
-        for name, default in _OMITTED_AT_DEFAULT.items():
-            if getattr(self, name) == default:
-                del out[name]
-        if self.kl_log_ratio_clamp is not None:
-            out["kl_log_ratio_clamp"] = list(self.kl_log_ratio_clamp)
+        out: dict[str, Any] = {}
+        for key in FLAT_ORDER:
+            fk, value = FLAT[key], self.get(key)
+            if not (fk.omit and value == fk.default):
+                out[key] = json_value(value)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Convention:
-        """Build from convention keys; an unknown key raises a ConventionError listing the valid ones."""
+        """Build from flat keys; an unknown key raises a ConventionError listing the valid ones."""
         return cls().with_updates(data)
 
-    def with_updates(self, data: dict[str, Any]) -> Convention:
-        """A copy with some fields replaced (values may be strings, as typed on a command line)."""
-        valid = {f.name for f in fields(self)}
-        unknown = sorted(set(data) - valid)
-        if unknown:
-            raise ConventionError(f"unknown convention keys {unknown}; valid keys are {sorted(valid)}")
-        clean = dict(data)
-        if "kl_log_ratio_clamp" in clean and clean["kl_log_ratio_clamp"] is not None:
-            lo, hi = clean["kl_log_ratio_clamp"]
-            clean["kl_log_ratio_clamp"] = (lo, hi)
-        return replace(self, **clean)
+    @classmethod
+    def config_hints(cls) -> dict[str, Any]:
+        """``{flat key: type}`` of the keys of the trainer's ``[ppo]`` section (:data:`CONFIG_KEYS`,
+        in order): what a config codec flattens this class into."""
+        return {k: FLAT[k].hint for k in CONFIG_KEYS}
+
+
+def json_value(value: Any) -> Any:
+    """A flat key's value as JSON has it: an enum by its name, a tuple as a list."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+@dataclass(frozen=True)
+class FlatKey:
+    """One flat convention key: where it lives in :class:`Convention` and what it holds."""
+
+    key: str
+    group: str
+    """The :class:`Convention` attribute of its group (``kl``, ``policy``, ...)."""
+    name: str
+    """The field of the group."""
+    hint: Any
+    """Its type (an enum class, ``float | None``, ...)."""
+    default: Any
+    omit: bool
+    """Left out of :meth:`Convention.to_dict` at its default."""
+    config: bool
+    """A key of the trainer's ``[ppo]`` section."""
+
+
+FLAT_ORDER: tuple[str, ...] = (
+    "kl_estimator",
+    "kl_in",
+    "score_at",
+    "whiten_advantages",
+    "whiten_variance",
+    "loss_agg",
+    "value_loss",
+    "dual_clip",
+    "log_ratio_clamp",
+    "kl_log_ratio_clamp",
+    "kl_value_clamp",
+    "value_loss_agg",
+    "whiten_eps_at",
+    "whiten_rewards",
+    "gae_padding",
+    "kl_loss_agg",
+    "entropy_agg",
+    "value_clip_form",
+    "policy_loss",
+    "gae_holes",
+    "whiten_holes",
+    "advantage",
+    "group_std",
+    "group_std_level",
+    "group_singleton",
+    "group_kl",
+    "group_eps",
+    "score_bias",
+    "score_scale",
+    "score_clip",
+    "approx_kl",
+    "vf_mask",
+)
+"""The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
+report, ``refppo train --help-config``): the order they were added in, kept so that those outputs
+stay byte for byte. The set is :data:`FLAT`'s (checked at import)."""
+
+
+def _flat_keys() -> dict[str, FlatKey]:
+    found: dict[str, FlatKey] = {}
+    for group, cls in GROUPS.items():
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            key = f.metadata.get("key") or f.name
+            if key in found:
+                raise RuntimeError(f"Convention: flat key {key!r} in two groups")
+            meta = f.metadata
+            found[key] = FlatKey(key, group, f.name, hints[f.name], f.default, meta["omit"], meta["config"])
+    if set(found) != set(FLAT_ORDER) or len(FLAT_ORDER) != len(found):
+        raise RuntimeError(f"FLAT_ORDER {sorted(FLAT_ORDER)} is not the groups' keys {sorted(found)}")
+    return {k: found[k] for k in FLAT_ORDER}
+
+
+FLAT: dict[str, FlatKey] = _flat_keys()
+"""Every flat convention key (:data:`FLAT_ORDER`), derived from the groups' field metadata."""
+
+
+def enum_keys() -> dict[str, type[Enum]]:
+    """``{flat key: its enum}`` of every key whose value is an enum member (or None)."""
+    out: dict[str, type[Enum]] = {}
+    for key, fk in FLAT.items():
+        for tp in typing.get_args(fk.hint) or (fk.hint,):
+            if isinstance(tp, type) and issubclass(tp, Enum):
+                out[key] = tp
+    return out
+
+
+CONVENTION_KEYS: tuple[str, ...] = FLAT_ORDER
+"""Every flat convention key."""
+CONFIG_KEYS: tuple[str, ...] = tuple(k for k in FLAT_ORDER if FLAT[k].config)
+"""The flat keys of the trainer's ``[ppo]`` section (``approx_kl`` and ``vf_mask`` describe how an
+observed trainer logs and masks: refppo's trainer runs their defaults)."""
 
 
 @dataclass(frozen=True)
@@ -276,26 +271,8 @@ class Hyperparams:
             raise HyperparameterError(f"cliprange: expected a number in [0, 1), got {self.cliprange!r}")
 
 
-@dataclass(frozen=True)
-class ScoreMap:
-    """What the trainer does to the reward model's score first: ``clip((s + bias)·scale, ±clip)``
-    (:mod:`refppo.core.score_map`; the pipeline's step 0). The default is the identity.
-
-    The oracle's flat keys ``score_bias``, ``score_scale``, ``score_clip``
-    (:class:`refppo.oracle.check.settings.Extras`) are these three numbers.
-    """
-
-    bias: float = 0.0
-    """Added to the score first (AReaL ``reward_bias``)."""
-    scale: float = 1.0
-    """Multiplies ``s + bias`` (AReaL ``reward_scaling``)."""
-    clip: float | None = None
-    """Symmetric clamp after the affine map, or None (AReaL ``reward_clip`` 20, OpenRLHF 10,
-    DeepSpeed-Chat 5)."""
-
-    def __post_init__(self) -> None:
-        check_score_map(self.bias, self.scale, self.clip)
-
+HPARAM_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Hyperparams))
+"""The fields of :class:`Hyperparams`."""
 
 SIGMA_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
 """The estimators with a σ (:func:`refppo.core.group.group_scalar_advantages`): only they read
@@ -304,11 +281,11 @@ SIGMA_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.GRPO_PASSK)
 
 def unread_std_level(conv: Convention, prefix: str = "") -> str | None:
     """One line when ``group_std_level`` is off ``group`` but ``advantage`` has no σ, else None."""
-    adv = conv.advantage
-    if conv.group_std_level is GroupStdLevel.GROUP or adv in SIGMA_ESTIMATORS:
+    adv, level = conv.adv.estimator, conv.adv.group_std_level
+    if level is GroupStdLevel.GROUP or adv in SIGMA_ESTIMATORS:
         return None
     return (
-        f"{prefix}group_std_level={conv.group_std_level.value} is set but {prefix}advantage={adv.value} "
+        f"{prefix}group_std_level={level.value} is set but {prefix}advantage={adv.value} "
         f"takes no group std (only {', '.join(e.value for e in SIGMA_ESTIMATORS)} read it)"
     )
 
@@ -325,11 +302,11 @@ def unread_convention(conv: Convention, prefix: str = "") -> str | None:
     The user-facing entry points call it: :func:`refppo.oracle.check.settings.build_setup` (``refppo diff``'s
     ``--preset``/``--set``/sidecar) and the trainer's config. ``prefix``: ``"ppo."`` for the
     trainer's keys."""
-    adv = conv.advantage
+    adv = conv.adv.estimator
     level = unread_std_level(conv, prefix)
     if level is not None:
         return level
-    if adv is AdvantageEstimator.GRPO_PASSK and conv.group_singleton is GroupSingleton.SCORE:
+    if adv is AdvantageEstimator.GRPO_PASSK and conv.adv.group_singleton is GroupSingleton.SCORE:
         return (
             f"{prefix}group_singleton=score is set but {prefix}advantage=grpo-passk has no second-best "
             f"score in a group of one (use {prefix}group_singleton=error or zero)"
@@ -337,4 +314,17 @@ def unread_convention(conv: Convention, prefix: str = "") -> str | None:
     return None
 
 
-__all__ = ["SIGMA_ESTIMATORS", "Convention", "Hyperparams", "ScoreMap", "unread_convention"]
+__all__ = [
+    "CONFIG_KEYS",
+    "CONVENTION_KEYS",
+    "FLAT",
+    "FLAT_ORDER",
+    "HPARAM_KEYS",
+    "SIGMA_ESTIMATORS",
+    "Convention",
+    "FlatKey",
+    "Hyperparams",
+    "enum_keys",
+    "json_value",
+    "unread_convention",
+]

@@ -1,78 +1,87 @@
-"""Steps 5–9 of the pipeline: per PPO epoch / minibatch, with the current policy and critic
-(split out of ``refppo/pipeline.py``, which re-exports every name; the numbered pipeline order is
-there).
+"""The update stages' functions (steps 5–9 of :mod:`refppo.pipeline`, per PPO epoch / minibatch, with
+the current policy and critic), each ``fn(q, conv, hp, ev) -> {quantity: tensor}`` of
+:class:`refppo.pipeline.stages.Stage`::
 
-    policy_term             steps 5–6: ratio and the policy loss of ``conv.policy_loss``
-    update_quantities       steps 5–9: + value loss, entropy bonus, KL loss, total loss
+    policy_stage       logprobs, old_logprobs, advantages -> pg_per_token, ratio, pg_clipfrac,
+                                                             pg_clipfrac_lower, pg_approx_kl
+    policy_agg_stage   pg_per_token                      -> pg_loss          aggregate_masked
+    approx_kl_stage    pg_approx_kl, logprobs, …         -> approx_kl        (conv.policy.approx_kl)
+    value_stage        values, old_values, returns, …    -> vf_per_token, vf_clipfrac, vf_loss_mask
+    value_agg_stage    vf_per_token, vf_loss_mask        -> vf_loss          aggregate_masked
+    entropy_stage      entropy                           -> entropy_loss     entropy_bonus
+    kl_loss_stage      logprobs, ref_logprobs            -> kl_loss          kl_loss
+    total_stage        pg_loss, vf_loss, entropy_loss, kl_loss -> loss       total_loss
+
+Every per-token term is made once and each aggregation reads it (the per-token stages and their
+aggregations are separate stages), so a caller can aggregate one per-token loss under every mode.
+``ev.rows`` set (no autograd graph): the per-token stages run by row blocks
+(:mod:`refppo.core.by_rows`: the same values bit for bit, without the whole-batch temporaries).
+``ev.norm``: the step's global normalisers (``value_token_count`` for the value term).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, KLPlacement, PolicyLoss
+from refppo.conventions import AdvantageEstimator, ApproxKL, KLPlacement, LossAgg, PolicyLoss, VfMask
+from refppo.core.aggregate import aggregate_masked
 from refppo.core.by_rows import (
     entropy_bonus_by_rows,
     kl_loss_by_rows,
-    policy_loss_by_rows,
-    value_loss_by_rows,
+    policy_token_loss_by_rows,
+    value_token_loss_by_rows,
 )
 from refppo.core.checks import check_mask
-from refppo.core.gspo import gspo_policy_loss
+from refppo.core.gspo import gspo_policy_token_loss
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
-from refppo.core.policy import PolicyLossOutput, clipped_policy_loss
-from refppo.core.value import value_loss
+from refppo.core.policy import (
+    PolicyLossOutput,
+    PolicyTokenLoss,
+    approx_kl_k2_all_positions,
+    clipped_policy_token_loss,
+)
+from refppo.core.value import value_token_loss
 from refppo.errors import ConventionError
-from refppo.pipeline.blocks import update_rows
+from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.settings import Convention, Hyperparams
 
-
-@dataclass(frozen=True)
-class UpdateQuantities:
-    """Steps 5–9 for one (mini/micro-)batch. Losses are 0-dim and differentiable."""
-
-    loss: Tensor
-    pg_loss: Tensor
-    vf_loss: Tensor
-    entropy_loss: Tensor
-    kl_loss: Tensor
-    ratio: Tensor
-    pg_clipfrac: Tensor
-    pg_clipfrac_lower: Tensor
-    approx_kl: Tensor
-    vf_clipfrac: Tensor
-
-    def stats(self) -> dict[str, float]:
-        """The scalars as Python floats (detached) for logging."""
-        names: tuple[str, ...] = ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss", "pg_clipfrac")
-        names = (*names, "pg_clipfrac_lower", "approx_kl", "vf_clipfrac")
-        return {n: float(getattr(self, n).detach()) for n in names}
+Q = Mapping[str, Any]
+"""The quantities a stage reads (name → tensor, or None where absent)."""
 
 
-@dataclass(frozen=True)
-class Normalisers:
-    """Global normalisers when one optimizer step is split into micro-batches or ranks.
-
-    ``token_count``/``seq_count`` are the valid-token and sequence counts of the WHOLE step
-    (policy mask), ``value_token_count`` the valid-token count of the value mask. None: local.
-    """
-
-    token_count: float | None = None
-    seq_count: float | None = None
-    value_token_count: float | None = None
-
-    def kwargs(self, horizon: float | None, *, value: bool = False) -> dict[str, float]:
-        """The normaliser keyword arguments of the policy terms (``value``: the value term's, whose
-        ``token_count`` is ``value_token_count`` when given), ``horizon`` = ``hp.horizon``; None
-        entries are left out (local counts, the padded length)."""
-        out = {"token_count": self.token_count, "seq_count": self.seq_count, "horizon": horizon}
-        if value and self.value_token_count is not None:
-            out["token_count"] = self.value_token_count
-        return {k: v for k, v in out.items() if v is not None}
+def policy_token_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    hp: Hyperparams,
+    conv: Convention,
+    rows: int | None = None,
+) -> PolicyTokenLoss:
+    """Steps 5–6 per token: the clipped surrogate of ``conv.policy`` (the token ratio, or GSPO's
+    sequence ratio), not aggregated. ``rows``: by blocks of that many rows (no autograd graph)."""
+    pol = conv.policy
+    gspo = pol.loss is PolicyLoss.GSPO
+    if rows is not None:
+        return policy_token_loss_by_rows(
+            rows, logprobs, old_logprobs, advantages, mask, gspo=gspo, clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high, dual_clip=None if gspo else pol.dual_clip,
+            log_ratio_clamp=pol.log_ratio_clamp,
+        )  # fmt: skip
+    if gspo:
+        return gspo_policy_token_loss(
+            logprobs, old_logprobs, advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
+            log_ratio_max=pol.log_ratio_clamp,
+        )  # fmt: skip
+    return clipped_policy_token_loss(
+        logprobs, old_logprobs, advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
+        dual_clip=pol.dual_clip, log_ratio_clamp=pol.log_ratio_clamp,
+    )  # fmt: skip
 
 
 def policy_term(
@@ -86,146 +95,136 @@ def policy_term(
     norm: Normalisers | None = None,
     rows: int | None = None,
 ) -> PolicyLossOutput:
-    """Step 5–6 of the module docstring: the policy loss of ``conv.policy_loss`` (per token and
-    aggregated), as :func:`update_quantities` computes it; the oracle's gradient diagnosis reads
-    its per-token loss ``ℓ`` [B, T] (``∂pg/∂A``, :mod:`refppo.oracle.check.grad_diagnose`).
-    ``rows``: evaluate by blocks of that many rows (:mod:`refppo.core.by_rows`: the same values bit
-    for bit, no autograd graph); None: the whole batch at once."""
-    pol_norm = (norm or Normalisers()).kwargs(hp.horizon)
-    if rows is not None:
-        gspo = conv.policy_loss is PolicyLoss.GSPO
-        return policy_loss_by_rows(
-            rows, logprobs, old_logprobs, advantages, mask, gspo=gspo, clip_low=hp.cliprange,
-            clip_high=hp.cliprange_high, dual_clip=None if gspo else conv.dual_clip, agg=conv.loss_agg,
-            log_ratio_clamp=conv.log_ratio_clamp, **pol_norm,
-        )  # fmt: skip
-    if conv.policy_loss is PolicyLoss.GSPO:
-        return gspo_policy_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            mask,
-            clip_low=hp.cliprange,
-            clip_high=hp.cliprange_high,
-            agg=conv.loss_agg,
-            log_ratio_max=conv.log_ratio_clamp,
-            **pol_norm,
-        )
-    return clipped_policy_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clip_low=hp.cliprange,
-        clip_high=hp.cliprange_high,
-        dual_clip=conv.dual_clip,
-        agg=conv.loss_agg,
-        log_ratio_clamp=conv.log_ratio_clamp,
-        **pol_norm,
+    """Steps 5–6 of one policy term: the policy stage (:func:`policy_token_loss`) and its
+    aggregation (:func:`aggregate` by ``loss_agg``), the same calls as a walk of the two stages; the
+    oracle's gradient diagnosis reads its per-token loss ``ℓ`` [B, T] (``∂pg/∂A``)."""
+    t = policy_token_loss(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, rows=rows)
+    ev = Evaluation(rows=rows, norm=norm or Normalisers())
+    return t.with_loss(aggregate(t.per_token, check_mask("mask", mask), conv.agg.loss, hp, ev))
+
+
+def policy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Steps 5–6 per token (:func:`policy_token_loss`): ``ℓ``, ``ρ``, the clip fractions and the
+    masked ``mean(l^old − l)``."""
+    t = policy_token_loss(
+        q["logprobs"], q["old_logprobs"], q["advantages"], q["mask"], hp=hp, conv=conv, rows=ev.rows
     )
+    return {
+        "pg_per_token": t.per_token,
+        "ratio": t.ratio,
+        "pg_clipfrac": t.clipfrac,
+        "pg_clipfrac_lower": t.clipfrac_lower,
+        "pg_approx_kl": t.approx_kl,
+    }
 
 
-def update_quantities(
-    *,
-    logprobs: Tensor,
-    values: Tensor | None,
-    old_logprobs: Tensor,
-    old_values: Tensor | None,
-    advantages: Tensor,
-    returns: Tensor,
-    mask: Tensor,
-    value_mask_: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-    hp: Hyperparams,
-    conv: Convention,
-    norm: Normalisers | None = None,
-) -> UpdateQuantities:
-    """Steps 5–9 of the module docstring.
+def aggregate(
+    per_token: Tensor, mask: Tensor, agg: LossAgg, hp: Hyperparams, ev: Evaluation, *, value: bool = False
+) -> Tensor:
+    """``agg(ℓ)`` over ``mask`` with the step's normalisers (``value``: the value term's token count)
+    and ``hp.horizon`` (:func:`refppo.core.aggregate.aggregate_masked`; ``ℓ`` is 0 on padding)."""
+    norm = ev.norm.kwargs(hp.horizon, value=value)
+    if ev.rows is not None:
+        with torch.no_grad():
+            return aggregate_masked(per_token, mask, agg, **norm)
+    return aggregate_masked(per_token, mask, agg, **norm)
 
-    ``values``/``old_values`` None (a critic-free step, ``conv.advantage`` ≠ ``gae``): no value
-    loss, ``vf_loss`` and ``vf_clipfrac`` are 0 and the total loss has no value term.
-    Without an autograd graph (no input requires a gradient, or grad mode is off: the oracle's
-    recompute) a batch over :data:`ROW_BLOCK_ELEMENTS` elements is evaluated by blocks of rows
-    (:func:`update_rows`, :mod:`refppo.core.by_rows`): the same values bit for bit, without the
-    whole-batch per-token temporaries. The trainer's differentiated call takes the whole batch.
-    """
-    m = check_mask("response_mask", mask)
-    vm = m if value_mask_ is None else check_mask("value_mask", value_mask_)
-    nm = norm or Normalisers()
-    pol_norm = nm.kwargs(hp.horizon)
-    val_norm = nm.kwargs(hp.horizon, value=True)
-    rows = update_rows(
-        m, logprobs, values, old_logprobs, old_values, advantages, returns, ref_logprobs, entropy
-    )
-    pg = policy_term(logprobs, old_logprobs, advantages, m, hp=hp, conv=conv, norm=nm, rows=rows)
-    # Keep what is returned; the per-token loss [B, T] is not, so it is freed before the value
-    # loss allocates its own (under autograd the graph keeps what the backward pass needs).
-    pg_loss, pg_ratio, pg_clipfrac, pg_clipfrac_lower, pg_approx_kl = (
-        pg.loss, pg.ratio, pg.clipfrac, pg.clipfrac_lower, pg.approx_kl
-    )  # fmt: skip
-    del pg
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+
+def policy_agg_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """``pg_loss = loss_agg(ℓ)``."""
+    return {"pg_loss": aggregate(q["pg_per_token"], q["mask"], conv.agg.loss, hp, ev)}
+
+
+def approx_kl_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """The logged ``approx_kl`` of ``conv.policy.approx_kl``: ``k1`` the policy stage's masked
+    ``mean(l^old − l)``, ``neg_k1`` its negative, ``k2_all_positions`` TRL's
+    (:func:`refppo.core.policy.approx_kl_k2_all_positions`)."""
+    metric = conv.policy.approx_kl
+    if metric is ApproxKL.K2_ALL_POSITIONS:
+        return {"approx_kl": approx_kl_k2_all_positions(q["logprobs"], q["old_logprobs"], q["mask"])}
+    k1: Tensor = q["pg_approx_kl"]
+    return {"approx_kl": -k1 if metric is ApproxKL.NEG_K1 else k1}
+
+
+def value_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor | None]:
+    """Step 7 per token: the value loss of ``conv.value`` over the value mask (``vf_mask=value``) or
+    the response mask (``response``); no values (critic-free): no value loss (``vf_per_token``
+    None, ``vf_clipfrac`` 0; ``advantage=gae`` without values is refused)."""
+    values, old_values = q.get("values"), q.get("old_values")
+    vm: Tensor = q["mask"] if conv.value.mask is VfMask.RESPONSE else q["value_mask"]
     if values is None or old_values is None:
-        if conv.advantage is AdvantageEstimator.GAE:
+        if conv.adv.estimator is AdvantageEstimator.GAE:
             raise ConventionError("advantage=gae needs values and old_values for the value loss")
-        vf_loss, vf_clipfrac = zero, zero
+        zero = torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)
+        return {"vf_per_token": None, "vf_clipfrac": zero, "vf_loss_mask": vm}
+    kw: dict[str, Any] = {
+        "clip": hp.cliprange_value,
+        "kind": conv.value.loss,
+        "clip_form": conv.value.clip_form,
+    }
+    if ev.rows is None:
+        t = value_token_loss(values, old_values, q["returns"], vm, **kw)
     else:
-        vf_fn = value_loss if rows is None else partial(value_loss_by_rows, rows)
-        vf = vf_fn(
-            values,
-            old_values,
-            returns,
-            vm,
-            clip=hp.cliprange_value,
-            kind=conv.value_loss,
-            agg=conv.loss_agg if conv.value_loss_agg is None else conv.value_loss_agg,
-            clip_form=conv.value_clip_form,
-            **val_norm,
-        )
-        vf_loss, vf_clipfrac = vf.loss, vf.clipfrac
-        del vf
-    ent_agg = conv.loss_agg if conv.entropy_agg is None else conv.entropy_agg
+        t = value_token_loss_by_rows(ev.rows, values, old_values, q["returns"], vm, **kw)
+    return {"vf_per_token": t.per_token, "vf_clipfrac": t.clipfrac, "vf_loss_mask": vm}
+
+
+def value_agg_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """``vf_loss = value_loss_agg(ℓ^v)`` (default ``loss_agg``); 0 without a value loss."""
+    per_token = q["vf_per_token"]
+    if per_token is None:
+        return {"vf_loss": torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)}
+    return {"vf_loss": aggregate(per_token, q["vf_loss_mask"], conv.agg.of("value"), hp, ev, value=True)}
+
+
+def entropy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 8a: ``entropy_agg(H)`` (default ``loss_agg``) of the given entropy; 0 without one."""
+    entropy, m = q.get("entropy"), q["mask"]
     if entropy is None:
-        ent = zero
-    elif rows is None:
-        ent = entropy_bonus(entropy, m, ent_agg, **pol_norm)
-    else:
-        ent = entropy_bonus_by_rows(rows, entropy, m, ent_agg, **pol_norm)
-    if conv.kl_in is KLPlacement.LOSS:
-        if ref_logprobs is None:
-            raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
-        kl_fn = kl_loss if rows is None else partial(kl_loss_by_rows, rows)
-        kll = kl_fn(
-            logprobs,
-            ref_logprobs,
-            m,
-            conv.kl_estimator,
-            conv.loss_agg if conv.kl_loss_agg is None else conv.kl_loss_agg,
-            log_ratio_clamp=conv.kl_log_ratio_clamp,
-            value_clamp=conv.kl_value_clamp,
-            **pol_norm,
-        )
-    else:
-        kll = zero
+        return {"entropy_loss": torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)}
+    norm = ev.norm.kwargs(hp.horizon)
+    agg = conv.agg.of("entropy")
+    if ev.rows is None:
+        return {"entropy_loss": entropy_bonus(entropy, m, agg, **norm)}
+    return {"entropy_loss": entropy_bonus_by_rows(ev.rows, entropy, m, agg, **norm)}
+
+
+def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 8b: with ``kl_in=loss``, ``kl_loss_agg(KL(π_θ‖π_ref))`` (default ``loss_agg``) on the
+    current log-probs; else 0."""
+    if conv.kl.placement is not KLPlacement.LOSS:
+        return {"kl_loss": torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)}
+    ref = q.get("ref_logprobs")
+    if ref is None:
+        raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
+    k, norm = conv.kl, ev.norm.kwargs(hp.horizon)
+    args = (q["logprobs"], ref, q["mask"], k.estimator, conv.agg.of("kl"))
+    kw: dict[str, Any] = {"log_ratio_clamp": k.log_ratio_clamp, "value_clamp": k.value_clamp, **norm}
+    if ev.rows is None:
+        return {"kl_loss": kl_loss(*args, **kw)}
+    return {"kl_loss": kl_loss_by_rows(ev.rows, *args, **kw)}
+
+
+def total_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 9: ``loss = pg + vf_coef·vf − ent_coef·entropy + kl_coef·kl`` (``kl_coef`` 0 unless
+    ``kl_in=loss``)."""
     loss = total_loss(
-        pg_loss,
-        vf_loss,
-        ent,
-        kll,
-        vf_coef=hp.vf_coef,
-        ent_coef=hp.ent_coef,
-        kl_coef=hp.kl_coef if conv.kl_in is KLPlacement.LOSS else 0.0,
-    )
-    return UpdateQuantities(
-        loss=loss,
-        pg_loss=pg_loss,
-        vf_loss=vf_loss,
-        entropy_loss=ent,
-        kl_loss=kll,
-        ratio=pg_ratio,
-        pg_clipfrac=pg_clipfrac,
-        pg_clipfrac_lower=pg_clipfrac_lower,
-        approx_kl=pg_approx_kl,
-        vf_clipfrac=vf_clipfrac,
-    )
+        q["pg_loss"], q["vf_loss"], q["entropy_loss"], q["kl_loss"], vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
+        kl_coef=hp.kl_coef if conv.kl.placement is KLPlacement.LOSS else 0.0,
+    )  # fmt: skip
+    return {"loss": loss}
+
+
+__all__ = [
+    "aggregate",
+    "approx_kl_stage",
+    "entropy_stage",
+    "kl_loss_stage",
+    "policy_agg_stage",
+    "policy_stage",
+    "policy_term",
+    "policy_token_loss",
+    "total_stage",
+    "value_agg_stage",
+    "value_stage",
+]

@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         cfg = preset("demo-grpo" if args.grpo else "demo", f"run.out_dir={args.out}", *args.overrides)
-        algo = f"{cfg.ppo.convention.advantage.value.upper()} (no critic)" if cfg.critic_free else "PPO"
+        algo = f"{cfg.ppo.convention.adv.estimator.value.upper()} (no critic)" if cfg.critic_free else "PPO"
         print(
             f"refppo demo: {cfg.run.iterations} {algo} iterations × {cfg.rollout.batch_size} responses "
             f"({cfg.rollout.group_size} per prompt); outputs in {args.out}"

@@ -33,14 +33,14 @@ def dump_path(out_dir: Path, iteration: int) -> Path:
 
 
 def sidecar_conventions(cfg: TrainConfig) -> dict[str, Any]:
-    """The sidecar's conventions: ``ppo.convention`` and the oracle's score-map keys
-    (``score_bias``, ``score_scale``, ``score_clip``: the flat keys of
-    :class:`refppo.oracle.check.settings.Extras`), always written, the identity included."""
+    """The sidecar's conventions: ``ppo.convention.to_dict()`` and the score map's flat keys
+    (``score_bias``, ``score_scale``, ``score_clip``), always written, the identity included."""
+    conv = cfg.ppo.convention
     return {
-        **cfg.ppo.convention.to_dict(),
-        "score_bias": cfg.ppo.score_bias,
-        "score_scale": cfg.ppo.score_scale,
-        "score_clip": cfg.ppo.score_clip,
+        **conv.to_dict(),
+        "score_bias": conv.score.bias,
+        "score_scale": conv.score.scale,
+        "score_clip": conv.score.clip,
     }
 
 

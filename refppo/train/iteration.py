@@ -16,8 +16,8 @@ from refppo.core.masked import AllReduce, masked_mean, masked_sum
 from refppo.models.batch import SequenceBatch
 from refppo.models.roles import Reward
 from refppo.models.rollout import RolloutConfig, ScoredRollout, generate_rollout, score_rollout
-from refppo.pipeline.rollout import RolloutQuantities, rollout_quantities
-from refppo.pipeline.settings import Convention, Hyperparams, ScoreMap
+from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import RolloutQuantities, rollout_quantities
 from refppo.train.update import ppo_update
 from refppo.train.update_config import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
 
@@ -28,22 +28,22 @@ def rollout_metrics(
     """Scalars of one rollout (formulas in spec/models.md):
 
     ``score`` mean of the scores entering the rewards (after the missing-EOS penalty);
-    ``raw_score``; ``kl`` = mean over sequences of Σ_t KL_t(old‖ref) (``conv.kl_estimator``,
+    ``raw_score``; ``kl`` = mean over sequences of Σ_t KL_t(old‖ref) (``conv.kl.estimator``,
     whatever the KL placement); ``non_score_reward`` = mean_b Σ_t (r_t − score·[t = score slot]);
     ``response_length`` mean number of valid response tokens; ``eos_frac``; ``old_entropy``
     token mean; ``advantage_mean``, ``return_mean``, ``value_mean`` over valid tokens
-    (``value_mean`` only with a critic, ``conv.advantage = gae``: a critic-free rollout has no values).
+    (``value_mean`` only with a critic, ``conv.adv.estimator = gae``: a critic-free rollout has no values).
     """
     m = scored.batch.response_mask
     kl = token_kl(
         scored.old_logprobs.double(),
         scored.ref_logprobs.double(),
         m,
-        conv.kl_estimator,
-        log_ratio_clamp=conv.kl_log_ratio_clamp,
-        value_clamp=conv.kl_value_clamp,
+        conv.kl.estimator,
+        log_ratio_clamp=conv.kl.log_ratio_clamp,
+        value_clamp=conv.kl.value_clamp,
     )
-    beta = hp.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
+    beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
     vm = quantities.value_mask
     out = {
         "score": float(scored.scores.double().mean()),
@@ -56,7 +56,7 @@ def rollout_metrics(
         "advantage_mean": float(masked_mean(quantities.advantages.double(), m)),
         "return_mean": float(masked_mean(quantities.returns.double(), vm)),
     }
-    if conv.advantage is AdvantageEstimator.GAE:  # critic-free: the zeros stand in for no critic
+    if conv.adv.estimator is AdvantageEstimator.GAE:  # critic-free: the zeros stand in for no critic
         out["value_mean"] = float(masked_mean(scored.old_values.double(), vm))
     return out
 
@@ -114,16 +114,15 @@ def iteration(
     capture: CaptureRequest | None = None,
     group_index: Tensor | None = None,
     groups_on_rank: bool = False,
-    score_map: ScoreMap | None = None,
 ) -> IterationResult:
     """Rollout → scoring → rollout quantities → update (:mod:`refppo.ppo`, steps 1–4).
 
     ``batch``: replay these responses instead of sampling (the prompts must be ``prompt_ids``);
     the generator is then not used for sampling. ``critic=None``: a critic-free
-    ``conv.advantage`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
+    ``conv.adv.estimator`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
     answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
-    are on this rank (see :func:`refppo.pipeline.rollout.rollout_quantities`). ``score_map``: the
-    pipeline's step 0 on the scores (None: as the reward gives them).
+    are on this rank (see :func:`refppo.pipeline.rollout.rollout_quantities`). The score map
+    (the pipeline's step 0) is ``conv.score``.
     """
     if batch is None:
         batch = generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator)
@@ -132,7 +131,7 @@ def iteration(
         scores=scored.scores, old_logprobs=scored.old_logprobs, ref_logprobs=scored.ref_logprobs,
         old_values=scored.old_values if critic is not None else None,  # no critic: no values
         mask=batch.response_mask, hp=hp, conv=conv, all_reduce=all_reduce, group_index=group_index,
-        groups_on_rank=groups_on_rank, score_map=score_map,
+        groups_on_rank=groups_on_rank,
     )  # fmt: skip
     metrics = rollout_metrics(scored, quantities, hp, conv)
     update = ppo_update(

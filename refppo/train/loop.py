@@ -21,7 +21,7 @@ Numbered skeleton of :meth:`Trainer.train` (where each step lives in :mod:`refpp
     1. prompts from the task's RNG, each repeated rollout.group_size times with its group_index
        (whole groups per rank: group.py) → token ids (length checked) → left-padded batch (prompts.py)
     2. responses = generate_rollout(actor, prompts)                    (timed: rollout)
-    3. result = iteration(..., hp with β from the KL controller, ppo.score_* as score_map)
+    3. result = iteration(..., hp with β from the KL controller, the score map in ppo.convention)
        (timed: score + update; under torchrun with the all_reduce hook: global normalisers and
        whitening; dump.py)
     4. metrics reduced over ranks (dist.py); non-finite loss → error (or skip + restore, run.on_nan)
@@ -282,7 +282,6 @@ class Trainer:
             update_cfg=self.update_cfg,
             hp=hp,
             conv=self.cfg.ppo.convention,
-            score_map=self.cfg.ppo.score_map,
             generator=self.generator,
             world_size=d.world_size,
             all_reduce=d.all_reduce(),

@@ -114,7 +114,7 @@ def draw(
     texts, group_index = group.expand_groups(texts, g, dist.rank)
     if g > 1:  # groups of one are unique by construction; the PPO path gains no collective
         conv = cfg.ppo.convention
-        one_row = conv.advantage in GROUP_ESTIMATORS and conv.group_singleton is GroupSingleton.ERROR
+        one_row = conv.adv.estimator in GROUP_ESTIMATORS and conv.adv.group_singleton is GroupSingleton.ERROR
         group.check_groups_on_rank(group_index, dist.world_size, device, refuse_one_row=one_row)
     return texts, group_index
 

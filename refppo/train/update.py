@@ -31,9 +31,9 @@ from refppo.models.batch import position_ids_from_mask
 from refppo.models.readout import response_logprobs, response_values
 from refppo.models.roles import eval_mode
 from refppo.models.rollout import ScoredRollout
-from refppo.pipeline.rollout import RolloutQuantities
+from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import Normalisers, UpdateQuantities, update_quantities
+from refppo.pipeline.step import RolloutQuantities, UpdateQuantities, update_quantities
 from refppo.train.update_config import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
 
 LOSS_KEYS = ("loss", "pg_loss", "vf_loss", "entropy", "kl_loss", "ptx_loss")
@@ -370,7 +370,7 @@ def ppo_update(
     of the first minibatch of the first epoch. ``capture``: record one optimizer step (every
     micro-batch, as passed to backward) and write it as one v2 dump after its backward(s);
     ``group_index`` ``[B]`` is written with it (critic-free group estimators).
-    ``critic=None`` (a critic-free ``conv.advantage``): no value forward and no value loss
+    ``critic=None`` (a critic-free ``conv.adv.estimator``): no value forward and no value loss
     (``vf_loss``, ``vf_clipfrac`` and ``critic_grad_norm`` are 0); pass ``critic_optimizer=None``.
     """
     optimizers = [actor_optimizer] + ([critic_optimizer] if critic_optimizer is not None else [])

@@ -27,8 +27,8 @@ from refppo.models.batch import SequenceBatch
 from refppo.models.naive import prefix_logits, prefix_value
 from refppo.models.roles import eval_mode, make_reference
 from refppo.models.rollout import ScoredRollout
-from refppo.pipeline.rollout import RolloutQuantities
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import RolloutQuantities
 from refppo.train.update_config import PPOUpdateConfig
 
 
@@ -114,11 +114,11 @@ def _kl_scalar(d: Tensor, est: KLEstimator) -> Tensor:
 
 def _check_supported(conv: Convention, cfg: PPOUpdateConfig, perms: list[Tensor]) -> None:
     """The naive update's subset (:mod:`refppo.pipeline.naive`); anything else raises."""
-    if conv.dual_clip is not None or conv.log_ratio_clamp is not None:
+    if conv.policy.dual_clip is not None or conv.policy.log_ratio_clamp is not None:
         raise ConventionError("ppo_update_naive: dual_clip and log_ratio_clamp are not supported")
-    if conv.policy_loss is not PolicyLoss.VANILLA:
-        raise ConventionError(f"ppo_update_naive: policy_loss={conv.policy_loss} is not supported")
-    if conv.kl_log_ratio_clamp is not None or conv.kl_value_clamp is not None:
+    if conv.policy.loss is not PolicyLoss.VANILLA:
+        raise ConventionError(f"ppo_update_naive: policy_loss={conv.policy.loss} is not supported")
+    if conv.kl.log_ratio_clamp is not None or conv.kl.value_clamp is not None:
         raise ConventionError("ppo_update_naive: KL clamps are not supported")
     if cfg.dropout_in_update:
         raise ConventionError("ppo_update_naive: dropout_in_update is not supported")
@@ -197,17 +197,17 @@ def _minibatch(
         ents.append(erow)
         kls.append(krow)
         vals.append(vrow)
-    pg_loss, n_tok = _aggregate(pol, conv.loss_agg, su.horizon, len(rows))
-    vf_agg = conv.value_loss_agg if conv.value_loss_agg is not None else conv.loss_agg
+    pg_loss, n_tok = _aggregate(pol, conv.agg.loss, su.horizon, len(rows))
+    vf_agg = conv.agg.value if conv.agg.value is not None else conv.agg.loss
     vf_loss, n_vtok = (
         _aggregate(vals, vf_agg, su.horizon, len(rows)) if su.critic is not None else (torch.zeros(()), 1)
     )
-    ent_agg = conv.entropy_agg if conv.entropy_agg is not None else conv.loss_agg
+    ent_agg = conv.agg.entropy if conv.agg.entropy is not None else conv.agg.loss
     ent_loss, _ = _aggregate(ents, ent_agg, su.horizon, len(rows))
     loss = pg_loss + hp.vf_coef * vf_loss - hp.ent_coef * ent_loss
     kl_loss = torch.zeros(())
-    if conv.kl_in is KLPlacement.LOSS:
-        kl_agg = conv.kl_loss_agg if conv.kl_loss_agg is not None else conv.loss_agg
+    if conv.kl.placement is KLPlacement.LOSS:
+        kl_agg = conv.agg.kl if conv.agg.kl is not None else conv.agg.loss
         kl_loss, _ = _aggregate(kls, kl_agg, su.horizon, len(rows))
         loss = loss + hp.kl_coef * kl_loss
     torch.autograd.backward(loss)
@@ -258,8 +258,8 @@ def _policy_row(
         counts.kl_sum += old - float(lp.detach())
         prow.append(torch.maximum(l1, l2))
         erow.append(-(torch.exp(logz) * logz).sum())
-        if su.conv.kl_in is KLPlacement.LOSS:
-            krow.append(_kl_scalar(lp - float(su.ref_logprobs[b, t]), su.conv.kl_estimator))
+        if su.conv.kl.placement is KLPlacement.LOSS:
+            krow.append(_kl_scalar(lp - float(su.ref_logprobs[b, t]), su.conv.kl.estimator))
     return prow, erow, krow
 
 
@@ -273,9 +273,9 @@ def _value_row(su: _Setup, b: int, x: list[int], y: list[int], counts: _Counts) 
         v = prefix_value(su.critic, x + y[:t], su.device)
         r = su.ret[b][t]
         unclipped = (v - r) ** 2
-        if su.conv.value_loss is ValueLoss.CLIPPED:
+        if su.conv.value.loss is ValueLoss.CLIPPED:
             eps_v, v_old = su.hp.cliprange_value, su.vold[b][t]
-            if su.conv.value_clip_form is ValueClipForm.DELTA:
+            if su.conv.value.clip_form is ValueClipForm.DELTA:
                 vc = v_old + torch.clamp(v - v_old, -eps_v, eps_v)
             else:
                 vc = torch.clamp(v, v_old - eps_v, v_old + eps_v)

@@ -13,8 +13,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import _capture_trainer as ct  # the tiny models and batch of the 2-rank capture test
 
+from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention
-from refppo.pipeline.update import Normalisers, update_quantities
+from refppo.pipeline.step import update_quantities
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 
 from refppo.capture.recorder import CaptureError, StepRecorder
 from refppo.conventions import LossAgg
+from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import Normalisers, update_quantities
+from refppo.pipeline.step import update_quantities
 
 HP = Hyperparams(cliprange=0.2, cliprange_value=0.2, vf_coef=0.5, horizon=6.0)
 LENGTHS = ([5, 2, 3], [1, 4])
@@ -112,7 +113,7 @@ def _run(b: dict[str, torch.Tensor], conv: Convention, path: Path, backward: boo
 @pytest.mark.parametrize("agg", list(LossAgg))
 def test_recorder_gradient_equals_autograd_of_the_whole_step(tmp_path: Path, agg: LossAgg) -> None:
     b = _batch()
-    conv = Convention(loss_agg=agg)
+    conv = Convention.of(loss_agg=agg)
     path = tmp_path / "step.safetensors"
     side = _run(b, conv, path).write(path)
     assert side is not None

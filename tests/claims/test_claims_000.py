@@ -20,9 +20,8 @@ from refppo.core.objective import kl_loss, total_loss
 from refppo.core.policy import clipped_policy_loss, policy_ratio
 from refppo.core.rewards import token_rewards
 from refppo.core.value import value_loss
-from refppo.pipeline.rollout import rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import update_quantities
+from refppo.pipeline.step import rollout_quantities, update_quantities
 
 F64 = torch.float64
 
@@ -300,7 +299,7 @@ def test_q6_rollout_layers_compute_rewards_and_advantages_from_cached_tensors() 
     """Q6: layers 1–3 (rollout → ref/critic scoring → token rewards & advantages) need only the
     cached tensors — no current policy; by hand with γ = λ = 1, β = 0.1, no whitening."""
     hp = Hyperparams(gamma=1.0, lam=1.0, kl_coef=0.1)
-    conv = Convention(whiten_advantages="none")  # type: ignore[arg-type]
+    conv = Convention.of(whiten_advantages="none")  # type: ignore[arg-type]
     rq = rollout_quantities(**_rollout_inputs(), hp=hp, conv=conv)
     kl = [0.5, -1.0, 0.0]  # log π_old − log π_ref
     r = [-0.05, 0.1, 1.0]
@@ -317,7 +316,7 @@ def test_q6_kl_is_counted_once_in_the_reward_or_in_the_loss(kl_in: str) -> None:
     loss). Each convention counts KL once: in the reward (old vs ref, InstructGPT) or as a loss term
     on the *current* log-probs (verl use_kl_loss) — never both."""
     hp = Hyperparams(gamma=1.0, lam=1.0, kl_coef=0.1, vf_coef=0.0)
-    conv = Convention(whiten_advantages="none", kl_in=kl_in)  # type: ignore[arg-type]
+    conv = Convention.of(whiten_advantages="none", kl_in=kl_in)  # type: ignore[arg-type]
     inp = _rollout_inputs()
     rq = rollout_quantities(**inp, hp=hp, conv=conv)
     logp = t64([[-0.8, -1.8, -0.6]])

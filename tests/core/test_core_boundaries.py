@@ -99,13 +99,13 @@ def test_dual_clip_of_one_is_refused_by_the_core_and_the_convention() -> None:
     ):
         clipped_policy_loss(lp, lp, ADV2, MASK2, dual_clip=1.0)
     with pytest.raises(HyperparameterError, match=r"dual_clip: expected c > 1 or None, got 1\.0"):
-        Convention(dual_clip=1.0)
+        Convention.of(dual_clip=1.0)
 
 
 def test_dual_clip_of_one_and_a_half_is_accepted_and_caps_the_loss() -> None:
     # Token 0: A = −1, ρ = 2 (> 1 + ε): ℓ = max(2, 1.2) = 2, capped at −cA = 1.5; dual-clip active.
     # Token 1: A = 2, ρ = 1: ℓ = −2. token-mean = (1.5 − 2)/2 = −0.25; clipfrac_lower = 1/2.
-    assert Convention(dual_clip=1.5).dual_clip == 1.5
+    assert Convention.of(dual_clip=1.5).policy.dual_clip == 1.5
     lp = _t([[math.log(2.0), 0.0]])
     out = clipped_policy_loss(lp, torch.zeros(1, 2, dtype=F64), ADV2, MASK2, dual_clip=1.5)
     assert out.per_token[0].tolist() == pytest.approx([1.5, -2.0], abs=1e-15)
@@ -210,12 +210,12 @@ def test_convention_refuses_at_construction_what_the_core_refuses(
     kwargs: dict[str, object], message: str
 ) -> None:
     with pytest.raises(HyperparameterError, match=f"^{message}$"):
-        Convention(**kwargs)  # type: ignore[arg-type]  # parametrized kwargs
+        Convention.of(**kwargs)  # type: ignore[arg-type]  # parametrized kwargs
 
 
 def test_convention_accepts_the_boundary_values_the_core_accepts() -> None:
-    c = Convention(dual_clip=1.5, log_ratio_clamp=20.0, kl_log_ratio_clamp=(0.3, 0.3), kl_value_clamp=0.5)
-    assert (c.dual_clip, c.kl_log_ratio_clamp, c.kl_value_clamp) == (1.5, (0.3, 0.3), 0.5)
+    c = Convention.of(dual_clip=1.5, log_ratio_clamp=20.0, kl_log_ratio_clamp=(0.3, 0.3), kl_value_clamp=0.5)
+    assert (c.policy.dual_clip, c.kl.log_ratio_clamp, c.kl.value_clamp) == (1.5, (0.3, 0.3), 0.5)
 
 
 def test_hyperparams_refuse_a_cliprange_of_one() -> None:

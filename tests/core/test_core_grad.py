@@ -20,7 +20,7 @@ from refppo.core.value import value_loss
 from refppo.errors import ConventionError
 from refppo.pipeline.grad_naive import objective_grads_naive
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import update_quantities
+from refppo.pipeline.step import update_quantities
 
 F64 = torch.float64
 NAN = math.nan
@@ -200,7 +200,7 @@ def test_objective_grads_hand_example(kl_in: str) -> None:
     #   ∂J/∂V = [0.05, −0.05]
     # entropy (ent_coef 0.5) is an input: nothing reaches the log-probs through it.
     hp = Hyperparams(kl_coef=0.5, vf_coef=0.1, ent_coef=0.5)
-    conv = Convention(kl_in=kl_in, kl_estimator=KLEstimator.K1, loss_agg=LossAgg.TOKEN_MEAN)  # type: ignore[arg-type]  # str parsed
+    conv = Convention.of(kl_in=kl_in, kl_estimator=KLEstimator.K1, loss_agg=LossAgg.TOKEN_MEAN)  # type: ignore[arg-type]  # str parsed
     ts = {
         "old_logprobs": _t([[0.0, 0.0]]),
         "ref_logprobs": _t([[-1.0, 0.5]]),
@@ -237,5 +237,5 @@ def test_objective_grads_with_kl_in_loss_need_ref_logprobs() -> None:
             returns=z,
             mask=torch.ones(1, 2, dtype=torch.bool),
             hp=Hyperparams(),
-            conv=Convention(kl_in="loss"),  # type: ignore[arg-type]  # str parsed
+            conv=Convention.of(kl_in="loss"),  # type: ignore[arg-type]  # str parsed
         )

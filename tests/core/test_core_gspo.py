@@ -104,13 +104,13 @@ def test_gspo_clips_per_sequence_where_the_token_ratio_clips_per_token() -> None
 
 
 def test_policy_loss_convention_names_and_checks() -> None:
-    assert Convention(policy_loss="gspo").policy_loss is PolicyLoss.GSPO  # type: ignore[arg-type]  # str parsed
+    assert Convention.of(policy_loss="gspo").policy.loss is PolicyLoss.GSPO  # type: ignore[arg-type]  # str parsed
     assert "policy_loss" not in Convention().to_dict()  # at its default: golden dicts unchanged
-    assert Convention(policy_loss="gspo").to_dict()["policy_loss"] == "gspo"  # type: ignore[arg-type]
+    assert Convention.of(policy_loss="gspo").to_dict()["policy_loss"] == "gspo"  # type: ignore[arg-type]
     with pytest.raises(ConventionError, match=r"policy_loss: unknown name 'gpg'.*'vanilla', 'gspo'"):
-        Convention(policy_loss="gpg")  # type: ignore[arg-type]  # str parsed
+        Convention.of(policy_loss="gpg")  # type: ignore[arg-type]  # str parsed
     with pytest.raises(ConventionError, match="dual_clip: policy_loss=gspo has no dual-clip"):
-        Convention(policy_loss="gspo", dual_clip=3.0)  # type: ignore[arg-type]  # str parsed
+        Convention.of(policy_loss="gspo", dual_clip=3.0)  # type: ignore[arg-type]  # str parsed
 
 
 # ---- from the survivors of tools/mutate.py --module gspo ------------------------------------------

@@ -21,10 +21,11 @@ from refppo.core.gspo import gspo_policy_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError, ShapeError
-from refppo.pipeline.blocks import gae_by_rows
-from refppo.pipeline.rollout import clipped_scores, critic_free_advantages, rollout_quantities
+from refppo.pipeline.blocks import Evaluation, Normalisers, gae_by_rows
+from refppo.pipeline.rollout import critic_free_advantages, score_map_stage
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import Normalisers, policy_term
+from refppo.pipeline.step import rollout_quantities
+from refppo.pipeline.update import policy_term
 
 
 def test_envelope_accepts_a_row_without_a_valid_token() -> None:
@@ -52,7 +53,7 @@ def test_reinforce_pp_baseline_without_step_4_whitening_is_the_raw_baseline() ->
     """``advantage=reinforce++-baseline`` with ``whiten_advantages=none``: each valid token holds
     ``s_i − mean(s over i's group)`` (the group function must leave the whitening to step 4).
     Groups {0, 2, 4}: mean 0.5; {1, 3, 5}: mean 1/6. Survivor: ``whiten=False`` → True."""
-    conv = Convention(advantage="reinforce++-baseline", whiten_advantages="none", kl_in="loss")
+    conv = Convention.of(advantage="reinforce++-baseline", whiten_advantages="none", kl_in="loss")
     adv, x = _critic_free(conv, torch.tensor([0, 1, 0, 1, 0, 1]))
     means = [0.5, 1 / 6, 0.5, 1 / 6, 0.5, 1 / 6]
     want = torch.tensor([[float(x["scores"][i]) - means[i]] * 4 for i in range(6)], dtype=torch.float64)
@@ -64,7 +65,7 @@ def test_group_singleton_reaches_the_group_function() -> None:
     σ := 1``, i.e. ``s/(1 + ε)`` (rows 1, 3, 5), instead of an error; the group {0, 2, 4} (scores
     1, 2, −1.5: mean 0.5, unbiased std √3.25) is normalised as usual. Survivor: the ``singleton=``
     argument dropped (the default refuses the singleton)."""
-    conv = Convention(advantage="grpo", whiten_advantages="none", kl_in="loss", group_singleton="score")
+    conv = Convention.of(advantage="grpo", whiten_advantages="none", kl_in="loss", group_singleton="score")
     adv, x = _critic_free(conv, torch.tensor([0, 1, 0, 2, 0, 3]))
     std = math.sqrt(((1.0 - 0.5) ** 2 + (2.0 - 0.5) ** 2 + (-1.5 - 0.5) ** 2) / 2)
     row = {0: (1.0 - 0.5) / (std + 1e-6), 2: (2.0 - 0.5) / (std + 1e-6), 4: (-1.5 - 0.5) / (std + 1e-6)}
@@ -77,7 +78,7 @@ def test_a_singleton_under_group_singleton_error_names_the_prompt() -> None:
     """The refusal names the prompts with one response, as the ``group_index`` values the user
     wrote (prompts 3 and 8 here), and says which setting to change. Survivors: the parsing of the
     core's message (``split`` indices and separators) and its ``'have one response'`` test."""
-    conv = Convention(advantage="grpo", whiten_advantages="none", kl_in="loss")
+    conv = Convention.of(advantage="grpo", whiten_advantages="none", kl_in="loss")
     with pytest.raises(ConventionError) as info:
         _critic_free(conv, torch.tensor([0, 3, 0, 8, 0, 0]))
     msg = str(info.value)
@@ -94,7 +95,7 @@ def test_critic_free_advantages_called_alone_is_single_process() -> None:
     zero = torch.zeros(6, 3, dtype=torch.float64)
     adv = critic_free_advantages(
         scores=s, kl=zero, rewards=zero, mask=mask, value_mask_=mask, group_index=torch.tensor([0, 1] * 3),
-        hp=Hyperparams(), conv=Convention(advantage="grpo", group_kl="to_go", kl_in="loss"),
+        hp=Hyperparams(), conv=Convention.of(advantage="grpo", group_kl="to_go", kl_in="loss"),
     )  # fmt: skip
     # group {1, 2, 3}: mean 2, unbiased std 1; group {4, 6, 8}: mean 6, unbiased std 2
     a, b = 1 / (1 + 1e-6), 2 / (2 + 1e-6)
@@ -114,29 +115,31 @@ def test_score_map_applies_a_bias_alone_and_a_scale_alone() -> None:
     assert map_scores(s, bias=0.5, clip=1.2).tolist() == [1.2, -1.2]  # unbiased: [1.0, -1.2]
 
 
-def test_clipped_scores_defaults_are_the_identity_map() -> None:
-    """``pipeline.clipped_scores(s, C)`` (the oracle's fast paths call it with the clip only) has
-    ``bias = 0`` and ``scale = 1``: no clip gives ``s`` itself, a clip of 1 gives
-    ``clip([0.5, −3, 2], ±1) = [0.5, −1, 1]``. Survivors: the default bias ``0.0 → 1`` (then
-    ``[1.5, −2, 3]``) and the default scale ``1.0 → 0`` (then all 0)."""
+def test_score_map_stage_defaults_are_the_identity_map() -> None:
+    """The score map stage under the default convention (``score_bias = 0``, ``score_scale = 1``,
+    no clip) gives ``s`` itself; with ``score_clip=1`` alone ``clip([0.5, −3, 2], ±1) = [0.5, −1, 1]``.
+    Survivors: the default bias ``0.0 → 1`` (then ``[1.5, −2, 3]``) and the default scale ``1.0 → 0``
+    (then all 0)."""
     s = torch.tensor([0.5, -3.0, 2.0], dtype=torch.float64)
-    assert clipped_scores(s, None).tolist() == [0.5, -3.0, 2.0]
-    assert clipped_scores(s, 1.0).tolist() == [0.5, -1.0, 1.0]
+    hp, ev = Hyperparams(), Evaluation()
+    assert score_map_stage({"scores": s}, Convention(), hp, ev)["mapped_scores"].tolist() == [0.5, -3.0, 2.0]
+    clipped = score_map_stage({"scores": s}, Convention.of(score_clip=1.0), hp, ev)["mapped_scores"]
+    assert clipped.tolist() == [0.5, -1.0, 1.0]
 
 
 @pytest.mark.parametrize(("holes", "want0"), [("zero", 1.5), ("through", 3.5), ("skip", 2.0)])
 def test_reinforce_pp_in_the_pipeline_crosses_holes_by_gae_holes(holes: str, want0: float) -> None:
-    """``critic_free_advantages`` under ``advantage=reinforce++`` passes ``conv.gae_holes`` to the
+    """``critic_free_advantages`` under ``advantage=reinforce++`` passes ``conv.adv.gae_holes`` to the
     returns. One row, mask ``[1, 0, 1]``, rewards ``[1, 4, 2]`` (4 on the hole), γ = 0.5, at t = 0:
     skip ``1 + 0.5·2 = 2``; zero (the hole a step with reward 0) ``1 + 0.5·0 + 0.25·2 = 1.5``;
     through (the hole's reward read) ``1 + 0.5·4 + 0.25·2 = 3.5``; at t = 2 always 2.
-    Survivor: ``holes=conv.gae_holes`` dropped (every convention then crossed holes as skip)."""
+    Survivor: ``holes=conv.adv.gae_holes`` dropped (every convention then crossed holes as skip)."""
     mask = torch.tensor([[True, False, True]])
     rewards = torch.tensor([[1.0, 4.0, 2.0]], dtype=torch.float64)
     adv = critic_free_advantages(
         scores=torch.tensor([2.0], dtype=torch.float64), kl=torch.zeros_like(rewards), rewards=rewards,
         mask=mask, value_mask_=mask, group_index=None, hp=Hyperparams(gamma=0.5),
-        conv=Convention(advantage="reinforce++", gae_holes=holes),
+        conv=Convention.of(advantage="reinforce++", gae_holes=holes),
     )  # fmt: skip
     assert adv[0, 0].item() == pytest.approx(want0, abs=1e-12)
     assert adv[0, 2].item() == pytest.approx(2.0, abs=1e-12)
@@ -152,7 +155,7 @@ def test_gspo_in_the_pipeline_clips_at_the_hyperparameter_cliprange() -> None:
     logp = torch.full((1, 2), 0.15, dtype=torch.float64)
     out = policy_term(
         logp, torch.zeros_like(logp), torch.ones_like(logp), mask,
-        hp=Hyperparams(cliprange=0.1), conv=Convention(policy_loss="gspo"),
+        hp=Hyperparams(cliprange=0.1), conv=Convention.of(policy_loss="gspo"),
     )  # fmt: skip
     assert out.loss.item() == pytest.approx(-1.1, abs=1e-12)
     assert out.clipfrac.item() == 1.0
@@ -170,8 +173,8 @@ def test_gpg_on_a_batch_of_zero_scores_is_zero_not_nan() -> None:
 
 def test_gspo_in_the_pipeline_forwards_every_option_to_the_core() -> None:
     """``policy_term`` under ``policy_loss=gspo`` is :func:`refppo.core.gspo.gspo_policy_loss` with
-    ``clip_low = hp.cliprange``, ``clip_high = hp.cliprange_high``, ``agg = conv.loss_agg``,
-    ``log_ratio_max = conv.log_ratio_clamp`` and the normalisers (``seq_count``, ``horizon``).
+    ``clip_low = hp.cliprange``, ``clip_high = hp.cliprange_high``, ``agg = conv.agg.loss``,
+    ``log_ratio_max = conv.policy.log_ratio_clamp`` and the normalisers (``seq_count``, ``horizon``).
     Row 0: sequence log-ratio 0.3 (κ = 0.28 clamps it), A = +1, clipped at 1 + 0.25; row 1: −0.5,
     A = −1, clipped at 1 − 0.1. Each option binds: the core with that one option at its default
     gives another result (the controls). Survivors: each of those keywords dropped."""
@@ -180,7 +183,7 @@ def test_gspo_in_the_pipeline_forwards_every_option_to_the_core() -> None:
     old = torch.zeros_like(logp)
     adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]], dtype=torch.float64)
     hp = Hyperparams(cliprange=0.1, cliprange_high=0.25, horizon=5.0)
-    conv = Convention(policy_loss="gspo", loss_agg="seq-mean-token-sum-norm", log_ratio_clamp=0.28)
+    conv = Convention.of(policy_loss="gspo", loss_agg="seq-mean-token-sum-norm", log_ratio_clamp=0.28)
     got = policy_term(logp, old, adv, mask, hp=hp, conv=conv, norm=Normalisers(seq_count=4.0))
     opts: dict[str, Any] = {
         "clip_low": 0.1, "clip_high": 0.25, "agg": "seq-mean-token-sum-norm", "log_ratio_max": 0.28,

@@ -14,9 +14,10 @@ from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
 from refppo.core.gae import gae
 from refppo.core.normalize import normalize, normalize_naive
 from refppo.errors import MaskError
-from refppo.pipeline.rollout import clipped_scores, rollout_quantities
+from refppo.pipeline.blocks import Evaluation
+from refppo.pipeline.rollout import score_map_stage
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import update_quantities
+from refppo.pipeline.step import rollout_quantities, update_quantities
 
 F64 = torch.float64
 MASK = torch.tensor([[True, True, True, False], [True, False, False, False]])
@@ -101,8 +102,8 @@ def test_gae_through_padding_reads_the_padded_value() -> None:
     # row 0: L = 2, V = [v0, v1, vpad], r = [0, 2, 0], γ = λ = 0.5 (with λ = 1 vpad would cancel).
     # through: δ2 = −vpad, δ1 = 2 + 0.5·vpad − v1, A1 = δ1 + 0.25·δ2 = 2 + 0.25·vpad − v1.
     v = torch.tensor([[0.3, 0.4, 8.0], [0.1, 0.2, 0.3]], dtype=F64)
-    through = _rollout(Convention(gae_padding="through", whiten_advantages="none"), v)  # type: ignore[arg-type]  # parsed
-    masked = _rollout(Convention(whiten_advantages="none"), v)  # type: ignore[arg-type]  # parsed
+    through = _rollout(Convention.of(gae_padding="through", whiten_advantages="none"), v)  # type: ignore[arg-type]  # parsed
+    masked = _rollout(Convention.of(whiten_advantages="none"), v)  # type: ignore[arg-type]  # parsed
     assert float(through.advantages_raw[0, 1]) == pytest.approx(2.0 + 0.25 * 8.0 - 0.4)
     assert float(masked.advantages_raw[0, 1]) == pytest.approx(2.0 - 0.4)
     # the full row (no padding) is the same either way
@@ -115,14 +116,16 @@ def test_whiten_rewards_normalises_the_token_rewards_over_the_value_mask() -> No
     # TRL whiten_rewards: masked_whiten(rewards, ~padding_mask_p1, shift_mean=False); with
     # score_at=after_last_valid the value mask of row 0 is [1, 1, 1] (the slot after L = 2).
     v = torch.zeros(2, 3, dtype=F64)
-    conv = Convention(score_at="after_last_valid", whiten_rewards="masked_no_shift", whiten_advantages="none")  # type: ignore[arg-type]  # parsed
+    conv = Convention.of(
+        score_at="after_last_valid", whiten_rewards="masked_no_shift", whiten_advantages="none"
+    )  # type: ignore[arg-type]  # parsed
     rq = _rollout(conv, v)
     raw = [0.0, 0.0, 2.0, 0.0, 0.0, -1.0]  # row 0 score at slot 2; row 1 (full) at its last token
     mu = sum(raw) / 6
     var = sum((r - mu) ** 2 for r in raw) / 5
     want = [(r - mu) / math.sqrt(var + 1e-8) + mu for r in raw]
     assert rq.token_rewards.flatten().tolist() == pytest.approx(want, rel=1e-12)
-    plain = _rollout(Convention(score_at="after_last_valid", whiten_advantages="none"), v)  # type: ignore[arg-type]  # parsed
+    plain = _rollout(Convention.of(score_at="after_last_valid", whiten_advantages="none"), v)  # type: ignore[arg-type]  # parsed
     assert plain.token_rewards.flatten().tolist() == raw
 
 
@@ -146,16 +149,16 @@ def _update(conv: Convention) -> tuple[float, float]:
         conv=conv,
     )
     kl = torch.where(m, lp - ref, torch.zeros((), dtype=F64))
-    want_kl = float(aggregate_loss_naive(kl, m, conv.kl_loss_agg or conv.loss_agg))
-    want_ent = float(aggregate_loss_naive(ent, m, conv.entropy_agg or conv.loss_agg))
+    want_kl = float(aggregate_loss_naive(kl, m, conv.agg.kl or conv.agg.loss))
+    want_ent = float(aggregate_loss_naive(ent, m, conv.agg.entropy or conv.agg.loss))
     assert float(uq.kl_loss) == pytest.approx(want_kl, rel=1e-12)
     assert float(uq.entropy_loss) == pytest.approx(want_ent, rel=1e-12)
     return float(uq.kl_loss), float(uq.entropy_loss)
 
 
 def test_kl_loss_and_entropy_aggregated_apart_from_the_policy_loss() -> None:
-    base = Convention(kl_in="loss", kl_estimator="k1")  # type: ignore[arg-type]  # parsed
-    split = Convention(
+    base = Convention.of(kl_in="loss", kl_estimator="k1")  # type: ignore[arg-type]  # parsed
+    split = Convention.of(
         kl_in="loss", kl_estimator="k1", kl_loss_agg="seq-mean-token-mean", entropy_agg="seq-mean-token-sum"
     )  # type: ignore[arg-type]  # parsed
     kl0, e0 = _update(base)
@@ -165,16 +168,18 @@ def test_kl_loss_and_entropy_aggregated_apart_from_the_policy_loss() -> None:
 
 def test_score_affine_map_before_the_clip() -> None:
     s = torch.tensor([1.0, -4.0, 10.0], dtype=F64)
-    # AReaL: clip((s + bias)·scale, ±clip)
-    assert clipped_scores(s, 5.0, bias=0.5, scale=2.0).tolist() == [3.0, -5.0, 5.0]
-    assert clipped_scores(s, None).tolist() == s.tolist()
+    # AReaL: clip((s + bias)·scale, ±clip), the pipeline's score map stage
+    conv = Convention.of(score_clip=5.0, score_bias=0.5, score_scale=2.0)
+    hp, ev = Hyperparams(), Evaluation()
+    assert score_map_stage({"scores": s}, conv, hp, ev)["mapped_scores"].tolist() == [3.0, -5.0, 5.0]
+    assert score_map_stage({"scores": s}, Convention(), hp, ev)["mapped_scores"].tolist() == s.tolist()
 
 
 def test_new_fields_round_trip_and_stay_out_of_the_default_dict() -> None:
     d = Convention().to_dict()
     for key in ("whiten_eps_at", "whiten_rewards", "gae_padding", "kl_loss_agg", "entropy_agg"):
         assert key not in d
-    c = Convention(
+    c = Convention.of(
         whiten_eps_at="std", whiten_rewards="masked_no_shift", gae_padding="through", kl_loss_agg="token-mean"
     )  # type: ignore[arg-type]  # parsed
     assert Convention.from_dict(c.to_dict()) == c

@@ -15,7 +15,7 @@ from oracle_helpers import make_inputs, setup_for
 from refppo.core.gae import gae
 from refppo.pipeline import blocks as m_blocks
 from refppo.pipeline.blocks import gae_by_rows
-from refppo.pipeline.rollout import rollout_quantities
+from refppo.pipeline.step import rollout_quantities
 
 pytestmark = pytest.mark.property
 

@@ -30,10 +30,11 @@ from refppo.core.kl import LogRatioClamp
 from refppo.core.objective import kl_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.value import value_loss
+from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.grad_naive import objective_grads_naive
 from refppo.pipeline.rollout import value_mask
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import Normalisers, update_quantities
+from refppo.pipeline.step import update_quantities
 
 pytestmark = pytest.mark.property
 
@@ -186,7 +187,7 @@ def test_kl_loss_grad_matches_autograd(
 
 def _convs(policy_loss: str, duals: list[float | None]) -> st.SearchStrategy[Convention]:
     return st.builds(
-        Convention,
+        lambda **flat: Convention.of(**flat),
         kl_estimator=st.sampled_from(list(KLEstimator)),
         kl_in=st.sampled_from(list(KLPlacement)),
         score_at=st.sampled_from(list(ScorePosition)),
@@ -241,7 +242,7 @@ def _step_tensors(b: Ragged, vm: torch.Tensor) -> dict[str, torch.Tensor]:
 def test_objective_grads_match_autograd_through_update_quantities(
     b: Ragged, conv: Convention, hp: Hyperparams, global_norm: bool
 ) -> None:
-    vm = value_mask(b.mask, conv.score_at)
+    vm = value_mask(b.mask, conv.reward.score_at)
     ts = _step_tensors(b, vm)
     n_v = int(vm.sum())
     norm = Normalisers(b.n_valid + 7, b.B + 2, n_v + 7) if global_norm else None
@@ -260,7 +261,7 @@ def test_micro_batches_with_global_normalisers_give_the_twin_of_the_whole_step(
 ) -> None:
     """Rows split into micro-batches, each loss with the step's global counts, gradients accumulated
     by autograd: equal to the twin of the whole step computed once with its own (local) counts."""
-    vm = value_mask(b.mask, conv.score_at)
+    vm = value_mask(b.mask, conv.reward.score_at)
     ts = _step_tensors(b, vm)
     lp = ts["logprobs"].clone().requires_grad_(True)
     v = ts["values"].clone().requires_grad_(True)

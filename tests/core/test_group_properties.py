@@ -224,14 +224,16 @@ def test_pipeline_critic_free_step_matches_naive(
     """``refppo.pipeline.rollout.rollout_quantities`` with a group estimator equals the naive twin fed by
     loops: the folded score ``s − β·Σ_t KL_t`` (``fold``) or the score plus ``−β·KL``'s return-to-go
     (``to_go``), over random ragged batches with junk on the padding (issue #13 item 2)."""
-    from refppo.pipeline.rollout import rollout_quantities
     from refppo.pipeline.settings import Convention, Hyperparams
+    from refppo.pipeline.step import rollout_quantities
 
     b, g = bg
     s = quarter_scores(b)
     old, ref = b.floats(-2.0, -0.1), b.floats(-2.0, -0.1)
     beta = 0.25
-    conv = Convention(advantage=est, whiten_advantages="none", group_singleton=singleton, group_kl=group_kl)
+    conv = Convention.of(
+        advantage=est, whiten_advantages="none", group_singleton=singleton, group_kl=group_kl
+    )
     rq = rollout_quantities(
         scores=s, old_logprobs=old, ref_logprobs=ref, old_values=None, mask=b.mask,
         hp=Hyperparams(kl_coef=beta), conv=conv, group_index=g,

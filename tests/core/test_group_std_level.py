@@ -160,9 +160,9 @@ def test_batch_std_all_reduced_equals_one_process(
 
 
 def test_convention_key_round_trips_and_refuses_a_bad_value() -> None:
-    c = Convention(group_std_level="batch")  # type: ignore[arg-type]  # parsed from a string, as a CLI does
+    c = Convention.of(group_std_level="batch")  # type: ignore[arg-type]  # parsed from a string, as a CLI does
     assert c.to_dict()["group_std_level"] == "batch"
     assert Convention.from_dict(c.to_dict()) == c
     assert "group_std_level" not in Convention().to_dict()  # the golden cases' stored dicts stay exact
     with pytest.raises((ConventionError, RefPPOError), match="group_std_level"):
-        Convention(group_std_level="global")  # type: ignore[arg-type]  # a wrong string on purpose
+        Convention.of(group_std_level="global")  # type: ignore[arg-type]  # a wrong string on purpose

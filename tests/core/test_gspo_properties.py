@@ -22,9 +22,10 @@ from strategies import Ragged, assert_exactly_equal, assert_grad_close, assert_t
 
 from refppo.conventions import LossAgg
 from refppo.core.gspo import gspo_policy_grad_naive, gspo_policy_loss, gspo_policy_loss_naive
+from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.grad_naive import objective_grads_naive
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import Normalisers, update_quantities
+from refppo.pipeline.step import update_quantities
 
 pytestmark = pytest.mark.property
 
@@ -133,7 +134,7 @@ def test_pipeline_with_gspo_gives_the_twins_objective_gradient(
     b: Ragged, agg: LossAgg, kappa: float | None, global_norm: bool
 ) -> None:
     lp, lp_old, adv, _ = _inputs(b, kappa)
-    conv = Convention(
+    conv = Convention.of(
         policy_loss="gspo", loss_agg=agg, log_ratio_clamp=kappa, kl_in="loss", kl_estimator="k3"
     )  # type: ignore[arg-type]  # str parsed
     hp = Hyperparams(cliprange=0.2, cliprange_high=0.28, kl_coef=0.1, vf_coef=0.5)

@@ -18,9 +18,8 @@ from refppo.core.gae import envelope, gae, gae_naive
 from refppo.core.kl import token_kl, token_kl_naive
 from refppo.core.normalize import normalize, normalize_naive
 from refppo.core.rewards import score_positions
-from refppo.pipeline.naive import rollout_quantities_naive
-from refppo.pipeline.rollout import rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import rollout_quantities, rollout_quantities_naive
 
 pytestmark = pytest.mark.property
 
@@ -157,7 +156,7 @@ def test_rollout_step_with_holes_matches_the_naive_pipeline(
     vals = tool_values(b, m, b.floats(-2.0, 2.0))
     if padding == "through":  # the recursion reads the padding: real values there
         vals = torch.where(b.mask, vals, b.valid(-2.0, 2.0))
-    conv = Convention(gae_holes=holes, whiten_holes=wh, gae_padding=padding, score_at=score_at)
+    conv = Convention.of(gae_holes=holes, whiten_holes=wh, gae_padding=padding, score_at=score_at)
     hp = Hyperparams(gamma=0.95, lam=0.9, kl_coef=0.1)
     s = b.scores()
     got = rollout_quantities(
@@ -189,7 +188,7 @@ def test_reinforce_pp_returns_over_holes_match_the_equation(b: Ragged, holes: st
 
 @given(ragged_batches(max_B=8, max_T=32, dtypes=(torch.float64,)), st.sampled_from(HOLES), unit)
 def test_pipeline_reinforce_pp_follows_gae_holes(b: Ragged, holes: str, gamma: float) -> None:
-    """``rollout_quantities`` with ``advantage=reinforce++`` on a holed mask uses ``conv.gae_holes``
+    """``rollout_quantities`` with ``advantage=reinforce++`` on a holed mask uses ``conv.adv.gae_holes``
     (it used ``skip`` whatever the convention): its raw advantages equal the naive returns of the
     token rewards under that convention (the twin is told the convention explicitly). That the rules
     really differ where γ < 1 and a hole binds is pinned by the hand case below and by
@@ -199,7 +198,7 @@ def test_pipeline_reinforce_pp_follows_gae_holes(b: Ragged, holes: str, gamma: f
     m = holed_mask(b)
     old, ref = b.floats(-2.0, -0.1), b.floats(-2.0, -0.1)
     s = b.floats(-1.0, 1.0)[:, 0]
-    conv = Convention(advantage="reinforce++", whiten_advantages="none", gae_holes=holes)
+    conv = Convention.of(advantage="reinforce++", whiten_advantages="none", gae_holes=holes)
     hp = Hyperparams(kl_coef=0.1, gamma=gamma)
     rq = rollout_quantities(
         scores=s, old_logprobs=old, ref_logprobs=ref, old_values=None, mask=m, hp=hp, conv=conv
@@ -214,7 +213,7 @@ def test_pipeline_reinforce_pp_hole_by_hand(holes: str, first: float) -> None:
     hole is transparent (skip, verl) and γ²·1 when it is a time step (zero, OpenRLHF; through)."""
     m = torch.tensor([[True, False, True]])
     lp = torch.full((1, 3), -1.0, dtype=torch.float64)
-    conv = Convention(advantage="reinforce++", whiten_advantages="none", gae_holes=holes)
+    conv = Convention.of(advantage="reinforce++", whiten_advantages="none", gae_holes=holes)
     rq = rollout_quantities(
         scores=torch.tensor([1.0], dtype=torch.float64), old_logprobs=lp, ref_logprobs=lp,
         old_values=None, mask=m, hp=Hyperparams(kl_coef=0.0, gamma=0.5), conv=conv,

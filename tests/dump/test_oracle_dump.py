@@ -13,9 +13,8 @@ from refppo.dump.load import load_dump
 from refppo.dump.write import pipeline_tensors, sidecar_for, write_dump
 from refppo.oracle.check.diagnose import check
 from refppo.oracle.check.settings import Setup, build_setup, parse_value
-from refppo.pipeline.rollout import rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import update_quantities
+from refppo.pipeline.step import rollout_quantities, update_quantities
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".npz"])

@@ -22,7 +22,7 @@ from refppo.errors import ConventionError
 from refppo.oracle.cli import main
 from refppo.oracle.presets.critic_free import VARIANTS, critic_free_variant
 from refppo.oracle.presets.registry import resolve_preset
-from refppo.pipeline.settings import Convention
+from refppo.pipeline.settings import FLAT, Convention
 
 B = 8
 GROUPS = torch.tensor([3, 1, 3, 1, 3, 1, 3, 1])  # two interleaved groups of 4
@@ -154,14 +154,14 @@ def test_critic_free_report_has_no_value_quantities(
 
 
 def test_every_variant_is_a_valid_convention_with_a_source() -> None:
-    fields = set(Convention.__dataclass_fields__) | {"score_clip"}
+    fields = set(FLAT)
     for peer, ests in VARIANTS.items():
         for est, variant in ests.items():
             for key, (_, src) in variant.items():
                 assert key in fields, (peer, est, key)
                 assert len(src) > 10 and ("::" in src or ".py" in src), (peer, est, key, src)
             conv, _ = resolve_preset(peer, None, est)
-            Convention.from_dict({k: v for k, v in conv.items() if k in Convention.__dataclass_fields__})
+            Convention.from_dict({k: v for k, v in conv.items() if k in FLAT})
             assert conv["advantage"] == est
 
 

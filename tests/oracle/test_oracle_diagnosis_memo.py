@@ -34,7 +34,7 @@ from refppo.oracle.check.diagnose import compare_all
 from refppo.oracle.check.fastcheck import PrefixCheck, reward_key, rollout_prefix_ok
 from refppo.oracle.check.recompute import BUGS, recompute
 from refppo.oracle.check.settings import Setup
-from refppo.pipeline.rollout import clipped_scores, reward_quantities
+from refppo.pipeline.step import reward_quantities
 
 BASES = {
     "openrlhf": ("openrlhf", {}),
@@ -54,10 +54,10 @@ def _alternatives(base: Setup) -> list[Setup]:
 
 
 def _rewards(dump, setup: Setup, bug: str | None) -> tuple[torch.Tensor, ...]:  # type: ignore[no-untyped-def]
-    t, ex = dump.tensors, setup.extras
+    t = dump.tensors
     src = "logprobs" if bug == "kl_from_current_logprobs" else "old_logprobs"
     return reward_quantities(
-        scores=clipped_scores(t["scores"], ex.score_clip, ex.score_bias, ex.score_scale),
+        scores=t["scores"],
         old_logprobs=t[src],
         ref_logprobs=t["ref_logprobs"],
         mask=dump.mask,

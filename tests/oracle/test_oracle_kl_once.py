@@ -36,8 +36,8 @@ def test_kl_is_estimated_once_and_is_the_core_estimate(
     assert len(calls) == 1
     c = setup.conv
     want = token_kl(
-        inp["old_logprobs"], inp["ref_logprobs"], dump.mask, c.kl_estimator,
-        log_ratio_clamp=c.kl_log_ratio_clamp, value_clamp=c.kl_value_clamp,
+        inp["old_logprobs"], inp["ref_logprobs"], dump.mask, c.kl.estimator,
+        log_ratio_clamp=c.kl.log_ratio_clamp, value_clamp=c.kl.value_clamp,
     )  # fmt: skip
     assert torch.equal(ref.values["kl"], want)
     assert bool(want[dump.mask].abs().sum() > 0)  # a real estimate, not the pipeline's zeros

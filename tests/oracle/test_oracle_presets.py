@@ -24,7 +24,7 @@ def test_refppo_dump_matches_under_every_preset(tmp_path: Path, preset: str, dty
     res = check(load_dump(save(tmp_path, d, s)), s)
     assert res.match, res.diagnosis
     # kl_loss is dumped (and compared) only with the KL in the loss (the skyrl preset's default)
-    assert len(res.quantities) == (12 if s.conv.kl_in is KLPlacement.LOSS else 11)
+    assert len(res.quantities) == (12 if s.conv.kl.placement is KLPlacement.LOSS else 11)
 
 
 @pytest.mark.parametrize("preset", PEER_PRESETS)
@@ -143,7 +143,7 @@ def test_openrlhf_split_value_aggregation(tmp_path: Path) -> None:
     inp = make_inputs(B=6, T=10, seed=33)
     d = _openrlhf_split_dump(inp)
     good = setup_for("openrlhf", {"loss_agg": "seq-mean-token-mean"})
-    assert good.conv.value_loss_agg is not None and good.conv.value_loss_agg.value == "token-mean"
+    assert good.conv.agg.value is not None and good.conv.agg.value.value == "token-mean"
     dump = load_dump(save(tmp_path, d, good))
     res = check(dump, good)
     assert res.match, res.diagnosis

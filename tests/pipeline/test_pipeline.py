@@ -12,7 +12,7 @@ import torch
 from refppo.conventions import LossAgg
 from refppo.errors import ConventionError
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import update_quantities
+from refppo.pipeline.step import update_quantities
 
 EPS, EPS_V = 0.2, 0.2
 
@@ -87,26 +87,26 @@ def test_value_loss_agg_aggregates_the_value_loss_only() -> None:
     x = _inputs()
     pol, val = _per_token_loops(x)
     assert abs(_token_mean(val) - _seq_mean_token_mean(val)) > 1e-3  # the test can tell them apart
-    split = Convention(loss_agg="seq-mean-token-mean", value_loss_agg="token-mean")  # type: ignore[arg-type]  # strings are parsed
+    split = Convention.of(loss_agg="seq-mean-token-mean", value_loss_agg="token-mean")  # type: ignore[arg-type]  # strings are parsed
     pg, vf = _run(x, split)
     assert vf == pytest.approx(_token_mean(val), rel=1e-12, abs=0.0)
     assert pg == pytest.approx(_seq_mean_token_mean(pol), rel=1e-12, abs=0.0)
     # None (the default): the value loss follows loss_agg, as before the field existed.
-    pg0, vf0 = _run(x, Convention(loss_agg=LossAgg.SEQ_MEAN_TOKEN_MEAN))
+    pg0, vf0 = _run(x, Convention.of(loss_agg=LossAgg.SEQ_MEAN_TOKEN_MEAN))
     assert vf0 == pytest.approx(_seq_mean_token_mean(val), rel=1e-12, abs=0.0)
     assert pg0 == pg
 
 
 def test_value_loss_agg_parses_and_round_trips() -> None:
-    c = Convention(value_loss_agg="seq-mean-token-sum")  # type: ignore[arg-type]  # strings are parsed
-    assert c.value_loss_agg is LossAgg.SEQ_MEAN_TOKEN_SUM
+    c = Convention.of(value_loss_agg="seq-mean-token-sum")  # type: ignore[arg-type]  # strings are parsed
+    assert c.agg.value is LossAgg.SEQ_MEAN_TOKEN_SUM
     assert c.to_dict()["value_loss_agg"] == "seq-mean-token-sum"
     assert Convention.from_dict(c.to_dict()) == c
-    assert Convention().value_loss_agg is None
+    assert Convention().agg.value is None
     assert "value_loss_agg" not in Convention().to_dict()  # default: the pre-existing dict
     assert Convention.from_dict(Convention().to_dict()) == Convention()
     up = Convention().with_updates({"value_loss_agg": "token-mean"})
-    assert up.value_loss_agg is LossAgg.TOKEN_MEAN
-    assert up.with_updates({"value_loss_agg": None}).value_loss_agg is None
+    assert up.agg.value is LossAgg.TOKEN_MEAN
+    assert up.with_updates({"value_loss_agg": None}).agg.value is None
     with pytest.raises(ConventionError, match="value_loss_agg"):
-        Convention(value_loss_agg="mean")  # type: ignore[arg-type]  # a wrong name must fail
+        Convention.of(value_loss_agg="mean")  # type: ignore[arg-type]  # a wrong name must fail

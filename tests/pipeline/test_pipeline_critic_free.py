@@ -13,9 +13,8 @@ import torch
 from refppo.core.group_naive import group_advantages_naive, reinforce_pp_advantages_naive
 from refppo.core.policy import clipped_policy_loss
 from refppo.errors import ConventionError
-from refppo.pipeline.rollout import RolloutQuantities, rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import update_quantities
+from refppo.pipeline.step import RolloutQuantities, rollout_quantities, update_quantities
 
 B, T, BETA = 9, 6, 0.07
 F64 = torch.float64
@@ -73,7 +72,7 @@ def _folded_scores(x: dict[str, torch.Tensor], beta: float) -> torch.Tensor:
 @pytest.mark.parametrize("std", ["unbiased", "population"])
 def test_group_estimator_fold_equals_naive_on_folded_scores(est: str, std: str) -> None:
     x = _inputs()
-    conv = Convention(advantage=est, group_std=std, whiten_advantages="none", group_eps=1e-6)
+    conv = Convention.of(advantage=est, group_std=std, whiten_advantages="none", group_eps=1e-6)
     rq = _run(x, conv, Hyperparams(kl_coef=BETA))
     want = group_advantages_naive(
         _folded_scores(x, BETA), x["group_index"], x["mask"], estimator=est,
@@ -87,7 +86,7 @@ def test_group_estimator_fold_equals_naive_on_folded_scores(est: str, std: str) 
 @pytest.mark.parametrize("est", ["grpo", "dr-grpo", "rloo"])
 def test_group_estimator_to_go_equals_naive_with_penalty(est: str) -> None:
     x = _inputs(1)
-    conv = Convention(advantage=est, group_kl="to_go", whiten_advantages="none", group_eps=1e-9)
+    conv = Convention.of(advantage=est, group_kl="to_go", whiten_advantages="none", group_eps=1e-9)
     rq = _run(x, conv, Hyperparams(kl_coef=BETA))
     pen = torch.tensor([[-BETA * v for v in row] for row in _kl_loops(x)], dtype=F64)
     want = group_advantages_naive(
@@ -100,7 +99,7 @@ def test_kl_in_loss_leaves_the_scores_alone_in_both_forms() -> None:
     x = _inputs(2)
     want = group_advantages_naive(x["scores"], x["group_index"], x["mask"], estimator="grpo")
     for form in ("fold", "to_go"):
-        conv = Convention(advantage="grpo", kl_in="loss", group_kl=form, whiten_advantages="none")
+        conv = Convention.of(advantage="grpo", kl_in="loss", group_kl=form, whiten_advantages="none")
         rq = _run(x, conv, Hyperparams(kl_coef=BETA))
         torch.testing.assert_close(rq.advantages, want, rtol=1e-12, atol=1e-12)
 
@@ -110,7 +109,7 @@ def test_kl_in_loss_leaves_the_scores_alone_in_both_forms() -> None:
 )
 def test_reinforce_pp_is_discounted_returns_whitened_by_step_4(var: str, eps_at: str, form: str) -> None:
     x = _inputs(3)
-    conv = Convention(advantage="reinforce++", whiten_variance=var, whiten_eps_at=eps_at)
+    conv = Convention.of(advantage="reinforce++", whiten_variance=var, whiten_eps_at=eps_at)
     hp = Hyperparams(kl_coef=BETA, gamma=0.9)
     rq = _run(x, conv, hp)
     m = x["mask"]
@@ -133,7 +132,7 @@ def test_reinforce_pp_is_discounted_returns_whitened_by_step_4(var: str, eps_at:
 
 def test_reinforce_pp_baseline_equals_naive() -> None:
     x = _inputs(4)
-    conv = Convention(advantage="reinforce++-baseline", kl_in="loss", whiten_variance="population",
+    conv = Convention.of(advantage="reinforce++-baseline", kl_in="loss", whiten_variance="population",
                       whiten_eps_at="clamp")  # fmt: skip
     rq = _run(x, conv, Hyperparams())
     want = group_advantages_naive(
@@ -146,28 +145,28 @@ def test_reinforce_pp_baseline_equals_naive() -> None:
 def test_group_shift_invariance_through_the_pipeline() -> None:
     """Adding c to every score of one group leaves GRPO's advantages unchanged (spec/ppo.md claim)."""
     x = _inputs(5)
-    conv = Convention(advantage="grpo", whiten_advantages="none")
+    conv = Convention.of(advantage="grpo", whiten_advantages="none")
     a = _run(x, conv, Hyperparams(kl_coef=BETA)).advantages
     shifted = dict(x, scores=x["scores"] + 3.25 * (x["group_index"] == 9).to(F64))
     b = _run(shifted, conv, Hyperparams(kl_coef=BETA)).advantages
     torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
-    dr = _run(shifted, Convention(advantage="rloo", whiten_advantages="none"), Hyperparams()).advantages
+    dr = _run(shifted, Convention.of(advantage="rloo", whiten_advantages="none"), Hyperparams()).advantages
     assert not torch.equal(dr, torch.zeros_like(dr))
 
 
 def test_errors_are_one_clear_line() -> None:
     x = _inputs()
     with pytest.raises(ConventionError, match=r"advantage=grpo needs group_index \[B\]"):
-        _run(x, Convention(advantage="grpo"), Hyperparams(), group_index=None)
+        _run(x, Convention.of(advantage="grpo"), Hyperparams(), group_index=None)
     with pytest.raises(ConventionError, match="advantage=gae needs old_values"):
         _run(x, Convention(), Hyperparams())
     with pytest.raises(ConventionError, match="group_kl=to_go with whiten_rewards"):
-        Convention(advantage="grpo", group_kl="to_go", whiten_rewards="masked")
+        Convention.of(advantage="grpo", group_kl="to_go", whiten_rewards="masked")
     with pytest.raises(ConventionError, match="group_singleton: unknown name 'drop'"):
-        Convention(group_singleton="drop")
+        Convention.of(group_singleton="drop")
     single = dict(x, group_index=torch.arange(B))
     with pytest.raises(Exception, match="have one response"):
-        _run(single, Convention(advantage="rloo"), Hyperparams())
+        _run(single, Convention.of(advantage="rloo"), Hyperparams())
 
 
 def test_data_parallel_group_estimator_is_refused() -> None:
@@ -175,14 +174,14 @@ def test_data_parallel_group_estimator_is_refused() -> None:
     with pytest.raises(ConventionError, match="per process"):
         rollout_quantities(
             scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
-            old_values=None, mask=x["mask"], hp=Hyperparams(), conv=Convention(advantage="grpo"),
+            old_values=None, mask=x["mask"], hp=Hyperparams(), conv=Convention.of(advantage="grpo"),
             all_reduce=lambda t: t, group_index=x["group_index"],
         )  # fmt: skip
 
 
 def test_update_without_a_critic_has_no_value_term() -> None:
     x = _inputs(6)
-    conv = Convention(advantage="grpo", whiten_advantages="none")
+    conv = Convention.of(advantage="grpo", whiten_advantages="none")
     hp = Hyperparams(vf_coef=0.5)
     adv = _run(x, conv, hp).advantages
     uq = update_quantities(
@@ -203,6 +202,6 @@ def test_new_keys_stay_out_of_the_default_dict() -> None:
     """The golden cases store ``Convention.to_dict()``: the new keys appear only when changed."""
     d = Convention().to_dict()
     assert not {"advantage", "group_std", "group_singleton", "group_kl", "group_eps"} & set(d)
-    d2 = Convention(advantage="rloo", group_eps=1e-9).to_dict()
+    d2 = Convention.of(advantage="rloo", group_eps=1e-9).to_dict()
     assert d2["advantage"] == "rloo" and d2["group_eps"] == 1e-9
-    assert Convention.from_dict(d2) == Convention(advantage="rloo", group_eps=1e-9)
+    assert Convention.from_dict(d2) == Convention.of(advantage="rloo", group_eps=1e-9)

@@ -10,17 +10,16 @@ import pytest
 import torch
 from oracle_helpers import make_inputs, setup_for
 
-from refppo.core.policy import clipped_policy_loss
-from refppo.core.value import value_loss
+from refppo.core.policy import clipped_policy_token_loss
+from refppo.core.value import value_token_loss
 from refppo.pipeline import blocks as m_blocks
 from refppo.pipeline import update as m_update
-from refppo.pipeline.rollout import rollout_quantities
-from refppo.pipeline.update import update_quantities
+from refppo.pipeline.step import rollout_quantities, update_quantities
 
 
 def test_policy_per_token_loss_is_freed_before_the_value_loss(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
-    policy, value = clipped_policy_loss, value_loss
+    policy, value = clipped_policy_token_loss, value_token_loss
 
     def recording_policy(*a: Any, **k: Any) -> Any:
         out = policy(*a, **k)
@@ -31,8 +30,8 @@ def test_policy_per_token_loss_is_freed_before_the_value_loss(monkeypatch: pytes
         seen["alive_at_value_loss"] = seen["per_token"]() is not None
         return value(*a, **k)
 
-    monkeypatch.setattr(m_update, "clipped_policy_loss", recording_policy)
-    monkeypatch.setattr(m_update, "value_loss", checking_value)
+    monkeypatch.setattr(m_update, "clipped_policy_token_loss", recording_policy)
+    monkeypatch.setattr(m_update, "value_token_loss", checking_value)
     inp = make_inputs()
     s = setup_for("trl")
     m = inp["response_mask"].bool()
@@ -99,6 +98,6 @@ def test_update_without_a_graph_allocates_only_its_output_buffers(
             old_values=inp["old_values"], advantages=rq.advantages, returns=rq.returns, mask=m,
             value_mask_=rq.value_mask, ref_logprobs=inp["ref_logprobs"], entropy=ent, hp=s.hp, conv=s.conv,
         )  # fmt: skip
-    n_buffers = 5 if s.conv.kl_in.value == "loss" else 4
+    n_buffers = 5 if s.conv.kl.placement.value == "loss" else 4
     assert rec.allocating == ["aten.empty_like.default"] * n_buffers
     assert bool(torch.isfinite(uq.loss))

@@ -22,9 +22,10 @@ from refppo.core.objective import entropy_bonus, kl_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.rewards import token_rewards
 from refppo.core.value import value_loss
-from refppo.pipeline.rollout import rollout_quantities, value_mask
+from refppo.pipeline.blocks import Normalisers
+from refppo.pipeline.rollout import value_mask
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import Normalisers, update_quantities
+from refppo.pipeline.step import rollout_quantities, update_quantities
 
 B, T = 4, 6
 LENGTHS = [6, 2, 4, 3]
@@ -71,14 +72,14 @@ def _direct(
         x["advantages"],
         x["mask"],
         clip_low=hp.cliprange,
-        agg=conv.loss_agg,
+        agg=conv.agg.loss,
         **pol,
     )
     vf = value_loss(
-        x["values"], x["old_values"], x["returns"], vm, clip=hp.cliprange_value, agg=conv.loss_agg, **val
+        x["values"], x["old_values"], x["returns"], vm, clip=hp.cliprange_value, agg=conv.agg.loss, **val
     )
-    ent = entropy_bonus(x["entropy"], x["mask"], conv.loss_agg, **pol)
-    kl = kl_loss(x["logprobs"], x["ref_logprobs"], x["mask"], conv.kl_estimator, conv.loss_agg, **pol)
+    ent = entropy_bonus(x["entropy"], x["mask"], conv.agg.loss, **pol)
+    kl = kl_loss(x["logprobs"], x["ref_logprobs"], x["mask"], conv.kl.estimator, conv.agg.loss, **pol)
     return {"pg": float(pg.loss), "vf": float(vf.loss), "ent": float(ent), "kl": float(kl)}
 
 
@@ -111,14 +112,14 @@ def _close(a: float, b: float) -> bool:
 @pytest.mark.parametrize("agg", list(LossAgg))
 def test_update_quantities_passes_the_global_normalisers_to_every_term(agg: LossAgg) -> None:
     x = _batch()
-    conv = Convention(
+    conv = Convention.of(
         loss_agg=agg,
         kl_in=KLPlacement.LOSS,
         kl_estimator=KLEstimator.K3,
         score_at=ScorePosition.AFTER_LAST_VALID,
     )
     hp = Hyperparams(vf_coef=0.25, ent_coef=0.01, kl_coef=0.1, horizon=H)
-    vm_all = value_mask(x["mask"], conv.score_at)
+    vm_all = value_mask(x["mask"], conv.reward.score_at)
     n_pol, n_val = float(x["mask"].sum()), float(vm_all.sum())
     assert n_pol != n_val  # the value mask has the score slot: its own token count
     norm = Normalisers(token_count=n_pol, seq_count=float(B), value_token_count=n_val)
@@ -143,7 +144,7 @@ def test_update_quantities_passes_the_global_normalisers_to_every_term(agg: Loss
 
 def test_update_quantities_uses_hp_horizon_for_the_sum_norm_mode() -> None:
     x = _batch(seed=8)
-    conv = Convention(loss_agg=LossAgg.SEQ_MEAN_TOKEN_SUM_NORM, kl_in=KLPlacement.LOSS)
+    conv = Convention.of(loss_agg=LossAgg.SEQ_MEAN_TOKEN_SUM_NORM, kl_in=KLPlacement.LOSS)
     hp = Hyperparams(vf_coef=0.5, ent_coef=0.02, kl_coef=0.2, horizon=H)
     got = _pipeline(x, x["mask"], hp, conv, Normalisers())
     want = _direct(x, x["mask"], hp, conv, {"horizon": H}, {"horizon": H})
@@ -155,9 +156,9 @@ def test_update_quantities_uses_hp_horizon_for_the_sum_norm_mode() -> None:
 
 def test_update_quantities_value_token_count_applies_to_the_value_loss_only() -> None:
     x = _batch(seed=9)
-    conv = Convention(score_at=ScorePosition.AFTER_LAST_VALID)
+    conv = Convention.of(score_at=ScorePosition.AFTER_LAST_VALID)
     hp = Hyperparams()
-    vm = value_mask(x["mask"], conv.score_at)
+    vm = value_mask(x["mask"], conv.reward.score_at)
     got = _pipeline(x, vm, hp, conv, Normalisers(value_token_count=40.0))
     want = _direct(x, vm, hp, conv, {}, {"token_count": 40.0})
     assert _close(got["vf"], want["vf"]) and _close(got["pg"], want["pg"])
@@ -177,7 +178,7 @@ def test_value_mask_keeps_width_t_when_no_row_reaches_the_last_position() -> Non
 
 def test_rollout_quantities_passes_the_kl_clamps_to_token_kl() -> None:
     x = _batch(seed=11)
-    conv = Convention(kl_estimator=KLEstimator.K3, kl_log_ratio_clamp=(-0.1, 0.1), kl_value_clamp=0.005)
+    conv = Convention.of(kl_estimator=KLEstimator.K3, kl_log_ratio_clamp=(-0.1, 0.1), kl_value_clamp=0.005)
     rq = rollout_quantities(
         scores=torch.randn(B, generator=torch.Generator().manual_seed(1), dtype=torch.float64),
         old_logprobs=x["old_logprobs"],
@@ -208,7 +209,7 @@ def test_rollout_rewards_carry_no_kl_when_kl_is_in_the_loss() -> None:
         old_values=x["old_values"],
         mask=x["mask"],
         hp=Hyperparams(kl_coef=0.3),
-        conv=Convention(kl_in=KLPlacement.LOSS),
+        conv=Convention.of(kl_in=KLPlacement.LOSS),
     )
     assert rq.token_rewards.sum(dim=1).tolist() == scores.tolist()
     assert bool((rq.kl == 0).all())
@@ -219,7 +220,7 @@ def test_rollout_rewards_put_the_score_where_the_convention_says(where: ScorePos
     # The reward-model score lands at p(L) of the convention (rewards.token_rewards, called directly).
     x = _batch(seed=13)
     scores = torch.tensor([0.5, -1.0, 2.0, 0.25], dtype=torch.float64)
-    hp, conv = Hyperparams(kl_coef=0.1), Convention(score_at=where)
+    hp, conv = Hyperparams(kl_coef=0.1), Convention.of(score_at=where)
     rq = rollout_quantities(
         scores=scores,
         old_logprobs=x["old_logprobs"],
@@ -246,7 +247,7 @@ def test_update_quantities_passes_every_policy_value_and_kl_convention() -> None
     x = _batch(seed=17)
     vm = x["mask"]
     hp = Hyperparams(cliprange=0.1, cliprange_high=0.35, cliprange_value=0.05, kl_coef=0.3, vf_coef=0.5)
-    conv = Convention(
+    conv = Convention.of(
         dual_clip=1.5,
         log_ratio_clamp=0.6,
         value_clip_form="delta",
@@ -284,7 +285,7 @@ def test_rollout_quantities_passes_every_whitening_setting_and_the_all_reduce() 
     x = _batch(seed=23)
     scores = torch.randn(B, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     hp = Hyperparams(whiten_eps=0.5, kl_coef=0.1)
-    conv = Convention(whiten_variance="population", whiten_eps_at="std", whiten_rewards="masked")
+    conv = Convention.of(whiten_variance="population", whiten_eps_at="std", whiten_rewards="masked")
     calls: list[int] = []
 
     def one_rank(t: torch.Tensor) -> torch.Tensor:  # a SUM all-reduce over a single rank
@@ -332,7 +333,7 @@ def test_update_quantities_passes_the_value_loss_kind_and_clip_form() -> None:
     )
     hp = Hyperparams(cliprange_value=0.2)
     uq = update_quantities(
-        **base, values=v, old_values=v_old, returns=ret, hp=hp, conv=Convention(value_loss="unclipped")
+        **base, values=v, old_values=v_old, returns=ret, hp=hp, conv=Convention.of(value_loss="unclipped")
     )
     assert abs(float(uq.vf_loss) - 0.0125) <= 1e-15
     clipped = update_quantities(**base, values=v, old_values=v_old, returns=ret, hp=hp, conv=Convention())
@@ -348,5 +349,5 @@ def test_update_quantities_passes_the_value_loss_kind_and_clip_form() -> None:
         "returns": torch.tensor([[-0.04]], **f32),
         "hp": hp,
     }
-    assert float(update_quantities(**tie, conv=Convention(value_clip_form="delta")).vf_clipfrac) == 1.0
+    assert float(update_quantities(**tie, conv=Convention.of(value_clip_form="delta")).vf_clipfrac) == 1.0
     assert float(update_quantities(**tie, conv=Convention()).vf_clipfrac) == 0.0

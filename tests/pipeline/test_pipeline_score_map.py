@@ -8,6 +8,7 @@ the NAIVE twin (Python floats), and the twin itself with hand-worked values.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from refppo.errors import HyperparameterError
 from refppo.oracle.check.diagnose import check
 from refppo.oracle.detect.detection import detect, setup_from_json
 from refppo.pipeline import rollout as m_rollout
-from refppo.pipeline.rollout import rollout_quantities
-from refppo.pipeline.settings import Convention, Hyperparams, ScoreMap
+from refppo.pipeline.groups import ScoreMap
+from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import rollout_quantities
 
 F64 = torch.float64
 MAPS = [
@@ -56,7 +58,9 @@ def test_map_scores_matches_its_naive_twin(smap: ScoreMap, dtype: torch.dtype) -
 
 
 def test_bad_score_map_is_one_clear_line() -> None:
-    with pytest.raises(HyperparameterError, match=r"score_clip: expected a finite number > 0, got -1\.0"):
+    with pytest.raises(
+        HyperparameterError, match=r"score_clip: expected a finite number > 0 or none, got -1\.0"
+    ):
         ScoreMap(clip=-1.0)
     with pytest.raises(HyperparameterError, match=r"score_scale: expected a finite number, got nan"):
         ScoreMap(scale=math.nan)
@@ -71,14 +75,14 @@ def _inputs() -> dict[str, torch.Tensor]:
 def _rollout(x: dict[str, torch.Tensor], conv: Convention, scores: torch.Tensor, **kw: Any) -> Any:
     return rollout_quantities(
         scores=scores, old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
-        old_values=x["old_values"] if conv.advantage.value == "gae" else None, mask=x["mask"],
+        old_values=x["old_values"] if conv.adv.estimator.value == "gae" else None, mask=x["mask"],
         hp=Hyperparams(kl_coef=0.1), conv=conv, group_index=torch.tensor([0, 0, 1, 1, 2, 2]), **kw,
     )  # fmt: skip
 
 
 CONVS = {
     "gae": Convention(),
-    "grpo-to_go": Convention(advantage="grpo", group_kl="to_go", whiten_advantages="none"),  # type: ignore[arg-type]  # parsed
+    "grpo-to_go": Convention.of(advantage="grpo", group_kl="to_go", whiten_advantages="none"),  # type: ignore[arg-type]  # parsed
 }
 
 
@@ -91,7 +95,7 @@ def test_pipeline_applies_the_score_map_as_the_naive_twin(smap: ScoreMap, conv_i
     twin = torch.tensor(
         map_scores_naive(x["scores"], bias=smap.bias, scale=smap.scale, clip=smap.clip), dtype=F64
     )
-    got = _rollout(x, conv, x["scores"], score_map=smap)
+    got = _rollout(x, replace(conv, score=smap), x["scores"])
     want = _rollout(x, conv, twin)
     for name in ("token_rewards", "advantages_raw", "advantages", "returns"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
@@ -125,13 +129,14 @@ def test_detected_score_bias_is_rechecked_through_the_pipeline(
 @pytest.mark.parametrize("smap", MAPS[1:], ids=str)
 def test_naive_pipeline_twin_takes_the_score_map(smap: ScoreMap) -> None:
     """``ppo_naive.rollout_quantities_naive`` (loops over floats) under the same ``score_map``."""
-    from refppo.pipeline.naive import rollout_quantities_naive
+    from refppo.pipeline.step import rollout_quantities_naive
 
     x, conv = _inputs(), CONVS["gae"]
-    got = _rollout(x, conv, x["scores"], score_map=smap)
+    got = _rollout(x, replace(conv, score=smap), x["scores"])
     naive = rollout_quantities_naive(
         scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
-        old_values=x["old_values"], mask=x["mask"], hp=Hyperparams(kl_coef=0.1), conv=conv, score_map=smap,
+        old_values=x["old_values"], mask=x["mask"], hp=Hyperparams(kl_coef=0.1),
+        conv=replace(conv, score=smap),
     )  # fmt: skip
     for name in ("token_rewards", "advantages", "returns"):
         a, b = getattr(got, name), getattr(naive, name)

@@ -14,8 +14,8 @@ from refppo.core.group import group_advantages
 from refppo.core.group_naive import group_advantages_naive
 from refppo.errors import ConventionError, MaskError, SingletonGroupError
 from refppo.pipeline import rollout as m_rollout
-from refppo.pipeline.rollout import rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import rollout_quantities
 
 F64 = torch.float64
 
@@ -35,7 +35,7 @@ def _batch() -> dict[str, torch.Tensor]:
 def _run(x: dict[str, torch.Tensor]) -> None:
     rollout_quantities(
         scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"], old_values=None,
-        mask=x["mask"], hp=Hyperparams(), conv=Convention(advantage="grpo"),  # type: ignore[arg-type]  # parsed
+        mask=x["mask"], hp=Hyperparams(), conv=Convention.of(advantage="grpo"),  # type: ignore[arg-type]  # parsed
         group_index=x["group_index"],
     )  # fmt: skip
 

@@ -15,9 +15,8 @@ from oracle_helpers import make_inputs
 from refppo.conventions import AdvantageEstimator
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.errors import ConventionError
-from refppo.pipeline.naive import rollout_quantities_naive
-from refppo.pipeline.rollout import rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import rollout_quantities, rollout_quantities_naive
 
 F64 = torch.float64
 GROUPS = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2])
@@ -39,7 +38,7 @@ def _both(conv: Convention, group_index: torch.Tensor | None) -> tuple[Any, Any]
 @pytest.mark.parametrize("whiten", ["none", "masked"])
 @pytest.mark.parametrize("est", ESTIMATORS)
 def test_naive_twin_matches_the_pipeline_for_every_critic_free_estimator(est: str, whiten: str) -> None:
-    conv = Convention(advantage=est, whiten_advantages=whiten)  # type: ignore[arg-type]  # parsed
+    conv = Convention.of(advantage=est, whiten_advantages=whiten)  # type: ignore[arg-type]  # parsed
     got, naive = _both(conv, GROUPS.clone())
     m = got.value_mask.bool() | naive.value_mask.bool()
     for name in ("token_rewards", "advantages", "returns"):
@@ -50,10 +49,10 @@ def test_naive_twin_matches_the_pipeline_for_every_critic_free_estimator(est: st
 
 
 def test_flash_reinforce_needs_no_group_index() -> None:
-    got, naive = _both(Convention(advantage="flash-reinforce", whiten_advantages="none"), None)  # type: ignore[arg-type]  # parsed
+    got, naive = _both(Convention.of(advantage="flash-reinforce", whiten_advantages="none"), None)  # type: ignore[arg-type]  # parsed
     assert float((got.advantages - naive.advantages).abs().max()) <= 1e-12
 
 
 def test_group_estimators_still_need_a_group_index() -> None:
     with pytest.raises(ConventionError, match="group_index"):
-        _both(Convention(advantage="opo"), None)  # type: ignore[arg-type]  # parsed
+        _both(Convention.of(advantage="opo"), None)  # type: ignore[arg-type]  # parsed

@@ -19,6 +19,7 @@ from refppo.core.by_rows import (
     entropy_bonus_by_rows,
     kl_loss_by_rows,
     policy_loss_by_rows,
+    policy_token_loss_by_rows,
     value_loss_by_rows,
 )
 from refppo.core.gspo import gspo_policy_loss
@@ -27,8 +28,8 @@ from refppo.core.policy import clipped_policy_loss
 from refppo.core.value import value_loss
 from refppo.pipeline import blocks as m_blocks
 from refppo.pipeline import update as m_update
-from refppo.pipeline.rollout import rollout_quantities
-from refppo.pipeline.update import Normalisers, UpdateQuantities, update_quantities
+from refppo.pipeline.blocks import Normalisers
+from refppo.pipeline.step import UpdateQuantities, rollout_quantities, update_quantities
 
 pytestmark = pytest.mark.property
 
@@ -193,13 +194,13 @@ def test_update_quantities_by_rows_equals_the_whole_batch_graph_path(
 
     want = run(inp["logprobs"].clone().requires_grad_(), inp["values"].clone().requires_grad_())
     calls: list[int] = []
-    real = policy_loss_by_rows
+    real = policy_token_loss_by_rows
 
     def counting(*a: Any, **k: Any) -> Any:
         calls.append(a[0])
         return real(*a, **k)
 
-    monkeypatch.setattr(m_update, "policy_loss_by_rows", counting)
+    monkeypatch.setattr(m_update, "policy_token_loss_by_rows", counting)
     monkeypatch.setattr(m_blocks, "ROW_BLOCK_ELEMENTS", 24)  # two rows per block
     got = run(inp["logprobs"], inp["values"])
     assert calls == [2]

@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from refppo.capture.recorder import StepRecorder
 from refppo.conventions import LossAgg
 from refppo.core.aggregate import aggregate_loss
-from refppo.pipeline.rollout import RolloutQuantities, rollout_quantities
+from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import Normalisers, update_quantities
+from refppo.pipeline.step import RolloutQuantities, rollout_quantities, update_quantities
 
 WORLD = 2
 VOCAB, HIDDEN, T = 13, 8, 6
@@ -199,7 +199,7 @@ def micro_loss(
         else:
             adv = adv - (v - v.detach())  # A = R − V(current): same values, the policy loss reaches V
         mat = torch.maximum(-adv * ratio, -adv * cut)
-        pg = aggregate_loss(mat, m, conv.loss_agg, token_count=norm.token_count)
+        pg = aggregate_loss(mat, m, conv.agg.loss, token_count=norm.token_count)
     loss = pg + HP.vf_coef * uq.vf_loss
     return {"loss": scale * loss, "pg_loss": scale * pg, "vf_loss": scale * uq.vf_loss}
 
@@ -208,7 +208,7 @@ def step(
     rank: int, dist: Any, policy: Policy, critic: Critic, b: Batch, agg: str, bug: str | None, path: Path
 ) -> None:
     """One optimizer step of this rank's micro-batches, recorded and dumped."""
-    conv = Convention(loss_agg=LossAgg(agg))
+    conv = Convention.of(loss_agg=LossAgg(agg))
     q = quantities(b, conv)
     pol, cri = copy.deepcopy(policy), copy.deepcopy(critic)
     params = [*pol.parameters(), *cri.parameters()]

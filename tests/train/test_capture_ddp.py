@@ -34,7 +34,7 @@ import test_ddp as ddp  # the shared spawn/teardown helper
 from refppo.conventions import LossAgg
 from refppo.oracle.cli import main as refppo_diff
 from refppo.pipeline.settings import Convention
-from refppo.pipeline.update import update_quantities
+from refppo.pipeline.step import update_quantities
 
 pytestmark = pytest.mark.e2e
 
@@ -57,7 +57,7 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _reference(agg: str) -> dict[str, torch.Tensor]:
     """Autograd of update_quantities on the whole step (here, not through refppo.capture)."""
     policy, critic, b = ct.setup()
-    conv = Convention(loss_agg=LossAgg(agg))
+    conv = Convention.of(loss_agg=LossAgg(agg))
     q = ct.quantities(b, conv)
     with torch.no_grad():
         lp0, v0 = policy(b.ids), critic(b.ids)

@@ -48,8 +48,8 @@ def test_toml_file_and_overrides(tmp_path: Path) -> None:
         f, ["ppo.kl_estimator=k3", "ppo.cliprange=0.3", "run.out_dir=runs/x y", "ppo.max_grad_norm=none"]
     )
     assert cfg.ppo.hp.cliprange == 0.3  # --set wins over the file
-    assert cfg.ppo.convention.loss_agg is LossAgg.SEQ_MEAN_TOKEN_SUM
-    assert cfg.ppo.convention.kl_estimator is KLEstimator.K3
+    assert cfg.ppo.convention.agg.loss is LossAgg.SEQ_MEAN_TOKEN_SUM
+    assert cfg.ppo.convention.kl.estimator is KLEstimator.K3
     assert cfg.ppo.epochs == 2 and cfg.rollout.batch_size == 32
     assert cfg.task.prompt_words == (1, 3)
     assert cfg.run.out_dir == "runs/x y"
@@ -61,7 +61,7 @@ def test_toml_file_and_overrides(tmp_path: Path) -> None:
 def test_int_accepted_for_float_and_tuple_of_optionals() -> None:
     cfg = TrainConfig().with_overrides(["optimizer.lr=1", "ppo.kl_log_ratio_clamp=[-2, 3.5]"])
     assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)
-    assert cfg.ppo.convention.kl_log_ratio_clamp == (-2.0, 3.5)
+    assert cfg.ppo.convention.kl.log_ratio_clamp == (-2.0, 3.5)
 
 
 def test_unknown_key_lists_valid_keys() -> None:
@@ -181,29 +181,29 @@ def test_print_config_cli(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_value_loss_agg_from_toml_and_set(tmp_path: Path) -> None:
-    assert TrainConfig().ppo.convention.value_loss_agg is None  # default: follows ppo.loss_agg
+    assert TrainConfig().ppo.convention.agg.value is None  # default: follows ppo.loss_agg
     f = tmp_path / "v.toml"
     f.write_text('[ppo]\nloss_agg = "seq-mean-token-mean"\nvalue_loss_agg = "token-mean"\n')
     cfg = load_config(f)
-    assert cfg.ppo.convention.loss_agg is LossAgg.SEQ_MEAN_TOKEN_MEAN
-    assert cfg.ppo.convention.value_loss_agg is LossAgg.TOKEN_MEAN
+    assert cfg.ppo.convention.agg.loss is LossAgg.SEQ_MEAN_TOKEN_MEAN
+    assert cfg.ppo.convention.agg.value is LossAgg.TOKEN_MEAN
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
-    assert load_config(f, ["ppo.value_loss_agg=none"]).ppo.convention.value_loss_agg is None
+    assert load_config(f, ["ppo.value_loss_agg=none"]).ppo.convention.agg.value is None
     over = TrainConfig().with_overrides(["ppo.value_loss_agg=seq-mean-token-sum"])
-    assert over.ppo.convention.value_loss_agg is LossAgg.SEQ_MEAN_TOKEN_SUM
+    assert over.ppo.convention.agg.value is LossAgg.SEQ_MEAN_TOKEN_SUM
     with pytest.raises(ConfigError, match="value_loss_agg"):
         TrainConfig().with_overrides(["ppo.value_loss_agg=mean"])
 
 
 def test_value_clip_form_from_toml_and_set(tmp_path: Path) -> None:
     # A Convention field is a [ppo] key like the others (the config flattens Convention).
-    assert TrainConfig().ppo.convention.value_clip_form is ValueClipForm.AROUND_OLD
+    assert TrainConfig().ppo.convention.value.clip_form is ValueClipForm.AROUND_OLD
     assert TrainConfig().to_dict()["ppo"]["value_clip_form"] == "around_old"
     f = tmp_path / "c.toml"
     f.write_text('[ppo]\nvalue_clip_form = "delta"\n')
-    assert load_config(f).ppo.convention.value_clip_form is ValueClipForm.DELTA
+    assert load_config(f).ppo.convention.value.clip_form is ValueClipForm.DELTA
     over = TrainConfig().with_overrides(["ppo.value_clip_form=delta"])
-    assert over.ppo.convention.value_clip_form is ValueClipForm.DELTA
+    assert over.ppo.convention.value.clip_form is ValueClipForm.DELTA
     with pytest.raises(
         ConfigError, match="value_clip_form: unknown name 'clamp'; valid names are 'around_old', 'delta'"
     ):
@@ -220,11 +220,11 @@ def test_peer_convention_fields_from_toml_and_set(tmp_path: Path) -> None:
         'kl_loss_agg = "seq-mean-token-mean"\nwhiten_advantages = "center"\n'
     )
     conv = load_config(f).ppo.convention
-    assert conv.gae_padding is GaePadding.THROUGH and conv.whiten_eps_at is WhitenEps.STD
-    assert conv.whiten_rewards is Whitening.MASKED_NO_SHIFT and conv.whiten_advantages is Whitening.CENTER
-    assert conv.kl_loss_agg is LossAgg.SEQ_MEAN_TOKEN_MEAN and conv.entropy_agg is None
+    assert conv.adv.gae_padding is GaePadding.THROUGH and conv.norm.eps_at is WhitenEps.STD
+    assert conv.reward.whiten is Whitening.MASKED_NO_SHIFT and conv.whiten.advantages is Whitening.CENTER
+    assert conv.agg.kl is LossAgg.SEQ_MEAN_TOKEN_MEAN and conv.agg.entropy is None
     over = TrainConfig().with_overrides(["ppo.entropy_agg=token-mean", "ppo.loss_agg=token-sum"])
-    assert over.ppo.convention.entropy_agg is LossAgg.TOKEN_MEAN
-    assert over.ppo.convention.loss_agg is LossAgg.TOKEN_SUM
+    assert over.ppo.convention.agg.entropy is LossAgg.TOKEN_MEAN
+    assert over.ppo.convention.agg.loss is LossAgg.TOKEN_SUM
     with pytest.raises(ConfigError, match="gae_padding"):
         TrainConfig().with_overrides(["ppo.gae_padding=sometimes"])

@@ -192,8 +192,8 @@ def test_oracle_settings_refuse_what_the_estimator_ignores(conv: dict[str, str],
     with pytest.raises(ConventionError, match=re.escape(needle)):
         setup_for(conv=conv)
     # Convention itself still builds them: --detect's walk tries such settings and discards them
-    Convention(**{k: parse_value(k, v) for k, v in conv.items()})
-    assert setup_for(conv={**conv, "advantage": "grpo"}).conv.advantage.value == "grpo"
+    Convention.of(**{k: parse_value(k, v) for k, v in conv.items()})
+    assert setup_for(conv={**conv, "advantage": "grpo"}).conv.adv.estimator.value == "grpo"
 
 
 def test_refppo_diff_set_refuses_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

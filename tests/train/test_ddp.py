@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,8 @@ from refppo.models.batch import SequenceBatch
 from refppo.models.roles import make_reference
 from refppo.models.rollout import RolloutConfig, ScoredRollout, score_rollout
 from refppo.models.tiny import tiny_critic, tiny_gpt2
-from refppo.pipeline.rollout import RolloutQuantities, rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import RolloutQuantities, rollout_quantities
 from refppo.train.iteration import iteration
 from refppo.train.update import ppo_update
 from refppo.train.update_config import PPOUpdateConfig
@@ -264,7 +264,7 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
 
     results = {}
     for agg in LossAgg:
-        conv = replace(Convention(), loss_agg=agg)
+        conv = Convention.of(loss_agg=agg)
         q = _quantities(scored, conv)  # whole batch, then split (per-shard + hook: whitening test)
         actor, critic = copy.deepcopy(actor0), copy.deepcopy(critic0)
         _update(
@@ -297,7 +297,7 @@ def test_ddp_update_equals_single_process_for_every_loss_agg(tmp_path: Path) -> 
     assert any(int(a) != int(b) for a, b in zip(*per_rank, strict=True)), per_rank
     init = _params(actor0, critic0)
     for agg in LossAgg:
-        conv = replace(Convention(), loss_agg=agg)
+        conv = Convention.of(loss_agg=agg)
         actor, critic = copy.deepcopy(actor0), copy.deepcopy(critic0)
         _update(
             actor, critic, scored, _quantities(scored, conv), conv, micro=MB // 2, world=1, all_reduce=None
@@ -355,7 +355,7 @@ def test_torchrun_two_process_training_run(tmp_path: Path) -> None:
 
 WHITEN_CONVS = {
     "masked-unbiased": Convention(),
-    "no_shift-population-after_last": Convention(
+    "no_shift-population-after_last": Convention.of(
         whiten_advantages=Whitening.MASKED_NO_SHIFT,
         whiten_variance=Variance.POPULATION,
         score_at=ScorePosition.AFTER_LAST_VALID,

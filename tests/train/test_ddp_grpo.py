@@ -49,17 +49,17 @@ WHOLE = [torch.arange(0, 4), torch.arange(4, 8)]
 SPLIT = [torch.tensor([0, 2, 4, 6]), torch.tensor([1, 3, 5, 7])]
 """Every group split over the two ranks (must be refused)."""
 CONVS = {
-    "grpo": Convention(advantage=AdvantageEstimator.GRPO, whiten_advantages=Whitening.NONE),
-    "rloo": Convention(advantage=AdvantageEstimator.RLOO, whiten_advantages=Whitening.NONE),
-    "reinforce++-baseline": Convention(advantage=AdvantageEstimator.REINFORCE_PP_BASELINE),
+    "grpo": Convention.of(advantage=AdvantageEstimator.GRPO, whiten_advantages=Whitening.NONE),
+    "rloo": Convention.of(advantage=AdvantageEstimator.RLOO, whiten_advantages=Whitening.NONE),
+    "reinforce++-baseline": Convention.of(advantage=AdvantageEstimator.REINFORCE_PP_BASELINE),
     # grpo's std over the whole batch (TRL scale_rewards="batch", AReaL std_level batch): batch
     # statistics, all-reduced across the ranks
-    "grpo-std-batch": Convention(
+    "grpo-std-batch": Convention.of(
         advantage=AdvantageEstimator.GRPO,
         whiten_advantages=Whitening.NONE,
         group_std_level=GroupStdLevel.BATCH,
     ),
-    "grpo-std-batch-centred": Convention(
+    "grpo-std-batch-centred": Convention.of(
         advantage=AdvantageEstimator.GRPO,
         whiten_advantages=Whitening.NONE,
         group_std_level=GroupStdLevel.BATCH_CENTRED,
@@ -68,10 +68,10 @@ CONVS = {
     # asserted below), gpg's α = B/#{s ≠ 0}: with the KL in the loss the folded score is the score,
     # and _gpg_reward zeroes two of rank 0's four rows only, so α = 8/6 over the batch but 4/2 on
     # rank 0 and 4/4 on rank 1 (asserted below)
-    "flash-reinforce": Convention(
+    "flash-reinforce": Convention.of(
         advantage=AdvantageEstimator.FLASH_REINFORCE, whiten_advantages=Whitening.NONE
     ),
-    "gpg": Convention(
+    "gpg": Convention.of(
         advantage=AdvantageEstimator.GPG, whiten_advantages=Whitening.NONE, kl_in=KLPlacement.LOSS
     ),
 }
@@ -164,11 +164,11 @@ def _direct(scored: Any, conv: Convention, gi: torch.Tensor = GROUP_INDEX) -> to
     itself when the KL is in the loss."""
     m = scored.batch.response_mask
     kl = ((scored.old_logprobs - scored.ref_logprobs).double() * m).sum(1)
-    beta = ddp.HP.kl_coef if conv.kl_in is KLPlacement.REWARD else 0.0
+    beta = ddp.HP.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
     s = scored.scores.double() - beta * kl
     return group_advantages_naive(
-        s, gi, m, estimator=conv.advantage, unbiased_std=True, eps=conv.group_eps,
-        whiten_eps=ddp.HP.whiten_eps, std_level=conv.group_std_level,
+        s, gi, m, estimator=conv.adv.estimator, unbiased_std=True, eps=conv.adv.group_eps,
+        whiten_eps=ddp.HP.whiten_eps, std_level=conv.adv.group_std_level,
     )  # fmt: skip
 
 

@@ -17,8 +17,8 @@ from refppo.models.readout import response_logprobs
 from refppo.models.roles import eval_mode, make_reference
 from refppo.models.rollout import RolloutConfig, ScoredRollout, generate_rollout, score_rollout
 from refppo.models.tiny import tiny_actor, tiny_critic
-from refppo.pipeline.rollout import RolloutQuantities, rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import RolloutQuantities, rollout_quantities
 from refppo.train.iteration import iteration
 from refppo.train.update import ppo_update, ptx_loss
 from refppo.train.update_config import MinibatchRecord, PPOUpdateConfig, PtxBatch
@@ -86,7 +86,7 @@ def update_delta(
 
 @pytest.mark.parametrize("agg", list(LossAgg))
 def test_micro_batch_accumulation_is_exact(agg: LossAgg) -> None:
-    conv = Convention(loss_agg=agg, score_at=ScorePosition.AFTER_LAST_VALID)
+    conv = Convention.of(loss_agg=agg, score_at=ScorePosition.AFTER_LAST_VALID)
     hp = Hyperparams(ent_coef=0.01)
     actor, critic, scored, q = setup(conv, hp)
     one = PPOUpdateConfig(ppo_epochs=1, max_grad_norm=None, shuffle=False)
@@ -121,7 +121,7 @@ def test_mean_of_micro_means_would_differ() -> None:
 def test_ddp_hook_reproduces_single_process(agg: LossAgg) -> None:
     """Two simulated ranks (rows {0,1} and {2,3}): counts all-reduced through the hook, loss × 2,
     then gradients averaged as DDP does — equals one process on the whole batch."""
-    conv, hp = Convention(loss_agg=agg), Hyperparams()
+    conv, hp = Convention.of(loss_agg=agg), Hyperparams()
     actor, critic, scored, q = setup(conv, hp)
     cfg = PPOUpdateConfig(ppo_epochs=1, max_grad_norm=None, shuffle=False)
     single = update_delta(actor, critic, scored, q, cfg, conv, hp)
@@ -173,7 +173,7 @@ def test_ptx_term() -> None:
 
 
 def test_kl_in_loss_and_entropy_bonus_match_naive_update() -> None:
-    conv = Convention(
+    conv = Convention.of(
         kl_in=KLPlacement.LOSS, kl_estimator=KLEstimator.K3, loss_agg=LossAgg.SEQ_MEAN_TOKEN_SUM
     )
     hp = Hyperparams(kl_coef=0.3, ent_coef=0.05)
@@ -208,7 +208,7 @@ def test_seq_mean_token_sum_norm_update_matches_naive_with_micro_batches() -> No
     # Dr. GRPO's mode is a mean over the minibatch's sequences (verl 0.9.1 agg_loss, SkyRL-train
     # 0.3.1 reduce_loss): split into micro-batches of one row, each must divide by the minibatch's
     # sequence count, not its own. The naive twin aggregates each minibatch whole, row by row.
-    conv = Convention(loss_agg=LossAgg.SEQ_MEAN_TOKEN_SUM_NORM, score_at=ScorePosition.AFTER_LAST_VALID)
+    conv = Convention.of(loss_agg=LossAgg.SEQ_MEAN_TOKEN_SUM_NORM, score_at=ScorePosition.AFTER_LAST_VALID)
     hp = Hyperparams(ent_coef=0.05)
     actor, critic, scored, q = setup(conv, hp)
     cfg = PPOUpdateConfig(ppo_epochs=1, num_minibatches=2, micro_batch_size=1, max_grad_norm=None)

@@ -21,8 +21,8 @@ from refppo.models.roles import eval_mode, make_reference
 from refppo.models.rollout import RolloutConfig, ScoredRollout, generate_rollout, score_rollout
 from refppo.models.rollout_naive import score_rollout_naive
 from refppo.models.tiny import Arch, tiny_actor, tiny_critic
-from refppo.pipeline.rollout import RolloutQuantities, rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import RolloutQuantities, rollout_quantities
 from refppo.train.update import ppo_update
 from refppo.train.update_config import MinibatchRecord, PPOUpdateConfig
 from refppo.train.update_naive import ppo_update_naive

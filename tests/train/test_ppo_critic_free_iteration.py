@@ -18,8 +18,8 @@ from refppo.models.batch import left_pad
 from refppo.models.roles import make_reference
 from refppo.models.rollout import RolloutConfig
 from refppo.models.tiny import tiny_actor
-from refppo.pipeline.rollout import rollout_quantities
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import rollout_quantities
 from refppo.train import iteration as m_iteration
 from refppo.train.iteration import iteration
 from refppo.train.update_config import PPOUpdateConfig
@@ -58,7 +58,7 @@ def test_critic_free_iteration_passes_no_values(monkeypatch: pytest.MonkeyPatch)
         return real(**kw)
 
     monkeypatch.setattr(m_iteration, "rollout_quantities", spy)
-    metrics = _run(Convention(advantage="grpo", whiten_advantages="none"))  # type: ignore[arg-type]  # parsed
+    metrics = _run(Convention.of(advantage="grpo", whiten_advantages="none"))  # type: ignore[arg-type]  # parsed
     assert seen == [None]
     assert "value_mean" not in metrics  # no critic, no value statistic
     assert {"advantage_mean", "return_mean", "pg_loss"} <= set(metrics)

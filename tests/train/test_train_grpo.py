@@ -41,7 +41,7 @@ def test_critic_free_step_has_no_critic_and_the_core_advantages(tmp_path: Path, 
     sc, q = result.scored, result.quantities
     m = sc.batch.response_mask
     hp, conv = t.cfg.ppo.hp, t.cfg.ppo.convention
-    assert conv.group_kl is GroupKL.FOLD
+    assert conv.adv.group_kl is GroupKL.FOLD
     kl = (sc.old_logprobs - sc.ref_logprobs).double() * m  # k1, in the reward (the defaults)
     if adv == "reinforce++":
         rewards = -hp.kl_coef * kl
@@ -52,7 +52,9 @@ def test_critic_free_step_has_no_critic_and_the_core_advantages(tmp_path: Path, 
     else:
         s = sc.scores.double() - hp.kl_coef * kl.sum(1)
         gi = torch.arange(2).repeat_interleave(G)
-        want = group_advantages_naive(s, gi, m, estimator=adv, eps=conv.group_eps, whiten_eps=hp.whiten_eps)
+        want = group_advantages_naive(
+            s, gi, m, estimator=adv, eps=conv.adv.group_eps, whiten_eps=hp.whiten_eps
+        )
         got = q.advantages if adv == "reinforce++-baseline" else q.advantages_raw
     assert float((got.double() - want.double()).abs().max()) <= 1e-5, adv
     assert float(got.abs().max()) > 1e-3  # the scores differ within a group: a real signal
@@ -199,4 +201,4 @@ def test_critic_free_dump_iteration_matches_the_oracle(tmp_path: Path, adv: str)
 @pytest.mark.parametrize("level", ["batch", "batch-centred"])
 def test_group_std_level_is_accepted_where_the_estimator_reads_it(advantage: str, level: str) -> None:
     cfg = preset("test", f"ppo.advantage={advantage}", *GROUPED, f"ppo.group_std_level={level}")
-    assert cfg.ppo.convention.group_std_level.value == level
+    assert cfg.ppo.convention.adv.group_std_level.value == level

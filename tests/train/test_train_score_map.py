@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ import pytest
 import torch
 
 from refppo.oracle.cli import main as refppo_diff
-from refppo.pipeline.naive import rollout_quantities_naive
-from refppo.pipeline.rollout import RolloutQuantities
+from refppo.pipeline.groups import ScoreMap
+from refppo.pipeline.step import RolloutQuantities, rollout_quantities_naive
 from refppo.train.cli import main as train_main
 from refppo.train.config.doc import describe_config
 from refppo.train.config.schema import TrainConfig
@@ -68,7 +69,7 @@ def test_trainer_step_maps_the_scores_as_the_naive_twin(
             old_values=sc.old_values.double(),
             mask=sc.batch.response_mask,
             hp=t.cfg.ppo.hp,
-            conv=t.cfg.ppo.convention,
+            conv=replace(t.cfg.ppo.convention, score=ScoreMap()),  # the scores fed already mapped
             group_index=torch.arange(2).repeat_interleave(4) if grouped else None,
         )
 
@@ -123,18 +124,18 @@ def test_dump_with_a_score_map_is_matched_by_its_sidecar_alone(tmp_path: Path) -
 
 
 def test_identity_map_sidecar_and_default_run_unchanged() -> None:
-    """The default config has no score map (None: the pipeline's step 0 is skipped), and the
-    sidecar still names the identity so a reader sees it. That a default run is unchanged by the
+    """The default config's score map is the identity (the pipeline's step 0 leaves the scores bit
+    for bit), and the sidecar still names it so a reader sees it. That a default run is unchanged by the
     score map is proven by the goldens (tests/golden/: the default conventions' trajectories, compared
     with the stored tensors), not here."""
     from refppo.train.dump import sidecar_conventions
 
     cfg = TrainConfig()
-    assert cfg.ppo.score_map is None
+    assert cfg.ppo.convention.score.identity
     side = sidecar_conventions(cfg)
     assert (side["score_bias"], side["score_scale"], side["score_clip"]) == (0.0, 1.0, None)
-    m = preset("test", "ppo.score_scale=0.5").ppo.score_map
-    assert m is not None and (m.bias, m.scale, m.clip) == (0.0, 0.5, None)
+    m = preset("test", "ppo.score_scale=0.5").ppo.convention.score
+    assert not m.identity and (m.bias, m.scale, m.clip) == (0.0, 0.5, None)
 
 
 def test_resume_with_another_score_map_is_refused(tmp_path: Path) -> None:
@@ -146,7 +147,7 @@ def test_resume_with_another_score_map_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TrainingError, match=r"different config .*ppo.score_clip: 0.3 -> None"):
         Trainer(preset(*base, "run.iterations=2"), resume=True)
     t = Trainer(preset(*base, "ppo.score_clip=0.3", "run.iterations=2"), resume=True)
-    assert t.start_iteration == 1 and t.cfg.ppo.score_map is not None and t.cfg.ppo.score_map.clip == 0.3
+    assert t.start_iteration == 1 and t.cfg.ppo.convention.score.clip == 0.3
 
 
 @pytest.mark.parametrize(

@@ -40,19 +40,19 @@ def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
     if key not in GROUP_ALTERNATIVES:  # the group options (the same keys as _GROUP of its module)
         return True
     conv = setup.conv
-    if conv.advantage is AdvantageEstimator.GAE:
+    if conv.adv.estimator is AdvantageEstimator.GAE:
         return False
     groups = dump.tensors.get("group_index")
     if key == "advantage":
         return groups is not None or upd["advantage"] in ("reinforce++", "flash-reinforce")
-    if groups is None or conv.advantage not in GROUP_ESTIMATORS:
+    if groups is None or conv.adv.estimator not in GROUP_ESTIMATORS:
         return False
     if key in ("group_std", "group_eps", "group_std_level"):
         several = int(torch.unique(groups).numel()) > 1
-        return conv.advantage in STD_ESTIMATORS and (key != "group_std_level" or several)
+        return conv.adv.estimator in STD_ESTIMATORS and (key != "group_std_level" or several)
     if key == "group_singleton":
         return bool((torch.unique(groups, return_counts=True)[1] == 1).any())
-    return conv.kl_in is KLPlacement.REWARD and setup.hp.kl_coef > 0
+    return conv.kl.placement is KLPlacement.REWARD and setup.hp.kl_coef > 0
 
 
 BUG_AFFECTS: dict[str, frozenset[str]] = {

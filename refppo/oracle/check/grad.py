@@ -30,7 +30,8 @@ from torch import Tensor
 from refppo.conventions import ValueLoss
 from refppo.dump.load import Tolerance
 from refppo.oracle.check.settings import Setup
-from refppo.pipeline.update import Normalisers, update_quantities
+from refppo.pipeline.blocks import Normalisers
+from refppo.pipeline.step import update_quantities
 
 GRAD_QUANTITIES: tuple[str, ...] = ("grad_logprobs", "grad_values")
 
@@ -113,8 +114,8 @@ def pipeline_grads(
 def unclipped(setup: Setup) -> Setup:
     """``setup`` with the policy clip (and dual clip) and the value clip removed."""
     hp = replace(setup.hp, cliprange=NO_CLIP, cliprange_high=1e12)
-    conv = replace(setup.conv, dual_clip=None, value_loss=ValueLoss.UNCLIPPED)
-    return Setup(conv, setup.extras, hp)
+    conv = setup.conv.with_updates({"dual_clip": None, "value_loss": ValueLoss.UNCLIPPED})
+    return Setup(conv, hp)
 
 
 def reference_grads(

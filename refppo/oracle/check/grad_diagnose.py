@@ -56,7 +56,8 @@ from refppo.oracle.check.grad_notes import (
 )
 from refppo.oracle.check.grad_notes import where_text as _where
 from refppo.oracle.check.settings import Setup
-from refppo.pipeline.update import Normalisers, policy_term
+from refppo.pipeline.blocks import Normalisers
+from refppo.pipeline.update import policy_term
 
 Grads = dict[str, Tensor]
 
@@ -128,7 +129,7 @@ def _split(
 
 def _count_text(dump: Dump, setup: Setup, inp: UpdateInputs) -> Callable[[Tensor], tuple[str, float]]:
     """The normaliser a loss_agg mode divides by, counted over some rows: ``(what, value)``."""
-    agg = setup.conv.loss_agg
+    agg = setup.conv.agg.loss
 
     def count(rows: Tensor) -> tuple[str, float]:
         if agg is LossAgg.TOKEN_MEAN:
@@ -159,7 +160,7 @@ def _normaliser_hypotheses(dump: Dump, setup: Setup, inp: UpdateInputs, ref: Gra
     what, n_step = count(torch.arange(dump.B))
     unit = "token count" if what == "N" else "sequence count"
     out: list[Hypothesis] = []
-    if setup.conv.loss_agg is LossAgg.TOKEN_SUM:
+    if setup.conv.agg.loss is LossAgg.TOKEN_SUM:
         return out  # no normaliser: a local one is the global one
     if len(gs) > 1:
         facs, even = [], []
@@ -232,10 +233,10 @@ def _convention_hypotheses(setup: Setup, inp: UpdateInputs, ref: Grads) -> list[
     """Another aggregation, padding counted, the clip not in the gradient, A not detached, KL estimator."""
     out: list[Hypothesis] = []
     for agg in LossAgg:
-        if agg is not setup.conv.loss_agg:
+        if agg is not setup.conv.agg.loss:
             alt = setup.with_convention({"loss_agg": agg})
             out.append((f"loss_agg={agg.value}", f"the aggregation loss_agg={agg.value}", _grads(inp, alt)))
-    if setup.conv.loss_agg is LossAgg.TOKEN_MEAN:
+    if setup.conv.agg.loss is LossAgg.TOKEN_MEAN:
         n_all, n_tok = float(inp.mask.numel()), float(inp.mask.sum())
         out.append((
             "padded_tokens_counted",
@@ -249,11 +250,11 @@ def _convention_hypotheses(setup: Setup, inp: UpdateInputs, ref: Grads) -> list[
         lambda: {**ref, "grad_logprobs": pipeline_grads(inp, unclipped(setup))["grad_logprobs"]},
     ))  # fmt: skip
     out.append(("advantages_not_detached", _NOT_DETACHED, lambda: _not_detached(inp, setup, ref)))
-    if setup.conv.kl_in is KLPlacement.LOSS:
+    if setup.conv.kl.placement is KLPlacement.LOSS:
         for est in KLEstimator:
-            if est is not setup.conv.kl_estimator:
+            if est is not setup.conv.kl.estimator:
                 alt = setup.with_convention({"kl_estimator": est})
-                now = setup.conv.kl_estimator.value
+                now = setup.conv.kl.estimator.value
                 text = f"the KL-in-loss gradient of kl_estimator={est.value} (not {now})"
                 out.append((f"kl_estimator={est.value}", text, _grads(inp, alt)))
     return out
@@ -304,7 +305,8 @@ def _not_detached(inp: UpdateInputs, setup: Setup, ref: Grads) -> Grads:
     (w,) = torch.autograd.grad(pos_loss, pos)
     neg = ell(-1.0)[1].detach()
     # at A = 0 the cap −c·A is not applied (the core caps where A < 0 only): ℓ(−1) without it
-    neg0 = neg if setup.conv.dual_clip is None else ell(-1.0, setup.with_convention({"dual_clip": None}))[1]
+    no_dual = setup.with_convention({"dual_clip": None})
+    neg0 = neg if setup.conv.policy.dual_clip is None else ell(-1.0, no_dual)[1]
     pos = pos.detach()
     adv = inp.advantages
     d_ell = torch.where(adv > 0, pos, torch.where(adv < 0, -neg, 0.5 * (pos - neg0.detach())))

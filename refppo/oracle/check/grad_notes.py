@@ -19,9 +19,10 @@ from refppo.dump.load import TOLERANCES, Dump
 from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import QuantityResult, compare
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs
-from refppo.oracle.check.recompute import approx_kl_k2_all_positions, recompute
+from refppo.oracle.check.recompute import recompute
 from refppo.oracle.check.settings import Setup
-from refppo.pipeline.update import Normalisers, update_quantities
+from refppo.pipeline.blocks import Normalisers
+from refppo.pipeline.step import update_quantities
 
 
 def where_text(r: int, k: int, dump: Dump) -> str:
@@ -145,8 +146,9 @@ METRICS = ("pg_clipfrac", "approx_kl", "vf_clipfrac")
 
 
 def _scalars(dump: Dump, inp: UpdateInputs, setup: Setup, norm: Normalisers | None) -> dict[str, float]:
-    """The 0-dim quantities of one row set, as :func:`refppo.oracle.check.recompute.recompute` builds them
-    (``approx_kl`` per the extras; no value term in ``loss`` without a critic or with a separate one)."""
+    """The 0-dim quantities of one row set, as :func:`refppo.oracle.check.recompute.recompute` builds
+    them (``approx_kl`` by ``conv.policy.approx_kl``; no value term in ``loss`` without a critic or
+    with a separate one)."""
     critic = "old_values" in dump.tensors
     uq = update_quantities(
         logprobs=inp.logprobs, values=inp.values, old_logprobs=inp.old_logprobs, old_values=inp.old_values,
@@ -156,11 +158,7 @@ def _scalars(dump: Dump, inp: UpdateInputs, setup: Setup, norm: Normalisers | No
     out = {n: float(getattr(uq, n).detach()) for n in (*ADDITIVE, "pg_clipfrac", "vf_clipfrac")}
     if not critic or dump.step.separate_critic:
         out["loss"] -= setup.hp.vf_coef * out["vf_loss"]
-    kl_metric = setup.extras.approx_kl
-    if kl_metric == "k2_all_positions":
-        out["approx_kl"] = float(approx_kl_k2_all_positions(inp.logprobs, inp.old_logprobs, inp.mask))
-    else:
-        out["approx_kl"] = (-1.0 if kl_metric == "neg_k1" else 1.0) * float(uq.approx_kl)
+    out["approx_kl"] = float(uq.approx_kl)  # the metric of conv.policy.approx_kl
     return out
 
 

@@ -1,11 +1,10 @@
 """Recompute every quantity of one PPO step from a dump's inputs, through ``refppo.pipeline``.
 
-The rollout half goes through :func:`refppo.pipeline.rollout.rollout_quantities` and the update half
-through :func:`refppo.pipeline.update.update_quantities` — the trainer's own path, the score map
-(``score_bias``, ``score_scale``, ``score_clip``) included (the pipeline's step 0,
-:func:`refppo.pipeline.rollout.clipped_scores`, imported here for the oracle's fast paths). The oracle adds
-only what sits around the pipeline: the ``vf_mask`` choice, TRL's
-``approx_kl`` metric and, for diagnosis, a few *known bugs* re-enacted on purpose (:data:`BUGS`).
+The rollout half goes through :func:`refppo.pipeline.step.rollout_quantities` and the update half
+through :func:`refppo.pipeline.step.update_quantities` — the trainer's own path, the score map,
+the ``vf_mask`` choice and the ``approx_kl`` metric included (all of them stages of
+:mod:`refppo.pipeline.stages`). The oracle adds the tolerances of rounding ties and, for diagnosis,
+a few *known bugs* re-enacted on purpose (:data:`BUGS`).
 All arithmetic is float64.
 """
 
@@ -25,6 +24,7 @@ from refppo.conventions import (
     PolicyLoss,
     ValueLoss,
     Variance,
+    VfMask,
     WhitenHoles,
 )
 from refppo.core.by_rows import row_blocks
@@ -38,11 +38,7 @@ from refppo.dump.load import TOLERANCES, Dump, check_inputs_for, trim_heap, vali
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.blocks import gae_by_rows, update_rows
-from refppo.pipeline.rollout import (
-    clipped_scores,  # moved to the pipeline (step 0)
-    rollout_quantities,
-)
-from refppo.pipeline.update import update_quantities
+from refppo.pipeline.step import rollout_quantities, update_quantities
 
 PIPELINE_ORDER: tuple[str, ...] = (
     "kl",
@@ -121,11 +117,11 @@ def whiten(adv_raw: Tensor, mask: Tensor, setup: Setup) -> Tensor:
     conv, hp = setup.conv, setup.hp
     return normalize(
         adv_raw,
-        envelope(mask) if conv.whiten_holes is WhitenHoles.INCLUDE else mask,
-        conv.whiten_advantages,
-        unbiased=conv.whiten_variance is Variance.UNBIASED,
+        envelope(mask) if conv.whiten.holes is WhitenHoles.INCLUDE else mask,
+        conv.whiten.advantages,
+        unbiased=conv.norm.variance is Variance.UNBIASED,
         eps=hp.whiten_eps,
-        eps_at=conv.whiten_eps_at,
+        eps_at=conv.norm.eps_at,
     )
 
 
@@ -137,21 +133,10 @@ def reference_kl(dump: Dump, setup: Setup, logp: Tensor | None = None) -> Tensor
         t["old_logprobs"] if logp is None else logp,
         t["ref_logprobs"],
         dump.mask,
-        c.kl_estimator,
-        log_ratio_clamp=c.kl_log_ratio_clamp,
-        value_clamp=c.kl_value_clamp,
+        c.kl.estimator,
+        log_ratio_clamp=c.kl.log_ratio_clamp,
+        value_clamp=c.kl.value_clamp,
     )
-
-
-def approx_kl_k2_all_positions(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
-    """TRL's ``approxkl``: ``½·mean((l − l_old)²)`` over all B·T positions, padding counted as 0.
-
-    ``d = l − l_old`` is made once and masked and squared in place (one float ``[B, T]`` buffer and
-    one bool: the inverted mask), then summed as a whole: the same elementwise values and the same
-    sum as ``where(m, l − l_old, 0)`` squared out of place (three float ``[B, T]`` temporaries)."""
-    d = logprobs - old_logprobs
-    d.masked_fill_(mask.logical_not(), 0.0)
-    return 0.5 * d.mul_(d).sum() / d.numel()
 
 
 def pg_tie_share(
@@ -166,13 +151,13 @@ def _clip_ratio(logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup:
     """The ratio the policy loss clips, from the core: the token ratio (after the log-ratio clamp),
     or GSPO's sequence ratio on every token of its row (``policy_loss=gspo``)."""
     c, hp = setup.conv, setup.hp
-    if c.policy_loss is PolicyLoss.GSPO:
+    if c.policy.loss is PolicyLoss.GSPO:
         out = gspo_policy_loss(
             logprobs, old, adv, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
-            log_ratio_max=c.log_ratio_clamp,
+            log_ratio_max=c.policy.log_ratio_clamp,
         )  # fmt: skip
         return out.ratio.detach()
-    return policy_ratio(logprobs, old, mask, log_ratio_clamp=c.log_ratio_clamp)
+    return policy_ratio(logprobs, old, mask, log_ratio_clamp=c.policy.log_ratio_clamp)
 
 
 def pg_tie_mask(
@@ -191,8 +176,8 @@ def pg_tie_mask(
     near = ((ratio - (1.0 - setup.hp.cliprange)).abs() <= rtol * ratio) | (
         (ratio - (1.0 + hi)).abs() <= rtol * ratio
     )
-    if setup.conv.dual_clip is not None:
-        near |= (ratio - setup.conv.dual_clip).abs() <= rtol * ratio
+    if setup.conv.policy.dual_clip is not None:
+        near |= (ratio - setup.conv.policy.dual_clip).abs() <= rtol * ratio
     a = torch.where(mask, adv, zero)
     tiny_adv = (a.abs() <= rtol * a.abs().max()) & (a != 0)  # the sign of A decides which branch is larger
     return (near | tiny_adv) & mask
@@ -273,11 +258,10 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
     """Steps 1–4 under ``setup`` and ``bug``: :data:`ROLLOUT_QUANTITIES` only."""
     t = dump.tensors
     m = dump.mask
-    conv, hp, ex = setup.conv, setup.hp, setup.extras
-    check_inputs_for(dump, conv.advantage.value)
-    if bug in _GAE_BUGS and conv.advantage is not AdvantageEstimator.GAE:
+    conv, hp = setup.conv, setup.hp
+    check_inputs_for(dump, conv.adv.estimator.value)
+    if bug in _GAE_BUGS and conv.adv.estimator is not AdvantageEstimator.GAE:
         raise ValueError(f"the bug {bug} needs GAE (advantage=gae)")
-    scores = clipped_scores(t["scores"], ex.score_clip, ex.score_bias, ex.score_scale)
     kl_logp = t["old_logprobs"]
     if bug == "kl_from_current_logprobs":
         if "logprobs" not in t:
@@ -285,9 +269,9 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         kl_logp = t["logprobs"]
     # With the KL in the loss the pipeline zeroes its KL (no reward term), but the dump's `kl` is
     # still the estimate: computed once here and handed to the pipeline's step 1 (the same call).
-    kl_loss_side = reference_kl(dump, setup, kl_logp) if conv.kl_in is KLPlacement.LOSS else None
+    kl_loss_side = reference_kl(dump, setup, kl_logp) if conv.kl.placement is KLPlacement.LOSS else None
     rq = rollout_quantities(
-        scores=scores,
+        scores=t["scores"],
         old_logprobs=kl_logp,
         ref_logprobs=t["ref_logprobs"],
         old_values=t.get("old_values"),
@@ -313,7 +297,7 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         onehot = torch.nn.functional.one_hot(last, num_classes=T).to(torch.bool)
         r_bug = rq.token_rewards + torch.where(onehot, hp.gamma * boot.unsqueeze(1), 0.0)
         adv_raw, returns = gae_by_rows(
-            r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam, holes=conv.gae_holes
+            r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes
         )
         adv = whiten(adv_raw, m, setup)
     elif bug == "whiten_over_padding":
@@ -332,7 +316,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
     """``ro`` (steps 1–4) plus the update stage's quantities (steps 5–9) the dump allows."""
     t = dump.tensors
     m = dump.mask
-    conv, hp, ex = setup.conv, setup.hp, setup.extras
+    conv, hp = setup.conv, setup.hp
     adv, returns = ro.values["advantages"], ro.values["returns"]
     widen: dict[str, Callable[[], float]] = {}
     rtol = TOLERANCES[dump.dtype].rtol
@@ -340,7 +324,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
     if "logprobs" in t or "values" in t:
         logprobs = t.get("logprobs", t["old_logprobs"])
         values = t.get("values", t.get("old_values"))
-        vf_mask = ro.value_mask if ex.vf_mask == "value" else m
+        vf_mask = m if conv.value.mask is VfMask.RESPONSE else ro.value_mask
         uq = update_quantities(
             logprobs=logprobs,
             values=values,
@@ -361,17 +345,12 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
             widen["pg_clipfrac"] = lambda: float(
                 pg_tie_share(logprobs, t["old_logprobs"], adv, m, setup, rtol)
             )
-            if ex.approx_kl == "k2_all_positions":
-                vals["approx_kl"] = approx_kl_k2_all_positions(logprobs, t["old_logprobs"], m)
-            elif ex.approx_kl == "neg_k1":
-                vals["approx_kl"] = -uq.approx_kl
-            else:
-                vals["approx_kl"] = uq.approx_kl
+            vals["approx_kl"] = uq.approx_kl  # the metric of conv.policy.approx_kl
             vals["kl_loss"] = uq.kl_loss.detach()
         if "values" in t and values is not None:
             vals["vf_loss"] = uq.vf_loss.detach()
             vals["vf_clipfrac"] = uq.vf_clipfrac
-            if conv.value_loss is ValueLoss.CLIPPED:
+            if conv.value.loss is ValueLoss.CLIPPED:
                 widen["vf_clipfrac"] = lambda: vf_tie_widen(
                     values, t["old_values"], returns, vf_mask, hp.cliprange_value, rtol
                 )
@@ -389,7 +368,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
             v_in = values if values is not None else zeros
             ov_in = t["old_values"] if critic else zeros
         if not critic:  # no critic: zero stand-ins and no value term (grad_values needs values: refused)
-            grad_setup = Setup(conv, ex, replace(hp, vf_coef=0.0))
+            grad_setup = Setup(conv, replace(hp, vf_coef=0.0))
         inp = UpdateInputs(
             logprobs,
             v_in,
@@ -406,7 +385,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
             ties = {
                 "grad_logprobs": pg_tie_mask(logprobs, t["old_logprobs"], adv, m, setup, rtol),
                 "grad_values": vf_tie_mask(v_in, ov_in, returns, vf_mask, hp.cliprange_value, rtol)
-                if conv.value_loss is ValueLoss.CLIPPED and critic
+                if conv.value.loss is ValueLoss.CLIPPED and critic
                 else torch.zeros_like(m),
             }
             vals.update(reference_grads(inp, grad_setup, t, ties))
@@ -425,7 +404,7 @@ def reference_outputs(
     d = validate(Path("<memory>"), dict(inputs))
     ref = recompute(d, setup, bug=bug)
     out = {k: v.to(dtype) for k, v in ref.values.items()}
-    if setup.conv.kl_in is not KLPlacement.LOSS:
+    if setup.conv.kl.placement is not KLPlacement.LOSS:
         out.pop("kl_loss", None)
     return out
 

@@ -1,113 +1,72 @@
-"""What one oracle comparison runs under: a pipeline ``Convention``, ``Hyperparams`` and oracle extras.
+"""What one oracle comparison runs under: a pipeline ``Convention`` and ``Hyperparams``.
 
 The flat key space (``--set KEY=VALUE``, the sidecar JSON, the ``convention`` object of the JSON
 report) is the union of
 
-- the fields of :class:`refppo.pipeline.settings.Convention` (``kl_estimator``, ``kl_in``, ``score_at``,
-  ``whiten_advantages``, ``whiten_variance``, ``loss_agg``, ``value_loss``, ``dual_clip``,
-  ``log_ratio_clamp``, ``kl_log_ratio_clamp``, ``kl_value_clamp``, ``value_loss_agg``,
-  ``value_clip_form``, ``whiten_eps_at``, ``whiten_rewards``, ``gae_padding``, ``kl_loss_agg``,
-  ``entropy_agg``, ``gae_holes``, ``whiten_holes``, and the critic-free estimator's ``advantage``,
-  ``group_std``, ``group_std_level``, ``group_singleton``, ``group_kl``, ``group_eps``);
-- oracle-only keys for conventions that sit *around* the pipeline rather than in it
-  (:class:`Extras`): ``score_clip``, ``score_bias``, ``score_scale``, ``approx_kl`` and ``vf_mask``;
+- the flat convention keys of :class:`refppo.pipeline.settings.Convention`
+  (:data:`refppo.pipeline.settings.FLAT`, derived from its groups: ``kl_estimator``, ``kl_in``,
+  ``score_at``, the whitening, aggregation, value and critic-free keys, the score map's
+  ``score_clip``, ``score_bias``, ``score_scale``, the logged ``approx_kl`` metric and the value
+  loss's ``vf_mask``);
 - the fields of :class:`refppo.pipeline.settings.Hyperparams` (``gamma``, ``lam``, ``kl_coef``, ...).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from refppo.errors import ConventionError, HyperparameterError
-from refppo.pipeline.settings import Convention, Hyperparams, unread_convention
+from refppo.pipeline.settings import (
+    CONVENTION_KEYS,
+    FLAT,
+    HPARAM_KEYS,
+    Convention,
+    Hyperparams,
+    json_value,
+    unread_convention,
+)
 
-APPROX_KL_METRICS = ("k1", "k2_all_positions", "neg_k1")
-"""``k1``: masked mean of ``old_logprobs − logprobs`` (verl ``ppo_kl``, OpenRLHF ``ppo_kl``, refppo).
-``k2_all_positions``: ``½·Σ_valid d² / (B·T)`` — TRL's ``approxkl``, an unmasked mean over every
-position, where TRL's INVALID_LOGPROB sentinel (1.0 on both sides) makes padding contribute 0.
-``neg_k1``: masked mean of ``logprobs − old_logprobs`` (AReaL 1.0.4 ``ppo_actor_loss_fn`` logs
-``approx_kl = logprobs − proximal_logprobs``, the opposite sign of verl's ``ppo_kl``)."""
-
-VF_MASKS = ("value", "response")
-"""Mask of the value loss: ``value`` = response mask plus the score slot (refppo pipeline, TRL
-``padding_mask_p1``); ``response`` = the response mask only (DeepSpeed-Chat ``critic_loss_fn`` uses
-``action_mask`` even though its GAE credits the slot one past the last token)."""
-
-
-@dataclass(frozen=True)
-class Extras:
-    """Oracle-only conventions (not fields of the pipeline's ``Convention``)."""
-
-    score_clip: float | None = None
-    """Symmetric clamp of the scores before they enter the reward (OpenRLHF 10, DeepSpeed-Chat 5)."""
-    score_bias: float = 0.0
-    """Added to the scores before ``score_scale`` and ``score_clip`` (AReaL ``reward_bias``)."""
-    score_scale: float = 1.0
-    """Multiplies ``score + score_bias`` before ``score_clip`` (AReaL ``reward_scaling``):
-    the reward's score is ``clip((s + score_bias)·score_scale, ±score_clip)``."""
-    approx_kl: str = "k1"
-    """Which ``approx_kl`` metric the trainer logs (see :data:`APPROX_KL_METRICS`)."""
-    vf_mask: str = "value"
-    """Mask of the value loss and ``vf_clipfrac`` (see :data:`VF_MASKS`)."""
-
-    def __post_init__(self) -> None:
-        if self.score_clip is not None and not (math.isfinite(self.score_clip) and self.score_clip > 0):
-            raise HyperparameterError(f"score_clip: expected a number > 0 or null, got {self.score_clip!r}")
-        for name in ("score_bias", "score_scale"):
-            if not math.isfinite(getattr(self, name)):
-                raise HyperparameterError(f"{name}: expected a finite number, got {getattr(self, name)!r}")
-        if self.approx_kl not in APPROX_KL_METRICS:
-            raise ConventionError(
-                f"approx_kl: unknown name {self.approx_kl!r}; valid names are {list(APPROX_KL_METRICS)}"
-            )
-        if self.vf_mask not in VF_MASKS:
-            raise ConventionError(f"vf_mask: unknown name {self.vf_mask!r}; valid names are {list(VF_MASKS)}")
-
-
-CONVENTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Convention))
-EXTRA_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Extras))
-HPARAM_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Hyperparams))
 REQUIRED_HPARAMS: tuple[str, ...] = ("gamma", "lam", "kl_coef", "cliprange", "cliprange_value", "vf_coef")
-ALL_KEYS: tuple[str, ...] = CONVENTION_KEYS + EXTRA_KEYS + HPARAM_KEYS
+ALL_KEYS: tuple[str, ...] = CONVENTION_KEYS + HPARAM_KEYS
+
+REPORT_TAIL: tuple[str, ...] = ("score_clip", "score_bias", "score_scale", "approx_kl", "vf_mask")
+"""The keys the report's ``convention`` object writes last, in this order (the reports' layout
+since these keys were the oracle's own, kept byte for byte)."""
 
 _FLOAT_OR_NONE = {"dual_clip", "log_ratio_clamp", "kl_value_clamp", "score_clip"}
 _FLOAT_EXTRAS = {"score_bias", "score_scale", "group_eps"}
-"""Keys holding a plain float (the extras' score map, the convention ``group_eps``)."""
+"""Keys holding a plain float (the score map's bias and scale, ``group_eps``)."""
 _FLOAT_OR_NONE_HP = {"cliprange_high", "horizon"}
 _NAME_OR_NONE = {"value_loss_agg", "kl_loss_agg", "entropy_agg"}
 
 
 @dataclass(frozen=True)
 class Setup:
-    """A full oracle setting: conventions, extras and hyperparameters."""
+    """A full oracle setting: conventions and hyperparameters."""
 
     conv: Convention
-    extras: Extras
     hp: Hyperparams
 
     def convention_dict(self) -> dict[str, Any]:
-        """Conventions and extras as one flat JSON-friendly dict (the report's ``convention``)."""
-        out = self.conv.to_dict()
-        for name in CONVENTION_KEYS:  # Convention.to_dict leaves some defaults out (golden files)
-            if name not in out:
-                value = getattr(self.conv, name)
-                out[name] = getattr(value, "value", value)
-        out.update(asdict(self.extras))
+        """The conventions as one flat JSON-friendly dict (the report's ``convention``): the keys
+        of :meth:`Convention.to_dict` first, then the ones it leaves out at their defaults, then
+        :data:`REPORT_TAIL`."""
+        full = {k: json_value(v) for k, v in self.conv.flat().items()}
+        out = {k: v for k, v in self.conv.to_dict().items() if k not in REPORT_TAIL}
+        out.update({k: v for k, v in full.items() if k not in out and k not in REPORT_TAIL})
+        out.update({k: full[k] for k in REPORT_TAIL})
         return out
 
     def hparams_dict(self) -> dict[str, Any]:
         return asdict(self.hp)
 
     def with_convention(self, updates: dict[str, Any]) -> Setup:
-        """A copy with some convention/extra keys replaced (typed values, not strings)."""
-        conv_up = {k: v for k, v in updates.items() if k in CONVENTION_KEYS}
-        ext_up = {k: v for k, v in updates.items() if k in EXTRA_KEYS}
-        unknown = sorted(set(updates) - set(conv_up) - set(ext_up))
+        """A copy with some flat convention keys replaced (typed values, not strings)."""
+        unknown = sorted(set(updates) - set(FLAT))
         if unknown:
             raise ConventionError(f"unknown convention keys {unknown}")
-        return Setup(self.conv.with_updates(conv_up), replace(self.extras, **ext_up), self.hp)
+        return Setup(self.conv.with_updates(updates), self.hp)
 
 
 def unknown_key(key: str) -> str:
@@ -207,7 +166,7 @@ def build_setup(
             "give them in the sidecar JSON, --hparams FILE or --set KEY=VALUE"
         )
     hp = Hyperparams(**hp_vals)
-    setup = Setup(Convention(), Extras(), hp).with_convention(conv_vals)
+    setup = Setup(Convention(), hp).with_convention(conv_vals)
     unread = unread_convention(setup.conv)
     if unread is not None:  # here, not in Convention: --detect's walk builds such conventions
         raise ConventionError(unread)

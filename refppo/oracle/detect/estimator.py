@@ -49,20 +49,19 @@ NAMED_EPS = GROUP_EPS
 
 def needs_estimator_stage(s: Search) -> bool:
     """True when step 3 may not be GAE: no critic values, a ``group_index``, or a critic-free base."""
-    return (
-        "old_values" not in s.t or "group_index" in s.t or s.base.conv.advantage is not AdvantageEstimator.GAE
-    )
+    critic_free = s.base.conv.adv.estimator is not AdvantageEstimator.GAE
+    return "old_values" not in s.t or "group_index" in s.t or critic_free
 
 
 def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str, Any]]:
     c = s.base.conv
     own = {
-        "advantage": c.advantage.value,
-        "group_kl": c.group_kl.value,
-        "group_std": c.group_std.value,
-        "group_std_level": c.group_std_level.value,
-        "group_eps": c.group_eps,
-        "group_singleton": c.group_singleton.value,
+        "advantage": c.adv.estimator.value,
+        "group_kl": c.adv.group_kl.value,
+        "group_std": c.adv.group_std.value,
+        "group_std_level": c.adv.group_std_level.value,
+        "group_eps": c.adv.group_eps,
+        "group_singleton": c.adv.group_singleton.value,
     }
     if not walk_all:
         return [own]
@@ -73,7 +72,7 @@ def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str
     singles = [own["group_singleton"]]
     if "group_index" in t and bool((torch.unique(t["group_index"], return_counts=True)[1] == 1).any()):
         singles = list(dict.fromkeys([own["group_singleton"], *(x.value for x in GroupSingleton)]))
-    eps_all = list(dict.fromkeys([c.group_eps, *NAMED_EPS, *eps_extra]))
+    eps_all = list(dict.fromkeys([c.adv.group_eps, *NAMED_EPS, *eps_extra]))
     levels = [own["group_std_level"]]
     if "group_index" in t and int(torch.unique(t["group_index"]).numel()) > 1:  # one prompt: batch = group
         levels = list(dict.fromkeys([own["group_std_level"], *(x.value for x in GroupStdLevel)]))
@@ -110,13 +109,13 @@ def _critic_free(s: Search, g: Group, upd: dict[str, Any]) -> Option | None:
 def estimator_stage(s: Search, groups: list[Group]) -> list[Group]:
     """``returns`` (the raw advantages): every estimator the dump's keys allow, GAE included."""
     t = s.t
-    own_pad = s.base.conv.gae_padding.value
+    own_pad = s.base.conv.adv.gae_padding.value
 
     def make(extra: list[float] | None) -> Callable[[Group], Iterable[Option]]:
         walk_all = extra is not None or "returns" not in t
         opts_list = _options(s, walk_all, extra or [])
         pads = list(dict.fromkeys([own_pad, *(p.value for p in GaePadding)])) if walk_all else [own_pad]
-        holes = list(GaeHoles) if has_holes(s.m) else [s.base.conv.gae_holes]
+        holes = list(GaeHoles) if has_holes(s.m) else [s.base.conv.adv.gae_holes]
 
         def opts(g: Group) -> Iterable[Option]:
             for upd in opts_list:
@@ -141,7 +140,7 @@ def estimator_stage(s: Search, groups: list[Group]) -> list[Group]:
         eps = solve_group_eps(s, gs)
         for e in eps:
             s.propose_value("group_eps", e)
-        return eps or [s.base.conv.group_eps]  # truthy: walk every named option anyway
+        return eps or [s.base.conv.adv.group_eps]  # truthy: walk every named option anyway
 
     out = s.stage(groups, make, check, "returns", propose)
     if "returns" in s.unmatched and out:

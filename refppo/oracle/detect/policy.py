@@ -15,13 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, LossAgg
+from refppo.conventions import ApproxKL, KLPlacement, LossAgg
 from refppo.core.aggregate import aggregate_loss, aggregate_masked
-from refppo.core.by_rows import _policy_loss_by_rows, row_blocks
+from refppo.core.by_rows import policy_token_loss_by_rows, row_blocks
 from refppo.core.checks import count_true
-from refppo.core.policy import clipped_policy_loss
-from refppo.oracle.check.recompute import approx_kl_k2_all_positions
-from refppo.oracle.check.settings import APPROX_KL_METRICS
+from refppo.core.policy import approx_kl_k2_all_positions, clipped_policy_loss
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.search import Option, Search, digest, pg_widen_for
 from refppo.pipeline.blocks import update_rows
@@ -34,13 +32,13 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
     t, m, hp = search.t, search.m, search.hp
     has_lp = "logprobs" in t
     logprobs = t.get("logprobs", t["old_logprobs"])
-    base_duals: list[float | None] = list(dict.fromkeys([None, 3.0, search.base.conv.dual_clip]))
-    lrcs: list[float | None] = list(dict.fromkeys([None, 20.0, search.base.conv.log_ratio_clamp]))
+    base_duals: list[float | None] = list(dict.fromkeys([None, 3.0, search.base.conv.policy.dual_clip]))
+    lrcs: list[float | None] = list(dict.fromkeys([None, 20.0, search.base.conv.policy.log_ratio_clamp]))
     aggs = [a.value for a in LossAgg]
     norm = search.norm
     entropy = t.get("entropy")
     base_clip = (hp.cliprange, hp.cliprange_high)
-    own_eagg: dict[str, Any] = {} if search.base.conv.entropy_agg is None else {"entropy_agg": None}
+    own_eagg: dict[str, Any] = {} if search.base.conv.agg.entropy is None else {"entropy_agg": None}
 
     # Work shared by every candidate of the stage, done once.
     # Above ROW_BLOCK_ELEMENTS, the loss by row blocks (refppo.core.by_rows: the same per-token loss,
@@ -115,7 +113,7 @@ def policy_stage(search: Search, groups: list[Group]) -> list[Group]:
                 if kk not in kll_cache:
                     kll_cache[kk] = aggregate_loss(g.state["kl_cur"], m, agg, **norm)
                 kll = kll_cache[kk]
-            for (eupd, ent), ak in itertools.product(ents, APPROX_KL_METRICS):
+            for (eupd, ent), ak in itertools.product(ents, [a.value for a in ApproxKL]):
                 # each approx_kl metric as recompute.py computes it
                 akl = {"k1": out.approx_kl, "k2_all_positions": ak2, "neg_k1": -out.approx_kl}[ak]
                 st = {
@@ -204,10 +202,7 @@ def _policy_loss(
         out = clipped_policy_loss(logp, logp_old, adv, m, **kw)
         return out.per_token, out.clipfrac, out.approx_kl
     # the loss by blocks without the ratio's [B, T] buffer (not read here)
-    blocks = _policy_loss_by_rows(
-        rows, logp, logp_old, adv, m, gspo=False, agg=LossAgg.TOKEN_MEAN, token_count=None,
-        seq_count=None, horizon=None, keep_ratio=False, **kw,
-    )  # fmt: skip
+    blocks = policy_token_loss_by_rows(rows, logp, logp_old, adv, m, gspo=False, keep_ratio=False, **kw)
     return blocks.per_token, blocks.clipfrac, blocks.approx_kl
 
 

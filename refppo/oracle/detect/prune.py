@@ -75,7 +75,7 @@ class ValuePrune:
         t, m, norm = s.t, s.m, s.norm
         values = t.get("values", t["old_values"])
         rows = update_rows(m)
-        own_form = s.base.conv.value_clip_form.value
+        own_form = s.base.conv.value.clip_form.value
         kinds = [("clipped", f.value) for f in ValueClipForm] + [("unclipped", own_form)]
         for vl, form in kinds:  # the value stage's value_kinds
             for mask in (vm, m):  # vf_mask: value, response

@@ -46,13 +46,13 @@ from refppo.conventions import (
 from refppo.core.gae import gae, has_holes
 from refppo.core.normalize import normalize
 from refppo.core.rewards import score_positions, token_rewards
+from refppo.core.score_map import map_scores
 from refppo.errors import RefPPOError
 from refppo.oracle.check.recompute import whiten
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.score_const import constant_score_notes, propose_constant_score_map
 from refppo.oracle.detect.search import SOLVE_GROUPS, Option, Search, digest, nearest_note
 from refppo.oracle.detect.solve import fit_normalisation, nice
-from refppo.pipeline.rollout import clipped_scores
 
 WhitenKey = tuple[str, str, str]
 """``(whiten_rewards, whiten_variance, whiten_eps_at)``."""
@@ -60,7 +60,7 @@ WhitenKey = tuple[str, str, str]
 
 def _whiten_reward_opts(s: Search, walk_all: bool) -> list[WhitenKey]:
     c = s.base.conv
-    own: WhitenKey = (c.whiten_rewards.value, c.whiten_variance.value, c.whiten_eps_at.value)
+    own: WhitenKey = (c.reward.whiten.value, c.norm.variance.value, c.norm.eps_at.value)
     if not walk_all:
         return [own]
     kinds = [w.value for w in Whitening if w is not Whitening.NONE]
@@ -71,19 +71,19 @@ def _whiten_reward_opts(s: Search, walk_all: bool) -> list[WhitenKey]:
 def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
     """``token_rewards``: KL placement, score slot, score clip and map, reward whitening."""
     t, m, hp = s.t, s.m, s.hp
-    ex = s.base.extras
-    clip_opts: list[float | None] = list(dict.fromkeys([None, 5.0, 10.0, ex.score_clip]))
+    ex = s.base.conv.score
+    clip_opts: list[float | None] = list(dict.fromkeys([None, 5.0, 10.0, ex.clip]))
     checkable = "token_rewards" in t
     extra_maps: list[tuple[float, float]] = []
     if not checkable:  # a group estimator's dump: the clip read off ``returns`` (scale cancels in σ)
         for k, c in solve_group_score_clip(s, groups):
             s.propose_value("score_clip", c)
             clip_opts.append(c)
-            extra_maps.append((ex.score_bias, k))
+            extra_maps.append((ex.bias, k))
 
     def make(extra: list[tuple[float, float]] | None) -> Callable[[Group], Iterable[Option]]:
         """``extra``: None on the first walk, then the solved score maps (maybe none)."""
-        maps = list(dict.fromkeys([(ex.score_bias, ex.score_scale), *extra_maps, *(extra or [])]))
+        maps = list(dict.fromkeys([(ex.bias, ex.scale), *extra_maps, *(extra or [])]))
         wr_opts = _whiten_reward_opts(s, walk_all=extra is not None or not checkable)
         clips = list(clip_opts)  # as of this walk: a replay must walk the same options
 
@@ -91,7 +91,7 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
             for kl_in, score_at, (bias, scale), sc in product(KLPlacement, ScorePosition, maps, clips):
                 use_kl = kl_in is KLPlacement.REWARD and hp.kl_coef > 0
                 vm = s.value_mask(score_at)
-                scores = clipped_scores(t["scores"], sc, bias, scale)
+                scores = map_scores(t["scores"], bias=bias, scale=scale, clip=sc)
                 r0 = token_rewards(
                     scores, g.state["kl"] if use_kl else None, m, hp.kl_coef, score_at=score_at
                 )
@@ -118,7 +118,7 @@ def reward_stage(s: Search, groups: list[Group]) -> list[Group]:
     def propose(gs: list[Group]) -> list[tuple[float, float]]:
         solved.extend(_propose_score_map(s, gs, clip_opts))  # a solved score clip joins clip_opts
         # an empty proposal still walks the reward whitening: return a list that is truthy
-        return solved or [(ex.score_bias, ex.score_scale)]
+        return solved or [(ex.bias, ex.scale)]
 
     out = s.stage(groups, make, check, "token_rewards", propose)
     if solved and float(t["scores"].max() - t["scores"].min()) == 0.0:
@@ -223,8 +223,8 @@ def gae_stage(s: Search, groups: list[Group]) -> list[Group]:
     """``returns`` (and the raw advantages): GAE over the value mask, or through the padding; across
     interior mask holes by every ``gae_holes`` convention (multi-turn dumps only)."""
     t = s.t
-    own = s.base.conv.gae_padding.value
-    holes = list(GaeHoles) if has_holes(s.m) else [s.base.conv.gae_holes]
+    own = s.base.conv.adv.gae_padding.value
+    holes = list(GaeHoles) if has_holes(s.m) else [s.base.conv.adv.gae_holes]
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
         walk_all = extra is not None or "returns" not in t
@@ -278,7 +278,7 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
     holes: list[str | None] = [h.value for h in WhitenHoles] if has_holes(m) else [None]
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
-        eps_ats = [c.whiten_eps_at.value]
+        eps_ats = [c.norm.eps_at.value]
         if extra is not None or "advantages" not in t:
             eps_ats = list(dict.fromkeys([*eps_ats, *(e.value for e in WhitenEps)]))
 
@@ -291,7 +291,7 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
                             continue
                         if (
                             w is Whitening.NONE
-                            and (v is not c.whiten_variance or e != eps_ats[0])
+                            and (v is not c.norm.variance or e != eps_ats[0])
                             and fixed is None
                         ):
                             continue  # unwhitened advantages do not depend on the two keys
@@ -375,18 +375,18 @@ def solve_group_score_clip(s: Search, groups: list[Group]) -> list[tuple[float, 
 
 def _solve_clip(s: Search, a: list[float]) -> list[tuple[float, float]]:
     """:func:`solve_group_score_clip` for one reading of the score part ``a`` of ``returns[:, 0]``."""
-    t, ex = s.t, s.base.extras
-    x = [float(v) for v in (t["scores"].double() + ex.score_bias) * ex.score_scale]
+    t, ex = s.t, s.base.conv.score
+    x = [float(v) for v in (t["scores"].double() + ex.bias) * ex.scale]
     gi = t["group_index"]
     groups = [(gi == g).nonzero().flatten().tolist() for g in torch.unique(gi)]
     med = _scan_clip(groups, torch.tensor(x, dtype=torch.float64), torch.tensor(a, dtype=torch.float64))
     if med is None:
         return []
     c0 = nice(med)[0]
-    out = [(ex.score_scale, c0)]
+    out = [(ex.scale, c0)]
     y = [min(max(v, -c0), c0) for v in x]
     eps_read = _eps_read(groups, y, a)
-    for eps in dict.fromkeys([s.base.conv.group_eps, *PEER_GROUP_EPS]):
+    for eps in dict.fromkeys([s.base.conv.adv.group_eps, *PEER_GROUP_EPS]):
         if eps_read is None:
             break
         if eps <= 0:  # a checked group_eps = 0 gives no ratio; the peers' ε still do
@@ -394,7 +394,7 @@ def _solve_clip(s: Search, a: list[float]) -> list[tuple[float, float]]:
         ratio = eps / eps_read
         r = nice(ratio)[0]  # a round ratio only (≤ 2 digits): a configured scale, not noise
         if abs(r - ratio) <= 1e-3 * ratio and float(f"{r:.2g}") == r and r != 1.0:
-            out.append((nice(ex.score_scale * r)[0], nice(c0 * r)[0]))
+            out.append((nice(ex.scale * r)[0], nice(c0 * r)[0]))
     return list(dict.fromkeys(out))[:4]
 
 

@@ -24,12 +24,12 @@ from refppo.conventions import KLEstimator, KLPlacement, LossAgg
 from refppo.core.aggregate import aggregate_loss
 from refppo.core.kl import token_kl
 from refppo.core.objective import total_loss
-from refppo.core.policy import clipped_policy_loss, policy_ratio
+from refppo.core.policy import approx_kl_k2_all_positions, clipped_policy_loss, policy_ratio
 from refppo.dump.load import TOLERANCES, Dump, trim_heap
 from refppo.errors import RefPPOError
 from refppo.oracle.check.alternatives import ALTERNATIVES, CLAMP_BUNDLES
 from refppo.oracle.check.compare import compare
-from refppo.oracle.check.recompute import approx_kl_k2_all_positions, pg_tie_share
+from refppo.oracle.check.recompute import pg_tie_share
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.groups import Group, Replayer, expand_groups
 from refppo.oracle.detect.prune import ValuePrune
@@ -184,7 +184,7 @@ class Search:
         hp_keys = {"cliprange", "cliprange_high", "cliprange_value"}
         hp_up = {k: v for k, v in upd.items() if k in hp_keys}
         s = self.base.with_convention({k: v for k, v in upd.items() if k not in hp_keys})
-        return Setup(s.conv, s.extras, replace(s.hp, **hp_up)) if hp_up else s
+        return Setup(s.conv, replace(s.hp, **hp_up)) if hp_up else s
 
     # ----- stages -------------------------------------------------------------------------
     def run(self) -> list[Group]:
@@ -224,13 +224,13 @@ class Search:
         t, m = self.t, self.m
         clamp_opts = list(CLAMP_BUNDLES.values())
         own = {
-            "kl_log_ratio_clamp": self.base.conv.kl_log_ratio_clamp,
-            "kl_value_clamp": self.base.conv.kl_value_clamp,
+            "kl_log_ratio_clamp": self.base.conv.kl.log_ratio_clamp,
+            "kl_value_clamp": self.base.conv.kl.value_clamp,
         }
         if own not in clamp_opts:
             clamp_opts.append(own)
         has_lp = "logprobs" in t
-        kl_values = kl_candidates(KLEstimator(self.base.conv.kl_estimator), self.dump.has("grad_logprobs"))
+        kl_values = kl_candidates(KLEstimator(self.base.conv.kl.estimator), self.dump.has("grad_logprobs"))
 
         def make(extra: list[tuple[str, dict[str, Any]]] | None) -> Callable[[Group], Iterable[Option]]:
             pairs = [(e.value, cl) for e in kl_values for cl in clamp_opts] + list(extra or [])
@@ -267,7 +267,7 @@ class Search:
         hp, t = self.hp, self.t
         has_lp = "logprobs" in t
 
-        own_kagg = {} if self.base.conv.kl_loss_agg is None else {"kl_loss_agg": None}
+        own_kagg = {} if self.base.conv.agg.kl is None else {"kl_loss_agg": None}
         separate = self.dump.step.separate_critic
 
         def opts(g: Group) -> Iterable[Option]:
@@ -314,7 +314,7 @@ class Search:
         target = float(t["pg_loss"])
         duals: list[float] = []
         clips: list[tuple[float, float | None]] = []
-        lrcs = list(dict.fromkeys([None, self.base.conv.log_ratio_clamp, 20.0]))
+        lrcs = list(dict.fromkeys([None, self.base.conv.policy.log_ratio_clamp, 20.0]))
         seen_adv: set[bytes] = set()  # by content: a replayed state's tensors are new objects
         for g in groups[:SOLVE_GROUPS]:
             adv, adv_key = g.state["adv"], g.state["adv_key"]
@@ -337,7 +337,7 @@ class Search:
                     terms = PolicyTerms(adv[m].double(), ratio[m].double(), w[m].double())
                     for c in solve_dual_clip(terms, plain, target):
                         duals += nice(c)
-                    for dual in dict.fromkeys([self.base.conv.dual_clip, None]):
+                    for dual in dict.fromkeys([self.base.conv.policy.dual_clip, None]):
                         known = tuple(dict.fromkeys([hp.cliprange, hp.cliprange_high or hp.cliprange]))
                         for lo, hi in solve_clip_ranges(terms, target, dual=dual, known=known):
                             if not self._clipfrac_ok(terms, lo, hi):

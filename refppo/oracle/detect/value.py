@@ -36,7 +36,7 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
     values = t.get("values", t["old_values"])
     rows = update_rows(m)
     value_aggs_all = [a["value_loss_agg"] for a in ALTERNATIVES["value_loss_agg"]]
-    own_vagg = search.base.conv.value_loss_agg
+    own_vagg = search.base.conv.agg.value
     own_vagg_name = None if own_vagg is None else own_vagg.value
 
     # token count of each mask (per_token is 0 on its padding); the mask is kept in the entry so
@@ -47,7 +47,7 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
     widen_memo: dict[tuple[int, int, float], tuple[float, Tensor, Tensor]] = {}
 
     # value_clip_form only matters for a clipped loss: the unclipped one keeps the base's form.
-    own_form = search.base.conv.value_clip_form.value
+    own_form = search.base.conv.value.clip_form.value
     value_kinds = [("clipped", f.value) for f in ValueClipForm] + [("unclipped", own_form)]
 
     def make(extra: list[float] | None) -> Callable[[Group], Iterable[Option]]:

@@ -34,16 +34,37 @@ def section_names(root: type[Any]) -> list[str]:
     return [f.name for f in fields(root)]
 
 
+def sub_hints(sub: type[Any]) -> dict[str, Any]:
+    """``key -> type hint`` of the keys a flattened field of class ``sub`` contributes: its own
+    ``config_hints()`` when it has one (a class of groups with flat keys:
+    :meth:`refppo.pipeline.settings.Convention.config_hints`), else its fields."""
+    hook = getattr(sub, "config_hints", None)
+    if callable(hook):
+        hints: dict[str, Any] = hook()
+        return hints
+    own = typing.get_type_hints(sub)
+    return {g.name: own[g.name] for g in fields(sub)}
+
+
+def _flat_value(obj: Any, key: str) -> Any:
+    get = getattr(obj, "get", None)
+    return get(key) if callable(get) and hasattr(type(obj), "config_hints") else getattr(obj, key)
+
+
+def _flat_build(sub: type[Any], values: dict[str, Any]) -> Any:
+    if hasattr(sub, "config_hints"):
+        return sub().with_updates(values)
+    return replace(sub(), **values)
+
+
 def flat_fields(cls: type[Any]) -> dict[str, tuple[str | None, Any]]:
     """``name -> (flattened sub-field or None, type hint)`` of the keys a section accepts."""
     hints = typing.get_type_hints(cls)
     out: dict[str, tuple[str | None, Any]] = {}
     for f in fields(cls):
         if f.metadata.get("flatten"):
-            sub = hints[f.name]
-            for name, tp in typing.get_type_hints(sub).items():
-                if name in {g.name for g in fields(sub)}:
-                    out[name] = (f.name, tp)
+            for name, tp in sub_hints(hints[f.name]).items():
+                out[name] = (f.name, tp)
         else:
             out[f.name] = (None, hints[f.name])
     return out
@@ -60,11 +81,11 @@ def to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out: dict[str, Any] = {}
         for f in fields(obj):
-            v = to_plain(getattr(obj, f.name))
+            v = getattr(obj, f.name)
             if f.metadata.get("flatten"):
-                out.update(v)
+                out.update({k: to_plain(_flat_value(v, k)) for k in sub_hints(type(v))})
             else:
-                out[f.name] = v
+                out[f.name] = to_plain(v)
         return out
     if isinstance(obj, Enum):
         return obj.value
@@ -109,12 +130,13 @@ def _section_from_plain(cls: type[D], data: Any, where: str) -> D:
     hints = typing.get_type_hints(cls)
     try:
         for parent, sub in nested.items():
-            own[parent] = replace(hints[parent](), **sub)
+            own[parent] = _flat_build(hints[parent], sub)
         return cls(**own)
     except ConfigError:
         raise
-    except RefPPOError as e:  # Hyperparams / Convention validation
-        raise ConfigError(f"[{where}]: {e}") from e
+    except RefPPOError as e:  # Hyperparams / Convention validation: "KEY: ..." named section.key
+        key = str(e).split(":", 1)[0]
+        raise ConfigError(f"{where}.{e}" if key in accepted else f"[{where}]: {e}") from e
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
@@ -210,5 +232,6 @@ __all__ = [
     "from_plain",
     "parse_cli_value",
     "section_names",
+    "sub_hints",
     "to_plain",
 ]

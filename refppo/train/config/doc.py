@@ -19,6 +19,9 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
+from refppo.pipeline.groups import GROUPS
+from refppo.pipeline.settings import FLAT, Convention
+from refppo.train.config.codec import sub_hints
 from refppo.train.config.schema import TrainConfig
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
@@ -77,6 +80,15 @@ def _value_text(value: Any) -> str:
     return repr(value)
 
 
+def _owner(cls: Any, key: str) -> tuple[Any, str]:
+    """The dataclass and field that document flat key ``key`` of the flattened class ``cls``: a
+    :class:`refppo.pipeline.settings.Convention` key's group and field, else ``cls`` itself."""
+    if cls is Convention:
+        fk = FLAT[key]
+        return GROUPS[fk.group], fk.name
+    return cls, key
+
+
 def sections() -> list[str]:
     """The config's sections, in order: ``model``, ``task``, ..., ``run``."""
     return [f.name for f in dataclasses.fields(TrainConfig)]
@@ -93,15 +105,16 @@ def config_keys() -> list[tuple[str, str, str, str]]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.metadata.get("flatten"):
-                sub_cls, sub_obj = hints[f.name], getattr(obj, f.name)
-                sub_hints = typing.get_type_hints(sub_cls)
-                for g in dataclasses.fields(sub_cls):
+                sub_obj = getattr(obj, f.name)
+                for key, tp in sub_hints(hints[f.name]).items():
+                    owner, name = _owner(hints[f.name], key)
+                    value = sub_obj.get(key) if owner is not hints[f.name] else getattr(sub_obj, key)
                     rows.append(
                         (
-                            f"{section.name}.{g.name}",
-                            _type_name(sub_hints[g.name]),
-                            _value_text(getattr(sub_obj, g.name)),
-                            plain(field_docs(sub_cls).get(g.name, "")),
+                            f"{section.name}.{key}",
+                            _type_name(tp),
+                            _value_text(value),
+                            plain(field_docs(owner).get(name, "")),
                         )
                     )
                 continue

@@ -28,6 +28,7 @@ from typing import Any
 from refppo.conventions import AdvantageEstimator, Variance
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.pipeline.settings import (
+    FLAT,
     SIGMA_ESTIMATORS,
     Convention,
     Hyperparams,
@@ -64,9 +65,12 @@ def _off_default(conv: Convention, hp: Hyperparams) -> list[tuple[str, Any]]:
     """``(key, value)`` of every :data:`CRITIC_ONLY_KEYS` field that differs from its default."""
     out: list[tuple[str, Any]] = []
     for key in CRITIC_ONLY_KEYS:
-        obj, default = (conv, _DEFAULT_CONVENTION) if hasattr(conv, key) else (hp, _DEFAULT_HP)
-        if getattr(obj, key) != getattr(default, key):
-            out.append((key, getattr(obj, key)))
+        if key in FLAT:
+            value, default = conv.get(key), _DEFAULT_CONVENTION.get(key)
+        else:
+            value, default = getattr(hp, key), getattr(_DEFAULT_HP, key)
+        if value != default:
+            out.append((key, value))
     return out
 
 
@@ -102,12 +106,13 @@ class TrainConfig:
             raise ConfigError("model.critic_init='reward' needs task.reward='model'")
         self._check_critic_free()
         conv = self.ppo.convention
-        whitened = conv.whiten_advantages.value != "none" or conv.whiten_rewards.value != "none"
-        grouped = conv.advantage in GROUP_ESTIMATORS or conv.advantage is AdvantageEstimator.FLASH_REINFORCE
+        whitened = conv.whiten.advantages.value != "none" or conv.reward.whiten.value != "none"
+        est = conv.adv.estimator
+        grouped = est in GROUP_ESTIMATORS or est is AdvantageEstimator.FLASH_REINFORCE
         if self.run.dump_iteration is not None and self.ppo.minibatches > 1 and grouped:
             raise ConfigError(
                 f"run.dump_iteration needs ppo.minibatches=1 (got {self.ppo.minibatches}) with "
-                f"ppo.advantage={conv.advantage.value}: the oracle computes the group (or batch) statistics "
+                f"ppo.advantage={est.value}: the oracle computes the group (or batch) statistics "
                 "over the dump's rows, so they must hold every group of the rollout batch whole"
             )
         if self.run.dump_iteration is not None and self.ppo.minibatches > 1 and whitened:
@@ -120,11 +125,11 @@ class TrainConfig:
     @property
     def critic_free(self) -> bool:
         """``ppo.advantage`` is not ``gae``: no critic model, no value loss, no critic optimizer."""
-        return self.ppo.convention.advantage is not AdvantageEstimator.GAE
+        return self.ppo.convention.adv.estimator is not AdvantageEstimator.GAE
 
     def _check_critic_free(self) -> None:
         """The group size fits the estimator; no critic-only option is set without a critic."""
-        adv, g = self.ppo.convention.advantage, self.rollout.group_size
+        adv, g = self.ppo.convention.adv.estimator, self.rollout.group_size
         if adv in GROUP_ESTIMATORS and g < 2:
             raise ConfigError(
                 f"ppo.advantage={adv.value} needs rollout.group_size >= 2 (responses per prompt), got {g}"
@@ -159,14 +164,13 @@ class TrainConfig:
         then may hold them in its checkpoints, and ``--resume`` (which rebuilds this config from the
         same flags) must still work. The trainer refuses them for a new run (:class:`ConfigError`)
         and prints the line as a warning on ``--resume`` (the options had, and have, no effect)."""
-        adv, conv, hp = self.ppo.convention.advantage, self.ppo.convention, self.ppo.hp
+        adv, conv, hp = self.ppo.convention.adv.estimator, self.ppo.convention, self.ppo.hp
         parts: list[str] = []
         if adv not in STD_LEVEL_ESTIMATORS:
-            std_keys = (
-                [f"ppo.group_std={conv.group_std.value}"] if conv.group_std is not Variance.UNBIASED else []
-            )
-            if conv.group_eps != _DEFAULT_CONVENTION.group_eps:
-                std_keys.append(f"ppo.group_eps={conv.group_eps!r}")
+            std = conv.adv.group_std
+            std_keys = [f"ppo.group_std={std.value}"] if std is not Variance.UNBIASED else []
+            if conv.adv.group_eps != _DEFAULT_CONVENTION.adv.group_eps:
+                std_keys.append(f"ppo.group_eps={conv.adv.group_eps!r}")
             if std_keys:
                 parts.append(
                     f"{' and '.join(std_keys)} {'is' if len(std_keys) == 1 else 'are'} set but "

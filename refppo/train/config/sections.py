@@ -13,11 +13,10 @@ checks spanning sections (critic-free options, dump needs, rank splits) sit on
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from refppo.errors import RefPPOError
-from refppo.pipeline.settings import Convention, Hyperparams, ScoreMap
+from refppo.pipeline.settings import Convention, Hyperparams
 
 
 class ConfigError(RefPPOError):
@@ -205,40 +204,15 @@ class PPOConfig:
     hp: Hyperparams = field(default_factory=Hyperparams, metadata={"flatten": True})
     """Numeric hyperparameters (γ, λ, β, ε, ...): :class:`refppo.pipeline.settings.Hyperparams`."""
     convention: Convention = field(default_factory=Convention, metadata={"flatten": True})
-    """Conventions (KL estimator and placement, score position, loss aggregation, ...):
-    :class:`refppo.pipeline.settings.Convention`."""
-    score_bias: float = 0.0
-    """Score map, step 0 of the pipeline: the score entering the reward is
-    ``clip((s + score_bias)·score_scale, ±score_clip)`` (:mod:`refppo.core.score_map`; ``s`` after
-    ``rollout.missing_eos_penalty``). ``score_bias`` is added first (AReaL ``reward_bias``). The
-    logged ``score`` is ``s``, before the map. Same key in ``refppo diff --set`` and the dump sidecar."""
-    score_scale: float = 1.0
-    """Multiplies ``s + score_bias`` (AReaL ``reward_scaling``); 1 with ``score_bias`` 0 leaves the
-    score bit for bit."""
-    score_clip: float | None = None
-    """Symmetric clamp of the mapped score to ``[−C, C]``, a finite number > 0 (OpenRLHF
-    ``reward_clip_range`` 10, DeepSpeed-Chat ``clip_reward_value`` 5, AReaL ``reward_clip`` 20);
-    none: no clip."""
+    """Conventions (KL estimator and placement, score position, loss aggregation, the score map
+    ``score_bias``/``score_scale``/``score_clip``, ...): the flat keys of
+    :class:`refppo.pipeline.settings.Convention` (:data:`refppo.pipeline.settings.CONFIG_KEYS`)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "minibatches", "micro_batches"):
             _positive(f"ppo.{name}", getattr(self, name))
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ConfigError(f"ppo.max_grad_norm: expected > 0 or none, got {self.max_grad_norm}")
-        for name in ("score_bias", "score_scale"):
-            if not math.isfinite(getattr(self, name)):
-                raise ConfigError(f"ppo.{name}: expected a finite number, got {getattr(self, name)!r}")
-        clip = self.score_clip
-        if clip is not None and not (math.isfinite(clip) and clip > 0):
-            raise ConfigError(f"ppo.score_clip: expected a finite number > 0 or none, got {clip!r}")
-
-    @property
-    def score_map(self) -> ScoreMap | None:
-        """The score map for :func:`refppo.train.iteration.iteration`; None when it is the identity (the
-        default: no step 0 at all, the scores as the reward gives them)."""
-        if self.score_bias == 0.0 and self.score_scale == 1.0 and self.score_clip is None:
-            return None
-        return ScoreMap(bias=self.score_bias, scale=self.score_scale, clip=self.score_clip)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from refppo.oracle.detect.detection import detect, setup_from_json
 def test_detect_finds_grpo_from_the_gae_default(tmp_path: Path) -> None:
     dump = load_dump(_write(tmp_path, _grpo_dump()))
     start = setup_for(None, {}, {"kl_coef": 0.1})
-    assert start.conv.advantage.value == "gae"
+    assert start.conv.adv.estimator.value == "gae"
     found = detect(dump, start, limit=1000)
     assert found.detected, (found.nearest, found.unmatched_stages)
     grpo = [c for c in found.detected if c["advantage"] == "grpo"]

@@ -73,6 +73,6 @@ def test_a_checked_group_eps_of_zero_still_tries_the_peers_eps(tmp_path: Path) -
     write_dump(p, _dump())
     for eps in (0.0, 1e-6):
         base = setup_for("areal", {"advantage": "grpo", "group_eps": eps}, {"kl_coef": 0.0})
-        assert base.conv.group_eps == eps
+        assert base.conv.adv.group_eps == eps
         maps = solve_group_score_clip(Search(load_dump(p), base), [])
         assert (SCALE, CLIP) in maps, (eps, maps)

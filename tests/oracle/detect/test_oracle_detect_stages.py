@@ -131,9 +131,9 @@ def test_detect_identifies_the_loss_conventions_behind_advantages_it_cannot_repr
     # advantages stage stays unmatched and the nearest convention names the loss conventions.
     import torch
 
-    from refppo.oracle.check.recompute import approx_kl_k2_all_positions
+    from refppo.core.policy import approx_kl_k2_all_positions
     from refppo.pipeline.settings import Hyperparams
-    from refppo.pipeline.update import update_quantities
+    from refppo.pipeline.step import update_quantities
 
     made = setup_for(None, {"whiten_advantages": "none", "loss_agg": "seq-mean-token-mean"})
     start = setup_for(None)

@@ -1,0 +1,320 @@
+"""The groups of :class:`refppo.pipeline.settings.Convention`: one frozen dataclass per stage family.
+
+Each field's metadata (:func:`flat_key`) names its FLAT key (``--set KEY``, sidecars, presets, the
+trainer's ``ppo.*``): :data:`refppo.pipeline.settings.FLAT` is derived from these classes. Enum
+fields are parsed from their names by their type (:func:`_parse_enums`), each group runs the core's
+checks of its own numbers at construction.
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from dataclasses import Field, dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from refppo.conventions import (
+    AdvantageEstimator,
+    ApproxKL,
+    GaeHoles,
+    GaePadding,
+    GroupKL,
+    GroupSingleton,
+    GroupStdLevel,
+    KLEstimator,
+    KLPlacement,
+    LossAgg,
+    PolicyLoss,
+    ScorePosition,
+    ValueClipForm,
+    ValueLoss,
+    Variance,
+    VfMask,
+    WhitenEps,
+    WhitenHoles,
+    Whitening,
+    parse,
+)
+from refppo.core.checks import check_nonneg, check_positive
+from refppo.core.kl import check_kl_clamps
+from refppo.errors import ConventionError, HyperparameterError
+
+
+def flat_key(name: str | None = None, *, omit: bool = False, config: bool = True) -> dict[str, Any]:
+    """A group field's metadata: its flat key ``name`` (None: the field's own name); ``omit``: left out
+    of :meth:`Convention.to_dict` while at its default (keys added after the golden cases in
+    ``spec/golden`` were written, so those stored dicts stay exact); ``config`` False: not a key of
+    the trainer's ``[ppo]`` section (how an observed trainer logs or masks, not a choice of refppo's)."""
+    return {"key": name, "omit": omit, "config": config}
+
+
+def _parse_enums(obj: Any) -> None:
+    """Each enum field of the frozen dataclass ``obj`` (or ``Enum | None``) parsed from its name."""
+    for f, cls in _enum_fields(type(obj)):
+        value = getattr(obj, f.name)
+        if value is not None:
+            object.__setattr__(obj, f.name, parse(cls, value, what=f.metadata.get("key") or f.name))
+
+
+_ENUM_FIELDS: dict[type[Any], tuple[tuple[Field[Any], type[Enum]], ...]] = {}
+
+
+def _enum_fields(cls: type[Any]) -> tuple[tuple[Field[Any], type[Enum]], ...]:
+    """The enum-typed fields of the dataclass ``cls`` and their enums (cached per class)."""
+    if cls in _ENUM_FIELDS:
+        return _ENUM_FIELDS[cls]
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        tp = hints[f.name]
+        args = typing.get_args(tp) or (tp,)
+        enums = [a for a in args if isinstance(a, type) and issubclass(a, Enum)]
+        if enums:
+            out.append((f, enums[0]))
+    _ENUM_FIELDS[cls] = tuple(out)
+    return _ENUM_FIELDS[cls]
+
+
+@dataclass(frozen=True)
+class ScoreMap:
+    """Step 0, what the trainer does to the reward model's score first: ``clip((s + bias)·scale, ±clip)``
+    (:mod:`refppo.core.score_map`). The default is the identity (the scores bit for bit)."""
+
+    bias: float = field(default=0.0, metadata=flat_key("score_bias", omit=True))
+    """Score map, step 0 of the pipeline: the score entering the reward is
+    ``clip((s + score_bias)·score_scale, ±score_clip)`` (:mod:`refppo.core.score_map`; ``s`` after
+    ``rollout.missing_eos_penalty``). ``score_bias`` is added first (AReaL ``reward_bias``). The
+    logged ``score`` is ``s``, before the map. Same key in ``refppo diff --set`` and the dump sidecar."""
+    scale: float = field(default=1.0, metadata=flat_key("score_scale", omit=True))
+    """Multiplies ``s + score_bias`` (AReaL ``reward_scaling``); 1 with ``score_bias`` 0 leaves the
+    score bit for bit."""
+    clip: float | None = field(default=None, metadata=flat_key("score_clip", omit=True))
+    """Symmetric clamp of the mapped score to ``[−C, C]``, a finite number > 0 (OpenRLHF
+    ``reward_clip_range`` 10, DeepSpeed-Chat ``clip_reward_value`` 5, AReaL ``reward_clip`` 20);
+    none: no clip."""
+
+    def __post_init__(self) -> None:
+        if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
+            raise HyperparameterError(f"score_clip: expected a finite number > 0 or none, got {self.clip!r}")
+        for name, value in (("score_bias", self.bias), ("score_scale", self.scale)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise HyperparameterError(f"{name}: expected a finite number, got {value!r}")
+
+    @property
+    def identity(self) -> bool:
+        """Bias 0, scale 1, no clip: the scores as given."""
+        return self.bias == 0.0 and self.scale == 1.0 and self.clip is None
+
+
+@dataclass(frozen=True)
+class KLConvention:
+    """The per-token KL (step 1) and where it enters (the reward, or the loss)."""
+
+    estimator: KLEstimator = field(default=KLEstimator.K1, metadata=flat_key("kl_estimator"))
+    """Per-token KL estimator (in the reward, or in the loss)."""
+    log_ratio_clamp: tuple[float | None, float | None] | None = field(
+        default=None, metadata=flat_key("kl_log_ratio_clamp")
+    )
+    """Clamp ``(lo, hi)`` of ``log π − log π_ref`` before the KL estimator."""
+    value_clamp: float | None = field(default=None, metadata=flat_key("kl_value_clamp"))
+    """Symmetric clamp of the KL estimate (OpenRLHF: 10; verl k3: 10)."""
+    placement: KLPlacement = field(default=KLPlacement.REWARD, metadata=flat_key("kl_in"))
+    """KL in the reward (old vs ref) or as a loss term (current vs ref)."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self)
+        clamp: Any = self.log_ratio_clamp  # a list from JSON or TOML
+        if isinstance(clamp, list):
+            object.__setattr__(self, "log_ratio_clamp", tuple(clamp))
+        check_kl_clamps(self.log_ratio_clamp, self.value_clamp, prefix="kl_")
+
+
+@dataclass(frozen=True)
+class RewardConvention:
+    """The token rewards (step 2): where the score sits and the optional reward whitening."""
+
+    score_at: ScorePosition = field(default=ScorePosition.LAST_VALID, metadata=flat_key())
+    """Which position receives the reward-model score."""
+    whiten: Whitening = field(default=Whitening.NONE, metadata=flat_key("whiten_rewards", omit=True))
+    """Normalisation of the token rewards over the value mask, after the KL and the score and before
+    GAE (TRL ``whiten_rewards=True``: ``masked_no_shift``)."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self)
+
+
+@dataclass(frozen=True)
+class NormConvention:
+    """The moments of a whitening, shared by the reward and the advantage whitening."""
+
+    variance: Variance = field(default=Variance.UNBIASED, metadata=flat_key("whiten_variance"))
+    """Variance used by the whitening."""
+    eps_at: WhitenEps = field(default=WhitenEps.VARIANCE, metadata=flat_key("whiten_eps_at", omit=True))
+    """Where the whitening's eps enters: ``1/sqrt(σ²+eps)``, ``1/sqrt(max(σ², eps))`` (OpenRLHF) or
+    ``1/(σ+eps)`` (AReaL); also used by ``whiten_rewards``."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self)
+
+
+@dataclass(frozen=True)
+class AdvantageConvention:
+    """Step 3's estimator: GAE (with a critic) or a critic-free one, and their options."""
+
+    estimator: AdvantageEstimator = field(
+        default=AdvantageEstimator.GAE, metadata=flat_key("advantage", omit=True)
+    )
+    """Step 3's estimator: ``gae`` (with a critic) or a critic-free one (:mod:`refppo.core.group`):
+    ``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo`` (length-weighted group
+    mean), ``gpg`` (``α(s − μ_G)``, ``α`` = B / #nonzero scores of the batch), ``grpo-passk`` (the
+    unique best response's margin) — these need ``group_index`` —, ``reinforce++`` and
+    ``flash-reinforce`` (``s − batch mean``, no group). Step 4 (the ``whiten_*`` keys) still
+    applies: the peers' GRPO/RLOO leave it off (``whiten_advantages=none``), REINFORCE++ is its
+    discounted returns whitened by step 4."""
+    gae_padding: GaePadding = field(default=GaePadding.MASKED, metadata=flat_key(omit=True))
+    """GAE stops at the value mask (``masked``) or runs through the padding (``through``: SkyRL)."""
+    gae_holes: GaeHoles = field(default=GaeHoles.SKIP, metadata=flat_key(omit=True))
+    """How GAE crosses interior mask holes (multi-turn tool tokens): ``skip`` (verl), ``zero``
+    (OpenRLHF agent mode), ``through`` (SkyRL); no effect on a right-padded mask."""
+    group_std: Variance = field(default=Variance.UNBIASED, metadata=flat_key(omit=True))
+    """The group std of ``grpo`` and ``grpo-passk``: ``unbiased`` (n−1: ``torch.std``, verl, OpenRLHF,
+    SkyRL) or ``population`` (n)."""
+    group_std_level: GroupStdLevel = field(default=GroupStdLevel.GROUP, metadata=flat_key(omit=True))
+    """Over which rows that std is taken: ``group`` (each row's group), ``batch`` (the whole batch
+    around its mean: TRL ``scale_rewards="batch"``) or ``batch-centred`` (the batch's ``s − μ_G``:
+    AReaL ``std_level: batch`` under ``mean_level: group``); :class:`refppo.conventions.GroupStdLevel`."""
+    group_singleton: GroupSingleton = field(default=GroupSingleton.ERROR, metadata=flat_key(omit=True))
+    """A prompt with one response in a group estimator: ``error``, ``score`` or ``zero``."""
+    group_kl: GroupKL = field(default=GroupKL.FOLD, metadata=flat_key(omit=True))
+    """The reward KL in a group estimator: folded into the score (verl, SkyRL) or added as its
+    return-to-go after grouping (OpenRLHF)."""
+    group_eps: float = field(default=1e-6, metadata=flat_key(omit=True))
+    """ε of ``grpo``'s (and ``grpo-passk``'s) ``(s − μ)/(σ + ε)`` (verl, SkyRL 1e-6; OpenRLHF
+    ``group_norm`` 1e-9). Read by these two only (the trainer refuses it off its default elsewhere)."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self)
+        check_nonneg("group_eps", self.group_eps)
+
+
+@dataclass(frozen=True)
+class WhitenConvention:
+    """Step 4: the advantage whitening (its moments: :class:`NormConvention`)."""
+
+    advantages: Whitening = field(default=Whitening.MASKED, metadata=flat_key("whiten_advantages"))
+    """Advantage whitening after GAE (returns always use the raw advantages)."""
+    holes: WhitenHoles = field(default=WhitenHoles.EXCLUDE, metadata=flat_key("whiten_holes", omit=True))
+    """The advantage whitening's moments over the valid tokens (``exclude``: verl, OpenRLHF) or over
+    each row's envelope, holes included (``include``: SkyRL); no effect on a right-padded mask."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self)
+
+
+@dataclass(frozen=True)
+class PolicyConvention:
+    """The clipped surrogate's per-token terms (steps 5–6) and the logged ``approx_kl`` metric."""
+
+    loss: PolicyLoss = field(default=PolicyLoss.VANILLA, metadata=flat_key("policy_loss", omit=True))
+    """The importance ratio of the clipped surrogate: ``vanilla`` (per token) or ``gspo`` (GSPO's
+    length-normalised sequence ratio, :mod:`refppo.core.gspo`; needs ``dual_clip`` None, and takes
+    ``log_ratio_clamp`` as the upper clamp of the log sequence ratio, verl: 10)."""
+    dual_clip: float | None = field(default=None, metadata=flat_key())
+    """Dual-clip constant c > 1 for negative advantages, or None (off)."""
+    log_ratio_clamp: float | None = field(default=None, metadata=flat_key())
+    """Clamp of ``logprobs − old_logprobs`` before exp in the ratio (verl, OpenRLHF: 20)."""
+    approx_kl: ApproxKL = field(default=ApproxKL.K1, metadata=flat_key(omit=True, config=False))
+    """Which ``approx_kl`` metric the trainer logs (:class:`refppo.conventions.ApproxKL`)."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self)
+        # The core's own checks, at construction (a config error before any model is loaded):
+        # dual-clip c finite and > 1 (policy.clipped_policy_loss), the ratio clamp.
+        if self.dual_clip is not None and not (math.isfinite(self.dual_clip) and self.dual_clip > 1.0):
+            raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
+        if self.log_ratio_clamp is not None:
+            check_positive("log_ratio_clamp", self.log_ratio_clamp)
+        if self.loss is PolicyLoss.GSPO and self.dual_clip is not None:
+            raise ConventionError(
+                f"dual_clip: policy_loss=gspo has no dual-clip (verl compute_policy_loss_gspo), "
+                f"got dual_clip={self.dual_clip!r}; set dual_clip=none"
+            )
+
+
+@dataclass(frozen=True)
+class AggConvention:
+    """How each per-token loss becomes a scalar (:class:`refppo.conventions.LossAgg`)."""
+
+    loss: LossAgg = field(default=LossAgg.TOKEN_MEAN, metadata=flat_key("loss_agg"))
+    """Aggregation of the per-token policy, entropy and KL losses (and of the value loss unless
+    ``value_loss_agg`` is set)."""
+    value: LossAgg | None = field(default=None, metadata=flat_key("value_loss_agg", omit=True))
+    """Aggregation of the value loss; None = same as ``loss_agg``. OpenRLHF's critic keeps the value
+    loss ``token-mean`` whatever the actor's aggregation (its critic builds ``ValueLoss(value_clip)``).
+    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
+    kl: LossAgg | None = field(default=None, metadata=flat_key("kl_loss_agg", omit=True))
+    """Aggregation of the KL loss (``kl_in=loss``); None = ``loss_agg``. SkyRL-train averages per row
+    (``seq-mean-token-mean``) whatever its policy-loss reduction."""
+    entropy: LossAgg | None = field(default=None, metadata=flat_key("entropy_agg", omit=True))
+    """Aggregation of the entropy term; None = ``loss_agg``. SkyRL-train: ``token-mean`` always."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self)
+
+    def of(self, term: str) -> LossAgg:
+        """The aggregation of ``term`` (``policy``, ``value``, ``kl`` or ``entropy``): its own
+        override, else ``loss_agg``."""
+        own: LossAgg | None = None if term == "policy" else getattr(self, term)
+        return self.loss if own is None else own
+
+
+@dataclass(frozen=True)
+class ValueConvention:
+    """The value loss (step 7). Read by ``advantage=gae`` only (the trainer refuses its keys off their
+    defaults without a critic)."""
+
+    loss: ValueLoss = field(default=ValueLoss.CLIPPED, metadata=flat_key("value_loss"))
+    """Clipped or unclipped value loss.
+    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
+    clip_form: ValueClipForm = field(
+        default=ValueClipForm.AROUND_OLD, metadata=flat_key("value_clip_form", omit=True)
+    )
+    """How the clipped value is computed: ``around_old`` ``clip(V, V_old ± ε_v)`` (verl, TRL,
+    DeepSpeed-Chat) or ``delta`` ``V_old + clip(V − V_old, ±ε_v)`` (OpenRLHF, SkyRL, AReaL); equal in
+    exact arithmetic, they can count a different ``vf_clipfrac`` in float32.
+    Read by ``advantage=gae`` only (the trainer refuses it off its default without a critic)."""
+    mask: VfMask = field(default=VfMask.VALUE, metadata=flat_key("vf_mask", omit=True, config=False))
+    """Mask of the value loss and ``vf_clipfrac`` (:class:`refppo.conventions.VfMask`)."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self)
+
+
+GROUPS: dict[str, type[Any]] = {
+    "score": ScoreMap,
+    "kl": KLConvention,
+    "reward": RewardConvention,
+    "norm": NormConvention,
+    "adv": AdvantageConvention,
+    "whiten": WhitenConvention,
+    "policy": PolicyConvention,
+    "agg": AggConvention,
+    "value": ValueConvention,
+}
+"""The groups of :class:`Convention`: attribute name → class (the order of its fields)."""
+
+
+__all__ = [
+    "GROUPS",
+    "AdvantageConvention",
+    "AggConvention",
+    "KLConvention",
+    "NormConvention",
+    "PolicyConvention",
+    "RewardConvention",
+    "ScoreMap",
+    "ValueConvention",
+    "WhitenConvention",
+    "flat_key",
+]

@@ -1,0 +1,310 @@
+"""The stage table: ONE typed description of the PPO step that every consumer walks.
+
+Each :class:`Stage` names the flat convention keys (and so the :class:`Convention` groups) and the
+:class:`Hyperparams` fields it reads, the quantities it reads and makes, its vectorized function, its
+naive twin (plain loops on the core's naive twins) and how it may be evaluated (by row blocks
+without autograd, with the global normalisers of a split step, as a collective under an
+all-reduce). :data:`STAGES` is the pipeline order; :func:`walk` runs a sequence of stages on a dict
+of quantities. The trainer's iteration and update, the oracle's recompute, the diagnosis, the
+naive whole-step twin and the goldens run the step through it (:mod:`refppo.pipeline.step`).
+
+==================  ===================================  ====================================
+stage               reads                                makes
+==================  ===================================  ====================================
+score_map           scores                               mapped_scores
+kl                  old_logprobs, ref_logprobs, mask     kl
+value_mask          mask                                 value_mask
+rewards             mapped_scores, kl, mask, value_mask  token_rewards
+advantages          token_rewards, old_values, …         advantages_raw, returns
+whitening           advantages_raw, mask                 advantages
+policy              logprobs, old_logprobs, advantages   pg_per_token, ratio, pg_clipfrac, …
+policy_agg          pg_per_token, mask                   pg_loss
+approx_kl           pg_approx_kl, logprobs, …            approx_kl
+value               values, old_values, returns, …       vf_per_token, vf_clipfrac, vf_loss_mask
+value_agg           vf_per_token, vf_loss_mask           vf_loss
+entropy             entropy, mask                        entropy_loss
+kl_loss             logprobs, ref_logprobs, mask         kl_loss
+total               pg_loss, vf_loss, entropy_loss, …    loss
+==================  ===================================  ====================================
+
+(spec/ppo.md has the full table with the keys and the functions; a test checks it against
+:data:`STAGES`.) One stage alone under another convention: ``stage.run(q, conv.with_updates(...),
+hp, ev)`` with ``q`` holding what it reads (an upstream stage's results reused as they are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from refppo.conventions import AdvantageEstimator, KLPlacement, Whitening
+from refppo.pipeline import naive as nv
+from refppo.pipeline import naive_update as nu
+from refppo.pipeline import rollout as ro
+from refppo.pipeline import update as up
+from refppo.pipeline.blocks import Evaluation
+from refppo.pipeline.settings import FLAT, HPARAM_KEYS, Convention, Hyperparams
+
+StageFn = Callable[[Mapping[str, Any], Convention, Hyperparams, Evaluation], Mapping[str, Any]]
+"""``fn(q, conv, hp, ev) -> {quantity: tensor or None}``: a stage's function."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the PPO step (module docstring)."""
+
+    name: str
+    phase: Literal["rollout", "update"]
+    """``rollout``: once per rollout (steps 0–4); ``update``: per (micro-)batch (steps 5–9)."""
+    keys: tuple[str, ...]
+    """The flat convention keys it may read (:data:`refppo.pipeline.settings.FLAT`)."""
+    hparams: tuple[str, ...]
+    """The :class:`Hyperparams` fields it may read."""
+    reads: tuple[str, ...]
+    """The quantities it reads (inputs of the step, or what an earlier stage makes; some may be
+    None: no critic, no ``group_index``, no entropy)."""
+    makes: tuple[str, ...]
+    """The quantities it makes."""
+    fn: StageFn = field(repr=False)
+    """The vectorized function."""
+    naive: StageFn = field(repr=False)
+    """The naive twin (Python floats on the core's ``*_naive`` twins; ``ev`` unused)."""
+    core: str = ""
+    """The core (or pipeline) functions it calls, for the stage table of spec/ppo.md."""
+    by_rows: bool = False
+    """Evaluated by blocks of ``ev.rows`` rows when set (no autograd graph): the same values."""
+    normalisers: bool = False
+    """Reads ``ev.norm`` (the step's global token / sequence counts)."""
+    collective: bool = False
+    """Reads ``ev.all_reduce`` (a collective: every rank must run it)."""
+    active: Callable[[Convention], tuple[str, ...]] | None = field(default=None, repr=False)
+    """The keys and hyperparameters it reads under a given convention (a subset of
+    ``keys + hparams``: an estimator reads only its own options); None: all of them."""
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.keys if k not in FLAT] + [h for h in self.hparams if h not in HPARAM_KEYS]
+        if bad:
+            raise ValueError(f"stage {self.name}: unknown convention keys or hyperparameters {bad}")
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The :class:`Convention` groups its keys belong to, in order."""
+        return tuple(dict.fromkeys(FLAT[k].group for k in self.keys))
+
+    def reads_now(self, conv: Convention) -> tuple[str, ...]:
+        """The keys and hyperparameters it reads under ``conv`` (:attr:`active`)."""
+        return (*self.keys, *self.hparams) if self.active is None else self.active(conv)
+
+    def key(self, conv: Convention, hp: Hyperparams) -> tuple[Any, ...]:
+        """The values of what it reads under ``conv``/``hp``: two settings with the same key make the
+        same outputs from the same inputs."""
+        out: list[Any] = [self.name]
+        for name in self.reads_now(conv):
+            out.append((name, conv.get(name) if name in FLAT else getattr(hp, name)))
+        return tuple(out)
+
+    def run(
+        self, q: Mapping[str, Any], conv: Convention, hp: Hyperparams, ev: Evaluation | None = None, *,
+        naive: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
+        """This stage alone: its outputs from ``q`` (which holds what it reads); ``ev`` None: the
+        whole batch, local normalisers, one process."""
+        out = dict((self.naive if naive else self.fn)(q, conv, hp, ev or Evaluation()))
+        if set(out) != set(self.makes):
+            raise RuntimeError(f"stage {self.name} made {sorted(out)}, declares {sorted(self.makes)}")
+        return out
+
+
+def walk(
+    stages: Sequence[Stage],
+    q: Mapping[str, Any],
+    conv: Convention,
+    hp: Hyperparams,
+    ev: Evaluation | None = None,
+    *,
+    keep: Collection[str] | None = None,
+    naive: bool = False,
+) -> dict[str, Any]:
+    """Run ``stages`` in order on the quantities ``q``; returns ``q`` with every quantity made.
+
+    A stage whose outputs are all in ``q`` already is not run (an upstream result reused: the same
+    call made it). ``keep``: after each stage, drop every quantity that neither a later stage reads
+    nor ``keep`` names (freed before the next stage allocates its own; None: keep everything).
+    ``naive``: each stage's naive twin instead of its function.
+    """
+    out = dict(q)
+    later: list[set[str]] = [set()] * len(stages)
+    for i in range(len(stages) - 2, -1, -1):
+        later[i] = later[i + 1] | set(stages[i + 1].reads)
+    for i, st in enumerate(stages):
+        if not all(k in out for k in st.makes):
+            out.update(st.run(out, conv, hp, ev, naive=naive))
+        if keep is not None:
+            for name in [k for k in out if k not in keep and k not in later[i]]:
+                del out[name]
+    return out
+
+
+def _reward_reads(conv: Convention) -> tuple[str, ...]:
+    base = ("score_at", "kl_in", "whiten_rewards")
+    beta = ("kl_coef",) if conv.kl.placement is KLPlacement.REWARD else ()
+    if conv.reward.whiten is Whitening.NONE:
+        return (*base, *beta)
+    return (*base, "whiten_variance", "whiten_eps_at", *beta, "whiten_eps")
+
+
+_GROUP_KEYS = ("group_std", "group_std_level", "group_singleton", "group_kl", "group_eps", "kl_in")
+
+
+def _advantage_reads(conv: Convention) -> tuple[str, ...]:
+    est = conv.adv.estimator
+    if est is AdvantageEstimator.GAE:
+        return ("advantage", "gae_padding", "gae_holes", "gamma", "lam")
+    if est is AdvantageEstimator.REINFORCE_PP:
+        return ("advantage", "gae_holes", "gamma")
+    return ("advantage", *_GROUP_KEYS, "kl_coef")
+
+
+def _whitening_reads(conv: Convention) -> tuple[str, ...]:
+    if conv.whiten.advantages is Whitening.NONE:
+        return ("whiten_advantages", "whiten_holes")
+    return ("whiten_advantages", "whiten_holes", "whiten_variance", "whiten_eps_at", "whiten_eps")
+
+
+_ROLLOUT = (
+    Stage(
+        "score_map", "rollout", ("score_bias", "score_scale", "score_clip"), (), ("scores",),
+        ("mapped_scores",), ro.score_map_stage, nv.score_map_naive, "core.score_map.map_scores",
+    ),
+    Stage(
+        "kl", "rollout", ("kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp"), (),
+        ("old_logprobs", "ref_logprobs", "mask"), ("kl",), ro.kl_stage, nv.kl_naive, "core.kl.token_kl",
+    ),
+    Stage(
+        "value_mask", "rollout", ("score_at",), (), ("mask",), ("value_mask",), ro.value_mask_stage,
+        nv.value_mask_naive_stage, "pipeline.rollout.value_mask",
+    ),
+    Stage(
+        "rewards", "rollout", ("score_at", "kl_in", "whiten_rewards", "whiten_variance", "whiten_eps_at"),
+        ("kl_coef", "whiten_eps"), ("mapped_scores", "kl", "mask", "value_mask"), ("token_rewards",),
+        ro.rewards_stage, nv.rewards_naive, "core.rewards.token_rewards, core.normalize.normalize",
+        collective=True, active=_reward_reads,
+    ),
+    Stage(
+        "advantages", "rollout", ("advantage", "gae_padding", "gae_holes", *_GROUP_KEYS),
+        ("gamma", "lam", "kl_coef"),
+        ("token_rewards", "old_values", "value_mask", "mask", "mapped_scores", "kl", "group_index"),
+        ("advantages_raw", "returns"), ro.advantages_stage, nv.advantages_naive,
+        "pipeline.blocks.gae_by_rows (core.gae.gae), pipeline.rollout.critic_free_advantages "
+        "(core.group.group_advantages, discounted_returns)",
+        collective=True, active=_advantage_reads,
+    ),
+    Stage(
+        "whitening", "rollout", ("whiten_advantages", "whiten_holes", "whiten_variance", "whiten_eps_at"),
+        ("whiten_eps",), ("advantages_raw", "mask"), ("advantages",), ro.whitening_stage,
+        nv.whitening_naive, "core.normalize.normalize", collective=True, active=_whitening_reads,
+    ),
+)  # fmt: skip
+
+_UPDATE = (
+    Stage(
+        "policy", "update", ("policy_loss", "dual_clip", "log_ratio_clamp"), ("cliprange", "cliprange_high"),
+        ("logprobs", "old_logprobs", "advantages", "mask"),
+        ("pg_per_token", "ratio", "pg_clipfrac", "pg_clipfrac_lower", "pg_approx_kl"),
+        up.policy_stage, nu.policy_naive,
+        "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss", by_rows=True,
+    ),
+    Stage(
+        "policy_agg", "update", ("loss_agg",), ("horizon",), ("pg_per_token", "mask"), ("pg_loss",),
+        up.policy_agg_stage, nu.policy_agg_naive, "core.aggregate.aggregate_masked", normalisers=True,
+    ),
+    Stage(
+        "approx_kl", "update", ("approx_kl",), (), ("pg_approx_kl", "logprobs", "old_logprobs", "mask"),
+        ("approx_kl",), up.approx_kl_stage, nu.approx_kl_naive, "core.policy.approx_kl_k2_all_positions",
+    ),
+    Stage(
+        "value", "update", ("value_loss", "value_clip_form", "vf_mask", "advantage"), ("cliprange_value",),
+        ("values", "old_values", "returns", "value_mask", "mask", "logprobs"),
+        ("vf_per_token", "vf_clipfrac", "vf_loss_mask"), up.value_stage, nu.value_naive,
+        "core.value.value_token_loss", by_rows=True,
+    ),
+    Stage(
+        "value_agg", "update", ("loss_agg", "value_loss_agg"), ("horizon",),
+        ("vf_per_token", "vf_loss_mask", "logprobs"), ("vf_loss",), up.value_agg_stage, nu.value_agg_naive,
+        "core.aggregate.aggregate_masked", normalisers=True,
+    ),
+    Stage(
+        "entropy", "update", ("loss_agg", "entropy_agg"), ("horizon",), ("entropy", "mask", "logprobs"),
+        ("entropy_loss",), up.entropy_stage, nu.entropy_naive, "core.objective.entropy_bonus",
+        by_rows=True, normalisers=True,
+    ),
+    Stage(
+        "kl_loss", "update",
+        ("kl_in", "kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp", "loss_agg", "kl_loss_agg"),
+        ("horizon",), ("logprobs", "ref_logprobs", "mask"), ("kl_loss",), up.kl_loss_stage,
+        nu.kl_loss_naive_stage, "core.objective.kl_loss", by_rows=True, normalisers=True,
+    ),
+    Stage(
+        "total", "update", ("kl_in",), ("vf_coef", "ent_coef", "kl_coef"),
+        ("pg_loss", "vf_loss", "entropy_loss", "kl_loss"), ("loss",), up.total_stage, nu.total_naive,
+        "core.objective.total_loss",
+    ),
+)  # fmt: skip
+
+STAGES: tuple[Stage, ...] = (*_ROLLOUT, *_UPDATE)
+"""Every stage of the step, in pipeline order."""
+ROLLOUT_STAGES: tuple[Stage, ...] = tuple(s for s in STAGES if s.phase == "rollout")
+"""Steps 0–4: once per rollout."""
+UPDATE_STAGES: tuple[Stage, ...] = tuple(s for s in STAGES if s.phase == "update")
+"""Steps 5–9: per (micro-)batch."""
+BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
+
+
+def maker(quantity: str) -> Stage:
+    """The stage that makes ``quantity``."""
+    for s in STAGES:
+        if quantity in s.makes:
+            return s
+    raise KeyError(f"no stage makes {quantity!r}")
+
+
+def upstream(quantity: str, stages: Sequence[Stage] = STAGES) -> tuple[Stage, ...]:
+    """The stages ``quantity`` depends on (its maker and, through what it reads, theirs), in order."""
+    makers = {q: s for s in stages for q in s.makes}
+    need, seen = [quantity], set()
+    while need:
+        q = need.pop()
+        s = makers.get(q)
+        if s is None or s.name in seen:
+            continue
+        seen.add(s.name)
+        need.extend(s.reads)
+    return tuple(s for s in stages if s.name in seen)
+
+
+def keys_upstream(quantity: str) -> tuple[str, ...]:
+    """Every flat convention key that can change ``quantity``: the keys of its :func:`upstream`
+    stages, in pipeline order (each once)."""
+    return tuple(dict.fromkeys(k for s in upstream(quantity) for k in s.keys))
+
+
+def prefix_key(stages: Sequence[Stage], conv: Convention, hp: Hyperparams) -> tuple[Any, ...]:
+    """What ``stages`` read under ``conv``/``hp`` (:meth:`Stage.key` of each): two settings with the
+    same prefix key make the same quantities from the same inputs through these stages."""
+    return tuple(s.key(conv, hp) for s in stages)
+
+
+__all__ = [
+    "BY_NAME",
+    "ROLLOUT_STAGES",
+    "STAGES",
+    "UPDATE_STAGES",
+    "Stage",
+    "StageFn",
+    "keys_upstream",
+    "maker",
+    "prefix_key",
+    "upstream",
+    "walk",
+]

@@ -1,0 +1,267 @@
+"""The PPO step as walks of the stage table (:mod:`refppo.pipeline.stages`): the entry points the
+trainer, the oracle and the goldens call.
+
+    reward_quantities        stages score_map … rewards          -> (kl, token_rewards, value_mask)
+    rollout_quantities       the rollout stages (steps 0–4)       -> RolloutQuantities
+    rollout_quantities_naive the same walk through the naive twins
+    update_quantities        the update stages (steps 5–9)        -> UpdateQuantities
+    update_quantities_naive  the same walk through the naive twins
+
+Each is :func:`refppo.pipeline.stages.walk` on the step's inputs; what a walk does not return is
+freed as soon as no later stage reads it (the per-token policy loss before the value loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import KLPlacement
+from refppo.core.checks import check_mask
+from refppo.core.masked import AllReduce
+from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
+from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, UPDATE_STAGES, walk
+
+REWARD_STAGES = tuple(BY_NAME[n] for n in ("score_map", "kl", "value_mask", "rewards"))
+"""Steps 0–2: what :func:`reward_quantities` walks (the oracle's diagnosis pre-test)."""
+
+
+@dataclass(frozen=True)
+class RolloutQuantities:
+    """Steps 1–4: computed once per rollout from cached tensors. All ``[B, T]``."""
+
+    kl: Tensor
+    """Per-token KL (old vs ref) — the one that enters the reward (zeros if KL is in the loss)."""
+    token_rewards: Tensor
+    advantages_raw: Tensor
+    """GAE advantages before whitening."""
+    advantages: Tensor
+    """As fed to the policy loss (after whitening)."""
+    returns: Tensor
+    """``advantages_raw + old_values``: the value targets."""
+    value_mask: Tensor
+    """Mask of GAE and the value loss (see :func:`refppo.pipeline.rollout.value_mask`)."""
+
+
+_ROLLOUT_OUT = ("kl", "token_rewards", "advantages_raw", "advantages", "returns", "value_mask")
+
+
+def _rollout_inputs(
+    scores: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl: Tensor | None, **more: Any
+) -> dict[str, Any]:
+    q: dict[str, Any] = {
+        "scores": scores,
+        "old_logprobs": old_logprobs,
+        "ref_logprobs": ref_logprobs,
+        "mask": check_mask("response_mask", mask),
+        **more,
+    }
+    if kl is not None:
+        q["kl"] = kl
+    return q
+
+
+def reward_quantities(
+    *,
+    scores: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    hp: Hyperparams,
+    conv: Convention,
+    all_reduce: AllReduce | None = None,
+    kl: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Steps 0–2 (:data:`REWARD_STAGES`): ``(kl, token_rewards, value_mask)``, all ``[B, T]``.
+
+    The per-token KL of the old vs reference log-probs (always, also when KL is placed in the loss),
+    the token rewards and the value mask: :func:`rollout_quantities`' first stages (the same calls,
+    so the same values). ``kl``: step 1's result when the caller already holds it (that stage is then
+    not run: the oracle's candidates with the same KL keys share it).
+    """
+    q = _rollout_inputs(scores, old_logprobs, ref_logprobs, mask, kl)
+    out = walk(REWARD_STAGES, q, conv, hp, Evaluation(all_reduce=all_reduce))
+    return out["kl"], out["token_rewards"], out["value_mask"]
+
+
+def _rollout_result(out: dict[str, Any], conv: Convention) -> RolloutQuantities:
+    kl = out["kl"]
+    if conv.kl.placement is KLPlacement.LOSS:
+        kl = torch.zeros_like(kl)
+    return RolloutQuantities(
+        kl, out["token_rewards"], out["advantages_raw"], out["advantages"], out["returns"], out["value_mask"]
+    )
+
+
+def rollout_quantities(
+    *,
+    scores: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor,
+    old_values: Tensor | None,
+    mask: Tensor,
+    hp: Hyperparams,
+    conv: Convention,
+    all_reduce: AllReduce | None = None,
+    group_index: Tensor | None = None,
+    groups_on_rank: bool = False,
+    kl: Tensor | None = None,
+) -> RolloutQuantities:
+    """Steps 0–4: a walk of :data:`refppo.pipeline.stages.ROLLOUT_STAGES`.
+
+    ``all_reduce`` (a SUM all-reduce across ranks; None on one process): the tensors are this
+    rank's rows and the whitening moments (step 4) are all-reduced, so each rank's advantages equal
+    its rows of one process whitening the whole global batch (as verl). Steps 1–3 are per row and
+    need no communication. Every rank must call it (the whitening is a collective).
+
+    Step 3 is GAE for ``advantage = gae`` (needs ``old_values``); otherwise the critic-free
+    estimator (``old_values`` unused, may be None; the group estimators need ``group_index`` ``[B]``,
+    the prompt each row answers). Critic-free ``returns`` are the raw advantages.
+    ``groups_on_rank``: with ``all_reduce``, the caller guarantees that every group's rows are on
+    this rank (the trainer samples whole groups per rank and checks it), so the per-process group
+    statistics are the global ones; without it a group estimator under ``all_reduce`` is refused.
+    ``kl``: step 1's result when the caller already holds it (as :func:`reward_quantities`).
+    """
+    q = _rollout_inputs(
+        scores, old_logprobs, ref_logprobs, mask, kl, old_values=old_values, group_index=group_index
+    )
+    ev = Evaluation(all_reduce=all_reduce, groups_on_rank=groups_on_rank)
+    return _rollout_result(walk(ROLLOUT_STAGES, q, conv, hp, ev, keep=_ROLLOUT_OUT), conv)
+
+
+def rollout_quantities_naive(
+    *,
+    scores: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor,
+    old_values: Tensor | None,
+    mask: Tensor,
+    hp: Hyperparams,
+    conv: Convention,
+    group_index: Tensor | None = None,
+) -> RolloutQuantities:
+    """:func:`rollout_quantities` through each stage's naive twin (one process)."""
+    q = _rollout_inputs(
+        scores, old_logprobs, ref_logprobs, mask, None, old_values=old_values, group_index=group_index
+    )
+    return _rollout_result(walk(ROLLOUT_STAGES, q, conv, hp, keep=_ROLLOUT_OUT, naive=True), conv)
+
+
+@dataclass(frozen=True)
+class UpdateQuantities:
+    """Steps 5–9 for one (mini/micro-)batch. Losses are 0-dim and differentiable."""
+
+    loss: Tensor
+    pg_loss: Tensor
+    vf_loss: Tensor
+    entropy_loss: Tensor
+    kl_loss: Tensor
+    ratio: Tensor
+    pg_clipfrac: Tensor
+    pg_clipfrac_lower: Tensor
+    approx_kl: Tensor
+    vf_clipfrac: Tensor
+
+    def stats(self) -> dict[str, float]:
+        """The scalars as Python floats (detached) for logging."""
+        names: tuple[str, ...] = ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss", "pg_clipfrac")
+        names = (*names, "pg_clipfrac_lower", "approx_kl", "vf_clipfrac")
+        return {n: float(getattr(self, n).detach()) for n in names}
+
+
+_UPDATE_OUT = tuple(UpdateQuantities.__dataclass_fields__)
+
+
+def update_inputs(
+    *,
+    logprobs: Tensor,
+    values: Tensor | None,
+    old_logprobs: Tensor,
+    old_values: Tensor | None,
+    advantages: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    value_mask_: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> dict[str, Any]:
+    """The quantities the update stages read, with the masks validated (``value_mask_`` None: the
+    response mask)."""
+    m = check_mask("response_mask", mask)
+    return {
+        "logprobs": logprobs,
+        "values": values,
+        "old_logprobs": old_logprobs,
+        "old_values": old_values,
+        "advantages": advantages,
+        "returns": returns,
+        "mask": m,
+        "value_mask": m if value_mask_ is None else check_mask("value_mask", value_mask_),
+        "ref_logprobs": ref_logprobs,
+        "entropy": entropy,
+    }
+
+
+def update_quantities(
+    *,
+    logprobs: Tensor,
+    values: Tensor | None,
+    old_logprobs: Tensor,
+    old_values: Tensor | None,
+    advantages: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    value_mask_: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    hp: Hyperparams,
+    conv: Convention,
+    norm: Normalisers | None = None,
+) -> UpdateQuantities:
+    """Steps 5–9: a walk of :data:`refppo.pipeline.stages.UPDATE_STAGES` (inputs: :func:`update_inputs`).
+
+    ``values``/``old_values`` None (a critic-free step, ``advantage`` ≠ ``gae``): no value
+    loss, ``vf_loss`` and ``vf_clipfrac`` are 0 and the total loss has no value term.
+    Without an autograd graph (no input requires a gradient, or grad mode is off: the oracle's
+    recompute) a batch over :data:`refppo.pipeline.blocks.ROW_BLOCK_ELEMENTS` elements is evaluated
+    by blocks of rows (:func:`refppo.pipeline.blocks.update_rows`): the same values bit for bit,
+    without the whole-batch per-token temporaries. The trainer's differentiated call takes the
+    whole batch.
+    """
+    q = update_inputs(
+        logprobs=logprobs, values=values, old_logprobs=old_logprobs, old_values=old_values,
+        advantages=advantages, returns=returns, mask=mask, value_mask_=value_mask_, ref_logprobs=ref_logprobs,
+        entropy=entropy,
+    )  # fmt: skip
+    rows = update_rows(
+        q["mask"], logprobs, values, old_logprobs, old_values, advantages, returns, ref_logprobs, entropy
+    )
+    ev = Evaluation(rows=rows, norm=norm or Normalisers())
+    out = walk(UPDATE_STAGES, q, conv, hp, ev, keep=_UPDATE_OUT)
+    return UpdateQuantities(**{k: out[k] for k in _UPDATE_OUT})
+
+
+def update_quantities_naive(
+    q: dict[str, Any], *, hp: Hyperparams, conv: Convention, norm: Normalisers | None = None
+) -> UpdateQuantities:
+    """:func:`update_quantities` through each stage's naive twin (float64 scalars) on the quantities
+    ``q`` of :func:`update_inputs`."""
+    out = walk(UPDATE_STAGES, q, conv, hp, Evaluation(norm=norm or Normalisers()), naive=True)
+    return UpdateQuantities(**{k: out[k] for k in _UPDATE_OUT})
+
+
+__all__ = [
+    "REWARD_STAGES",
+    "RolloutQuantities",
+    "UpdateQuantities",
+    "reward_quantities",
+    "rollout_quantities",
+    "rollout_quantities_naive",
+    "update_inputs",
+    "update_quantities",
+    "update_quantities_naive",
+]
