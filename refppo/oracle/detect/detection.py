@@ -48,18 +48,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from refppo.conventions import KLEstimator
-from refppo.core.gae import has_holes
 from refppo.dump.load import Dump
 from refppo.errors import RefPPOError
 from refppo.oracle.check.diagnose import alt_json, check
 from refppo.oracle.check.fastcheck import RolloutMemo
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.groups import Group
-from refppo.oracle.detect.prune import PruneLostError, prune_held, value_prune_for
-from refppo.oracle.detect.search import Search
-
-HP_KEYS = ("cliprange", "cliprange_high", "cliprange_value")
-"""Hyperparameters the solvers can recover (an entry of ``detected`` names them when they differ)."""
+from refppo.oracle.detect.prune import prune_held, value_prune_for
+from refppo.oracle.detect.search import HP_KEYS, PruneLostError, Search
+from refppo.oracle.detect.steps import run_search
 
 
 @dataclass
@@ -144,7 +141,7 @@ def _recheck(
 def _value_twin_notes(dump: Dump, convs: list[dict[str, Any]], undetermined: list[str]) -> list[str]:
     """Without ``grad_logprobs``, a detected ``k3`` (``k1``, ``abs``) with the KL in the loss is not
     told from its straight-through twin ``k3+`` (same values, another gradient): the search walks
-    one of the pair (:func:`refppo.oracle.detect.search.kl_candidates`). Adds ``kl_estimator`` to
+    one of the pair (:func:`refppo.oracle.detect.rollout.kl_candidates`). Adds ``kl_estimator`` to
     ``undetermined`` (in place) and returns the note line; ``[]`` when the dump has gradients or
     no such entry. (With ``kl_in = reward`` no gradient flows through the estimate: the pair is
     the same step, nothing to decide.)"""
@@ -164,14 +161,14 @@ def _value_twin_notes(dump: Dump, convs: list[dict[str, Any]], undetermined: lis
     ]
 
 
-def _search(dump: Dump, base: Setup) -> tuple[Search, list[Group]]:
-    """The staged search, pruned by the value loss where that is exact
-    (:mod:`refppo.oracle.detect.prune`): when the pruned walk cannot hold (found at the first stage
-    that shows it, or afterwards), its groups are dropped and the search runs again unpruned."""
+def _search(dump: Dump, base: Setup) -> tuple[Search, list[Group[Any]]]:
+    """The walk, pruned by the value loss where that is exact (:mod:`refppo.oracle.detect.prune`):
+    when the pruned walk cannot hold (found at the first step that shows it, or afterwards), its
+    groups are dropped and the walk runs again unpruned."""
     search = Search(dump, base)
     search.prune = value_prune_for(search)
     try:
-        groups = search.run()
+        groups = run_search(search)
         if search.prune is None or prune_held(search):
             return search, groups
         del groups
@@ -179,7 +176,7 @@ def _search(dump: Dump, base: Setup) -> tuple[Search, list[Group]]:
         pass
     del search  # the pruned walk's states are not read again: free them before the second walk
     search = Search(dump, base)
-    return search, search.run()
+    return search, run_search(search)
 
 
 def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
@@ -210,7 +207,7 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
         convs = [c for c in convs if _valid(base, c)]  # an expanded class may pair refused keys
         convs.sort(key=lambda c: _distance({**base_json, **_hp_json(base)}, c))
         for g in groups:  # the search's [B, T] states are not read again: free them before the re-checks
-            g.state = {}
+            g.forget()
         head, rest, rejected = _recheck(dump, base, convs)
         # every re-checked candidate failing means the staged search itself is off: trust none of it
         convs = head + rest if head else []
@@ -219,7 +216,7 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
         n_total = 0 if rejected else sum(g.n_equiv for g in matched)
         keys = list(base_json) + [k for k in HP_KEYS if convs and k in convs[0]]
         undetermined = sorted(k for k in keys if len({repr(c.get(k)) for c in convs}) > 1)
-        if not has_holes(dump.tensors["response_mask"]):  # right-padded: every hole convention agrees
+        if not search.holes:  # right-padded: every hole convention agrees
             undetermined = sorted({*undetermined, "gae_holes", "whiten_holes"})
         notes = search.notes + _value_twin_notes(dump, convs, undetermined)
         if convs:
@@ -252,7 +249,7 @@ def setup_from_json(base: Setup, conv: dict[str, Any]) -> Setup:
     return replace(out, hp=replace(out.hp, **hp_up)) if hp_up else out
 
 
-__all__ = ["Detection", "detect", "setup_from_json"]
+__all__ = ["HP_KEYS", "Detection", "detect", "setup_from_json"]
 
 
 def _valid(base: Setup, c: dict[str, Any]) -> bool:

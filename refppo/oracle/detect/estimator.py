@@ -1,22 +1,22 @@
-"""The estimator stage of ``--detect``: GAE or a critic-free estimator (step 3), checked on ``returns``.
+"""The returns step of ``--detect``: step 3, GAE or a critic-free estimator (the advantages stage),
+checked on ``returns``.
 
-Walks ``advantage`` (``gae`` when the dump holds ``old_values``; the group estimators when it
-holds ``group_index``; ``reinforce++`` and ``flash-reinforce``, a batch baseline, always) and the
-options of the critic-free estimators: ``group_kl`` (only when a reward KL is in play), ``group_std``,
-``group_eps`` and ``group_std_level`` (``grpo`` only; the batch levels only when the dump has more
-than one prompt),
-``group_singleton`` (only when a prompt has one response). The first walk tries the checked
-setting's own values; when nothing reproduces ``returns`` (or the dump has none) every option is
-walked, with the ``group_eps`` the solver reads off the data (:func:`solve_group_eps`).
-
-Every option's raw advantages come from :func:`refppo.pipeline.rollout.critic_free_advantages` (the
-pipeline's own step 3) and GAE from :func:`refppo.oracle.detect.rollout.gae_options`; the
-whitening stage (:func:`refppo.oracle.detect.rollout.whiten_stage`) follows unchanged.
+A dump with a critic and no ``group_index`` under a ``gae`` setting walks GAE alone
+(:func:`gae_step`: ``gae_padding``, and ``gae_holes`` when the mask has holes). Otherwise
+(:func:`estimator_step`) it walks ``advantage``: every member of :class:`AdvantageEstimator` the
+dump's keys allow (``gae`` with ``old_values``, the grouped ones of the core's ``GROUP_ESTIMATORS``
+with ``group_index``, the per-row and batch-baseline ones always), and the options of the critic-free
+estimators: ``group_kl`` (only when a reward KL is in play), ``group_std``, ``group_eps`` and
+``group_std_level`` (the σ estimators only; the batch levels only when the dump has more than one
+prompt), ``group_singleton`` (only when a prompt has one response). The first walk tries the
+checked setting's own values; when nothing reproduces ``returns`` (or the dump has none) every
+option is walked, with the ``group_eps`` the solver reads off the data (:func:`solve_group_eps`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from itertools import product
 from typing import Any
 
 import torch
@@ -29,28 +29,108 @@ from refppo.conventions import (
     GroupKL,
     GroupSingleton,
     GroupStdLevel,
+    KLPlacement,
     Variance,
 )
-from refppo.core._group_checks import GROUP_ESTIMATORS as _CORE_GROUP_ESTIMATORS
-from refppo.core.gae import has_holes
-from refppo.core.group import group_scalar_advantages
+from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
 from refppo.oracle.check.alternatives import GROUP_EPS
-from refppo.oracle.detect.groups import Group
-from refppo.oracle.detect.rollout import _carry_dumped, gae_options, with_raw_advantages
-from refppo.oracle.detect.search import SOLVE_GROUPS, Option, Search
+from refppo.oracle.detect.groups import Group, Option
+from refppo.oracle.detect.rollout import carry_dumped_returns, with_raw_advantages
+from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import nice
-from refppo.pipeline.rollout import critic_free_advantages
+from refppo.oracle.detect.states import ReturnsState, RewardState, digest
+from refppo.pipeline.blocks import Evaluation
+from refppo.pipeline.settings import SIGMA_ESTIMATORS
+from refppo.pipeline.stages import BY_NAME
 
-GROUP_ESTIMATORS = tuple(e.value for e in _CORE_GROUP_ESTIMATORS)
 NAMED_EPS = GROUP_EPS
 """``group_eps`` of the peers (:data:`refppo.oracle.check.alternatives.GROUP_EPS`)."""
+_ROLLOUT = Evaluation()
+"""The rollout stages on one process (no all-reduce)."""
 
 
 def needs_estimator_stage(s: Search) -> bool:
     """True when step 3 may not be GAE: no critic values, a ``group_index``, or a critic-free base."""
     critic_free = s.base.conv.adv.estimator is not AdvantageEstimator.GAE
     return "old_values" not in s.t or "group_index" in s.t or critic_free
+
+
+def _advantages(s: Search, rs: RewardState, upd: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """The advantages stage on a rewards state under the checked setting with ``upd`` and the
+    state's ``kl_in``: ``(advantages_raw, returns)``."""
+    q = {
+        "token_rewards": rs.rewards, "old_values": s.t.get("old_values"), "value_mask": rs.vm, "mask": s.m,
+        "mapped_scores": rs.scores, "kl": rs.kl.kl, "group_index": s.t.get("group_index"),
+    }  # fmt: skip
+    out = s.evaluate("advantages", q, s.setting(**upd, kl_in=rs.kl_in.value), _ROLLOUT)
+    return out["advantages_raw"], out["returns"]
+
+
+def gae_options(
+    s: Search, g: Group[RewardState], pads: list[str], holes: list[GaeHoles]
+) -> Iterable[Option[ReturnsState]]:
+    """GAE for each ``gae_padding`` in ``pads`` and each ``gae_holes`` in ``holes`` (named in the
+    option only when more than one is walked: a dump with holes)."""
+    rs = g.state
+    for pad, h in product(pads, holes):
+        adv_raw, ret = _advantages(s, rs, {"advantage": "gae", "gae_padding": pad, "gae_holes": h.value})
+        ret_key = digest(ret, rs.vm)
+        if s.prune is not None and not s.prune.keeps(ret_key, ret, rs.vm):
+            continue  # no value loss reproduces the dump on these returns (refppo.oracle.detect.prune)
+        upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {})
+        yield with_raw_advantages(g, upd, adv_raw, ret, ret_key)
+
+
+def _holes(s: Search) -> list[GaeHoles]:
+    return list(GaeHoles) if s.holes else [s.base.conv.adv.gae_holes]
+
+
+def gae_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[ReturnsState]]:
+    """``returns`` (and the raw advantages): GAE over the value mask, or through the padding; across
+    interior mask holes by every ``gae_holes`` convention (multi-turn dumps only)."""
+    t = s.t
+    own = s.base.conv.adv.gae_padding.value
+    holes = _holes(s)
+
+    def make(extra: bool | None) -> Callable[[Group[RewardState]], Iterable[Option[ReturnsState]]]:
+        walk_all = extra is not None or "returns" not in t
+        pads = list(dict.fromkeys([own, *(p.value for p in GaePadding)])) if walk_all else [own]
+        return lambda g: gae_options(s, g, pads, holes)
+
+    out = s.stage(
+        groups,
+        make,
+        lambda st: [s.ratio("returns", st.carried.returns, st.carried.vm)],
+        "returns",
+        lambda _: True,
+    )
+    if "returns" in s.unmatched and out:
+        carry_dumped_returns(out, t["returns"])
+    return out
+
+
+def _rank(e: AdvantageEstimator) -> int:
+    """The walk's order of the estimators: GAE, the per-row ones, the grouped ones, the batch
+    baselines (each in the enum's order)."""
+    if e is AdvantageEstimator.GAE:
+        return 0
+    if e is AdvantageEstimator.FLASH_REINFORCE:
+        return 3
+    return 2 if e in GROUP_ESTIMATORS else 1
+
+
+def _estimators(t: dict[str, Any]) -> list[str]:
+    """Every estimator the dump's keys allow (``gae`` needs ``old_values``, the grouped ones need
+    ``group_index``), in :func:`_rank` order."""
+    out = []
+    for e in sorted(AdvantageEstimator, key=_rank):
+        if (e is AdvantageEstimator.GAE and "old_values" not in t) or (
+            e in GROUP_ESTIMATORS and "group_index" not in t
+        ):
+            continue
+        out.append(e.value)
+    return out
 
 
 def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str, Any]]:
@@ -66,8 +146,6 @@ def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str
     if not walk_all:
         return [own]
     t = s.t
-    ests = ["gae"] if "old_values" in t else []
-    ests += ["reinforce++"] + (list(GROUP_ESTIMATORS) if "group_index" in t else []) + ["flash-reinforce"]
     kls = [g.value for g in GroupKL] if s.hp.kl_coef > 0 else [own["group_kl"]]
     singles = [own["group_singleton"]]
     if "group_index" in t and bool((torch.unique(t["group_index"], return_counts=True)[1] == 1).any()):
@@ -77,78 +155,79 @@ def _options(s: Search, walk_all: bool, eps_extra: list[float]) -> list[dict[str
     if "group_index" in t and int(torch.unique(t["group_index"]).numel()) > 1:  # one prompt: batch = group
         levels = list(dict.fromkeys([own["group_std_level"], *(x.value for x in GroupStdLevel)]))
     out = [own]
-    for est in ests:
+    for est in _estimators(t):
         if est in ("gae", "reinforce++"):
             out.append({**own, "advantage": est})
             continue
-        # grpo and grpo-passk read the std, its ε and its level (refppo.core.group.group_advantages)
-        by_std = est in ("grpo", "grpo-passk")
+        # the σ estimators read the std, its ε and its level (refppo.core.group.group_advantages)
+        by_std = AdvantageEstimator(est) in SIGMA_ESTIMATORS
         stds = [v.value for v in Variance] if by_std else [own["group_std"]]
+        grouped = est != AdvantageEstimator.FLASH_REINFORCE.value
         for kl in kls:
             for std, level in ((d, lv) for d in stds for lv in (levels if by_std else levels[:1])):
                 for eps in eps_all if by_std else [own["group_eps"]]:
-                    for single in singles if est != "flash-reinforce" else [own["group_singleton"]]:
+                    for single in singles if grouped else [own["group_singleton"]]:
                         upd = {"advantage": est, "group_kl": kl, "group_std": std, "group_eps": eps}
                         out.append({**upd, "group_std_level": level, "group_singleton": single})
     return [dict(u) for u in dict.fromkeys(tuple(sorted(o.items())) for o in out)]
 
 
-def _critic_free(s: Search, g: Group, upd: dict[str, Any]) -> Option | None:
-    st = g.state
+def _critic_free(s: Search, g: Group[RewardState], upd: dict[str, Any]) -> Option[ReturnsState] | None:
     try:
-        setup = s.base.with_convention({**upd, "kl_in": st["kl_in"]})
-        adv_raw = critic_free_advantages(
-            scores=st["scores"], kl=st["kl"], rewards=st["rewards"], mask=s.m, value_mask_=st["vm"],
-            group_index=s.t.get("group_index"), hp=s.hp, conv=setup.conv,
-        )  # fmt: skip
+        adv_raw, _ = _advantages(s, g.state, upd)
     except RefPPOError:
         return None  # e.g. a group of one under group_singleton=error
     return with_raw_advantages(g, upd, adv_raw, adv_raw)
 
 
-def estimator_stage(s: Search, groups: list[Group]) -> list[Group]:
+def _estimator_options(
+    s: Search, opts_list: list[dict[str, Any]], pads: list[str]
+) -> Callable[[Group[RewardState]], Iterable[Option[ReturnsState]]]:
+    holes = _holes(s)
+    reads = BY_NAME["advantages"].reads_now
+
+    def opts(g: Group[RewardState]) -> Iterable[Option[ReturnsState]]:
+        for upd in opts_list:
+            if upd["advantage"] == "gae":
+                if "old_values" in s.t:
+                    for gu, st, key in gae_options(s, g, pads, holes):
+                        yield {**upd, **gu}, st, key
+                continue
+            # an estimator that reads gae_holes (reinforce++'s return-to-go) walks them too
+            crosses = "gae_holes" in reads(s.setting(advantage=upd["advantage"]).conv)
+            for h in [x.value for x in holes] if crosses else [None]:
+                opt = _critic_free(s, g, upd if h is None else {**upd, "gae_holes": h})
+                if opt is not None:
+                    yield opt
+
+    return opts
+
+
+def estimator_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[ReturnsState]]:
     """``returns`` (the raw advantages): every estimator the dump's keys allow, GAE included."""
     t = s.t
     own_pad = s.base.conv.adv.gae_padding.value
 
-    def make(extra: list[float] | None) -> Callable[[Group], Iterable[Option]]:
+    def make(extra: list[float] | None) -> Callable[[Group[RewardState]], Iterable[Option[ReturnsState]]]:
         walk_all = extra is not None or "returns" not in t
-        opts_list = _options(s, walk_all, extra or [])
         pads = list(dict.fromkeys([own_pad, *(p.value for p in GaePadding)])) if walk_all else [own_pad]
-        holes = list(GaeHoles) if has_holes(s.m) else [s.base.conv.adv.gae_holes]
+        return _estimator_options(s, _options(s, walk_all, extra or []), pads)
 
-        def opts(g: Group) -> Iterable[Option]:
-            for upd in opts_list:
-                if upd["advantage"] == "gae":
-                    if "old_values" in t:
-                        for gu, st, key in gae_options(s, g, pads, holes):
-                            yield {**upd, **gu}, st, key
-                    continue
-                # reinforce++'s return-to-go crosses interior holes by gae_holes (the pipeline reads it)
-                walk = [GaeHoles(h).value for h in holes] if upd["advantage"] == "reinforce++" else [None]
-                for h in walk:
-                    opt = _critic_free(s, g, upd if h is None else {**upd, "gae_holes": h})
-                    if opt is not None:
-                        yield opt
-
-        return opts
-
-    def check(st: dict[str, Any]) -> list[float | None]:
-        return [s.ratio("returns", st["returns"], st["vm"])]
-
-    def propose(gs: list[Group]) -> list[float]:
+    def propose(gs: list[Group[RewardState]]) -> list[float]:
         eps = solve_group_eps(s, gs)
         for e in eps:
             s.propose_value("group_eps", e)
         return eps or [s.base.conv.adv.group_eps]  # truthy: walk every named option anyway
 
-    out = s.stage(groups, make, check, "returns", propose)
+    out = s.stage(
+        groups, make, lambda st: [s.ratio("returns", st.carried.returns, st.carried.vm)], "returns", propose
+    )
     if "returns" in s.unmatched and out:
-        _carry_dumped(out, "returns", t["returns"])
+        carry_dumped_returns(out, t["returns"])
     return out
 
 
-def solve_group_eps(s: Search, groups: list[Group]) -> list[float]:
+def solve_group_eps(s: Search, groups: list[Group[RewardState]]) -> list[float]:
     """``ε`` of ``a_i = (s_i − μ_G)/(σ_G + ε)`` read off the dumped ``returns`` (row value at t = 0).
 
     Per row ``ε_i = (s_i − μ_G)/a_i − σ_G`` over rows with ``a_i ≠ 0`` and ``σ_G > 0``, for each
@@ -169,20 +248,27 @@ def solve_group_eps(s: Search, groups: list[Group]) -> list[float]:
     return [e for e in dict.fromkeys(out) if e > 0.0][:4]
 
 
-def _eps_rows(s: Search, g: Group, a: Tensor, kl: str, std: str) -> float | None:
-    upd = {"advantage": "dr-grpo", "group_kl": kl, "group_singleton": "zero"}
-    opt = _critic_free(s, g, upd)
-    if opt is None:
-        return None
-    centred = opt[1]["adv_raw"][:, 0].double()  # s_i − μ_G (+ the to-go penalty at t = 0 under to_go)
+def _group_sigma(s: Search, g: Group[RewardState], centred: Tensor, std: str) -> Tensor:
+    """``(c − μ_G)/σ_G`` per row at t = 0: the advantages stage under ``grpo`` with ε = 0 on the
+    scores ``centred`` ``[B]`` (placed at the score slot by the rewards stage, no KL)."""
+    vm = s.value_mask(s.base.conv.reward.score_at)
+    q = {"mapped_scores": centred, "kl": None, "mask": s.m, "value_mask": vm}
+    r = s.evaluate("rewards", q, s.setting(stage="rewards", kl_in="loss", whiten_rewards="none"), _ROLLOUT)
+    rs = RewardState(g.state.kl, KLPlacement.LOSS, vm, centred, r["token_rewards"], None)
+    upd = {"advantage": "grpo", "group_eps": 0.0, "group_singleton": "zero", "group_std": std}
+    upd |= {"group_std_level": GroupStdLevel.GROUP.value, "group_kl": GroupKL.FOLD.value}
+    return _advantages(s, rs, upd)[0][:, 0]
+
+
+def _eps_rows(s: Search, g: Group[RewardState], a: Tensor, kl: str, std: str) -> float | None:
     if kl == GroupKL.TO_GO.value:
         return None  # the penalty's return-to-go is not scaled by σ: ε is not read per row there
-    gi = s.t["group_index"]
-    unbiased = std == Variance.UNBIASED.value
+    opt = _critic_free(s, g, {"advantage": "dr-grpo", "group_kl": kl, "group_singleton": "zero"})
+    if opt is None:
+        return None
+    centred = opt[1].adv_raw[:, 0].double()  # s_i − μ_G
     try:  # (s − μ)/σ: the group mean of the centred scores is 0 and their std is σ_G
-        sigma_n = group_scalar_advantages(
-            centred, gi, estimator="grpo", eps=0.0, singleton="zero", unbiased_std=unbiased
-        )
+        sigma_n = _group_sigma(s, g, centred, std)
     except RefPPOError:
         return None
     ok = (a.abs() > s.tol.atol) & torch.isfinite(sigma_n) & (sigma_n != 0) & (centred.abs() > s.tol.atol)
@@ -193,3 +279,6 @@ def _eps_rows(s: Search, g: Group, a: Tensor, kl: str, std: str) -> float | None
     med = float(eps_i.median())
     spread = float((eps_i - med).abs().max())
     return med if med > 0 and spread <= 0.01 * med + s.tol.rtol * float(sigma.abs().max()) else None
+
+
+__all__ = ["estimator_step", "gae_options", "gae_step", "needs_estimator_stage", "solve_group_eps"]

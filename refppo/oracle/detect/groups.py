@@ -2,10 +2,10 @@
 
 A stage expands every group by its options (``(convention update, new state, digest)``) and merges
 the options whose digests are equal (bit-identical outputs) into one group. A group's state holds
-``[B, T]`` tensors (KL, rewards, advantages, returns, …). On a dump without the rollout's
-intermediates nothing prunes the rollout stages, and the number of groups grows as the product of
-their options (6156 advantage variants on a B=64, T=512 dump): holding every state is what ran out
-of memory. So:
+``[B, T]`` tensors (:mod:`refppo.oracle.detect.states`: KL, rewards, advantages, returns, …). On a
+dump without the rollout's intermediates nothing prunes the rollout stages, and the number of
+groups grows as the product of their options (6156 advantage variants on a B=64, T=512 dump):
+holding every state is what ran out of memory. So:
 
 * **Held or replayed.** A stage holds the states of at most :data:`HOLD` of the groups that
   reproduce it (a failing group's state is read again only when it is among the nearest).
@@ -21,24 +21,38 @@ of memory. So:
   before that, every one that :data:`~refppo.oracle.detect.search.NEAREST` others must precede in the
   nearest-first order.
 
-What the stage returns (the groups, their conventions, counts, ``worst`` and order) is the same as
-the walk that held every state and scored after merging (``Search.expand`` up to 932018a).
+What the stage returns (the groups, their conventions, counts, ``worst`` and order) is the same as a
+walk that held every state and scored after merging.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from refppo.oracle.detect.prune import note_walk
-
-if TYPE_CHECKING:
-    from refppo.oracle.detect.search import Option, Search
+S = TypeVar("S")
+"""A step's state type (:mod:`refppo.oracle.detect.states`)."""
+P = TypeVar("P")
+"""The parent step's state type."""
 
 HOLD = 4
 """States a stage holds (the rest are replayed when read)."""
 
-Options = Callable[["Group"], Iterable["Option"]]
+Option = tuple[dict[str, Any], S, bytes]
+"""``(convention update, new state, digest)``: one option of a step's walk."""
+Options = Callable[["Group[Any]"], Iterable[Option[Any]]]
+
+
+class Walker(Protocol):
+    """What :func:`expand_groups` needs of the search (:class:`refppo.oracle.detect.search.Search`)."""
+
+    replayer: Replayer
+
+    def release_compared(self) -> None: ...
+
+    def note_walk(self, stage: str, ok_seen: bool, any_check: bool) -> None: ...
+
+    def note_unmatched(self, stage: str) -> None: ...
 
 
 class Replayer:
@@ -49,16 +63,16 @@ class Replayer:
     """
 
     def __init__(self) -> None:
-        self.slots: dict[int, tuple[Options, Group, Iterator[Option], int, dict[str, Any]]] = {}
+        self.slots: dict[int, tuple[Options, Group[Any], Iterator[Option[Any]], int, Any]] = {}
         self.replayed = 0
         """Options replayed so far (for tests and profiles)."""
 
-    def state(self, parent: Group, options: Options, idx: int) -> dict[str, Any]:
+    def state(self, parent: Group[Any], options: Options, idx: int) -> Any:
         slot = self.slots.get(id(options))  # the slot holds ``options``: its id is not reused
         if slot is not None and slot[1] is parent and slot[3] == idx:
             return slot[4]
         if slot is None or slot[1] is not parent or slot[3] > idx:
-            slot = (options, parent, iter(options(parent)), -1, {})
+            slot = (options, parent, iter(options(parent)), -1, None)
         _, _, it, pos, st = slot
         while pos < idx:
             _, st, _ = next(it)
@@ -72,17 +86,17 @@ class Replayer:
         self.slots.clear()
 
 
-class Group:
+class Group(Generic[S]):
     """Candidates whose outputs so far are identical: their partial conventions and shared state."""
 
     def __init__(
         self,
         convs: list[dict[str, Any]],
         n_equiv: int,
-        state: dict[str, Any] | None,
+        state: S | None,
         worst: float = 0.0,
         unmatched: list[str] | None = None,
-        source: tuple[Replayer, Group, Options, int] | None = None,
+        source: tuple[Replayer, Group[Any], Options, int] | None = None,
     ) -> None:
         self.convs = convs
         self.n_equiv = n_equiv
@@ -92,78 +106,78 @@ class Group:
         self._state = state
         self.source = source
         """Where a state that is not held is rebuilt from: (replayer, parent group, walk, index)."""
-        self.omit: frozenset[str] = frozenset()
-        self.extra: dict[str, Any] = {}
+        self.patches: tuple[Callable[[S], S], ...] = ()
+        """Applied, in order, to a replayed state when it is read (:meth:`patch`)."""
 
     @property
     def held(self) -> bool:
         return self._state is not None
 
     @property
-    def state(self) -> dict[str, Any]:
+    def state(self) -> S:
         if self._state is not None:
             return self._state
         if self.source is None:
             raise RuntimeError("search group without a state or a source")
         replayer, parent, options, idx = self.source
-        st = replayer.state(parent, options, idx)
-        if self.omit or self.extra:
-            st = {**{k: v for k, v in st.items() if k not in self.omit}, **self.extra}
+        st: S = replayer.state(parent, options, idx)
+        for fn in self.patches:
+            st = fn(st)
         return st
-
-    @state.setter
-    def state(self, value: dict[str, Any]) -> None:
-        self._state, self.source, self.omit, self.extra = value, None, frozenset(), {}
 
     def drop_state(self) -> None:
         """Stop holding the state (it is replayed from the source when read)."""
         if self.source is not None:
             self._state = None
 
-    def patch(self, extra: dict[str, Any] | None = None, omit: Iterable[str] = ()) -> None:
-        """Set ``extra`` and remove ``omit`` from the state, held or replayed."""
-        extra = extra or {}
+    def map_state(self, fn: Callable[[S], Any]) -> Group[Any]:
+        """This group with its state replaced by ``fn(state)`` of another type (held or replayed);
+        the next step's input."""
+        self.patch(fn)
+        return self
+
+    def forget(self) -> None:
+        """Drop the state and its source (the walk is over: nothing is replayed again)."""
+        self._state, self.source, self.patches = None, None, ()
+
+    def patch(self, fn: Callable[[S], S]) -> None:
+        """Replace the state by ``fn(state)``, held or replayed (then on every read)."""
         if self._state is not None:
-            self._state = {**{k: v for k, v in self._state.items() if k not in omit}, **extra}
-            return
-        self.omit = self.omit | frozenset(omit)
-        self.extra = {**{k: v for k, v in self.extra.items() if k not in omit}, **extra}
+            self._state = fn(self._state)
+        else:
+            self.patches = (*self.patches, fn)
 
 
 _DEAD = None
 """A digest whose group was dropped: later options with that digest merge into nothing."""
 
+Live = list[tuple[float, "Group[Any]", bytes]]
+
 
 def expand_groups(
-    search: Search,
-    groups: list[Group],
-    options: Options,
-    checks: Callable[[dict[str, Any]], list[float | None]],
+    search: Walker,
+    groups: list[Group[P]],
+    options: Callable[[Group[P]], Iterable[Option[S]]],
+    checks: Callable[[S], list[float | None]],
     stage: str,
     nearest: int,
     max_equiv: int,
-) -> list[Group]:
+) -> list[Group[S]]:
     """Expand each group by ``options``, merge bit-identical outputs, keep what reproduces the stage.
 
     Returns, in creation order, the groups whose checks all pass (ratio 0; a group no check applies
     to passes); when some group fails and none passes, the ``nearest`` groups by
     ``max(ratio, worst)`` (a stable sort), with the stage recorded as unmatched.
     """
-    merged: dict[bytes, Group | None] = {}
-    live: list[tuple[float, Group, bytes]] = []  # creation order
+    merged: dict[bytes, Group[S] | None] = {}
+    live: Live = []  # creation order
     ok_seen = any_check = False
     n_held = 0
     replayer: Replayer = search.replayer
     for g in groups:
         for idx, (upd, st, key) in enumerate(options(g)):
             if key in merged:
-                tgt = merged[key]
-                if tgt is not None:
-                    room = max_equiv - len(tgt.convs)
-                    if room > 0:
-                        tgt.convs.extend({**c, **upd} for c in g.convs[:room])
-                    tgt.n_equiv += g.n_equiv
-                    tgt.worst = min(tgt.worst, g.worst)
+                _merge(merged[key], g, upd, max_equiv)
                 continue
             ratios = [r for r in checks(st) if r is not None]
             any_check = any_check or bool(ratios)
@@ -172,14 +186,11 @@ def expand_groups(
                 merged[key] = _DEAD  # never returned: ``s != 0`` means a check applied
                 continue
             held = s == 0.0 and n_held < HOLD  # a failing group is read again only if nearest
-            new = Group(
-                [{**c, **upd} for c in g.convs],
-                g.n_equiv,
-                st if held else None,
-                g.worst,
-                list(g.unmatched),
-                None if held else (replayer, g, options, idx),  # a held state needs no source
-            )
+            source = None if held else (replayer, g, options, idx)  # a held state needs no source
+            new: Group[S] = Group(
+                [{**c, **upd} for c in g.convs], g.n_equiv, st if held else None, g.worst, list(g.unmatched),
+                source,
+            )  # fmt: skip
             merged[key] = new
             live.append((s, new, key))
             n_held += held
@@ -193,12 +204,12 @@ def expand_groups(
             n_held = sum(1 for _, h, _ in live if h.held)
     replayer.clear()
     search.release_compared()
-    note_walk(search, stage, ok_seen, any_check)  # a pruned search that cannot hold stops here
+    search.note_walk(stage, ok_seen, any_check)  # a pruned search that cannot hold stops here
     if ok_seen or not any_check:
         return [h for r, h, _ in live if r == 0.0]
-    search.unmatched.append(stage)
+    search.note_unmatched(stage)
     live.sort(key=lambda sg: max(sg[0], sg[1].worst))
-    kept = []
+    kept: list[Group[S]] = []
     for r, h, _ in live[:nearest]:
         h.worst = max(h.worst, r)
         h.unmatched.append(stage)
@@ -206,7 +217,18 @@ def expand_groups(
     return kept
 
 
-def _behind(live: list[tuple[float, Group, bytes]], s: float, nearest: int) -> bool:
+def _merge(tgt: Group[Any] | None, g: Group[Any], upd: dict[str, Any], max_equiv: int) -> None:
+    """Merge ``g``'s members, updated by ``upd``, into the group ``tgt`` made by the same digest."""
+    if tgt is None:
+        return
+    room = max_equiv - len(tgt.convs)
+    if room > 0:
+        tgt.convs.extend({**c, **upd} for c in g.convs[:room])
+    tgt.n_equiv += g.n_equiv
+    tgt.worst = min(tgt.worst, g.worst)
+
+
+def _behind(live: Live, s: float, nearest: int) -> bool:
     """True when ``nearest`` earlier groups are sure to sort before a new group of ratio ``s``.
 
     A group's final sort key is ``max(ratio, worst)``; ``worst`` only decreases as options merge
@@ -222,7 +244,7 @@ def _behind(live: list[tuple[float, Group, bytes]], s: float, nearest: int) -> b
     return False
 
 
-def _nearest_dead(live: list[tuple[float, Group, bytes]], nearest: int) -> set[int]:
+def _nearest_dead(live: Live, nearest: int) -> set[int]:
     """The failing groups that ``nearest`` others are sure to precede (see :func:`_behind`).
 
     Group ``j`` is preceded by ``k`` for sure when ``k``'s key bound is below ``j``'s ratio, or
@@ -239,9 +261,7 @@ def _nearest_dead(live: list[tuple[float, Group, bytes]], nearest: int) -> set[i
     return dead
 
 
-def _kill(
-    live: list[tuple[float, Group, bytes]], merged: dict[bytes, Group | None], dead: set[int]
-) -> list[tuple[float, Group, bytes]]:
+def _kill(live: Live, merged: dict[bytes, Any], dead: set[int]) -> Live:
     """``live`` without the entries ``dead``; their digests stay in ``merged`` as dropped."""
     if not dead:
         return live

@@ -1,10 +1,10 @@
 """Solvers for ``--detect``: read a convention's constants off the data instead of walking a grid.
 
-A solver only *proposes*: every value it returns is tried by the staged search
-(:mod:`refppo.oracle.detect.detection`) and every convention reported is re-checked through
-:mod:`refppo.pipeline`. The solvers never re-implement a pipeline step: the per-token quantities
-they start from come from the core functions (``clipped_policy_loss``, ``policy_ratio``,
-``token_kl``, ``aggregate_loss``); what is solved here is the one unknown constant.
+A solver only *proposes*: every value it returns is walked through the pipeline's stages
+(:mod:`refppo.oracle.detect.steps`). The per-token quantities it starts from are stage outputs the
+caller passes in (the policy stage's ``ratio`` and ``pg_per_token``, the kl stage as ``estimate``,
+an aggregation stage as ``agg_fn``); the fitting arithmetic on them is the solver's own model, used
+only to find the one unknown constant.
 
 =================== ==========================================================================
 solver              what it reads
@@ -13,11 +13,9 @@ hinge sums          ``pg_loss(x) = C + Σ_i w_i·min(x, k_i)`` is piecewise line
                     the dual-clip constant ``c`` and in each clip range ``ε_low``, ``ε_high``:
                     sorting the knots ``k_i`` (the tokens where the branches switch) and
                     walking the prefix sums solves it exactly (:func:`solve_min_hinge`).
-normalisation fit   ``D ≈ s·A + b`` between the dump's advantages (or token rewards) and refppo's
-                    raw ones, over the valid tokens of the batch or of each row, then names the
-                    statistics: centre (mean over valid tokens / over all B·T entries / none),
-                    scale (``1/sqrt(σ²+eps)`` with the unbiased or population variance, ``1/σ``,
-                    none), and whether the mean is added back (:func:`fit_normalisation`).
+value clip          ``vf_loss(ε_v)`` is continuous and piecewise quadratic in ε_v: its roots are
+                    bracketed on the quantiles of ``|V − V_old|`` and bisected
+                    (:func:`solve_value_clip`).
 KL clamps           the tokens where the dump's ``kl`` departs from the unclamped estimator give
                     the value clamp (a constant ``|kl|``) or the log-ratio bounds (the estimator
                     inverted at the plateau value) (:func:`read_kl_clamps`).
@@ -26,14 +24,15 @@ KL clamps           the tokens where the dump's ``kl`` departs from the unclampe
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from refppo.core.kl import token_kl
+Estimate = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""``estimate(old, ref, mask)``: one KL estimator, unclamped (the kl stage)."""
 
 
 # ----- hinge sums --------------------------------------------------------------------------------
@@ -98,8 +97,8 @@ def nice(x: float, rel: float = 1e-3) -> list[float]:
 def loss_weights(agg_fn: Any, mask: Tensor, dtype: torch.dtype) -> Tensor:
     """``w = ∂ agg(L)/∂L`` ``[B, T]``: every aggregation mode is linear in the per-token loss.
 
-    ``agg_fn(L)`` is the core's ``aggregate_loss`` bound to a mode (so the weights are the
-    pipeline's own, never re-derived here).
+    ``agg_fn(L)`` is an aggregation stage bound to a mode, evaluated with autograd (so the weights
+    are the pipeline's own, never re-derived here).
     """
     probe = torch.zeros(mask.shape, dtype=dtype, requires_grad=True)
     agg_fn(probe).backward()
@@ -194,173 +193,71 @@ def clipfrac_of(terms: PolicyTerms, eps_low: float, eps_high: float) -> float:
     return float(n) / max(a.numel(), 1)
 
 
-# ----- normalisation fit -------------------------------------------------------------------------
-@dataclass
-class NormFit:
-    """An affine map ``D = s·(A − c)`` (or ``+ μ`` added back) between dumped and raw values."""
+# ----- value clip ------------------------------------------------------------------------------
+class ValueTerms:
+    """The valid tokens of the value loss, flattened (float64): ``V``, ``V_old``, ``R``, weights."""
 
-    scope: str
-    """``batch`` (one map for every valid token), ``row`` (one map per row) or ``none`` (no fit)."""
-    text: str
-    """One line naming the map and the statistics it matches."""
-    scale: float = math.nan
-    centre: float = math.nan
-    residual: float = math.inf
-    names: dict[str, str] = field(default_factory=dict)
-    """``centre``/``scale``/``added_back`` → the statistic named (empty when none matched)."""
+    def __init__(self, v: Tensor, v_old: Tensor, ret: Tensor, w: Tensor) -> None:
+        self.v, self.v_old, self.ret, self.w = v, v_old, ret, w
 
+    @classmethod
+    def of(cls, v: Tensor, v_old: Tensor, ret: Tensor, mask: Tensor, w: Tensor) -> ValueTerms:
+        """``w``: the aggregation's weights ``[B, T]`` (:func:`loss_weights`)."""
+        return cls(v[mask].double(), v_old[mask].double(), ret[mask].double(), w[mask])
 
-def _stats(a: Tensor, full: Tensor, eps: float) -> tuple[dict[str, float], dict[str, float]]:
-    """Candidate centres and scales of the raw values ``a`` (valid) and ``full`` (all B·T)."""
-    n, nf = a.numel(), full.numel()
-    mu, mu_all = float(a.mean()), float(full.mean())
-    centres = {"none (not centred)": 0.0, "the mean over the valid tokens": mu}
-    centres["the mean over all B·T entries, padding included"] = mu_all
-    scales: dict[str, float] = {"none (not scaled)": 1.0}
-    for where, x, m_, cnt in (("valid tokens", a, mu, n), ("all B·T entries", full, mu_all, nf)):
-        ss = float(((x - m_) ** 2).sum())
-        for kind, den in (("unbiased", cnt - 1), ("population", cnt)):
-            if den <= 0:
-                continue
-            var = ss / den
-            scales[f"1/sqrt(var+eps), {kind} variance over the {where}"] = 1.0 / math.sqrt(var + eps)
-            if var > 0:
-                scales[f"1/(std+eps), {kind} std over the {where}"] = 1.0 / (math.sqrt(var) + eps)
-    return centres, scales
+    def loss(self, eps: float) -> float:
+        """The solver's model of the clipped value loss, ``½·Σ w·max((V−R)², (clamp(V, V_old ± ε) − R)²)``
+        (float64; the clip forms are equal in exact arithmetic): it brackets ε_v, the value stage
+        then evaluates each proposal."""
+        vc = torch.minimum(torch.maximum(self.v, self.v_old - eps), self.v_old + eps)
+        per = torch.maximum((self.v - self.ret) ** 2, (vc - self.ret) ** 2)
+        return 0.5 * float((self.w * per).sum())
 
 
-def _lsq(d: Tensor, a: Tensor) -> tuple[float, float, float]:
-    am, dm = a.mean(), d.mean()
-    var = float(((a - am) ** 2).sum())
-    if var == 0.0:
-        return math.nan, math.nan, math.inf
-    s = float(((a - am) * (d - dm)).sum()) / var
-    b = float(dm) - s * float(am)
-    return s, b, float((d - (s * a + b)).abs().max())
+def solve_value_clip(terms: ValueTerms, target: float, tol: float, grid: int = 256) -> list[float]:
+    """Value clip ranges ``ε_v`` under which the clipped value loss equals ``target``.
 
-
-def fit_normalisation(
-    what: str, dumped: Tensor, raw: Tensor, mask: Tensor, tol: float, eps: float = 1e-8
-) -> NormFit:
-    """Fit and name the map from refppo's raw ``what`` (before any normalisation) to the dump's.
-
-    ``dumped``, ``raw``, ``mask``: ``[B, T]``; ``raw`` is 0 at padding (as the pipeline returns
-    it). ``tol``: the comparison tolerance of ``what``. Tries one map for the whole batch, then one
-    per row; returns the fit with the named statistics, or ``scope="none"``.
+    ``vf_loss(ε)`` is continuous and piecewise quadratic in ε, with knots at ``|V − V_old|`` (a
+    token enters or leaves the clip) and where a token's two branches cross; beyond the largest
+    ``|V − V_old|`` it is the unclipped loss. The roots are bracketed on a grid of the quantiles of
+    ``|V − V_old|`` (so every piece with many tokens is sampled) and refined by bisection; each is
+    proposed rounded to the shortest round number (:func:`refppo.oracle.detect.solve.nice`) whose loss is
+    still within ``tol`` of the target, else to 6 significant digits. Proposals only: the pipeline
+    re-checks them.
     """
-    d = dumped[mask].to(torch.float64)
-    a = raw[mask].to(torch.float64)
-    full = torch.where(mask, raw, torch.zeros((), dtype=raw.dtype)).to(torch.float64).flatten()
-    s, b, res = _lsq(d, a)
-    if math.isfinite(res) and res <= tol:
-        return _name_batch(what, s, b, res, a, full, eps, tol)
-    row = _fit_rows(what, dumped, raw, mask, tol)
-    if row is not None:
-        return row
-    return NormFit(
-        "none",
-        f"{what}: no affine map of refppo's raw {what} fits the dump, for the whole "
-        f"batch or per row (best batch fit {what} = {s:.6g}·A + {b:.6g}, max residual "
-        f"{res:.3g} > tol {tol:.3g})",
-        s,
-        math.nan,
-        res,
-    )
-
-
-def _name_batch(
-    what: str, s: float, b: float, res: float, a: Tensor, full: Tensor, eps: float, tol: float
-) -> NormFit:
-    centres, scales = _stats(a, full, eps)
-    span = float(a.abs().max()) + 1e-300
-    names: dict[str, str] = {}
-    # D = s·(A − c): centre c = −b/s; or D = s·(A − μ) + μ: b = μ·(1 − s) ("mean added back")
-    c = -b / s if s != 0 else math.nan
-    for label, mu in centres.items():
-        if abs(s * (mu - c)) <= tol:
-            names["centre"] = label
-            break
-    else:
-        for label, mu in centres.items():
-            if mu != 0.0 and abs(b - mu * (1.0 - s)) <= tol:
-                names["centre"] = label
-                names["added_back"] = "yes"
-                c = mu
-                break
-    for label, sc in scales.items():
-        if abs(s - sc) * span <= tol:
-            names["scale"] = label
-            break
-    centre_txt = names.get("centre", f"centred at {c:.6g}, which matches no statistic tried")
-    if "centre" in names:
-        centre_txt = "not centred" if centre_txt.startswith("none") else f"centred with {centre_txt}"
-    if names.get("added_back"):
-        centre_txt += ", the mean added back after scaling"
-    scale_txt = names.get("scale", f"scaled by {s:.6g}, which matches no statistic tried")
-    if "scale" in names:
-        scale_txt = "not scaled" if scale_txt.startswith("none") else f"scaled by {s:.6g} = {scale_txt}"
-    form = f"(A − {c:.6g})·{s:.6g}" + (f" + {c:.6g}" if names.get("added_back") else "")
-    text = f"{what} = {form} over the valid tokens of the batch: {centre_txt}; {scale_txt}"
-    return NormFit("batch", text, s, c, res, names)
-
-
-def _fit_rows(what: str, dumped: Tensor, raw: Tensor, mask: Tensor, tol: float) -> NormFit | None:
-    """One affine map per row (vectorised masked sums); names the per-row statistics."""
-    zero = torch.zeros((), dtype=torch.float64)
-    m = mask
-    d = torch.where(m, dumped.to(torch.float64), zero)
-    a = torch.where(m, raw.to(torch.float64), zero)
-    n = m.sum(dim=1).to(torch.float64)
-    am = a.sum(1) / n
-    dm = d.sum(1) / n
-    ac = torch.where(m, a - am[:, None], zero)
-    var = (ac * ac).sum(1)
-    ok = var > 0
-    s = torch.where(ok, (ac * (d - dm[:, None])).sum(1) / torch.where(ok, var, 1.0), 0.0)
-    b = dm - s * am
-    resid = torch.where(m, d - (s[:, None] * a + b[:, None]), zero).abs().max()
-    if float(resid) > tol or bool((s == 0).all()):
-        return None
-    names: dict[str, str] = {}
-    # centre per row: c_b = −b_b/s_b against the row mean
-    c = torch.where(ok, -b / torch.where(s != 0, s, 1.0), am)
-    if float((s * (c - am)).abs()[ok].max()) <= tol:
-        names["centre"] = "the mean over each row's valid tokens"
-    elif float((s * c).abs()[ok].max()) <= tol:
-        names["centre"] = "none (not centred)"
-    span = a.abs().amax(dim=1)
-    for kind, off in (("unbiased", 1.0), ("population", 0.0)):
-        den = (n - off).clamp(min=1.0)
-        sd = torch.sqrt(var / den)
-        for form, sc in (("1/std", 1.0 / sd), ("1/(std+eps)", 1.0 / (sd + 1e-6))):
-            if float(((s - sc).abs() * span)[ok & (n > 1)].max()) <= tol:
-                names["scale"] = f"{form} of each row, {kind} over its valid tokens"
-                break
-        if "scale" in names:
-            break
-    if "scale" not in names and float(((s - s[ok].mean()).abs() * span)[ok].max()) <= tol:
-        names["scale"] = f"one factor {float(s[ok].mean()):.6g} for every row"
-    centre_txt = names.get("centre", "centred at a per-row constant that matches no statistic tried")
-    scale_txt = names.get(
-        "scale",
-        "a per-row factor that matches no statistic tried "
-        f"(range {float(s[ok].min()):.4g} … {float(s[ok].max()):.4g})",
-    )
-    text = (
-        f"{what} = (A − c_b)·s_b with one map per row: centre c_b = {centre_txt}; "
-        f"scale s_b = {scale_txt} (a per-row normalisation)"
-    )
-    return NormFit("row", text, math.nan, math.nan, float(resid), names)
+    d = (terms.v - terms.v_old).abs()
+    if d.numel() == 0 or float(d.max()) == 0.0:
+        return []
+    qs = torch.quantile(d, torch.linspace(0.0, 1.0, grid, dtype=torch.float64)).tolist()
+    xs = sorted(set([0.0, *qs]))
+    fs = [terms.loss(x) - target for x in xs]
+    roots: list[float] = []
+    for (a, fa), (b, fb) in zip(zip(xs, fs, strict=True), zip(xs[1:], fs[1:], strict=True), strict=False):
+        if fa == 0.0:
+            roots.append(a)
+        elif fa * fb < 0.0:
+            for _ in range(80):
+                mid = 0.5 * (a + b)
+                fm = terms.loss(mid) - target
+                if fm == 0.0:
+                    break
+                a, fa, b = (mid, fm, b) if fa * fm > 0.0 else (a, fa, mid)
+            roots.append(0.5 * (a + b))
+    out: list[float] = []
+    for r in roots[:8]:
+        picks = [c for c in nice(r, rel=1e-2) if abs(terms.loss(c) - target) <= tol]
+        out.append(picks[0] if picks else float(f"{r:.6g}"))
+    return out
 
 
 # ----- KL clamps ---------------------------------------------------------------------------------
-def _invert(est: str, y: float, lo: float, hi: float) -> float:
-    """``x`` in ``[lo, hi]`` with ``estimator(x) = y`` (monotone there), by bisection on the core."""
+def _invert(est: Estimate, y: float, lo: float, hi: float) -> float:
+    """``x`` in ``[lo, hi]`` with ``estimator(x) = y`` (monotone there), by bisection on ``est``."""
     one = torch.ones(1, 1, dtype=torch.bool)
     zero = torch.zeros(1, 1, dtype=torch.float64)
 
     def f(x: float) -> float:
-        return float(token_kl(torch.full((1, 1), x, dtype=torch.float64), zero, one, est)[0, 0]) - y
+        return float(est(torch.full((1, 1), x, dtype=torch.float64), zero, one)[0, 0]) - y
 
     f_lo = f(lo)
     for _ in range(80):
@@ -372,7 +269,7 @@ def _invert(est: str, y: float, lo: float, hi: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def _bounds(est: str, db: Tensor, yb: Tensor, sel: Tensor) -> tuple[float | None, float | None] | None:
+def _bounds(est: Estimate, db: Tensor, yb: Tensor, sel: Tensor) -> tuple[float | None, float | None] | None:
     """Log-ratio bounds ``(lo, hi)``: the estimator inverted at the plateau of each side."""
     bounds: list[float | None] = [None, None]
     for side, s in ((0, sel & (db < 0)), (1, sel & (db > 0))):
@@ -388,15 +285,16 @@ def _bounds(est: str, db: Tensor, yb: Tensor, sel: Tensor) -> tuple[float | None
 
 
 def read_kl_clamps(
-    dumped: Tensor, old: Tensor, ref: Tensor, mask: Tensor, est: str, tol: float
+    dumped: Tensor, old: Tensor, ref: Tensor, mask: Tensor, est: Estimate, tol: float
 ) -> list[dict[str, Any]]:
-    """Clamp settings that the tokens where ``dumped`` departs from the unclamped estimator suggest.
+    """Clamp settings that the tokens where ``dumped`` departs from the unclamped estimator ``est``
+    suggest.
 
     Value clamp ``v``: the departing tokens sit at ``|kl| = v`` with ``|estimate| > v``.
     Log-ratio clamp ``(lo, hi)``: the departing tokens with ``d < 0`` share one value
     ``estimator(lo)`` (likewise ``d > 0`` with ``hi``); the estimator is inverted there.
     """
-    e = token_kl(old, ref, mask, est)
+    e = est(old, ref, mask)
     bad = mask & ((dumped - e).abs() > tol)
     if not bool(bad.any()):
         return []
@@ -420,14 +318,15 @@ def read_kl_clamps(
 
 
 __all__ = [
-    "NormFit",
+    "Estimate",
     "PolicyTerms",
+    "ValueTerms",
     "clipfrac_of",
-    "fit_normalisation",
     "loss_weights",
     "nice",
     "read_kl_clamps",
     "solve_clip_ranges",
     "solve_dual_clip",
     "solve_min_hinge",
+    "solve_value_clip",
 ]

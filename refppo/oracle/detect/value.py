@@ -1,190 +1,262 @@
-"""The value stage of the ``--detect`` search: clipped or not, its mask, its aggregation and ε_v.
+"""The value and loss steps of ``--detect``.
 
-When no named option reproduces ``vf_loss`` (and ``vf_clipfrac``), :func:`solve_value_clip`
-reads the value clip range ``ε_v`` off the data and the stage is walked again with it.
+* value (the value and value_agg stages): every :class:`ValueLoss` member, every
+  :class:`ValueClipForm` member for the clipped loss, every :class:`VfMask` member, and
+  ``value_loss_agg`` (like ``loss_agg``, or, when the dump has ``values`` to check it against, every
+  other :class:`LossAgg` member). When none reproduces ``vf_loss`` (and ``vf_clipfrac``),
+  :func:`refppo.oracle.detect.solve.solve_value_clip` reads the value clip range ``ε_v`` off the data
+  and the step is walked again with it.
+* loss (the kl_loss and total stages): ``kl_loss_agg`` (like ``loss_agg``, or every other mode
+  when the KL is in the loss) and the total; a separate critic's dumped ``loss`` is the actor's
+  objective, the total with a value weight of 0.
+
+The value stage's per-token loss is made once per ``(returns, value loss, clip form, mask, ε_v)``
+and aggregated under every mode by the value_agg stage (memoised across groups by the returns'
+digest: scalars only).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from refppo.conventions import LossAgg, ValueClipForm
-from refppo.core.aggregate import aggregate_loss, aggregate_masked
-from refppo.core.by_rows import value_loss_by_rows
-from refppo.core.checks import count_true
-from refppo.core.value import value_loss
-from refppo.oracle.check.alternatives import ALTERNATIVES
+from refppo.conventions import LossAgg, ValueClipForm, ValueLoss, VfMask
 from refppo.oracle.check.recompute import vf_tie_widen
-from refppo.oracle.detect.groups import Group
-from refppo.oracle.detect.search import SOLVE_GROUPS, Option, Search, digest
-from refppo.oracle.detect.solve import loss_weights, nice
-from refppo.pipeline.blocks import update_rows
+from refppo.oracle.check.settings import Setup
+from refppo.oracle.detect.groups import Group, Option
+from refppo.oracle.detect.policy import kl_loss_stage
+from refppo.oracle.detect.search import SOLVE_GROUPS, Search
+from refppo.oracle.detect.solve import ValueTerms, loss_weights, solve_value_clip
+from refppo.oracle.detect.states import Carried, LossState, PolicyState, ValueState, digest
+from refppo.pipeline.blocks import Evaluation
+
+VALUE_AGGS: list[str | None] = [None, *(a.value for a in LossAgg)]
+"""``value_loss_agg``: None (= ``loss_agg``) or every mode."""
 
 
-def value_stage(search: Search, groups: list[Group]) -> list[Group]:
-    """``value_loss`` × ``vf_mask`` × ``value_loss_agg`` on each group.
+class ValueEval:
+    """The value step's evaluations through the stages, memoised by what determines each."""
 
-    ``value_loss_agg``: None (= the policy's loss_agg) or, only when the dump has values to check
-    it against, each other mode (re-aggregating the per-token loss; no recompute). The "same as
-    loss_agg" option keeps the base's spelling when it names that mode.
-    """
-    t, m, hp, norm = search.t, search.m, search.hp, search.norm
-    values = t.get("values", t["old_values"])
-    rows = update_rows(m)
-    value_aggs_all = [a["value_loss_agg"] for a in ALTERNATIVES["value_loss_agg"]]
-    own_vagg = search.base.conv.agg.value
-    own_vagg_name = None if own_vagg is None else own_vagg.value
+    def __init__(self, s: Search) -> None:
+        self.s = s
+        t = s.t
+        self.values = t.get("values", t["old_values"])
+        self.logprobs = t.get("logprobs", t["old_logprobs"])
+        self.memo: dict[tuple[Any, ...], tuple[Tensor, dict[str, Tensor]]] = {}
+        self.widen: dict[tuple[Any, ...], float] = {}
 
-    # token count of each mask (per_token is 0 on its padding); the mask is kept in the entry so
-    # that its id cannot be reused while the memo lives
-    n_tok: dict[int, tuple[float, Tensor]] = {}
-    # vf_tie_widen per (returns, mask, ε_v): the options of a group share them. The tensors are kept
-    # in the entry so that their ids cannot be reused while the memo lives.
-    widen_memo: dict[tuple[int, int, float], tuple[float, Tensor, Tensor]] = {}
+    def mask(self, ca: Carried, vfm: VfMask) -> Tensor:
+        return self.s.m if vfm is VfMask.RESPONSE else ca.vm
 
-    # value_clip_form only matters for a clipped loss: the unclipped one keeps the base's form.
-    own_form = search.base.conv.value.clip_form.value
-    value_kinds = [("clipped", f.value) for f in ValueClipForm] + [("unclipped", own_form)]
+    def losses(
+        self, ca: Carried, vl: str, form: str, vfm: VfMask, clip: float, modes: list[str]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(vf_clipfrac, {mode: vf_loss})``: the value stage on the returns of ``ca``, then the
+        value_agg stage under each of ``modes`` (``value_loss_agg``)."""
+        s = self.s
+        key = (ca.ret_key, vl, form, vfm, clip)
+        hit = self.memo.get(key)
+        if hit is not None and all(a in hit[1] for a in modes):
+            return hit
+        q = {
+            "values": self.values, "old_values": s.t["old_values"], "returns": ca.returns,
+            "value_mask": ca.vm, "mask": s.m, "logprobs": self.logprobs,
+        }  # fmt: skip
+        st = s.setting(value_loss=vl, value_clip_form=form, vf_mask=vfm.value, cliprange_value=clip)
+        out = s.evaluate("value", q, st)
+        qa = {
+            "vf_per_token": out["vf_per_token"],
+            "vf_loss_mask": out["vf_loss_mask"],
+            "logprobs": self.logprobs,
+        }
+        ev = s.ev_counts(out["vf_loss_mask"])
+        vfs = dict(hit[1]) if hit is not None else {}
+        for a in modes:
+            if a not in vfs:
+                vfs[a] = s.evaluate("value_agg", qa, s.setting(value_loss_agg=a), ev)["vf_loss"].detach()
+        self.memo[key] = (out["vf_clipfrac"], vfs)
+        return self.memo[key]
 
-    def make(extra: list[float] | None) -> Callable[[Group], Iterable[Option]]:
-        clips = list(dict.fromkeys([hp.cliprange_value, *(extra or [])]))
-        return lambda g: (o for c in clips for o in opts(g, c))
 
-    def opts(g: Group, clip: float) -> Iterable[Option]:
-        vaggs: list[str | None] = [own_vagg_name if own_vagg_name == g.state["agg"] else None]
-        if "values" in t:
-            vaggs += [a for a in value_aggs_all if a is not None and a != g.state["agg"]]
-        for vl, form in value_kinds:
-            for vfm in ("value", "response"):
-                mask = g.state["vm"] if vfm == "value" else m
-                vkw: dict[str, Any] = {
-                    "clip": clip,
-                    "kind": vl,
-                    "clip_form": form,
-                    "agg": g.state["agg"],
-                    **norm,
-                }
-                vin = (values, t["old_values"], g.state["returns"], mask)
-                # above ROW_BLOCK_ELEMENTS by row blocks (refppo.core.by_rows): the same outputs bit
-                # for bit, without the whole batch's [B, T] temporaries
-                out = value_loss(*vin, **vkw) if rows is None else value_loss_by_rows(rows, *vin, **vkw)
-                for vagg in vaggs:
-                    if vagg is None or vagg == g.state["agg"]:
-                        vf = out.loss.detach()
-                    else:
-                        if id(mask) not in n_tok:
-                            n_tok[id(mask)] = (float(count_true(mask)), mask)
-                        n = n_tok[id(mask)][0]
-                        vf = aggregate_masked(
-                            out.per_token, mask, LossAgg(vagg), token_count=n, **norm
-                        ).detach()
-                    st = {**g.state, "vf_loss": vf, "vf_clipfrac": out.clipfrac, "vf_m": mask, "vl": vl}
-                    st["vclip"] = clip
-                    key = digest(
-                        *(
-                            g.state[k]
-                            for k in ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss", "kl_loss")
-                        ),
-                        st["vf_loss"],
-                        st["vf_clipfrac"],
-                    )
-                    upd: dict[str, Any] = {"value_loss": vl, "value_clip_form": form, "vf_mask": vfm}
-                    if clip != hp.cliprange_value:
-                        upd["cliprange_value"] = clip
-                    yield {**upd, "value_loss_agg": vagg}, st, key
+def _value_options(
+    ve: ValueEval, clips: list[float]
+) -> Callable[[Group[PolicyState]], Iterable[Option[ValueState]]]:
+    s = ve.s
+    own_vagg = s.base.conv.agg.value
+    own_name = None if own_vagg is None else own_vagg.value
+    kinds = value_kinds(s)
 
-    def checks(s: dict[str, Any]) -> list[float | None]:
+    def opts(g: Group[PolicyState]) -> Iterable[Option[ValueState]]:
+        ps = g.state
+        agg = ps.agg.value
+        vaggs: list[str | None] = [own_name if own_name == agg else None]
+        if "values" in s.t:
+            vaggs += [a for a in VALUE_AGGS if a is not None and a != agg]
+        modes = [agg if v is None else v for v in vaggs]
+        for clip in clips:
+            for vl, form in kinds:
+                for vfm in VfMask:
+                    clipfrac, vfs = ve.losses(ps.carried, vl, form, vfm, clip, modes)
+                    for vagg, mode in zip(vaggs, modes, strict=True):
+                        st = ValueState(
+                            ps, vfs[mode], clipfrac, ve.mask(ps.carried, vfm), vl == "clipped", clip
+                        )
+                        key = digest(
+                            ps.pg_loss,
+                            ps.pg_clipfrac,
+                            ps.approx_kl,
+                            ps.entropy_loss,
+                            ps.kl_loss,
+                            st.vf_loss,
+                            clipfrac,
+                        )
+                        upd: dict[str, Any] = {
+                            "value_loss": vl,
+                            "value_clip_form": form,
+                            "vf_mask": vfm.value,
+                        }
+                        if clip != s.hp.cliprange_value:
+                            upd["cliprange_value"] = clip
+                        yield {**upd, "value_loss_agg": vagg}, st, key
+
+    return opts
+
+
+def value_step(s: Search, groups: list[Group[PolicyState]]) -> list[Group[ValueState]]:
+    """``vf_loss`` and ``vf_clipfrac``: ``value_loss`` × ``value_clip_form`` × ``vf_mask`` ×
+    ``value_loss_agg`` on each group (the setting's ``ε_v``, then the solver's)."""
+    ve = ValueEval(s)
+    t = s.t
+
+    def make(extra: list[float] | None) -> Callable[[Group[PolicyState]], Iterable[Option[ValueState]]]:
+        return _value_options(ve, list(dict.fromkeys([s.hp.cliprange_value, *(extra or [])])))
+
+    def checks(st: ValueState) -> list[float | None]:
         if "values" not in t:
             return []
+        ca = st.policy.carried
 
-        def vf_widen() -> float:
-            if s["vl"] != "clipped":
+        def widen() -> float:
+            if not st.clipped or st.vf_mask is None:
                 return 0.0
-            key = (id(s["returns"]), id(s["vf_m"]), s["vclip"])
-            if key not in widen_memo:
-                rtol = search.tol.rtol
-                w = vf_tie_widen(values, t["old_values"], s["returns"], s["vf_m"], s["vclip"], rtol)
-                widen_memo[key] = (w, s["returns"], s["vf_m"])
-            return widen_memo[key][0]
+            key = (ca.ret_key, id(st.vf_mask), st.vclip)  # vf_mask: the walk's own mask tensors
+            if key not in ve.widen:
+                ve.widen[key] = vf_tie_widen(
+                    ve.values, t["old_values"], ca.returns, st.vf_mask, st.vclip, s.tol.rtol
+                )
+            return ve.widen[key]
 
-        return [
-            search.ratio("vf_loss", s["vf_loss"], None),
-            search.ratio("vf_clipfrac", s["vf_clipfrac"], None, vf_widen),
-        ]
+        return [s.ratio("vf_loss", st.vf_loss, None), s.ratio("vf_clipfrac", st.vf_clipfrac, None, widen)]
 
-    def propose(gs: list[Group]) -> list[float]:
-        if "values" not in t or "vf_loss" not in t:
-            return []
-        found: list[float] = []
-        for g in gs[:SOLVE_GROUPS]:
-            aggs = [g.state["agg"]] + (value_aggs_all if own_vagg is None else [own_vagg_name])
-            for mask in (g.state["vm"], m):
-                for agg in dict.fromkeys(a for a in aggs if a is not None):
-                    terms = ValueTerms.of(values, t["old_values"], g.state["returns"], mask, agg, norm)
-                    found += solve_value_clip(terms, float(t["vf_loss"]), search.tol.of(float(t["vf_loss"])))
-        found = [c for c in dict.fromkeys(found) if c != hp.cliprange_value][:8]
-        for c in found:
-            search.propose_value("cliprange_value", c)
-        return found
-
-    return search.stage(groups, make, checks, "value", propose)
+    return s.stage(groups, make, checks, "value", lambda gs: _propose_value_clip(ve, gs))
 
 
-class ValueTerms:
-    """The valid tokens of the value loss, flattened (float64): ``V``, ``V_old``, ``R``, weights."""
-
-    def __init__(self, v: Tensor, v_old: Tensor, ret: Tensor, w: Tensor) -> None:
-        self.v, self.v_old, self.ret, self.w = v, v_old, ret, w
-
-    @classmethod
-    def of(
-        cls, v: Tensor, v_old: Tensor, ret: Tensor, mask: Tensor, agg: str, norm: dict[str, Any]
-    ) -> ValueTerms:
-        w = loss_weights(lambda x: aggregate_loss(x, mask, agg, **norm), mask, torch.float64)
-        return cls(v[mask].double(), v_old[mask].double(), ret[mask].double(), w[mask])
-
-    def loss(self, eps: float) -> float:
-        """``½·Σ w·max((V−R)², (clamp(V, V_old ± ε) − R)²)`` (as :func:`refppo.core.value.value_loss`)."""
-        vc = torch.minimum(torch.maximum(self.v, self.v_old - eps), self.v_old + eps)
-        per = torch.maximum((self.v - self.ret) ** 2, (vc - self.ret) ** 2)
-        return 0.5 * float((self.w * per).sum())
-
-
-def solve_value_clip(terms: ValueTerms, target: float, tol: float, grid: int = 256) -> list[float]:
-    """Value clip ranges ``ε_v`` under which the clipped value loss equals ``target``.
-
-    ``vf_loss(ε)`` is continuous and piecewise quadratic in ε, with knots at ``|V − V_old|`` (a
-    token enters or leaves the clip) and where a token's two branches cross; beyond the largest
-    ``|V − V_old|`` it is the unclipped loss. The roots are bracketed on a grid of the quantiles of
-    ``|V − V_old|`` (so every piece with many tokens is sampled) and refined by bisection; each is
-    proposed rounded to the shortest round number (:func:`refppo.oracle.detect.solve.nice`) whose loss is
-    still within ``tol`` of the target, else to 6 significant digits. Proposals only: the pipeline
-    re-checks them.
-    """
-    d = (terms.v - terms.v_old).abs()
-    if d.numel() == 0 or float(d.max()) == 0.0:
+def _propose_value_clip(ve: ValueEval, groups: list[Group[PolicyState]]) -> list[float]:
+    """Value clip ranges under which ``vf_loss`` is reproduced, per group (the first
+    :data:`SOLVE_GROUPS`), mask and aggregation (the value_agg stage's weights)."""
+    s, t = ve.s, ve.s.t
+    if "values" not in t or "vf_loss" not in t:
         return []
-    qs = torch.quantile(d, torch.linspace(0.0, 1.0, grid, dtype=torch.float64)).tolist()
-    xs = sorted(set([0.0, *qs]))
-    fs = [terms.loss(x) - target for x in xs]
-    roots: list[float] = []
-    for (a, fa), (b, fb) in zip(zip(xs, fs, strict=True), zip(xs[1:], fs[1:], strict=True), strict=False):
-        if fa == 0.0:
-            roots.append(a)
-        elif fa * fb < 0.0:
-            for _ in range(80):
-                mid = 0.5 * (a + b)
-                fm = terms.loss(mid) - target
-                if fm == 0.0:
-                    break
-                a, fa, b = (mid, fm, b) if fa * fm > 0.0 else (a, fa, mid)
-            roots.append(0.5 * (a + b))
-    out: list[float] = []
-    for r in roots[:8]:
-        picks = [c for c in nice(r, rel=1e-2) if abs(terms.loss(c) - target) <= tol]
-        out.append(picks[0] if picks else float(f"{r:.6g}"))
-    return out
+    own = s.base.conv.agg.value
+    found: list[float] = []
+    for g in groups[:SOLVE_GROUPS]:
+        ps = g.state
+        aggs: list[str | None] = [ps.agg.value, *(VALUE_AGGS if own is None else [own.value])]
+        for vfm in VfMask:
+            mask = ve.mask(ps.carried, vfm)
+            for agg in dict.fromkeys(a for a in aggs if a is not None):
+                st = s.setting(value_loss_agg=agg)
+
+                def fn(x: Tensor, st: Setup = st, mask: Tensor = mask) -> Tensor:
+                    q = {"vf_per_token": x, "vf_loss_mask": mask, "logprobs": ve.logprobs}
+                    out: Tensor = s.evaluate("value_agg", q, st, Evaluation())["vf_loss"]
+                    return out
+
+                w = loss_weights(fn, mask, torch.float64)
+                terms = ValueTerms.of(ve.values, t["old_values"], ps.carried.returns, mask, w)
+                found += solve_value_clip(terms, float(t["vf_loss"]), s.tol.of(float(t["vf_loss"])))
+    found = [c for c in dict.fromkeys(found) if c != s.hp.cliprange_value][:8]
+    for c in found:
+        s.propose_value("cliprange_value", c)
+    return found
+
+
+def no_critic(s: Search, groups: list[Group[PolicyState]]) -> list[Group[ValueState]]:
+    """No critic: no value loss (without values the value stage makes no per-token loss, which the
+    value_agg stage aggregates to 0)."""
+    q = {"vf_per_token": None, "vf_loss_mask": s.m, "logprobs": s.t["logprobs"]}
+    vf = s.evaluate("value_agg", q, s.base)["vf_loss"]
+    clip = s.hp.cliprange_value
+    return [g.map_state(lambda ps: ValueState(ps, vf, vf, None, False, clip)) for g in groups]
+
+
+def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossState]]:
+    """``loss`` and ``kl_loss``: the total of every term, and ``kl_loss_agg``."""
+    t = s.t
+    has_lp = "logprobs" in t
+    own_kagg = {} if s.base.conv.agg.kl is None else {"kl_loss_agg": None}
+    kll: dict[tuple[bytes, str, str], Tensor] = {}
+    totals: dict[str, Setup] = {}
+
+    def total_setting(kl_in: str) -> Setup:
+        """A separate critic's dumped ``loss`` is the actor's objective, without the value term
+        (a weight of 0, as the recompute's reference)."""
+        if kl_in not in totals:
+            st = s.setting(kl_in=kl_in)
+            totals[kl_in] = replace(st, hp=replace(st.hp, vf_coef=0.0)) if s.dump.step.separate_critic else st
+        return totals[kl_in]
+
+    def kl_loss_mode(ca: Carried, agg: str, kagg: str) -> Tensor:
+        key = (ca.kl_key, agg, kagg)
+        if key not in kll:
+            kll[key] = kl_loss_stage(s, ca.kl_setting, agg, kagg)
+        return kll[key]
+
+    def opts(g: Group[ValueState]) -> Iterable[Option[LossState]]:
+        vs = g.state
+        ps = vs.policy
+        agg = ps.agg.value
+        # kl_loss_agg: the policy step aggregated the KL loss like pg_loss (None); SkyRL's KL loss
+        # keeps its own mode (skyrl_train ppo_utils), so every other mode is walked too
+        kls: list[tuple[dict[str, Any], Tensor | None]] = [(own_kagg, ps.kl_loss)]
+        if ps.kl_loss is not None:
+            ca = ps.carried
+            kls += [
+                ({"kl_loss_agg": a.value}, kl_loss_mode(ca, agg, a.value)) for a in LossAgg if a.value != agg
+            ]
+        for upd, kl_loss in kls:
+            q = {
+                "pg_loss": ps.pg_loss,
+                "vf_loss": vs.vf_loss,
+                "entropy_loss": ps.entropy_loss,
+                "kl_loss": kl_loss,
+            }
+            total = s.evaluate("total", q, total_setting(ps.carried.kl_in.value))["loss"]
+            yield upd, LossState(vs, total, kl_loss), digest(total, ps.pg_loss, vs.vf_loss, kl_loss)
+
+    def checks(st: LossState) -> list[float | None]:
+        out: list[float | None] = []
+        if has_lp and ("values" in t or "old_values" not in t):
+            out.append(s.ratio("loss", st.loss, None))
+        if st.kl_loss is not None:
+            out.append(s.ratio("kl_loss", st.kl_loss, None))
+        return out
+
+    return s.expand(groups, opts, checks, "loss")
+
+
+def value_kinds(s: Search) -> list[tuple[str, str]]:
+    """``(value_loss, value_clip_form)`` walked: every clip form for the clipped loss, the checked
+    form for the others (it changes nothing there)."""
+    own_form = s.base.conv.value.clip_form.value
+    kinds = [
+        (vl.value, f.value) for vl in ValueLoss for f in (ValueClipForm if vl is ValueLoss.CLIPPED else [])
+    ]
+    return kinds + [(vl.value, own_form) for vl in ValueLoss if vl is not ValueLoss.CLIPPED]
+
+
+__all__ = ["VALUE_AGGS", "ValueEval", "loss_step", "no_critic", "value_kinds", "value_step"]

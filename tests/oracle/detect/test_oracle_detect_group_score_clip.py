@@ -66,7 +66,7 @@ def test_a_checked_group_eps_of_zero_still_tries_the_peers_eps(tmp_path: Path) -
     from oracle_helpers import setup_for
 
     from refppo.dump.load import load_dump
-    from refppo.oracle.detect.rollout import solve_group_score_clip
+    from refppo.oracle.detect.solve_score import solve_group_score_clip
     from refppo.oracle.detect.search import Search
 
     p = tmp_path / "d.pt"

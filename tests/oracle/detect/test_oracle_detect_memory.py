@@ -13,11 +13,12 @@ import pytest
 from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
 import refppo.oracle.detect.detection as detect_mod
-import refppo.oracle.detect.policy as search_policy
 import refppo.oracle.detect.search as search_mod
+import refppo.oracle.detect.steps as steps_mod
 from refppo.dump.load import Dump, load_dump
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.detection import Detection, detect
+from refppo.oracle.detect.groups import Group
 
 
 def _dump(tmp: Path) -> tuple[Dump, Setup]:
@@ -31,6 +32,23 @@ def _dump(tmp: Path) -> tuple[Dump, Setup]:
 
 def _fields(d: Detection) -> Any:
     return repr(vars(d))
+
+
+def bt_fields(state: Any, prefix: str = "") -> set[str]:
+    """The names of the tensors with more than one dimension a typed state holds (nested states
+    included), e.g. ``{"adv", "carried.returns", "carried.vm"}``."""
+    import dataclasses
+
+    import torch
+
+    out: set[str] = set()
+    for f in dataclasses.fields(state):
+        v = getattr(state, f.name)
+        if isinstance(v, torch.Tensor) and v.dim() > 1:
+            out.add(prefix + f.name)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            out |= bt_fields(v, f"{prefix}{f.name}.")
+    return out
 
 
 def test_compared_keys_are_released_after_each_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,17 +65,17 @@ def test_compared_keys_are_released_after_each_walk(tmp_path: Path, monkeypatch:
     def release(self: Dump, key: str) -> None:
         released.append(key)
 
-    real_run = search_mod.Search.run
+    real_run = steps_mod.run_search
     by_search: list[str] = []
 
-    def run(self: search_mod.Search) -> list[search_mod.Group]:
+    def run(self: search_mod.Search) -> list[Group[Any]]:
         out = real_run(self)
         by_search.extend(released)  # the re-checks after the search release through check()
         assert not self.compared
         return out
 
     monkeypatch.setattr(search_mod.Search, "ratio", ratio)
-    monkeypatch.setattr(search_mod.Search, "run", run)
+    monkeypatch.setattr(detect_mod, "run_search", run)
     monkeypatch.setattr(Dump, "release", release)
     found = detect(dump, start)
     assert found.detected
@@ -94,36 +112,37 @@ def test_release_changes_no_detection(tmp_path: Path, monkeypatch: pytest.Monkey
     assert _fields(detect(dump, start)) == _fields(with_release)
 
 
-def test_policy_stage_gets_no_rollout_only_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_policy_step_gets_no_rollout_only_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy step's input states hold the advantages, the returns and the value mask: no KL,
+    token rewards or raw advantages (the old string-keyed states carried them to the policy stage)."""
     dump, start = _dump(tmp_path)
     seen: list[set[str]] = []
-    real = search_policy.policy_stage
+    real = steps_mod.policy_step
 
-    def spy(search: Any, groups: list[search_mod.Group]) -> list[search_mod.Group]:
-        seen.extend(set(g.state) for g in groups)
+    def spy(search: Any, groups: list[Group[Any]]) -> list[Group[Any]]:
+        seen.extend(bt_fields(g.state) for g in groups)
         return real(search, groups)
 
-    monkeypatch.setattr(search_policy, "policy_stage", spy)
+    monkeypatch.setattr(steps_mod, "policy_step", spy)
     detect(dump, start)
     assert seen
     for keys in seen:
-        assert "adv" in keys and "returns" in keys
-        assert not keys & {"kl", "rewards", "adv_raw"}, keys
+        assert keys == {"adv", "carried.returns", "carried.vm"}, keys
 
 
 def test_dropping_rollout_state_changes_no_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dump, start = _dump(tmp_path)
     dropped = detect(dump, start)
-    monkeypatch.setattr(search_mod, "drop_rollout_state", lambda groups: groups)  # the old path
+    monkeypatch.setattr(steps_mod, "drop_raw_advantages", lambda st: st)  # raw advantages kept
     assert _fields(detect(dump, start)) == _fields(dropped)
 
 
 def test_search_states_are_freed_before_the_rechecks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dump, start = _dump(tmp_path)
-    groups: list[search_mod.Group] = []
-    real_run = search_mod.Search.run
+    groups: list[Group[Any]] = []
+    real_run = steps_mod.run_search
 
-    def run(self: search_mod.Search) -> list[search_mod.Group]:
+    def run(self: search_mod.Search) -> list[Group[Any]]:
         out = real_run(self)
         groups.extend(out)
         return out
@@ -132,10 +151,10 @@ def test_search_states_are_freed_before_the_rechecks(tmp_path: Path, monkeypatch
     real_check = detect_mod.check
 
     def check(*a: Any, **k: Any) -> Any:
-        states_at_check.append(sum(len(g.state) for g in groups))
+        states_at_check.append(sum(g.held or g.source is not None for g in groups))
         return real_check(*a, **k)
 
-    monkeypatch.setattr(search_mod.Search, "run", run)
+    monkeypatch.setattr(detect_mod, "run_search", run)
     monkeypatch.setattr(detect_mod, "check", check)
     found = detect(dump, start)
     assert found.detected and groups and states_at_check

@@ -195,13 +195,15 @@ def test_value_clip_solver_terms_equal_the_core_value_loss(agg: str) -> None:
     # the solver's closed form of vf_loss(ε) against refppo.core.value.value_loss at several ε
     import torch
 
+    from refppo.core.aggregate import aggregate_loss
     from refppo.core.value import value_loss
-    from refppo.oracle.detect.value import ValueTerms, solve_value_clip
+    from refppo.oracle.detect.solve import ValueTerms, loss_weights, solve_value_clip
 
     d = make_inputs(B=6, T=10, seed=2)
     m = d["response_mask"].bool()
     ret = torch.randn(6, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    terms = ValueTerms.of(d["values"], d["old_values"], ret, m, agg, {})
+    w = loss_weights(lambda x: aggregate_loss(x, m, agg), m, torch.float64)
+    terms = ValueTerms.of(d["values"], d["old_values"], ret, m, w)
     for eps in (0.0, 0.07, 0.3, 1.1, 50.0):
         core = value_loss(d["values"], d["old_values"], ret, m, clip=eps, kind="clipped", agg=agg).loss
         assert abs(terms.loss(eps) - float(core)) <= 1e-12 * max(1.0, abs(float(core)))

@@ -21,7 +21,7 @@ from refppo.dump.load import load_dump
 from refppo.oracle.check.diagnose import check
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.detection import detect, setup_from_json
-from refppo.oracle.detect.search import kl_candidates
+from refppo.oracle.detect.rollout import kl_candidates
 
 
 def _loss(est: str) -> dict[str, Any]:

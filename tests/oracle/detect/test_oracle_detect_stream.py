@@ -3,8 +3,7 @@
 On a dump without the rollout's intermediates (no ``kl``, ``token_rewards``, ``advantages``,
 ``returns``) nothing prunes the rollout stages: the whitening stage ends with hundreds of groups.
 The search must not hold a ``[B, T]`` state per group, and must return what the walk that held
-every state and scored after merging returned (restated below as :func:`_walk_holding_all`, the
-``Search.expand`` of 932018a).
+every state and scored after merging returned (restated below as :func:`_walk_holding_all`).
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
 import refppo.oracle.detect.detection as detect_mod
 import refppo.oracle.detect.groups as groups_mod
-import refppo.oracle.detect.policy as search_policy
 import refppo.oracle.detect.search as search_mod
+import refppo.oracle.detect.steps as steps_mod
 from refppo.dump.load import Dump, load_dump
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.detection import Detection, detect
@@ -39,10 +38,10 @@ def _dump(tmp: Path, made: Setup, *, losses_only: bool, name: str = "d.safetenso
 
 
 def _walk_holding_all(
-    self: Search, groups: list[Group], options: Any, checks: Any, stage: str
-) -> list[Group]:
+    self: Search, groups: list[Group[Any]], options: Any, checks: Any, stage: str
+) -> list[Group[Any]]:
     """The old walk: every option's state held, merged, then every group scored."""
-    merged: dict[bytes, Group] = {}
+    merged: dict[bytes, Group[Any]] = {}
     for g in groups:
         for upd, st, key in options(g):
             new_convs = [{**c, **upd} for c in g.convs]
@@ -120,14 +119,14 @@ def test_replayed_states_equal_held_ones(
     held = detect(dump, start)
     monkeypatch.setattr(groups_mod, "HOLD", 0)
     replayer_counts: list[int] = []
-    real_run = Search.run
+    real_run = steps_mod.run_search
 
-    def run(self: Search) -> list[Group]:
+    def run(self: Search) -> list[Group[Any]]:
         out = real_run(self)
         replayer_counts.append(self.replayer.replayed)
         return out
 
-    monkeypatch.setattr(Search, "run", run)
+    monkeypatch.setattr(detect_mod, "run_search", run)
     replayed = detect(dump, start)
     assert replayer_counts and replayer_counts[0] > 0  # states were rebuilt, not held
     assert _fields(replayed) == _fields(held)
@@ -146,13 +145,13 @@ def test_live_bt_tensors_stay_bounded_as_candidates_grow(
     bounded number of ``[B, T]`` tensors: not one or more per group (the old walk held thousands)."""
     dump = _dump(tmp_path, setup_for("trl"), losses_only=True)
     seen: list[tuple[int, int]] = []
-    real = search_policy.policy_stage
+    real = steps_mod.policy_step
 
-    def spy(search: Search, groups: list[Group]) -> list[Group]:
+    def spy(search: Search, groups: list[Group[Any]]) -> list[Group[Any]]:
         seen.append((len(groups), _live_bt()))
         return real(search, groups)
 
-    monkeypatch.setattr(search_policy, "policy_stage", spy)
+    monkeypatch.setattr(steps_mod, "policy_step", spy)
     # every candidate reaches the policy stage: without the value-loss pruning (search_prune)
     monkeypatch.setattr(detect_mod, "value_prune_for", lambda _s: None)
     found = detect(dump, setup_for(None))
@@ -175,11 +174,17 @@ def test_a_dropped_group_is_not_revived_by_a_later_option() -> None:
         def release_compared(self) -> None:
             pass
 
-    src = [Group([{"a": i}], 1, {"i": i}) for i in range(3)]
+        def note_walk(self, stage: str, ok_seen: bool, any_check: bool) -> None:
+            self.walks.append((stage, ok_seen, any_check))
+
+        def note_unmatched(self, stage: str) -> None:
+            self.unmatched.append(stage)
+
+    src: list[Group[dict[str, int]]] = [Group([{"a": i}], 1, {"i": i}) for i in range(3)]
     # option digests: group 0 -> x (fails), group 1 -> y (passes), group 2 -> x again
     keys = {0: b"x", 1: b"y", 2: b"x"}
 
-    def options(g: Group) -> Any:
+    def options(g: Group[dict[str, int]]) -> Any:
         yield {"o": 1}, {"v": g.state["i"]}, keys[g.state["i"]]
 
     checked: list[int] = []
@@ -188,7 +193,7 @@ def test_a_dropped_group_is_not_revived_by_a_later_option() -> None:
         checked.append(st["v"])
         return [0.0 if st["v"] == 1 else 2.0]
 
-    out = groups_mod.expand_groups(S(), src, options, checks, "st", 3, 256)  # type: ignore[arg-type]  # a stub Search
+    out = groups_mod.expand_groups(S(), src, options, checks, "st", 3, 256)
     assert [g.convs for g in out] == [[{"a": 1, "o": 1}]]
     # group 2's option merged into the dropped digest and was never scored again (a revived group
     # is scored a third time, then dropped: the output alone cannot tell)

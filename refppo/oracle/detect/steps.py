@@ -1,0 +1,122 @@
+"""The ``--detect`` walk over the pipeline's stage table: its steps, in pipeline order.
+
+Each step evaluates consecutive stages of :data:`refppo.pipeline.stages.STAGES` through their
+functions (:meth:`refppo.oracle.detect.search.Search.evaluate`), walks the options of the keys it
+names (every member of each enum key, the peers' constants and the checked setting's for the
+numeric ones), compares the dumped quantities it names, and merges the options whose outputs are
+bit-identical (:mod:`refppo.oracle.detect.groups`). When no option reproduces a step's dumped
+quantity, its solver reads constants off the data and the step is walked again with them.
+:func:`run_search` runs the steps; :data:`STEPS` describes them (the module docstring of
+:mod:`refppo.oracle.detect.detection` and spec/conventions.md show it; a test checks both against
+the stage table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from refppo.oracle.detect.estimator import estimator_step, gae_step, needs_estimator_stage
+from refppo.oracle.detect.groups import Group
+from refppo.oracle.detect.policy import policy_step
+from refppo.oracle.detect.rollout import kl_step, reward_step, whiten_step
+from refppo.oracle.detect.search import Search
+from refppo.oracle.detect.states import AdvState
+from refppo.oracle.detect.value import loss_step, no_critic, value_step
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the walk."""
+
+    name: str
+    """Its label (``unmatched_stages``, :attr:`Search.walks`)."""
+    stages: tuple[str, ...]
+    """The pipeline stages it evaluates, in order."""
+    checks: tuple[str, ...]
+    """The dumped quantities it compares."""
+    walks: tuple[str, ...]
+    """The flat keys (and hyperparameters) whose values it walks or solves."""
+    solver: str
+    """What its solver reads off the data when nothing reproduces the dump."""
+
+
+STEPS: tuple[Step, ...] = (
+    Step("kl", ("kl",), ("kl",), ("kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp"), "the KL clamps"),
+    Step(
+        "token_rewards", ("score_map", "value_mask", "rewards"), ("token_rewards",),
+        ("score_bias", "score_scale", "score_clip", "kl_in", "score_at", "whiten_rewards", "whiten_variance",
+         "whiten_eps_at"),
+        "score bias and scale, score clip",
+    ),
+    Step(
+        "returns", ("advantages",), ("returns",),
+        ("advantage", "gae_padding", "gae_holes", "group_std", "group_std_level", "group_singleton",
+         "group_kl", "group_eps"),
+        "group_eps",
+    ),
+    Step(
+        "advantages", ("whitening",), ("advantages",),
+        ("whiten_advantages", "whiten_variance", "whiten_eps_at", "whiten_holes"), "(a fitted map, named)",
+    ),
+    Step(
+        "policy", ("policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),
+        ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss"),
+        ("dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg", "approx_kl",
+         "entropy_agg"),
+        "dual-clip c, clip ranges",
+    ),
+    Step(
+        "value", ("value", "value_agg"), ("vf_loss", "vf_clipfrac"),
+        ("value_loss", "value_clip_form", "vf_mask", "value_loss_agg", "cliprange_value"), "value clip range",
+    ),
+    Step("loss", ("kl_loss", "total"), ("kl_loss", "loss"), ("kl_loss_agg",), "—"),
+)  # fmt: skip
+"""The walk, in pipeline order."""
+
+NOT_WALKED: dict[str, str] = {
+    "policy_loss": "the checked setting's own (evaluated by the policy stage, not searched yet)",
+    "gamma": "the sidecar's",
+    "lam": "the sidecar's",
+    "kl_coef": "the sidecar's",
+    "vf_coef": "the sidecar's",
+    "ent_coef": "the sidecar's",
+    "whiten_eps": "the sidecar's",
+    "horizon": "the sidecar's",
+}
+"""What the stages read and no step walks: each stays at the checked setting's value."""
+
+
+def run_search(s: Search) -> list[Group[Any]]:
+    """The steps of :data:`STEPS` on ``s``'s dump: the groups that reproduce every step (or the
+    nearest), their conventions relative to the checked setting. The memory-mapped dump keys are
+    paged out between steps (a step holds only the keys it reads)."""
+    t = s.t
+    groups: list[Group[Any]] = [Group([{}], 1, ())]
+    s.dump.release_mapped()  # the loader's validation read every key
+    groups = kl_step(s, groups)
+    s.dump.release_mapped()
+    groups = reward_step(s, groups)
+    s.dump.release_mapped()
+    # a dump with a critic and no group_index under a gae setting walks GAE alone
+    groups = estimator_step(s, groups) if needs_estimator_stage(s) else gae_step(s, groups)
+    s.dump.release_mapped()
+    groups = whiten_step(s, groups)
+    if not ("logprobs" in t or "values" in t):
+        return groups
+    s.dump.release_mapped()
+    for g in groups:  # the raw advantages are not read again
+        g.patch(drop_raw_advantages)
+    groups = policy_step(s, groups)
+    s.dump.release_mapped()
+    groups = value_step(s, groups) if "old_values" in t else no_critic(s, groups)
+    s.dump.release_mapped()
+    return loss_step(s, groups)
+
+
+def drop_raw_advantages(st: AdvState) -> AdvState:
+    """The state without its raw advantages (after the whitening step)."""
+    return replace(st, adv_raw=None)
+
+
+__all__ = ["NOT_WALKED", "STEPS", "Step", "drop_raw_advantages", "run_search"]
