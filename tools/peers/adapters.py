@@ -34,9 +34,15 @@ PEERS: dict[str, tuple[str, Unit]] = {
 
 
 def oracle_has_v2() -> bool:
-    from refppo.oracle import load
+    """The installed oracle reads dump v2 (its loader has ``GRAD_KEYS``)."""
+    import importlib
 
-    return hasattr(load, "GRAD_KEYS")
+    for module in ("refppo.dump.load", "refppo.oracle.load"):  # the layered layout, the flat one
+        try:
+            return hasattr(importlib.import_module(module), "GRAD_KEYS")
+        except ImportError:
+            continue
+    return False
 
 
 def check(peer: str, out: Path, made: dict[str, Any], v2: bool) -> Case:
