@@ -230,9 +230,11 @@ class Progress:
         if self.bar is None:
             return
         self.bar.set_postfix(
-            reward=f"{record.get('rollout/score', nan):.3f}",
-            kl=f"{record.get('rollout/kl', nan):.3f}",
-            loss=f"{record.get('ppo/loss', nan):.3f}",
+            {
+                "reward": f"{record.get('rollout/score', nan):.3f}",
+                self.kl_label: f"{record.get('rollout/kl', nan):.3f}",
+                "loss": f"{record.get('ppo/loss', nan):.3f}",
+            },
             refresh=False,
         )
         self.bar.update(1)

@@ -5,7 +5,10 @@ affect the divergent quantity; a critic-free dump's estimator and its ``group_*`
 they apply: :func:`_applies`) and with each known bug of :data:`refppo.oracle.recompute.BUGS`
 re-enacted; a candidate *explains* the divergence when, under it, the divergent quantity and every
 quantity before it in pipeline order match the dump. A candidate under which later quantities still
-differ is reported as explaining the first divergence *only*, naming what still differs.
+differ is reported as explaining the first divergence *only*, naming what still differs. A known
+bug that explains every quantity silences the hints it makes wrong (the scalar's "constant factor"
+hint, "no named gradient pattern"); a gradient first divergence tries the known bugs too when no
+gradient pattern explains everything (:func:`_grad_explanation`).
 """
 
 from __future__ import annotations

@@ -602,3 +602,14 @@ def test_help_config_names_checkpoints_and_dumps_as_they_are_written(
     assert (ckpt, dump) == ("iter_000002", "iter_000002.safetensors")
     assert ckpt in out
     assert dump in out and "iter_<N>" not in out
+
+
+def test_the_progress_bar_names_the_kl_estimator() -> None:
+    from refppo.logging_utils import Progress, kl_label
+
+    bar = Progress(3, 0, True, bar=True, kl_label=kl_label("k3"))
+    try:
+        bar.update({"iteration": 1, "rollout/score": 0.5, "rollout/kl": 0.1, "ppo/loss": 0.2})
+        assert bar.bar.postfix == "reward=0.500, KL(k3)=0.100, loss=0.200"
+    finally:
+        bar.close()
