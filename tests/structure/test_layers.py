@@ -157,6 +157,7 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 CIRCLES_LEFT: list[list[str]] = [
+    ["refppo.oracle.check.bug_terms", "refppo.oracle.check.recompute"],
     ["refppo.oracle.rescore.diagnose", "refppo.oracle.rescore.readouts"],
     [
         "refppo.oracle.detect.estimator",

@@ -45,7 +45,8 @@ def _prefix(
 
     Computed by :func:`refppo.pipeline.rollout.reward_quantities` on the scores as
     :func:`refppo.oracle.check.recompute.recompute` prepares them (clip, AReaL's bias and scale). Only the
-    bug ``kl_from_current_logprobs`` changes these two steps; the others act later.
+    bugs ``kl_from_current_logprobs`` (both) and ``kl_reward_sign_flipped`` (the rewards) change
+    these two steps; the others act later.
 
     ``kl_ok``: the verdict on ``kl`` when already known (it depends on the KL part of
     :func:`reward_key` only). Returns ``(verdict, verdict on kl or None when not compared)``.
@@ -79,6 +80,11 @@ def _prefix(
         return False, False
     if first == "kl" or not dump.has("token_rewards"):
         return True, kl_ok
+    if bug == "kl_reward_sign_flipped":  # the same KL estimate, added to the reward with + (BUGS)
+        _, rewards, vmask = reward_quantities(
+            scores=clipped_scores(t["scores"], ex.score_clip, ex.score_bias, ex.score_scale),
+            old_logprobs=t[src], ref_logprobs=t["ref_logprobs"], mask=m, hp=hp, conv=conv, kl=-kl,
+        )  # fmt: skip
     ok = compare("token_rewards", t["token_rewards"], rewards, vmask, tol).ok
     dump.release("token_rewards")
     return ok, kl_ok
@@ -94,7 +100,7 @@ def reward_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
     :func:`refppo.pipeline.rollout.reward_quantities` (checked key by key in the unit tests).
 
     The KL estimator and its clamps, the log-probs the KL reads, the score slot, the KL coefficient
-    as it enters the reward (0 with the KL in the loss), the score map, and the reward whitening
+    as it enters the reward (0 with the KL in the loss) and its sign, the score map, and the reward whitening
     with (only when it is on) its variance, eps placement and eps.
     """
     c, hp, ex = setup.conv, setup.hp, setup.extras
@@ -104,7 +110,8 @@ def reward_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
         white = (c.whiten_rewards, c.whiten_variance, c.whiten_eps_at, hp.whiten_eps)
     kl = (c.kl_estimator, c.kl_log_ratio_clamp, c.kl_value_clamp, bug == "kl_from_current_logprobs")
     assert len(kl) == _KL_PART
-    return (*kl, c.score_at, beta, ex.score_clip, ex.score_bias, ex.score_scale, *white)
+    flip = bug == "kl_reward_sign_flipped"
+    return (*kl, c.score_at, beta, flip, ex.score_clip, ex.score_bias, ex.score_scale, *white)
 
 
 class PrefixCheck:

@@ -35,13 +35,11 @@ from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
 from refppo.core.policy import policy_ratio
 from refppo.dump.load import TOLERANCES, Dump, check_inputs_for, trim_heap, validate
+from refppo.oracle.check.bug_terms import check_update_bug, value_grad_around_new, value_loss_around_new
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.blocks import gae_by_rows, update_rows
-from refppo.pipeline.rollout import (
-    clipped_scores,  # moved to the pipeline (step 0)
-    rollout_quantities,
-)
+from refppo.pipeline.rollout import clipped_scores, rollout_quantities
 from refppo.pipeline.update import update_quantities
 
 PIPELINE_ORDER: tuple[str, ...] = (
@@ -71,6 +69,12 @@ BUGS: dict[str, str] = {
     "add TD residuals γ·V[t+1] − V[t] that flow back into the valid tokens",
     "whiten_over_padding": "advantage whitening takes its mean/variance over all B·T positions, "
     "padding included (an unmasked mean/variance)",
+    "kl_reward_sign_flipped": "the KL penalty is added to the reward with the wrong sign at every token: "
+    "r_t = +β·KL_t instead of −β·KL_t (the reward pays for drifting from the reference)",
+    "ratio_against_ref": "the policy ratio is taken against the reference log-probs, "
+    "exp(log π − log π_ref), instead of the rollout log-probs (old_logprobs)",
+    "value_clip_around_new": "the clipped value is taken around the NEW values, V + clip(V − V_old, ±ε_v), "
+    "instead of around the rollout values, V_old + clip(V − V_old, ±ε_v)",
 }
 """Known bug classes the diagnosis re-enacts (see spec/conventions.md, bug catalogue)."""
 
@@ -266,7 +270,7 @@ def recompute(
         return ro
     dump.release_mapped()
     trim_heap()
-    return _with_update(dump, setup, ro)
+    return _with_update(dump, setup, ro, bug)
 
 
 def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
@@ -286,6 +290,12 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
     # With the KL in the loss the pipeline zeroes its KL (no reward term), but the dump's `kl` is
     # still the estimate: computed once here and handed to the pipeline's step 1 (the same call).
     kl_loss_side = reference_kl(dump, setup, kl_logp) if conv.kl_in is KLPlacement.LOSS else None
+    kl_in = kl_loss_side
+    if bug == "kl_reward_sign_flipped":  # step 1's estimate negated: step 2's −β·(−KL) = +β·KL
+        if conv.kl_in is not KLPlacement.REWARD or hp.kl_coef == 0:
+            raise ValueError("the bug kl_reward_sign_flipped needs a reward KL (kl_in=reward, kl_coef > 0)")
+        kl_loss_side = reference_kl(dump, setup, kl_logp)
+        kl_in = -kl_loss_side
     rq = rollout_quantities(
         scores=scores,
         old_logprobs=kl_logp,
@@ -295,7 +305,7 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
         hp=hp,
         conv=conv,
         group_index=t.get("group_index"),
-        kl=kl_loss_side,
+        kl=kl_in,
     )
     adv_raw, returns, adv = rq.advantages_raw, rq.returns, rq.advantages
     if bug == "gae_through_padding":
@@ -328,8 +338,9 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
     return Reference(vals, m, rq.value_mask, adv_raw)
 
 
-def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
-    """``ro`` (steps 1–4) plus the update stage's quantities (steps 5–9) the dump allows."""
+def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: str | None = None) -> Reference:
+    """``ro`` (steps 1–4) plus the update stage's quantities (steps 5–9) the dump allows, under
+    ``bug`` where it acts here (:data:`refppo.oracle.check.bug_terms.UPDATE_BUGS`)."""
     t = dump.tensors
     m = dump.mask
     conv, hp, ex = setup.conv, setup.hp, setup.extras
@@ -337,6 +348,9 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
     widen: dict[str, Callable[[], float]] = {}
     rtol = TOLERANCES[dump.dtype].rtol
     vals = dict(ro.values)
+    check_update_bug(dump.tensors, bug)
+    # the log-probs the policy ratio divides by: the reference's under ratio_against_ref
+    old_lp = t["ref_logprobs"] if bug == "ratio_against_ref" else t["old_logprobs"]
     if "logprobs" in t or "values" in t:
         logprobs = t.get("logprobs", t["old_logprobs"])
         values = t.get("values", t.get("old_values"))
@@ -344,7 +358,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
         uq = update_quantities(
             logprobs=logprobs,
             values=values,
-            old_logprobs=t["old_logprobs"],
+            old_logprobs=old_lp,
             old_values=t.get("old_values"),
             advantages=adv,
             returns=returns,
@@ -358,18 +372,22 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
         if "logprobs" in t:
             vals["pg_loss"] = uq.pg_loss.detach()
             vals["pg_clipfrac"] = uq.pg_clipfrac
-            widen["pg_clipfrac"] = lambda: float(
-                pg_tie_share(logprobs, t["old_logprobs"], adv, m, setup, rtol)
-            )
+            widen["pg_clipfrac"] = lambda: float(pg_tie_share(logprobs, old_lp, adv, m, setup, rtol))
             if ex.approx_kl == "k2_all_positions":
-                vals["approx_kl"] = approx_kl_k2_all_positions(logprobs, t["old_logprobs"], m)
+                vals["approx_kl"] = approx_kl_k2_all_positions(logprobs, old_lp, m)
             elif ex.approx_kl == "neg_k1":
                 vals["approx_kl"] = -uq.approx_kl
             else:
                 vals["approx_kl"] = uq.approx_kl
             vals["kl_loss"] = uq.kl_loss.detach()
-        if "values" in t and values is not None:
-            vals["vf_loss"] = uq.vf_loss.detach()
+        vf_loss = uq.vf_loss.detach()
+        if "values" in t and values is not None and bug == "value_clip_around_new":
+            vf_loss, vals["vf_clipfrac"] = value_loss_around_new(
+                values, t["old_values"], returns, vf_mask, setup
+            )
+            vals["vf_loss"] = vf_loss = vf_loss.detach()
+        elif "values" in t and values is not None:
+            vals["vf_loss"] = vf_loss
             vals["vf_clipfrac"] = uq.vf_clipfrac
             if conv.value_loss is ValueLoss.CLIPPED:
                 widen["vf_clipfrac"] = lambda: vf_tie_widen(
@@ -379,8 +397,12 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
             vals["entropy_loss"] = uq.entropy_loss.detach()
         if "logprobs" in t and ("values" in t or "old_values" not in t):
             # separate_critic: the ``loss`` key is the actor's objective (no value term)
-            vf_term = hp.vf_coef * uq.vf_loss if dump.step.separate_critic else 0.0
-            vals["loss"] = (uq.loss - vf_term).detach()
+            loss = uq.loss
+            if dump.step.separate_critic:
+                loss = loss - hp.vf_coef * uq.vf_loss
+            elif bug == "value_clip_around_new":  # the bug's value term in place of the pipeline's
+                loss = loss + hp.vf_coef * (vf_loss - uq.vf_loss)
+            vals["loss"] = loss.detach()
         grad_setup, critic = setup, "old_values" in t
         if values is not None and critic:
             v_in, ov_in = values, t["old_values"]
@@ -393,7 +415,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
         inp = UpdateInputs(
             logprobs,
             v_in,
-            t["old_logprobs"],
+            old_lp,
             ov_in,
             adv,
             returns,
@@ -404,12 +426,14 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
         )
         if any(k in t for k in GRAD_QUANTITIES):
             ties = {
-                "grad_logprobs": pg_tie_mask(logprobs, t["old_logprobs"], adv, m, setup, rtol),
+                "grad_logprobs": pg_tie_mask(logprobs, old_lp, adv, m, setup, rtol),
                 "grad_values": vf_tie_mask(v_in, ov_in, returns, vf_mask, hp.cliprange_value, rtol)
-                if conv.value_loss is ValueLoss.CLIPPED and critic
+                if conv.value_loss is ValueLoss.CLIPPED and critic and bug != "value_clip_around_new"
                 else torch.zeros_like(m),
             }
             vals.update(reference_grads(inp, grad_setup, t, ties))
+            if bug == "value_clip_around_new" and "grad_values" in t:
+                vals["grad_values"] = value_grad_around_new(v_in, ov_in, returns, vf_mask, setup)
         return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen, inp)
     return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen)
 
