@@ -48,11 +48,11 @@ from refppo.core.normalize import normalize
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.core.score_map import map_scores
 from refppo.errors import RefPPOError
-from refppo.oracle.check.recompute import whiten
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.score_const import constant_score_notes, propose_constant_score_map
 from refppo.oracle.detect.search import SOLVE_GROUPS, Option, Search, digest, nearest_note
 from refppo.oracle.detect.solve import fit_normalisation, nice
+from refppo.pipeline.rollout import whiten_advantages
 
 WhitenKey = tuple[str, str, str]
 """``(whiten_rewards, whiten_variance, whiten_eps_at)``."""
@@ -274,7 +274,7 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
     """``advantages``: the advantage whitening, its variance and where its eps sits."""
     t, m = s.t, s.m
     c = s.base.conv
-    # whiten() takes the envelope under whiten_holes=include; only a mask with holes tells them apart
+    # the whitening takes the envelope under whiten_holes=include; only a mask with holes tells them apart
     holes: list[str | None] = [h.value for h in WhitenHoles] if has_holes(m) else [None]
 
     def make(extra: bool | None) -> Callable[[Group], Iterable[Option]]:
@@ -299,7 +299,7 @@ def whiten_stage(s: Search, groups: list[Group]) -> list[Group]:
                         if wh is not None:
                             upd["whiten_holes"] = wh
                         try:
-                            adv = whiten(g.state["adv_raw"], m, s.base.with_convention(upd))
+                            adv = whiten_advantages(g.state["adv_raw"], m, c.with_updates(upd), s.base.hp)
                         except RefPPOError:
                             continue
                         adv_key = digest(adv)  # the policy stage's caches key on it (not on id)

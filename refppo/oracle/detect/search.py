@@ -29,8 +29,8 @@ from refppo.dump.load import TOLERANCES, Dump, trim_heap
 from refppo.errors import RefPPOError
 from refppo.oracle.check.alternatives import ALTERNATIVES, CLAMP_BUNDLES
 from refppo.oracle.check.compare import compare
-from refppo.oracle.check.recompute import pg_tie_share
 from refppo.oracle.check.settings import Setup
+from refppo.oracle.check.ties import pg_tie_share
 from refppo.oracle.detect.groups import Group, Replayer, expand_groups
 from refppo.oracle.detect.prune import ValuePrune
 from refppo.oracle.detect.solve import (

@@ -18,7 +18,7 @@ from refppo.core.by_rows import value_loss_by_rows
 from refppo.core.checks import count_true
 from refppo.core.value import value_loss
 from refppo.oracle.check.alternatives import ALTERNATIVES
-from refppo.oracle.check.recompute import vf_tie_widen
+from refppo.oracle.check.ties import vf_tie_widen
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.search import SOLVE_GROUPS, Option, Search, digest
 from refppo.oracle.detect.solve import loss_weights, nice
@@ -35,7 +35,7 @@ def value_stage(search: Search, groups: list[Group]) -> list[Group]:
     t, m, hp, norm = search.t, search.m, search.hp, search.norm
     values = t.get("values", t["old_values"])
     rows = update_rows(m)
-    value_aggs_all = [a["value_loss_agg"] for a in ALTERNATIVES["value_loss_agg"]]
+    value_aggs_all = [getattr(a["value_loss_agg"], "value", None) for a in ALTERNATIVES["value_loss_agg"]]
     own_vagg = search.base.conv.agg.value
     own_vagg_name = None if own_vagg is None else own_vagg.value
 
