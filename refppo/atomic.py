@@ -7,6 +7,9 @@ directory is then ``fsync``-ed so that the rename itself is durable. The same pa
 ``atomicwrites``/``safetensors`` users and the "write, fsync, rename, fsync dir" recipe of
 ``man 2 rename``, written here in our own words.
 
+Files get the mode ``0o666 & ~umask`` that ``open(2)`` would give them (:func:`file_mode`), not the
+0600 of ``tempfile.mkstemp``.
+
 Temporary names start with ``.tmp-`` so that nothing else (``latest_checkpoint``'s ``iter_*``
 glob, a reader of ``metrics.jsonl``) can mistake them for a finished file.
 
@@ -50,12 +53,39 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
+def file_mode() -> int:
+    """``0o666 & ~umask``: the mode ``open(2)`` gives a new file under this process's umask.
+
+    Read from ``/proc/self/status`` (Linux ≥ 4.7) where it can be, since ``os.umask`` can only be
+    read by setting it (a race with threads creating files meanwhile); set and restored otherwise."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def honour_umask(path: str | Path) -> None:
+    """Give ``path`` the mode of :func:`file_mode`: for files made by writers that create them 0600
+    (``tempfile.mkstemp``, safetensors' own atomic write), so that another user or a CI artifact
+    uploader reads them as it reads any other file of the process."""
+    os.chmod(path, file_mode())
+
+
 def temp_path(target: str | Path, suffix: str = "") -> Path:
     """A fresh, unused temporary path beside ``target`` (``.tmp-<name>-<random><suffix>``); the file is
-    created empty (so the name is reserved) and must be replaced or removed by the caller."""
+    created empty (so the name is reserved), with the umask's mode (:func:`file_mode`; ``mkstemp``
+    alone makes it 0600), and must be replaced or removed by the caller."""
     t = Path(target)
     fd, name = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{t.name}-", suffix=suffix, dir=t.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, file_mode())
+    finally:
+        os.close(fd)
     return Path(name)
 
 
@@ -69,6 +99,7 @@ def atomic_write_with(target: str | Path, write: Callable[[Path], object], suffi
     tmp = temp_path(t, suffix)
     try:
         write(tmp)
+        honour_umask(tmp)  # a writer may have made its own file in its place
         fsync_file(tmp)
         os.replace(tmp, t)
     except BaseException:
@@ -104,8 +135,10 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_with",
+    "file_mode",
     "fsync_dir",
     "fsync_file",
+    "honour_umask",
     "pause_for_test",
     "temp_path",
 ]

@@ -62,7 +62,7 @@ build() {
     # skyrl-train 0.3.1 declares Python 3.12 only; its files run on 3.11 (shared/peers/README.md).
     [ "$name" = skyrl-areal ] && extra=(--ignore-requires-python)
     "$env/bin/python" -m pip install -q --no-deps "${extra[@]}" -r "$req"
-    # tools/validate_trl_preset.py imports refppo (its task, dump writer and oracle) inside TRL's
+    # tools/peers/makers/trl_ppo.py imports refppo (its task, capture adapter, dump writer) inside TRL's
     # interpreter: refppo's one import the TRL closure lacks (versions as tools/constraints.txt).
     if [ "$name" = trl ]; then
         "$env/bin/python" -m pip install -q --no-deps jaxtyping==0.3.11 wadler_lindig==0.1.8

@@ -146,18 +146,40 @@ def gspo_terms(
     """The per-token terms of validated inputs ``[b, T]`` (module docstring). Each row alone: ``S_b``
     reduces its own row, the rest is elementwise, so a block of whole rows gives that block's terms."""
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    d, ratio = _seq_ratio(logp, logp_old, m, log_ratio_max)
+    neg_adv = torch.where(m, -advantages, zero).detach()
+    loss1 = neg_adv * ratio
+    loss2 = neg_adv * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
+    per_token = torch.where(m, torch.maximum(loss1, loss2), zero)
+    return PolicyTerms(d, ratio, loss1, loss2, per_token, None)
+
+
+def _seq_ratio(
+    logp: Tensor, logp_old: Tensor, m: Tensor, log_ratio_max: float | None
+) -> tuple[Tensor, Tensor]:
+    """``(d, s)`` of validated inputs ``[b, T]``: ``d = m·(l − l^old)`` and the sequence ratio ``s_t``
+    of the module docstring on every valid token (value ``exp(min(S_b, κ))``, gradient w.r.t. ``l_t``)."""
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     lp = torch.where(m, logp, zero)  # padding never reaches exp (NaN·0 in the backward pass)
     d = torch.where(m, lp - logp_old, zero)
     seq = (d.sum(dim=1) / count_true(m, 1).to(d.dtype)).detach()
     log_s = lp - lp.detach() + seq.unsqueeze(1)
     if log_ratio_max is not None:
         log_s = torch.clamp(log_s, max=log_ratio_max)
-    ratio = torch.where(m, torch.exp(log_s), zero)
-    neg_adv = torch.where(m, -advantages, zero).detach()
-    loss1 = neg_adv * ratio
-    loss2 = neg_adv * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
-    per_token = torch.where(m, torch.maximum(loss1, loss2), zero)
-    return PolicyTerms(d, ratio, loss1, loss2, per_token, None)
+    return d, torch.where(m, torch.exp(log_s), zero)
+
+
+def gspo_ratio(
+    logp: TokenFloat, logp_old: TokenFloat, mask: ResponseMask, *, log_ratio_max: float | None = None
+) -> TokenFloat:
+    """The sequence ratio ``s_b`` on every valid token of row b (0 on padding), detached: the ratio
+    :func:`gspo_policy_loss` clips."""
+    m = check_mask("mask", mask)
+    logp = check_bt("logp", logp, m)
+    logp_old = check_bt("logp_old", logp_old, m)
+    k = check_positive("log_ratio_max", log_ratio_max) if log_ratio_max is not None else None
+    with torch.no_grad():
+        return _seq_ratio(logp, logp_old, m, k)[1]
 
 
 def _seq_log_ratios(lp: list[list[float]], lo: list[list[float]], ms: list[list[bool]]) -> list[float]:

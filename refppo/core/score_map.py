@@ -5,7 +5,7 @@ For a row's score ``s`` (``[B]``), bias ``b``, scale ``k`` and symmetric clip ``
     s' = clip((s + b)·k, −C, C)
 
 in that order: AReaL 1.0.4 ``reward_bias``, ``reward_scaling``, ``reward_clip``
-(``areal/trainer/ppo/actor.py::PPOActor._compute_advantages``, run by tools/peer_makers/areal.py).
+(``areal/trainer/ppo/actor.py::PPOActor._compute_advantages``, run by tools/peers/makers/areal.py).
 A clip alone is OpenRLHF's ``reward_clip_range`` (``openrlhf/models/utils.py::compute_reward``,
 10) and DeepSpeed-Chat's ``clip_reward_value`` (5). ``b = 0, k = 1`` leaves ``s`` bit for bit
 (the affine step is skipped, so ``−0.0`` stays ``−0.0``); ``C = None`` does not clip.

@@ -139,6 +139,15 @@ def check_value_clip(kind: ValueLoss, clip: float | None) -> float | None:
     return check_nonneg("clip", clip)
 
 
+def clipped_value(v: Tensor, v_old: Tensor, eps_v: float, form: ValueClipForm) -> Tensor:
+    """``V^clip`` of the module docstring, elementwise: ``clip(V, V^old ± ε_v)`` (``around_old``) or
+    ``V^old + clip(V − V^old, ±ε_v)`` (``delta``)."""
+    if form is ValueClipForm.AROUND_OLD:  # verl compute_value_loss: exactly V inside the range
+        return torch.clamp(v, min=v_old - eps_v, max=v_old + eps_v)
+    return v_old + torch.clamp(v - v_old, min=-eps_v, max=eps_v)  # OpenRLHF, SkyRL, AReaL: can land
+    # one rounding step off V
+
+
 def value_terms(
     values: Tensor,
     values_old: Tensor,
@@ -158,10 +167,7 @@ def value_terms(
     err_unclipped = (v - ret) ** 2
     clipped: Tensor | None = None
     if eps_v is not None:
-        if form is ValueClipForm.AROUND_OLD:  # verl compute_value_loss: exactly V inside the range
-            v_clipped = torch.clamp(v, min=v_old - eps_v, max=v_old + eps_v)
-        else:  # OpenRLHF ValueLoss, SkyRL, AReaL: can land one rounding step off V
-            v_clipped = v_old + torch.clamp(v - v_old, min=-eps_v, max=eps_v)
+        v_clipped = clipped_value(v, v_old, eps_v, form)
         err_clipped = (v_clipped - ret) ** 2
         per_token = 0.5 * torch.maximum(err_unclipped, err_clipped)
         with torch.no_grad():

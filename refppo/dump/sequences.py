@@ -6,7 +6,7 @@ response (width ``T``, the width of ``response_mask``), the layout of verl
 (``batch["input_ids"]`` = prompts + responses, ``response_mask`` = the response slice of
 ``attention_mask``), OpenRLHF (``sequences`` with ``attention_mask``, ``action_mask`` the last
 ``num_actions`` columns) and TRL (``trl/experimental/ppo/ppo_trainer.py``: ``query_responses`` =
-queries + responses; run in ``tools/validate_rescore_trl.py``).
+queries + responses; run in ``tools/peers rescore_trl``).
 Only the validation and the split into a :class:`refppo.models.batch.SequenceBatch` live here; the
 read-outs are :mod:`refppo.models`'.
 """
@@ -118,7 +118,7 @@ class LabelCritic(nn.Module):
     with one label, ``verl/workers/engine/fsdp/transformer_impl.py::FSDPEngineWithValueHead``);
     ``sequence``: the score head applied to every hidden state (TRL 1.12.0's value model,
     ``trl/experimental/utils.py::get_reward``: ``model.score(hidden_states[-1])``; equal
-    to refppo's re-score in ``tools/validate_rescore_trl.py``), through
+    to refppo's re-score in ``tools/peers rescore_trl``), through
     :meth:`refppo.models.roles.RewardModel.per_position`.
     """
 

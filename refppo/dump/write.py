@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.atomic import fsync_dir, fsync_file, temp_path
+from refppo.atomic import fsync_dir, fsync_file, honour_umask, temp_path
 from refppo.conventions import parse
 from refppo.dump.keys import misspelt_error
 from refppo.dump.load import KNOWN_KEYS, SIDECAR_SCORING_KEYS, STEP_KEYS, DumpError
@@ -181,6 +181,7 @@ def write_dump(
     tmp_dump, tmp_side = temp_path(p, suffix), temp_path(sc)
     try:
         write(tmp_dump)
+        honour_umask(tmp_dump)  # safetensors replaces the file with its own, made 0600
         fsync_file(tmp_dump)
         tmp_side.write_text(text)
         fsync_file(tmp_side)

@@ -190,11 +190,11 @@ def _run(args: argparse.Namespace) -> int:
     dump = as_dump(Path(args.dump), hparams_file=args.hparams)
     rescored = None
     if any((args.actor, args.ref, args.critic, args.reward_model)):
-        from refppo.oracle.check.recompute import PIPELINE_ORDER
         from refppo.oracle.rescore.cli import print_rescore_only, rescore_from_args
+        from refppo.pipeline.stages import OUTPUTS
 
         rescored = rescore_from_args(args, dump)
-        if not any(dump.has(k) for k in PIPELINE_ORDER):  # inputs only: the re-score is the check
+        if not any(dump.has(k) for k in OUTPUTS):  # inputs only: the re-score is the check
             return print_rescore_only(args, dump, rescored)
     outcome = check_step(
         dump, preset=args.preset, overrides=overrides, detect_conventions=args.detect, require=require

@@ -1,7 +1,7 @@
 """What a check compared and what it did not, and where each setting came from.
 
 A CI gate must never pass on what it did not compare. Every trainer output of
-:data:`refppo.oracle.check.recompute.PIPELINE_ORDER` is, after a check, either *compared* or *not
+:data:`refppo.oracle.check.recompute.OUTPUTS` is, after a check, either *compared* or *not
 compared* for one of these reasons:
 
 =================================== ==========================================================
@@ -35,9 +35,9 @@ from refppo.dump.keys import suggest
 from refppo.dump.load import KNOWN_KEYS, NEEDS_CRITIC, NEEDS_UPDATE, Dump
 from refppo.errors import RefPPOError
 from refppo.oracle.check.diagnose import CheckResult
-from refppo.oracle.check.recompute import PIPELINE_ORDER
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.settings import HPARAM_KEYS
+from refppo.pipeline.stages import OUTPUTS
 
 METRICS: tuple[str, ...] = ("pg_clipfrac", "approx_kl", "vf_clipfrac")
 """Logged metrics: compared when dumped, required only when named (module docstring)."""
@@ -54,10 +54,10 @@ compared none of what it was dumped for)."""
 def not_compared(dump: Dump, result: CheckResult) -> dict[str, str]:
     """``{output: why}`` for every output of the pipeline order the check did not compare."""
     if not result.quantities:
-        return {n: "the checked convention cannot run on the dump's inputs" for n in PIPELINE_ORDER}
+        return {n: "the checked convention cannot run on the dump's inputs" for n in OUTPUTS}
     critic = dump.has("old_values")
     out: dict[str, str] = {}
-    for n in PIPELINE_ORDER:
+    for n in OUTPUTS:
         if n in result.quantities:
             continue
         if n == "kl_loss" and result.setup.conv.kl.placement is not KLPlacement.LOSS:
@@ -86,17 +86,15 @@ def required_outputs(
         if require != "all":
             raise RefPPOError(f"require: expected 'all' or a sequence of output keys, got {require!r}")
         missing = not_compared(dump, result)
-        allowed = [n for n in PIPELINE_ORDER if n in result.quantities or missing.get(n) == NOT_IN_DUMP]
+        allowed = [n for n in OUTPUTS if n in result.quantities or missing.get(n) == NOT_IN_DUMP]
         return [n for n in allowed if n not in METRICS]
     names = list(require)
     for n in names:
-        if n not in PIPELINE_ORDER:
-            hint = suggest(n, frozenset(PIPELINE_ORDER))
-            did = f" (did you mean {hint}?)" if hint in PIPELINE_ORDER else ""
-            raise RefPPOError(
-                f"require: {n!r} is not a trainer output{did}; outputs: {', '.join(PIPELINE_ORDER)}"
-            )
-    return [n for n in PIPELINE_ORDER if n in names]
+        if n not in OUTPUTS:
+            hint = suggest(n, frozenset(OUTPUTS))
+            did = f" (did you mean {hint}?)" if hint in OUTPUTS else ""
+            raise RefPPOError(f"require: {n!r} is not a trainer output{did}; outputs: {', '.join(OUTPUTS)}")
+    return [n for n in OUTPUTS if n in names]
 
 
 def intent_warnings(dump: Dump, result: CheckResult) -> list[str]:
@@ -113,7 +111,7 @@ def intent_warnings(dump: Dump, result: CheckResult) -> list[str]:
             )
     for k in dump.ignored:
         hint = suggest(k, KNOWN_KEYS)
-        if hint in PIPELINE_ORDER and hint not in result.quantities:
+        if hint in OUTPUTS and hint not in result.quantities:
             out.append(f"the ignored key {k!r} resembles {hint}, which was not compared")
     return out
 

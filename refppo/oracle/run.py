@@ -19,13 +19,13 @@ from torch import Tensor
 from refppo.dump.load import SIDECAR_SCORING_KEYS, Dump, DumpError, check_inputs_for, load_dump, validate
 from refppo.errors import HyperparameterError, RefPPOError
 from refppo.oracle.check.diagnose import DETECT_HINT, CheckResult, check
-from refppo.oracle.check.recompute import PIPELINE_ORDER
 from refppo.oracle.check.settings import ALL_KEYS, Setup, build_setup, parse_value
 from refppo.oracle.coverage import no_sidecar_text, required_outputs, sources
 from refppo.oracle.detect.detection import Detection, detect, setup_from_json
 from refppo.oracle.presets.registry import resolve_preset
 from refppo.oracle.report import Context, json_report, text_report
 from refppo.pipeline.settings import Convention
+from refppo.pipeline.stages import OUTPUTS
 
 
 @dataclass
@@ -107,7 +107,7 @@ def check_step(
     try:
         check_inputs_for(d, setup.conv.adv.estimator.value)
     except DumpError as exc:
-        if not detect_conventions or not any(d.has(k) for k in PIPELINE_ORDER):
+        if not detect_conventions or not any(d.has(k) for k in OUTPUTS):
             raise
         # The named estimator cannot run on this dump (a critic-free dump checked under GAE, say):
         # that is the checked convention's verdict (a mismatch, exit 1); --detect still searches.
@@ -117,7 +117,7 @@ def check_step(
         if not result.quantities:
             raise DumpError(
                 f"{d.path}: the dump holds inputs only, none of the trainer outputs "
-                f"({', '.join(PIPELINE_ORDER)}): nothing to compare"
+                f"({', '.join(OUTPUTS)}): nothing to compare"
             )
     result.diagnosis[:0] = notes
     ctx.required = required_outputs(d, result, require)

@@ -8,30 +8,19 @@ input, so its term adds nothing to either gradient.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import torch
 from torch import Tensor
 
 from refppo.conventions import KLPlacement, PolicyLoss
 from refppo.core.grad import kl_loss_grad_naive, policy_grad_naive, value_grad_naive
 from refppo.core.gspo import gspo_policy_grad_naive
 from refppo.errors import ConventionError
-from refppo.pipeline.blocks import Normalisers
+from refppo.pipeline.blocks import Evaluation, Normalisers
+from refppo.pipeline.naive_update import normaliser_kwargs
 from refppo.pipeline.settings import Convention, Hyperparams
-
-
-def _normaliser_kwargs(norm: Normalisers | None, horizon: float | None, *, value: bool) -> dict[str, float]:
-    """The twin's own reading of the normalisers (restated, not :meth:`Normalisers.kwargs`, so a slip
-    there is not copied here): ``token_count`` (the value term: ``value_token_count`` when given),
-    ``seq_count`` and ``horizon``, each only when set."""
-    out: dict[str, float] = {}
-    if norm is not None:
-        tokens = norm.value_token_count if value and norm.value_token_count is not None else norm.token_count
-        if tokens is not None:
-            out["token_count"] = tokens
-        if norm.seq_count is not None:
-            out["seq_count"] = norm.seq_count
-    if horizon is not None:
-        out["horizon"] = horizon
-    return out
 
 
 def _pg_grad(
@@ -97,8 +86,8 @@ def objective_grads_naive(
     ``ent_coef·entropy`` adds nothing to either gradient.
     """
     del entropy
-    pol = _normaliser_kwargs(norm, hp.horizon, value=False)
-    val = _normaliser_kwargs(norm, hp.horizon, value=True)
+    pol = normaliser_kwargs(norm, hp.horizon, value=False)
+    val = normaliser_kwargs(norm, hp.horizon, value=True)
     g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
     if conv.kl.placement is KLPlacement.LOSS:
         if ref_logprobs is None:
@@ -126,3 +115,19 @@ def objective_grads_naive(
         **val,
     )
     return g_lp, hp.vf_coef * g_v
+
+
+def grads_naive(q: Mapping[str, Any], conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Naive twin of :func:`refppo.pipeline.update.grads_stage`: :func:`objective_grads_naive` on the
+    update's inputs in ``q`` (the value term over the value stage's mask), 0 outside the masks."""
+    g_lp, g_v = objective_grads_naive(
+        logprobs=q["logprobs"], values=q["values"], old_logprobs=q["old_logprobs"],
+        old_values=q["old_values"], advantages=q["advantages"], returns=q["returns"], mask=q["mask"],
+        value_mask_=q["vf_loss_mask"],
+        ref_logprobs=q.get("ref_logprobs"), entropy=q.get("entropy"), hp=hp, conv=conv, norm=ev.norm,
+    )  # fmt: skip
+    zero = torch.zeros((), dtype=g_lp.dtype)
+    return {
+        "grad_logprobs": torch.where(q["mask"], g_lp, zero),
+        "grad_values": torch.where(q["vf_loss_mask"], g_v, zero),
+    }

@@ -119,21 +119,27 @@ def advantages_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
     return {"advantages_raw": adv_raw, "returns": adv_raw}
 
 
-def whitening_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
-    """Step 4: the advantages as fed to the policy loss: ``advantages_raw`` normalised over the
-    response mask (or its envelope, ``whiten_holes=include``); global under ``all_reduce``, so each
-    rank's advantages equal its rows of one process whitening the whole batch (as verl)."""
-    m = q["mask"]
-    adv = normalize(
-        q["advantages_raw"],
-        m if conv.whiten.holes is WhitenHoles.EXCLUDE else envelope(m),
+def whiten_advantages(
+    adv_raw: Tensor, mask: Tensor, conv: Convention, hp: Hyperparams, all_reduce: AllReduce | None = None
+) -> Tensor:
+    """Step 4 on ``adv_raw`` ``[B, T]``: ``conv.whiten.advantages`` over ``mask`` (or its envelope,
+    holes included, under ``whiten_holes=include``) with ``conv.norm``'s moments; 0 off ``mask``."""
+    return normalize(
+        adv_raw,
+        mask if conv.whiten.holes is WhitenHoles.EXCLUDE else envelope(mask),
         conv.whiten.advantages,
         unbiased=conv.norm.variance is Variance.UNBIASED,
         eps=hp.whiten_eps,
         eps_at=conv.norm.eps_at,
-        all_reduce=ev.all_reduce,
+        all_reduce=all_reduce,
     )
-    return {"advantages": adv}
+
+
+def whitening_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 4: the advantages as fed to the policy loss (:func:`whiten_advantages` over the response
+    mask); global under ``all_reduce``, so each rank's advantages equal its rows of one process
+    whitening the whole batch (as verl)."""
+    return {"advantages": whiten_advantages(q["advantages_raw"], q["mask"], conv, hp, ev.all_reduce)}
 
 
 def _gae_advantages(

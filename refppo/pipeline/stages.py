@@ -25,6 +25,7 @@ value_agg           vf_per_token, vf_loss_mask           vf_loss
 entropy             entropy, mask                        entropy_loss
 kl_loss             logprobs, ref_logprobs, mask         kl_loss
 total               pg_loss, vf_loss, entropy_loss, …    loss
+grads               loss, logprobs, values, masks        grad_logprobs, grad_values
 ==================  ===================================  ====================================
 
 (spec/ppo.md has the full table with the keys and the functions; a test checks it against
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from refppo.conventions import AdvantageEstimator, KLPlacement, Whitening
+from refppo.pipeline import grad_naive as gn
 from refppo.pipeline import naive as nv
 from refppo.pipeline import naive_update as nu
 from refppo.pipeline import rollout as ro
@@ -55,8 +57,10 @@ class Stage:
     """One stage of the PPO step (module docstring)."""
 
     name: str
-    phase: Literal["rollout", "update"]
-    """``rollout``: once per rollout (steps 0–4); ``update``: per (micro-)batch (steps 5–9)."""
+    phase: Literal["rollout", "update", "grad"]
+    """``rollout``: once per rollout (steps 0–4); ``update``: per (micro-)batch (steps 5–9);
+    ``grad``: the update's gradient (by autograd: the update stages walked with ``logprobs`` and
+    ``values`` requiring a gradient)."""
     keys: tuple[str, ...]
     """The flat convention keys it may read (:data:`refppo.pipeline.settings.FLAT`)."""
     hparams: tuple[str, ...]
@@ -81,6 +85,9 @@ class Stage:
     active: Callable[[Convention], tuple[str, ...]] | None = field(default=None, repr=False)
     """The keys and hyperparameters it reads under a given convention (a subset of
     ``keys + hparams``: an estimator reads only its own options); None: all of them."""
+    output_reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    """For an output that depends on part of :attr:`reads` only: that part (the policy stage's
+    ``ratio`` and masked ``mean(l^old − l)`` read no advantages)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.keys if k not in FLAT] + [h for h in self.hparams if h not in HPARAM_KEYS]
@@ -214,6 +221,7 @@ _UPDATE = (
         ("pg_per_token", "ratio", "pg_clipfrac", "pg_clipfrac_lower", "pg_approx_kl"),
         up.policy_stage, nu.policy_naive,
         "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss", by_rows=True,
+        output_reads={q: ("logprobs", "old_logprobs", "mask") for q in ("ratio", "pg_approx_kl")},
     ),
     Stage(
         "policy_agg", "update", ("loss_agg",), ("horizon",), ("pg_per_token", "mask"), ("pg_loss",),
@@ -252,13 +260,41 @@ _UPDATE = (
     ),
 )  # fmt: skip
 
-STAGES: tuple[Stage, ...] = (*_ROLLOUT, *_UPDATE)
+_GRAD = Stage(
+    "grads", "grad", (), (), ("loss", "logprobs", "values", "mask", "vf_loss_mask"),
+    ("grad_logprobs", "grad_values"), up.grads_stage, gn.grads_naive,
+    "torch.autograd.grad (naive: pipeline.grad_naive.objective_grads_naive, core.grad)",
+)  # fmt: skip
+
+STAGES: tuple[Stage, ...] = (*_ROLLOUT, *_UPDATE, _GRAD)
 """Every stage of the step, in pipeline order."""
 ROLLOUT_STAGES: tuple[Stage, ...] = tuple(s for s in STAGES if s.phase == "rollout")
 """Steps 0–4: once per rollout."""
 UPDATE_STAGES: tuple[Stage, ...] = tuple(s for s in STAGES if s.phase == "update")
 """Steps 5–9: per (micro-)batch."""
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
+
+OUTPUTS: tuple[str, ...] = (
+    "kl",
+    "token_rewards",
+    "advantages",
+    "returns",
+    "pg_loss",
+    "pg_clipfrac",
+    "approx_kl",
+    "vf_loss",
+    "vf_clipfrac",
+    "entropy_loss",
+    "kl_loss",
+    "loss",
+    "grad_logprobs",
+    "grad_values",
+)
+"""The trainer outputs a dump may hold, each a quantity a stage makes, in the order reports list them
+(the first that differs is the first divergence): by stage, an aggregated loss before its per-token
+stage's statistics, ``advantages`` (whitened) with step 3's ``returns`` after it."""
+ROLLOUT_OUTPUTS: frozenset[str] = frozenset(q for s in ROLLOUT_STAGES for q in s.makes) & frozenset(OUTPUTS)
+"""The outputs of the rollout stages (the rest need the update)."""
 
 
 def maker(quantity: str) -> Stage:
@@ -270,17 +306,30 @@ def maker(quantity: str) -> Stage:
 
 
 def upstream(quantity: str, stages: Sequence[Stage] = STAGES) -> tuple[Stage, ...]:
-    """The stages ``quantity`` depends on (its maker and, through what it reads, theirs), in order."""
+    """The stages ``quantity`` depends on (its maker and, through what it reads for it, theirs), in
+    order."""
     makers = {q: s for s in stages for q in s.makes}
-    need, seen = [quantity], set()
+    need, seen, done = [quantity], set(), set()
     while need:
         q = need.pop()
         s = makers.get(q)
-        if s is None or s.name in seen:
+        if s is None or q in done:
             continue
+        done.add(q)
         seen.add(s.name)
-        need.extend(s.reads)
+        need.extend(s.output_reads.get(q, s.reads))
     return tuple(s for s in stages if s.name in seen)
+
+
+def downstream(names: Collection[str], stages: Sequence[Stage] = STAGES) -> frozenset[str]:
+    """Every quantity made by the stages ``names`` or, transitively, from what they make (an output
+    with :attr:`Stage.output_reads` only from those reads)."""
+    hit: set[str] = set()
+    for s in stages:
+        for q in s.makes:
+            if s.name in names or hit & set(s.output_reads.get(q, s.reads)):
+                hit.add(q)
+    return frozenset(hit)
 
 
 def keys_upstream(quantity: str) -> tuple[str, ...]:
@@ -297,11 +346,14 @@ def prefix_key(stages: Sequence[Stage], conv: Convention, hp: Hyperparams) -> tu
 
 __all__ = [
     "BY_NAME",
+    "OUTPUTS",
+    "ROLLOUT_OUTPUTS",
     "ROLLOUT_STAGES",
     "STAGES",
     "UPDATE_STAGES",
     "Stage",
     "StageFn",
+    "downstream",
     "keys_upstream",
     "maker",
     "prefix_key",

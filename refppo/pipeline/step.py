@@ -13,6 +13,7 @@ freed as soon as no later stage reads it (the per-token policy loss before the v
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from refppo.core.checks import check_mask
 from refppo.core.masked import AllReduce
 from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, UPDATE_STAGES, walk
+from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, UPDATE_STAGES, Stage, walk
 
 REWARD_STAGES = tuple(BY_NAME[n] for n in ("score_map", "kl", "value_mask", "rewards"))
 """Steps 0–2: what :func:`reward_quantities` walks (the oracle's diagnosis pre-test)."""
@@ -221,8 +222,10 @@ def update_quantities(
     hp: Hyperparams,
     conv: Convention,
     norm: Normalisers | None = None,
+    stages: Sequence[Stage] = UPDATE_STAGES,
 ) -> UpdateQuantities:
-    """Steps 5–9: a walk of :data:`refppo.pipeline.stages.UPDATE_STAGES` (inputs: :func:`update_inputs`).
+    """Steps 5–9: a walk of :data:`refppo.pipeline.stages.UPDATE_STAGES` (inputs: :func:`update_inputs`;
+    ``stages``: a variant of them, :func:`refppo.pipeline.bugs.variant`).
 
     ``values``/``old_values`` None (a critic-free step, ``advantage`` ≠ ``gae``): no value
     loss, ``vf_loss`` and ``vf_clipfrac`` are 0 and the total loss has no value term.
@@ -241,8 +244,27 @@ def update_quantities(
         q["mask"], logprobs, values, old_logprobs, old_values, advantages, returns, ref_logprobs, entropy
     )
     ev = Evaluation(rows=rows, norm=norm or Normalisers())
-    out = walk(UPDATE_STAGES, q, conv, hp, ev, keep=_UPDATE_OUT)
+    out = walk(stages, q, conv, hp, ev, keep=_UPDATE_OUT)
     return UpdateQuantities(**{k: out[k] for k in _UPDATE_OUT})
+
+
+def update_grads(
+    q: dict[str, Any],
+    *,
+    hp: Hyperparams,
+    conv: Convention,
+    norm: Normalisers | None = None,
+    objective: str = "loss",
+    stages: Sequence[Stage] = UPDATE_STAGES,
+) -> dict[str, Tensor]:
+    """``grad_logprobs``, ``grad_values`` of ``objective`` (``loss`` or ``pg_loss``) and the detached
+    ``ratio``: the update stages walked under autograd on fresh leaves of ``q``'s ``logprobs`` and
+    ``values`` (the quantities of :func:`update_inputs`), then the grads stage."""
+    lp = q["logprobs"].detach().clone().requires_grad_(True)
+    v = q["values"].detach().clone().requires_grad_(True)
+    out = walk(stages, {**q, "logprobs": lp, "values": v}, conv, hp, Evaluation(norm=norm or Normalisers()))
+    grads = BY_NAME["grads"].run({**out, "loss": out[objective]}, conv, hp)
+    return {**grads, "ratio": out["ratio"].detach()}
 
 
 def update_quantities_naive(
@@ -261,6 +283,7 @@ __all__ = [
     "reward_quantities",
     "rollout_quantities",
     "rollout_quantities_naive",
+    "update_grads",
     "update_inputs",
     "update_quantities",
     "update_quantities_naive",

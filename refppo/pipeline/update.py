@@ -11,6 +11,7 @@ the current policy and critic), each ``fn(q, conv, hp, ev) -> {quantity: tensor}
     entropy_stage      entropy                           -> entropy_loss     entropy_bonus
     kl_loss_stage      logprobs, ref_logprobs            -> kl_loss          kl_loss
     total_stage        pg_loss, vf_loss, entropy_loss, kl_loss -> loss       total_loss
+    grads_stage        loss, logprobs, values            -> grad_logprobs, grad_values  (autograd)
 
 Every per-token term is made once and each aggregation reads it (the per-token stages and their
 aggregations are separate stages), so a caller can aggregate one per-token loss under every mode.
@@ -36,13 +37,14 @@ from refppo.core.by_rows import (
     value_token_loss_by_rows,
 )
 from refppo.core.checks import check_mask
-from refppo.core.gspo import gspo_policy_token_loss
+from refppo.core.gspo import gspo_policy_token_loss, gspo_ratio
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import (
     PolicyLossOutput,
     PolicyTokenLoss,
     approx_kl_k2_all_positions,
     clipped_policy_token_loss,
+    policy_ratio,
 )
 from refppo.core.value import value_token_loss
 from refppo.errors import ConventionError
@@ -101,6 +103,16 @@ def policy_term(
     t = policy_token_loss(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, rows=rows)
     ev = Evaluation(rows=rows, norm=norm or Normalisers())
     return t.with_loss(aggregate(t.per_token, check_mask("mask", mask), conv.agg.loss, hp, ev))
+
+
+def clip_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, conv: Convention) -> Tensor:
+    """The ratio the policy stage clips, detached ``[B, T]``: the token ratio after the log-ratio
+    clamp (:func:`refppo.core.policy.policy_ratio`), or GSPO's sequence ratio on every token of its
+    row (:func:`refppo.core.gspo.gspo_ratio`)."""
+    pol = conv.policy
+    if pol.loss is PolicyLoss.GSPO:
+        return gspo_ratio(logprobs, old_logprobs, mask, log_ratio_max=pol.log_ratio_clamp)
+    return policy_ratio(logprobs, old_logprobs, mask, log_ratio_clamp=pol.log_ratio_clamp).detach()
 
 
 def policy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
@@ -215,10 +227,25 @@ def total_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict
     return {"loss": loss}
 
 
+def grads_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """The gradient of the update: ``∂loss/∂logprobs`` and ``∂loss/∂values`` ``[B, T]`` by autograd
+    (``logprobs`` and ``values`` must require a gradient, the update stages walked under autograd),
+    0 outside the policy mask and the value loss's mask (a trainer's nonzero gradient there is a
+    padding leak)."""
+    lp, v = q["logprobs"], q["values"]
+    g_lp, g_v = torch.autograd.grad(q["loss"], (lp, v), allow_unused=True)
+    zero = torch.zeros((), dtype=lp.dtype)
+    out: dict[str, Tensor] = {}
+    for name, g, m in (("grad_logprobs", g_lp, q["mask"]), ("grad_values", g_v, q["vf_loss_mask"])):
+        out[name] = zero.expand_as(m).clone() if g is None else torch.where(m, g, zero)
+    return out
+
+
 __all__ = [
     "aggregate",
     "approx_kl_stage",
     "entropy_stage",
+    "grads_stage",
     "kl_loss_stage",
     "policy_agg_stage",
     "policy_stage",

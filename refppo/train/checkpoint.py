@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from refppo.atomic import TMP_PREFIX, atomic_write_text, fsync_dir, fsync_file
+from refppo.atomic import TMP_PREFIX, atomic_write_text, fsync_dir, fsync_file, honour_umask
 from refppo.errors import RefPPOError
 
 
@@ -164,6 +164,7 @@ def save_checkpoint(
         f.write_text(json.dumps(meta, indent=2, sort_keys=True))
         written.append(f)
     for f in written:
+        honour_umask(f)  # safetensors writes its file 0600 (its own temporary file, renamed)
         fsync_file(f)
     return path
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from refppo.errors import RefPPOError
 from refppo.train.config.schema import TrainConfig, load_config
+from refppo.train.runlog import kl_label
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         last = records[-1]
         print(
             f"done: {len(records)} iterations, final reward {last.get('rollout/score', float('nan')):.4f}, "
-            f"KL {last.get('rollout/kl', float('nan')):.4f}; outputs in {cfg.run.out_dir}"
+            f"{kl_label(cfg.ppo.convention.kl.estimator.value)} {last.get('rollout/kl', float('nan')):.4f}; "
+            f"outputs in {cfg.run.out_dir}"
         )
     return 0
 

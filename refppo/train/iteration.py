@@ -1,6 +1,6 @@
-"""Steps 1–4 of one PPO iteration (:func:`iteration`) and the rollout's scalars
-(:func:`rollout_metrics`), moved out of ``refppo/ppo.py``, which re-exports them (the numbered
-skeleton and the design notes are in :mod:`refppo.ppo`)."""
+"""One PPO iteration (:func:`iteration`): rollout, scoring, the rollout stages
+(:func:`refppo.pipeline.step.rollout_quantities`), the update (:func:`refppo.train.update.ppo_update`),
+and the rollout's scalars (:func:`rollout_metrics`)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import torch
 from torch import Tensor, nn
 
 from refppo.conventions import AdvantageEstimator, KLPlacement
-from refppo.core.kl import token_kl
 from refppo.core.masked import AllReduce, masked_mean, masked_sum
 from refppo.models.batch import SequenceBatch
 from refppo.models.roles import Reward
 from refppo.models.rollout import RolloutConfig, ScoredRollout, generate_rollout, score_rollout
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.stages import BY_NAME
 from refppo.pipeline.step import RolloutQuantities, rollout_quantities
 from refppo.train.update import ppo_update
 from refppo.train.update_config import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
@@ -35,14 +35,12 @@ def rollout_metrics(
     (``value_mean`` only with a critic, ``conv.adv.estimator = gae``: a critic-free rollout has no values).
     """
     m = scored.batch.response_mask
-    kl = token_kl(
-        scored.old_logprobs.double(),
-        scored.ref_logprobs.double(),
-        m,
-        conv.kl.estimator,
-        log_ratio_clamp=conv.kl.log_ratio_clamp,
-        value_clamp=conv.kl.value_clamp,
-    )
+    q = {
+        "old_logprobs": scored.old_logprobs.double(),
+        "ref_logprobs": scored.ref_logprobs.double(),
+        "mask": m,
+    }
+    kl = BY_NAME["kl"].run(q, conv, hp)["kl"]  # the pipeline's KL stage, in float64
     beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
     vm = quantities.value_mask
     out = {

@@ -61,7 +61,7 @@ from refppo.train.dist import (
 from refppo.train.iteration import IterationResult, iteration
 from refppo.train.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
 from refppo.train.reward_fn import TextRewardFn, resolve_reward_function
-from refppo.train.runlog import MetricsLog, Progress, TensorBoard
+from refppo.train.runlog import MetricsLog, Progress, TensorBoard, kl_label
 from refppo.train.runtime import (
     TrainingError,
     resolve_device,
@@ -245,7 +245,8 @@ class Trainer:
             self.echo(f"iteration {it + 1}: wrote {capture.path} (check it: refppo diff {capture.path})")
         t2 = time.perf_counter()
         metrics = self._metrics(it, result, batch)
-        record = report.make_record(it, hp.kl_coef, metrics, cfg.rollout.missing_eos_penalty is not None)
+        eos = cfg.rollout.missing_eos_penalty is not None
+        record = report.make_record(it, hp.kl_coef, metrics, eos, critic=self.critic is not None)
         bad = report.non_finite(metrics, self._trained())
         if bad:
             if snapshot is None:
@@ -358,7 +359,14 @@ class Trainer:
         for note in log.notes:
             self.echo(f"metrics.jsonl: {note}")
         tb = TensorBoard(self.out_dir / "tensorboard", enabled=cfg.run.tensorboard and d.is_main)
-        bar = Progress(cfg.run.iterations, self.start_iteration, enabled=d.is_main, bar=cfg.run.progress)
+        est = cfg.ppo.convention.kl.estimator.value
+        bar = Progress(
+            cfg.run.iterations,
+            self.start_iteration,
+            enabled=d.is_main,
+            bar=cfg.run.progress,
+            kl_label=kl_label(est),
+        )
         records: list[dict[str, Any]] = []
         try:
             self._iterate(log, tb, bar, records)
@@ -366,7 +374,7 @@ class Trainer:
             bar.close()
             tb.close()
         if d.is_main and cfg.run.plot:
-            report.write_plot(self.out_dir, self.echo)
+            report.write_plot(self.out_dir, self.echo, est)
         return records
 
     def _iterate(

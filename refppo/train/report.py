@@ -7,6 +7,10 @@ function of the config and seed, reproduced exactly by a resumed run)::
     iteration, kl_coef, skipped, rollout/<ROLLOUT_KEYS and rule_score>, ppo/<the rest>,
     [rollout/missing_eos_penalty], time/rollout, time/score_update, time/iteration,
     time/response_tokens_per_s, time/peak_rss_mb
+
+A critic-free run (no critic: ``ppo.advantage`` ≠ ``gae``) logs no ``ppo/vf_loss``,
+``ppo/vf_clipfrac`` or ``ppo/critic_grad_norm`` (:data:`CRITIC_KEYS`), and its rollout has no
+``value_mean``.
 """
 
 from __future__ import annotations
@@ -40,11 +44,21 @@ ROLLOUT_KEYS = (
 ``ppo/<key>``)."""
 
 
-def make_record(it: int, kl_coef: float, metrics: dict[str, float], eos_penalty: bool) -> dict[str, Any]:
+CRITIC_KEYS = ("vf_loss", "vf_clipfrac", "critic_grad_norm")
+"""The update's scalars of the critic: not logged by a critic-free run (``ppo.advantage`` ≠ ``gae``),
+where they would be constant zeros of a model that does not exist."""
+
+
+def make_record(
+    it: int, kl_coef: float, metrics: dict[str, float], eos_penalty: bool, *, critic: bool = True
+) -> dict[str, Any]:
     """The record of 0-based iteration ``it`` from its rank-reduced ``metrics`` (``skipped=0``;
-    ``eos_penalty``: also the mean missing-EOS penalty per response, ``raw_score − score``)."""
+    ``eos_penalty``: also the mean missing-EOS penalty per response, ``raw_score − score``;
+    ``critic`` False: without :data:`CRITIC_KEYS`)."""
     record: dict[str, Any] = {"iteration": it + 1, "kl_coef": kl_coef, "skipped": 0}
     for k, v in metrics.items():
+        if not critic and k in CRITIC_KEYS:
+            continue
         record[("rollout/" if k in ROLLOUT_KEYS or k == "rule_score" else "ppo/") + k] = v
     if eos_penalty:  # mean penalty per response (plotted on its own)
         record["rollout/missing_eos_penalty"] = metrics["raw_score"] - metrics["score"]
@@ -106,16 +120,19 @@ def prepare_out_dir(
     atomic_write_text(out_dir / "config.json", cfg.to_json() + "\n")
 
 
-def write_plot(out_dir: Path, echo: Callable[[str], None]) -> None:
-    """``plot.png`` of every record in ``metrics.jsonl`` (resumed runs included), atomically."""
+def write_plot(out_dir: Path, echo: Callable[[str], None], kl_estimator: str | None = None) -> None:
+    """``plot.png`` of every record in ``metrics.jsonl`` (resumed runs included), atomically
+    (``kl_estimator``: named in the KL's legend)."""
     all_records = read_metrics(out_dir / "metrics.jsonl")
     if all_records:
         path = out_dir / "plot.png"
-        atomic_write_with(path, lambda tmp: plot_metrics(all_records, tmp), suffix=".png")
+        plot = lambda tmp: plot_metrics(all_records, tmp, kl_estimator=kl_estimator)  # noqa: E731
+        atomic_write_with(path, plot, suffix=".png")
         echo(f"plot: {path}")
 
 
 __all__ = [
+    "CRITIC_KEYS",
     "ROLLOUT_KEYS",
     "add_timing",
     "make_record",

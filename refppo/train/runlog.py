@@ -41,7 +41,7 @@ SERIES_LABELS: dict[str, str] = {
     "rollout/score": "score: reward that enters PPO (raw − missing-EOS penalty)",
     "rollout/raw_score": "raw_score: reward model / function output",
     "rollout/missing_eos_penalty": "missing-EOS penalty subtracted (mean per response)",
-    "rollout/rule_score": "rule_score: hidden rule, the true objective (embedded task; ≤ 1)",
+    "rollout/rule_score": "rule_score: hidden rule, the true objective (embedded task; right axis)",
     "rollout/kl": "KL (ppo.kl_estimator)",
     "ppo/pg_loss": "policy loss",
     "ppo/vf_loss": "value loss",
@@ -192,14 +192,24 @@ class TensorBoard:
             self.writer.close()
 
 
+def kl_label(estimator: str) -> str:
+    """``KL(<estimator>)``: the rollout KL of the log lines names its estimator (``ppo.kl_estimator``:
+    a per-response sum of ``k1`` can be negative, ``k2``/``k3``/``abs`` cannot)."""
+    return f"KL({estimator})"
+
+
 class Progress:
     """Per-iteration progress on the main rank: a tqdm bar with live reward / KL / loss
     (``bar=True``), or one plain line per iteration (``bar=False``, ``--no-progress``: logs and
     pipes); nothing at all when ``enabled`` is false (the other ranks)."""
 
-    def __init__(self, total: int, initial: int, enabled: bool, *, bar: bool = True) -> None:
+    def __init__(
+        self, total: int, initial: int, enabled: bool, *, bar: bool = True, kl_label: str = "KL"
+    ) -> None:
         self.bar: Any = None
         self.total = total
+        self.kl_label = kl_label
+        """How the rollout KL is named: ``KL(k1)`` names the estimator (:func:`kl_label`)."""
         self.lines = enabled and not bar
         if enabled and bar:
             from tqdm.auto import tqdm
@@ -212,16 +222,19 @@ class Progress:
         if self.lines:
             print(
                 f"iteration {record.get('iteration', '?')}/{self.total}: "
-                f"reward {record.get('rollout/score', nan):+.4f}  KL {record.get('rollout/kl', nan):.4f}  "
+                f"reward {record.get('rollout/score', nan):+.4f}  "
+                f"{self.kl_label} {record.get('rollout/kl', nan):.4f}  "
                 f"loss {record.get('ppo/loss', nan):+.4f}  {record.get('time/iteration', nan):.2f} s",
                 flush=True,
             )
         if self.bar is None:
             return
         self.bar.set_postfix(
-            reward=f"{record.get('rollout/score', nan):.3f}",
-            kl=f"{record.get('rollout/kl', nan):.3f}",
-            loss=f"{record.get('ppo/loss', nan):.3f}",
+            {
+                "reward": f"{record.get('rollout/score', nan):.3f}",
+                self.kl_label: f"{record.get('rollout/kl', nan):.3f}",
+                "loss": f"{record.get('ppo/loss', nan):.3f}",
+            },
             refresh=False,
         )
         self.bar.update(1)
@@ -249,13 +262,72 @@ def format_samples(
     return "\n".join(lines)
 
 
-def plot_figure(records: Sequence[dict[str, Any]], *, title: str | None = None) -> Any:
-    """A matplotlib figure (Agg) with one panel per :data:`PLOT_PANELS` entry, x = iteration.
+SERIES_STYLE: dict[str, dict[str, Any]] = {
+    "rollout/score": {"linestyle": "-", "marker": "o", "markersize": 4, "linewidth": 2.0},
+    "rollout/raw_score": {"linestyle": "--", "marker": "x", "markersize": 6, "linewidth": 1.2},
+    "rollout/missing_eos_penalty": {"linestyle": ":", "marker": "."},
+}
+"""Line styles that keep ``score`` and ``raw_score`` apart where they coincide (no missing-EOS
+penalty: the dashed ``raw_score`` with crosses lies on the solid ``score`` with dots)."""
+RULE_KEY = "rollout/rule_score"
+"""Plotted on its own y-axis (right) of the reward panel: a score in [−1, 1], not the reward's units."""
+RULE_AXIS_LABEL = "hidden-rule score ((#positive − #negative words) / length)"
+CRITIC_PANEL_KEYS = ("ppo/vf_loss",)
+"""A panel whose every key is one of these is left out when no record holds any (a critic-free run)."""
+
+
+def _series(records: Sequence[dict[str, Any]], its: list[int], key: str) -> list[tuple[int, float]]:
+    ys = [r.get(key) for r in records]
+    return [(x, float(y)) for x, y in zip(its, ys, strict=True) if isinstance(y, (int, float))]
+
+
+def _plot_panel(
+    ax: Any, records: Sequence[dict[str, Any]], its: list[int], panel: PlotPanel, labels: dict[str, str]
+) -> None:
+    """One panel: its series (the hidden-rule score on a second y-axis), labels, integer x ticks."""
+    from matplotlib.ticker import MaxNLocator
+
+    name, ylabel, keys = panel
+    handles: list[Any] = []
+    for key in keys:
+        pts = _series(records, its, key)
+        if not pts:
+            continue
+        target = ax
+        if key == RULE_KEY:
+            target = ax.twinx()
+            target.set_ylabel(RULE_AXIS_LABEL, fontsize=8, color="C3")
+            target.tick_params(axis="y", colors="C3")
+        style = SERIES_STYLE.get(key, {"linestyle": "-", "marker": "."})
+        color = "C3" if key == RULE_KEY else None
+        (line,) = target.plot([x for x, _ in pts], [y for _, y in pts], label=labels.get(key, key),
+                              color=color, **style)  # fmt: skip
+        handles.append(line)
+    ax.set_title(name, fontsize=11)
+    ax.set_xlabel("PPO iteration (one rollout batch + its update)", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if handles:  # below the panel: never over the curves
+        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    else:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def plot_figure(
+    records: Sequence[dict[str, Any]], *, title: str | None = None, kl_estimator: str | None = None
+) -> Any:
+    """A matplotlib figure (Agg) with one panel per :data:`PLOT_PANELS` entry, x = iteration
+    (integer ticks).
 
     Each panel has a title, a y-axis label with its unit, the x axis "PPO iteration" and a legend
     saying what each series is (:data:`SERIES_LABELS`); a series absent from the records (the
     missing-EOS penalty when it is off, ``rule_score`` outside the embedded task) is left out, a
-    panel with no series says "not logged". The caller closes the figure."""
+    panel with no series says "not logged", and the value-loss panel is left out of a critic-free
+    run's figure (:data:`CRITIC_PANEL_KEYS`). The hidden-rule score has its own y-axis on the
+    reward panel (:data:`RULE_KEY`); ``score`` and ``raw_score`` are drawn apart
+    (:data:`SERIES_STYLE`); ``kl_estimator`` names the KL's estimator in its legend. The caller
+    closes the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -263,31 +335,33 @@ def plot_figure(records: Sequence[dict[str, Any]], *, title: str | None = None) 
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 9), constrained_layout=True)
     its = [int(r["iteration"]) for r in records]
-    for ax, (name, ylabel, keys) in zip(axes.flat, PLOT_PANELS, strict=True):
-        for key in keys:
-            ys = [r.get(key) for r in records]
-            pts = [(x, float(y)) for x, y in zip(its, ys, strict=True) if isinstance(y, (int, float))]
-            if pts:
-                style = "--" if key == "rollout/missing_eos_penalty" else "-"
-                ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=SERIES_LABELS.get(key, key),
-                        marker=".")  # fmt: skip
-        ax.set_title(name, fontsize=11)
-        ax.set_xlabel("PPO iteration (one rollout batch + its update)", fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
-        ax.grid(alpha=0.3)
-        if ax.lines:  # below the panel: never over the curves
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    panels = [
+        p
+        for p in PLOT_PANELS
+        if not set(p[2]) <= set(CRITIC_PANEL_KEYS) or any(_series(records, its, k) for k in p[2])
+    ]
+    labels = dict(SERIES_LABELS)
+    if kl_estimator is not None:
+        labels["rollout/kl"] = f"KL, estimator {kl_estimator} (ppo.kl_estimator)"
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        _plot_panel(ax, records, its, panel, labels)
+    for ax in list(axes.flat)[len(panels) :]:
+        fig.delaxes(ax)
     fig.suptitle(title or f"refppo train: {len(records)} iterations", fontsize=13)
     return fig
 
 
-def plot_metrics(records: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
+def plot_metrics(
+    records: Sequence[dict[str, Any]],
+    path: str | Path,
+    *,
+    title: str | None = None,
+    kl_estimator: str | None = None,
+) -> Path:
     """Write :func:`plot_figure` of ``records`` as a PNG to ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = plot_figure(records, title=title)
+    fig = plot_figure(records, title=title, kl_estimator=kl_estimator)
     out = Path(path)
     fig.savefig(out, dpi=90)
     plt.close(fig)

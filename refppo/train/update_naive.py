@@ -1,34 +1,37 @@
 """Naive twin of :func:`refppo.train.update.ppo_update`: token by token, a real π_old snapshot network.
 
 π_old is a deep copy of the actor taken before the update; its log-probs are recomputed at every
-minibatch instead of being cached. Each row's per-token losses are 0-dim tensors built in Python
-loops (:func:`_policy_row`, :func:`_value_row`) and aggregated by explicit per-mode sums
-(:func:`_aggregate`): no micro-batching, no normalisers, the whole minibatch at once::
+minibatch instead of being cached. Each row's log-probs, entropies and values come from one
+unpadded prefix forward per token (:func:`_rows`); the step's scalars are the update stages of the
+stage table walked through their naive twins (:func:`refppo.pipeline.step.update_quantities_naive`:
+Python floats on the core's ``*_naive`` twins), and its gradient is the naive twins' closed form
+(:func:`refppo.pipeline.grad_naive.objective_grads_naive` for the log-probs and values, the
+aggregation weights for the entropy), carried back through the networks::
 
-    ρ_t = exp(l_t − l^old_t)       ℓ^pg_t = max(−A_t ρ_t, −A_t clip(ρ_t, 1−ε_low, 1+ε_high))
-    ℓ^vf_t = ½ max((V_t − R_t)², (V^clip_t − R_t)²)   (or ½ (V_t − R_t)² unclipped)
-    H_t = −Σ_v π(v) log π(v)       ℓ^kl_t = k(l_t − l^ref_t)   (kl_in = loss)
-    J = agg(ℓ^pg) + c_vf·agg_vf(ℓ^vf) − c_ent·agg_ent(H) + β·agg_kl(ℓ^kl)
+    J = pg + c_vf·vf − c_ent·H + β·kl              (the total stage; kl with kl_in = loss)
+    backward(l, ∂J/∂l) + backward(V, ∂J/∂V) + backward(H, −c_ent·∂agg_ent(H)/∂H)
 
-Re-exported by :mod:`refppo.pipeline.naive` (the import path of every caller).
+No micro-batching, no normalisers: the whole minibatch at once.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from refppo.conventions import KLEstimator, KLPlacement, LossAgg, PolicyLoss, ValueClipForm, ValueLoss
+from refppo.core.aggregate import agg_weights_naive
 from refppo.errors import ConventionError
 from refppo.models.batch import SequenceBatch
 from refppo.models.naive import prefix_logits, prefix_value
 from refppo.models.roles import eval_mode, make_reference
 from refppo.models.rollout import ScoredRollout
+from refppo.pipeline.grad_naive import objective_grads_naive
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.step import RolloutQuantities
+from refppo.pipeline.step import RolloutQuantities, update_inputs, update_quantities_naive
 from refppo.train.update_config import PPOUpdateConfig
 
 
@@ -54,72 +57,15 @@ class _Setup:
     batch: SequenceBatch
     device: torch.device
     tau: float
-    eps_lo: float
-    eps_hi: float
-    horizon: float
-    adv: list[list[float]]
-    ret: list[list[float]]
-    vold: list[list[float]]
-    vmask: list[list[bool]]
-    ref_logprobs: Tensor
+    scored: ScoredRollout
+    quantities: RolloutQuantities
     hp: Hyperparams
     conv: Convention
 
 
-@dataclass
-class _Counts:
-    """A minibatch's running counts, added to token by token in row order."""
-
-    n_clip: int = 0
-    n_vclip: int = 0
-    kl_sum: float = 0.0
-
-
-def _aggregate(per_seq: list[list[Tensor]], agg: LossAgg, horizon: float, n_seq: int) -> tuple[Tensor, int]:
-    """Aggregate per-sequence lists of 0-dim losses (one entry per valid token) by ``agg``."""
-    total = torch.zeros(())
-    n_tok = sum(len(s) for s in per_seq)
-    if agg in (LossAgg.SEQ_MEAN_TOKEN_MEAN, LossAgg.SEQ_MEAN_TOKEN_SUM_NORM):
-        # a mean over sequences of each row's token mean, or of its token sum over the horizon H
-        for s in per_seq:
-            seq_sum = torch.zeros(())
-            for x in s:
-                seq_sum = seq_sum + x
-            total = total + seq_sum / (len(s) if agg is LossAgg.SEQ_MEAN_TOKEN_MEAN else horizon)
-        return total / n_seq, n_tok
-    for s in per_seq:
-        for x in s:
-            total = total + x
-    if agg is LossAgg.TOKEN_SUM:
-        return total, n_tok
-    if agg is LossAgg.TOKEN_MEAN:
-        return total / n_tok, n_tok
-    if agg is LossAgg.SEQ_MEAN_TOKEN_SUM:
-        return total / n_seq, n_tok
-    raise ConventionError(f"ppo_update_naive: unknown loss_agg {agg!r}")
-
-
-def _kl_scalar(d: Tensor, est: KLEstimator) -> Tensor:
-    if est.straight_through:  # the base value, the gradient of ½ d² (verl "k3+")
-        half_sq = 0.5 * d * d
-        return half_sq - half_sq.detach() + _kl_scalar(d, est.base).detach()
-    if est is KLEstimator.K1:
-        return d
-    if est is KLEstimator.K2:
-        return 0.5 * d * d
-    if est is KLEstimator.K3:
-        return torch.exp(-d) - 1.0 + d
-    return d.abs()
-
-
 def _check_supported(conv: Convention, cfg: PPOUpdateConfig, perms: list[Tensor]) -> None:
-    """The naive update's subset (:mod:`refppo.pipeline.naive`); anything else raises."""
-    if conv.policy.dual_clip is not None or conv.policy.log_ratio_clamp is not None:
-        raise ConventionError("ppo_update_naive: dual_clip and log_ratio_clamp are not supported")
-    if conv.policy.loss is not PolicyLoss.VANILLA:
-        raise ConventionError(f"ppo_update_naive: policy_loss={conv.policy.loss} is not supported")
-    if conv.kl.log_ratio_clamp is not None or conv.kl.value_clamp is not None:
-        raise ConventionError("ppo_update_naive: KL clamps are not supported")
+    """The naive update's subset: no dropout in the update (the prefix forwards run one row at a
+    time); one permutation per epoch."""
     if cfg.dropout_in_update:
         raise ConventionError("ppo_update_naive: dropout_in_update is not supported")
     if len(perms) != cfg.ppo_epochs:
@@ -153,14 +99,8 @@ def ppo_update_naive(
         batch=batch,
         device=batch.prompt_ids.device,
         tau=scored.temperature,
-        eps_lo=hp.cliprange,
-        eps_hi=hp.cliprange_high if hp.cliprange_high is not None else hp.cliprange,
-        horizon=hp.horizon if hp.horizon is not None else float(batch.response_width),
-        adv=quantities.advantages.tolist(),
-        ret=quantities.returns.tolist(),
-        vold=scored.old_values.tolist(),
-        vmask=quantities.value_mask.tolist(),
-        ref_logprobs=scored.ref_logprobs,
+        scored=scored,
+        quantities=quantities,
         hp=hp,
         conv=conv,
     )
@@ -182,110 +122,85 @@ def _minibatch(
     """One optimizer step on ``rows``: ``(snapshot log-probs [b, T], the step's stats)``."""
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    batch, hp, conv = su.batch, su.hp, su.conv
-    pol: list[list[Tensor]] = []
-    ents: list[list[Tensor]] = []
-    kls: list[list[Tensor]] = []
-    vals: list[list[Tensor]] = []
-    snap = torch.zeros(len(rows), batch.response_width)
-    counts = _Counts()
-    for i, b in enumerate(rows):
-        x, y = batch.unpadded(b)
-        prow, erow, krow = _policy_row(su, b, x, y, snap[i], counts)
-        vrow = _value_row(su, b, x, y, counts)
-        pol.append(prow)
-        ents.append(erow)
-        kls.append(krow)
-        vals.append(vrow)
-    pg_loss, n_tok = _aggregate(pol, conv.agg.loss, su.horizon, len(rows))
-    vf_agg = conv.agg.value if conv.agg.value is not None else conv.agg.loss
-    vf_loss, n_vtok = (
-        _aggregate(vals, vf_agg, su.horizon, len(rows)) if su.critic is not None else (torch.zeros(()), 1)
-    )
-    ent_agg = conv.agg.entropy if conv.agg.entropy is not None else conv.agg.loss
-    ent_loss, _ = _aggregate(ents, ent_agg, su.horizon, len(rows))
-    loss = pg_loss + hp.vf_coef * vf_loss - hp.ent_coef * ent_loss
-    kl_loss = torch.zeros(())
-    if conv.kl.placement is KLPlacement.LOSS:
-        kl_agg = conv.agg.kl if conv.agg.kl is not None else conv.agg.loss
-        kl_loss, _ = _aggregate(kls, kl_agg, su.horizon, len(rows))
-        loss = loss + hp.kl_coef * kl_loss
-    torch.autograd.backward(loss)
+    lp, snap, ent, values = _rows(su, rows)
+    q = _update_inputs(su, rows, lp, snap, ent, values)
+    uq = update_quantities_naive(q, hp=su.hp, conv=su.conv)
+    g_lp, g_v = objective_grads_naive(**_grad_inputs(q), hp=su.hp, conv=su.conv)
+    agg = su.conv.agg.of("entropy")
+    g_ent = -su.hp.ent_coef * torch.tensor(agg_weights_naive(q["mask"], agg, horizon=su.hp.horizon))
+    outs, grads = [lp, ent], [g_lp.to(lp.dtype), g_ent.to(ent.dtype)]
+    if values is not None:
+        outs.append(values)
+        grads.append(g_v.to(values.dtype))
+    torch.autograd.backward(outs, grads)
     gn_a = _clip(su.actor, max_grad_norm)
     gn_c = _clip(su.critic, max_grad_norm) if su.critic is not None else 0.0
     for opt in optimizers:
         opt.step()
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    stats = {
-        "loss": float(loss.detach()),
-        "pg_loss": float(pg_loss.detach()),
-        "vf_loss": float(vf_loss.detach()),
-        "entropy": float(ent_loss.detach()),
-        "kl_loss": float(kl_loss.detach()),
-        "pg_clipfrac": counts.n_clip / n_tok,
-        "approx_kl": counts.kl_sum / n_tok,
-        "vf_clipfrac": counts.n_vclip / n_vtok,
-        "actor_grad_norm": gn_a,
-        "critic_grad_norm": gn_c,
-    }
+    stats = {n: float(getattr(uq, n)) for n in ("loss", "pg_loss", "vf_loss")}
+    stats.update(entropy=float(uq.entropy_loss), kl_loss=float(uq.kl_loss))
+    stats.update({n: float(getattr(uq, n)) for n in ("pg_clipfrac", "approx_kl", "vf_clipfrac")})
+    stats.update(actor_grad_norm=gn_a, critic_grad_norm=gn_c)
     return snap, stats
 
 
-def _policy_row(
-    su: _Setup, b: int, x: list[int], y: list[int], snap_row: Tensor, counts: _Counts
-) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    """Row ``b``'s per-token ``(ℓ^pg, H, ℓ^kl)`` (module docstring), one prefix forward each; writes
-    π_old's log-probs into ``snap_row`` and counts the clipped tokens and ``Σ (l^old − l)``."""
-    prow: list[Tensor] = []
-    erow: list[Tensor] = []
-    krow: list[Tensor] = []
-    for t in range(len(y)):
-        z = prefix_logits(su.actor, x + y[:t], su.device) / su.tau
-        logz = torch.log_softmax(z, dim=-1)
-        lp = logz[y[t]]
-        with torch.no_grad():
-            old = float(
-                torch.log_softmax(prefix_logits(su.snapshot, x + y[:t], su.device) / su.tau, -1)[y[t]]
-            )
-        snap_row[t] = old
-        ratio = torch.exp(lp - old)
-        a = su.adv[b][t]
-        l1 = -a * ratio
-        l2 = -a * torch.clamp(ratio, 1.0 - su.eps_lo, 1.0 + su.eps_hi)
-        if float(l2.detach()) > float(l1.detach()):
-            counts.n_clip += 1
-        counts.kl_sum += old - float(lp.detach())
-        prow.append(torch.maximum(l1, l2))
-        erow.append(-(torch.exp(logz) * logz).sum())
-        if su.conv.kl.placement is KLPlacement.LOSS:
-            krow.append(_kl_scalar(lp - float(su.ref_logprobs[b, t]), su.conv.kl.estimator))
-    return prow, erow, krow
+def _rows(su: _Setup, rows: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``(l, l^old, H, V)`` ``[b, T]`` of ``rows``: one prefix forward per token (the snapshot's
+    without a graph), 0 on padding; ``V`` over the value mask, None without a critic."""
+    b, T = len(rows), su.batch.response_width
+    vmask = su.quantities.value_mask
+    lp_rows, ent_rows, v_rows = [], [], []
+    snap = torch.zeros(b, T)
+    zero = torch.zeros(())
+    for i, r in enumerate(rows):
+        x, y = su.batch.unpadded(r)
+        lrow, erow, vrow = [zero] * T, [zero] * T, [zero] * T
+        for t in range(len(y)):
+            logz = torch.log_softmax(prefix_logits(su.actor, x + y[:t], su.device) / su.tau, dim=-1)
+            lrow[t], erow[t] = logz[y[t]], -(torch.exp(logz) * logz).sum()
+            with torch.no_grad():
+                old = torch.log_softmax(prefix_logits(su.snapshot, x + y[:t], su.device) / su.tau, -1)
+            snap[i, t] = float(old[y[t]])
+        for t in range(T):
+            if su.critic is not None and bool(vmask[r, t]):
+                vrow[t] = prefix_value(su.critic, x + y[:t], su.device)
+        lp_rows.append(torch.stack(lrow))
+        ent_rows.append(torch.stack(erow))
+        v_rows.append(torch.stack(vrow))
+    values = torch.stack(v_rows) if su.critic is not None else None
+    return torch.stack(lp_rows), snap, torch.stack(ent_rows), values
 
 
-def _value_row(su: _Setup, b: int, x: list[int], y: list[int], counts: _Counts) -> list[Tensor]:
-    """Row ``b``'s per-token ``ℓ^vf`` over its value mask (empty without a critic); counts the
-    clipped tokens."""
-    vrow: list[Tensor] = []
-    for t in range(su.batch.response_width):
-        if su.critic is None or not su.vmask[b][t]:
-            continue
-        v = prefix_value(su.critic, x + y[:t], su.device)
-        r = su.ret[b][t]
-        unclipped = (v - r) ** 2
-        if su.conv.value.loss is ValueLoss.CLIPPED:
-            eps_v, v_old = su.hp.cliprange_value, su.vold[b][t]
-            if su.conv.value.clip_form is ValueClipForm.DELTA:
-                vc = v_old + torch.clamp(v - v_old, -eps_v, eps_v)
-            else:
-                vc = torch.clamp(v, v_old - eps_v, v_old + eps_v)
-            clipped = (vc - r) ** 2
-            if float(clipped.detach()) > float(unclipped.detach()):
-                counts.n_vclip += 1
-            vrow.append(0.5 * torch.maximum(unclipped, clipped))
-        else:
-            vrow.append(0.5 * unclipped)
-    return vrow
+def _update_inputs(
+    su: _Setup, rows: list[int], lp: Tensor, snap: Tensor, ent: Tensor, values: Tensor | None
+) -> dict[str, Any]:
+    """The update stages' quantities of ``rows`` in float64 (detached), as
+    :func:`refppo.pipeline.step.update_inputs` makes them."""
+    idx = torch.tensor(rows)
+    sc, qr = su.scored, su.quantities
+
+    def f64(x: Tensor) -> Tensor:
+        return x.detach().to(torch.float64)
+
+    return update_inputs(
+        logprobs=f64(lp), values=None if values is None else f64(values), old_logprobs=f64(snap),
+        old_values=None if values is None else f64(sc.old_values[idx]), advantages=f64(qr.advantages[idx]),
+        returns=f64(qr.returns[idx]), mask=sc.batch.response_mask[idx], value_mask_=qr.value_mask[idx],
+        ref_logprobs=f64(sc.ref_logprobs[idx]), entropy=f64(ent),
+    )  # fmt: skip
+
+
+def _grad_inputs(q: dict[str, Any]) -> dict[str, Any]:
+    """:func:`objective_grads_naive`'s arguments from the update's quantities (zero values without a
+    critic: the value term's gradient is then not used)."""
+    zeros = torch.zeros_like(q["logprobs"])
+    out: dict[str, Any] = {k: q[k] for k in ("logprobs", "old_logprobs", "advantages", "returns", "mask")}
+    out.update(ref_logprobs=q["ref_logprobs"], entropy=q["entropy"], value_mask_=q["value_mask"])
+    out.update(values=q["values"] if q["values"] is not None else zeros)
+    out.update(old_values=q["old_values"] if q["old_values"] is not None else zeros)
+    return out
 
 
 def _clip(model: nn.Module, max_norm: float | None) -> float:

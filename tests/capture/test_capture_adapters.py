@@ -316,7 +316,7 @@ def test_trl_tracer_says_when_it_never_saw_the_step() -> None:
     ],
 )
 def test_verl_hparams_map_the_straight_through_kl_names(name: str, est: str) -> None:
-    """verl's ``+`` names (tools/validate_kl_straight_through.py runs verl 0.9.1's kl_penalty on them)."""
+    """verl's ``+`` names (tools/peers/kl_straight_through.py runs verl 0.9.1's kl_penalty on them)."""
     cfg: dict[str, Any] = {
         "algorithm": {"use_kl_in_reward": False},
         "actor_rollout_ref": {"actor": {"use_kl_loss": True, "kl_loss_type": name, "kl_loss_coef": 0.02}},
@@ -329,15 +329,20 @@ def test_verl_hparams_map_the_straight_through_kl_names(name: str, est: str) -> 
 
 
 def test_verl_kl_map_agrees_with_the_peer_validated_names() -> None:
-    """The names tools/validate_kl_straight_through.py checks against verl's code map as the adapter does."""
+    """The names tools/peers/kl_straight_through.py checks against verl's code map as the adapter does."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     from refppo.capture.adapters.verl import VERL_KL
 
-    tool = Path(__file__).resolve().parents[2] / "tools" / "validate_kl_straight_through.py"
-    spec = importlib.util.spec_from_file_location("validate_kl_straight_through", tool)
+    tool = Path(__file__).resolve().parents[2] / "tools" / "peers" / "kl_straight_through.py"
+    spec = importlib.util.spec_from_file_location("kl_straight_through", tool)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(tool.parents[1]))  # the module imports the package ``peers`` of tools/
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(tool.parents[1]))
     assert mod.NAMES and {k: VERL_KL.get(k) for k in mod.NAMES} == mod.NAMES

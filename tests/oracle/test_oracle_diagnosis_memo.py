@@ -56,14 +56,18 @@ def _alternatives(base: Setup) -> list[Setup]:
 def _rewards(dump, setup: Setup, bug: str | None) -> tuple[torch.Tensor, ...]:  # type: ignore[no-untyped-def]
     t = dump.tensors
     src = "logprobs" if bug == "kl_from_current_logprobs" else "old_logprobs"
-    return reward_quantities(
-        scores=t["scores"],
-        old_logprobs=t[src],
-        ref_logprobs=t["ref_logprobs"],
-        mask=dump.mask,
-        hp=setup.hp,
-        conv=setup.conv,
-    )
+    kw = {
+        "scores": t["scores"],
+        "old_logprobs": t[src],
+        "ref_logprobs": t["ref_logprobs"],
+        "mask": dump.mask,
+        "hp": setup.hp,
+        "conv": setup.conv,
+    }
+    out = reward_quantities(**kw)
+    if bug == "kl_reward_sign_flipped":  # the same estimate, the reward's penalty with + (BUGS)
+        return (out[0], *reward_quantities(**kw, kl=-out[0])[1:])
+    return out
 
 
 @pytest.mark.parametrize("base_name", sorted(BASES))
@@ -80,7 +84,7 @@ def test_reward_key_covers_what_the_reward_step_reads(tmp_path: Path, base_name:
     for first in ("kl", "token_rewards", "advantages"):
         memo = PrefixCheck(dump, first)
         for alt in _alternatives(base):
-            for bug in (None, "kl_from_current_logprobs"):
+            for bug in (None, "kl_from_current_logprobs", "kl_reward_sign_flipped"):
                 assert memo(alt, bug) == rollout_prefix_ok(dump, alt, first, bug), (alt, bug)
                 if first != "kl":
                     continue

@@ -28,7 +28,6 @@ def test_kl_is_estimated_once_and_is_the_core_estimate(
         return token_kl(*a, **k)
 
     monkeypatch.setattr(m_rollout, "token_kl", counting)
-    monkeypatch.setattr(rc, "token_kl", counting)
     inp = make_inputs()
     dump = validate(Path("<memory>"), dict(inp))
     setup = setup_for(conv={"kl_in": kl_in, "kl_estimator": estimator})

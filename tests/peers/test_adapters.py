@@ -1,4 +1,4 @@
-"""``refppo.capture.adapters`` against the peers' OWN installed code (``tools/validate_adapters.py``).
+"""``refppo.capture.adapters`` against the peers' OWN installed code (``tools/peers adapters``).
 
 For verl 0.9.1, OpenRLHF 0.11.2 and TRL 1.12.0 the peer's code builds its own container (a
 ``DataProto`` through ``apply_kl_penalty``/``compute_advantage`` and ``ppo_loss``/``value_loss``
@@ -11,20 +11,14 @@ never a pass).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-from validate_adapters import VENV  # noqa: E402  (tools/ is not a package)
-from validate_presets import PEERS_ROOT, peers_python  # noqa: E402  (tools/ is not a package)
+from _peers import REPO, TOOLS, cases_of, require, run
+from peers.adapters import PEERS
 
 VERSIONS = {"verl": "0.9.1", "openrlhf": "0.11.2", "trl": "1.12.0"}
 MIN_CASES = {"verl": 3, "openrlhf": 2, "trl": 2}
@@ -32,47 +26,30 @@ MIN_CASES = {"verl": 3, "openrlhf": 2, "trl": 2}
 
 def test_a_missing_venv_is_reported_not_run(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "validate_adapters.py"), "--peers-root", str(tmp_path)],
+        [sys.executable, str(TOOLS / "peers"), "adapters", "--peers-root", str(tmp_path)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         timeout=120,
     )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SKIPPED") == 3, out.stdout
+    assert out.returncode == 1, out.stdout + out.stderr  # nothing ran: never a pass
+    assert out.stdout.count("SKIPPED") == 3 and "no case ran" in out.stdout, out.stdout
 
 
-@pytest.mark.parametrize("peer", sorted(VENV))
+@pytest.mark.parametrize("peer", sorted(PEERS))
 def test_adapter_dumps_from_the_peers_own_code_match_the_preset(peer: str, tmp_path: Path) -> None:
-    if peers_python(VENV[peer], PEERS_ROOT) is None:
-        pytest.skip(f"side venv {PEERS_ROOT / VENV[peer]} not built (tools/build_peer_venvs.sh)")
-    res_file = tmp_path / "result.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "validate_adapters.py"),
-            "--peer",
-            peer,
-            "--json-out",
-            str(res_file),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=1800,
-    )
-    res = json.loads(res_file.read_text())[peer]
-    assert "error" not in res and "skipped" not in res, (res, proc.stdout[-2000:])
-    assert res["version"] == VERSIONS[peer]
-    assert len(res["cases"]) >= MIN_CASES[peer]
-    for case in res["cases"]:
-        assert case["ok"], (case["name"], case["first_divergence"], case["diagnosis"])
+    require(PEERS[peer][0])
+    proc, doc = run("adapters", "--peer", peer, tmp_path=tmp_path)
+    assert not doc["failed"] and not doc["skipped"], (doc["failed"], proc.stdout[-2000:])
+    assert doc["versions"][peer] == f"{PEERS[peer][1].dist} {VERSIONS[peer]}", doc["versions"]
+    cases = cases_of(doc, peer)
+    assert len(cases) >= MIN_CASES[peer], sorted(cases)
+    for name, case in cases.items():
+        info = case["info"]
+        assert case["ok"], (name, info["first_divergence"], info["diagnosis"])
         # the dump compared the losses, not only the rollout quantities
-        assert {"advantages", "returns", "pg_loss", "vf_loss"} <= set(case["quantities"]), case["quantities"]
-        assert case["controls"] and all(c["caught"] for c in case["controls"]), (
-            case["name"],
-            case["controls"],
-        )
-        if res["v2"] and "grad_logprobs" in case["keys"]:  # dump v2 oracle: the gradients are compared too
-            assert {"grad_logprobs", "grad_values"} <= set(case["quantities"]), case["quantities"]
+        assert {"advantages", "returns", "pg_loss", "vf_loss"} <= set(info["quantities"]), info["quantities"]
+        assert case["controls"] and all(c["ok"] for c in case["controls"]), (name, case["controls"])
+        if info["v2"] and "grad_logprobs" in info["keys"]:  # dump v2 oracle: the gradients are compared too
+            assert {"grad_logprobs", "grad_values"} <= set(info["quantities"]), info["quantities"]
     assert proc.returncode == 0, proc.stdout[-4000:]

@@ -1,5 +1,5 @@
-"""Multi-turn dumps with holes from the peers' OWN code (``tools/peer_makers/holes.py``, run in the
-side venvs) reproduced by each preset and its hole convention (issue #11).
+"""Multi-turn dumps with holes from the peers' OWN code (``tools/peers/makers/holes.py``, run in
+the side venvs) reproduced by each preset and its hole convention (issue #11).
 
 verl 0.9.1 and OpenRLHF 0.11.2 (``verl-openrlhf`` venv), SkyRL-train 0.3.1 and AReaL 1.0.4
 (``skyrl-areal`` venv)
@@ -13,20 +13,16 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _peers import require
+from peers.harness import Report, peers_root
+from peers.presets import VENVS, check_venvs
 
-pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-from validate_presets import PEERS_ROOT, peers_python, run_group  # noqa: E402  (tools/ is not a package)
-
-from refppo.dump.load import load_dump  # noqa: E402
-from refppo.oracle.cli import main as diff_main  # noqa: E402
+from refppo.dump.load import load_dump
+from refppo.oracle.cli import main as diff_main
 
 EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
     # group -> {case: (gae_holes, whiten_holes) the preset must carry}
@@ -64,24 +60,25 @@ def _diff_json(argv: list[str]) -> tuple[int, dict[str, Any]]:
 
 @pytest.mark.parametrize("group", sorted(EXPECTED))
 def test_peer_dumps_with_holes_are_reproduced(group: str, tmp_path: Path) -> None:
-    py = peers_python(group, PEERS_ROOT)
-    if py is None:
-        pytest.skip(f"side venv {PEERS_ROOT / group} not built (tools/build_peer_venvs.sh)")
-    result = run_group(group, py, tmp_path)
-    cases = {c["name"]: c for peer in result.values() for c in peer.get("cases", [])}
+    require(group)
+    report = Report("presets")
+    check_venvs(report, {group: VENVS[group]}, peers_root(), tmp_path)
+    assert not report.failed, report.failed
+    cases = {c.name: c for c in report.cases}
+    folder = tmp_path / group
     for name, (holes, wh) in EXPECTED[group].items():
-        assert name in cases, (name, result)
+        assert name in cases, (name, sorted(cases))
         case = cases[name]
-        dump = load_dump(tmp_path / f"{name}.pt")
+        dump = load_dump(folder / f"{name}.pt")
         m = dump.tensors["response_mask"]
         assert bool((m[:, 1:] & ~m[:, :-1]).any()), f"{name}: the peer's mask has no interior hole"
-        assert case["ok"], (name, case["first_divergence"], case["diagnosis"])
-        assert case["max_abs_err"] < 1e-5, (name, case["max_abs_err"])
-        assert case["control"] is not None and case["control"]["mismatches"], (name, "control still matches")
+        assert case.ok, (name, case.info["first_divergence"], case.info["diagnosis"])
+        assert case.errors["abs"] < 1e-5, (name, case.errors)
+        assert case.controls and case.controls[0].ok, (name, "control still matches")
         if name in NO_DETECT:
             continue
         # --detect from refppo's defaults pins the peer's hole conventions down
-        _, rep = _diff_json([str(tmp_path / f"{name}.pt"), "--detect"])
+        _, rep = _diff_json([str(folder / f"{name}.pt"), "--detect"])
         detected = rep["detected"]
         assert detected, (name, rep.get("nearest"))
         pins = DETECT_PINS.get(name, {"gae_holes": holes, "whiten_holes": wh})
@@ -92,12 +89,12 @@ def test_skyrl_full_rows_are_reproduced_by_gae_holes_through_alone(tmp_path: Pat
     """On rows without right padding only the holes separate the GAE conventions: with the preset's
     ``gae_padding=through`` replaced by ``masked``, ``gae_holes=through`` alone must still match
     SkyRL and ``skip``/``zero`` must not."""
-    py = peers_python("skyrl-areal", PEERS_ROOT)
-    if py is None:
-        pytest.skip(f"side venv {PEERS_ROOT / 'skyrl-areal'} not built (tools/build_peer_venvs.sh)")
-    run_group("skyrl-areal", py, tmp_path)
-    path = str(tmp_path / "skyrl_holes_token_mean.pt")
-    conv = json.loads((tmp_path / "skyrl_holes_token_mean.set.json").read_text())
+    require("skyrl-areal")
+    report = Report("presets")
+    check_venvs(report, {"skyrl-areal": VENVS["skyrl-areal"]}, peers_root(), tmp_path)
+    folder = tmp_path / "skyrl-areal"
+    path = str(folder / "skyrl_holes_token_mean.pt")
+    conv = json.loads((folder / "skyrl_holes_token_mean.set.json").read_text())
     sets = [a for k, v in conv.items() for a in ("--set", f"{k}={v}")]
     base = [path, "--preset", "skyrl", *sets, "--set", "gae_padding=masked"]
     assert _diff_json(base)[0] == 0

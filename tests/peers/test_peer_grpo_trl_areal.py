@@ -1,4 +1,4 @@
-"""Run tools/validate_grpo_peers.py: TRL GRPOTrainer's and AReaL's GRPO family, as dumps.
+"""Run ``tools/peers grpo_peers``: TRL GRPOTrainer's and AReaL's GRPO family, as dumps.
 
 Per side venv (TRL 1.12.0 ``trl``, TRL 1.16.0 ``trl-grpo``, AReaL 1.0.4 ``skyrl-areal``), each
 skipped with the reason where it is absent (/work/shared/peers/README.md). The peer's OWN code makes
@@ -17,20 +17,12 @@ before that key); each of their controls is another std level.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _peers import cases_of, require, run
 
-pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[2]
-TOOL = REPO / "tools" / "validate_grpo_peers.py"
-ROOT = Path(os.environ.get("REFPPO_PEERS_ROOT", "/work/peervenv"))
 EXPECTED = {
     # venv: (the peer's version line, cases that must pass through the preset, named cases)
     "trl": ("trl 1.12.0", "trl1120_grpo_", ("group_bool_grpo_beta", "none_bool_bnpo_n3_beta", "group_n1")),
@@ -79,50 +71,41 @@ TIMEOUT_S = 1800
 
 
 def _run(venv: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
-    if not (ROOT / venv / "READY").exists():
-        pytest.skip(
-            f"peer venv absent: {ROOT / venv} "
-            "(built by tools/build_peer_venvs.sh, /work/shared/peers/README.md)"
-        )
-    out = tmp_path / "result.json"
-    proc = subprocess.run(
-        [sys.executable, str(TOOL), "--venv", venv, "--peers-root", str(ROOT), "--json-out", str(out),
-         *extra],
-        capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO,
-    )  # fmt: skip
+    require(venv)
+    proc, doc = run("grpo_peers", "--venv", venv, *extra, tmp_path=tmp_path, timeout=TIMEOUT_S)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
-    assert f"{venv}: {EXPECTED[venv][0]}" in log, log  # the peer ran, at the pinned version
-    res: dict[str, Any] = json.loads(out.read_text())[venv]
-    return res
+    assert doc["versions"] == {venv: EXPECTED[venv][0]}, doc["versions"]  # the peer ran, pinned version
+    return cases_of(doc, venv)
 
 
 @pytest.mark.parametrize("venv", sorted(EXPECTED))
 def test_peer_grpo_dumps_reproduce_under_the_preset(venv: str, tmp_path: Path) -> None:
-    cases = _run(venv, tmp_path, "--no-detect")["cases"]
+    cases = _run(venv, tmp_path, "--no-detect")
     _, prefix, named = EXPECTED[venv]
     for name in (*named, *BATCH_STD[venv], *DETECT_CASES[venv]):
         assert prefix + name in cases, sorted(cases)
-    expressed = {n: c for n, c in cases.items() if c["verdict"] != "not expressible"}
+    expressed = {n: c for n, c in cases.items() if c["info"]["verdict"] != "not expressible"}
     assert len(expressed) >= 6, sorted(cases)
     for name in BATCH_STD[venv]:
         c = cases[prefix + name]
-        assert c["verdict"] == "MATCH" and "group_std_level" in c["command"], (name, c)
-        assert set(c["control"]) == {"group_std_level"} and c["control_mismatches"], (name, c)
+        assert c["info"]["verdict"] == "MATCH" and "group_std_level" in c["info"]["command"], (name, c)
+        (ctl,) = c["controls"]
+        assert ctl["label"].startswith("--set group_std_level=") and ctl["ok"], (name, c)
     for name, c in expressed.items():
-        assert c["verdict"] == "MATCH" and c["quantities"] >= 2, (name, c)
-        assert c["control_mismatches"], (name, c)
-        assert c["detect"] == "not run", (name, c)  # --detect: the per-case test below
-    not_expressible = sorted(n for n, c in cases.items() if c["verdict"] == "not expressible")
+        assert c["info"]["verdict"] == "MATCH" and len(c["info"]["quantities"]) >= 2, (name, c)
+        assert len(c["controls"]) == 1 and c["controls"][0]["ok"], (name, c)
+        assert c["info"]["detect"] == "not run", (name, c)  # --detect: the per-case test below
+    not_expressible = sorted(n for n, c in cases.items() if c["info"]["verdict"] == "not expressible")
     assert not_expressible == [], not_expressible  # every form these makers run is stated now
 
 
 @pytest.mark.parametrize(("venv", "case"), [(v, c) for v in sorted(DETECT_CASES) for c in DETECT_CASES[v]])
 def test_peer_grpo_detect_finds_the_generating_convention(venv: str, case: str, tmp_path: Path) -> None:
     name = EXPECTED[venv][1] + case
-    cases = _run(venv, tmp_path, "--case", name)["cases"]
+    cases = _run(venv, tmp_path, "--case", name)
     assert sorted(cases) == [name], sorted(cases)  # exactly this case ran
     c = cases[name]
-    assert c["verdict"] == "MATCH" and c["control_mismatches"], c
-    assert c["detect"] in ("found", "equivalent"), c  # DETECT_GAPS is empty: no named gap
-    assert not c["detect_gap"], c
+    assert c["info"]["verdict"] == "MATCH" and c["controls"][0]["ok"], c
+    assert c["info"]["detect"] in ("found", "equivalent"), c  # DETECT_GAPS is empty: no named gap
+    assert not c["info"]["detect_gap"], c

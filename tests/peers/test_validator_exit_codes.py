@@ -1,180 +1,147 @@
 """The peer validators never read a skip or a crash as a pass (rev4 STD-1).
 
-Rule (tools/validate_grpo_peers.py, tools/validate_detect.py, tools/validate_kl_straight_through.py,
-tools/validate_presets.py):
-a side venv that is not built (no ``READY`` stamp) is a skip with the reason; a built venv whose
-makers crash (non-zero exit, or a maker recorded as raised in its status file) is a failure, exit
-1, whatever another venv did; nothing run at all is exit 1 (or 2 with one line). No real peer venv
-is needed: a fake peers root holds a ``READY`` stamp and a ``bin/python`` shell script that crashes
-(or writes a status file saying its maker raised), and the venv that "passed" is a stand-in.
+Rule (``tools/peers/harness.py``, one for every validator of ``tools/peers``): a side venv that is
+not built (no ``READY`` stamp) is a skip with the reason; a built venv whose interpreter crashes
+(non-zero exit, no status file) or whose unit raised (recorded in its status file) is a failure,
+exit 1, whatever another venv did; nothing run at all is exit 1. No real peer venv is needed: a
+fake peers root holds a ``READY`` stamp and a ``bin/python`` that crashes, or that writes a status
+saying each requested unit raised; the venv that "passes" runs refppo's own interpreter on a
+trivial unit.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
+import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
-import validate_detect  # noqa: E402  (tools/ is not a package)
-import validate_grpo_peers  # noqa: E402
-import validate_presets  # noqa: E402
+from peers import VALIDATORS  # noqa: E402  (tools/ is not a package)
+from peers.harness import Case, Control, Report, Unit, peers_python, run_venvs  # noqa: E402
 
 CRASH = "#!/bin/sh\necho 'Traceback: boom in the maker' >&2\nexit 1\n"
 """A built venv's interpreter whose makers crash (non-zero exit, no status file)."""
-RAISED = """#!/bin/sh
-# argv: SCRIPT --make OUT [--venv V | --group G]; write OUT/status-NAME.json saying the maker raised
-case "$1" in *validate_grpo_peers.py) name="$5";; *) name=fake-peer;; esac
-[ "$2" = "--make" ] || exit 0
-printf '{"%s": {"skipped": "ImportError: boom", "tb": []}}' "$name" > "$3/status-$name.json"
+RAISED = f"""#!/bin/sh
+# argv: tools/peers --peer-side OUT: every unit of OUT/request.json raised (exit 0, status written)
+exec {sys.executable} -c '
+import json, sys
+out = sys.argv[3]
+req = json.load(open(out + "/request.json"))
+st = {{u: {{"error": "ImportError: boom", "tb": ["line"]}} for u in req["units"]}}
+json.dump(st, open(out + "/status.json", "w"))
+' "$@"
 """
-"""A built venv's interpreter whose maker raised: exit 0, but the status file records the error."""
+"""A built venv's interpreter whose units raised: exit 0, but the status file records the errors."""
+TRIVIAL = Unit("pytest", "os.path:basename")
+"""A unit refppo's own interpreter runs: ``basename(OUT)`` (JSON), version of ``pytest``."""
 
 
-def _venv(root: Path, name: str, script: str, ready: bool = True) -> None:
+def _venv(root: Path, name: str, script: str | None, ready: bool = True) -> None:
     py = root / name / "bin" / "python"
     py.parent.mkdir(parents=True)
-    py.write_text(script)
-    py.chmod(0o755)
+    if script is None:
+        py.symlink_to(sys.executable)
+    else:
+        py.write_text(script)
+        py.chmod(0o755)
     if ready:
         (root / name / "READY").write_text("")
 
 
-def _passing_elsewhere(real: Any, crashing: str) -> Any:
-    """``run_venv`` that runs the real one for ``crashing`` and a passing case for any other venv."""
-
-    def run_venv(venv: str, py: Path, out: Path, only: str | None, *rest: Any) -> dict[str, Any]:
-        if venv == crashing:
-            return dict(real(venv, py, out, only, *rest))
-        return {"cases": {f"{venv}_ok": {"ok": True, "verdict": "MATCH", "max_abs_err": 0.0}}}
-
-    return run_venv
+def test_the_rule_a_skip_or_a_crash_is_never_a_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    ok = Case("u", "c", True, {"abs": 0.0}, [Control("flip", True)])
+    r = Report("t")
+    assert r.exit_code() == 1  # nothing ran
+    r.skip("venv-a", "not built")
+    assert r.exit_code() == 1  # a skip alone is not a pass
+    r.add(ok)
+    assert r.exit_code() == 0  # a skip next to a passing case: named, not a failure
+    r.add(Case("u", "d", True, {}, [Control("flip", False)]))
+    assert r.exit_code() == 1  # a control that still matches
+    r2 = Report("t")
+    r2.add(ok)
+    r2.fail("venv-b", "crashed")
+    assert r2.exit_code() == 1  # a crash, whatever passed elsewhere
+    r3 = Report("t")
+    r3.add(Case("u", "e", False, {"abs": 1.0}))
+    assert r3.exit_code() == 1  # a mismatch
+    log = capsys.readouterr().out
+    assert "venv-a: SKIPPED (not built)" in log and "venv-b: FAILED (crashed)" in log, log
 
 
 @pytest.mark.parametrize("script", [CRASH, RAISED], ids=["maker-exits-1", "maker-raised"])
-def test_grpo_peers_a_built_venv_whose_makers_crash_fails_even_if_another_passed(
-    script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_built_venv_whose_makers_crash_fails_even_if_another_passed(
+    script: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _venv(tmp_path, "trl", script)
-    _venv(tmp_path, "skyrl-areal", CRASH)  # built; its stand-in run_venv passes
-    monkeypatch.setattr(
-        validate_grpo_peers, "run_venv", _passing_elsewhere(validate_grpo_peers.run_venv, "trl")
-    )
-    out = tmp_path / "res.json"
-    rc = validate_grpo_peers.validate(["trl", "skyrl-areal"], tmp_path, None, None, out)
+    _venv(tmp_path, "bad", script)
+    _venv(tmp_path, "good", None)  # refppo's own interpreter: its unit runs and passes
+    venvs = {"bad": {"bad-unit": TRIVIAL}, "good": {"good-unit": TRIVIAL}}
+    report = Report("t")
+    ran = []
+    for unit, out, st in run_venvs(report, venvs, tmp_path, tmp_path / "work"):
+        ran.append(unit)
+        assert st["result"] == out.name  # os.path.basename(OUT) came back through status.json
+        report.add(Case(unit, "c", True))
     log = capsys.readouterr().out
-    assert rc == 1, log
-    res = json.loads(out.read_text())
-    assert "failed" in res["trl"] and "skipped" not in res["trl"], res["trl"]
-    assert "trl: FAILED (" in log, log
-    assert res["skyrl-areal"]["cases"], res  # the other venv did run and pass
+    assert ran == ["good-unit"], (ran, log)
+    assert report.exit_code() == 1, log
+    assert ("bad" if script == CRASH else "bad-unit") in report.failed, report.failed
+    assert "FAILED (" in log and "SKIPPED" not in log, log
+    assert report.versions["good-unit"].startswith("pytest "), report.versions
 
 
-def test_grpo_peers_a_venv_without_ready_is_a_skip_and_nothing_run_is_exit_1(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_venv_without_ready_is_a_skip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _venv(tmp_path, "half", None, ready=False)  # interpreter present, no READY stamp: not built
+    assert peers_python("half", tmp_path) is None
+    report = Report("t")
+    assert list(run_venvs(report, {"half": {"u": TRIVIAL}}, tmp_path, tmp_path / "work")) == []
+    log = capsys.readouterr().out
+    assert "half: SKIPPED (no side venv" in log and "READY" in log, log
+    assert report.exit_code() == 1  # nothing ran
+
+
+def test_the_root_is_read_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _venv(tmp_path, "v", None)
+    monkeypatch.setenv("REFPPO_PEERS_ROOT", str(tmp_path))
+    assert peers_python("v") == tmp_path / "v" / "bin" / "python"
+    monkeypatch.setenv("REFPPO_PEERS_ROOT", str(tmp_path / "empty"))
+    assert peers_python("v") is None
+
+
+@pytest.mark.parametrize("name", sorted(VALIDATORS))
+def test_every_validator_with_no_venv_skips_each_and_exits_1(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _venv(tmp_path, "trl", CRASH, ready=False)  # interpreter present, no READY stamp: not built
-    rc = validate_grpo_peers.validate(["trl"], tmp_path, None, None, None)
+    import importlib
+
+    monkeypatch.setenv("REFPPO_PEERS_ROOT", str(tmp_path))  # an empty root: no venv built
+    monkeypatch.chdir(tmp_path)
+    main = importlib.import_module(VALIDATORS[name]).main
+    rc = main([])
     log = capsys.readouterr().out
     assert rc == 1, log  # nothing ran: never a pass
-    assert "trl: SKIPPED (no side venv" in log and "READY" in log, log
+    assert "SKIPPED (no side venv" in log and "FAILED" not in log and "no case ran" in log, log
 
 
 @pytest.mark.parametrize("script", [CRASH, RAISED], ids=["maker-exits-1", "maker-raised"])
-def test_detect_a_built_group_whose_makers_crash_fails_even_if_other_cases_pass(
-    script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("name", sorted(VALIDATORS))
+def test_every_validator_with_crashing_venvs_fails(
+    name: str,
+    script: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    root = tmp_path / "peers"
-    _venv(root, "skyrl-areal", script)
-    monkeypatch.delenv("REFPPO_PEERS_PYTHON", raising=False)
-    # the cases that did run (another group's) all pass
-    monkeypatch.setattr(validate_detect, "validate", lambda *a, **k: {"other_case": {"verdict": "found"}})
-    argv = ["validate_detect.py", "--group", "skyrl-areal", "--peers-root", str(root)]
-    monkeypatch.setattr(sys, "argv", argv)
-    rc = validate_detect.main()
+    import importlib
+
+    for venv in ("verl-openrlhf", "skyrl-areal", "trl", "trl-grpo"):
+        _venv(tmp_path, venv, script)
+    monkeypatch.setenv("REFPPO_PEERS_ROOT", str(tmp_path))
+    main = importlib.import_module(VALIDATORS[name]).main
+    rc = main(["--json-out", os.devnull])
     log = capsys.readouterr().out
     assert rc == 1, log
     assert "FAILED (" in log and "SKIPPED" not in log, log
-
-
-def test_detect_a_group_without_ready_is_a_skip(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    root = tmp_path / "peers"
-    _venv(root, "skyrl-areal", CRASH, ready=False)
-    monkeypatch.delenv("REFPPO_PEERS_PYTHON", raising=False)
-    monkeypatch.setattr(validate_detect, "validate", lambda *a, **k: {"other_case": {"verdict": "found"}})
-    monkeypatch.setattr(
-        sys, "argv", ["validate_detect.py", "--group", "skyrl-areal", "--peers-root", str(root)]
-    )
-    rc = validate_detect.main()
-    log = capsys.readouterr().out
-    assert rc == 0, log  # the skipped group is named; the cases that ran passed
-    assert "skyrl-areal: SKIPPED (no side venv" in log and "FAILED" not in log, log
-
-
-def test_kl_straight_through_without_an_interpreter_exits_2_with_one_line(tmp_path: Path) -> None:
-    missing = tmp_path / "no-venv" / "bin" / "python"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "validate_kl_straight_through.py"),
-            "--peers-python",
-            str(missing),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(missing) in lines[0], proc.stderr
-    assert "SKIPPED" not in proc.stdout, proc.stdout
-
-
-def _presets_with_a_passing_group(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, script: str, ready: bool = True
-) -> None:
-    """Group ``fake`` (maker ``fake-peer``) runs ``script``; group ``good``'s stand-in passes."""
-    monkeypatch.delenv("REFPPO_PEERS_PYTHON", raising=False)
-    monkeypatch.setattr(validate_presets, "GROUPS", {"fake": ("fake-peer",), "good": ("good-peer",)})
-    _venv(tmp_path, "fake", script, ready=ready)
-    _venv(tmp_path, "good", CRASH)  # built; its stand-in run_group passes
-    real = validate_presets.run_group
-    ok = {"name": "c", "ok": True, "max_abs_err": 0.0, "quantities": {}, "command": "refppo diff c"}
-
-    def run_group(group: str, py: Path, out: Path) -> dict[str, Any]:
-        return real(group, py, out) if group == "fake" else {"good-peer": {"cases": [ok]}}
-
-    monkeypatch.setattr(validate_presets, "run_group", run_group)
-
-
-@pytest.mark.parametrize("script", [CRASH, RAISED], ids=["maker-exits-1", "maker-raised"])
-def test_presets_a_built_venv_whose_makers_crash_fails_even_if_another_passed(
-    script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _presets_with_a_passing_group(monkeypatch, tmp_path, script)
-    out = tmp_path / "res.json"
-    rc = validate_presets.validate(["fake", "good"], tmp_path, None, False, out)
-    log = capsys.readouterr().out
-    assert rc == 1, log
-    res = json.loads(out.read_text())
-    assert "failed" in res["fake-peer"] and "skipped" not in res["fake-peer"], res
-    assert "fake-peer: FAILED (" in log and "SKIPPED" not in log, log
-    assert res["good-peer"]["cases"], res  # the other venv did run and pass
-
-
-def test_presets_a_venv_without_ready_is_a_skip(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _presets_with_a_passing_group(monkeypatch, tmp_path, CRASH, ready=False)
-    rc = validate_presets.validate(["fake", "good"], tmp_path, None, False, None)
-    log = capsys.readouterr().out
-    assert rc == 0, log  # the skipped venv is named; the cases that ran passed
-    assert "fake-peer: SKIPPED (no side venv" in log and "FAILED" not in log, log
-    assert validate_presets.validate(["fake"], tmp_path, None, False, None) == 1  # nothing ran

@@ -352,7 +352,8 @@ def test_missing_eos_penalty_is_logged_and_plotted_as_its_own_series(tmp_path: P
     for records, shown in (([record], True), ([record_off], False)):
         fig = plot_figure(records)
         try:
-            axes = fig.axes
+            axes = [ax for ax in fig.axes if ax.get_title()]  # the panels (the rule score's axis apart)
+            assert len(axes) == 6
             for ax in axes:
                 assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
             reward_ax = axes[0]
@@ -362,6 +363,95 @@ def test_missing_eos_penalty_is_logged_and_plotted_as_its_own_series(tmp_path: P
             assert "rule_score" in " ".join(labels)
             assert "iteration" in reward_ax.get_xlabel() and "reward" in reward_ax.get_ylabel()
             assert "nats" in axes[1].get_ylabel()
+        finally:
+            plt.close(fig)
+
+
+def _records(n: int, critic: bool = True) -> list[dict[str, float]]:
+    """``n`` hand-made records (no missing-EOS penalty: ``score`` = ``raw_score``)."""
+    out = []
+    for i in range(1, n + 1):
+        r = {"iteration": i, "rollout/score": 0.1 * i, "rollout/raw_score": 0.1 * i, "rollout/kl": 0.01}
+        r.update({"rollout/rule_score": 0.05 * i, "ppo/pg_loss": -0.01, "ppo/pg_clipfrac": 0.1})
+        r.update({"rollout/old_entropy": 3.0})
+        if critic:
+            r.update({"ppo/vf_loss": 0.3, "ppo/vf_clipfrac": 0.02})
+        out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_plot_rule_score_on_its_own_axis_score_apart_integer_ticks(n: int) -> None:
+    """The hidden-rule score (a score in [−1, 1]) has its own y-axis on the reward panel; the
+    solid ``score`` and the dashed, crossed ``raw_score`` stay apart where they coincide; every
+    panel's iteration ticks are whole numbers."""
+    import matplotlib.pyplot as plt
+
+    from refppo.train.runlog import RULE_AXIS_LABEL
+
+    fig = plot_figure(_records(n), kl_estimator="k3")
+    try:
+        panels = [ax for ax in fig.axes if ax.get_title()]
+        reward = panels[0]
+        twins = [ax for ax in fig.axes if not ax.get_title()]
+        assert [ax.get_ylabel() for ax in twins] == [RULE_AXIS_LABEL]
+        assert [ln.get_label() for ln in twins[0].lines] == [SERIES_LABELS["rollout/rule_score"]]
+        by_label = {ln.get_label(): ln for ln in reward.lines}
+        assert SERIES_LABELS["rollout/rule_score"] not in by_label  # not on the reward's axis
+        score, raw = by_label[SERIES_LABELS["rollout/score"]], by_label[SERIES_LABELS["rollout/raw_score"]]
+        assert list(score.get_ydata()) == list(raw.get_ydata())  # the case where they would hide
+        assert score.get_linestyle() != raw.get_linestyle() and score.get_marker() != raw.get_marker()
+        for ax in panels:
+            lo, hi = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+            assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+        kl_labels = [t.get_text() for t in panels[1].get_legend().get_texts()]
+        assert any("k3" in t for t in kl_labels), kl_labels
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    ("sets", "label"),
+    [((), "KL(k1)"), (("ppo.kl_estimator=k3", "ppo.advantage=grpo", "rollout.group_size=4",
+                       "task.reward=rule", "ppo.whiten_advantages=none"), "KL(k3)")],
+    ids=["ppo-k1", "grpo-k3"],
+)  # fmt: skip
+def test_the_training_log_names_the_kl_estimator_and_a_critic_free_run_logs_no_critic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sets: tuple[str, ...], label: str
+) -> None:
+    """Every iteration line and the summary say which estimator the KL is (a k1 sum can be
+    negative); a critic-free run's metrics.jsonl holds nothing of a critic."""
+    from refppo.train.runlog import read_metrics
+
+    argv = ["--out", str(tmp_path / "run")]
+    for x in (*TEST, *sets):
+        argv += ["--set", x]
+    assert train_main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    its = [ln for ln in lines if re.match(r"iteration \d+/2: reward", ln)]
+    done = [ln for ln in lines if ln.startswith("done: ")]
+    assert len(its) == 2 and len(done) == 1, lines
+    for ln in (*its, *done):
+        assert f" {label} " in ln and " KL " not in ln, ln
+    recs = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    critic_keys = {"ppo/vf_loss", "ppo/vf_clipfrac", "ppo/critic_grad_norm", "rollout/value_mean"}
+    for r in recs:
+        assert (critic_keys <= set(r)) is (not sets), sorted(critic_keys & set(r))
+        assert not sets or not critic_keys & set(r)
+
+
+def test_plot_of_a_critic_free_run_has_no_value_panel() -> None:
+    import matplotlib.pyplot as plt
+
+    for critic in (True, False):
+        fig = plot_figure(_records(3, critic=critic))
+        try:
+            titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+            assert any(t.startswith("Value loss") for t in titles) is critic, titles
+            legends = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().texts]
+            assert (SERIES_LABELS["ppo/vf_clipfrac"] in legends) is critic, legends
+            assert "not logged" not in [t.get_text() for ax in fig.axes for t in ax.texts]
         finally:
             plt.close(fig)
 
@@ -494,3 +584,32 @@ def test_help_config_describes_every_set_key(capsys: pytest.CaptureFixture[str])
     assert train_main(["--help-config", "kl"]) == 0
     assert "kl.target" in capsys.readouterr().out
     assert train_main(["--help-config", "nope"]) == 2
+
+
+def test_help_config_names_checkpoints_and_dumps_as_they_are_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The names in ``--help-config`` are those the trainer writes (six-digit iterations), not a
+    pattern a user has to decode (``iter_<N>`` read as ``iter_2``)."""
+    from refppo.atomic import TMP_PREFIX
+    from refppo.train.checkpoint import staging_dir
+    from refppo.train.dump import dump_path
+
+    assert train_main(["--help-config", "run"]) == 0
+    out = capsys.readouterr().out
+    ckpt = staging_dir(tmp_path, 2).name.removeprefix(TMP_PREFIX)
+    dump = dump_path(tmp_path, 2).name
+    assert (ckpt, dump) == ("iter_000002", "iter_000002.safetensors")
+    assert ckpt in out
+    assert dump in out and "iter_<N>" not in out
+
+
+def test_the_progress_bar_names_the_kl_estimator() -> None:
+    from refppo.train.runlog import Progress, kl_label
+
+    bar = Progress(3, 0, True, bar=True, kl_label=kl_label("k3"))
+    try:
+        bar.update({"iteration": 1, "rollout/score": 0.5, "rollout/kl": 0.1, "ppo/loss": 0.2})
+        assert bar.bar.postfix == "reward=0.500, KL(k3)=0.100, loss=0.200"
+    finally:
+        bar.close()

@@ -82,6 +82,28 @@ def test_dump_iteration_config_errors() -> None:
     assert preset("test", "run.dump_iteration=1", "ppo.minibatches=1", *grouped).run.dump_iteration == 1
 
 
+def test_dump_iteration_with_the_defaults_says_exactly_what_to_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's ``refppo train --set run.dump_iteration=2`` on the defaults (4 minibatches,
+    whitened advantages) exits 2 with one line naming the key in effect and the ``--set`` to add;
+    the defaults with that ``--set`` added are accepted."""
+    import re
+
+    from refppo.train.cli import main as train_main
+    from refppo.train.config.schema import TrainConfig
+
+    rc = train_main(["--set", "run.dump_iteration=2", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "(got 4) with ppo.whiten_advantages=masked" in err, err
+    fixes = re.findall(r"add --set (\S+)", err)
+    assert fixes == ["ppo.minibatches=1"], err
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+    cfg = TrainConfig().with_overrides(["run.dump_iteration=2", *fixes])
+    assert cfg.ppo.minibatches == 1 and cfg.run.dump_iteration == 2
+
+
 def test_torchrun_trainer_dump_matches_its_oracle(tmp_path: Path) -> None:
     """``torchrun --standalone --nproc-per-node 2 -m refppo train --set run.dump_iteration=2``:
     rank 0 writes one dump holding both ranks' rows, and the oracle matches it."""

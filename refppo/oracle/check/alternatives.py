@@ -1,13 +1,24 @@
-"""The candidate convention changes of the oracle's diagnosis (:func:`refppo.oracle.check.diagnose.explain`)
-and of ``--detect``'s walks, and which convention keys can change each quantity (split out of
-``refppo/oracle/check/diagnose.py``, which re-exports every name)."""
+"""The candidate convention changes of the oracle's diagnosis (:func:`refppo.oracle.check.diagnose.explain`),
+and which of them can change each output, derived from the stage table and the enums.
+
+- :data:`CANDIDATE_KEYS`: the keys a single-key change is tried on, in the order the diagnosis tries
+  and lists them (``kl_clamps`` stands for the pair ``kl_log_ratio_clamp``, ``kl_value_clamp``);
+- the alternatives of an enum key are its enum's members (a member whose value is another's, the
+  straight-through KL estimators ``k1+``, ``k3+``, ``abs+``, is left out: it changes no value), an
+  optional enum's None first (:data:`ALTERNATIVES`, :data:`GROUP_ALTERNATIVES`); a numeric key's are
+  the peers' named values (:data:`NAMED`);
+- :data:`AFFECTS`: for each output of :data:`refppo.pipeline.stages.OUTPUTS`, the candidate keys that
+  some stage upstream of it reads (:func:`refppo.pipeline.stages.keys_upstream`).
+"""
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
-from refppo.conventions import AdvantageEstimator, GroupKL, GroupSingleton, GroupStdLevel, LossAgg
-from refppo.pipeline.settings import SIGMA_ESTIMATORS
+from refppo.conventions import AdvantageEstimator
+from refppo.pipeline.settings import FLAT, SIGMA_ESTIMATORS, enum_keys
+from refppo.pipeline.stages import OUTPUTS, keys_upstream
 
 GROUP_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
 """``group_eps`` of the peers: verl/SkyRL 1e-6, OpenRLHF 1e-9, TRL GRPOTrainer 1e-4, and 1e-8 (also
@@ -23,53 +34,92 @@ CLAMP_BUNDLES: dict[str, dict[str, Any]] = {
 }
 """The KL clamp combinations the peers use (see refppo.oracle.presets.registry)."""
 
+GROUP_KEYS: tuple[str, ...] = (
+    "advantage",
+    "group_std",
+    "group_std_level",
+    "group_eps",
+    "group_singleton",
+    "group_kl",
+)
+"""The critic-free estimator (step 3) and its options: tried only where they apply
+(:func:`refppo.oracle.check.diagnose._applies`)."""
+
+CANDIDATE_KEYS: tuple[str, ...] = (
+    "kl_estimator",
+    "kl_clamps",
+    "kl_in",
+    "score_at",
+    "score_clip",
+    *GROUP_KEYS,
+    "whiten_advantages",
+    "whiten_variance",
+    "dual_clip",
+    "log_ratio_clamp",
+    "value_loss",
+    "value_clip_form",
+    "loss_agg",
+    "value_loss_agg",
+    "vf_mask",
+    "approx_kl",
+)
+"""The keys a single-key change is tried on, in the order they are tried (and listed)."""
+
+NAMED: dict[str, list[Any]] = {
+    "score_clip": [None, 5.0, 10.0],
+    "dual_clip": [None, 3.0],
+    "log_ratio_clamp": [None, 20.0],
+    "group_eps": list(GROUP_EPS),
+}
+"""The peers' named values of the numeric candidate keys (OpenRLHF's score clip 10, DeepSpeed-Chat's
+5; verl's dual clip 3; verl/OpenRLHF's log-ratio clamp 20)."""
+
+
+def flat_keys(key: str) -> tuple[str, ...]:
+    """The flat convention keys a candidate key changes (``kl_clamps``: the two KL clamps)."""
+    return ("kl_log_ratio_clamp", "kl_value_clamp") if key == "kl_clamps" else (key,)
+
+
+def members(key: str) -> list[Any]:
+    """The alternatives of an enum key: its members but those whose value is another member's (a
+    ``base`` other than themselves), None first for an optional key; ``advantage`` without ``gae``
+    (a GAE dump is not re-run through the critic-free estimators)."""
+    enum: type[Enum] = enum_keys()[key]
+    out: list[Any] = [None] if FLAT[key].default is None else []
+    out += [m for m in enum if getattr(m, "base", m) is m and m is not AdvantageEstimator.GAE]
+    return out
+
+
+def _alternatives(key: str) -> list[dict[str, Any]]:
+    if key == "kl_clamps":
+        return [dict(b) for b in CLAMP_BUNDLES.values()]
+    values = NAMED[key] if key in NAMED else members(key)
+    return [{key: v} for v in values]
+
+
 ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
-    "kl_estimator": [{"kl_estimator": e} for e in ("k1", "k2", "k3", "abs")],
-    "kl_clamps": list(CLAMP_BUNDLES.values()),
-    "kl_in": [{"kl_in": p} for p in ("reward", "loss")],
-    "score_at": [{"score_at": s} for s in ("last_valid", "after_last_valid", "last_position")],
-    "score_clip": [{"score_clip": c} for c in (None, 5.0, 10.0)],
-    "whiten_advantages": [{"whiten_advantages": w} for w in ("none", "masked", "masked_no_shift")],
-    "whiten_variance": [{"whiten_variance": v} for v in ("unbiased", "population")],
-    "dual_clip": [{"dual_clip": c} for c in (None, 3.0)],
-    "log_ratio_clamp": [{"log_ratio_clamp": c} for c in (None, 20.0)],
-    # every mode of the enum (token-sum was missing: a token-sum value loss was never detected)
-    "loss_agg": [{"loss_agg": a.value} for a in LossAgg],
-    "value_loss_agg": [{"value_loss_agg": a} for a in (None, *(m.value for m in LossAgg))],
-    "value_loss": [{"value_loss": v} for v in ("clipped", "unclipped")],
-    "value_clip_form": [{"value_clip_form": f} for f in ("around_old", "delta")],
-    "vf_mask": [{"vf_mask": v} for v in ("value", "response")],
-    "approx_kl": [{"approx_kl": v} for v in ("k1", "k2_all_positions")],
+    k: _alternatives(k) for k in CANDIDATE_KEYS if k not in GROUP_KEYS
 }
+"""Every candidate change but the critic-free ones, by key (``--detect`` reads them too)."""
+GROUP_ALTERNATIVES: dict[str, list[dict[str, Any]]] = {k: _alternatives(k) for k in GROUP_KEYS}
+"""The critic-free estimators (step 3) and their options."""
 
-GROUP_ALTERNATIVES: dict[str, list[dict[str, Any]]] = {
-    "advantage": [{"advantage": e.value} for e in AdvantageEstimator if e is not AdvantageEstimator.GAE],
-    "group_std": [{"group_std": v} for v in ("unbiased", "population")],
-    "group_std_level": [{"group_std_level": v.value} for v in GroupStdLevel],
-    "group_eps": [{"group_eps": e} for e in GROUP_EPS],
-    "group_singleton": [{"group_singleton": v.value} for v in GroupSingleton],
-    "group_kl": [{"group_kl": v.value} for v in GroupKL],
-}
-"""The critic-free estimators (step 3) and their options, tried only where they apply
-(:func:`_applies`); kept apart from :data:`ALTERNATIVES`, which every base setting (and
-``--detect``'s walks) reads."""
-
-_KL = ("kl_estimator", "kl_clamps")
-_REW = (*_KL, "kl_in", "score_at", "score_clip")
-_GROUP = ("advantage", "group_std", "group_std_level", "group_eps", "group_singleton", "group_kl")
-_ADV = (*_REW, *_GROUP, "whiten_advantages", "whiten_variance")
 AFFECTS: dict[str, tuple[str, ...]] = {
-    "kl": _KL,
-    "token_rewards": _REW,
-    "advantages": _ADV,
-    "returns": (*_REW, *_GROUP),
-    "pg_loss": (*_ADV, "dual_clip", "log_ratio_clamp", "loss_agg"),
-    "pg_clipfrac": (*_ADV, "log_ratio_clamp"),
-    "approx_kl": ("approx_kl",),
-    "vf_loss": (*_REW, "value_loss", "value_clip_form", "loss_agg", "value_loss_agg", "vf_mask"),
-    "vf_clipfrac": (*_REW, "value_loss", "value_clip_form", "vf_mask"),
-    "entropy_loss": ("loss_agg",),
-    "kl_loss": (*_KL, "kl_in", "loss_agg"),
-    "loss": (*ALTERNATIVES, *_GROUP),
+    q: tuple(k for k in CANDIDATE_KEYS if set(flat_keys(k)) & set(keys_upstream(q))) for q in OUTPUTS
 }
-"""Which convention keys can change each quantity (the stages of the pipeline)."""
+"""Which candidate keys can change each output (the stages upstream of it read them)."""
+
+
+__all__ = [
+    "AFFECTS",
+    "ALTERNATIVES",
+    "CANDIDATE_KEYS",
+    "CLAMP_BUNDLES",
+    "GROUP_ALTERNATIVES",
+    "GROUP_EPS",
+    "GROUP_KEYS",
+    "NAMED",
+    "STD_ESTIMATORS",
+    "flat_keys",
+    "members",
+]

@@ -159,6 +159,10 @@ def describe(
     return _describe_tokens(name, dump, ref, cmp_mask, mask, tol)
 
 
+FACTOR_HINT = " (a constant factor can point at the loss aggregation)"
+"""The hint of a scalar's ratio line; dropped when a named bug explains every quantity."""
+
+
 def _describe_scalar(name: str, d: float, r: float, tol: float) -> list[str]:
     notes: list[str] = []
     if not math.isfinite(d):
@@ -167,9 +171,7 @@ def _describe_scalar(name: str, d: float, r: float, tol: float) -> list[str]:
     if abs(d + r) <= tol and abs(r) > tol:
         notes.append(f"{name}: a sign flip (dump = −reference)")
     elif abs(r) > tol and abs(d) > tol:
-        notes.append(
-            f"{name}: dump/reference = {d / r:.6g} (a constant factor can point at the loss aggregation)"
-        )
+        notes.append(f"{name}: dump/reference = {d / r:.6g}{FACTOR_HINT}")
     elif abs(d) <= tol:
         notes.append(f"{name}: the dump is 0 where the reference is not")
     return notes

@@ -5,7 +5,10 @@ affect the divergent quantity; a critic-free dump's estimator and its ``group_*`
 they apply: :func:`_applies`) and with each known bug of :data:`refppo.oracle.check.recompute.BUGS`
 re-enacted; a candidate *explains* the divergence when, under it, the divergent quantity and every
 quantity before it in pipeline order match the dump. A candidate under which later quantities still
-differ is reported as explaining the first divergence *only*, naming what still differs.
+differ is reported as explaining the first divergence *only*, naming what still differs. A known
+bug that explains every quantity silences the hints it makes wrong (the scalar's "constant factor"
+hint, "no named gradient pattern"); a gradient first divergence tries the known bugs too when no
+gradient pattern explains everything (:func:`_grad_explanation`).
 """
 
 from __future__ import annotations
@@ -20,15 +23,23 @@ from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.core.gae import has_holes
 from refppo.dump.load import TOLERANCES, Dump
 from refppo.errors import RefPPOError
-from refppo.oracle.check.alternatives import AFFECTS, ALTERNATIVES, GROUP_ALTERNATIVES, STD_ESTIMATORS
-from refppo.oracle.check.compare import QuantityResult, compare, describe
+from refppo.oracle.check.alternatives import (
+    AFFECTS,
+    ALTERNATIVES,
+    GROUP_ALTERNATIVES,
+    STD_ESTIMATORS,
+)
+from refppo.oracle.check.compare import FACTOR_HINT, QuantityResult, compare, describe
 from refppo.oracle.check.fastcheck import PrefixCheck, RolloutMemo
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance
 from refppo.oracle.check.grad_diagnose import explain_grad
 from refppo.oracle.check.grad_notes import first_line
-from refppo.oracle.check.recompute import BUGS, PIPELINE_ORDER, ROLLOUT_QUANTITIES, Reference, recompute
+from refppo.oracle.check.recompute import BUGS, Reference, recompute
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.presets.registry import PRESETS
+from refppo.pipeline.bugs import BUGS as BUG_TABLE
+from refppo.pipeline.bugs import affected
+from refppo.pipeline.stages import OUTPUTS, ROLLOUT_OUTPUTS
 
 
 def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
@@ -55,13 +66,12 @@ def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
     return conv.kl.placement is KLPlacement.REWARD and setup.hp.kl_coef > 0
 
 
-BUG_AFFECTS: dict[str, frozenset[str]] = {
-    "kl_from_current_logprobs": frozenset(PIPELINE_ORDER) - {"approx_kl", "entropy_loss", "kl_loss"},
-    "gae_through_padding": frozenset(PIPELINE_ORDER) - {"kl", "token_rewards", "approx_kl", "entropy_loss"},
-    "gae_bootstrap_from_padding": frozenset(PIPELINE_ORDER)
-    - {"kl", "token_rewards", "approx_kl", "entropy_loss"},
-    "whiten_over_padding": frozenset({"advantages", "pg_loss", "pg_clipfrac", "loss"}),
-}
+BUG_AFFECTS: dict[str, frozenset[str]] = {n: affected(b) & frozenset(OUTPUTS) for n, b in BUG_TABLE.items()}
+"""The outputs each bug of :data:`BUGS` can change (only a divergence there is tried on it): what its
+replaced stages (or the stages reading its swapped inputs) make and everything downstream
+(:func:`refppo.pipeline.bugs.affected`)."""
+BUG_NEEDS: dict[str, tuple[str, ...]] = {n: b.needs for n, b in BUG_TABLE.items()}
+"""The dump keys a bug's re-enactment reads beyond the inputs every dump holds."""
 
 
 @dataclass
@@ -89,7 +99,7 @@ def compare_all(
     """
     tol = TOLERANCES[dump.dtype]
     out: dict[str, QuantityResult] = {}
-    for name in PIPELINE_ORDER:
+    for name in OUTPUTS:
         if known is not None and name in known:
             out[name] = known[name]
         elif dump.has(name) and name in ref.values:
@@ -147,22 +157,22 @@ def _candidate(
     dump: Dump, first: str, prefix_ok: PrefixCheck, alt: Setup, bug: str | None = None
 ) -> dict[str, QuantityResult] | None:
     """Every quantity under ``alt`` (and ``bug``), or None when ``first`` or a quantity before it
-    still differs. A rollout-stage ``first`` is tested on the rollout stage alone first (cheap);
-    only a candidate that passes is recomputed in full, to say whether it explains everything."""
+    still differs. The rollout stage is tested alone first (cheap): a rollout-stage ``first`` must
+    match there, and for a later ``first`` every dumped rollout quantity (all of them come before
+    it); only a candidate that passes is recomputed in full, to say whether it explains everything."""
     if not prefix_ok(alt, bug):  # differs at kl/token_rewards already
         return None
-    early = first in ROLLOUT_QUANTITIES
-    ro = recompute(dump, alt, bug=bug, rollout_only=early)
+    early = first in ROLLOUT_OUTPUTS
+    ro = recompute(dump, alt, bug=bug, rollout_only=True)
     res = compare_all(dump, ro)
-    if not _prefix_ok(res, first):
+    if not (_prefix_ok(res, first) if early else all(r.ok for r in res.values())):
         return None
-    if not early:
-        return res
     # continue the rollout just recomputed with the update stage (not steps 1-4 again), holding
     # only what the update reads: the rollout quantities are compared already
     slim = ro.slim()
     del ro
-    return compare_all(dump, recompute(dump, alt, bug=bug, rollout=slim), known=res)
+    full = compare_all(dump, recompute(dump, alt, bug=bug, rollout=slim), known=res)
+    return full if early or _prefix_ok(full, first) else None
 
 
 def _worth_trying(key: str, upd: dict[str, Any], current: dict[str, Any], setup: Setup, dump: Dump) -> bool:
@@ -213,10 +223,23 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
                 notes.append(_explained(f"the convention {_fmt_updates(upd)}{tail}", first, res))
                 everything = first_divergence(res) is None
                 found.append({"kind": "convention", "change": alt_json(upd), "all_match": everything})
+    bug_notes, bug_found = explain_bugs(dump, setup, first, prefix_ok)
+    notes += bug_notes
+    found += bug_found
+    closing = _closing_note(notes, found, first)
+    return notes if closing is None else [*notes, closing], found
+
+
+def explain_bugs(
+    dump: Dump, setup: Setup, first: str, prefix_ok: PrefixCheck | None = None
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The known bugs of :data:`BUGS` under which ``first`` (and all before it) match, each
+    re-enacted by :func:`recompute` and compared quantity by quantity (:func:`_candidate`)."""
+    notes: list[str] = []
+    found: list[dict[str, Any]] = []
+    prefix_ok = PrefixCheck(dump, first) if prefix_ok is None else prefix_ok
     for bug, text in BUGS.items():
-        if first not in BUG_AFFECTS[bug]:
-            continue
-        if bug == "kl_from_current_logprobs" and not dump.has("logprobs"):
+        if first not in BUG_AFFECTS[bug] or not all(k in dump.tensors for k in BUG_NEEDS.get(bug, ())):
             continue
         try:
             res = _candidate(dump, first, prefix_ok, setup, bug)
@@ -225,8 +248,7 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
         if res is not None:
             notes.append(_explained(f"a known bug ({bug}): {text}", first, res))
             found.append({"kind": "bug", "bug": bug, "all_match": first_divergence(res) is None})
-    closing = _closing_note(notes, found, first)
-    return notes if closing is None else [*notes, closing], found
+    return notes, found
 
 
 def _explained(what: str, first: str, res: dict[str, QuantityResult]) -> str:
@@ -302,14 +324,32 @@ def _explain_first(
     """The convention changes that explain a non-gradient first divergence (:func:`explain`), and
     the gradient's explanation (:func:`explain_grad` on ``inp``) when a gradient diverges too."""
     notes, found = explain(dump, setup, first)
-    if grad_bad and inp is not None:  # e.g. pg_loss logged per micro-batch: the gradient says why
+    everything = any(f["all_match"] for f in found)  # re-checked on every quantity, gradients too
+    if grad_bad and inp is not None and not everything:  # e.g. pg_loss logged per micro-batch
         g_notes, g_found = explain_grad(dump, setup, inp, out.quantities)
         if g_found and not found:  # the gradient's explanation replaces "nothing explains it"
             notes = [n for n in notes if not n.startswith("no single convention change")]
         notes += g_notes
         found += g_found
+    if any(f["all_match"] and f["kind"] == "bug" for f in found):  # the hint points elsewhere
+        out.diagnosis = [line.replace(FACTOR_HINT, "") for line in out.diagnosis]
     out.diagnosis += notes
     out.explained_by = found
+
+
+def _grad_explanation(
+    dump: Dump, setup: Setup, first: str, inp: UpdateInputs, results: dict[str, QuantityResult]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """A gradient first divergence: :func:`explain_grad`'s lines and, when no gradient pattern
+    explains every quantity, the known bugs re-enacted (:func:`explain_bugs`: a bug of the update
+    stage, or of the rollout when the dump holds no rollout quantity it would change)."""
+    notes, found = explain_grad(dump, setup, inp, results)
+    if any(f["all_match"] or f.get("bug") == "non_finite" for f in found):
+        return notes, found
+    b_notes, b_found = explain_bugs(dump, setup, first)
+    if b_found:  # named after all: not "no named gradient pattern reproduces ..."
+        notes = [n for n in notes if not n.startswith("no named gradient pattern")]
+    return notes + b_notes, found + b_found
 
 
 def check(
@@ -329,7 +369,9 @@ def check(
         r = results[first]
         out.diagnosis.append(first_line(dump, first, r.max_abs_err, r.tol))
         if explain_divergence and ref.update_inputs is not None:
-            notes, found = explain_grad(dump, setup, ref.update_inputs, results)
+            g_inp = ref.update_inputs
+            del ref  # the bug candidates recompute their own
+            notes, found = _grad_explanation(dump, setup, first, g_inp, results)
             out.diagnosis += notes
             out.explained_by = found
     elif first is not None:

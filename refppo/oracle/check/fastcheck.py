@@ -23,8 +23,10 @@ from refppo.dump.load import TOLERANCES, Dump
 from refppo.oracle.check.compare import compare
 from refppo.oracle.check.recompute import Reference, recompute
 from refppo.oracle.check.settings import Setup
-from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, prefix_key
-from refppo.pipeline.step import REWARD_STAGES, reward_quantities
+from refppo.pipeline.bugs import BUGS as BUG_TABLE
+from refppo.pipeline.bugs import touches, variant
+from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, Stage, walk
+from refppo.pipeline.step import REWARD_STAGES
 
 
 def rollout_prefix_ok(dump: Dump, setup: Setup, first: str, bug: str | None = None) -> bool:
@@ -43,9 +45,10 @@ def _prefix(
     """False when ``kl`` or ``token_rewards`` (those the dump holds, up to ``first`` in pipeline
     order) differ under ``setup``/``bug``: the candidate cannot explain a divergence at ``first``.
 
-    Computed by :func:`refppo.pipeline.step.reward_quantities` (the stages score_map … rewards of
-    :func:`refppo.oracle.check.recompute.recompute`). Only the bug ``kl_from_current_logprobs``
-    changes these stages; the others act later.
+    Computed by the stages score_map … rewards (:data:`refppo.pipeline.step.REWARD_STAGES`, the
+    first stages of :func:`refppo.oracle.check.recompute.recompute`), under ``bug``'s variant of them
+    (``kl_from_current_logprobs`` swaps the KL's log-probs, ``kl_reward_sign_flipped`` the rewards'
+    KL sign; the other bugs act later).
 
     ``kl_ok``: the verdict on ``kl`` when already known (it depends on :func:`kl_key` only). Returns
     ``(verdict, verdict on kl or None when not compared)``. ``kl_memo``: holds the KL of one KL key
@@ -57,17 +60,14 @@ def _prefix(
     if kl_ok is False:
         return False, False
     tol = TOLERANCES[dump.dtype]
-    src = "logprobs" if bug == "kl_from_current_logprobs" else "old_logprobs"
-    kl_k = kl_key(setup, bug)
-    kl, rewards, vmask = reward_quantities(
-        scores=t["scores"],
-        old_logprobs=t[src],
-        ref_logprobs=t["ref_logprobs"],
-        mask=m,
-        hp=hp,
-        conv=conv,
-        kl=None if kl_memo is None else kl_memo.get(kl_k),
-    )
+    kl_k, b = kl_key(setup, bug), None if bug is None else BUG_TABLE[bug]
+    q: dict[str, Any] = {"scores": t["scores"], "old_logprobs": t["old_logprobs"], "mask": m}
+    q.update(ref_logprobs=t["ref_logprobs"], logprobs=t.get("logprobs"))
+    q = q if b is None else b.swap(q, "rollout")
+    if kl_memo is not None and kl_k in kl_memo:
+        q["kl"] = kl_memo[kl_k]  # the KL stage is not run again: the same call made it
+    out = walk(variant(REWARD_STAGES, b), q, conv, hp)
+    kl, rewards, vmask = out["kl"], out["token_rewards"], out["value_mask"]
     if kl_memo is not None and kl_k not in kl_memo:  # one [B, T] KL held at a time
         kl_memo.clear()
         kl_memo[kl_k] = kl
@@ -83,19 +83,25 @@ def _prefix(
     return ok, kl_ok
 
 
+def _stage_key(stage: Stage, setup: Setup, bug: str | None) -> tuple[Any, ...]:
+    """What ``stage`` reads under ``setup`` (:meth:`Stage.key`) and whether ``bug`` touches it
+    (:func:`refppo.pipeline.bugs.touches`: its function replaced or an input swapped)."""
+    b = None if bug is None else BUG_TABLE[bug]
+    return (stage.key(setup.conv, setup.hp), bug if touches(b, stage) else None)
+
+
 def kl_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
-    """What the KL stage reads (:meth:`refppo.pipeline.stages.Stage.key`) and which log-probs it
-    reads them from: the first part of :func:`reward_key`."""
-    return (BY_NAME["kl"].key(setup.conv, setup.hp), bug == "kl_from_current_logprobs")
+    """What the KL stage reads under ``setup``/``bug``: the first part of :func:`reward_key`."""
+    return _stage_key(BY_NAME["kl"], setup, bug)
 
 
 def reward_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
     """Everything of ``setup``/``bug`` that :func:`rollout_prefix_ok` reads: two settings with the
-    same key get the same ``kl``, ``token_rewards`` and value mask from
-    :func:`refppo.pipeline.step.reward_quantities`. Derived from the stage table: the keys of
-    :data:`refppo.pipeline.step.REWARD_STAGES` under ``setup`` (each stage's ``active`` keys: the
-    reward whitening's moments only when it is on), after :func:`kl_key`."""
-    rest = prefix_key(tuple(s for s in REWARD_STAGES if s.name != "kl"), setup.conv, setup.hp)
+    same key get the same ``kl``, ``token_rewards`` and value mask from the stages of
+    :data:`refppo.pipeline.step.REWARD_STAGES`. Derived from the stage table: each stage's
+    :meth:`~refppo.pipeline.stages.Stage.key` under ``setup`` (its ``active`` keys: the reward
+    whitening's moments only when it is on) and whether the bug touches it, :func:`kl_key` first."""
+    rest = tuple(_stage_key(s, setup, bug) for s in REWARD_STAGES if s.name != "kl")
     return (*kl_key(setup, bug), *rest)
 
 
@@ -121,11 +127,11 @@ class PrefixCheck:
 
 
 def rollout_key(setup: Setup, bug: str | None = None) -> tuple[Any, ...]:
-    """Everything of ``setup``/``bug`` that steps 1–4 (``recompute(rollout_only=True)``) read:
-    :func:`reward_key`, the bug, and the keys of the remaining rollout stages (the estimator's own
+    """Everything of ``setup``/``bug`` that steps 0–4 (``recompute(rollout_only=True)``) read:
+    :func:`reward_key` and the same key of the remaining rollout stages (the estimator's own
     options, the advantage whitening's), derived from the stage table."""
-    rest = prefix_key(tuple(s for s in ROLLOUT_STAGES if s not in REWARD_STAGES), setup.conv, setup.hp)
-    return (*reward_key(setup, bug), bug, *rest)
+    rest = tuple(_stage_key(s, setup, bug) for s in ROLLOUT_STAGES if s not in REWARD_STAGES)
+    return (*reward_key(setup, bug), *rest)
 
 
 class RolloutMemo:

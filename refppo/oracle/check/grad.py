@@ -22,6 +22,7 @@ The tie tokens are those that widen the clip fractions' tolerance
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -31,7 +32,8 @@ from refppo.conventions import ValueLoss
 from refppo.dump.load import Tolerance
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.blocks import Normalisers
-from refppo.pipeline.step import update_quantities
+from refppo.pipeline.stages import UPDATE_STAGES, Stage
+from refppo.pipeline.step import update_grads, update_inputs
 
 GRAD_QUANTITIES: tuple[str, ...] = ("grad_logprobs", "grad_values")
 
@@ -80,35 +82,20 @@ def pipeline_grads(
     *,
     norm: Normalisers | None = None,
     objective: str = "loss",
+    stages: Sequence[Stage] = UPDATE_STAGES,
 ) -> dict[str, Tensor]:
     """``∂J/∂logprobs``, ``∂J/∂values`` [B, T], and the (detached) ``ratio`` [B, T].
 
-    ``J`` is ``update_quantities(...).<objective>`` (``loss`` or ``pg_loss``) under ``setup`` and
-    ``norm``; the gradients are zeroed outside the policy / value mask (see the module docstring).
-    """
-    lp = inp.logprobs.detach().clone().requires_grad_(True)
-    v = inp.values.detach().clone().requires_grad_(True)
-    uq = update_quantities(
-        logprobs=lp,
-        values=v,
-        old_logprobs=inp.old_logprobs,
-        old_values=inp.old_values,
-        advantages=inp.advantages,
-        returns=inp.returns,
-        mask=inp.mask,
-        value_mask_=inp.value_mask,
-        ref_logprobs=inp.ref_logprobs,
-        entropy=inp.entropy,
-        hp=setup.hp,
-        conv=setup.conv,
-        norm=norm,
-    )
-    g_lp, g_v = torch.autograd.grad(getattr(uq, objective), (lp, v), allow_unused=True)
-    zero = torch.zeros((), dtype=inp.logprobs.dtype)
-    out: dict[str, Tensor] = {"ratio": uq.ratio.detach()}
-    for name, g, m in (("grad_logprobs", g_lp, inp.mask), ("grad_values", g_v, inp.value_mask)):
-        out[name] = zero.expand_as(m).clone() if g is None else torch.where(m, g, zero)
-    return out
+    ``J`` is the update stages' ``objective`` (``loss`` or ``pg_loss``) under ``setup`` and ``norm``
+    (``stages``: a bug's variant of them), differentiated by the grads stage
+    (:func:`refppo.pipeline.step.update_grads`); the gradients are 0 outside the policy / value mask
+    (see the module docstring)."""
+    q = update_inputs(
+        logprobs=inp.logprobs, values=inp.values, old_logprobs=inp.old_logprobs, old_values=inp.old_values,
+        advantages=inp.advantages, returns=inp.returns, mask=inp.mask, value_mask_=inp.value_mask,
+        ref_logprobs=inp.ref_logprobs, entropy=inp.entropy,
+    )  # fmt: skip
+    return update_grads(q, hp=setup.hp, conv=setup.conv, norm=norm, objective=objective, stages=stages)
 
 
 def unclipped(setup: Setup) -> Setup:
@@ -119,7 +106,12 @@ def unclipped(setup: Setup) -> Setup:
 
 
 def reference_grads(
-    inp: UpdateInputs, setup: Setup, dump: dict[str, Tensor], ties: dict[str, Tensor]
+    inp: UpdateInputs,
+    setup: Setup,
+    dump: dict[str, Tensor],
+    ties: dict[str, Tensor],
+    *,
+    stages: Sequence[Stage] = UPDATE_STAGES,
 ) -> dict[str, Tensor]:
     """The reference ``grad_*`` present in ``dump``; at ``ties[name]`` tokens the branch nearest the dump.
 
@@ -128,13 +120,13 @@ def reference_grads(
     for ``grad_logprobs`` the unclipped gradient less its ``pg_loss`` part (the KL-loss part stays),
     for ``grad_values`` 0.
     """
-    ref = pipeline_grads(inp, setup)
+    ref = pipeline_grads(inp, setup, stages=stages)
     out = {k: ref[k] for k in GRAD_QUANTITIES if k in dump}
     tied = {k: t for k, t in ties.items() if k in out and bool(t.any())}
     if tied:
         free = unclipped(setup)
-        alt = pipeline_grads(inp, free)
-        pg_free = pipeline_grads(inp, free, objective="pg_loss")["grad_logprobs"]
+        alt = pipeline_grads(inp, free, stages=stages)
+        pg_free = pipeline_grads(inp, free, objective="pg_loss", stages=stages)["grad_logprobs"]
         clipped = {
             "grad_logprobs": alt["grad_logprobs"] - pg_free,
             "grad_values": torch.zeros_like(alt["grad_values"]),

@@ -24,6 +24,9 @@ clip not in the gradient      the policy clip (and dual clip) removed: the uncli
                               gradient at tokens the reference clips
 advantages not detached       ``grad_values − ∂pg/∂advantages`` (from the pipeline's per-token
                               policy loss: every clip, dual clip, log-ratio clamp and GSPO)
+... and whitened              ``grad_values − s·∂pg/∂A`` (``A = (R − V − μ)/σ``, ``s = 1/σ``, the
+                              statistics numbers) or ``+ Σ_t ∂pg/∂A_t·∂A_t/∂V`` through the
+                              pipeline's whitening with the statistics on the live ``V``
 KL estimator                  ``kl_in = loss`` with another ``kl_estimator``; not named if its
                               ``kl_loss`` or ``loss`` differs from the dump's where the checked
                               setting's matched (k2, k1+, k3+, abs+ share a gradient)
@@ -45,6 +48,7 @@ from torch import Tensor
 from refppo.conventions import KLEstimator, KLPlacement, LossAgg
 from refppo.dump.load import TOLERANCES, Dump
 from refppo.errors import RefPPOError
+from refppo.oracle.check.bug_terms import dpg_dadv, whitened_not_detached
 from refppo.oracle.check.compare import QuantityResult, compare
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance, pipeline_grads, unclipped
 from refppo.oracle.check.grad_notes import (
@@ -57,7 +61,6 @@ from refppo.oracle.check.grad_notes import (
 from refppo.oracle.check.grad_notes import where_text as _where
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.blocks import Normalisers
-from refppo.pipeline.update import policy_term
 
 Grads = dict[str, Tensor]
 
@@ -250,6 +253,7 @@ def _convention_hypotheses(setup: Setup, inp: UpdateInputs, ref: Grads) -> list[
         lambda: {**ref, "grad_logprobs": pipeline_grads(inp, unclipped(setup))["grad_logprobs"]},
     ))  # fmt: skip
     out.append(("advantages_not_detached", _NOT_DETACHED, lambda: _not_detached(inp, setup, ref)))
+    out += whitened_not_detached(setup, inp, ref)
     if setup.conv.kl.placement is KLPlacement.LOSS:
         for est in KLEstimator:
             if est is not setup.conv.kl.estimator:
@@ -294,25 +298,7 @@ def _not_detached(inp: UpdateInputs, setup: Setup, ref: Grads) -> Grads:
     (``tests/oracle/test_grad_diagnose_not_detached.py`` checks it against autograd of a
     hand-written loss whose advantages are a leaf).
     """
-    lp = inp.logprobs.detach().clone().requires_grad_(True)
-
-    def ell(sign: float, s: Setup = setup) -> tuple[Tensor, Tensor]:
-        a = torch.full_like(inp.advantages, sign)
-        out = policy_term(lp, inp.old_logprobs, a, inp.mask, hp=s.hp, conv=s.conv)
-        return out.loss, out.per_token
-
-    pos_loss, pos = ell(1.0)
-    (w,) = torch.autograd.grad(pos_loss, pos)
-    neg = ell(-1.0)[1].detach()
-    # at A = 0 the cap −c·A is not applied (the core caps where A < 0 only): ℓ(−1) without it
-    no_dual = setup.with_convention({"dual_clip": None})
-    neg0 = neg if setup.conv.policy.dual_clip is None else ell(-1.0, no_dual)[1]
-    pos = pos.detach()
-    adv = inp.advantages
-    d_ell = torch.where(adv > 0, pos, torch.where(adv < 0, -neg, 0.5 * (pos - neg0.detach())))
-    zero = torch.zeros((), dtype=d_ell.dtype)
-    g_adv = torch.where(inp.mask, w * d_ell, zero)
-    return {**ref, "grad_values": ref["grad_values"] - g_adv}
+    return {**ref, "grad_values": ref["grad_values"] - dpg_dadv(inp, setup)}
 
 
 def _reproduces(dump: Dump, cand: Grads, names: list[str]) -> bool:

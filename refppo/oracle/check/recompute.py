@@ -17,58 +17,19 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import (
-    AdvantageEstimator,
-    GaeHoles,
-    KLPlacement,
-    PolicyLoss,
-    ValueLoss,
-    Variance,
-    VfMask,
-    WhitenHoles,
-)
-from refppo.core.by_rows import row_blocks
-from refppo.core.checks import count_true
-from refppo.core.gae import envelope
-from refppo.core.gspo import gspo_policy_loss
-from refppo.core.kl import token_kl
-from refppo.core.normalize import normalize
-from refppo.core.policy import policy_ratio
+from refppo.conventions import KLPlacement, ValueLoss, VfMask
 from refppo.dump.load import TOLERANCES, Dump, check_inputs_for, trim_heap, validate
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
 from refppo.oracle.check.settings import Setup
-from refppo.pipeline.blocks import gae_by_rows, update_rows
-from refppo.pipeline.step import rollout_quantities, update_quantities
+from refppo.oracle.check.ties import pg_tie_mask, pg_tie_share, vf_tie_mask, vf_tie_widen
+from refppo.pipeline.bugs import BUGS as BUG_TABLE
+from refppo.pipeline.bugs import Bug, bug_phases, variant
+from refppo.pipeline.stages import ROLLOUT_STAGES, UPDATE_STAGES, walk
+from refppo.pipeline.step import update_quantities
 
-PIPELINE_ORDER: tuple[str, ...] = (
-    "kl",
-    "token_rewards",
-    "advantages",
-    "returns",
-    "pg_loss",
-    "pg_clipfrac",
-    "approx_kl",
-    "vf_loss",
-    "vf_clipfrac",
-    "entropy_loss",
-    "kl_loss",
-    "loss",
-    "grad_logprobs",
-    "grad_values",
-)
-"""Pipeline order: the first quantity in this order that differs is the first divergence."""
-
-BUGS: dict[str, str] = {
-    "kl_from_current_logprobs": "the reward KL is computed from the current log-probs (`logprobs`) "
-    "instead of the rollout log-probs (`old_logprobs`)",
-    "gae_bootstrap_from_padding": "the last valid token bootstraps from the value of the first padded "
-    "slot, V[L] (junk), instead of 0: the next value is read without the mask",
-    "gae_through_padding": "GAE recursion runs through the padding with unmasked values: padded slots "
-    "add TD residuals γ·V[t+1] − V[t] that flow back into the valid tokens",
-    "whiten_over_padding": "advantage whitening takes its mean/variance over all B·T positions, "
-    "padding included (an unmasked mean/variance)",
-}
-"""Known bug classes the diagnosis re-enacts (see spec/conventions.md, bug catalogue)."""
+BUGS: dict[str, str] = {name: b.text for name, b in BUG_TABLE.items()}
+"""Known bug classes the diagnosis re-enacts, name → what it does (the variants of the stage table
+in :data:`refppo.pipeline.bugs.BUGS`; spec/conventions.md, bug catalogue)."""
 
 
 @dataclass(frozen=True)
@@ -109,122 +70,7 @@ class Reference:
         return None
 
 
-def whiten(adv_raw: Tensor, mask: Tensor, setup: Setup) -> Tensor:
-    """The pipeline's normalisation (step 4), for re-enacted bugs and the stage search.
-
-    Over ``mask``, or its envelope (holes included) under ``whiten_holes=include``, as the pipeline.
-    """
-    conv, hp = setup.conv, setup.hp
-    return normalize(
-        adv_raw,
-        envelope(mask) if conv.whiten.holes is WhitenHoles.INCLUDE else mask,
-        conv.whiten.advantages,
-        unbiased=conv.norm.variance is Variance.UNBIASED,
-        eps=hp.whiten_eps,
-        eps_at=conv.norm.eps_at,
-    )
-
-
-def reference_kl(dump: Dump, setup: Setup, logp: Tensor | None = None) -> Tensor:
-    """``kl`` as the dump format defines it: the estimator on ``old_logprobs`` vs ``ref_logprobs``."""
-    t = dump.tensors
-    c = setup.conv
-    return token_kl(
-        t["old_logprobs"] if logp is None else logp,
-        t["ref_logprobs"],
-        dump.mask,
-        c.kl.estimator,
-        log_ratio_clamp=c.kl.log_ratio_clamp,
-        value_clamp=c.kl.value_clamp,
-    )
-
-
-def pg_tie_share(
-    logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup, rtol: float
-) -> Tensor:
-    """Share of valid tokens of :func:`pg_tie_mask`."""
-    near = pg_tie_mask(logprobs, old, adv, mask, setup, rtol)
-    return count_true(near).to(logprobs.dtype) / count_true(mask).to(logprobs.dtype)  # no int64 mask copies
-
-
-def _clip_ratio(logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup) -> Tensor:
-    """The ratio the policy loss clips, from the core: the token ratio (after the log-ratio clamp),
-    or GSPO's sequence ratio on every token of its row (``policy_loss=gspo``)."""
-    c, hp = setup.conv, setup.hp
-    if c.policy.loss is PolicyLoss.GSPO:
-        out = gspo_policy_loss(
-            logprobs, old, adv, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
-            log_ratio_max=c.policy.log_ratio_clamp,
-        )  # fmt: skip
-        return out.ratio.detach()
-    return policy_ratio(logprobs, old, mask, log_ratio_clamp=c.policy.log_ratio_clamp)
-
-
-def pg_tie_mask(
-    logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup, rtol: float
-) -> Tensor:
-    """Valid tokens (A ≠ 0) whose ratio lies within ``rtol`` of a clip boundary ``1 ± ε`` (or of
-    the dual-clip constant ``c``), or whose advantage is within ``rtol·max|A|`` of 0.
-
-    ``pg_clipfrac`` counts tokens where the clipped branch is *strictly* larger; on a boundary that
-    decision is a tie that the trainer's rounding (its dtype) breaks either way, so the tolerance of
-    ``pg_clipfrac`` is widened by this share.
-    """
-    zero = torch.zeros((), dtype=logprobs.dtype)
-    ratio = _clip_ratio(logprobs, old, adv, mask, setup)
-    hi = setup.hp.cliprange_high if setup.hp.cliprange_high is not None else setup.hp.cliprange
-    near = ((ratio - (1.0 - setup.hp.cliprange)).abs() <= rtol * ratio) | (
-        (ratio - (1.0 + hi)).abs() <= rtol * ratio
-    )
-    if setup.conv.policy.dual_clip is not None:
-        near |= (ratio - setup.conv.policy.dual_clip).abs() <= rtol * ratio
-    a = torch.where(mask, adv, zero)
-    tiny_adv = (a.abs() <= rtol * a.abs().max()) & (a != 0)  # the sign of A decides which branch is larger
-    return (near | tiny_adv) & mask
-
-
-def vf_tie_widen(
-    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float
-) -> float:
-    """Share of value-mask tokens of :func:`vf_tie_mask`. The mask is elementwise, so it is counted
-    by blocks of about :data:`refppo.pipeline.blocks.ROW_BLOCK_ELEMENTS` rows (exact integer counts: the
-    same share bit for bit, without the whole batch's ~12 ``[B, T]`` temporaries)."""
-    B = mask.shape[0]
-    step = update_rows(mask) or B
-    n = 0
-    for r in row_blocks(B, step):
-        n += int(count_true(vf_tie_mask(values[r], old[r], returns[r], mask[r], eps_v, rtol)))
-    near = torch.tensor(n, dtype=torch.int64)
-    return float(near.to(values.dtype) / count_true(mask).to(values.dtype))
-
-
-def vf_tie_mask(
-    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float
-) -> Tensor:
-    """Extra tolerance of ``vf_clipfrac``: the value-mask tokens whose count is a real tie.
-
-    ``vf_clipfrac`` counts ``(V_clip − R)² > (V − R)²`` strictly. Two kinds of token sit on that
-    edge whatever the trainer's clip form: ``|V − V_old|`` within ``rtol`` of ``ε_v`` (on the clip
-    boundary), and ``V`` outside the range with ``R`` at the midpoint of ``V`` and ``V_clip`` (equal
-    squared errors). Tokens strictly *inside* the range are not widened for: there the two forms of
-    the clipped value (``value_clip_form`` = ``around_old`` / ``delta``) may differ by one rounding
-    step, and which one the trainer used is a convention, checked exactly, not a tolerance.
-    """
-    zero = torch.zeros((), dtype=values.dtype)
-    v, vo, r = (torch.where(mask, x, zero) for x in (values, old, returns))
-    dist = (v - vo).abs()
-    boundary = (dist - eps_v).abs() <= rtol * (v.abs() + vo.abs() + eps_v)
-    v_clip = torch.maximum(torch.minimum(v, vo + eps_v), vo - eps_v)
-    e1, e2 = (v - r) ** 2, (v_clip - r) ** 2
-    midpoint = (dist > eps_v) & ((e2 - e1).abs() <= rtol * (e1 + e2))
-    return (boundary | midpoint) & mask
-
-
-_GAE_BUGS = frozenset({"gae_bootstrap_from_padding", "gae_through_padding"})
-
-ROLLOUT_QUANTITIES = frozenset({"kl", "token_rewards", "advantages", "returns"})
-"""The quantities of steps 1–4 (:func:`refppo.pipeline.rollout.rollout_quantities`); the rest need the
-update."""
+_ROLLOUT_KEEP = ("kl", "token_rewards", "advantages_raw", "advantages", "returns", "value_mask")
 
 
 def recompute(
@@ -237,7 +83,7 @@ def recompute(
 ) -> Reference:
     """Every quantity the dump's inputs allow, under ``setup`` (and optionally one of :data:`BUGS`).
 
-    ``rollout_only`` stops after :data:`ROLLOUT_QUANTITIES` (the diagnosis uses it to test a
+    ``rollout_only`` stops after the rollout stages (the diagnosis uses it to test a
     candidate explanation of a rollout-stage divergence without paying for the update stage).
     ``rollout``: such a ``rollout_only`` result for the same ``setup`` and ``bug``, continued with
     the update stage instead of recomputing steps 1–4 (the same values: the same calls made them).
@@ -246,151 +92,117 @@ def recompute(
     # peak (the keys are paged in again from the file as they are read: Dump.release_mapped)
     dump.release_mapped()
     trim_heap()
-    ro = _rollout_reference(dump, setup, bug) if rollout is None else rollout
+    b = None if bug is None else BUG_TABLE[bug]
+    ro = _rollout_reference(dump, setup, b) if rollout is None else rollout
     if rollout_only:
         return ro
     dump.release_mapped()
     trim_heap()
-    return _with_update(dump, setup, ro)
+    return _with_update(dump, setup, ro, b)
 
 
-def _rollout_reference(dump: Dump, setup: Setup, bug: str | None) -> Reference:
-    """Steps 1–4 under ``setup`` and ``bug``: :data:`ROLLOUT_QUANTITIES` only."""
-    t = dump.tensors
-    m = dump.mask
+def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
+    """The rollout stages (steps 0–4) walked under ``setup`` and ``bug`` (its variant of the table):
+    ``kl`` (the estimate, also with the KL in the loss), ``token_rewards``, ``advantages``, ``returns``."""
+    t, m = dump.tensors, dump.mask
     conv, hp = setup.conv, setup.hp
     check_inputs_for(dump, conv.adv.estimator.value)
-    if bug in _GAE_BUGS and conv.adv.estimator is not AdvantageEstimator.GAE:
-        raise ValueError(f"the bug {bug} needs GAE (advantage=gae)")
-    kl_logp = t["old_logprobs"]
-    if bug == "kl_from_current_logprobs":
-        if "logprobs" not in t:
-            raise ValueError("this bug needs logprobs")
-        kl_logp = t["logprobs"]
-    # With the KL in the loss the pipeline zeroes its KL (no reward term), but the dump's `kl` is
-    # still the estimate: computed once here and handed to the pipeline's step 1 (the same call).
-    kl_loss_side = reference_kl(dump, setup, kl_logp) if conv.kl.placement is KLPlacement.LOSS else None
-    rq = rollout_quantities(
-        scores=t["scores"],
-        old_logprobs=kl_logp,
-        ref_logprobs=t["ref_logprobs"],
-        old_values=t.get("old_values"),
-        mask=m,
-        hp=hp,
-        conv=conv,
-        group_index=t.get("group_index"),
-        kl=kl_loss_side,
-    )
-    adv_raw, returns, adv = rq.advantages_raw, rq.returns, rq.advantages
-    if bug == "gae_through_padding":
-        everywhere = torch.ones_like(m)
-        adv_raw, returns = gae_by_rows(
-            rq.token_rewards, t["old_values"], everywhere, gamma=hp.gamma, lam=hp.lam, holes=GaeHoles.SKIP
-        )
-        adv = whiten(adv_raw, m, setup)
-    elif bug == "gae_bootstrap_from_padding":
-        vm = rq.value_mask
-        B, T = vm.shape
-        last = torch.where(vm, torch.arange(T).expand(B, T), torch.full((B, T), -1)).amax(dim=1)
-        nxt = torch.clamp(last + 1, max=T - 1)
-        boot = torch.where(last + 1 < T, t["old_values"].gather(1, nxt.unsqueeze(1)).squeeze(1), 0.0)
-        onehot = torch.nn.functional.one_hot(last, num_classes=T).to(torch.bool)
-        r_bug = rq.token_rewards + torch.where(onehot, hp.gamma * boot.unsqueeze(1), 0.0)
-        adv_raw, returns = gae_by_rows(
-            r_bug, t["old_values"], vm, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes
-        )
-        adv = whiten(adv_raw, m, setup)
-    elif bug == "whiten_over_padding":
-        adv = torch.where(m, whiten(adv_raw, torch.ones_like(m), setup), torch.zeros((), dtype=adv_raw.dtype))
-    vals: dict[str, Tensor] = {
-        # with the KL in the reward, rq.kl is this very estimate (same call): reuse it
-        "kl": rq.kl if kl_loss_side is None else kl_loss_side,
-        "token_rewards": rq.token_rewards,
-        "advantages": adv,
-        "returns": returns,
+    q = {
+        "scores": t["scores"],
+        "old_logprobs": t["old_logprobs"],
+        "ref_logprobs": t["ref_logprobs"],
+        "old_values": t.get("old_values"),
+        "mask": m,
+        "group_index": t.get("group_index"),
     }
-    return Reference(vals, m, rq.value_mask, adv_raw)
+    if bug is not None:
+        bug.check(t, conv, hp)
+        q = bug.swap({**q, "logprobs": t.get("logprobs")}, "rollout")
+    out = walk(variant(ROLLOUT_STAGES, bug), q, conv, hp, keep=_ROLLOUT_KEEP)
+    vals: dict[str, Tensor] = {k: out[k] for k in ("kl", "token_rewards", "advantages", "returns")}
+    return Reference(vals, m, out["value_mask"], out["advantages_raw"])
 
 
-def _with_update(dump: Dump, setup: Setup, ro: Reference) -> Reference:
-    """``ro`` (steps 1–4) plus the update stage's quantities (steps 5–9) the dump allows."""
-    t = dump.tensors
-    m = dump.mask
+def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None) -> Reference:
+    """``ro`` (steps 0–4) plus the update stages' quantities (steps 5–9) the dump allows, walked under
+    ``bug``'s variant of the table where it acts there."""
+    t, m = dump.tensors, dump.mask
     conv, hp = setup.conv, setup.hp
-    adv, returns = ro.values["advantages"], ro.values["returns"]
-    widen: dict[str, Callable[[], float]] = {}
-    rtol = TOLERANCES[dump.dtype].rtol
+    if bug is not None and "update" in bug_phases(bug):
+        bug.check(t, conv, hp)
     vals = dict(ro.values)
-    if "logprobs" in t or "values" in t:
-        logprobs = t.get("logprobs", t["old_logprobs"])
-        values = t.get("values", t.get("old_values"))
-        vf_mask = m if conv.value.mask is VfMask.RESPONSE else ro.value_mask
-        uq = update_quantities(
-            logprobs=logprobs,
-            values=values,
-            old_logprobs=t["old_logprobs"],
-            old_values=t.get("old_values"),
-            advantages=adv,
-            returns=returns,
-            mask=m,
-            value_mask_=vf_mask,
-            ref_logprobs=t["ref_logprobs"],
-            entropy=t.get("entropy"),
-            hp=hp,
-            conv=conv,
-        )
-        if "logprobs" in t:
-            vals["pg_loss"] = uq.pg_loss.detach()
-            vals["pg_clipfrac"] = uq.pg_clipfrac
-            widen["pg_clipfrac"] = lambda: float(
-                pg_tie_share(logprobs, t["old_logprobs"], adv, m, setup, rtol)
+    if not ("logprobs" in t or "values" in t):
+        return Reference(vals, m, ro.value_mask, ro.advantages_raw)
+    adv, returns = ro.values["advantages"], ro.values["returns"]
+    rtol = TOLERANCES[dump.dtype].rtol
+    logprobs = t.get("logprobs", t["old_logprobs"])
+    values = t.get("values", t.get("old_values"))
+    vf_mask = m if conv.value.mask is VfMask.RESPONSE else ro.value_mask
+    own = {"logprobs": logprobs, "old_logprobs": t["old_logprobs"], "ref_logprobs": t["ref_logprobs"]}
+    old_lp = (own if bug is None else bug.swap(own, "update"))["old_logprobs"]
+    stages = variant(UPDATE_STAGES, bug)
+    value_replaced = bug is not None and "value" in bug.stages
+    uq = update_quantities(
+        logprobs=logprobs, values=values, old_logprobs=old_lp, old_values=t.get("old_values"),
+        advantages=adv, returns=returns, mask=m, value_mask_=vf_mask, ref_logprobs=t["ref_logprobs"],
+        entropy=t.get("entropy"), hp=hp, conv=conv, stages=stages,
+    )  # fmt: skip
+    widen: dict[str, Callable[[], float]] = {}
+    if "logprobs" in t:
+        vals.update(pg_loss=uq.pg_loss.detach(), pg_clipfrac=uq.pg_clipfrac, approx_kl=uq.approx_kl)
+        vals["kl_loss"] = uq.kl_loss.detach()
+        widen["pg_clipfrac"] = lambda: float(pg_tie_share(logprobs, old_lp, adv, m, setup, rtol))
+    if "values" in t and values is not None:
+        vals.update(vf_loss=uq.vf_loss.detach(), vf_clipfrac=uq.vf_clipfrac)
+        if conv.value.loss is ValueLoss.CLIPPED and not value_replaced:
+            eps_v = hp.cliprange_value
+            widen["vf_clipfrac"] = lambda: vf_tie_widen(
+                values, t["old_values"], returns, vf_mask, eps_v, rtol
             )
-            vals["approx_kl"] = uq.approx_kl  # the metric of conv.policy.approx_kl
-            vals["kl_loss"] = uq.kl_loss.detach()
-        if "values" in t and values is not None:
-            vals["vf_loss"] = uq.vf_loss.detach()
-            vals["vf_clipfrac"] = uq.vf_clipfrac
-            if conv.value.loss is ValueLoss.CLIPPED:
-                widen["vf_clipfrac"] = lambda: vf_tie_widen(
-                    values, t["old_values"], returns, vf_mask, hp.cliprange_value, rtol
-                )
-        if "entropy" in t:
-            vals["entropy_loss"] = uq.entropy_loss.detach()
-        if "logprobs" in t and ("values" in t or "old_values" not in t):
-            # separate_critic: the ``loss`` key is the actor's objective (no value term)
-            vf_term = hp.vf_coef * uq.vf_loss if dump.step.separate_critic else 0.0
-            vals["loss"] = (uq.loss - vf_term).detach()
-        grad_setup, critic = setup, "old_values" in t
-        if values is not None and critic:
-            v_in, ov_in = values, t["old_values"]
-        else:  # zero stand-ins, one [B, T] buffer for both, made only when one is missing
-            zeros = torch.zeros_like(t["old_logprobs"])
-            v_in = values if values is not None else zeros
-            ov_in = t["old_values"] if critic else zeros
-        if not critic:  # no critic: zero stand-ins and no value term (grad_values needs values: refused)
-            grad_setup = Setup(conv, replace(hp, vf_coef=0.0))
-        inp = UpdateInputs(
-            logprobs,
-            v_in,
-            t["old_logprobs"],
-            ov_in,
-            adv,
-            returns,
-            m,
-            vf_mask,
-            t["ref_logprobs"],
-            t.get("entropy"),
-        )
-        if any(k in t for k in GRAD_QUANTITIES):
-            ties = {
-                "grad_logprobs": pg_tie_mask(logprobs, t["old_logprobs"], adv, m, setup, rtol),
-                "grad_values": vf_tie_mask(v_in, ov_in, returns, vf_mask, hp.cliprange_value, rtol)
-                if conv.value.loss is ValueLoss.CLIPPED and critic
-                else torch.zeros_like(m),
-            }
-            vals.update(reference_grads(inp, grad_setup, t, ties))
-        return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen, inp)
-    return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen)
+    if "entropy" in t:
+        vals["entropy_loss"] = uq.entropy_loss.detach()
+    if "logprobs" in t and ("values" in t or "old_values" not in t):
+        # separate_critic: the ``loss`` key is the actor's objective (no value term)
+        vf_term = hp.vf_coef * uq.vf_loss if dump.step.separate_critic else 0.0
+        vals["loss"] = (uq.loss - vf_term).detach()
+    inp, grad_setup = _update_inputs(t, setup, logprobs, values, old_lp, adv, returns, m, vf_mask)
+    if any(k in t for k in GRAD_QUANTITIES):
+        vf_ties = conv.value.loss is ValueLoss.CLIPPED and "old_values" in t and not value_replaced
+        eps_v = hp.cliprange_value
+        ties = {
+            "grad_logprobs": pg_tie_mask(logprobs, old_lp, adv, m, setup, rtol),
+            "grad_values": vf_tie_mask(inp.values, inp.old_values, returns, vf_mask, eps_v, rtol)
+            if vf_ties
+            else torch.zeros_like(m),
+        }
+        vals.update(reference_grads(inp, grad_setup, t, ties, stages=stages))
+    return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen, inp)
+
+
+def _update_inputs(
+    t: dict[str, Tensor],
+    setup: Setup,
+    logprobs: Tensor,
+    values: Tensor | None,
+    old_lp: Tensor,
+    adv: Tensor,
+    returns: Tensor,
+    m: Tensor,
+    vf_mask: Tensor,
+) -> tuple[UpdateInputs, Setup]:
+    """What the gradient reference walks the update with, and its setting: without a critic zero
+    stand-ins for the values (one ``[B, T]`` buffer, made only when one is missing) and no value term."""
+    critic = "old_values" in t
+    if values is not None and critic:
+        v_in, ov_in = values, t["old_values"]
+    else:
+        zeros = torch.zeros_like(t["old_logprobs"])
+        v_in = values if values is not None else zeros
+        ov_in = t["old_values"] if critic else zeros
+    grad_setup = setup if critic else Setup(setup.conv, replace(setup.hp, vf_coef=0.0))
+    entropy = t.get("entropy")
+    inp = UpdateInputs(logprobs, v_in, old_lp, ov_in, adv, returns, m, vf_mask, t["ref_logprobs"], entropy)
+    return inp, grad_setup
 
 
 def reference_outputs(
@@ -409,4 +221,4 @@ def reference_outputs(
     return out
 
 
-__all__ = ["BUGS", "PIPELINE_ORDER", "ROLLOUT_QUANTITIES", "Reference", "recompute", "reference_outputs"]
+__all__ = ["BUGS", "Reference", "recompute", "reference_outputs"]

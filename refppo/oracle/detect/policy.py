@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import ApproxKL, KLPlacement, LossAgg, PolicyLoss
-from refppo.oracle.check.recompute import pg_tie_share
 from refppo.oracle.check.settings import Setup
+from refppo.oracle.check.ties import pg_tie_share
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import (

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import LossAgg, ValueClipForm, ValueLoss, VfMask
-from refppo.oracle.check.recompute import vf_tie_widen
 from refppo.oracle.check.settings import Setup
+from refppo.oracle.check.ties import vf_tie_widen
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy import kl_loss_stage
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search

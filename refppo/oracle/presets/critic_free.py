@@ -4,7 +4,7 @@ A peer preset (:mod:`refppo.oracle.presets.registry`) states the peer's PPO-with
 run's ``advantage`` (``--set``, else the sidecar) names a critic-free estimator, the preset's
 conventions are adjusted by that peer's variant below — the way the KL clamps follow the KL
 estimator. Each field carries the peer's source (file and function, the versions of
-``tools/build_peer_venvs.sh``); ``tools/validate_presets.py`` checks each variant against the
+``tools/build_peer_venvs.sh``); ``tools/peers presets`` checks each variant against the
 peer's own code. A peer without the estimator is refused with a one-line error.
 
 The peers' own names: verl 0.9.1 ``algorithm.adv_estimator`` ``grpo`` (``dr-grpo`` here is
@@ -58,7 +58,7 @@ _SKYRL_GROUP: Variant = {
 
 _TRL_GROUP: Variant = {
     # The GRPO trainer, not the PPOTrainer the ``trl`` preset states: β·k3 KL of the current policy
-    # in the loss (TRL 1.12.0 and 1.16.0 alike; run: tools/peer_makers/trl_grpo.py).
+    # in the loss (TRL 1.12.0 and 1.16.0 alike; run: tools/peers/makers/trl_grpo.py).
     "kl_in": ("loss", f"{_TRL}._compute_loss (per_token_loss + beta·per_token_kl)"),
     "kl_estimator": ("k3", f"{_TRL}._compute_loss (exp(ref − logp) − (ref − logp) − 1)"),
     "whiten_advantages": ("none", f"{_TRL_ADV} (no batch whitening after the group scaling)"),
@@ -81,7 +81,7 @@ _AREAL_NORM = "areal/utils/data.py::Normalization"
 _AREAL_ADV = "areal/trainer/ppo/actor.py::PPOActor._compute_advantages"
 _AREAL_GROUP: Variant = {
     # reward_norm {mean_level: group, std_level: group, group_size: n} on the scalar scores, then
-    # GAE over zero values with γ = λ = 1 (run: tools/peer_makers/areal_grpo.py).
+    # GAE over zero values with γ = λ = 1 (run: tools/peers/makers/areal_grpo.py).
     "whiten_advantages": ("none", "areal/api/cli_args.py::PPOActorConfig.adv_norm (default None)"),
     "group_std": ("unbiased", "areal/api/cli_args.py::NormConfig.std_unbiased (default True)"),
     "group_eps": (1e-5, f"{_AREAL_NORM}.__call__ ((x − mean)/(std + eps), NormConfig.eps 1e-5)"),
@@ -199,7 +199,7 @@ VARIANTS: dict[str, dict[str, Variant]] = {
 """``peer → advantage → {key: (value, source)}``. ``refppo`` itself takes any estimator as set."""
 
 # Issue #13 item 3 (helper `estimators`): verl's further group estimators and OpenRLHF's
-# flash_reinforce, each checked against the peer's own function by tools/validate_group_estimators.py.
+# flash_reinforce, each checked against the peer's own function by tools/peers group_estimators.
 VARIANTS["verl"].update(
     {
         "opo": {

@@ -69,7 +69,7 @@ PRESETS_A: dict[str, Preset] = {
             "gae_padding": "masked",
             # Multi-turn (response_mask zero on tool-output tokens): compute_gae_advantage_return
             # carries nextvalues/lastgaelam across masked positions ("skip observation tokens") and
-            # masked_whiten's moments use response_mask (run: tools/peer_makers/holes.py::verl_cases).
+            # masked_whiten's moments use response_mask (run: tools/peers/makers/holes.py::verl_cases).
             "gae_holes": "skip",
             "whiten_holes": "exclude",
             "kl_loss_agg": None,
@@ -126,7 +126,7 @@ PRESETS_A: dict[str, Preset] = {
             "gae_padding": "masked",
             # Agent mode (action_mask zero on environment feedback): get_advantages_and_returns
             # multiplies values and rewards by action_mask, then recurses over every position; the
-            # batch whitening uses action_mask (run: tools/peer_makers/holes.py::openrlhf_cases).
+            # batch whitening uses action_mask (run: tools/peers/makers/holes.py::openrlhf_cases).
             "gae_holes": "zero",
             "whiten_holes": "exclude",
             # trainer/ray/ppo_actor.py::training_step calls models/loss.py::aggregate_loss for the KL

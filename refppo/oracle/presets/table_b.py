@@ -189,7 +189,7 @@ PRESETS_B: dict[str, Preset] = {
             "gae_padding": "masked",
             # Multi-turn (loss_mask zero on tool outputs): _compute_advantages carries nextvalues and
             # lastgaelam across masked positions (as verl) and adv_norm uses loss_mask
-            # (run: tools/peer_makers/holes.py::areal_cases).
+            # (run: tools/peers/makers/holes.py::areal_cases).
             "gae_holes": "skip",
             "whiten_holes": "exclude",
             # ppo_actor_loss_fn / ppo_critic_loss_fn: sum over valid tokens / their count.

@@ -15,6 +15,7 @@ Every bad value is ONE :class:`refppo.train.config.sections.ConfigError` naming 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import tomllib
 import types
 import typing
@@ -117,7 +118,12 @@ def _section_from_plain(cls: type[D], data: Any, where: str) -> D:
     accepted = flat_fields(cls)
     unknown = sorted(set(data) - set(accepted))
     if unknown:
-        raise ConfigError(f"unknown keys {unknown} in {label}; valid keys are {sorted(accepted)}")
+        close = "".join(
+            f" ({k!r}:{suggest(k, sorted(accepted))[1:]})" for k in unknown if suggest(k, sorted(accepted))
+        )
+        raise ConfigError(
+            f"unknown keys {unknown} in {label}{close}; refppo train --help-config {where} lists its keys"
+        )
     own: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
     for key, value in data.items():
@@ -198,6 +204,31 @@ def parse_cli_value(raw: str, hint: Any) -> Any:
         return raw
 
 
+def suggest(name: str, candidates: list[str] | tuple[str, ...]) -> str:
+    """``"; did you mean 'x'?"`` for the closest candidates (``difflib``, at most 3), else ``""``."""
+    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def unknown_key(root: type[Any], section: str, name: str) -> str:
+    """One line for the unknown key ``name`` of ``[section]``: the closest keys of the section, or
+    the sections that do hold ``name`` (``rollout.kl_coef`` → ``ppo.kl_coef``), and where the
+    full list is (``--help-config``), instead of every key of the section."""
+    own = suggest(name, sorted(field_types(root, section)))
+    if not own:
+        elsewhere = [f"{s}.{name}" for s in section_names(root) if name in field_types(root, s)]
+        own = f"; did you mean {' or '.join(elsewhere)}?" if elsewhere else ""
+    return f"unknown key {name!r} in [{section}]{own} (refppo train --help-config {section} lists its keys)"
+
+
+def _bare_key(root: type[Any], item: str, key: str) -> str:
+    """``--set KEY=VALUE`` without a section: the sections holding ``KEY`` (or a close one)."""
+    full = [f"{s}.{k}" for s in section_names(root) for k in field_types(root, s)]
+    holders = [f for f in full if f.split(".", 1)[1] == key]
+    hint = f"; did you mean {' or '.join(holders)}?" if holders else suggest(key, full)
+    return f"--set {item!r}: expected SECTION.KEY=VALUE (e.g. ppo.cliprange=0.1){hint}"
+
+
 def apply_overrides(
     root: type[Any], data: dict[str, Any], overrides: list[str] | tuple[str, ...]
 ) -> dict[str, Any]:
@@ -208,18 +239,21 @@ def apply_overrides(
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. ppo.cliprange=0.1")
         path = key.strip().split(".")
+        if len(path) == 1:
+            raise ConfigError(_bare_key(root, item, path[0]))
         if len(path) != 2:
             raise ConfigError(
                 f"--set {item!r}: expected SECTION.KEY with one dot; sections: {section_names(root)}"
             )
         section, name = path
         if section not in data:
-            raise ConfigError(f"unknown config section {section!r}; valid sections are {section_names(root)}")
+            raise ConfigError(
+                f"unknown config section {section!r}{suggest(section, section_names(root))} "
+                f"(valid sections are {section_names(root)})"
+            )
         hint = field_types(root, section).get(name)
         if hint is None:
-            raise ConfigError(
-                f"unknown key {name!r} in [{section}]; valid keys are {sorted(field_types(root, section))}"
-            )
+            raise ConfigError(unknown_key(root, section, name))
         data[section][name] = parse_cli_value(raw.strip(), hint)
     return data
 

@@ -113,13 +113,18 @@ class TrainConfig:
             raise ConfigError(
                 f"run.dump_iteration needs ppo.minibatches=1 (got {self.ppo.minibatches}) with "
                 f"ppo.advantage={est.value}: the oracle computes the group (or batch) statistics "
-                "over the dump's rows, so they must hold every group of the rollout batch whole"
+                "over the dump's rows, so they must hold every group of the rollout batch whole; "
+                "add --set ppo.minibatches=1"
             )
         if self.run.dump_iteration is not None and self.ppo.minibatches > 1 and whitened:
+            keys = [k for k in ("whiten_advantages", "whiten_rewards") if conv.get(k).value != "none"]
+            on = [f"ppo.{k}={conv.get(k).value}" for k in keys]
+            off = ", ".join(f"ppo.{k}=none" for k in keys)
             raise ConfigError(
-                f"run.dump_iteration needs ppo.minibatches=1 (got {self.ppo.minibatches}) while advantages "
-                "or rewards are whitened: the oracle whitens over the dump's rows, so they must be the "
-                "whole rollout batch (or set ppo.whiten_advantages=none and ppo.whiten_rewards=none)"
+                f"run.dump_iteration needs ppo.minibatches=1 (got {self.ppo.minibatches}) with "
+                f"{' and '.join(on)}: one optimizer step is dumped and the oracle whitens over its rows, "
+                "which must then be the whole rollout batch; add --set ppo.minibatches=1 (each epoch "
+                f"one step over the batch), or turn the whitening off ({off})"
             )
 
     @property

@@ -263,11 +263,14 @@ class RunConfig:
     seed: int = 0
     """Seed of every RNG (python, numpy, torch, the sampling generator)."""
     out_dir: str = "runs/refppo"
-    """Output directory: config.json, metrics.jsonl, plot.png, checkpoints/."""
+    """Output directory: config.json, run.json, metrics.jsonl, plot.png, checkpoints/iter_000030/
+    (one folder per saved iteration, its number in six digits: iteration 2 is iter_000002) and
+    dumps/ (``run.dump_iteration``)."""
     sample_every: int = 10
     """Print sample generations every N iterations (0: never)."""
     checkpoint_every: int = 0
-    """Save a checkpoint every N iterations (0: only at the end)."""
+    """Save a checkpoint every N iterations (0: only at the end) to
+    ``<run.out_dir>/checkpoints/iter_<NNNNNN>/`` (six digits: ``iter_000002`` after iteration 2)."""
     progress: bool = True
     """Show a tqdm progress bar with live reward / KL / loss; false (``--no-progress``): one plain
     line per iteration instead (for logs and pipes)."""
@@ -281,10 +284,13 @@ class RunConfig:
     dump_iteration: int | None = None
     """Write the last optimizer step of iteration N (1-based, as ``iteration`` in metrics.jsonl) as a
     v2 dump for ``refppo diff`` (``refppo.capture``: every micro-batch of every rank, with the
-    gradients ∂J/∂logprobs and ∂J/∂values) to ``<run.out_dir>/dumps/iter_<N>.safetensors``; none: off.
-    Needs ``ppo.minibatches=1`` unless advantages and rewards are not whitened and ``ppo.advantage``
-    has no group or batch statistics (``reinforce++``, ``gae``): the oracle whitens and groups over
-    the dump's rows, which must then be the whole rollout batch."""
+    gradients ∂J/∂logprobs and ∂J/∂values) to ``<run.out_dir>/dumps/iter_<NNNNNN>.safetensors``
+    (``iter_000002.safetensors`` for N = 2); none: off. One optimizer step is dumped, and the oracle
+    recomputes the whitening and the group or batch statistics over the dump's rows alone, so with
+    the defaults (``ppo.minibatches=4``, ``ppo.whiten_advantages=masked``) also set
+    ``ppo.minibatches=1`` (each epoch one step over the whole rollout batch). ``ppo.minibatches`` > 1
+    is accepted only without whitening (``ppo.whiten_advantages=none``, ``ppo.whiten_rewards=none``)
+    and with ``gae`` or ``reinforce++``, whose advantages are per row."""
 
     def __post_init__(self) -> None:
         if self.iterations < 0 or self.sample_every < 0 or self.checkpoint_every < 0:

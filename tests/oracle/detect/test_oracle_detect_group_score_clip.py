@@ -4,7 +4,7 @@ AReaL 1.0.4 ``PPOActor._compute_advantages`` maps the score ``clip(s·k, ±C)`` 
 ``reward_clip``) and then ``Normalization`` (``mean_level = std_level = "group"``, unbiased std,
 ``eps = 1e-5``) gives ``a_i = (s'_i − mean_G)/(std_G + eps)`` on every valid token (GAE over zero
 values, γ = λ = 1). The dump is built here by plain Python loops from those equations, not by
-refppo's pipeline (``tools/validate_grpo_peers.py --venv skyrl-areal`` runs AReaL's own code). The
+refppo's pipeline (``tools/peers grpo_peers --venv skyrl-areal`` runs AReaL's own code). The
 scale cancels in ``(s' − μ)/σ`` up to ε; the binding clip does not, and ``--detect`` must solve it.
 """
 
@@ -66,8 +66,8 @@ def test_a_checked_group_eps_of_zero_still_tries_the_peers_eps(tmp_path: Path) -
     from oracle_helpers import setup_for
 
     from refppo.dump.load import load_dump
-    from refppo.oracle.detect.solve_score import solve_group_score_clip
     from refppo.oracle.detect.search import Search
+    from refppo.oracle.detect.solve_score import solve_group_score_clip
 
     p = tmp_path / "d.pt"
     write_dump(p, _dump())

@@ -161,7 +161,11 @@ def test_the_diagnosis_prefilter_agrees_with_the_pipeline(tmp_path: Path, first:
         for upd in alts:
             alt = made.with_convention({k: tuple(v) if isinstance(v, list) else v for k, v in upd.items()})
             for bug in (None, *BUGS):
-                res = compare_all(dump, recompute(dump, alt, bug=bug))
+                try:
+                    ref = recompute(dump, alt, bug=bug)
+                except ValueError:  # a bug this setting cannot hold (the sign flip without a reward KL)
+                    continue
+                res = compare_all(dump, ref)
                 truth = all(res[q].ok for q in upto)
                 assert rollout_prefix_ok(dump, alt, first, bug) == truth, (upd, bug)
                 n_rejected += not truth

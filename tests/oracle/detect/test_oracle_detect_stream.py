@@ -40,7 +40,11 @@ def _dump(tmp: Path, made: Setup, *, losses_only: bool, name: str = "d.safetenso
 def _walk_holding_all(
     self: Search, groups: list[Group[Any]], options: Any, checks: Any, stage: str
 ) -> list[Group[Any]]:
-    """The old walk: every option's state held, merged, then every group scored."""
+    """The old walk: every option's state held, merged, then every group scored; its walk is
+    logged for the value-loss pruning (``note_walk``) as the streaming walk logs it, so both run
+    the same pruned search (unlogged, the pruned search never holds and the old walk would hold
+    every state of the unpruned one: 12 GB on the losses-only dump, the scale case of
+    ``benchmarks/bench_detect_stream.py``)."""
     merged: dict[bytes, Group[Any]] = {}
     for g in groups:
         for upd, st, key in options(g):
@@ -60,9 +64,10 @@ def _walk_holding_all(
         any_check = any_check or bool(ratios)
         scored.append((max(ratios) if ratios else 0.0, g))
     self.release_compared()
+    ok = [g for s, g in scored if s == 0.0]
+    self.note_walk(stage, bool(ok), any_check)
     if not any_check:
         return out
-    ok = [g for s, g in scored if s == 0.0]
     if ok:
         return ok
     self.unmatched.append(stage)
@@ -97,11 +102,23 @@ def test_detection_equals_the_walk_that_holds_every_state(
     if case == "full_unmatched":  # advantages off by a factor no convention gives
         dump.tensors["advantages"] = dump.tensors["advantages"] * 1.37
     start = setup_for(checked)
+    runs: list[str] = []
+    real_run = steps_mod.run_search
+
+    def run(self: Search) -> list[Group[Any]]:
+        runs.append("pruned" if self.prune is not None else "unpruned")
+        return real_run(self)
+
+    monkeypatch.setattr(detect_mod, "run_search", run)
     new = detect(dump, start)
+    n_new = len(runs)
     with monkeypatch.context() as mp:
         mp.setattr(Search, "expand", _walk_holding_all)
         old = detect(dump, start)
     assert _fields(new) == _fields(old)
+    # the same searches: the hold-all walk never falls back to the unpruned search the streaming
+    # walk did not need (its every state held: 12 GB on the losses-only dump)
+    assert runs[n_new:] == runs[:n_new], runs
     if case == "full_unmatched":
         assert "advantages" in new.unmatched_stages and new.nearest is not None
     else:

@@ -1,0 +1,94 @@
+"""The clip fractions' rounding ties: where a trainer's rounding can put a token on either side of a
+clip decision, so the reference's count (or gradient branch) is a tie, not a divergence.
+
+    pg_tie_mask / pg_tie_share     ratio within ``rtol`` of ``1 ± ε`` (or the dual-clip ``c``), or
+                                   ``A`` within ``rtol·max|A|`` of 0 (the ratio the policy stage
+                                   clips: :func:`refppo.pipeline.update.clip_ratio`)
+    vf_tie_mask / vf_tie_widen     ``|V − V_old|`` within ``rtol`` of ``ε_v``, or equal squared
+                                   errors outside the range (``V^clip``:
+                                   :func:`refppo.core.value.clipped_value`)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import ValueClipForm
+from refppo.core.by_rows import row_blocks
+from refppo.core.checks import count_true
+from refppo.core.value import clipped_value
+from refppo.oracle.check.settings import Setup
+from refppo.pipeline.blocks import update_rows
+from refppo.pipeline.update import clip_ratio
+
+
+def pg_tie_share(
+    logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup, rtol: float
+) -> Tensor:
+    """Share of valid tokens of :func:`pg_tie_mask`."""
+    near = pg_tie_mask(logprobs, old, adv, mask, setup, rtol)
+    return count_true(near).to(logprobs.dtype) / count_true(mask).to(logprobs.dtype)  # no int64 mask copies
+
+
+def pg_tie_mask(
+    logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor, setup: Setup, rtol: float
+) -> Tensor:
+    """Valid tokens (A ≠ 0) whose ratio lies within ``rtol`` of a clip boundary ``1 ± ε`` (or of
+    the dual-clip constant ``c``), or whose advantage is within ``rtol·max|A|`` of 0.
+
+    ``pg_clipfrac`` counts tokens where the clipped branch is *strictly* larger; on a boundary that
+    decision is a tie that the trainer's rounding (its dtype) breaks either way, so the tolerance of
+    ``pg_clipfrac`` is widened by this share.
+    """
+    zero = torch.zeros((), dtype=logprobs.dtype)
+    ratio = clip_ratio(logprobs, old, mask, setup.conv)
+    hi = setup.hp.cliprange_high if setup.hp.cliprange_high is not None else setup.hp.cliprange
+    near = ((ratio - (1.0 - setup.hp.cliprange)).abs() <= rtol * ratio) | (
+        (ratio - (1.0 + hi)).abs() <= rtol * ratio
+    )
+    if setup.conv.policy.dual_clip is not None:
+        near |= (ratio - setup.conv.policy.dual_clip).abs() <= rtol * ratio
+    a = torch.where(mask, adv, zero)
+    tiny_adv = (a.abs() <= rtol * a.abs().max()) & (a != 0)  # the sign of A decides which branch is larger
+    return (near | tiny_adv) & mask
+
+
+def vf_tie_widen(
+    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float
+) -> float:
+    """Share of value-mask tokens of :func:`vf_tie_mask`. The mask is elementwise, so it is counted
+    by blocks of about :data:`refppo.pipeline.blocks.ROW_BLOCK_ELEMENTS` rows (exact integer counts: the
+    same share bit for bit, without the whole batch's ~12 ``[B, T]`` temporaries)."""
+    B = mask.shape[0]
+    step = update_rows(mask) or B
+    n = 0
+    for r in row_blocks(B, step):
+        n += int(count_true(vf_tie_mask(values[r], old[r], returns[r], mask[r], eps_v, rtol)))
+    near = torch.tensor(n, dtype=torch.int64)
+    return float(near.to(values.dtype) / count_true(mask).to(values.dtype))
+
+
+def vf_tie_mask(
+    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float
+) -> Tensor:
+    """Extra tolerance of ``vf_clipfrac``: the value-mask tokens whose count is a real tie.
+
+    ``vf_clipfrac`` counts ``(V_clip − R)² > (V − R)²`` strictly. Two kinds of token sit on that
+    edge whatever the trainer's clip form: ``|V − V_old|`` within ``rtol`` of ``ε_v`` (on the clip
+    boundary), and ``V`` outside the range with ``R`` at the midpoint of ``V`` and ``V_clip`` (equal
+    squared errors). Tokens strictly *inside* the range are not widened for: there the two forms of
+    the clipped value (``value_clip_form`` = ``around_old`` / ``delta``) may differ by one rounding
+    step, and which one the trainer used is a convention, checked exactly, not a tolerance.
+    """
+    zero = torch.zeros((), dtype=values.dtype)
+    v, vo, r = (torch.where(mask, x, zero) for x in (values, old, returns))
+    dist = (v - vo).abs()
+    boundary = (dist - eps_v).abs() <= rtol * (v.abs() + vo.abs() + eps_v)
+    v_clip = clipped_value(v, vo, eps_v, ValueClipForm.AROUND_OLD)
+    e1, e2 = (v - r) ** 2, (v_clip - r) ** 2
+    midpoint = (dist > eps_v) & ((e2 - e1).abs() <= rtol * (e1 + e2))
+    return (boundary | midpoint) & mask
+
+
+__all__ = ["pg_tie_mask", "pg_tie_share", "vf_tie_mask", "vf_tie_widen"]

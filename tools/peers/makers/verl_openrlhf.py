@@ -1,0 +1,211 @@
+"""verl 0.9.1 and OpenRLHF 0.11.2 dumps from their own functions (``verl-openrlhf`` venv).
+
+verl (``verl/trainer/ppo/core_algos.py``): ``kl_penalty``, ``compute_gae_advantage_return`` (GAE +
+``masked_whiten``), ``compute_policy_loss_vanilla`` (asymmetric ``clip_ratio_low/high``, dual clip
+``clip_ratio_c``), ``compute_value_loss``, ``agg_loss`` (every ``loss_agg_mode``; the KL loss and
+the entropy as ``verl/workers/utils/losses.py::ppo_loss`` aggregates them). Restated:
+``ray_trainer.apply_kl_penalty`` (``scores − β·KL·mask``: the real function wants a ``DataProto``)
+and the loss sum of ``ppo_loss`` (``pg − entropy_coeff·entropy + kl_loss_coef·kl_loss``).
+
+OpenRLHF: ``openrlhf/models/utils.py::compute_approx_kl``, ``compute_reward``;
+``trainer/ppo_utils/experience_maker.py::get_advantages_and_returns`` (a method that does not use
+``self``); ``models/loss.py::PolicyLoss`` (``eps_clip_low_high``, ``dual_clip``, ``token_level_loss``),
+``ValueLoss`` (built as ``trainer/ray/ppo_critic.py`` builds it: always token-level) and
+``aggregate_loss`` (KL loss and entropy as ``trainer/ray/ppo_actor.py::training_step`` calls it,
+without ``token_level_loss``). Restated: the batch whitening of ``compute_advantages_and_returns``
+(masked mean, population variance, ``clamp(var, 1e-8).rsqrt()``; the real method wants a list of
+``Experience``) and the loss sum of ``training_step``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+from peers.makers import holes
+from peers.makers.common import HP, inputs, install_stubs, mount, save
+
+VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl", "abs": "abs"}
+
+
+class _VerlActorConfig:
+    """The attributes ``compute_policy_loss_vanilla`` reads from verl's ``ActorConfig``."""
+
+    def __init__(self, clip: float, low: float | None, high: float | None, c: float) -> None:
+        self.clip_ratio = clip
+        self.clip_ratio_low = low
+        self.clip_ratio_high = high
+        self.c = c
+        self.global_batch_info: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any) -> Any:
+        return {"clip_ratio_c": self.c}.get(key, default)
+
+
+# (estimator, kl_in, loss_agg_mode, clip_low, clip_high, clip_ratio_c, entropy_coeff)
+VERL_CASES: list[tuple[str, str, str, float, float | None, float, float]] = [
+    ("k1", "reward", "token-mean", 0.2, None, 3.0, 0.0),
+    ("k3", "reward", "seq-mean-token-mean", 0.2, None, 3.0, 0.0),
+    ("k2", "reward", "seq-mean-token-sum", 0.2, None, 3.0, 0.0),
+    ("abs", "reward", "seq-mean-token-sum-norm", 0.2, None, 3.0, 0.0),
+    ("k1", "reward", "token-sum", 0.2, None, 3.0, 0.0),
+    ("k3", "loss", "token-mean", 0.2, 0.28, 2.0, 0.01),
+    ("k2", "loss", "seq-mean-token-mean", 0.1, 0.3, 3.0, 0.02),
+]
+
+
+def make_verl(out: Path) -> list[str]:
+    import torch
+
+    os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")
+    install_stubs()
+    mount("verl")
+    from verl.trainer.ppo import core_algos as ca  # type: ignore[import-not-found]  # side venv only
+
+    made = []
+    for i, (est, kl_in, agg, lo, hi, c, ent) in enumerate(VERL_CASES):
+        x = inputs(100 + i)
+        m = x["response_mask"]
+        kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
+        last = (m.sum(dim=1) - 1).long()
+        rewards = torch.zeros_like(m)
+        rewards[torch.arange(m.shape[0]), last] = x["scores"]
+        if kl_in == "reward":
+            rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
+        adv, ret = ca.compute_gae_advantage_return(rewards, x["old_values"], m, HP["gamma"], HP["lam"])
+        pg, metrics = ca.compute_policy_loss_vanilla(
+            x["old_logprobs"],
+            x["logprobs"],
+            adv,
+            m,
+            loss_agg_mode=agg,
+            config=_VerlActorConfig(lo, lo, hi, c),
+        )
+        vf, vf_clipfrac = ca.compute_value_loss(
+            x["values"], ret, x["old_values"], m, cliprange_value=HP["cliprange_value"], loss_agg_mode=agg
+        )
+        entropy = ca.agg_loss(loss_mat=x["entropy"], loss_mask=m, loss_agg_mode=agg)
+        loss = pg - ent * entropy
+        dump: dict[str, Any] = dict(x)
+        if kl_in == "loss":
+            kld = ca.kl_penalty(x["logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
+            kl_loss = ca.agg_loss(loss_mat=kld, loss_mask=m, loss_agg_mode=agg)
+            loss = loss + kl_loss * HP["kl_coef"]
+            dump["kl_loss"] = kl_loss.detach()
+        dump.update(
+            kl=kl,
+            token_rewards=rewards,
+            advantages=adv,
+            returns=ret,
+            pg_loss=pg.detach(),
+            pg_clipfrac=torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64),
+            approx_kl=torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64),
+            vf_loss=vf.detach(),
+            vf_clipfrac=torch.as_tensor(vf_clipfrac, dtype=torch.float64),
+            entropy_loss=entropy.detach(),
+            loss=loss.detach(),
+        )
+        hp = dict(HP, cliprange=lo, ent_coef=ent)
+        if hi is not None:
+            hp["cliprange_high"] = hi
+        conv = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": agg, "dual_clip": c}
+        name = f"verl_{est}_{kl_in}_{agg}_c{c}" + (f"_hi{hi}" if hi else "")
+        other = "token-mean" if agg != "token-mean" else "seq-mean-token-mean"
+        made.append(save(out, name, dump, hp, conv, {"loss_agg": other}))
+    return made + holes.verl_cases(ca, out, _VerlActorConfig(0.2, 0.2, None, 3.0))
+
+
+# (estimator, kl_in, token_level, eps_low, eps_high, dual_clip, entropy_coef)
+OPENRLHF_CASES: list[tuple[str, str, bool, float, float, float | None, float]] = [
+    ("k1", "reward", True, 0.2, 0.2, None, 0.0),
+    ("k3", "reward", False, 0.2, 0.2, None, 0.0),
+    ("k2", "reward", True, 0.2, 0.2, None, 0.0),
+    ("k3", "loss", False, 0.2, 0.28, 3.0, 0.01),
+    ("k1", "loss", True, 0.1, 0.3, 2.0, 0.02),
+]
+
+
+def make_openrlhf(out: Path) -> list[str]:
+    install_stubs()
+    for n in ("openrlhf", "openrlhf.models", "openrlhf.trainer", "openrlhf.trainer.ppo_utils"):
+        mount(n)
+    for n in ("openrlhf.trainer.ray", "openrlhf.utils"):
+        mount(n)
+    launcher = types.ModuleType("openrlhf.trainer.ray.launcher")
+    launcher.RayActorGroup = object  # type: ignore[attr-defined]  # stand-in; never used
+    sys.modules[launcher.__name__] = launcher
+    from openrlhf.models.loss import (  # type: ignore[import-not-found]  # side venv only
+        PolicyLoss,
+        ValueLoss,
+        aggregate_loss,
+    )
+    from openrlhf.models.utils import (  # type: ignore[import-not-found]  # side venv only
+        compute_approx_kl,
+        compute_reward,
+    )
+    from openrlhf.trainer.ppo_utils.experience_maker import (  # type: ignore[import-not-found]  # side venv
+        RemoteExperienceMaker,
+    )
+
+    made = []
+    for i, (est, kl_in, token_level, lo, hi, dual, ent) in enumerate(OPENRLHF_CASES):
+        x = inputs(200 + i)
+        m = x["response_mask"]
+        kl = compute_approx_kl(x["old_logprobs"], x["ref_logprobs"], kl_estimator=est)
+        coef = HP["kl_coef"] if kl_in == "reward" else 0.0
+        rewards = compute_reward(x["scores"], coef, kl, action_mask=m, reward_clip_range=(-10.0, 10.0))
+        adv_raw, ret = RemoteExperienceMaker.get_advantages_and_returns(
+            None, x["old_values"], rewards, m, HP["gamma"], HP["lam"]
+        )
+        n = m.sum()
+        mean = (adv_raw * m).sum() / n  # compute_advantages_and_returns, restated
+        var = ((adv_raw - mean).pow(2) * m).sum() / n
+        adv = (adv_raw - mean) * var.clamp(min=1e-8).rsqrt()
+        pg, clip_ratio, ppo_kl, _, _ = PolicyLoss(lo, hi, dual_clip=dual, token_level_loss=token_level)(
+            x["logprobs"], x["old_logprobs"], adv, action_mask=m
+        )
+        vl = ValueLoss(HP["cliprange_value"])  # as trainer/ray/ppo_critic.py builds it: always token-level
+        vf = vl(x["values"], x["old_values"], ret, action_mask=m)
+        entropy = aggregate_loss(x["entropy"], m)  # training_step: no token_level_loss passed
+        loss = pg - ent * entropy
+        dump: dict[str, Any] = dict(x)
+        if kl_in == "loss":
+            kll = compute_approx_kl(x["logprobs"], x["ref_logprobs"], kl_estimator=est)
+            kl_loss = aggregate_loss(kll, m)
+            loss = loss + kl_loss * HP["kl_coef"]
+            dump["kl_loss"] = kl_loss.detach()
+        dump.update(
+            kl=kl,
+            token_rewards=rewards,
+            advantages=adv,
+            returns=ret,
+            pg_loss=pg.detach(),
+            pg_clipfrac=clip_ratio.detach(),
+            approx_kl=ppo_kl.detach(),
+            vf_loss=(vf[0] if isinstance(vf, tuple) else vf).detach(),
+            entropy_loss=entropy.detach(),
+            loss=loss.detach(),
+        )
+        agg = "token-mean" if token_level else "seq-mean-token-mean"
+        hp = dict(HP, cliprange=lo, ent_coef=ent)
+        if hi != lo:
+            hp["cliprange_high"] = hi
+        conv: dict[str, Any] = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": agg}
+        if dual is not None:
+            conv["dual_clip"] = dual
+        name = f"openrlhf_{est}_{kl_in}_{agg}" + (f"_dual{dual}" if dual else "")
+        # the flip: the KL loss's own aggregation (sequence-level actor), else dual clip, else the variance
+        control: dict[str, Any] = {"kl_loss_agg": "none"} if kl_in == "loss" and not token_level else {}
+        control = control or ({"dual_clip": "none"} if dual else {"whiten_variance": "unbiased"})
+        made.append(save(out, name, dump, hp, conv, control))
+    fns = {
+        "compute_approx_kl": compute_approx_kl,
+        "compute_reward": compute_reward,
+        "gae": RemoteExperienceMaker.get_advantages_and_returns,
+        "PolicyLoss": PolicyLoss,
+        "ValueLoss": ValueLoss,
+    }
+    return made + holes.openrlhf_cases(fns, out)
