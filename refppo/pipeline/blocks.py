@@ -62,6 +62,9 @@ class Evaluation:
     groups_on_rank: bool = False
     """With ``all_reduce``: the caller guarantees that every group's rows are on this rank, so the
     per-process group statistics are the global ones."""
+    keep_ratio: bool = True
+    """False: the policy stage by row blocks keeps no ``[B, T]`` ratio buffer (``ratio`` is then an
+    empty tensor), for a caller that reads only ``ℓ``, the clip fractions and approx_kl."""
 
 
 def gae_by_rows(

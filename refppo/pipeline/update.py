@@ -64,16 +64,18 @@ def policy_token_loss(
     hp: Hyperparams,
     conv: Convention,
     rows: int | None = None,
+    keep_ratio: bool = True,
 ) -> PolicyTokenLoss:
     """Steps 5–6 per token: the clipped surrogate of ``conv.policy`` (the token ratio, or GSPO's
-    sequence ratio), not aggregated. ``rows``: by blocks of that many rows (no autograd graph)."""
+    sequence ratio), not aggregated. ``rows``: by blocks of that many rows (no autograd graph);
+    ``keep_ratio`` False: by blocks, no ratio buffer (``ratio`` empty)."""
     pol = conv.policy
     gspo = pol.loss is PolicyLoss.GSPO
     if rows is not None:
         return policy_token_loss_by_rows(
             rows, logprobs, old_logprobs, advantages, mask, gspo=gspo, clip_low=hp.cliprange,
             clip_high=hp.cliprange_high, dual_clip=None if gspo else pol.dual_clip,
-            log_ratio_clamp=pol.log_ratio_clamp,
+            log_ratio_clamp=pol.log_ratio_clamp, keep_ratio=keep_ratio,
         )  # fmt: skip
     if gspo:
         return gspo_policy_token_loss(
@@ -119,8 +121,9 @@ def policy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dic
     """Steps 5–6 per token (:func:`policy_token_loss`): ``ℓ``, ``ρ``, the clip fractions and the
     masked ``mean(l^old − l)``."""
     t = policy_token_loss(
-        q["logprobs"], q["old_logprobs"], q["advantages"], q["mask"], hp=hp, conv=conv, rows=ev.rows
-    )
+        q["logprobs"], q["old_logprobs"], q["advantages"], q["mask"], hp=hp, conv=conv, rows=ev.rows,
+        keep_ratio=ev.keep_ratio,
+    )  # fmt: skip
     return {
         "pg_per_token": t.per_token,
         "ratio": t.ratio,

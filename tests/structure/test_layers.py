@@ -158,16 +158,6 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 CIRCLES_LEFT: list[list[str]] = [
     ["refppo.oracle.rescore.diagnose", "refppo.oracle.rescore.readouts"],
-    [
-        "refppo.oracle.detect.estimator",
-        "refppo.oracle.detect.groups",
-        "refppo.oracle.detect.policy",
-        "refppo.oracle.detect.prune",
-        "refppo.oracle.detect.rollout",
-        "refppo.oracle.detect.score_const",
-        "refppo.oracle.detect.search",
-        "refppo.oracle.detect.value",
-    ],
     ["refppo.oracle.cli", "refppo.oracle.run"],
     ["refppo.train.checkpointing", "refppo.train.loop"],
 ]

@@ -169,52 +169,74 @@ def expand_groups(
     to passes); when some group fails and none passes, the ``nearest`` groups by
     ``max(ratio, worst)`` (a stable sort), with the stage recorded as unmatched.
     """
-    merged: dict[bytes, Group[S] | None] = {}
-    live: Live = []  # creation order
-    ok_seen = any_check = False
-    n_held = 0
-    replayer: Replayer = search.replayer
+    ex: _Expansion[S] = _Expansion(search.replayer, nearest, max_equiv)
     for g in groups:
         for idx, (upd, st, key) in enumerate(options(g)):
-            if key in merged:
-                _merge(merged[key], g, upd, max_equiv)
+            if key in ex.merged:
+                _merge(ex.merged[key], g, upd, max_equiv)
                 continue
-            ratios = [r for r in checks(st) if r is not None]
-            any_check = any_check or bool(ratios)
-            s = max(ratios) if ratios else 0.0
-            if s != 0.0 and (ok_seen or _behind(live, s, nearest)):
-                merged[key] = _DEAD  # never returned: ``s != 0`` means a check applied
-                continue
-            held = s == 0.0 and n_held < HOLD  # a failing group is read again only if nearest
-            source = None if held else (replayer, g, options, idx)  # a held state needs no source
-            new: Group[S] = Group(
-                [{**c, **upd} for c in g.convs], g.n_equiv, st if held else None, g.worst, list(g.unmatched),
-                source,
-            )  # fmt: skip
-            merged[key] = new
-            live.append((s, new, key))
-            n_held += held
-            if s == 0.0 and not ok_seen:
-                ok_seen = True
-                live = _kill(live, merged, {i for i, (r, _, _) in enumerate(live) if r != 0.0})
-            elif s != 0.0:
-                live = _kill(live, merged, _nearest_dead(live, nearest))
-            else:
-                continue
-            n_held = sum(1 for _, h, _ in live if h.held)
-    replayer.clear()
+            ex.offer(g, (options, idx), upd, [r for r in checks(st) if r is not None], st, key)
+    ex.replayer.clear()
     search.release_compared()
-    search.note_walk(stage, ok_seen, any_check)  # a pruned search that cannot hold stops here
-    if ok_seen or not any_check:
-        return [h for r, h, _ in live if r == 0.0]
+    search.note_walk(stage, ex.ok_seen, ex.any_check)  # a pruned search that cannot hold stops here
+    if ex.ok_seen or not ex.any_check:
+        return [h for r, h, _ in ex.live if r == 0.0]
     search.note_unmatched(stage)
-    live.sort(key=lambda sg: max(sg[0], sg[1].worst))
+    ex.live.sort(key=lambda sg: max(sg[0], sg[1].worst))
     kept: list[Group[S]] = []
-    for r, h, _ in live[:nearest]:
+    for r, h, _ in ex.live[:nearest]:
         h.worst = max(h.worst, r)
         h.unmatched.append(stage)
         kept.append(h)
     return kept
+
+
+class _Expansion(Generic[S]):
+    """One :func:`expand_groups`' bookkeeping: the digests seen (``merged``, ``_DEAD`` for a dropped
+    group), the live groups in creation order with their worst ratio, and whether a group passed
+    (``ok_seen``) and a check applied (``any_check``)."""
+
+    def __init__(self, replayer: Replayer, nearest: int, max_equiv: int) -> None:
+        self.replayer, self.nearest, self.max_equiv = replayer, nearest, max_equiv
+        self.merged: dict[bytes, Group[S] | None] = {}
+        self.live: Live = []
+        self.ok_seen = self.any_check = False
+        self.n_held = 0
+
+    def offer(
+        self,
+        g: Group[Any],
+        source: tuple[Any, int],
+        upd: dict[str, Any],
+        ratios: list[float],
+        st: S,
+        key: bytes,
+    ) -> None:
+        """A new digest ``key`` of ``g`` under ``upd`` with the checks' ``ratios``: dropped when it
+        fails behind a pass or the ``nearest``, else live (its state held if it passes, while fewer
+        than :data:`HOLD` are; otherwise replayed from ``source`` = ``(options, idx)``)."""
+        self.any_check = self.any_check or bool(ratios)
+        s = max(ratios) if ratios else 0.0
+        if s != 0.0 and (self.ok_seen or _behind(self.live, s, self.nearest)):
+            self.merged[key] = _DEAD  # never returned: ``s != 0`` means a check applied
+            return
+        held = s == 0.0 and self.n_held < HOLD  # a failing group is read again only if nearest
+        src = None if held else (self.replayer, g, *source)  # a held state needs no source
+        new: Group[S] = Group(
+            [{**c, **upd} for c in g.convs], g.n_equiv, st if held else None, g.worst, list(g.unmatched), src
+        )
+        self.merged[key] = new
+        self.live.append((s, new, key))
+        self.n_held += held
+        if s == 0.0 and not self.ok_seen:
+            self.ok_seen = True
+            dead = {i for i, (r, _, _) in enumerate(self.live) if r != 0.0}
+        elif s != 0.0:
+            dead = _nearest_dead(self.live, self.nearest)
+        else:
+            return
+        self.live = _kill(self.live, self.merged, dead)
+        self.n_held = sum(1 for _, h, _ in self.live if h.held)
 
 
 def _merge(tgt: Group[Any] | None, g: Group[Any], upd: dict[str, Any], max_equiv: int) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -305,22 +306,8 @@ def propose_policy(s: Search, groups: list[Group[AdvState]]) -> dict[str, list[A
     clips: list[Clip] = []
     lrcs = list(dict.fromkeys([None, s.base.conv.policy.log_ratio_clamp, 20.0]))
     seen_adv: set[bytes] = set()  # by content: a replayed state's tensors are new objects
-    weights: dict[tuple[LossAgg, torch.dtype], Tensor] = {}
-
-    def weight(agg: LossAgg, dtype: torch.dtype) -> Tensor:
-        """``∂pg_loss/∂ℓ`` of the policy_agg stage under ``agg``, with autograd (no row blocks)."""
-        if (agg, dtype) not in weights:
-            st = s.setting(loss_agg=agg.value)
-
-            def fn(x: Tensor, st: Setup = st) -> Tensor:
-                out: Tensor = s.evaluate("policy_agg", {"pg_per_token": x, "mask": m}, st, Evaluation())[
-                    "pg_loss"
-                ]
-                return out
-
-            weights[(agg, dtype)] = loss_weights(fn, m, dtype)
-        return weights[(agg, dtype)]
-
+    with_ratio = replace(s.ev, keep_ratio=True)
+    weight = _agg_weights(s)
     for g in groups[:SOLVE_GROUPS]:
         st = g.state
         if st.adv_key in seen_adv:
@@ -333,22 +320,13 @@ def propose_policy(s: Search, groups: list[Group[AdvState]]) -> dict[str, list[A
                 "advantages": st.adv,
                 "mask": m,
             }
-            out = s.evaluate("policy", q, s.setting(dual_clip=None, log_ratio_clamp=lrc))
+            out = s.evaluate("policy", q, s.setting(dual_clip=None, log_ratio_clamp=lrc), with_ratio)
             ratio, plain = out["ratio"], out["pg_per_token"][m]
             for agg in LossAgg:
                 terms = PolicyTerms(
                     st.adv[m].double(), ratio[m].double(), weight(agg, st.adv.dtype)[m].double()
                 )
-                for c in solve_dual_clip(terms, plain, target):
-                    duals += nice(c)
-                for dual in dict.fromkeys([s.base.conv.policy.dual_clip, None]):
-                    known = tuple(dict.fromkeys([hp.cliprange, hp.cliprange_high or hp.cliprange]))
-                    for lo, hi in solve_clip_ranges(terms, target, dual=dual, known=known):
-                        if not _clipfrac_ok(s, terms, lo, hi):
-                            continue
-                        lo_n, hi_n = nice(lo)[0], nice(hi)[0]
-                        if 0.0 <= lo_n < 1.0:
-                            clips.append((lo_n, None if hi_n == lo_n else hi_n))
+                _solve_on(s, terms, plain, target, duals, clips)
     duals = [d for d in dict.fromkeys(duals) if d > 1.0][:8]
     base_clip = (hp.cliprange, hp.cliprange_high)
     clips = [c for c in dict.fromkeys(clips) if c != base_clip][:8]
@@ -358,6 +336,45 @@ def propose_policy(s: Search, groups: list[Group[AdvState]]) -> dict[str, list[A
         s.propose_value("cliprange", lo_c)
         s.propose_value("cliprange_high", hi_c)
     return {"duals": duals, "clips": clips} if (duals or clips) else {}
+
+
+def _agg_weights(s: Search) -> Callable[[LossAgg, torch.dtype], Tensor]:
+    """``(agg, dtype) ↦ ∂pg_loss/∂ℓ`` of the policy_agg stage under ``agg`` (``[B, T]``), with
+    autograd (no row blocks), memoised."""
+    weights: dict[tuple[LossAgg, torch.dtype], Tensor] = {}
+
+    def weight(agg: LossAgg, dtype: torch.dtype) -> Tensor:
+        if (agg, dtype) not in weights:
+            st = s.setting(loss_agg=agg.value)
+
+            def fn(x: Tensor, st: Setup = st) -> Tensor:
+                out: Tensor = s.evaluate("policy_agg", {"pg_per_token": x, "mask": s.m}, st, Evaluation())[
+                    "pg_loss"
+                ]
+                return out
+
+            weights[(agg, dtype)] = loss_weights(fn, s.m, dtype)
+        return weights[(agg, dtype)]
+
+    return weight
+
+
+def _solve_on(
+    s: Search, terms: PolicyTerms, plain: Tensor, target: float, duals: list[float], clips: list[Clip]
+) -> None:
+    """Appends the dual-clip constants ``c`` and the clip-range pairs ``(lo, hi)`` (those giving the
+    dump's ``pg_clipfrac`` too) that reproduce ``target`` on ``terms``, rounded by :func:`nice`."""
+    hp = s.hp
+    for c in solve_dual_clip(terms, plain, target):
+        duals += nice(c)
+    for dual in dict.fromkeys([s.base.conv.policy.dual_clip, None]):
+        known = tuple(dict.fromkeys([hp.cliprange, hp.cliprange_high or hp.cliprange]))
+        for lo, hi in solve_clip_ranges(terms, target, dual=dual, known=known):
+            if not _clipfrac_ok(s, terms, lo, hi):
+                continue
+            lo_n, hi_n = nice(lo)[0], nice(hi)[0]
+            if 0.0 <= lo_n < 1.0:
+                clips.append((lo_n, None if hi_n == lo_n else hi_n))
 
 
 def _clipfrac_ok(s: Search, terms: PolicyTerms, lo: float, hi: float) -> bool:

@@ -79,8 +79,9 @@ class Search:
         """``(step, some group passed, some check applied)`` of each walk, in order."""
         self.prune: Pruner | None = None
         """Drops returns no value loss can match (:mod:`refppo.oracle.detect.prune`), when set."""
-        self.ev = Evaluation(rows=update_rows(self.m))
-        """How the update stages are evaluated: by row blocks above ``ROW_BLOCK_ELEMENTS``."""
+        self.ev = Evaluation(rows=update_rows(self.m), keep_ratio=False)
+        """How the update stages are evaluated: by row blocks above ``ROW_BLOCK_ELEMENTS``, without
+        the policy stage's ratio buffer (the walk reads ``ℓ``, the clip fractions and approx_kl)."""
         self.holes = bool((self.m[:, 1:] & ~self.m[:, :-1]).any())
         """Whether a row has an interior hole (a valid token after a masked one): only then do
         ``gae_holes`` and ``whiten_holes`` change anything, so only then are they walked."""

@@ -1,7 +1,7 @@
 """``--detect``'s update-stage work by row blocks (issue #9, "Scale": peak RSS of ``--detect``).
 
-Above :data:`refppo.pipeline.blocks.ROW_BLOCK_ELEMENTS` the search's policy and value stages evaluate
-their losses with :mod:`refppo.core.by_rows` (no whole-batch ``[B, T]`` temporaries) and
+Above :data:`refppo.pipeline.blocks.ROW_BLOCK_ELEMENTS` the walk evaluates the policy and value stages
+by row blocks (``Search.ev``: :mod:`refppo.core.by_rows`, no whole-batch ``[B, T]`` temporaries) and
 :func:`refppo.oracle.check.recompute.vf_tie_widen` counts its ties by blocks. The detection must be
 the one the whole-batch core functions give, bit for bit.
 """
@@ -15,8 +15,7 @@ import pytest
 import torch
 from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
-import refppo.oracle.detect.policy as search_policy
-import refppo.oracle.detect.value as search_value
+import refppo.pipeline.update as update_mod
 from refppo.dump.load import load_dump
 from refppo.oracle.check.recompute import vf_tie_mask, vf_tie_widen
 from refppo.oracle.detect.detection import detect
@@ -48,9 +47,10 @@ class _BigOutputs(torch.utils._python_dispatch.TorchDispatchMode):
 def test_detection_by_row_blocks_equals_the_whole_batch_core(
     case: tuple[str, str | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Blocks of 2 rows: the whole-batch ``clipped_policy_loss``/``value_loss`` are not called
-    (the old code called them: this fails there), and the detection equals the one computed with
-    those core functions on the whole batch (``ROW_BLOCK_ELEMENTS`` above ``B·T``)."""
+    """Blocks of 2 rows: the stages the walk evaluates never call the whole-batch
+    ``clipped_policy_token_loss``/``value_token_loss`` (the policy solver aside: it runs only when
+    nothing matches), and the detection equals the one computed with those core functions on the
+    whole batch (``ROW_BLOCK_ELEMENTS`` above ``B·T``)."""
     made, checked = case
     d = refppo_dump(make_inputs(B=B, T=T, seed=5), setup_for(made), dtype=torch.float32)
     dump = load_dump(save(tmp_path, d, setup_for(made)))
@@ -62,8 +62,8 @@ def test_detection_by_row_blocks_equals_the_whole_batch_core(
         raise AssertionError("whole-batch loss called above ROW_BLOCK_ELEMENTS")
 
     monkeypatch.setattr(m_blocks, "ROW_BLOCK_ELEMENTS", 2 * T)
-    monkeypatch.setattr(search_policy, "clipped_policy_loss", refuse)
-    monkeypatch.setattr(search_value, "value_loss", refuse)
+    monkeypatch.setattr(update_mod, "clipped_policy_token_loss", refuse)
+    monkeypatch.setattr(update_mod, "value_token_loss", refuse)
     blocks = detect(dump, start)
     assert whole.n_detected > 0
     assert repr(vars(blocks)) == repr(vars(whole))

@@ -1,10 +1,11 @@
-"""``--detect``'s peak RSS, second pass (issue #9, "Scale"): each lever frees memory, changes nothing.
+"""``--detect``'s peak RSS (issue #9, "Scale"): each lever frees memory, changes nothing.
 
-* The search pages out every memory-mapped dump key between its stages (``Dump.release_mapped``),
-  so that a stage holds only the dumped keys it reads.
-* ``kl``/``rewards`` leave the states after step 3, ``kl_cur`` too where the KL is not in the loss
-  (``drop_reward_state``).
-* The policy stage's log-ratio tests run by row blocks and its row-block loss keeps no ratio buffer.
+* The walk pages out every memory-mapped dump key between its steps (``Dump.release_mapped``),
+  so that a step holds only the dumped keys it reads.
+* The returns step's states hold no KL or token rewards, and no KL of the current log-probs (the
+  kl_loss stage reads the log-probs again): :mod:`refppo.oracle.detect.states`.
+* The policy step's log-ratio tests run by row blocks and its policy stage, evaluated by row
+  blocks, keeps no ratio buffer (``Evaluation.keep_ratio``).
 * ``count_true(mask, 1)`` counts without an int64 ``[B, T]`` copy of the mask.
 
 Each test fails on the code before the lever (checked); the equality tests compare with the whole-batch
@@ -22,14 +23,16 @@ from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
 import refppo.dump.load as load_mod
 import refppo.oracle.detect.policy as search_policy
-import refppo.oracle.detect.rollout as search_rollout
-import refppo.oracle.detect.search as search_mod
-import refppo.oracle.detect.value as search_value
+import refppo.oracle.detect.steps as steps_mod
+import refppo.pipeline.update as update_mod
 from refppo.core.checks import count_true
 from refppo.core.policy import clipped_policy_loss
 from refppo.dump.load import Dump, load_dump
 from refppo.oracle.detect.detection import detect
+from refppo.oracle.detect.search import Search
 from refppo.pipeline import blocks as m_blocks
+from refppo.pipeline.blocks import Evaluation
+from refppo.pipeline.stages import BY_NAME
 
 B, T = 8, 16
 
@@ -66,14 +69,9 @@ def _paged_dump(tmp_path: Path, made: str | None = None, **conv: Any) -> tuple[D
     return load_dump(save(tmp_path, d, start)), start
 
 
-STAGES = (
-    (search_mod.Search, "_kl"),
-    (search_rollout, "reward_stage"),
-    (search_rollout, "gae_stage"),
-    (search_rollout, "whiten_stage"),
-    (search_policy, "policy_stage"),
-    (search_value, "value_stage"),
-    (search_mod.Search, "_loss"),
+STAGES = tuple(
+    (steps_mod, n)
+    for n in ("kl_step", "reward_step", "gae_step", "whiten_step", "policy_step", "value_step", "loss_step")
 )
 
 
@@ -140,32 +138,42 @@ def test_recompute_pages_out_the_dump_before_each_stage(
     assert first.quantities == again.quantities and first.diagnosis == again.diagnosis
 
 
+def _bt_fields(state: Any, prefix: str = "") -> set[str]:
+    """The names of the tensors with more than one dimension a typed state holds (nested included)."""
+    import dataclasses
+
+    out: set[str] = set()
+    for f in dataclasses.fields(state):
+        v = getattr(state, f.name)
+        if isinstance(v, torch.Tensor) and v.dim() > 1:
+            out.add(prefix + f.name)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            out |= _bt_fields(v, f"{prefix}{f.name}.")
+    return out
+
+
 @pytest.mark.parametrize("kl_in", ["reward", "loss"])
 def test_whitening_walk_gets_no_reward_state(
     kl_in: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The whitening stage's groups hold no ``kl``/``rewards`` (the old code carried them to the
-    policy stage), and ``kl_cur`` only under ``kl_in=loss`` (its one reader); the detection is the
-    one with every key kept."""
+    """The whitening step's input states hold the value mask, the returns and the raw advantages:
+    no KL, token rewards or KL of the current log-probs, under either placement (the old string-keyed
+    states carried ``kl``/``rewards`` to the policy stage and ``kl_cur`` under ``kl_in=loss``)."""
     start = setup_for(None, {"kl_in": kl_in})
     d = refppo_dump(make_inputs(B=B, T=T, seed=5), setup_for(None, {"kl_in": kl_in}), dtype=torch.float32)
     dump = load_dump(save(tmp_path, d, start))
     seen: list[tuple[str, set[str]]] = []
-    real = search_rollout.whiten_stage
+    real = steps_mod.whiten_step
 
-    def spy(search: Any, groups: list[search_mod.Group]) -> list[search_mod.Group]:
-        seen.extend((g.convs[0]["kl_in"], set(g.state)) for g in groups)
+    def spy(search: Any, groups: list[Any]) -> list[Any]:
+        seen.extend((g.convs[0]["kl_in"], _bt_fields(g.state)) for g in groups)
         return real(search, groups)
 
-    monkeypatch.setattr(search_rollout, "whiten_stage", spy)
-    dropped = detect(dump, start)
-    assert dropped.detected and seen
+    monkeypatch.setattr(steps_mod, "whiten_step", spy)
+    assert detect(dump, start).detected and seen
     assert {k for k, _ in seen} == {kl_in}  # the placement that reproduces token_rewards
-    for placement, keys in seen:
-        assert not keys & {"kl", "rewards"}, keys
-        assert ("kl_cur" in keys) == (placement == "loss"), (placement, keys)
-    monkeypatch.setattr(search_mod, "drop_reward_state", lambda groups: groups)  # the old path
-    assert _fields(detect(dump, start)) == _fields(dropped)
+    for _, keys in seen:
+        assert keys == {"adv_raw", "carried.returns", "carried.vm"}, keys
 
 
 def _junk_inputs(seed: int) -> tuple[torch.Tensor, ...]:
@@ -185,86 +193,99 @@ def _junk_inputs(seed: int) -> tuple[torch.Tensor, ...]:
     )
 
 
+def _policy(
+    lp: torch.Tensor, lp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, ev: Evaluation, **conv: Any
+) -> Any:
+    """The pipeline's policy stage under refppo's setting with ``conv`` (clip ranges 0.2/0.28)."""
+    st = setup_for(None, conv, {"cliprange": 0.2, "cliprange_high": 0.28})
+    q = {"logprobs": lp, "old_logprobs": lp_old, "advantages": adv, "mask": mask}
+    return BY_NAME["policy"].run(q, st.conv, st.hp, ev)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(("dual", "lrc"), [(None, None), (3.0, None), (1.5, 0.3), (3.0, 20.0)])
-def test_policy_loss_by_blocks_keeps_one_buffer_and_equals_the_core(
+def test_policy_stage_as_the_walk_evaluates_it_keeps_one_buffer_and_equals_the_core(
     seed: int, dual: float | None, lrc: float | None
 ) -> None:
-    """``(per_token, clipfrac, approx_kl)`` by blocks of 3 rows are the whole-batch
+    """The policy stage by blocks of 3 rows without the ratio (``Evaluation.keep_ratio=False``, as
+    ``Search.ev``): ``(per_token, clipfrac, approx_kl)`` are the whole-batch
     :func:`clipped_policy_loss`'s bit for bit, with ONE ``[B, T]`` allocation (the ``ℓ`` buffer;
-    the old code kept the ratio's too: two)."""
+    with the ratio kept: two)."""
     lp, lp_old, adv, mask = _junk_inputs(seed)
     kw: dict[str, Any] = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": dual, "log_ratio_clamp": lrc}
-    whole = clipped_policy_loss(lp, lp_old, adv, mask, **kw)
+    whole = clipped_policy_loss(lp, lp_old, adv, mask.bool(), **kw)
     rec = _BigOutputs(B * T)
     with rec:
-        out = search_policy._policy_loss(3, lp, lp_old, adv, mask, 0.2, 0.28, dual, lrc)
-    per_token, clipfrac, approx_kl = out
+        out = _policy(
+            lp, lp_old, adv, mask, Evaluation(rows=3, keep_ratio=False), dual_clip=dual, log_ratio_clamp=lrc
+        )
     assert rec.allocating == ["empty_like"]
-    assert torch.equal(per_token, whole.per_token)
-    assert torch.equal(clipfrac, whole.clipfrac)
-    assert torch.equal(approx_kl, whole.approx_kl)
+    assert torch.equal(out["pg_per_token"], whole.per_token)
+    assert torch.equal(out["pg_clipfrac"], whole.clipfrac)
+    assert torch.equal(out["pg_approx_kl"], whole.approx_kl)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_policy_stage_log_ratio_tests_by_blocks(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``max|d|`` and whether a dual clip acts, by blocks of 3 rows, equal the whole-batch
-    expressions (the old code's, written out here), with no ``[B, T]`` allocation."""
+def test_policy_step_log_ratio_tests_by_blocks(seed: int) -> None:
+    """``max|d|`` and whether a dual clip caps a token, by blocks of 3 rows, with no ``[B, T]``
+    allocation: the maximum equals the whole-batch expression, and a dual clip "caps nothing" exactly
+    when the policy stage's output under it is the one without it, bit for bit (what lets the walk
+    reuse that evaluation)."""
     lp, lp_old, adv, mask = _junk_inputs(seed)
     d = torch.where(mask, lp - lp_old, torch.zeros(()))
-    want_max = float(d.abs().max())
+    whole = Evaluation()
+    plain = {lrc: _policy(lp, lp_old, adv, mask, whole, log_ratio_clamp=lrc) for lrc in (None, 0.1, 20.0)}
     rec = _BigOutputs(B * T)
     with rec:
-        got_max = max(float(x.abs().max()) for _, x in search_policy._log_ratios(3, lp, lp_old, mask))
-        acts = {
-            (dual, lrc): search_policy._dual_acts(3, lp, lp_old, adv, mask, dual, lrc)
+        got_max = search_policy.max_abs_log_ratio(3, lp, lp_old, mask)
+        caps = {
+            (dual, lrc): search_policy._dual_caps(3, plain[lrc]["pg_per_token"], adv, mask, dual)
             for dual in (1.05, 1.5, 3.0, 1e6)
             for lrc in (None, 0.1, 20.0)
         }
     assert rec.allocating == []
-    assert got_max == want_max
-    for (dual, lrc), got in acts.items():
-        dc = d if lrc is None else torch.clamp(d, -lrc, lrc)
-        assert got == bool((mask & (adv < 0) & (torch.exp(dc) > dual)).any()), (dual, lrc)
-    assert any(acts.values()) and not all(acts.values())
+    assert got_max == float(d.abs().max())
+    for (dual, lrc), got in caps.items():
+        with_dual = _policy(lp, lp_old, adv, mask, whole, dual_clip=dual, log_ratio_clamp=lrc)
+        same = all(
+            torch.equal(with_dual[k], plain[lrc][k]) for k in ("pg_per_token", "pg_clipfrac", "pg_approx_kl")
+        )
+        assert got == (not same), (dual, lrc)
+    assert any(caps.values()) and not all(caps.values())
 
 
-def test_policy_stage_allocates_one_buffer_per_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under blocks of 2 rows, the policy stage's only ``[B, T]`` allocations are one ``ℓ`` buffer
-    per loss evaluated, besides its shared work, done once per stage (``approx_kl_k2_all_positions``,
-    the entropy's and the KL loss's whole-batch ``aggregate_loss``); the old code also made the
-    whole-batch ``d``, the dual-clip test's temporaries and a ratio buffer per loss."""
+def test_policy_step_allocates_one_buffer_per_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under blocks of 2 rows, the policy step's only ``[B, T]`` allocations are one ``ℓ`` buffer
+    per policy stage evaluated, besides its shared work, done once per step (the approx_kl, entropy
+    and kl_loss stages); the old code also made the whole-batch ``d``, the dual-clip test's
+    temporaries and a ratio buffer per loss."""
     d = refppo_dump(make_inputs(B=B, T=T, seed=5), setup_for("trl"), dtype=torch.float32)
     dump = load_dump(save(tmp_path, d, setup_for("trl")))
     monkeypatch.setattr(m_blocks, "ROW_BLOCK_ELEMENTS", 2 * T)
     rec = _BigOutputs(B * T)
+    rec.paused = True
     losses: list[int] = []
-    real_loss, real_stage = search_policy._policy_loss, search_policy.policy_stage
+    real_eval, real_step = Search.evaluate, steps_mod.policy_step
 
-    def loss(*a: Any, **k: Any) -> Any:
-        losses.append(1)
-        return real_loss(*a, **k)
+    def evaluate(self: Search, stage: str, *a: Any, **k: Any) -> Any:
+        if stage == "policy":
+            losses.append(1)
+        was, rec.paused = rec.paused, rec.paused or stage in ("approx_kl", "entropy", "kl_loss")
+        try:
+            return real_eval(self, stage, *a, **k)
+        finally:
+            rec.paused = was
 
-    def paused(name: str) -> None:
-        real = getattr(search_policy, name)
-
-        def wrapped(*a: Any, **k: Any) -> Any:
+    def step(*a: Any, **k: Any) -> Any:
+        rec.paused = False
+        try:
+            with rec:
+                return real_step(*a, **k)
+        finally:
             rec.paused = True
-            try:
-                return real(*a, **k)
-            finally:
-                rec.paused = False
 
-        monkeypatch.setattr(search_policy, name, wrapped)
-
-    def stage(*a: Any, **k: Any) -> Any:
-        with rec:
-            return real_stage(*a, **k)
-
-    paused("approx_kl_k2_all_positions")
-    paused("aggregate_loss")
-    monkeypatch.setattr(search_policy, "_policy_loss", loss)
-    monkeypatch.setattr(search_policy, "policy_stage", stage)
+    monkeypatch.setattr(Search, "evaluate", evaluate)
+    monkeypatch.setattr(steps_mod, "policy_step", step)
     assert detect(dump, setup_for("trl")).detected
     assert losses
     assert rec.allocating == ["empty_like"] * len(losses)
@@ -302,24 +323,36 @@ def test_count_true_along_rows_makes_no_mask_sized_copy() -> None:
     assert biggest < m.numel(), biggest  # the old code: 8 · 64 · 4096 bytes
 
 
-def test_loss_stage_composes_the_core_objective(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The loss stage's total is :func:`refppo.core.objective.total_loss` (one path; the old code
-    summed the terms by hand), with the value term weighted 0 for a separate critic; each total
-    equals the core called directly on the state's terms."""
+def test_loss_step_composes_the_core_objective(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss step's total is the total stage's :func:`refppo.core.objective.total_loss` (one path;
+    the old code summed the terms by hand), with the value term weighted 0 for a separate critic;
+    each total equals the core called directly on the state's terms."""
     from refppo.core.objective import total_loss
 
     dump, start = _paged_dump(tmp_path, None, whiten_rewards="masked")
     calls: list[tuple[Any, ...]] = []
+    walking = [False]
 
     def spy(*a: Any, **k: Any) -> Any:
         out = total_loss(*a, **k)
-        calls.append((a, k, out))
+        if walking[0]:
+            calls.append((a, k, out))
         return out
 
-    monkeypatch.setattr(search_mod, "total_loss", spy)
+    real_step = steps_mod.loss_step
+
+    def step(*a: Any, **k: Any) -> Any:
+        walking[0] = True
+        try:
+            return real_step(*a, **k)
+        finally:
+            walking[0] = False
+
+    monkeypatch.setattr(update_mod, "total_loss", spy)
+    monkeypatch.setattr(steps_mod, "loss_step", step)
     assert detect(dump, start).detected
     assert calls
     for a, k, out in calls:
         assert k["vf_coef"] == (0.0 if dump.step.separate_critic else start.hp.vf_coef)
-        assert k["ent_coef"] == start.hp.ent_coef and k["kl_coef"] == start.hp.kl_coef
+        assert k["ent_coef"] == start.hp.ent_coef and k["kl_coef"] in (0.0, start.hp.kl_coef)
         assert torch.equal(out, total_loss(*a, **k))

@@ -11,9 +11,8 @@ import torch
 from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
 import refppo.oracle.detect.detection as detect_mod
-import refppo.oracle.detect.groups as groups_mod
 import refppo.oracle.detect.prune as prune_mod
-import refppo.oracle.detect.rollout as rollout_mod
+import refppo.oracle.detect.steps as steps_mod
 from refppo.conventions import LossAgg
 from refppo.core.value import value_loss
 from refppo.dump.load import TOLERANCES, Dump, load_dump
@@ -102,21 +101,21 @@ def test_an_unmatched_stage_walks_again_unpruned(
     dump = _dump(tmp_path, "trl", NO_RETURNS, scale)
     seen = _spy(monkeypatch)
     runs: list[bool] = []
-    real_run = Search.run
+    real_run = steps_mod.run_search
 
-    def run(self: Search) -> list[Group]:
+    def run(self: Search) -> list[Group[Any]]:
         runs.append(self.prune is not None)
         return real_run(self)
 
     walked: list[tuple[bool, str]] = []
-    real_note = prune_mod.note_walk  # the object search_groups imported
+    real_note = Search.note_walk
 
     def note(search: Search, stage: str, ok_seen: bool, any_check: bool) -> None:
         walked.append((search.prune is not None, stage))
         real_note(search, stage, ok_seen, any_check)
 
-    monkeypatch.setattr(Search, "run", run)
-    monkeypatch.setattr(groups_mod, "note_walk", note)
+    monkeypatch.setattr(detect_mod, "run_search", run)
+    monkeypatch.setattr(Search, "note_walk", note)
     new = detect(dump, setup_for(None))
     assert runs == [True, False] and not (seen and seen[0][2])
     # the pruned walk stops at the first stage that shows it cannot hold (rev5: it used to walk to
@@ -150,13 +149,13 @@ def test_the_whitening_walks_only_returns_a_value_loss_matches(
     dumped vf_loss (the unpruned walk expands every GAE candidate, most of which give none)."""
     dump = _dump(tmp_path, "trl", NO_RETURNS)
     walked: list[tuple[torch.Tensor, torch.Tensor]] = []
-    real = rollout_mod.whiten_stage
+    real = steps_mod.whiten_step
 
-    def spy(s: Search, groups: list[Group]) -> list[Group]:
-        walked.extend((g.state["returns"], g.state["vm"]) for g in groups)
+    def spy(s: Search, groups: list[Group[Any]]) -> list[Group[Any]]:
+        walked.extend((g.state.carried.returns, g.state.carried.vm) for g in groups)
         return real(s, groups)
 
-    monkeypatch.setattr(rollout_mod, "whiten_stage", spy)
+    monkeypatch.setattr(steps_mod, "whiten_step", spy)
     assert detect(dump, setup_for(None)).n_detected > 0
     assert walked
     assert all(_value_loss_can_match(dump, r, vm) for r, vm in walked)
