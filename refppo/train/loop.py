@@ -2,7 +2,7 @@
 
 Each iteration is :func:`refppo.models.rollout.generate_rollout` followed by
 :func:`refppo.train.iteration.iteration`
-(scoring → :func:`refppo.pipeline.rollout.rollout_quantities` → :func:`refppo.train.update.ppo_update`) —
+(scoring → :func:`refppo.pipeline.step.rollout_quantities` → :func:`refppo.train.update.ppo_update`) —
 the same
 functions the golden trajectories and the oracle check; this package adds no PPO math of its own.
 (``generate_rollout`` is called here and its batch handed to ``iteration(batch=...)``, which is

@@ -15,7 +15,7 @@ whiten    ``whiten_advantages``, ``whiten_variance`` (and           —
 Each stage first walks the checked setting's own value of the keys after "then" and adds the
 others only when nothing reproduces the stage (or when the dump lacks the stage's quantity, so
 nothing can be checked there). The stages compose the core functions the pipeline composes
-(:func:`refppo.pipeline.rollout.reward_quantities`, :func:`refppo.pipeline.rollout.rollout_quantities`);
+(:func:`refppo.pipeline.step.reward_quantities`, :func:`refppo.pipeline.step.rollout_quantities`);
 what the
 search reports is re-checked through the pipeline by :func:`refppo.oracle.detect.detection.detect`.
 

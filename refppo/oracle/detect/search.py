@@ -214,7 +214,7 @@ class Search:
         self.dump.release_mapped()
         if "old_values" in t:
             groups = value_stage(self, groups)
-        else:  # no critic: no value loss (refppo.pipeline.update.update_quantities)
+        else:  # no critic: no value loss (refppo.pipeline.step.update_quantities)
             for g in groups:
                 g.patch({"vf_loss": torch.zeros((), dtype=t["old_logprobs"].dtype)})
         self.dump.release_mapped()
