@@ -144,30 +144,6 @@ def _threads() -> None:
         torch.set_num_threads(int(n))
 
 
-def preset_overrides_note(
-    preset: str, preset_conv: dict[str, Any], sidecar: dict[str, Any], overrides: dict[str, Any]
-) -> list[str]:
-    """One note per convention key where ``--preset`` replaces a different value from the sidecar.
-
-    The preset wins (it states what the peer's code does); the note says so, so that a sidecar's
-    convention is never dropped silently.
-    """
-
-    def norm(v: Any) -> Any:
-        v = getattr(v, "value", v)
-        return tuple(v) if isinstance(v, list) else v
-
-    out = []
-    for key in sorted(set(sidecar) & set(preset_conv)):
-        if key in overrides or norm(sidecar[key]) == norm(preset_conv[key]):
-            continue
-        out.append(
-            f"note: --preset {preset} sets {key}={norm(preset_conv[key])}, replacing the sidecar's "
-            f"{key}={norm(sidecar[key])}; pass --set {key}=... to check another value"
-        )
-    return out
-
-
 def _run(args: argparse.Namespace) -> int:
     _threads()
     from refppo.oracle.check.settings import parse_value
