@@ -157,7 +157,6 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 CIRCLES_LEFT: list[list[str]] = [
-    ["refppo.oracle.rescore.diagnose", "refppo.oracle.rescore.readouts"],
     [
         "refppo.oracle.detect.estimator",
         "refppo.oracle.detect.groups",
