@@ -23,7 +23,6 @@ OVER: dict[str, int] = {
     "refppo/dump/load.py": 567,
     "refppo/dump/load.py::validate": 133,
     "refppo/dump/sequences.py::validate_sequences": 65,
-    "refppo/train/loop.py": 408,
     "refppo/models/rollout.py::generate_rollout": 62,
     "refppo/oracle/cli.py::build_parser": 85,
     "refppo/oracle/detect/rollout.py": 446,
