@@ -16,8 +16,9 @@ from typing import Any
 
 from torch import Tensor
 
-from refppo.dump.load import SIDECAR_SCORING_KEYS, Dump, DumpError, check_inputs_for, load_dump, validate
-from refppo.errors import HyperparameterError, RefPPOError
+from refppo.dump.keys import SIDECAR_SCORING_KEYS
+from refppo.dump.load import Dump, check_inputs_for, load_dump, validate
+from refppo.errors import DumpError, HyperparameterError, RefPPOError
 from refppo.oracle.check.diagnose import DETECT_HINT, CheckResult, check
 from refppo.oracle.check.recompute import PIPELINE_ORDER
 from refppo.oracle.check.settings import ALL_KEYS, Extras, Setup, build_setup, parse_value

@@ -22,9 +22,8 @@ from grad_helpers import HP, TWO_RANKS_TWO_MB, Bugs, save_step, step_dump
 from oracle_helpers import make_inputs, refppo_dump, setup_for
 from safetensors.torch import save_file
 
-from refppo.dump.load import DumpError
 from refppo.dump.write import sidecar_for, write_dump
-from refppo.errors import RefPPOError
+from refppo.errors import DumpError, RefPPOError
 from refppo.oracle.cli import main
 from refppo.oracle.presets.registry import PRESETS
 from refppo.oracle.run import check_step
@@ -328,7 +327,7 @@ def test_assert_step_matches_hides_its_frames_from_pytest(tmp_path: Path) -> Non
 
 
 def test_the_sidecar_keys_write_dump_accepts_are_the_oracles() -> None:
-    from refppo.dump.load import SIDECAR_SCORING_KEYS, STEP_KEYS
+    from refppo.dump.keys import SIDECAR_SCORING_KEYS, STEP_KEYS
     from refppo.dump.write import SIDECAR_KEYS
     from refppo.oracle.check.settings import ALL_KEYS
 

@@ -9,7 +9,7 @@ note, never a failure. The error measures are
   cancel to ~0, like whitened advantages, do not blow it up); not a number (NaN, reported as
   ``ref = 0`` with the dump's ``max |x|``) where the reference is 0 at every compared position;
 - ``tol`` = ``atol + rtol·max |ref|`` with ``(rtol, atol)`` chosen by the dump's dtype
-  (:data:`refppo.dump.load.TOLERANCES`); ``ok`` = ``max_abs_err <= tol``.
+  (:data:`refppo.dump.tolerances.TOLERANCES`); ``ok`` = ``max_abs_err <= tol``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from refppo.core.checks import count_true
-from refppo.dump.load import Tolerance, trim_heap
+from refppo.dump.residency import trim_heap
+from refppo.dump.tolerances import Tolerance
 
 _TINY = 1e-300
 _AFTER_GAE = frozenset({"advantages", "returns"})

@@ -16,7 +16,7 @@ reward-model   the score head at each row's last real token             ``scores
 
 ``τ`` is the sidecar's ``temperature`` (default 1). Log-probs and values are compared on the
 valid response tokens, scores per row, with ``tol = atol + rtol·max|ref|`` at the lower precision
-of the dump and the scoring dtype (:data:`refppo.dump.load.TOLERANCES`). The run over the given
+of the dump and the scoring dtype (:data:`refppo.dump.tolerances.TOLERANCES`). The run over the given
 models is :func:`refppo.oracle.rescore.run.rescore_dump`.
 """
 
@@ -32,7 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from refppo.core.logprobs import logprobs_from_logits
-from refppo.dump.load import TOLERANCES, Dump
+from refppo.dump.load import Dump
+from refppo.dump.tolerances import TOLERANCES
 from refppo.models.batch import SequenceBatch
 from refppo.models.readout import response_slice, sequence_logits
 from refppo.models.roles import last_valid_index

@@ -14,8 +14,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from refppo.dump.load import Dump, DumpError
+from refppo.dump.load import Dump
 from refppo.dump.sequences import RescoreError, sequence_batch
+from refppo.errors import DumpError
 from refppo.models.batch import position_ids_from_mask
 from refppo.oracle.rescore.diagnose import diagnose_item
 from refppo.oracle.rescore.readouts import (

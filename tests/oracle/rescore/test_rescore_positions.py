@@ -19,7 +19,8 @@ import pytest
 import torch
 from rescore_helpers import VOCAB, make_rows, write_rows
 
-from refppo.dump.load import DumpError, load_dump
+from refppo.dump.load import load_dump
+from refppo.errors import DumpError
 from refppo.models.batch import position_ids_from_mask
 from refppo.models.tiny import tiny_config
 from refppo.oracle.rescore.readouts import _learned_positions
