@@ -20,7 +20,6 @@ TREES = ("refppo", "tools")
 
 OVER: dict[str, int] = {
     "refppo/pipeline/update.py::update_quantities": 104,
-    "refppo/dump/sequences.py::validate_sequences": 65,
     "refppo/models/rollout.py::generate_rollout": 62,
     "refppo/oracle/cli.py::build_parser": 85,
     "refppo/oracle/detect/rollout.py": 446,
