@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the convention line lists every key, not only those that differ",
     )
+    _model_arguments(p)
+    return p
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """The re-scoring flags: a local checkpoint per role and how the re-score runs."""
     m = p.add_argument_group(
         "re-scoring with the trainer's models (needs input_ids and attention_mask in the dump)",
         "Each DIR is a local Hugging Face checkpoint; refppo re-scores the dump's rows with its own "
@@ -114,7 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="float32",
         help="precision of the re-scoring (float32; checkpoint: as the weights are stored)",
     )
-    return p
 
 
 def _fail(message: str) -> int:
