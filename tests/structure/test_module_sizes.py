@@ -20,7 +20,6 @@ TREES = ("refppo", "tools")
 
 OVER: dict[str, int] = {
     "refppo/pipeline/update.py::update_quantities": 104,
-    "refppo/models/rollout.py::generate_rollout": 62,
     "refppo/oracle/detect/rollout.py": 446,
     "refppo/oracle/detect/rollout.py::reward_stage": 61,
     "refppo/oracle/detect/groups.py::expand_groups": 70,
