@@ -29,7 +29,6 @@ OVER: dict[str, int] = {
     "refppo/oracle/detect/value.py::value_stage": 107,
     "refppo/oracle/check/recompute.py": 433,
     "refppo/oracle/check/recompute.py::_with_update": 84,
-    "refppo/core/by_rows.py::_policy_loss_by_rows": 72,
     "tools/validate_presets.py::run_group": 62,
     "tools/validate_detect.py::detect_case": 70,
     "tools/compare_split.py::_run": 61,
