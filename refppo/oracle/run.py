@@ -188,7 +188,7 @@ def _resolve(
         # OpenRLHF kl_estimator): the run's own (--set, else the sidecar) wins over the preset's.
         estimator = parsed.get("kl_estimator", sidecar.get("kl_estimator"))
         # So is the advantage estimator (verl adv_estimator, OpenRLHF advantage.estimator): the
-        # preset then applies the peer's critic-free variant (refppo/oracle/presets/critic_free.py).
+        # preset then applies the peer's critic-free variant (refppo/oracle/presets/registry.py::VARIANTS).
         advantage = parsed.get("advantage", sidecar.get("advantage"))
         preset_conv, preset_hp = resolve_preset(
             preset,
