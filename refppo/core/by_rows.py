@@ -22,7 +22,7 @@ gradient (the trainer's differentiated path keeps the whole-batch functions).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple, cast
 
 import torch
@@ -152,6 +152,30 @@ def _policy_loss_by_rows(
             log_ratio_clamp=k,
         )  # fmt: skip
 
+    return _block_policy_loss(
+        rows, terms, logp, logp_old, m, agg_mode, dual_clip=dual_clip, token_count=token_count,
+        seq_count=seq_count, horizon=horizon, keep_ratio=keep_ratio,
+    )  # fmt: skip
+
+
+def _block_policy_loss(
+    rows: int,
+    terms: Callable[[slice], PolicyTerms],
+    logp: Tensor,
+    logp_old: Tensor,
+    m: Tensor,
+    agg_mode: LossAgg,
+    *,
+    dual_clip: float | None,
+    token_count: float | None,
+    seq_count: float | None,
+    horizon: float | None,
+    keep_ratio: bool,
+) -> _BlockPolicyLoss:
+    """The outputs of :func:`_policy_loss_by_rows` from its checked inputs and ``terms`` (the
+    per-token terms of one row block): ``d`` first into the ``ℓ`` buffer (its sums are
+    ``approx_kl`` and ``approx_kl_k2``), then ``ℓ`` (and ``ρ``) block by block, the clip counts
+    summed, and ``ℓ`` aggregated once over the whole buffer."""
     B = m.shape[0]
     with torch.no_grad():
         n = float(count_true(m))  # = m.sum(), without its int64 [B, T] copy of the mask

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import ValueLoss
-from refppo.dump.load import Tolerance
+from refppo.dump.tolerances import Tolerance
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.update import Normalisers, update_quantities
 
