@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import ValueLoss
-from refppo.dump.load import Tolerance
+from refppo.dump.tolerances import Tolerance
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.stages import UPDATE_STAGES, Stage
