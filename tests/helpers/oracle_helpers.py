@@ -29,7 +29,7 @@ from refppo.dump.write import write_dump
 from refppo.oracle.check.recompute import reference_outputs
 from refppo.oracle.check.settings import Setup, build_setup, parse_value
 from refppo.oracle.presets.registry import resolve_preset
-from refppo.pipeline.naive import rollout_quantities_naive
+from refppo.pipeline.step import rollout_quantities_naive
 
 HP: dict[str, float] = {
     "gamma": 0.99,
@@ -106,15 +106,16 @@ def naive_outputs(
 
     ``kl`` is the estimate of ``old_logprobs`` vs ``ref_logprobs`` whatever ``kl_in`` (the dump's
     ``kl``); the scores pass the oracle's score map ``clip((s + score_bias)·score_scale, ±score_clip)``;
-    ``approx_kl`` is the trainer's logged metric of ``setup.extras.approx_kl``, restated here
+    ``approx_kl`` is the trainer's logged metric of ``approx_kl`` convention, restated here
     (``k2_all_positions``: ``½·Σ_valid (l − l_old)² / (B·T)``). Conventions the naive twins lack
     (``group_kl=to_go``, ``advantage=reinforce++``) raise ConventionError: never another path.
     """
-    conv, hp, ex = setup.conv, setup.hp, setup.extras
+    conv, hp = setup.conv, setup.hp
+    f = conv.get  # the flat keys
     t = {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in inputs.items()}
     mask = t["response_mask"].bool()
-    mapped = map_scores_naive(t["scores"], bias=ex.score_bias, scale=ex.score_scale, clip=ex.score_clip)
-    clamps = {"log_ratio_clamp": conv.kl_log_ratio_clamp, "value_clamp": conv.kl_value_clamp}
+    mapped = map_scores_naive(t["scores"], bias=f("score_bias"), scale=f("score_scale"), clip=f("score_clip"))
+    clamps = {"log_ratio_clamp": f("kl_log_ratio_clamp"), "value_clamp": f("kl_value_clamp")}
     rq = rollout_quantities_naive(
         scores=torch.tensor(mapped, dtype=torch.float64),
         old_logprobs=t["old_logprobs"],
@@ -126,7 +127,7 @@ def naive_outputs(
         group_index=t.get("group_index"),
     )
     out: dict[str, Tensor | float] = {
-        "kl": token_kl_naive(t["old_logprobs"], t["ref_logprobs"], mask, conv.kl_estimator, **clamps),
+        "kl": token_kl_naive(t["old_logprobs"], t["ref_logprobs"], mask, f("kl_estimator"), **clamps),
         "token_rewards": rq.token_rewards,
         "advantages": rq.advantages,
         "returns": rq.returns,
@@ -137,42 +138,42 @@ def naive_outputs(
     critic = "values" in t and "old_values" in t
     if critic:
         vf = value_loss_naive(
-            t["values"], t["old_values"], rq.returns, rq.value_mask if ex.vf_mask == "value" else mask,
-            clip=hp.cliprange_value, kind=conv.value_loss, clip_form=conv.value_clip_form,
-            agg=conv.loss_agg if conv.value_loss_agg is None else conv.value_loss_agg, **norm,
+            t["values"], t["old_values"], rq.returns, rq.value_mask if f("vf_mask") == "value" else mask,
+            clip=hp.cliprange_value, kind=f("value_loss"), clip_form=f("value_clip_form"),
+            agg=f("loss_agg") if f("value_loss_agg") is None else f("value_loss_agg"), **norm,
         )  # fmt: skip
         out.update(vf_loss=vf.loss, vf_clipfrac=vf.clipfrac)
     ent = None
     if "entropy" in t:
-        agg = conv.loss_agg if conv.entropy_agg is None else conv.entropy_agg
+        agg = f("loss_agg") if f("entropy_agg") is None else f("entropy_agg")
         ent = out["entropy_loss"] = float(entropy_bonus_naive(t["entropy"], mask, agg, **norm))
     if "logprobs" not in t:
         return {k: torch.as_tensor(v, dtype=torch.float64).to(dtype) for k, v in out.items()}
     lp, old = t["logprobs"], t["old_logprobs"]
-    if conv.policy_loss is PolicyLoss.GSPO:
+    if f("policy_loss") is PolicyLoss.GSPO:
         pg = gspo_policy_loss_naive(
             lp, old, rq.advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
-            agg=conv.loss_agg, log_ratio_max=conv.log_ratio_clamp, **norm,
+            agg=f("loss_agg"), log_ratio_max=f("log_ratio_clamp"), **norm,
         )  # fmt: skip
     else:
         pg = clipped_policy_loss_naive(
             lp, old, rq.advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
-            dual_clip=conv.dual_clip, agg=conv.loss_agg, log_ratio_clamp=conv.log_ratio_clamp, **norm,
+            dual_clip=f("dual_clip"), agg=f("loss_agg"), log_ratio_clamp=f("log_ratio_clamp"), **norm,
         )  # fmt: skip
     out.update(
-        pg_loss=pg.loss, pg_clipfrac=pg.clipfrac, approx_kl=_approx_kl_metric(ex.approx_kl, pg.approx_kl, t)
+        pg_loss=pg.loss, pg_clipfrac=pg.clipfrac, approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t)
     )
     kll = None
-    if conv.kl_in is KLPlacement.LOSS:
-        agg = conv.loss_agg if conv.kl_loss_agg is None else conv.kl_loss_agg
+    if f("kl_in") is KLPlacement.LOSS:
+        agg = f("loss_agg") if f("kl_loss_agg") is None else f("kl_loss_agg")
         kll = out["kl_loss"] = float(
-            kl_loss_naive(lp, t["ref_logprobs"], mask, conv.kl_estimator, agg, **clamps, **norm)
+            kl_loss_naive(lp, t["ref_logprobs"], mask, f("kl_estimator"), agg, **clamps, **norm)
         )
     if critic or "old_values" not in t:
         vf_loss = float(out["vf_loss"]) if critic else None
         out["loss"] = total_loss_naive(
             pg.loss, vf_loss, ent, kll, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
-            kl_coef=hp.kl_coef if conv.kl_in is KLPlacement.LOSS else 0.0,
+            kl_coef=hp.kl_coef if f("kl_in") is KLPlacement.LOSS else 0.0,
         )  # fmt: skip
     return {k: torch.as_tensor(v, dtype=torch.float64).to(dtype) for k, v in out.items()}
 
