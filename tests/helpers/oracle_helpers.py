@@ -23,7 +23,6 @@ from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.kl import token_kl_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
 from refppo.core.policy import clipped_policy_loss_naive
-from refppo.core.score_map import map_scores_naive
 from refppo.core.value import value_loss_naive
 from refppo.dump.write import write_dump
 from refppo.oracle.check.recompute import reference_outputs
@@ -114,10 +113,9 @@ def naive_outputs(
     f = conv.get  # the flat keys
     t = {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in inputs.items()}
     mask = t["response_mask"].bool()
-    mapped = map_scores_naive(t["scores"], bias=f("score_bias"), scale=f("score_scale"), clip=f("score_clip"))
     clamps = {"log_ratio_clamp": f("kl_log_ratio_clamp"), "value_clamp": f("kl_value_clamp")}
     rq = rollout_quantities_naive(
-        scores=torch.tensor(mapped, dtype=torch.float64),
+        scores=t["scores"],  # the naive walk's first stage is the score map (map_scores_naive)
         old_logprobs=t["old_logprobs"],
         ref_logprobs=t["ref_logprobs"],
         old_values=t.get("old_values", torch.zeros_like(t["old_logprobs"])),
