@@ -10,8 +10,15 @@ both to their AVX2 paths makes the arithmetic the same on every x86-64 CPU with 
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's kernel dispatch (read once, at the first dispatched op);
 - ``MKL_CBWR=AVX2``: MKL's Conditional Numerical Reproducibility mode (read when MKL initialises).
 
-This module imports nothing heavy: call :func:`pin` before the first tensor operation of the
-process (``tests/conftest.py`` and ``tools/make_golden.py`` do, before importing torch).
+The pin makes the arithmetic the same only where MKL honours ``MKL_CBWR`` the same way: MKL's
+conditional reproducibility is stated for Intel processors, and on an AMD EPYC (2026-12-01) the
+pinned run of an older release's fixture differed from the one written elsewhere in the 9th digit
+(``tests/train/test_resume_old_release.py``). :func:`kernel_path` names what decides the kernels,
+so a fixture can record where it was written and a test be exact only where that is the same.
+
+This module imports nothing heavy at import time: call :func:`pin` before the first tensor
+operation of the process (``tests/conftest.py`` and ``tools/make_golden.py`` do, before importing
+torch).
 """
 
 from __future__ import annotations
@@ -46,4 +53,42 @@ def pinned_problem() -> str | None:
     return None
 
 
-__all__ = ["PINNED_CPU_ENV", "pin", "pinned_problem"]
+def _cpuinfo(field: str) -> str:
+    """The first ``field`` line of ``/proc/cpuinfo`` (Linux), else ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == field:
+                    return value.strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
+
+
+def kernel_path() -> dict[str, str]:
+    """What decides the CPU kernels, hence the rounding, of a torch computation in this process:
+    the CPU (vendor, model), the kernel set torch dispatches, the pinned environment, and the
+    versions of torch, MKL and oneDNN. Two runs with equal ``kernel_path()`` (and one thread, the
+    same inputs and code) run the same instructions: their results are bit-identical."""
+    import re
+
+    import torch
+
+    config = torch.__config__.show()
+    mkl = re.search(r"Math Kernel Library Version (\S+)", config)
+    onednn = re.search(r"MKL-DNN v([\d.]+)", config)
+    return {
+        "cpu_vendor": _cpuinfo("vendor_id"),
+        "cpu_model": _cpuinfo("model name"),
+        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        **{key: os.environ.get(key, "") for key in PINNED_CPU_ENV},
+        "torch": str(torch.__version__),
+        "mkl": mkl.group(1) if mkl else "none",
+        "onednn": onednn.group(1) if onednn else "none",
+    }
+
+
+__all__ = ["PINNED_CPU_ENV", "kernel_path", "pin", "pinned_problem"]

@@ -41,3 +41,7 @@ class ConventionError(RefPPOError):
 
 class HyperparameterError(RefPPOError):
     """A hyperparameter is outside its valid range (e.g. gamma > 1, a negative clip range)."""
+
+
+class DumpError(RefPPOError):
+    """A dump (or its hyperparameters) that the oracle cannot use; the message is one line."""

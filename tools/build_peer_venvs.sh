@@ -62,9 +62,10 @@ build() {
     # skyrl-train 0.3.1 declares Python 3.12 only; its files run on 3.11 (shared/peers/README.md).
     [ "$name" = skyrl-areal ] && extra=(--ignore-requires-python)
     "$env/bin/python" -m pip install -q --no-deps "${extra[@]}" -r "$req"
-    # tools/peers/makers/trl_ppo.py imports refppo (its task, capture adapter, dump writer) inside TRL's
-    # interpreter: refppo's one import the TRL closure lacks (versions as tools/constraints.txt).
-    if [ "$name" = trl ]; then
+    # The peer side imports refppo inside the peer's interpreter (tools/peers/makers/trl_ppo.py: its task,
+    # capture adapter, dump writer; tools/peers adapters: refppo.capture.adapters): jaxtyping is refppo's
+    # one import the closures may lack (versions as tools/constraints.txt).
+    if ! "$env/bin/python" -c "import jaxtyping" 2>/dev/null; then
         "$env/bin/python" -m pip install -q --no-deps jaxtyping==0.3.11 wadler_lindig==0.1.8
     fi
     "$env/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"

@@ -19,7 +19,10 @@ run):
 
 ``<out>/<REV>/expected.json`` holds the release's commit, the ``--set`` overrides of the run (the
 release's ``TEST`` preset + ``task.reward=rule``, so the test resumes with the command line the
-release's user would have typed), the versions used and (2). The checksum of a model
+release's user would have typed), the versions used, the machine's kernel path under the pin
+(:func:`refppo.cpu_numerics.kernel_path`, read in a pinned child: the test is bit-exact only where
+it is the same) and (2), with each model's parameter checksums ``[Σp, Σp², Σ|p|]`` (float64, as the
+golden trajectories') for a comparison within tolerances elsewhere. The checksum of a model
 (:func:`weights_sha256`) is SHA-256 over its tensors in name order: name, dtype, shape, raw bytes;
 ``tests/train/test_resume_old_release.py`` states the same formula independently.
 """
@@ -52,7 +55,7 @@ PINNED_CPU_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 CHILD = """
 import json, sys
 import refppo
-from refppo.train.tasks.presets import TEST, preset
+from refppo.tasks.presets import TEST, preset  # the release's layout, not today's
 from refppo.trainer import Trainer
 src, out, iterations, resume = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "resume"
 assert refppo.__file__.startswith(src), (refppo.__file__, src)  # the release's code, not today's
@@ -101,13 +104,37 @@ def _run(src: Path, out: Path, iterations: int, resume: bool) -> list[str]:
     return sets
 
 
-def _iteration(out: Path, iteration: int) -> tuple[dict[str, Any], dict[str, str]]:
-    """The metrics record of ``iteration`` without ``time/`` keys, and each model's checksum."""
+def weights_checksums(path: Path) -> dict[str, list[float]]:
+    """``{tensor name: [Σp, Σp², Σ|p|]}`` in float64 (the golden trajectories' parameter checksums)."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = {}
+    for name, t in sorted(load_file(path).items()):
+        p = t.to(torch.float64)
+        out[name] = [float(p.sum()), float((p * p).sum()), float(p.abs().sum())]
+    return out
+
+
+def kernel_path() -> dict[str, str]:
+    """:func:`refppo.cpu_numerics.kernel_path` of this machine, in a child with the pin applied
+    (today's ``refppo.cpu_numerics``: it imports no other part of refppo)."""
+    code = "import json; from refppo.cpu_numerics import kernel_path; print(json.dumps(kernel_path()))"
+    env = {**os.environ, **PINNED_CPU_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+    path: dict[str, str] = json.loads(done.stdout)
+    return path
+
+
+def _iteration(out: Path, iteration: int) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """The metrics record of ``iteration`` without ``time/`` keys, each model's SHA-256 and its
+    parameter checksums."""
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
     [rec] = [r for r in records if r["iteration"] == iteration]
     metrics = {k: v for k, v in rec.items() if not k.startswith("time/")}
     ckpt = out / "checkpoints" / f"iter_{iteration:06d}"
-    return metrics, {m: weights_sha256(ckpt / f"{m}.safetensors") for m in MODELS}
+    sha = {m: weights_sha256(ckpt / f"{m}.safetensors") for m in MODELS}
+    return metrics, sha, {m: weights_checksums(ckpt / f"{m}.safetensors") for m in MODELS}
 
 
 def make(rev: str, out_root: Path) -> Path:
@@ -136,10 +163,15 @@ def make(rev: str, out_root: Path) -> Path:
             "python": platform.python_version(),
             "torch": torch.__version__,
             "cpu_env": PINNED_CPU_ENV,
+            "kernel_path": kernel_path(),
         },
         "overrides": sets,
         "fixture_iterations": 1,
-        "iteration_2": {"metrics": straight[0], "weights_sha256": straight[1]},
+        "iteration_2": {
+            "metrics": straight[0],
+            "weights_sha256": straight[1],
+            "weights_checksums": straight[2],
+        },
         "own_resume_equals_uninterrupted": True,
     }
     (dest / "expected.json").write_text(json.dumps(expected, indent=2, sort_keys=True) + "\n")

@@ -3,7 +3,7 @@
 Every function here is a *naive twin*: plain Python floats (IEEE double), one token at a time,
 reading like the equations below; the vectorized side is torch autograd through
 :func:`~refppo.core.policy.clipped_policy_loss`, :func:`~refppo.core.value.value_loss`,
-:func:`~refppo.core.objective.kl_loss` and :func:`refppo.pipeline.update.update_quantities`. Outputs are
+:func:`~refppo.core.objective.kl_loss` and :func:`refppo.pipeline.step.update_quantities`. Outputs are
 float64 ``[B, T]`` tensors (on the input's device), exactly 0 at padded positions.
 
 Aggregation weight ``w(b,t) = ∂agg(L)/∂L[b,t]`` at a valid token (0 on padding), with the global
@@ -29,7 +29,7 @@ KL loss (current vs reference log-probs), ``d = l − l^ref`` clamped to ``[lo, 
     k' = 1 (k1), d (k2), 1 − e^{−d} (k3), sign d (abs; 0 at d = 0)
     ∂kl/∂l = w · d, no clamp gate   (straight-through k1+, k3+, abs+: the gradient of ½ d², verl)
 
-Objective (:func:`refppo.pipeline.update.update_quantities`): ``∂J/∂l = ∂pg/∂l + kl_coef·∂kl/∂l`` (the KL
+Objective (:func:`refppo.pipeline.step.update_quantities`): ``∂J/∂l = ∂pg/∂l + kl_coef·∂kl/∂l`` (the KL
 term only with ``kl_in = loss``), ``∂J/∂V = vf_coef·∂vf/∂V``. The entropy is an *input* of the
 pipeline (a tensor given beside the log-probs, not computed from them), so it contributes nothing to
 ``∂J/∂l``; through a model both come from the same logits, which is the model's business.

@@ -239,7 +239,7 @@ def group_advantages(
     ``reinforce++-baseline`` whitens the result over the batch's valid tokens with
     ``whiten_unbiased`` (verl: True; OpenRLHF: False) and ``whiten_eps_form`` (verl ``add``:
     ``rsqrt(σ²+1e-8)``; OpenRLHF ``clamp``: ``rsqrt(max(σ², 1e-8))``). ``whiten=False`` leaves
-    that whitening to the caller (:func:`refppo.pipeline.rollout.rollout_quantities` applies its own step 4,
+    that whitening to the caller (:func:`refppo.pipeline.step.rollout_quantities` applies its own step 4,
     the ``whiten_*`` conventions, so one set of keys says how every advantage is whitened).
     """
     m, p = _checked_group_inputs(

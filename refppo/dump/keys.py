@@ -1,4 +1,6 @@
-"""Peers' tensor names accepted as aliases of the dump keys, and "did you mean" hints for the rest.
+"""The dump's key schema: the known keys by kind (inputs, outputs, gradients, integers, sequences,
+sidecar keys that are no PPO settings) and what each output needs; the peers' tensor names accepted
+as aliases of the dump keys, and "did you mean" hints for the rest (spec/dump-format.md).
 
 The verl and OpenRLHF names listed in spec/dump-format.md are read as the dump key they stand for;
 each renaming is reported (never silent), and a dump holding two tensors for one quantity (a key
@@ -12,6 +14,64 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 from typing import Any
+
+REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "ref_logprobs", "scores")
+CRITIC_INPUTS: tuple[str, ...] = ("old_values",)
+"""Required unless the checked convention's estimator needs no critic (``advantage`` ≠ ``gae``):
+checked by :func:`check_inputs_for` once the convention is known."""
+UPDATE_INPUTS: tuple[str, ...] = ("logprobs", "values", "entropy")
+TOKEN_OUTPUTS: tuple[str, ...] = ("kl", "token_rewards", "advantages", "returns")
+SCALAR_OUTPUTS: tuple[str, ...] = (
+    "pg_loss",
+    "pg_clipfrac",
+    "approx_kl",
+    "vf_loss",
+    "vf_clipfrac",
+    "entropy_loss",
+    "kl_loss",
+    "loss",
+)
+TOKEN_KEYS: tuple[str, ...] = (
+    "response_mask",
+    "old_logprobs",
+    "ref_logprobs",
+    "old_values",
+    "logprobs",
+    "values",
+    "entropy",
+    *TOKEN_OUTPUTS,
+)
+GRAD_KEYS: tuple[str, ...] = ("grad_logprobs", "grad_values")
+"""v2: ∂J/∂``logprobs`` and ∂J/∂``values`` of the whole optimizer step, [B, T] (spec/dump-format.md)."""
+INTEGER_KEYS: set[str] = {"micro_batch", "rank", "group_index", "input_ids", "attention_mask", "position_ids"}
+"""Keys whose tensors hold integers (kept as int64, never cast to the compute dtype)."""
+ROW_INTEGER_KEYS: tuple[str, ...] = ("micro_batch", "rank", "group_index")
+"""[B] integers: v2's micro-batch (per rank) and data-parallel rank of each row; ``group_index``, the
+prompt each row answers (critic-free group estimators, issue #13)."""
+SEQUENCE_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids")
+"""The ``[B, P+T]`` sequences for re-scoring (validated by :mod:`refppo.dump.sequences`)."""
+SIDECAR_SCORING_KEYS: frozenset[str] = frozenset({"temperature"})
+"""Sidecar keys of the scoring pass (not PPO settings): read by the re-scoring, not by ``Setup``."""
+STEP_KEYS: tuple[str, ...] = ("world_size", "micro_batches", "separate_critic")
+"""v2 sidecar keys describing the optimizer step (read here, not by the settings)."""
+KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *GRAD_KEYS, *INTEGER_KEYS))
+NEEDS_UPDATE: dict[str, tuple[str, ...]] = {
+    "pg_loss": ("logprobs",),
+    "pg_clipfrac": ("logprobs",),
+    "approx_kl": ("logprobs",),
+    "vf_loss": ("values",),
+    "vf_clipfrac": ("values",),
+    "entropy_loss": ("entropy",),
+    "kl_loss": ("logprobs",),
+    "loss": ("logprobs", "values"),
+    "grad_logprobs": ("logprobs",),
+    "grad_values": ("values",),
+}
+"""The update-step inputs each update-stage output is computed from (``loss``: ``logprobs`` alone
+without a critic)."""
+NEEDS_CRITIC: tuple[str, ...] = ("values", "vf_loss", "vf_clipfrac")
+"""Keys that make no sense without ``old_values`` (the value loss is clipped around them)."""
+
 
 ALIASES: dict[str, tuple[str, str]] = {
     # verl 0.9.1: DataProto batch keys and the actor/critic metrics (spec/dump-format.md, "verl")

@@ -68,7 +68,16 @@ def validate_sequences(raw: dict[str, Any], response_mask: Tensor) -> dict[str, 
         raise ValueError(
             f"position_ids: rows {_rows((out['position_ids'] < 0).any(dim=1))} hold negative positions"
         )
-    am = out["attention_mask"]
+    _check_attention(out["attention_mask"], response_mask)
+    if bool((out["input_ids"] < 0).any()):
+        raise ValueError(f"input_ids: rows {_rows((out['input_ids'] < 0).any(dim=1))} hold negative ids")
+    return out
+
+
+def _check_attention(am: Tensor, response_mask: Tensor) -> None:
+    """``attention_mask`` ``[B, S]`` is 0/1, its last ``T`` columns cover ``response_mask`` and are
+    right-padded, its first ``S − T`` (the prompt) are left-padded with a real last token."""
+    S, T = int(am.shape[1]), int(response_mask.shape[1])
     if bool(((am != 0) & (am != 1)).any()):
         raise ValueError("attention_mask: expected only 0/1 values")
     resp = am[:, S - T :].bool()
@@ -92,9 +101,6 @@ def validate_sequences(raw: dict[str, Any], response_mask: Tensor) -> dict[str, 
     empty = prompt[:, -1] == 0
     if bool(empty.any()):
         raise ValueError(f"attention_mask: rows {_rows(empty)} have no real prompt token")
-    if bool((out["input_ids"] < 0).any()):
-        raise ValueError(f"input_ids: rows {_rows((out['input_ids'] < 0).any(dim=1))} hold negative ids")
-    return out
 
 
 def sequence_batch(tensors: dict[str, Tensor], response_mask: Tensor) -> SequenceBatch:

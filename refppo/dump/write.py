@@ -37,9 +37,8 @@ from torch import Tensor
 
 from refppo.atomic import fsync_dir, fsync_file, honour_umask, temp_path
 from refppo.conventions import parse
-from refppo.dump.keys import misspelt_error
-from refppo.dump.load import KNOWN_KEYS, SIDECAR_SCORING_KEYS, STEP_KEYS, DumpError
-from refppo.errors import RefPPOError
+from refppo.dump.keys import KNOWN_KEYS, SIDECAR_SCORING_KEYS, STEP_KEYS, misspelt_error
+from refppo.errors import DumpError, RefPPOError
 from refppo.pipeline.settings import CONVENTION_KEYS, HPARAM_KEYS, Hyperparams, enum_keys
 
 CONVENTION_FIELDS: frozenset[str] = frozenset(CONVENTION_KEYS)

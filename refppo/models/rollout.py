@@ -146,6 +146,33 @@ def quiet_cache_deprecation() -> Iterator[None]:
 
 
 @torch.no_grad()
+def _cache_keywords(actor: nn.Module, cfg: RolloutConfig) -> dict[str, Any]:
+    """The cache keywords of every forward: ``use_cache`` (and ``logits_to_keep=1`` where
+    ``forward`` takes it) when ``cfg.use_cache`` and ``forward`` takes ``past_key_values``; none
+    at all otherwise (any ``forward`` works)."""
+    extra: dict[str, Any] = {}
+    if cfg.use_cache and _forward_accepts(actor, "past_key_values"):
+        extra["use_cache"] = True
+        if _forward_accepts(actor, "logits_to_keep"):
+            extra["logits_to_keep"] = 1
+    return extra
+
+
+def _forward(actor: nn.Module, ids: Tensor, mask: Tensor, past: Any, extra: dict[str, Any]) -> Any:
+    """One decoding step's forward: the whole prefix (``past`` None), else only the newest token
+    with the model's cache; the mask covers prompt + every token so far, positions
+    ``clamp(cumsum(mask) − 1, 0)``."""
+    if past is None:
+        return actor(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), **extra)
+    return actor(
+        input_ids=ids[:, -1:],
+        attention_mask=mask,
+        position_ids=position_ids_from_mask(mask)[:, -1:],
+        past_key_values=past,
+        **extra,
+    )
+
+
 def generate_rollout(
     actor: nn.Module,
     prompt_ids: Tensor,
@@ -173,28 +200,13 @@ def generate_rollout(
     responses = torch.full((B, cfg.max_new_tokens), cfg.pad_token_id, dtype=torch.long, device=device)
     rmask = torch.zeros((B, cfg.max_new_tokens), dtype=torch.bool, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    extra: dict[str, Any] = {}  # use_cache=False: no extra keyword at all (any forward works)
-    cached = cfg.use_cache and _forward_accepts(actor, "past_key_values")
-    if cached:
-        extra["use_cache"] = True
-        if _forward_accepts(actor, "logits_to_keep"):
-            extra["logits_to_keep"] = 1
+    extra = _cache_keywords(actor, cfg)
+    cached = bool(extra)
     past: Any = None  # the model's cache after the previous step (None: run the whole prefix)
     quiet = quiet_cache_deprecation() if cached else contextlib.nullcontext()
     with eval_mode(actor), quiet:
         for t in range(cfg.max_new_tokens):
-            if past is None:
-                out = actor(
-                    input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), **extra
-                )
-            else:  # only the newest token; the mask covers prompt + every token so far
-                out = actor(
-                    input_ids=ids[:, -1:],
-                    attention_mask=mask,
-                    position_ids=position_ids_from_mask(mask)[:, -1:],
-                    past_key_values=past,
-                    **extra,
-                )
+            out = _forward(actor, ids, mask, past, extra)
             if cached:
                 past = getattr(out, "past_key_values", None)
             nxt = sample_from_logits(out.logits[:, -1, :], cfg, generator)

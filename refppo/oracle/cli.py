@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the convention line lists every key, not only those that differ",
     )
+    _model_arguments(p)
+    return p
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """The re-scoring flags: a local checkpoint per role and how the re-score runs."""
     m = p.add_argument_group(
         "re-scoring with the trainer's models (needs input_ids and attention_mask in the dump)",
         "Each DIR is a local Hugging Face checkpoint; refppo re-scores the dump's rows with its own "
@@ -114,7 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="float32",
         help="precision of the re-scoring (float32; checkpoint: as the weights are stored)",
     )
-    return p
 
 
 def _fail(message: str) -> int:
@@ -142,30 +147,6 @@ def _threads() -> None:
     n = os.environ.get("REFPPO_DIFF_THREADS", "1")
     if n.isdigit() and int(n) > 0:
         torch.set_num_threads(int(n))
-
-
-def preset_overrides_note(
-    preset: str, preset_conv: dict[str, Any], sidecar: dict[str, Any], overrides: dict[str, Any]
-) -> list[str]:
-    """One note per convention key where ``--preset`` replaces a different value from the sidecar.
-
-    The preset wins (it states what the peer's code does); the note says so, so that a sidecar's
-    convention is never dropped silently.
-    """
-
-    def norm(v: Any) -> Any:
-        v = getattr(v, "value", v)
-        return tuple(v) if isinstance(v, list) else v
-
-    out = []
-    for key in sorted(set(sidecar) & set(preset_conv)):
-        if key in overrides or norm(sidecar[key]) == norm(preset_conv[key]):
-            continue
-        out.append(
-            f"note: --preset {preset} sets {key}={norm(preset_conv[key])}, replacing the sidecar's "
-            f"{key}={norm(sidecar[key])}; pass --set {key}=... to check another value"
-        )
-    return out
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -31,8 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 from refppo.conventions import KLPlacement
-from refppo.dump.keys import suggest
-from refppo.dump.load import KNOWN_KEYS, NEEDS_CRITIC, NEEDS_UPDATE, Dump
+from refppo.dump.keys import KNOWN_KEYS, NEEDS_CRITIC, NEEDS_UPDATE, suggest
+from refppo.dump.load import Dump
 from refppo.errors import RefPPOError
 from refppo.oracle.check.diagnose import CheckResult
 from refppo.oracle.check.settings import Setup

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from refppo.dump.load import TOLERANCES, Dump
+from refppo.dump.load import Dump
+from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.diagnose import CheckResult
 from refppo.oracle.coverage import METRICS, NOT_IN_DUMP, intent_warnings, no_sidecar_text, not_compared
 from refppo.oracle.detect.detection import Detection

@@ -16,8 +16,9 @@ from typing import Any
 
 from torch import Tensor
 
-from refppo.dump.load import SIDECAR_SCORING_KEYS, Dump, DumpError, check_inputs_for, load_dump, validate
-from refppo.errors import HyperparameterError, RefPPOError
+from refppo.dump.keys import SIDECAR_SCORING_KEYS
+from refppo.dump.load import Dump, check_inputs_for, load_dump, validate
+from refppo.errors import DumpError, HyperparameterError, RefPPOError
 from refppo.oracle.check.diagnose import DETECT_HINT, CheckResult, check
 from refppo.oracle.check.settings import ALL_KEYS, Setup, build_setup, parse_value
 from refppo.oracle.coverage import no_sidecar_text, required_outputs, sources
@@ -151,6 +152,30 @@ def _sidecar(d: Dump) -> dict[str, Any]:
         raise DumpError(f"{where}: {exc}") from None
 
 
+def preset_overrides_note(
+    preset: str, preset_conv: dict[str, Any], sidecar: dict[str, Any], overrides: dict[str, Any]
+) -> list[str]:
+    """One note per convention key where ``--preset`` replaces a different value from the sidecar.
+
+    The preset wins (it states what the peer's code does); the note says so, so that a sidecar's
+    convention is never dropped silently.
+    """
+
+    def norm(v: Any) -> Any:
+        v = getattr(v, "value", v)
+        return tuple(v) if isinstance(v, list) else v
+
+    out = []
+    for key in sorted(set(sidecar) & set(preset_conv)):
+        if key in overrides or norm(sidecar[key]) == norm(preset_conv[key]):
+            continue
+        out.append(
+            f"note: --preset {preset} sets {key}={norm(preset_conv[key])}, replacing the sidecar's "
+            f"{key}={norm(sidecar[key])}; pass --set {key}=... to check another value"
+        )
+    return out
+
+
 def _resolve(
     d: Dump, preset: str | None, sidecar: dict[str, Any], parsed: dict[str, Any]
 ) -> tuple[Setup, Context, list[str]]:
@@ -159,13 +184,11 @@ def _resolve(
     preset_conv = preset_hp = None
     notes: list[str] = []
     if preset:
-        from refppo.oracle.cli import preset_overrides_note
-
         # The KL estimator is a run setting in every peer (TRL kl_estimator, verl kl_penalty,
         # OpenRLHF kl_estimator): the run's own (--set, else the sidecar) wins over the preset's.
         estimator = parsed.get("kl_estimator", sidecar.get("kl_estimator"))
         # So is the advantage estimator (verl adv_estimator, OpenRLHF advantage.estimator): the
-        # preset then applies the peer's critic-free variant (refppo/oracle/presets/critic_free.py).
+        # preset then applies the peer's critic-free variant (refppo/oracle/presets/registry.py::VARIANTS).
         advantage = parsed.get("advantage", sidecar.get("advantage"))
         preset_conv, preset_hp = resolve_preset(
             preset,

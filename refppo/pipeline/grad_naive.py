@@ -1,5 +1,5 @@
 """Naive twin of the gradient of one update step: ``(∂J/∂logprobs, ∂J/∂values)`` of
-:func:`refppo.pipeline.update.update_quantities`, from the closed-form per-token gradients of the core
+:func:`refppo.pipeline.step.update_quantities`, from the closed-form per-token gradients of the core
 (:mod:`refppo.core.grad`, :func:`refppo.core.gspo.gspo_policy_grad_naive`).
 
 ``J = pg + vf_coef·vf − ent_coef·entropy + kl_coef·kl`` (step 9 of the pipeline); the entropy is an
@@ -77,7 +77,7 @@ def objective_grads_naive(
     conv: Convention,
     norm: Normalisers | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(∂J/∂logprobs, ∂J/∂values)`` of :func:`refppo.pipeline.update.update_quantities` (same args).
+    """``(∂J/∂logprobs, ∂J/∂values)`` of :func:`refppo.pipeline.step.update_quantities` (same args).
 
     ``J = pg + vf_coef·vf − ent_coef·entropy + kl_coef·kl`` with the pipeline's normalisers: the
     policy and KL terms use ``token_count``, ``seq_count`` and ``hp.horizon``; the value term the same

@@ -17,17 +17,21 @@ every checkpoint written afterwards stores the config without them and the run's
 
 from __future__ import annotations
 
+import copy
+import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import torch
+from torch import nn
 
 from refppo.atomic import pause_for_test
 from refppo.train import checkpoint as ckpt
 from refppo.train import rundir
 from refppo.train.config.schema import TrainConfig
+from refppo.train.dist import DistContext
+from refppo.train.kl_controller import AdaptiveKLController, FixedKLController
 from refppo.train.runtime import TrainingError
-
-if TYPE_CHECKING:
-    from refppo.train.loop import Trainer
 
 RESUMABLE_KEYS = (
     "iterations",
@@ -42,7 +46,87 @@ RESUMABLE_KEYS = (
 """``[run]`` keys that may change when resuming; any other config change is refused."""
 
 
-def save(tr: Trainer, iteration: int) -> Path:
+class Run(Protocol):
+    """What a checkpoint reads from a run and what a resume sets on it (the trainer,
+    :class:`refppo.train.loop.Trainer`, is one): the attributes set by a resume, then the
+    read-only parts."""
+
+    identity: rundir.RunIdentity
+    """The run's id and config hash (``run.json``); a resume sets the checkpoint's."""
+    config_hash: str
+    config_absent: tuple[str, ...]
+    """Config keys the resumed checkpoint's refppo did not have (accepted at their defaults)."""
+    start_iteration: int
+
+    @property
+    def cfg(self) -> TrainConfig: ...
+    @property
+    def dist(self) -> DistContext: ...
+    @property
+    def out_dir(self) -> Path: ...
+    @property
+    def ckpt_dir(self) -> Path: ...
+    @property
+    def resume_fallback(self) -> bool: ...
+    @property
+    def actor(self) -> nn.Module: ...
+    @property
+    def reference(self) -> nn.Module: ...
+    @property
+    def critic(self) -> nn.Module | None: ...
+    @property
+    def reward_model(self) -> nn.Module | None: ...
+    @property
+    def actor_opt(self) -> torch.optim.Optimizer: ...
+    @property
+    def critic_opt(self) -> torch.optim.Optimizer | None: ...
+    @property
+    def kl_ctl(self) -> FixedKLController | AdaptiveKLController: ...
+    @property
+    def task_rng(self) -> random.Random: ...
+    @property
+    def generator(self) -> torch.Generator: ...
+
+    def echo(self, text: str) -> None: ...
+
+
+def models(tr: Run) -> dict[str, nn.Module]:
+    """Checkpointed models: policy, reference, and the critic and reward model when there are."""
+    out: dict[str, nn.Module] = {"policy": tr.actor, "reference": tr.reference}
+    if tr.critic is not None:
+        out["critic"] = tr.critic
+    if tr.reward_model is not None:
+        out["reward"] = tr.reward_model
+    return out
+
+
+def optimizers(tr: Run) -> dict[str, torch.optim.Optimizer]:
+    """Checkpointed optimizers: the policy's, and the critic's when there is one."""
+    return {"policy": tr.actor_opt, **({"critic": tr.critic_opt} if tr.critic_opt is not None else {})}
+
+
+def trained(tr: Run) -> dict[str, nn.Module]:
+    """The models the update changes: the actor, and the critic when there is one."""
+    return {"actor": tr.actor, **({"critic": tr.critic} if tr.critic is not None else {})}
+
+
+def snapshot(tr: Run) -> dict[str, Any]:
+    """An in-memory copy of the trained models' and their optimizers' states (``run.on_nan=skip``:
+    an update with a non-finite loss is undone by :func:`restore`)."""
+    out = {n: copy.deepcopy(m.state_dict()) for n, m in trained(tr).items()}
+    out.update({f"{n}_opt": copy.deepcopy(o.state_dict()) for n, o in optimizers(tr).items()})
+    return out
+
+
+def restore(tr: Run, s: dict[str, Any]) -> None:
+    """Load what :func:`snapshot` copied."""
+    for n, m in trained(tr).items():
+        m.load_state_dict(s[n])
+    for n, o in optimizers(tr).items():
+        o.load_state_dict(s[f"{n}_opt"])
+
+
+def save(tr: Run, iteration: int) -> Path:
     """Checkpoint after ``iteration`` completed iterations (call on every rank): every rank writes
     into a staging folder, then the main rank seals it and renames it into place (atomic)."""
     d = tr.dist
@@ -52,8 +136,8 @@ def save(tr: Trainer, iteration: int) -> Path:
     staging = ckpt.save_checkpoint(
         tr.ckpt_dir,
         iteration,
-        models=tr._models(),
-        optimizers=tr._optimizers(),
+        models=models(tr),
+        optimizers=optimizers(tr),
         rng=ckpt.rng_state(tr.task_rng, tr.generator),
         rank=d.rank,
         state={
@@ -74,7 +158,7 @@ def save(tr: Trainer, iteration: int) -> Path:
     return path
 
 
-def resume(tr: Trainer) -> None:
+def resume(tr: Run) -> None:
     """Resume from the newest complete checkpoint; with ``resume_fallback``, a damaged one is
     skipped (and named) in favour of the previous one. A checkpoint of another run or config is
     never skipped: it is refused."""
@@ -106,13 +190,13 @@ def resume(tr: Trainer) -> None:
         return
 
 
-def _load_one(tr: Trainer, path: Path, ident: rundir.RunIdentity) -> ckpt.Checkpoint:
+def _load_one(tr: Run, path: Path, ident: rundir.RunIdentity) -> ckpt.Checkpoint:
     state = ckpt.read_state(path)
     check_resume_config(tr, state, ident, path)
     c, rng = ckpt.load_checkpoint(
         path,
-        models=tr._models(),
-        optimizers=tr._optimizers(),
+        models=models(tr),
+        optimizers=optimizers(tr),
         rank=tr.dist.rank,
     )
     try:
@@ -125,7 +209,7 @@ def _load_one(tr: Trainer, path: Path, ident: rundir.RunIdentity) -> ckpt.Checkp
     return c
 
 
-def check_resume_config(tr: Trainer, state: dict[str, Any], ident: rundir.RunIdentity, path: Path) -> None:
+def check_resume_config(tr: Run, state: dict[str, Any], ident: rundir.RunIdentity, path: Path) -> None:
     """The checkpoint ``state`` belongs to this run (run id of ``run.json``), has this config
     (except :data:`RESUMABLE_KEYS`, and keys added since it was written if at their defaults; also
     by hash) and this world size; else TrainingError. Sets ``tr.config_absent`` (the keys added
@@ -147,4 +231,15 @@ def check_resume_config(tr: Trainer, state: dict[str, Any], ident: rundir.RunIde
         )
 
 
-__all__ = ["RESUMABLE_KEYS", "check_resume_config", "resume", "save"]
+__all__ = [
+    "RESUMABLE_KEYS",
+    "Run",
+    "check_resume_config",
+    "models",
+    "optimizers",
+    "restore",
+    "resume",
+    "save",
+    "snapshot",
+    "trained",
+]

@@ -11,7 +11,7 @@ groups, so the group statistics (μ_G, σ_G, the leave-one-out mean) computed on
 global ones, and only the batch-level whitening (REINFORCE++) needs the all-reduce the PPO
 pipeline already does. :func:`check_groups_on_rank` asserts it before every update: it gathers
 every rank's group ids and refuses an id seen on two ranks (GroupError, one line), so
-``refppo.pipeline.rollout.rollout_quantities(groups_on_rank=True)`` is only ever told the truth.
+``refppo.pipeline.step.rollout_quantities(groups_on_rank=True)`` is only ever told the truth.
 (verl 0.9.1 computes the advantages once over the whole batch on its driver,
 ``ray_trainer.compute_advantage``, before the data-parallel split; refppo's ranks compute their
 own rows' advantages, hence the invariant.)

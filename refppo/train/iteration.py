@@ -119,7 +119,7 @@ def iteration(
     the generator is then not used for sampling. ``critic=None``: a critic-free
     ``conv.adv.estimator`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
     answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
-    are on this rank (see :func:`refppo.pipeline.rollout.rollout_quantities`). The score map
+    are on this rank (see :func:`refppo.pipeline.step.rollout_quantities`). The score map
     (the pipeline's step 0) is ``conv.score``.
     """
     if batch is None:

@@ -2,7 +2,7 @@
 
 Each iteration is :func:`refppo.models.rollout.generate_rollout` followed by
 :func:`refppo.train.iteration.iteration`
-(scoring → :func:`refppo.pipeline.rollout.rollout_quantities` → :func:`refppo.train.update.ppo_update`) —
+(scoring → :func:`refppo.pipeline.step.rollout_quantities` → :func:`refppo.train.update.ppo_update`) —
 the same
 functions the golden trajectories and the oracle check; this package adds no PPO math of its own.
 (``generate_rollout`` is called here and its batch handed to ``iteration(batch=...)``, which is
@@ -32,7 +32,6 @@ Numbered skeleton of :meth:`Trainer.train` (where each step lives in :mod:`refpp
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -234,7 +233,7 @@ class Trainer:
         texts, group_index = prompts.draw(cfg, self.task, self.task_rng, self.prompt_pool, d, self.device)
         prompt_ids, prompt_mask = self.encode_prompts(texts)
         hp = replace(cfg.ppo.hp, kl_coef=self.kl_ctl.value)
-        snapshot = self._snapshot() if cfg.run.on_nan == "skip" else None
+        snapshot = checkpointing.snapshot(self) if cfg.run.on_nan == "skip" else None
         capture = dump.request(cfg, it, self.out_dir, hp)
         t0 = time.perf_counter()
         with self._autocast(), reward_errors_at(it):
@@ -247,11 +246,11 @@ class Trainer:
         metrics = self._metrics(it, result, batch)
         eos = cfg.rollout.missing_eos_penalty is not None
         record = report.make_record(it, hp.kl_coef, metrics, eos, critic=self.critic is not None)
-        bad = report.non_finite(metrics, self._trained())
+        bad = report.non_finite(metrics, checkpointing.trained(self))
         if bad:
             if snapshot is None:
                 raise report.non_finite_error(it, bad, metrics, ckpt.latest_checkpoint(self.ckpt_dir))
-            self._restore(snapshot)
+            checkpointing.restore(self, snapshot)
             record["skipped"] = 1
             self.echo(f"iteration {it + 1}: non-finite {', '.join(bad)}; update skipped, weights restored")
         else:
@@ -300,37 +299,6 @@ class Trainer:
                 rule = [self.rule(*batch.unpadded(b)) for b in range(batch.batch_size)]
             metrics["rule_score"] = mean_over_ranks(self.dist, sum(rule) / len(rule), self.device)
         return metrics
-
-    def _trained(self) -> dict[str, nn.Module]:
-        """The models the update changes: the actor, and the critic when there is one."""
-        return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
-
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Checkpointed optimizers: the policy's, and the critic's when there is one."""
-        return {
-            "policy": self.actor_opt,
-            **({"critic": self.critic_opt} if self.critic_opt is not None else {}),
-        }
-
-    def _models(self) -> dict[str, nn.Module]:
-        """Checkpointed models: policy, reference, and the critic and reward model when there are."""
-        out: dict[str, nn.Module] = {"policy": self.actor, "reference": self.reference}
-        if self.critic is not None:
-            out["critic"] = self.critic
-        if self.reward_model is not None:
-            out["reward"] = self.reward_model
-        return out
-
-    def _snapshot(self) -> dict[str, Any]:
-        out = {n: copy.deepcopy(m.state_dict()) for n, m in self._trained().items()}
-        out.update({f"{n}_opt": copy.deepcopy(o.state_dict()) for n, o in self._optimizers().items()})
-        return out
-
-    def _restore(self, s: dict[str, Any]) -> None:
-        for n, m in self._trained().items():
-            m.load_state_dict(s[n])
-        for n, o in self._optimizers().items():
-            o.load_state_dict(s[f"{n}_opt"])
 
     def save(self, iteration: int) -> Path:
         """Checkpoint after ``iteration`` completed iterations (call on every rank):

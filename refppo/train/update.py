@@ -2,7 +2,7 @@
 (:func:`ppo_update`,
 moved out of ``refppo/ppo.py``, which re-exports it; the design notes are in :mod:`refppo.ppo`).
 
-One call, as nested loops (every loss through :func:`refppo.pipeline.update.update_quantities`)::
+One call, as nested loops (every loss through :func:`refppo.pipeline.step.update_quantities`)::
 
     ppo_update          for epoch: perm = randperm(B, generator) (or arange); for each minibatch:
       _minibatch          global normalisers (counts all-reduced), zero grads, then
@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from refppo.capture.recorder import StepRecorder
+from refppo.core.logprobs import logprobs_from_logits
 from refppo.core.masked import AllReduce
 from refppo.errors import HyperparameterError, ShapeError
 from refppo.models.batch import position_ids_from_mask
@@ -43,16 +44,15 @@ LOSS_KEYS = ("loss", "pg_loss", "vf_loss", "entropy", "kl_loss", "ptx_loss")
 def ptx_loss(actor: nn.Module, ptx: PtxBatch) -> Tensor:
     """Token-mean next-token NLL of ``actor`` on ``ptx`` (InstructGPT's pretraining LM loss).
 
-    Logits at position p predict token p+1; a pair counts when both positions are real tokens.
+    Logits at position p predict token p+1; a pair counts when both positions are real tokens. The
+    log-probs are the core's (:func:`refppo.core.logprobs.logprobs_from_logits`).
     """
     am = ptx.attention_mask.long()
     out = actor(input_ids=ptx.input_ids, attention_mask=am, position_ids=position_ids_from_mask(am))
     logits: Tensor = out.logits[:, :-1, :]
-    labels = ptx.input_ids[:, 1:]
     valid = (am[:, :-1] * am[:, 1:]).bool()
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    n = valid.sum().clamp(min=1)
-    return -(torch.where(valid, logp, torch.zeros_like(logp)).sum() / n)
+    logp = logprobs_from_logits(logits.float(), ptx.input_ids[:, 1:], valid)  # 0 where not valid
+    return -(logp.sum() / valid.sum().clamp(min=1))
 
 
 def _splits(n: int, parts: int, what: str) -> int:

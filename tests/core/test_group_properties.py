@@ -221,7 +221,7 @@ def test_padding_zero_and_junk_never_leaks(
 def test_pipeline_critic_free_step_matches_naive(
     bg: tuple[Ragged, torch.Tensor], est: str, singleton: str, group_kl: str
 ) -> None:
-    """``refppo.pipeline.rollout.rollout_quantities`` with a group estimator equals the naive twin fed by
+    """``refppo.pipeline.step.rollout_quantities`` with a group estimator equals the naive twin fed by
     loops: the folded score ``s − β·Σ_t KL_t`` (``fold``) or the score plus ``−β·KL``'s return-to-go
     (``to_go``), over random ragged batches with junk on the padding (issue #13 item 2)."""
     from refppo.pipeline.settings import Convention, Hyperparams

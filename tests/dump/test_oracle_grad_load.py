@@ -9,7 +9,9 @@ import pytest
 import torch
 from grad_helpers import TWO_RANKS_TWO_MB, save_step, step_dump
 
-from refppo.dump.load import INTEGER_KEYS, DumpError, load_dump
+from refppo.dump.keys import INTEGER_KEYS
+from refppo.dump.load import load_dump
+from refppo.errors import DumpError
 from refppo.oracle.cli import main
 
 

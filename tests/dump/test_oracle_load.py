@@ -12,9 +12,9 @@ import pytest
 import torch
 from oracle_helpers import HP, make_inputs, refppo_dump, save, setup_for
 
-from refppo.dump.load import DumpError, load_dump
+from refppo.dump.load import load_dump
 from refppo.dump.write import sidecar_for, write_dump
-from refppo.errors import RefPPOError
+from refppo.errors import DumpError, RefPPOError
 from refppo.oracle.cli import main
 
 

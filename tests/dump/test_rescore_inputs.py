@@ -11,8 +11,10 @@ import pytest
 import torch
 from rescore_helpers import make_rows, write_rows
 
-from refppo.dump.load import INTEGER_KEYS, DumpError, load_dump
+from refppo.dump.keys import INTEGER_KEYS
+from refppo.dump.load import load_dump
 from refppo.dump.sequences import sequence_batch
+from refppo.errors import DumpError
 
 ROWS = make_rows()
 

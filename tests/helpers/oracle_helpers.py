@@ -1,8 +1,12 @@
 """Small dumps for the oracle tests (B <= 8, T <= 16), with junk in the padding.
 
-The outputs of a "refppo" dump come from the pipeline (``reference_outputs``); the injected bugs are
-written here *independently*, from their definition, with plain loops over Python floats — never
-from the oracle's own bug re-enactments — so a test can tell a wrong diagnosis.
+The outputs of a "refppo" dump come from the pipeline (``reference_outputs``: the code the oracle
+checks with); those of a "naive" dump (:func:`naive_outputs`) from the naive twins, token by token
+(:func:`refppo.pipeline.naive.rollout_quantities_naive` on the ``refppo.core.*_naive`` steps, the
+update's losses by ``clipped_policy_loss_naive``, ``value_loss_naive``, ...), so a dump that matches
+is not the checking code agreeing with itself. The injected bugs are written here *independently*,
+from their definition, with plain loops over Python floats — never from the oracle's own bug
+re-enactments — so a test can tell a wrong diagnosis.
 """
 
 from __future__ import annotations
@@ -14,10 +18,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from refppo.conventions import KLPlacement, PolicyLoss
+from refppo.core.gspo import gspo_policy_loss_naive
+from refppo.core.kl import token_kl_naive
+from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
+from refppo.core.policy import clipped_policy_loss_naive
+from refppo.core.value import value_loss_naive
 from refppo.dump.write import write_dump
 from refppo.oracle.check.recompute import reference_outputs
 from refppo.oracle.check.settings import Setup, build_setup, parse_value
 from refppo.oracle.presets.registry import resolve_preset
+from refppo.pipeline.step import rollout_quantities_naive
 
 HP: dict[str, float] = {
     "gamma": 0.99,
@@ -79,6 +90,114 @@ def refppo_dump(
     keep: tuple[str, ...] | None = None,
 ) -> dict[str, Tensor]:
     outs = reference_outputs(inputs, setup, dtype=dtype)
+    if keep is not None:
+        outs = {k: v for k, v in outs.items() if k in keep}
+    ins = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+    return {**ins, **outs}
+
+
+def naive_outputs(
+    inputs: dict[str, Tensor], setup: Setup, dtype: torch.dtype = torch.float64
+) -> dict[str, Tensor]:
+    """Every output key of a correct step on ``inputs`` under ``setup``, from the naive twins (the
+    same keys as ``reference_outputs``: the rollout's four, and the update's scalars where the
+    inputs they need are given; ``kl_loss`` only with ``kl_in=loss``), cast to ``dtype``.
+
+    ``kl`` is the estimate of ``old_logprobs`` vs ``ref_logprobs`` whatever ``kl_in`` (the dump's
+    ``kl``); the scores pass the oracle's score map ``clip((s + score_bias)·score_scale, ±score_clip)``;
+    ``approx_kl`` is the trainer's logged metric of ``approx_kl`` convention, restated here
+    (``k2_all_positions``: ``½·Σ_valid (l − l_old)² / (B·T)``). Conventions the naive twins lack
+    (``group_kl=to_go``, ``advantage=reinforce++``) raise ConventionError: never another path.
+    """
+    conv, hp = setup.conv, setup.hp
+    f = conv.get  # the flat keys
+    t = {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in inputs.items()}
+    mask = t["response_mask"].bool()
+    clamps = {"log_ratio_clamp": f("kl_log_ratio_clamp"), "value_clamp": f("kl_value_clamp")}
+    rq = rollout_quantities_naive(
+        scores=t["scores"],  # the naive walk's first stage is the score map (map_scores_naive)
+        old_logprobs=t["old_logprobs"],
+        ref_logprobs=t["ref_logprobs"],
+        old_values=t.get("old_values", torch.zeros_like(t["old_logprobs"])),
+        mask=mask,
+        hp=hp,
+        conv=conv,
+        group_index=t.get("group_index"),
+    )
+    out: dict[str, Tensor | float] = {
+        "kl": token_kl_naive(t["old_logprobs"], t["ref_logprobs"], mask, f("kl_estimator"), **clamps),
+        "token_rewards": rq.token_rewards,
+        "advantages": rq.advantages,
+        "returns": rq.returns,
+    }
+    if "logprobs" not in t and "values" not in t:  # no update-stage inputs: the rollout's four
+        return {k: v.to(dtype) for k, v in out.items() if isinstance(v, Tensor)}
+    norm = {} if hp.horizon is None else {"horizon": hp.horizon}
+    critic = "values" in t and "old_values" in t
+    if critic:
+        vf = value_loss_naive(
+            t["values"], t["old_values"], rq.returns, rq.value_mask if f("vf_mask") == "value" else mask,
+            clip=hp.cliprange_value, kind=f("value_loss"), clip_form=f("value_clip_form"),
+            agg=f("loss_agg") if f("value_loss_agg") is None else f("value_loss_agg"), **norm,
+        )  # fmt: skip
+        out.update(vf_loss=vf.loss, vf_clipfrac=vf.clipfrac)
+    ent = None
+    if "entropy" in t:
+        agg = f("loss_agg") if f("entropy_agg") is None else f("entropy_agg")
+        ent = out["entropy_loss"] = float(entropy_bonus_naive(t["entropy"], mask, agg, **norm))
+    if "logprobs" not in t:
+        return {k: torch.as_tensor(v, dtype=torch.float64).to(dtype) for k, v in out.items()}
+    lp, old = t["logprobs"], t["old_logprobs"]
+    if f("policy_loss") is PolicyLoss.GSPO:
+        pg = gspo_policy_loss_naive(
+            lp, old, rq.advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
+            agg=f("loss_agg"), log_ratio_max=f("log_ratio_clamp"), **norm,
+        )  # fmt: skip
+    else:
+        pg = clipped_policy_loss_naive(
+            lp, old, rq.advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
+            dual_clip=f("dual_clip"), agg=f("loss_agg"), log_ratio_clamp=f("log_ratio_clamp"), **norm,
+        )  # fmt: skip
+    out.update(
+        pg_loss=pg.loss, pg_clipfrac=pg.clipfrac, approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t)
+    )
+    kll = None
+    if f("kl_in") is KLPlacement.LOSS:
+        agg = f("loss_agg") if f("kl_loss_agg") is None else f("kl_loss_agg")
+        kll = out["kl_loss"] = float(
+            kl_loss_naive(lp, t["ref_logprobs"], mask, f("kl_estimator"), agg, **clamps, **norm)
+        )
+    if critic or "old_values" not in t:
+        vf_loss = float(out["vf_loss"]) if critic else None
+        out["loss"] = total_loss_naive(
+            pg.loss, vf_loss, ent, kll, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
+            kl_coef=hp.kl_coef if f("kl_in") is KLPlacement.LOSS else 0.0,
+        )  # fmt: skip
+    return {k: torch.as_tensor(v, dtype=torch.float64).to(dtype) for k, v in out.items()}
+
+
+def _approx_kl_metric(name: str, k1: float, t: dict[str, Tensor]) -> float:
+    """The logged ``approx_kl``: ``k1`` (mean of ``l_old − l`` over valid tokens), its negative
+    (``neg_k1``, AReaL), or TRL's ``½·mean((l − l_old)²)`` over every position, padding as 0."""
+    if name == "k1":
+        return k1
+    if name == "neg_k1":
+        return -k1
+    assert name == "k2_all_positions", name
+    B, T = t["response_mask"].shape
+    lp, old, m = rows(t["logprobs"]), rows(t["old_logprobs"]), t["response_mask"].bool().tolist()
+    total = sum((lp[b][i] - old[b][i]) ** 2 for b in range(B) for i in range(T) if m[b][i])
+    return 0.5 * total / (B * T)
+
+
+def naive_dump(
+    inputs: dict[str, Tensor],
+    setup: Setup,
+    dtype: torch.dtype = torch.float64,
+    keep: tuple[str, ...] | None = None,
+) -> dict[str, Tensor]:
+    """:func:`refppo_dump` with the outputs of :func:`naive_outputs` (the naive twins)."""
+    outs = naive_outputs(inputs, setup, dtype=dtype)
     if keep is not None:
         outs = {k: v for k, v in outs.items() if k in keep}
     ins = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from oracle_helpers import make_inputs, refppo_dump, save, setup_for
+from oracle_helpers import make_inputs, naive_dump, save, setup_for
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,7 @@ def _run(*args: str, module: bool = False) -> subprocess.CompletedProcess[str]:
 def trl_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("trl")
     s = setup_for("trl")
-    return save(tmp, refppo_dump(make_inputs(seed=7), s, dtype=torch.float32), s)
+    return save(tmp, naive_dump(make_inputs(seed=7), s, dtype=torch.float32), s)
 
 
 def test_match_exit_0_and_json_schema(trl_dump: Path) -> None:
@@ -100,7 +100,7 @@ def test_detect_exit_code_follows_the_named_convention(trl_dump: Path) -> None:
 )
 def test_bad_input_exit_2_one_line(tmp_path: Path, trl_dump: Path, make: str, needle: str) -> None:
     if make == "missing":
-        d = refppo_dump(make_inputs(), setup_for())
+        d = naive_dump(make_inputs(), setup_for())
         d.pop("scores")
         args = [str(save(tmp_path, d))]
     elif make == "unknown_type":
@@ -140,7 +140,7 @@ def test_preset_keeps_the_runs_kl_estimator_and_names_replaced_sidecar_conventio
     """A TRL run with kl_estimator=k3 (a TRL setting) matches `--preset trl` without `--set`; a sidecar
     convention that the preset replaces is named in the diagnosis, not dropped silently."""
     s = setup_for("trl", conv={"kl_estimator": "k3"})
-    path = save(tmp_path, refppo_dump(make_inputs(seed=8), s, dtype=torch.float32), s)
+    path = save(tmp_path, naive_dump(make_inputs(seed=8), s, dtype=torch.float32), s)
     sidecar = path.with_name(path.name + ".json")
     hp = json.loads(sidecar.read_text())
     sidecar.write_text(json.dumps({**hp, "kl_estimator": "k3"}))

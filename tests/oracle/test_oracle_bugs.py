@@ -2,7 +2,8 @@
 
 Each buggy quantity is written here from the bug's definition with plain Python loops (see
 oracle_helpers), never with the oracle's own re-enactment, so a wrong diagnosis fails the test.
-Quantities upstream of the bug come from the refppo pipeline (they are correct by construction).
+The rest of each dump comes from the naive twins (``naive_dump``: token by token, not the code the
+oracle recomputes with), so the clean dump's match is not the recompute agreeing with itself.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from oracle_helpers import (
     gae_loop,
     lengths_of,
     make_inputs,
-    refppo_dump,
+    naive_dump,
     rows,
     save,
     setup_for,
@@ -40,7 +41,7 @@ def _text(res: CheckResult) -> str:
 
 def _base(**conv: str) -> tuple[dict[str, torch.Tensor], list[int]]:
     inp = make_inputs(B=6, T=12, seed=3)
-    d = refppo_dump(inp, setup_for(conv=conv))
+    d = naive_dump(inp, setup_for(conv=conv))
     return d, lengths_of(inp["response_mask"])
 
 

@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 from grad_helpers import HP, TWO_RANKS_TWO_MB, Bugs, save_step, step_dump
-from oracle_helpers import make_inputs, refppo_dump, setup_for
+from oracle_helpers import make_inputs, naive_dump, setup_for
 from safetensors.torch import save_file
 
-from refppo.dump.load import DumpError
 from refppo.dump.write import sidecar_for, write_dump
-from refppo.errors import RefPPOError
+from refppo.errors import DumpError, RefPPOError
 from refppo.oracle.cli import main
 from refppo.oracle.presets.registry import PRESETS
 from refppo.oracle.run import check_step
@@ -99,7 +98,7 @@ def test_report_lists_what_was_compared_and_why_not(
 ) -> None:
     inputs = make_inputs(B=6, T=12, seed=2)
     inputs.pop("logprobs")  # no update-step policy input: pg_loss & co cannot be computed
-    d = refppo_dump(inputs, setup_for(), keep=("kl", "token_rewards", "advantages", "returns", "vf_loss"))
+    d = naive_dump(inputs, setup_for(), keep=("kl", "token_rewards", "advantages", "returns", "vf_loss"))
     path = tmp_path / "step.safetensors"
     write_dump(path, d, hparams=HP)
     rc, out, _ = _diff(capsys, str(path))
@@ -124,7 +123,7 @@ def test_report_lists_what_was_compared_and_why_not(
 
 
 def test_an_update_input_nothing_reads_is_warned(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    d = refppo_dump(make_inputs(B=6, T=12, seed=2), setup_for(), keep=("kl", "token_rewards", "advantages"))
+    d = naive_dump(make_inputs(B=6, T=12, seed=2), setup_for(), keep=("kl", "token_rewards", "advantages"))
     write_dump(tmp_path / "s.safetensors", d, hparams=HP)  # holds logprobs, values, entropy
     rc, out, _ = _diff(capsys, str(tmp_path / "s.safetensors"))
     assert rc == 0
@@ -328,7 +327,7 @@ def test_assert_step_matches_hides_its_frames_from_pytest(tmp_path: Path) -> Non
 
 
 def test_the_sidecar_keys_write_dump_accepts_are_the_oracles() -> None:
-    from refppo.dump.load import SIDECAR_SCORING_KEYS, STEP_KEYS
+    from refppo.dump.keys import SIDECAR_SCORING_KEYS, STEP_KEYS
     from refppo.dump.write import SIDECAR_KEYS
     from refppo.oracle.check.settings import ALL_KEYS
 

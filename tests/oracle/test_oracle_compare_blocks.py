@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import refppo.oracle.check.compare as cmp_mod
-from refppo.dump.load import TOLERANCES
+from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.compare import compare
 
 pytestmark = pytest.mark.property

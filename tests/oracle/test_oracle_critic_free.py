@@ -20,8 +20,7 @@ from refppo.core.policy import clipped_policy_loss
 from refppo.dump.write import write_dump
 from refppo.errors import ConventionError
 from refppo.oracle.cli import main
-from refppo.oracle.presets.critic_free import VARIANTS, critic_free_variant
-from refppo.oracle.presets.registry import resolve_preset
+from refppo.oracle.presets.registry import VARIANTS, critic_free_variant, resolve_preset
 from refppo.pipeline.settings import FLAT, Convention
 
 B = 8

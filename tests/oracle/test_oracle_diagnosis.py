@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oracle_helpers import make_inputs, refppo_dump, save, setup_for
+from oracle_helpers import make_inputs, naive_dump, save, setup_for
 
 from refppo.dump.load import load_dump
 from refppo.oracle.check.diagnose import check
@@ -12,7 +12,7 @@ from refppo.oracle.check.diagnose import check
 
 def _diagnose(tmp_path: Path, made_with: dict[str, str], checked_with: dict[str, str]) -> list[str]:
     made = setup_for(conv=made_with)
-    dump = load_dump(save(tmp_path, refppo_dump(make_inputs(seed=7), made), made))
+    dump = load_dump(save(tmp_path, naive_dump(make_inputs(seed=7), made), made))
     res = check(dump, setup_for(conv=checked_with))
     assert not res.match
     return res.diagnosis
@@ -52,7 +52,7 @@ def test_a_score_one_slot_off_differs_only_at_the_last_valid_token(tmp_path: Pat
 def test_gae_outputs_keep_the_carried_back_note(tmp_path: Path) -> None:
     # Control: with only the returns dumped the error does flow back through GAE, and is said to.
     made = setup_for(conv={})
-    d = refppo_dump(make_inputs(seed=7), made, keep=("returns",))
+    d = naive_dump(make_inputs(seed=7), made, keep=("returns",))
     res = check(load_dump(save(tmp_path, d, made)), setup_for(conv={"score_at": "after_last_valid"}))
     assert res.first_divergence == "returns"
     assert "carried back by GAE" in "\n".join(res.diagnosis)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from grad_helpers import HP, TWO_RANKS_TWO_MB, Bugs, save_step, step_dump
-from oracle_helpers import make_inputs, refppo_dump, setup_for
+from oracle_helpers import make_inputs, naive_dump, setup_for
 
 from refppo.oracle.cli import main
 from refppo.oracle.run import check_step
@@ -85,7 +85,7 @@ def test_named_bug_outranks_the_detected_nearest(tmp_path: Path, capsys: pytest.
 def test_a_nearest_that_rests_on_one_number_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    d = refppo_dump(make_inputs(B=6, T=12, seed=1), setup_for())
+    d = naive_dump(make_inputs(B=6, T=12, seed=1), setup_for())
     d = {k: v for k, v in d.items() if k not in ("pg_clipfrac", "approx_kl", "vf_clipfrac", "kl_loss")}
     d["pg_loss"] = d["pg_loss"] * 1.3  # nothing named explains it; a clip constant can be fitted to it
     path = tmp_path / "s.safetensors"
@@ -138,7 +138,7 @@ def test_a_micro_batch_whose_reference_gradient_is_zero() -> None:
     m0 = x["response_mask"][0].bool()
     x["ref_logprobs"][0] = x["old_logprobs"][0]
     x["old_values"][0] = torch.where(m0, x["scores"][0], x["old_values"][0])
-    d = refppo_dump(x, setup_for(conv=conv, hp={"gamma": 1.0}))
+    d = naive_dump(x, setup_for(conv=conv, hp={"gamma": 1.0}))
     d = {k: v for k, v in d.items() if v.dim() > 0}
     assert float(d["advantages"][0].abs().max()) == 0.0
     d.update(trainer_grads(d, conv, Bugs(ddp_sum=True)))  # the other groups: a factor 2

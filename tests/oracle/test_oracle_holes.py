@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from oracle_helpers import make_inputs, refppo_dump, save, setup_for
+from oracle_helpers import make_inputs, naive_dump, save, setup_for
 
 from refppo.dump.load import load_dump
 from refppo.oracle.cli import main
@@ -32,7 +32,7 @@ def holed_inputs(seed: int) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(("holes", "wh"), CASES)
 def test_detect_names_the_hole_conventions(tmp_path: Path, holes: str, wh: str) -> None:
     made = setup_for(None, {"gae_holes": holes, "whiten_holes": wh})
-    dump = load_dump(save(tmp_path, refppo_dump(holed_inputs(5), made), made))
+    dump = load_dump(save(tmp_path, naive_dump(holed_inputs(5), made), made))
     found = detect(dump, setup_for(None, hp=made.hparams_dict()))
     assert found.detected, found.unmatched_stages
     assert {(c["gae_holes"], c["whiten_holes"]) for c in found.detected} == {(holes, wh)}
@@ -41,7 +41,7 @@ def test_detect_names_the_hole_conventions(tmp_path: Path, holes: str, wh: str) 
 
 def test_right_padded_dump_leaves_the_hole_conventions_undetermined(tmp_path: Path) -> None:
     made = setup_for("openrlhf")
-    dump = load_dump(save(tmp_path, refppo_dump(make_inputs(seed=5), made), made))
+    dump = load_dump(save(tmp_path, naive_dump(make_inputs(seed=5), made), made))
     found = detect(dump, setup_for(None, hp=made.hparams_dict()))
     assert {"gae_holes", "whiten_holes"} <= set(found.undetermined)
 
@@ -51,7 +51,7 @@ def test_another_hole_convention_mismatches_at_advantages(
     tmp_path: Path, holes: str, other: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     made = setup_for(None, {"gae_holes": holes})
-    path = str(save(tmp_path, refppo_dump(holed_inputs(7), made), made))
+    path = str(save(tmp_path, naive_dump(holed_inputs(7), made), made))
     assert main([path, "--set", f"gae_holes={holes}"]) == 0
     capsys.readouterr()
     assert main([path, "--set", f"gae_holes={other}"]) == 1

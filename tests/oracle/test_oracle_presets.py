@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from oracle_helpers import make_inputs, refppo_dump, save, setup_for
+from oracle_helpers import make_inputs, naive_dump, naive_outputs, refppo_dump, save, setup_for
 
 from refppo.conventions import KLPlacement
 from refppo.dump.load import load_dump
@@ -27,10 +27,22 @@ def test_refppo_dump_matches_under_every_preset(tmp_path: Path, preset: str, dty
     assert len(res.quantities) == (12 if s.conv.kl.placement is KLPlacement.LOSS else 11)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("preset", [*PEER_PRESETS, "refppo"])
+def test_naive_twin_dump_matches_under_every_preset(tmp_path: Path, preset: str, dtype: torch.dtype) -> None:
+    """A dump whose outputs come from the naive twins (not from the recompute) matches under the
+    preset it was made with, every output compared."""
+    s = setup_for(preset)
+    d = naive_dump(make_inputs(seed=11), s, dtype=dtype)
+    res = check(load_dump(save(tmp_path, d, s)), s)
+    assert res.match, res.diagnosis
+    assert set(res.quantities) == set(naive_outputs(make_inputs(seed=11), s))
+
+
 @pytest.mark.parametrize("preset", PEER_PRESETS)
 def test_a_preset_dump_does_not_match_the_refppo_defaults(tmp_path: Path, preset: str) -> None:
     s = setup_for(preset)
-    d = refppo_dump(make_inputs(seed=12, lp_noise=1.5), s)  # ratios > 3 so verl's dual clip acts
+    d = naive_dump(make_inputs(seed=12, lp_noise=1.5), s)  # ratios > 3 so verl's dual clip acts
     assert not check(load_dump(save(tmp_path, d, s)), setup_for(None, hp=s.hparams_dict())).match
 
 

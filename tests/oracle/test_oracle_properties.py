@@ -1,4 +1,5 @@
-"""Properties of the oracle over random conventions and inputs (small dumps, few examples)."""
+"""Properties of the oracle over random conventions and inputs (small dumps, few examples); the dumps' outputs
+come from the naive twins (``oracle_helpers.naive_dump``), not from the recompute that checks them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle_helpers import make_inputs, refppo_dump, save, setup_for
+from oracle_helpers import make_inputs, naive_dump, save, setup_for
 
 from refppo.dump.load import load_dump
 from refppo.oracle.check.diagnose import check
@@ -39,7 +40,7 @@ def test_a_dump_matches_the_convention_it_was_made_with(
     conv: dict[str, str], seed: int, dtype: torch.dtype
 ) -> None:
     s = setup_for(None, conv)
-    d = refppo_dump(make_inputs(B=4, T=8, seed=seed), s, dtype=dtype)
+    d = naive_dump(make_inputs(B=4, T=8, seed=seed), s, dtype=dtype)
     with tempfile.TemporaryDirectory() as tmp:
         res = check(load_dump(save(Path(tmp), d, s)), s)
     assert res.match, res.diagnosis
@@ -49,7 +50,7 @@ def test_a_dump_matches_the_convention_it_was_made_with(
 @given(conv=CONVS, seed=st.integers(0, 10_000), scale=st.sampled_from([-1.0, 0.5, 2.0]))
 def test_scaling_a_loss_is_caught_at_that_loss(conv: dict[str, str], seed: int, scale: float) -> None:
     s = setup_for(None, conv)
-    d = refppo_dump(make_inputs(B=4, T=8, seed=seed), s)
+    d = naive_dump(make_inputs(B=4, T=8, seed=seed), s)
     d["vf_loss"] = d["vf_loss"] * scale
     with tempfile.TemporaryDirectory() as tmp:
         res = check(load_dump(save(Path(tmp), d, s)), s, explain_divergence=False)

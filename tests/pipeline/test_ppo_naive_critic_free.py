@@ -1,5 +1,5 @@
-"""The naive rollout twin (:func:`refppo.pipeline.naive.rollout_quantities_naive`, loops over floats) under
-every critic-free estimator it supports, against :func:`refppo.pipeline.rollout.rollout_quantities`.
+"""The naive rollout twin (:func:`refppo.pipeline.step.rollout_quantities_naive`, loops over floats) under
+every critic-free estimator it supports, against :func:`refppo.pipeline.step.rollout_quantities`.
 
 Before, the twin refused every estimator but grpo, dr-grpo and rloo.
 """

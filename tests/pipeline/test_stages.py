@@ -21,7 +21,6 @@ import torch
 from oracle_helpers import make_inputs
 
 from refppo.errors import RefPPOError
-from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.settings import FLAT, HPARAM_KEYS, Convention, Hyperparams, enum_keys
 from refppo.pipeline.stages import (
     OUTPUTS,
@@ -89,7 +88,9 @@ def _full_walk(conv: Convention, seed: int = 3) -> dict[str, Any]:
 def _same(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return a is None and b is None
-    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)))
+    return (
+        a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)))
+    )
 
 
 def _other_values(key: str, value: Any) -> list[Any]:
@@ -211,3 +212,42 @@ def test_an_enum_key_is_parsed_from_its_name_in_every_group() -> None:
         member = next(iter(enum))
         assert isinstance(member, Enum)
         assert Convention.of(**{key: member.value}).get(key) is member, key
+
+
+def stage_table_markdown() -> str:
+    """The stage table of spec/ppo.md, as :data:`STAGES` has it."""
+
+    def code(names: tuple[str, ...]) -> str:
+        return ", ".join(f"`{n}`" for n in names) or "—"
+
+    def where(f: Any) -> str:
+        return f"`{f.__module__.removeprefix('refppo.')}.{f.__name__}`"
+
+    rows = ["| stage | keys read | hyperparameters | reads | makes | function | naive twin | core |"]
+    rows.append("|---|---|---|---|---|---|---|---|")
+    for s in STAGES:
+        cells = (f"`{s.name}`", code(s.keys), code(s.hparams), code(s.reads), code(s.makes))
+        rows.append("| " + " | ".join((*cells, where(s.fn), where(s.naive), s.core)) + " |")
+    return "\n".join(rows)
+
+
+def group_table_markdown() -> str:
+    """The Convention groups' table of spec/conventions.md, as :data:`FLAT` has it."""
+    rows = ["| group | flat keys |", "|---|---|"]
+    for group in dict.fromkeys(fk.group for fk in FLAT.values()):
+        keys = [f"`{k}`" for k, fk in FLAT.items() if fk.group == group]
+        rows.append(f"| `{group}` | {', '.join(keys)} |")
+    return "\n".join(rows)
+
+
+def _between(text: str, begin: str) -> str:
+    start = text.index(begin) + len(begin)
+    return text[start : text.index("<!-- end -->", start)].strip()
+
+
+def test_the_spec_tables_are_the_stage_table() -> None:
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parents[2] / "spec"
+    assert _between((spec / "ppo.md").read_text(), "<!-- stage table -->") == stage_table_markdown()
+    assert _between((spec / "conventions.md").read_text(), "<!-- group table -->") == group_table_markdown()

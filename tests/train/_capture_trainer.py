@@ -1,6 +1,6 @@
 """A small hand-written PPO trainer step for tests/train/test_capture_ddp.py: 2 gloo ranks × 2
 micro-batches of unequal token counts (and unequal widths) per rank, DDP-averaged gradients, the
-loss from ``refppo.pipeline.update.update_quantities`` with the step's global normalisers, dumped through
+loss from ``refppo.pipeline.step.update_quantities`` with the step's global normalisers, dumped through
 ``refppo.capture.recorder.StepRecorder`` — plus switches that inject one known bug each (:data:`BUGS`).
 
 Worker: ``python _capture_trainer.py RANK WORLD INIT OUT_DIR`` writes ``OUT_DIR/<case>.safetensors``

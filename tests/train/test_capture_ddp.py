@@ -4,7 +4,7 @@ The worker (tests/train/_capture_trainer.py) runs one optimizer step per case un
 through ``refppo.capture.recorder.StepRecorder``. Each dump is checked two ways:
 
 1. independently of refppo's capture and oracle code: the gradients against autograd of
-   ``refppo.pipeline.update.update_quantities`` called here on the WHOLE step (8 rows, global normalisers
+   ``refppo.pipeline.step.update_quantities`` called here on the WHOLE step (8 rows, global normalisers
    by construction), times the factor each bug predicts per micro-batch / rank, or the closed form
    the bug computes (clip straight-through, advantages in the graph, the padding slot);
 2. by the oracle (``refppo diff``, in process): every ``loss_agg`` mode matches (exit 0); each bug

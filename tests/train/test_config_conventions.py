@@ -13,14 +13,52 @@ from refppo.train.config.schema import TrainConfig, load_config
 from refppo.train.config.sections import ConfigError
 from refppo.train.rundir import config_hash
 
-PPO_KEYS_BEFORE = (
-    "epochs minibatches micro_batches max_grad_norm gamma lam kl_coef cliprange cliprange_high "
-    "cliprange_value vf_coef ent_coef whiten_eps horizon kl_estimator kl_in score_at whiten_advantages "
-    "whiten_variance loss_agg value_loss dual_clip log_ratio_clamp kl_log_ratio_clamp kl_value_clamp "
-    "value_loss_agg whiten_eps_at whiten_rewards gae_padding kl_loss_agg entropy_agg value_clip_form "
-    "policy_loss gae_holes whiten_holes advantage group_std group_std_level group_singleton group_kl "
-    "group_eps score_bias score_scale score_clip"
-).split()
+PPO_KEYS_BEFORE = [
+    "epochs",
+    "minibatches",
+    "micro_batches",
+    "max_grad_norm",
+    "gamma",
+    "lam",
+    "kl_coef",
+    "cliprange",
+    "cliprange_high",
+    "cliprange_value",
+    "vf_coef",
+    "ent_coef",
+    "whiten_eps",
+    "horizon",
+    "kl_estimator",
+    "kl_in",
+    "score_at",
+    "whiten_advantages",
+    "whiten_variance",
+    "loss_agg",
+    "value_loss",
+    "dual_clip",
+    "log_ratio_clamp",
+    "kl_log_ratio_clamp",
+    "kl_value_clamp",
+    "value_loss_agg",
+    "whiten_eps_at",
+    "whiten_rewards",
+    "gae_padding",
+    "kl_loss_agg",
+    "entropy_agg",
+    "value_clip_form",
+    "policy_loss",
+    "gae_holes",
+    "whiten_holes",
+    "advantage",
+    "group_std",
+    "group_std_level",
+    "group_singleton",
+    "group_kl",
+    "group_eps",
+    "score_bias",
+    "score_scale",
+    "score_clip",
+]
 """``TrainConfig().to_dict()["ppo"]`` of commit 5511172 (before the grouped Convention), measured."""
 HASH_BEFORE = "610fb5599c345a6040ce5019928abc13728647242ad23c8d83bcabe9a45ee330"
 """``config_hash(TrainConfig().to_dict(), ())`` of commit 5511172, measured."""

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from refppo.conventions import AdvantageEstimator, GroupKL
 from refppo.core.group_naive import group_advantages_naive, reinforce_pp_advantages_naive
+from refppo.train import checkpointing
 from refppo.train.cli import main as train_main
 from refppo.train.config.sections import ConfigError
 from refppo.train.loop import Trainer
@@ -34,7 +35,7 @@ GROUPED = ("rollout.group_size=4", "task.reward=rule")  # TEST: 8 rows = 2 promp
 @pytest.mark.parametrize("adv", [e.value for e in AdvantageEstimator if e is not AdvantageEstimator.GAE])
 def test_critic_free_step_has_no_critic_and_the_core_advantages(tmp_path: Path, adv: str) -> None:
     t = Trainer(preset("test", *GROUPED, f"ppo.advantage={adv}", f"run.out_dir={tmp_path}"))
-    assert t.critic is None and t.critic_opt is None and "critic" not in t._models()
+    assert t.critic is None and t.critic_opt is None and "critic" not in checkpointing.models(t)
     record, result, texts = t.step(0)
     assert texts[:G] == [texts[0]] * G and texts[G:] == [texts[G]] * G and texts[0] != texts[G]
     critic_keys = {"ppo/vf_loss", "ppo/vf_clipfrac", "ppo/critic_grad_norm", "rollout/value_mean"}

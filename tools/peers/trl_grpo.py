@@ -9,7 +9,7 @@ exist). A ``batch`` request of :mod:`peers.harness`, in the ``trl`` (TRL 1.12.0)
    log-probs (a leaf tensor), one process, no gradient accumulation, no vLLM; it back-propagates and
    returns the loss and ``∂loss/∂logps``. Only ``requests``/``urllib3`` are stubbed (imported by
    TRL's vLLM client, not called).
-2. refppo's half runs ``refppo.pipeline.update.update_quantities`` with the mapping of
+2. refppo's half runs ``refppo.pipeline.step.update_quantities`` with the mapping of
    spec/conventions.md ("Policy-loss modes and GRPO loss types") and compares the loss (the
    pipeline's, with ``vf_coef = 0``) and the autograd gradient, plus the closed-form twin
    ``refppo.pipeline.grad_naive.objective_grads_naive``; a case fails when one differs by more than

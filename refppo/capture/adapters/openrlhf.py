@@ -89,22 +89,7 @@ def from_openrlhf(
     ``make_experience`` drops ``base_action_log_probs`` (it sets them to None once ``kl`` is
     computed): keep them and pass them here. Raises ``ValueError`` naming a missing field.
     """
-    missing = [k for k in _REQUIRED if _field(experience, k) is None]
-    if ref_logprobs is None and _field(experience, "base_action_log_probs") is None:
-        missing.append("base_action_log_probs (None unless algo.kl.use_loss: pass ref_logprobs=)")
-    if missing:
-        raise ValueError(f"OpenRLHF Experience: missing {', '.join(missing)} (needed for a dump)")
-    out: dict[str, Tensor] = {}
-    for name, key in OPENRLHF_FIELDS.items():
-        t = _field(experience, name)
-        if t is not None:
-            out[key] = t.detach()
-    if ref_logprobs is not None:
-        out["ref_logprobs"] = ref_logprobs.detach()
-    if kl is not None:
-        out["kl"] = kl.detach()
-    if token_rewards is not None:
-        out["token_rewards"] = token_rewards.detach()
+    out = _experience_tensors(experience, ref_logprobs, kl, token_rewards)
     out.update(update_inputs(logprobs, values, entropy, grad_logprobs, grad_values))
     dtype = float_dtype(out["old_logprobs"])
     info = getattr(experience, "info", None) or {}
@@ -122,6 +107,27 @@ def from_openrlhf(
         if value is not None:
             out[key] = scalar(key, value[0] if isinstance(value, tuple) else value, dtype)
     out.update(row_origin(micro_batch, rank))
+    return out
+
+
+def _experience_tensors(
+    experience: Any, ref_logprobs: Tensor | None, kl: Tensor | None, token_rewards: Tensor | None
+) -> dict[str, Tensor]:
+    """The ``Experience``'s fields as dump keys (:data:`OPENRLHF_FIELDS`, detached), with the
+    tensors it does not keep given by the caller; ``ValueError`` naming the missing fields."""
+    missing = [k for k in _REQUIRED if _field(experience, k) is None]
+    if ref_logprobs is None and _field(experience, "base_action_log_probs") is None:
+        missing.append("base_action_log_probs (None unless algo.kl.use_loss: pass ref_logprobs=)")
+    if missing:
+        raise ValueError(f"OpenRLHF Experience: missing {', '.join(missing)} (needed for a dump)")
+    out: dict[str, Tensor] = {}
+    for name, key in OPENRLHF_FIELDS.items():
+        t = _field(experience, name)
+        if t is not None:
+            out[key] = t.detach()
+    for key, given in (("ref_logprobs", ref_logprobs), ("kl", kl), ("token_rewards", token_rewards)):
+        if given is not None:
+            out[key] = given.detach()
     return out
 
 

@@ -9,7 +9,7 @@ note, never a failure. The error measures are
   cancel to ~0, like whitened advantages, do not blow it up); not a number (NaN, reported as
   ``ref = 0`` with the dump's ``max |x|``) where the reference is 0 at every compared position;
 - ``tol`` = ``atol + rtol·max |ref|`` with ``(rtol, atol)`` chosen by the dump's dtype
-  (:data:`refppo.dump.load.TOLERANCES`); ``ok`` = ``max_abs_err <= tol``.
+  (:data:`refppo.dump.tolerances.TOLERANCES`); ``ok`` = ``max_abs_err <= tol``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from refppo.core.checks import count_true
-from refppo.dump.load import Tolerance, trim_heap
+from refppo.dump.residency import trim_heap
+from refppo.dump.tolerances import Tolerance
 
 _TINY = 1e-300
 _AFTER_GAE = frozenset({"advantages", "returns"})
@@ -283,6 +284,17 @@ def _offset_fits(dump: Tensor, ref: Tensor, cmp_mask: Tensor, shift: int, tol: f
 def _describe_tokens(
     name: str, dump: Tensor, ref: Tensor, cmp_mask: Tensor, mask: Tensor, tol: float
 ) -> list[str]:
+    """Where ``dump`` differs (:func:`_where_notes`), then its form when one fits (:func:`_form_notes`)."""
+    notes = _where_notes(name, dump, ref, cmp_mask, mask, tol)
+    return notes + _form_notes(name, dump, ref, cmp_mask, tol) if notes else notes
+
+
+def _where_notes(
+    name: str, dump: Tensor, ref: Tensor, cmp_mask: Tensor, mask: Tensor, tol: float
+) -> list[str]:
+    """Which positions differ (only at row ends, at the score slot, everywhere, or how many), and
+    for GAE's outputs whether each row's error peaks at its end; ``[]`` when none differs. Its
+    ``[B, T]`` masks are freed on return, before the fits of :func:`_form_notes`."""
     notes: list[str] = []
     B, T = mask.shape
     bad, peak = _bad_positions(dump, ref, cmp_mask, tol, peaks=name in _AFTER_GAE)
@@ -318,7 +330,13 @@ def _describe_tokens(
                 f"{name}: in every affected row the error peaks at the end of the sequence and shrinks "
                 "toward its start (a difference in the terminal reward/bootstrap value, carried back by GAE)"
             )
-    del bad, rows, at_last, at_last_cmp, peak  # [B, T] masks no longer needed by the fits below
+    return notes
+
+
+def _form_notes(name: str, dump: Tensor, ref: Tensor, cmp_mask: Tensor, tol: float) -> list[str]:
+    """The first form that fits the compared values: non-finite, a sign flip, ``dump = k·ref``,
+    ``dump = a·ref + b`` (least squares, residual within ``tol``), or an offset by one position."""
+    notes: list[str] = []
     d, r = _select(dump, cmp_mask), _select(ref, cmp_mask)
     if not bool(torch.isfinite(d).all()):
         notes.append(f"{name}: the dump holds non-finite values at compared positions")

@@ -1,7 +1,7 @@
 """The reference gradient of one optimizer step, by autograd through ``refppo.pipeline`` (dump v2).
 
 ``J_ref`` is the pipeline's ``loss`` over the dump's ``B`` rows taken as ONE batch — the rows are
-the whole optimizer step, so the normalisers of :func:`refppo.pipeline.update.update_quantities` (token
+the whole optimizer step, so the normalisers of :func:`refppo.pipeline.step.update_quantities` (token
 count, sequence count, horizon) are the step's global ones::
 
     J_ref = pg_loss + vf_coef·vf_loss − ent_coef·entropy_loss + kl_coef·kl_loss   (kl_in = loss)
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import ValueLoss
-from refppo.dump.load import Tolerance
+from refppo.dump.tolerances import Tolerance
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.stages import UPDATE_STAGES, Stage
@@ -56,7 +56,7 @@ def grad_tolerance(tol: Tolerance) -> Tolerance:
 
 @dataclass(frozen=True)
 class UpdateInputs:
-    """The tensors :func:`refppo.pipeline.update.update_quantities` takes, as the reference has them."""
+    """The tensors :func:`refppo.pipeline.step.update_quantities` takes, as the reference has them."""
 
     logprobs: Tensor
     values: Tensor

@@ -3,7 +3,7 @@ named explanations, each re-checked through ``refppo.pipeline`` (dump v2).
 
 The ratio ``dump/reference`` is fitted (least squares ``d ≈ k·r`` over the valid positions) per
 (rank, micro-batch) group and per row. Then each hypothesis recomputes the gradient the buggy step
-would give, through :func:`refppo.pipeline.update.update_quantities`
+would give, through :func:`refppo.pipeline.step.update_quantities`
 (:func:`refppo.oracle.check.grad.pipeline_grads`,
 never a second formula), and is named only if that gradient reproduces every ``grad_*`` of the dump
 within the gradient tolerance:

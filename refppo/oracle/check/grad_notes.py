@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.dump.load import TOLERANCES, Dump
+from refppo.dump.load import Dump
+from refppo.dump.tolerances import TOLERANCES
 from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import QuantityResult, compare
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs

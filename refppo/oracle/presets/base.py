@@ -1,8 +1,10 @@
-"""The preset's type and the peers' KL-clamp rules (split out of :mod:`refppo.oracle.presets.registry`).
+"""The preset's type: a peer's fixed convention keys and default hyperparameters, each value with
+its source, and the rule giving its KL clamps (:mod:`refppo.oracle.presets.kl_clamps`).
 
-A :class:`Preset` fixes convention keys, supplies the peer's default hyperparameters and names its
-sources; its ``kl_clamps`` rule gives the KL clamps of an estimator (verl and OpenRLHF clamp
-per estimator), applied by :func:`refppo.oracle.presets.registry.resolve_preset`.
+Each peer module (:mod:`refppo.oracle.presets.verl`, ...) writes its values as ``(value, source)``
+pairs (:data:`Sourced`), the source naming the peer's repository file and function or config key;
+:func:`make_preset` splits them into the :class:`Preset`'s plain dicts and its
+:attr:`Preset.value_sources`.
 """
 
 from __future__ import annotations
@@ -11,34 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-KlClamps = dict[str, Any]
-"""A rule's output: ``kl_log_ratio_clamp`` and ``kl_value_clamp``."""
+from refppo.oracle.presets.kl_clamps import KlClamps
 
+Sourced = tuple[Any, str]
+"""``(value, source)``: a preset's value and where the peer's code has it."""
 
-def _no_kl_clamps(estimator: str) -> KlClamps:
-    return {"kl_log_ratio_clamp": None, "kl_value_clamp": None}
-
-
-def _verl_kl_clamps(estimator: str) -> KlClamps:
-    """verl 0.9.1 ``verl/trainer/ppo/core_algos.py::kl_penalty_forward``: only ``low_var_kl`` (k3)
-    clamps — the log-ratio ``log π_ref − log π`` to [−20, 20] and the estimate to [−10, 10]."""
-    if estimator == "k3":
-        return {"kl_log_ratio_clamp": (-20.0, 20.0), "kl_value_clamp": 10.0}
-    return _no_kl_clamps(estimator)
-
-
-def _openrlhf_kl_clamps(estimator: str) -> KlClamps:
-    """OpenRLHF 0.11.2 ``openrlhf/models/utils.py::compute_approx_kl``: every estimator's value is
-    clamped to [−10, 10]; k3 first clamps ``log π − log π_ref`` from below at −10."""
-    if estimator == "k3":
-        return {"kl_log_ratio_clamp": (-10.0, None), "kl_value_clamp": 10.0}
-    return {"kl_log_ratio_clamp": None, "kl_value_clamp": 10.0}
-
-
-def _areal_kl_clamps(estimator: str) -> KlClamps:
-    """AReaL 1.0.4 ``areal/utils/data.py::KLEstimator._compute_approx_kl`` (``apply_clamp=True``):
-    every estimate is clamped to [−10, 10]; the log-ratio is not clamped."""
-    return {"kl_log_ratio_clamp": None, "kl_value_clamp": 10.0}
+Variant = dict[str, Sourced]
+"""A critic-free variant: ``{convention key: (value, source)}``
+(:data:`refppo.oracle.presets.registry.VARIANTS`)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +32,27 @@ class Preset:
     hparams: dict[str, Any]
     kl_clamps: Callable[[str], KlClamps]
     sources: tuple[str, ...] = field(default_factory=tuple)
+    """The peer's files and functions the preset as a whole restates."""
+    value_sources: dict[str, str] = field(default_factory=dict)
+    """Every convention key and hyperparameter -> where the peer's code sets that value."""
 
 
-__all__ = ["KlClamps", "Preset"]
+def make_preset(
+    name: str,
+    conventions: dict[str, Sourced],
+    hparams: dict[str, Sourced],
+    kl_clamps: Callable[[str], KlClamps],
+    sources: tuple[str, ...],
+) -> Preset:
+    """A :class:`Preset` from ``(value, source)`` pairs (the keys' order kept)."""
+    return Preset(
+        name=name,
+        conventions={k: v for k, (v, _) in conventions.items()},
+        hparams={k: v for k, (v, _) in hparams.items()},
+        kl_clamps=kl_clamps,
+        sources=sources,
+        value_sources={k: src for k, (_, src) in {**conventions, **hparams}.items()},
+    )
+
+
+__all__ = ["Preset", "Sourced", "Variant", "make_preset"]

@@ -10,13 +10,8 @@ from typing import Any
 
 from refppo.dump.load import Dump
 from refppo.dump.sequences import RescoreError
-from refppo.oracle.rescore.readouts import (
-    RescoreItem,
-    check_device,
-    load_models,
-    rescore_dump,
-    temperature_of,
-)
+from refppo.oracle.rescore.readouts import RescoreItem, temperature_of
+from refppo.oracle.rescore.run import check_device, load_models, rescore_dump
 
 
 def rescore_from_args(args: argparse.Namespace, dump: Dump) -> tuple[list[RescoreItem], float]:

@@ -1,4 +1,4 @@
-"""Text and JSON renderings of a re-score (:func:`refppo.oracle.rescore.readouts.rescore_dump`)."""
+"""Text and JSON renderings of a re-score (:func:`refppo.oracle.rescore.run.rescore_dump`)."""
 
 from __future__ import annotations
 

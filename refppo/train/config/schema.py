@@ -53,8 +53,8 @@ a non-default level with any other is refused."""
 
 CRITIC_ONLY_KEYS = ("vf_coef", "cliprange_value", "value_loss", "value_clip_form", "value_loss_agg", "lam")
 """``[ppo]`` keys only ``ppo.advantage=gae`` reads: the value loss
-(:func:`refppo.pipeline.update.update_quantities`
-computes none without values) and GAE's λ (:func:`refppo.pipeline.rollout.rollout_quantities`; the critic-free
+(:func:`refppo.pipeline.step.update_quantities`
+computes none without values) and GAE's λ (:func:`refppo.pipeline.step.rollout_quantities`; the critic-free
 estimators, ``reinforce++`` included, use γ only). Off their default under a critic-free estimator they
 are refused for a new run (:meth:`TrainConfig.unread_options`)."""
 

@@ -89,14 +89,14 @@ def test_release_changes_no_detection(tmp_path: Path, monkeypatch: pytest.Monkey
     B=8, T=16 dump's 512-byte keys are below a page and were never released: the test could not fail)."""
     import torch
 
-    import refppo.dump.load as load_mod
+    import refppo.dump.residency as residency
 
     made = setup_for(None, {"whiten_rewards": "masked"})
     start = setup_for(None, {})
     d = refppo_dump(make_inputs(B=16, T=512, seed=5), made, dtype=torch.float32)
     dump = load_dump(save(tmp_path, d, start))
     calls: list[int] = []
-    real = load_mod._madvise
+    real = residency._madvise
 
     def counting() -> Any:
         fn = real()
@@ -104,7 +104,7 @@ def test_release_changes_no_detection(tmp_path: Path, monkeypatch: pytest.Monkey
             return None
         return lambda *a: (calls.append(1), fn(*a))[1]
 
-    monkeypatch.setattr(load_mod, "_madvise", counting)
+    monkeypatch.setattr(residency, "_madvise", counting)
     with_release = detect(dump, start)
     if real() is not None:  # Linux: the pages were handed back
         assert calls, "the release never reached madvise"

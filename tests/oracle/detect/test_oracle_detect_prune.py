@@ -15,7 +15,8 @@ import refppo.oracle.detect.prune as prune_mod
 import refppo.oracle.detect.steps as steps_mod
 from refppo.conventions import LossAgg
 from refppo.core.value import value_loss
-from refppo.dump.load import TOLERANCES, Dump, load_dump
+from refppo.dump.load import Dump, load_dump
+from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.compare import compare
 from refppo.oracle.detect.detection import Detection, detect
 from refppo.oracle.detect.groups import Group

@@ -18,9 +18,11 @@ from rescore_helpers import (
     write_rows,
 )
 
-from refppo.dump.load import TOLERANCES, load_dump
+from refppo.dump.load import load_dump
+from refppo.dump.tolerances import TOLERANCES
 from refppo.models.tiny import Arch
-from refppo.oracle.rescore.readouts import RescoreItem, load_models, precision_stats, rescore_dump
+from refppo.oracle.rescore.readouts import RescoreItem, precision_stats
+from refppo.oracle.rescore.run import load_models, rescore_dump
 
 ROWS = make_rows()
 

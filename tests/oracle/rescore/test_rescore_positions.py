@@ -19,10 +19,12 @@ import pytest
 import torch
 from rescore_helpers import VOCAB, make_rows, write_rows
 
-from refppo.dump.load import DumpError, load_dump
+from refppo.dump.load import load_dump
+from refppo.errors import DumpError
 from refppo.models.batch import position_ids_from_mask
 from refppo.models.tiny import tiny_config
-from refppo.oracle.rescore.readouts import _check_ids_fit, _learned_positions, rescore_dump
+from refppo.oracle.rescore.readouts import _learned_positions
+from refppo.oracle.rescore.run import _check_ids_fit, rescore_dump
 
 ROWS = make_rows()  # [5, 11]: every row has 7 real tokens, so derived positions reach 6
 ARANGE = torch.arange(11).expand(5, 11).clone()  # positions that ignore the left padding: up to 10

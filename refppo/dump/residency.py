@@ -1,0 +1,73 @@
+"""Residency of a dump's tensors: pages of a memory-mapped key handed back to the OS once compared
+(``madvise(MADV_PAGEOUT)``), and the C heap's free pages between the oracle's stages
+(``malloc_trim``). Hints only: no value changes, whatever the kernel or the C library does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import mmap
+import sys
+from typing import Any
+
+from torch import Tensor
+
+_MADV_PAGEOUT = 21
+"""Linux ``MADV_PAGEOUT`` (include/uapi/asm-generic/mman-common.h): reclaim these pages now. File
+pages are dropped (re-read on the next access); anonymous ones go to swap or stay: never lost."""
+
+
+def page_out(t: Tensor) -> None:
+    """``madvise(MADV_PAGEOUT)`` over the whole pages of ``t``'s bytes
+    (see :meth:`refppo.dump.load.Dump.release`).
+
+    Only a hint: the tensor's values are unchanged whatever the kernel does; nothing happens off
+    Linux or when the call fails.
+    """
+    if sys.platform != "linux" or t.device.type != "cpu" or not t.is_contiguous():
+        return
+    madvise = _madvise()
+    if madvise is None:
+        return
+    page = mmap.PAGESIZE
+    start, nbytes = t.data_ptr(), t.numel() * t.element_size()
+    lo, hi = -(-start // page) * page, (start + nbytes) // page * page
+    if hi > lo:
+        madvise(lo, hi - lo, _MADV_PAGEOUT)
+
+
+@functools.cache
+def _madvise() -> Any:
+    """libc's ``madvise`` through ctypes, or None."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim(0)``): called between the
+    oracle's stages, so that the blocks freed by one stage (``[B, T]`` rows of a few MiB, which
+    glibc keeps in its heap once its dynamic mmap threshold has grown) do not stay resident under
+    the next stage's peak. Changes no setting and no value; a no-op off glibc."""
+    fn = _malloc_trim()
+    if fn is not None:
+        fn(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` through ctypes, or None (other platforms and C libraries)."""
+    if sys.platform != "linux":
+        return None
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
