@@ -1,45 +1,49 @@
-"""``--detect``: every convention that reproduces a dump, searched stage by stage.
+"""``--detect``: every convention that reproduces a dump, found by walking the pipeline's stage table.
 
-Conventions decompose along the pipeline, so the search never enumerates the full product. Each
-stage walks its named options; when none reproduces the stage's dumped quantity, its *solver*
-(:mod:`refppo.oracle.detect.solve`) reads constants off the data and the stage is walked again:
+The walk (:func:`refppo.oracle.detect.steps.run_search`) runs the stages of
+:data:`refppo.pipeline.stages.STAGES` in pipeline order, grouped in steps, each stage evaluated
+through its own function (:meth:`refppo.oracle.detect.search.Search.evaluate`: row blocks, the
+ratio buffer and memoisation are arguments of that evaluation, never a second formula). A step
+walks the values of the keys it names (every member of an enum key; for a numeric one the peers'
+constants and the checked setting's), compares the dumped quantities it names, and when no option
+reproduces them its *solver* (:mod:`refppo.oracle.detect.solve`, :mod:`refppo.oracle.detect.solve_score`)
+reads constants off the data and the step is walked again with them (a solver only proposes: what
+it proposes is evaluated through the stages like any other value). The steps
+(:data:`refppo.oracle.detect.steps.STEPS`; keys no step walks stay at the checked setting's value:
+:data:`~refppo.oracle.detect.steps.NOT_WALKED`):
 
-====== ============================================ ====================== ====================
-stage  keys it adds                                  checked against        solved from the data
-====== ============================================ ====================== ====================
-kl     kl_estimator, KL clamps                       kl                     log-ratio bounds and
-                                                                            value clamp
-reward kl_in, score_at, score_clip, whiten_rewards  token_rewards          score bias and scale
-       (score_bias, score_scale)                                            (else a fitted map)
-gae    gae_padding; gae_holes (mask with holes)      returns
-whiten whiten_advantages, whiten_variance,           advantages             (fitted map, named)
-       whiten_eps_at; whiten_holes (mask with holes)
-policy dual_clip, log_ratio_clamp, loss_agg,         pg_loss, pg_clipfrac,  dual-clip c, clip
-       approx_kl (cliprange, cliprange_high)         approx_kl, entropy     ranges ε_low/ε_high
-value  value_loss, value_clip_form, vf_mask,         vf_loss, vf_clipfrac   value clip range ε_v
-       value_loss_agg (cliprange_value)
-loss   (none: the total)                             kl_loss, loss
-====== ============================================ ====================== ====================
+- ``kl`` (stages kl): walks kl_estimator, kl_log_ratio_clamp, kl_value_clamp; checked against kl;
+  solver: the KL clamps.
+- ``token_rewards`` (stages score_map, value_mask, rewards): walks score_bias, score_scale,
+  score_clip, kl_in, score_at, whiten_rewards, whiten_variance, whiten_eps_at; checked against
+  token_rewards; solver: score bias and scale, score clip.
+- ``returns`` (stages advantages): walks advantage, gae_padding, gae_holes, group_std,
+  group_std_level, group_singleton, group_kl, group_eps; checked against returns; solver: group_eps.
+- ``advantages`` (stages whitening): walks whiten_advantages, whiten_variance, whiten_eps_at,
+  whiten_holes; checked against advantages; solver: (a fitted map, named).
+- ``policy`` (stages policy, policy_agg, approx_kl, entropy, kl_loss): walks dual_clip,
+  log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl, entropy_agg; checked against
+  pg_loss, pg_clipfrac, approx_kl, entropy_loss; solver: dual-clip c, clip ranges.
+- ``value`` (stages value, value_agg): walks value_loss, value_clip_form, vf_mask, value_loss_agg,
+  cliprange_value; checked against vf_loss, vf_clipfrac; solver: value clip range.
+- ``loss`` (stages kl_loss, total): walks kl_loss_agg; checked against kl_loss, loss; solver: —.
 
-A "fitted map" is reported (:attr:`Detection.fitted`) when no convention reproduces the stage:
-the affine map between the dump and refppo's raw values, for the batch or per row, with the
-statistics it matches named (:func:`refppo.oracle.detect.solve.fit_normalisation`).
+A "fitted map" is reported (:attr:`Detection.fitted`) when no convention reproduces a step: the
+affine map between the dump and refppo's raw values, for the batch or per row, with the statistics
+it matches named (:func:`refppo.oracle.detect.solve.fit_normalisation`).
 
-After each stage, candidates whose outputs are bit-identical are merged into one group (so an
-inactive clamp, say, never doubles the work of the stages after it), and when the dump holds a
-quantity of the stage only the groups that reproduce it go on. When none does, the nearest groups
-go on and the stage is recorded as unmatched. Groups are scored as they are made and the search
-holds a bounded number of ``[B, T]`` states (the others are replayed when read:
-:mod:`refppo.oracle.detect.groups`), so a dump that prunes nothing (no rollout intermediates) does
-not hold a state per candidate.
+After each step, options whose stage outputs are bit-identical are merged into one group (so an
+inactive clamp, say, never doubles the work of the steps after it), and when the dump holds a
+quantity of the step only the groups that reproduce it go on. When none does, the nearest groups
+go on and the step is recorded as unmatched. Groups are scored as they are made and the walk holds
+a bounded number of typed ``[B, T]`` states (:mod:`refppo.oracle.detect.states`; the others are
+replayed when read: :mod:`refppo.oracle.detect.groups`).
 
-The staged search (:mod:`refppo.oracle.detect.search`; the reward, GAE and whitening stages in
-:mod:`refppo.oracle.detect.rollout`) composes the core functions itself (for speed)
-and the solvers only propose, so its result is not trusted on its own: the :data:`VERIFIED`
-detected conventions closest to the base (and, with ``grad_logprobs``, the nearest of each
-``kl_estimator``: :func:`_recheck`) are re-checked through the one verified path
-(:func:`refppo.oracle.check.diagnose.check` → :mod:`refppo.pipeline`); a convention that fails that
-re-check is dropped, and so are the unchecked entries of an estimator the re-check rejected.
+Since every value the walk compares is a stage's output, a listed convention is what the pipeline
+computes for it. The :data:`VERIFIED` nearest (and, with ``grad_logprobs``, the nearest of each
+``kl_estimator``, which only the gradient tells apart: :func:`_recheck`) are still re-checked
+through :func:`refppo.oracle.check.diagnose.check`, which also compares the gradients; a convention
+that fails it is dropped, and so are the unchecked entries of an estimator the re-check rejected.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ the stage table).
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -87,6 +88,19 @@ NOT_WALKED: dict[str, str] = {
 """What the stages read and no step walks: each stays at the checked setting's value."""
 
 
+def steps_table(width: int = 100) -> str:
+    """:data:`STEPS` as a list, one item per step wrapped at ``width`` (the detection docstring and
+    spec/conventions.md hold it verbatim; Markdown and reStructuredText alike)."""
+    items = []
+    for st in STEPS:
+        text = (
+            f"- ``{st.name}`` (stages {', '.join(st.stages)}): walks {', '.join(st.walks)}; "
+            f"checked against {', '.join(st.checks)}; solver: {st.solver}."
+        )
+        items.append(textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False))
+    return "\n".join(items)
+
+
 def run_search(s: Search) -> list[Group[Any]]:
     """The steps of :data:`STEPS` on ``s``'s dump: the groups that reproduce every step (or the
     nearest), their conventions relative to the checked setting. The memory-mapped dump keys are
@@ -119,4 +133,4 @@ def drop_raw_advantages(st: AdvState) -> AdvState:
     return replace(st, adv_raw=None)
 
 
-__all__ = ["NOT_WALKED", "STEPS", "Step", "drop_raw_advantages", "run_search"]
+__all__ = ["NOT_WALKED", "STEPS", "Step", "drop_raw_advantages", "run_search", "steps_table"]
