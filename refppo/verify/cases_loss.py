@@ -1,5 +1,6 @@
-"""The verify cases of the losses (policy, value, aggregation, entropy bonus, KL loss, total, GSPO)
-and of their gradients (autograd vs the closed-form twins of refppo/core/grad.py).
+"""The verify cases of the losses (policy, value, aggregation, entropy bonus, KL loss, total, GSPO),
+of their per-token stages (before aggregation, their statistics, ``V^clip``) and of their gradients
+(autograd vs the closed-form twins of refppo/core/grad.py).
 
 Each case returns a list of (output name, vectorised, naive, mask-or-None) to compare.
 Vectorised functions are looked up on their module at call time (so a test can monkeypatch one).
@@ -13,7 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, LossAgg, ValueLoss
+from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
+from refppo.core.policy import PolicyLossNaive, PolicyTokenLoss
 from refppo.verify.batches import Batch, Case, Pair
 
 # The modules themselves, looked up by name at run time, so that a test can monkeypatch one
@@ -28,6 +30,29 @@ value_mod = importlib.import_module("refppo.core.value")
 
 def _t(x: float | list[list[float]], like: Tensor) -> Tensor:
     return torch.tensor(x, dtype=torch.float64, device=like.device)
+
+
+def token_loss_pairs(
+    tag: str, res: PolicyTokenLoss, nv: PolicyLossNaive, *, ratio: bool = True
+) -> list[Pair]:
+    """The outputs of a per-token policy loss against its naive twin's (``ratio`` False: not ``ρ``)."""
+    out: list[Pair] = [(f"per_token({tag})", res.per_token, _t(nv.per_token, res.per_token), None)]
+    if ratio:
+        out.append((f"ratio({tag})", res.ratio, _t(nv.ratio, res.ratio), None))
+    stats = ("clipfrac", "clipfrac_lower", "approx_kl", "approx_kl_k2")
+    return out + [(f"{s}({tag})", getattr(res, s), _t(getattr(nv, s), res.clipfrac), None) for s in stats]
+
+
+def _policy_inputs(b: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    lp_old = b.floats(-4.0, -0.1)
+    lp = torch.where(b.mask, lp_old + b.floats(-0.6, 0.6), lp_old)
+    return lp, lp_old, b.floats(-2.0, 2.0)
+
+
+def _value_inputs(b: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    v_old = b.floats(-2.0, 2.0)
+    v = torch.where(b.mask, v_old + b.floats(-0.5, 0.5), v_old)
+    return v, v_old, b.floats(-2.0, 2.0)
 
 
 def _case_policy(b: Batch, dev: torch.device) -> list[Pair]:
@@ -178,6 +203,95 @@ def _case_gspo(b: Batch, dev: torch.device) -> list[Pair]:
     return out
 
 
+def _case_policy_token_loss(b: Batch, dev: torch.device) -> list[Pair]:
+    """The clipped surrogate before aggregation against the naive loss's per-token outputs and stats."""
+    lp, lp_old, adv = _policy_inputs(b)
+    args = (lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev))
+    out: list[Pair] = []
+    for dual, kappa in ((None, None), (3.0, 0.3)):
+        kw = {"clip_high": 0.28, "dual_clip": dual, "log_ratio_clamp": kappa}
+        res = policy_mod.clipped_policy_token_loss(*args, **kw)
+        nv = policy_mod.clipped_policy_loss_naive(lp, lp_old, adv, b.mask, **kw)
+        out += token_loss_pairs(f"dual={dual},κ={kappa}", res, nv)
+    return out
+
+
+def _case_token_statistics(b: Batch, dev: torch.device) -> list[Pair]:
+    """The statistics of the clipped (and GSPO) per-token terms against the naive losses'."""
+    lp, lp_old, adv = _policy_inputs(b)
+    args, m = (lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev)), b.mask.to(dev)
+    out: list[Pair] = []
+    for dual in (None, 3.0):
+        t = policy_mod.policy_terms(*args, eps_lo=0.2, eps_hi=0.28, dual_clip=dual, log_ratio_clamp=None)
+        nv = policy_mod.clipped_policy_loss_naive(lp, lp_old, adv, b.mask, clip_high=0.28, dual_clip=dual)
+        out += token_loss_pairs(f"ppo,dual={dual}", policy_mod.token_statistics(t, m), nv)
+    t = gspo_mod.gspo_terms(*args, eps_lo=0.2, eps_hi=0.28, log_ratio_max=0.1)
+    nv = gspo_mod.gspo_policy_loss_naive(lp, lp_old, adv, b.mask, clip_high=0.28, log_ratio_max=0.1)
+    return out + token_loss_pairs("gspo", policy_mod.token_statistics(t, m), nv)
+
+
+def _case_gspo_token_loss(b: Batch, dev: torch.device) -> list[Pair]:
+    """GSPO before aggregation (κ = 0.1 caps some rows' ``S_b``) against the naive GSPO loss."""
+    lp, lp_old, adv = _policy_inputs(b)
+    out: list[Pair] = []
+    for kappa in (None, 0.1):
+        kw = {"clip_high": 0.28, "log_ratio_max": kappa}
+        res = gspo_mod.gspo_policy_token_loss(lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev), **kw)
+        out += token_loss_pairs(
+            f"κ={kappa}", res, gspo_mod.gspo_policy_loss_naive(lp, lp_old, adv, b.mask, **kw)
+        )
+    return out
+
+
+def _case_gspo_ratio(b: Batch, dev: torch.device) -> list[Pair]:
+    """``s_b = exp(min(S_b, κ))`` on each valid token against the naive GSPO loss's ratio."""
+    lp, lp_old, _ = _policy_inputs(b)
+    zeros = torch.zeros_like(lp)
+    out: list[Pair] = []
+    for kappa in (None, 0.1):
+        vec = gspo_mod.gspo_ratio(lp.to(dev), lp_old.to(dev), b.mask.to(dev), log_ratio_max=kappa)
+        nv = gspo_mod.gspo_policy_loss_naive(lp, lp_old, zeros, b.mask, log_ratio_max=kappa)
+        out.append((f"κ={kappa}", vec, _t(nv.ratio, vec), None))
+    return out
+
+
+def _case_approx_kl_k2_all(b: Batch, dev: torch.device) -> list[Pair]:
+    lp, lp_old, _ = _policy_inputs(b)
+    vec = policy_mod.approx_kl_k2_all_positions(lp.to(dev), lp_old.to(dev), b.mask.to(dev))
+    nv = policy_mod.approx_kl_k2_all_positions_naive(lp, lp_old, b.mask)
+    return [("k2_all_positions", vec, _t(nv, vec), None)]
+
+
+def _case_value_token_loss(b: Batch, dev: torch.device) -> list[Pair]:
+    v, v_old, ret = _value_inputs(b)
+    out: list[Pair] = []
+    for kind in ValueLoss:
+        for form in ValueClipForm:
+            kw = {"kind": kind, "clip_form": form}
+            res = value_mod.value_token_loss(v.to(dev), v_old.to(dev), ret.to(dev), b.mask.to(dev), **kw)
+            nv = value_mod.value_loss_naive(v, v_old, ret, b.mask, **kw)
+            tag = f"{kind.value},{form.value}"
+            out += [
+                (f"per_token({tag})", res.per_token, _t(nv.per_token, res.per_token), None),
+                (f"clipfrac({tag})", res.clipfrac, _t(nv.clipfrac, res.clipfrac), None),
+            ]
+    return out
+
+
+def _case_clipped_value(b: Batch, dev: torch.device) -> list[Pair]:
+    """``V^clip`` through the naive twin of its whole: ``½·max((V − R)², (V^clip − R)²)`` on the
+    valid tokens against the naive clipped value loss's per-token term (ε_v = 0.2, both forms)."""
+    v, v_old, ret = _value_inputs(b)
+    vd, vod, rd, m = v.to(dev), v_old.to(dev), ret.to(dev), b.mask.to(dev)
+    out: list[Pair] = []
+    for form in ValueClipForm:
+        vc = value_mod.clipped_value(vd, vod, 0.2, form)
+        per_token = 0.5 * torch.maximum((vd - rd) ** 2, (vc - rd) ** 2)
+        nv = value_mod.value_loss_naive(v, v_old, ret, b.mask, clip=0.2, clip_form=form)
+        out.append((f"ℓ^v({form.value})", per_token, _t(nv.per_token, per_token), m))
+    return out
+
+
 def _autograd(loss_fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     leaf = x.detach().clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(loss_fn(leaf), leaf)
@@ -233,6 +347,13 @@ LOSS_CASES: dict[str, Case] = {
     "kl_loss": _case_kl_loss,
     "total_loss": _case_total_loss,
     "gspo_policy_loss": _case_gspo,
+    "clipped_policy_token_loss": _case_policy_token_loss,
+    "token_statistics": _case_token_statistics,
+    "gspo_policy_token_loss": _case_gspo_token_loss,
+    "gspo_ratio": _case_gspo_ratio,
+    "approx_kl_k2_all_positions": _case_approx_kl_k2_all,
+    "value_token_loss": _case_value_token_loss,
+    "clipped_value": _case_clipped_value,
     "loss_gradients": _case_gradients,
 }
 """The losses' and gradients' cases, in table order (after :data:`.cases.TOKEN_CASES`)."""

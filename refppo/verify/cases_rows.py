@@ -18,6 +18,7 @@ from torch import Tensor
 
 from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
 from refppo.verify.batches import Batch, Case, Pair
+from refppo.verify.cases_loss import token_loss_pairs
 
 by_rows_mod = importlib.import_module("refppo.core.by_rows")
 gspo_mod = importlib.import_module("refppo.core.gspo")
@@ -79,6 +80,47 @@ def _case_value_by_rows(b: Batch, dev: torch.device) -> list[Pair]:
                     (f"per_token({tag})", res.per_token, _t(nv.per_token, res.per_token), None),
                     (f"clipfrac({tag})", res.clipfrac, _t(nv.clipfrac, res.clipfrac), None),
                 ]
+    return out
+
+
+def _case_policy_token_by_rows(b: Batch, dev: torch.device) -> list[Pair]:
+    """The per-token policy loss by blocks (with and without the ratio kept) against the naive loss."""
+    lp, lp_old, adv = _policy_inputs(b)
+    args = (lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev))
+    out: list[Pair] = []
+    for gspo, dual, kappa in ((False, None, None), (False, 3.0, 0.3), (True, None, 0.1)):
+        for keep in (True, False):
+            res = by_rows_mod.policy_token_loss_by_rows(
+                ROWS, *args, gspo=gspo, clip_high=0.28, dual_clip=dual, log_ratio_clamp=kappa, keep_ratio=keep
+            )
+            if gspo:
+                nv = gspo_mod.gspo_policy_loss_naive(
+                    lp, lp_old, adv, b.mask, clip_high=0.28, log_ratio_max=kappa
+                )
+            else:
+                nv = policy_mod.clipped_policy_loss_naive(
+                    lp, lp_old, adv, b.mask, clip_high=0.28, dual_clip=dual, log_ratio_clamp=kappa
+                )
+            tag = f"{'gspo' if gspo else 'ppo'},dual={dual},κ={kappa},keep_ratio={keep}"
+            out += token_loss_pairs(tag, res, nv, ratio=keep)
+    return out
+
+
+def _case_value_token_by_rows(b: Batch, dev: torch.device) -> list[Pair]:
+    v_old = b.floats(-2.0, 2.0)
+    v = torch.where(b.mask, v_old + b.floats(-0.5, 0.5), v_old)
+    ret = b.floats(-2.0, 2.0)
+    args = (v.to(dev), v_old.to(dev), ret.to(dev), b.mask.to(dev))
+    out: list[Pair] = []
+    for kind in ValueLoss:
+        for form in ValueClipForm:
+            res = by_rows_mod.value_token_loss_by_rows(ROWS, *args, kind=kind, clip_form=form)
+            nv = value_mod.value_loss_naive(v, v_old, ret, b.mask, kind=kind, clip_form=form)
+            tag = f"{kind.value},{form.value}"
+            out += [
+                (f"per_token({tag})", res.per_token, _t(nv.per_token, res.per_token), None),
+                (f"clipfrac({tag})", res.clipfrac, _t(nv.clipfrac, res.clipfrac), None),
+            ]
     return out
 
 
@@ -168,6 +210,8 @@ ROW_CASES: dict[str, Case] = {
     "row_blocks": _case_row_blocks,
     "policy_loss_by_rows": _case_policy_by_rows,
     "value_loss_by_rows": _case_value_by_rows,
+    "policy_token_loss_by_rows": _case_policy_token_by_rows,
+    "value_token_loss_by_rows": _case_value_token_by_rows,
     "entropy_kl_by_rows": _case_entropy_kl_by_rows,
 }
 """The row-block losses' and per-token terms' cases (after the losses)."""
