@@ -1,7 +1,7 @@
 """A member added to a convention enum reaches every walk by construction: the flat key parses it,
-the diagnosis tries it as a candidate, and ``--detect``'s walk evaluates it — nothing but the enum is
-edited (a scratch copy of the package: ``Whitening`` gains ``foo``, which the core's ``normalize``
-computes as its generic ``(x − μ)·s(σ²)`` branch)."""
+the diagnosis tries it as a candidate, and ``--detect``'s walk evaluates it through the whitening
+stage — nothing but the enum is edited (a scratch copy of the package: ``Whitening`` gains ``foo``,
+which the core's ``normalize`` computes as its generic ``(x − μ)·s(σ²)`` branch)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ SCRIPT = textwrap.dedent(
     from refppo.dump.load import load_dump
     from refppo.oracle.check import diagnose
     from refppo.oracle.check.alternatives import AFFECTS, ALTERNATIVES
-    from refppo.oracle.detect import rollout as detect_rollout
     from refppo.oracle.detect.detection import detect
+    from refppo.pipeline import rollout as pipeline_rollout
     from refppo.pipeline.settings import Convention
 
     foo = Whitening("foo")
@@ -52,11 +52,11 @@ SCRIPT = textwrap.dedent(
     assert foo in tried, tried
 
     walked = []
-    real_w = detect_rollout.whiten_advantages
+    real_w = pipeline_rollout.whiten_advantages  # the whitening stage's body
     def whiten(adv_raw, mask, conv, hp, *rest):
         walked.append(conv.whiten.advantages)
         return real_w(adv_raw, mask, conv, hp, *rest)
-    detect_rollout.whiten_advantages = whiten
+    pipeline_rollout.whiten_advantages = whiten
     detect(dump, start)
     assert foo in walked, sorted(set(walked))
     print("ok")
