@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from peers.checks import dump_file
 from peers.harness import Case, Report, Unit, parser, root_of, run_venvs, selected, workdir
 from peers.presets import VENVS as PRESET_VENVS
+
+if TYPE_CHECKING:
+    from refppo.dump.load import Dump
+    from refppo.oracle.check.settings import Setup
 
 VENVS: dict[str, dict[str, Unit]] = {
     "verl-openrlhf": PRESET_VENVS["verl-openrlhf"],
@@ -128,16 +132,16 @@ def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int =
     return res
 
 
-def _inert_by_construction(dump: Any, setup: Any) -> set[str]:
+def _inert_by_construction(dump: Dump, setup: Setup) -> set[str]:
     """Options of ``setup`` that provably change nothing on this dump (not within a tolerance).
 
     ``score_clip``: no mapped score ``(s + b)·k`` reaches ``±C`` (AReaL's default ``C = 20``).
     """
-    ex = setup.extras
-    if ex.score_clip is None:
+    sm = setup.conv.score
+    if sm.clip is None:
         return set()
-    mapped = (dump.tensors["scores"].double() + ex.score_bias) * ex.score_scale
-    return {"score_clip"} if float(mapped.abs().max()) <= ex.score_clip else set()
+    mapped = (dump.tensors["scores"].double() + sm.bias) * sm.scale
+    return {"score_clip"} if float(mapped.abs().max()) <= sm.clip else set()
 
 
 def make_dumps(
