@@ -29,7 +29,6 @@ from refppo.dump.keys import (
     REQUIRED_INPUTS,
     SCALAR_OUTPUTS,
     SEQUENCE_KEYS,
-    SIDECAR_SCORING_KEYS,
     STEP_KEYS,
     TOKEN_KEYS,
     UPDATE_INPUTS,
@@ -38,9 +37,8 @@ from refppo.dump.keys import (
     resolve_aliases,
     suggest,
 )
-from refppo.dump.residency import page_out, trim_heap
+from refppo.dump.residency import page_out
 from refppo.dump.step import StepLayout, check_rows, integer_key, sidecar_advice, step_layout
-from refppo.dump.tolerances import TOLERANCES
 from refppo.errors import DumpError
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -341,8 +339,3 @@ def _missing_hint(unknown: list[str]) -> str:
 
 
 __all__ = ["Dump", "check_inputs_for", "load_dump", "validate"]
-# and, until refppo/oracle/check/{recompute,diagnose,fastcheck,grad_diagnose}.py,
-# refppo/oracle/detect/search.py and tools/peers detect import them from their homes,
-# refppo.dump.tolerances.TOLERANCES, refppo.dump.residency.trim_heap and
-# refppo.dump.keys.SIDECAR_SCORING_KEYS:
-__all__ += ["SIDECAR_SCORING_KEYS", "TOLERANCES", "trim_heap"]

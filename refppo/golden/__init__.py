@@ -14,5 +14,5 @@ replays them. Format (schema version :data:`SCHEMA_VERSION`, described in spec/m
 Modules: :mod:`~refppo.golden.cases` (:class:`GoldenCase`, :data:`CASES`, the tolerances, the
 fields), :mod:`~refppo.golden.trajectory` (:func:`build`, :func:`run`, checksums),
 :mod:`~refppo.golden.check` (:func:`compare`, :func:`max_deviations`), :mod:`~refppo.golden.store`
-(:func:`save`, :func:`load`). This module re-exports them.
+(:func:`save`, :func:`load`); import each name from its module.
 """

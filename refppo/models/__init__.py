@@ -25,7 +25,6 @@ padding changes nothing (rotary models such as Llama depend on it).
 Modules: :mod:`~refppo.models.batch` (:class:`SequenceBatch`, padding),
 :mod:`~refppo.models.roles` (:class:`Critic`, :class:`RewardModel`, reference, eval mode),
 :mod:`~refppo.models.readout` (the per-token read-outs above), :mod:`~refppo.models.tiny` (tiny
-seeded models from configs), :mod:`~refppo.models.loading` (local directories). This module
-re-exports them all; ``refppo.models.X`` is the import path the rest of the code uses. The naive
-twins are :mod:`~refppo.models.naive` (not re-exported here).
+seeded models from configs), :mod:`~refppo.models.loading` (local directories). Import each
+name from its module (``refppo.models.X``); the naive twins are in :mod:`~refppo.models.naive`.
 """

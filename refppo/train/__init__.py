@@ -1,4 +1,4 @@
-"""``refppo train``: the trainer around the per-iteration algorithm of :mod:`refppo.ppo`.
+"""``refppo train``: the trainer around the per-iteration algorithm of :mod:`refppo.train.iteration`.
 
 One module per part of a run (the numbered skeleton is in :mod:`refppo.train.loop`)::
 
@@ -12,6 +12,4 @@ One module per part of a run (the numbered skeleton is in :mod:`refppo.train.loo
     dist           torchrun: rank, all-reduce hook, metrics over ranks
     runtime        TrainingError, seeds, device, dtype, threads, memory
     cli            the `refppo train` command line
-
-:mod:`refppo.trainer` re-exports the public names (``Trainer``, ``run``, ``TrainingError``, ...).
 """

@@ -1,6 +1,5 @@
 """Step 4 of :func:`refppo.train.iteration.iteration`: K PPO epochs over one scored rollout
-(:func:`ppo_update`,
-moved out of ``refppo/ppo.py``, which re-exports it; the design notes are in :mod:`refppo.ppo`).
+(:func:`ppo_update`).
 
 One call, as nested loops (every loss through :func:`refppo.pipeline.step.update_quantities`)::
 

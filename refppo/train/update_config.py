@@ -1,5 +1,4 @@
-"""The configuration and record types of :func:`refppo.train.update.ppo_update` (moved out of
-``refppo/ppo.py``, which re-exports them; the design notes are in :mod:`refppo.ppo`)."""
+"""The configuration and record types of :func:`refppo.train.update.ppo_update`."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from oracle_helpers import make_inputs, refppo_dump, save, setup_for
+from oracle_helpers import make_inputs, naive_dump, save, setup_for
 
 from refppo.dump.load import load_dump
 from refppo.oracle.check.diagnose import check
@@ -32,7 +32,7 @@ def test_every_enum_member_is_a_candidate(
 ) -> None:
     start = setup_for("verl", {})
     dump = load_dump(
-        save(tmp_path, refppo_dump(make_inputs(B=6, T=10, seed=7), setup_for("verl", made)), start)
+        save(tmp_path, naive_dump(make_inputs(B=6, T=10, seed=7), setup_for("verl", made)), start)
     )
     res = check(dump, start)
     assert res.first_divergence == first

@@ -62,7 +62,8 @@ def _json(v: Any) -> Any:
 
 def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int = 100000) -> dict[str, Any]:
     """Detect from refppo's defaults; compare with ``preset`` + ``conv`` (the case's ``--set``)."""
-    from refppo.dump.load import SIDECAR_SCORING_KEYS, load_dump
+    from refppo.dump.keys import SIDECAR_SCORING_KEYS
+    from refppo.dump.load import load_dump
     from refppo.oracle.check.diagnose import check
     from refppo.oracle.check.settings import build_setup, parse_value
     from refppo.oracle.detect.detection import HP_KEYS, detect, setup_from_json

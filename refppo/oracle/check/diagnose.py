@@ -21,7 +21,8 @@ import torch
 from refppo.conventions import AdvantageEstimator, KLPlacement
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.core.gae import has_holes
-from refppo.dump.load import TOLERANCES, Dump
+from refppo.dump.load import Dump
+from refppo.dump.tolerances import TOLERANCES
 from refppo.errors import RefPPOError
 from refppo.oracle.check.alternatives import (
     AFFECTS,

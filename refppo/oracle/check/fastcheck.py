@@ -19,7 +19,8 @@ from typing import Any
 
 from torch import Tensor
 
-from refppo.dump.load import TOLERANCES, Dump
+from refppo.dump.load import Dump
+from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.compare import compare
 from refppo.oracle.check.recompute import Reference, recompute
 from refppo.oracle.check.settings import Setup

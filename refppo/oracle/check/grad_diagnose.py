@@ -46,7 +46,8 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import KLEstimator, KLPlacement, LossAgg
-from refppo.dump.load import TOLERANCES, Dump
+from refppo.dump.load import Dump
+from refppo.dump.tolerances import TOLERANCES
 from refppo.errors import RefPPOError
 from refppo.oracle.check.bug_terms import dpg_dadv, whitened_not_detached
 from refppo.oracle.check.compare import QuantityResult, compare

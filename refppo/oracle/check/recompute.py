@@ -18,7 +18,9 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import KLPlacement, ValueLoss, VfMask
-from refppo.dump.load import TOLERANCES, Dump, check_inputs_for, trim_heap, validate
+from refppo.dump.load import Dump, check_inputs_for, validate
+from refppo.dump.residency import trim_heap
+from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.check.ties import pg_tie_mask, pg_tie_share, vf_tie_mask, vf_tie_widen

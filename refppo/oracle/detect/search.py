@@ -20,7 +20,9 @@ from torch import Tensor
 
 from refppo.conventions import ScorePosition
 from refppo.core.checks import count_true
-from refppo.dump.load import TOLERANCES, Dump, trim_heap
+from refppo.dump.load import Dump
+from refppo.dump.residency import trim_heap
+from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.compare import compare
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.groups import Group, Option, Replayer, expand_groups
