@@ -60,9 +60,16 @@ def _json(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
+def _sidecar_settings(dump: Dump) -> dict[str, Any]:
+    """The dump's sidecar conventions and hyperparameters, parsed (its scoring keys left out)."""
+    from refppo.dump.keys import SIDECAR_SCORING_KEYS
+    from refppo.oracle.check.settings import parse_value
+
+    return {k: parse_value(k, v) for k, v in dump.hparams.items() if k not in SIDECAR_SCORING_KEYS}
+
+
 def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int = 100000) -> dict[str, Any]:
     """Detect from refppo's defaults; compare with ``preset`` + ``conv`` (the case's ``--set``)."""
-    from refppo.dump.keys import SIDECAR_SCORING_KEYS
     from refppo.dump.load import load_dump
     from refppo.oracle.check.diagnose import check
     from refppo.oracle.check.settings import build_setup, parse_value
@@ -70,7 +77,7 @@ def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int =
     from refppo.oracle.presets.registry import resolve_preset
 
     dump = load_dump(dump_path)
-    sidecar = {k: parse_value(k, v) for k, v in dump.hparams.items() if k not in SIDECAR_SCORING_KEYS}
+    sidecar = _sidecar_settings(dump)
     parsed = {k: parse_value(k, v) for k, v in conv.items()}
     est = parsed.get("kl_estimator", sidecar.get("kl_estimator"))
     adv = parsed.get("advantage", sidecar.get("advantage"))
