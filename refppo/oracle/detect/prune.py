@@ -44,7 +44,7 @@ class ValuePrune:
     def __init__(self, search: Search) -> None:
         self.search = search
         self.memo: dict[bytes, bool] = {}
-        self.ve = ValueEval(search)
+        self.ve = ValueEval(search, memoise=False)  # its own memo holds one bool per returns
         self.dropped = 0
         """Returns options dropped (counted again when a dropped option is replayed)."""
 

@@ -41,8 +41,11 @@ VALUE_AGGS: list[str | None] = [None, *(a.value for a in LossAgg)]
 class ValueEval:
     """The value step's evaluations through the stages, memoised by what determines each."""
 
-    def __init__(self, s: Search) -> None:
+    def __init__(self, s: Search, memoise: bool = True) -> None:
         self.s = s
+        self.memoise = memoise
+        """Whether :meth:`losses` keeps its results (the value step reads them again for every
+        policy group on the same returns; the prune reads each returns once and keeps a bool)."""
         t = s.t
         self.values = t.get("values", t["old_values"])
         self.logprobs = t.get("logprobs", t["old_logprobs"])
@@ -78,8 +81,9 @@ class ValueEval:
         for a in modes:
             if a not in vfs:
                 vfs[a] = s.evaluate("value_agg", qa, s.setting(value_loss_agg=a), ev)["vf_loss"].detach()
-        self.memo[key] = (out["vf_clipfrac"], vfs)
-        return self.memo[key]
+        if self.memoise:
+            self.memo[key] = (out["vf_clipfrac"], vfs)
+        return out["vf_clipfrac"], vfs
 
 
 def _value_options(
