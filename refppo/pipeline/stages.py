@@ -89,6 +89,9 @@ class Stage:
     output_reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     """For an output that depends on part of :attr:`reads` only: that part (the policy stage's
     ``ratio`` and masked ``mean(l^old − l)`` read no advantages)."""
+    output_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    """For an output that depends on part of :attr:`keys` + :attr:`hparams` only: that part (the
+    policy stage's unclamped ``mean(l^old − l)`` reads no clip range)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.keys if k not in FLAT] + [h for h in self.hparams if h not in HPARAM_KEYS]
@@ -231,6 +234,7 @@ _UPDATE = (
         up.policy_stage, nu.policy_naive,
         "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss", by_rows=True,
         output_reads={q: ("logprobs", "old_logprobs", "mask") for q in ("ratio", "pg_approx_kl")},
+        output_keys={"ratio": ("policy_loss", "log_ratio_clamp"), "pg_approx_kl": ("policy_loss",)},
     ),
     Stage(
         "policy_agg", "update", ("loss_agg",), ("horizon",), ("pg_per_token", "mask"), ("pg_loss",),

@@ -87,6 +87,9 @@ class Detection:
     maps ``(s + b)·k`` that reproduce it (the bias and the scale cannot be told apart)."""
     n_rechecked: int = 0
     """How many entries at the head of ``detected`` were re-checked through the pipeline."""
+    holes: bool = True
+    """Whether the dump's mask has an interior hole (else every ``gae_holes``/``whiten_holes``
+    convention gives the same values)."""
 
 
 def _full(base: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
@@ -224,18 +227,30 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
             undetermined = sorted({*undetermined, "gae_holes", "whiten_holes"})
         notes = search.notes + _value_twin_notes(dump, convs, undetermined)
         if convs:
-            confirmed = {
-                k: [v for v in vs if any(c.get(k) == v for c in convs[:limit])] for k, vs in solved.items()
-            }
-            confirmed = {k: vs for k, vs in confirmed.items() if vs}
+            confirmed = _confirmed(solved, convs[:limit])
             n = max(n_total, len(convs))
             shown = convs[:limit]
             return Detection(
-                shown, n, None, [], undetermined, fitted, confirmed, notes, min(len(head), limit)
+                shown,
+                n,
+                None,
+                [],
+                undetermined,
+                fitted,
+                confirmed,
+                notes,
+                min(len(head), limit),
+                search.holes,
             )
     best = min(groups, key=lambda g: g.worst) if groups else None
     nearest = _full(base_json, best.convs[0]) if best is not None else None
     return Detection([], 0, nearest, list(dict.fromkeys(search.unmatched)), [], fitted, {}, search.notes)
+
+
+def _confirmed(solved: dict[str, list[Any]], shown: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The solved values some shown entry uses (the ones the pipeline confirmed)."""
+    out = {k: [v for v in vs if any(c.get(k) == v for c in shown)] for k, vs in solved.items()}
+    return {k: vs for k, vs in out.items() if vs}
 
 
 def _hp_json(base: Setup) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from refppo.dump.load import Dump
 from refppo.oracle.check.diagnose import CheckResult
 from refppo.oracle.detect.detection import HP_KEYS, Detection
+from refppo.oracle.detect.evidence import evidence
 
 SHOWN = 10
 """Detected conventions printed by the text report (the JSON holds up to 50)."""
@@ -86,6 +87,7 @@ def detection_json(
         "detected_changes": [changes(checked, c) for c in detection.detected],
         "undetermined_keys": detection.undetermined,
         "solved": detection.solved,
+        "evidence": {e.key: e.json() for e in evidence(dump, detection.undetermined, detection.solved)},
         "fitted": detection.fitted,
         "detect_notes": detection.notes,
         "nearest": None,
@@ -159,6 +161,37 @@ def _nearest_lines(
     return lines
 
 
+def _evidence_lines(dump: Dump, detection: Detection) -> list[str]:
+    """How many dumped observations fix each solved constant, and what to dump to pin the keys the
+    dump leaves open (:mod:`refppo.oracle.detect.evidence`)."""
+    evs = evidence(dump, detection.undetermined, detection.solved)
+    lines = [f"  solved {e.text()}" for e in evs if e.free]
+    by_missing: dict[str, list[str]] = {}
+    same = (
+        [] if detection.holes else [k for k in ("gae_holes", "whiten_holes") if k in detection.undetermined]
+    )
+    if same:
+        lines.append(
+            f"  {', '.join(same)}: the mask has no interior holes, so every choice gives the same values"
+        )
+    for e in evs:
+        if not e.free and e.key not in same:
+            by_missing.setdefault(e.missing[0] if e.missing else "", []).append(e.key)
+    if by_missing:
+        parts = [f"{q} ({', '.join(ks)})" for q, ks in by_missing.items() if q]
+        if parts:
+            lines.append(
+                "  the first undumped output each open key can change (dump it to test them): "
+                + "; ".join(parts)
+            )
+        if "" in by_missing:
+            keys = ", ".join(by_missing[""])
+            lines.append(
+                f"  every output {keys} can change is dumped and agrees: here they give the same values"
+            )
+    return lines
+
+
 def detection_text(
     dump: Dump, result: CheckResult, detection: Detection, nearest: CheckResult | None
 ) -> list[str]:
@@ -178,6 +211,7 @@ def detection_text(
                 "  read off the data (not in the named options; confirmed through the pipeline): "
                 + "; ".join(f"{k}={' or '.join(_fmt(v) for v in vs)}" for k, vs in detection.solved.items())
             )
+        lines += _evidence_lines(dump, detection)
     else:
         lines.append("detect: no convention in the search space reproduces the dump.")
         lines += _nearest_lines(dump, result, detection, nearest)

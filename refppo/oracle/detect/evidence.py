@@ -1,0 +1,130 @@
+"""What a dump can say about a convention key or a solved constant: its evidence, from the stage table.
+
+A key (or hyperparameter) ``k`` can change the outputs ``q`` whose upstream stages read it (for the
+part of a stage's reads and keys an output depends on, and for the two gradients, the loss terms
+each differentiates); the dumped ones among them are its evidence, and
+each contributes its number of independent observations: 1 for a 0-dim scalar (``pg_loss``), the
+number of valid response tokens for a ``[B, T]`` tensor (``advantages``, ``grad_logprobs``).
+
+A constant solved from the data (``cliprange``, ``dual_clip``, the KL clamps, the score map) is one
+free parameter. When the solved constants that share an evidence set number ``k`` and their evidence
+holds ``n`` observations: ``n < k`` is underdetermined; ``n = k`` is fixed by as many equations as
+constants (any value fits such a system: a fit, not a test); only ``n > k`` with a single value that
+reproduces the dump is called determined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from refppo.core.checks import count_true
+from refppo.dump.load import Dump
+from refppo.pipeline.stages import OUTPUTS, STAGES
+
+GRADIENT_TERMS: dict[str, tuple[str, ...]] = {
+    "grad_logprobs": ("pg_loss", "entropy_loss", "kl_loss"),
+    "grad_values": ("vf_loss",),
+}
+"""The terms of ``loss = pg + c_v·vf − c_e·H + β·kl_loss`` (spec/ppo.md, the total) that each gradient
+differentiates: ``∂loss/∂ℓ`` only the policy, entropy and KL terms, ``∂loss/∂V`` only the value term."""
+GRADIENT_COEFS = {"grad_logprobs": ("ent_coef", "kl_coef"), "grad_values": ("vf_coef",)}
+
+
+def _keys_of(q: str, given: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The convention keys and hyperparameters that can change output ``q`` through the stage table
+    (each stage's :attr:`Stage.output_reads` and :attr:`Stage.output_keys` where it has them), with
+    the quantities ``given`` held fixed (a dumped quantity that matched: nothing upstream of it can
+    change ``q`` through it)."""
+    if q in GRADIENT_TERMS:
+        return frozenset(GRADIENT_COEFS[q]).union(*(_keys_of(t, given) for t in GRADIENT_TERMS[q]))
+    made = [s for s in STAGES if q in s.makes]
+    if not made:
+        return frozenset()  # an input of the step
+    s = made[0]
+    own = s.output_keys.get(q, (*s.keys, *s.hparams))
+    reads = [r for r in s.output_reads.get(q, s.reads) if r != q and r not in given]
+    return frozenset(own).union(*(_keys_of(r, given) for r in reads))
+
+
+def pinned_by(key: str, given: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The outputs (in report order) that ``key`` — a flat convention key or a hyperparameter — can
+    change (with the quantities ``given`` held fixed)."""
+    return tuple(q for q in OUTPUTS if key in _keys_of(q, given))
+
+
+def observations(dump: Dump, name: str) -> int:
+    """Independent numbers the dumped ``name`` holds: 1 for a scalar, the valid tokens of a ``[B, T]``."""
+    t = dump.tensors[name]
+    return 1 if t.dim() == 0 else int(count_true(dump.mask))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What fixes one key or solved constant in one dump."""
+
+    key: str
+    dumped: dict[str, int]
+    """The dumped outputs it can change, with their observations."""
+    missing: tuple[str, ...]
+    """The outputs the dump lacks that it can change with the dumped outputs held fixed (what to
+    dump to pin it; empty: on these inputs every option gives the dumped values)."""
+    free: int = 0
+    """Solved constants sharing this evidence (0 for a key that is walked, not solved)."""
+    values: int = 0
+    """How many solved values of it reproduce the dump."""
+
+    @property
+    def n(self) -> int:
+        return sum(self.dumped.values())
+
+    @property
+    def determined(self) -> bool:
+        """More observations than free parameters and one value (never for a walked key)."""
+        return self.free > 0 and self.n > self.free and self.values == 1
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "observations": self.n, "from": self.dumped, "free_parameters": self.free,
+            "values": self.values, "determined": self.determined, "to_pin_it_dump": list(self.missing),
+        }  # fmt: skip
+
+    def text(self) -> str:
+        src = ", ".join(f"{q}: {n} {'scalar' if n == 1 else 'tokens'}" for q, n in self.dumped.items())
+        what = f"{self.n} observation(s) ({src or 'nothing dumped'})"
+        if self.free:
+            what += f" for {self.free} solved constant(s)"
+            if self.n < self.free:
+                what += ": underdetermined"
+            elif self.n == self.free:
+                what += ": fixed by as many equations as constants (a fit, not a test)"
+            elif self.values > 1:
+                what += f": {self.values} values reproduce the dump"
+            else:
+                what += ": determined"
+        if self.missing and not self.determined:
+            what += f"; dump {', '.join(self.missing[:3])} to pin it"
+        return f"{self.key}: {what}"
+
+
+def evidence(dump: Dump, keys: list[str], solved: dict[str, list[Any]]) -> list[Evidence]:
+    """The :class:`Evidence` of each of ``keys`` (walked keys the dump does not pin down) and of each
+    solved constant, with the number of solved constants that share its dumped outputs."""
+    dumped = frozenset(q for q in OUTPUTS if dump.has(q))
+
+    def sets(k: str) -> tuple[dict[str, int], tuple[str, ...]]:
+        # what to dump: the outputs it can still change with every dumped quantity held fixed
+        free = pinned_by(k, dumped)
+        obs = {q: observations(dump, q) for q in pinned_by(k) if q in dumped}
+        return obs, tuple(q for q in free if q not in dumped)
+
+    out = []
+    solved_sets = {k: sets(k) for k in solved}
+    for k, (obs, missing) in solved_sets.items():
+        free = sum(1 for d, _ in solved_sets.values() if set(d) == set(obs))
+        out.append(Evidence(k, obs, missing, free, len(solved[k])))
+    out += [Evidence(k, *sets(k)) for k in keys if k not in solved]
+    return out
+
+
+__all__ = ["Evidence", "evidence", "observations", "pinned_by"]

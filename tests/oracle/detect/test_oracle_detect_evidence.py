@@ -1,0 +1,91 @@
+"""#23 item 2: a solved constant says how many dumped observations fix it, and the keys a dump leaves
+open say what to dump to test them (``refppo.oracle.detect.evidence``, derived from the stage table).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from oracle_helpers import HP, make_inputs, naive_dump, setup_for
+
+from refppo.dump.load import load_dump
+from refppo.dump.write import write_dump
+from refppo.oracle.cli import main
+from refppo.oracle.detect.evidence import evidence, pinned_by
+
+INPUTS = ("response_mask", "old_logprobs", "ref_logprobs", "old_values", "scores", "logprobs", "values")
+
+
+def test_pinned_by_follows_the_ppo_equations() -> None:
+    # written from the equations (spec/ppo.md): ε enters the clipped surrogate, its clip fraction, the
+    # total and the policy gradient, never the KL, rewards, advantages, the value terms or approx_kl
+    assert pinned_by("cliprange") == ("pg_loss", "pg_clipfrac", "loss", "grad_logprobs")
+    assert pinned_by("cliprange_value") == ("vf_loss", "vf_clipfrac", "loss", "grad_values")
+    # the score slot moves the rewards and everything built on them, not the KL, approx_kl, the
+    # entropy or the KL loss
+    assert pinned_by("score_at") == (
+        "token_rewards", "advantages", "returns", "pg_loss", "pg_clipfrac", "vf_loss", "vf_clipfrac",
+        "loss", "grad_logprobs", "grad_values",
+    )  # fmt: skip
+    assert pinned_by("kl_value_clamp")[0] == "kl" and "approx_kl" not in pinned_by("kl_value_clamp")
+
+
+def _dump(tmp_path: Path, keep: tuple[str, ...]) -> Path:
+    """A step made by the naive twins with ε = 0.1 whose sidecar says ε = 0.2 (HP): the policy
+    step's solver reads a clip range off ``pg_loss``."""
+    d = naive_dump(make_inputs(B=6, T=12, seed=1), setup_for(hp={"cliprange": 0.1}))
+    path = tmp_path / "s.safetensors"
+    write_dump(path, {k: v for k, v in d.items() if k in (*INPUTS, *keep)}, hparams=dict(HP))
+    return path
+
+
+def test_a_clip_range_solved_from_one_scalar_is_called_a_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _dump(tmp_path, ("kl", "token_rewards", "advantages", "returns", "pg_loss"))
+    main([str(path), "--detect", "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["detected_count"] > 0, rep.get("diagnosis")
+    solved = rep["solved"]
+    assert solved, "the search solved no constant: the test needs one"
+    for key in solved:
+        ev = rep["evidence"][key]
+        assert ev["from"] == {"pg_loss": 1} and ev["observations"] == 1, (key, ev)
+        assert ev["determined"] is False
+        assert "grad_logprobs" in ev["to_pin_it_dump"]
+    main([str(path), "--detect"])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("  solved "))
+    assert "1 observation(s) (pg_loss: 1 scalar)" in line, line
+    assert ("underdetermined" in line) or ("a fit, not a test" in line), line
+    # dual_clip acts on the clipped surrogate (its clip fraction next); score_clip only through the
+    # token rewards, which are dumped and match: no further output can tell its options apart
+    assert "pg_clipfrac (dual_clip, log_ratio_clamp)" in out, out
+    assert "every output score_clip can change is dumped and agrees" in out, out
+
+
+def test_evidence_counts_tokens_and_calls_determined_only_above_the_free_parameters(tmp_path: Path) -> None:
+    d = naive_dump(make_inputs(B=6, T=12, seed=1), setup_for())
+    path = tmp_path / "g.safetensors"
+    d["grad_logprobs"] = torch.zeros_like(d["logprobs"])
+    write_dump(
+        path, {k: v for k, v in d.items() if k in (*INPUTS, "pg_loss", "grad_logprobs")}, hparams=dict(HP)
+    )
+    dump = load_dump(path)
+    n_tok = int(dump.mask.sum())
+    [one] = evidence(dump, [], {"cliprange": [0.25]})
+    assert one.dumped == {"pg_loss": 1, "grad_logprobs": n_tok} and one.n == 1 + n_tok
+    assert one.free == 1 and one.determined
+    two = evidence(dump, [], {"cliprange": [0.25, 0.3]})[0]
+    assert not two.determined and "2 values reproduce the dump" in two.text()
+    # two constants on pg_loss alone: two unknowns, one equation
+    scalar = tmp_path / "p.safetensors"
+    write_dump(scalar, {k: v for k, v in d.items() if k in (*INPUTS, "pg_loss")}, hparams=dict(HP))
+    evs = evidence(load_dump(scalar), [], {"cliprange": [0.25], "dual_clip": [3.0]})
+    assert all(e.free == 2 and e.n == 1 and not e.determined for e in evs)
+    assert all("underdetermined" in e.text() for e in evs)
+    walked = evidence(load_dump(scalar), ["score_at"], {})[0]
+    assert walked.free == 0 and not walked.determined and walked.missing[0] == "token_rewards"
