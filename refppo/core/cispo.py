@@ -2,9 +2,11 @@
 
 Symbols as :mod:`refppo.core.policy`; ``sg`` stop-gradient; all ``[B, T]``::
 
-    weighted REINFORCE:  ℓ_t = −sg(w_t)·A_t·l_t                    ∂ℓ_t/∂l_t = −w_t·A_t
+    weighted REINFORCE:  ℓ_t = −w_t·A_t·l_t       ∂ℓ_t/∂l_t = −w_t·A_t for a detached w (the weight is
+                                                   used as given: pass a detached one)
     CISPO:               ρ_t = exp(clamp(l_t − l^old_t, ±κ))
-                         ℓ_t = −sg(clip(ρ_t, 1−ε_low, 1+ε_high))·A_t·l_t      (ε_low None: no lower bound)
+                         ℓ_t = −sg(clip(ρ_t, 1−ε_low, 1+ε_high))·w'_t·A_t·l_t  (ε_low None: no lower
+                         bound; w' an optional rollout-correction weight, 1 without: verl multiplies)
     pg_loss = agg(ℓ)
 
 CISPO (MiniMax-M1, Chen et al. 2025, arXiv 2506.13585) clips the importance weight, not the
@@ -64,12 +66,13 @@ def weighted_logprob_loss(
     *,
     norms: Norms = DEFAULT_NORMS,
 ) -> tuple[Tensor, TokenFloat]:
-    """Weighted REINFORCE (module docstring): ``(pg_loss, ℓ)``; ``weight`` is detached here."""
+    """Weighted REINFORCE (module docstring): ``(pg_loss, ℓ)``; ``weight`` as given (detach it to
+    keep the gradient to ``−w·A``; a differentiable one adds ``−A·l·∂w/∂l``: verl issue #4105)."""
     logp, advantages, m, agg = _checked_base(logp, advantages, mask, norms)
     weight = check_bt("weight", weight, m)
     check_same_dtype(logp=logp, weight=weight)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    coef = torch.where(m, -weight.detach() * advantages.detach(), zero)
+    coef = torch.where(m, -weight * advantages.detach(), zero)
     per_token = torch.where(m, coef * torch.where(m, logp, zero), zero)
     return _agg(per_token, m, agg, norms), per_token
 
@@ -94,6 +97,14 @@ def _checked_cispo(
     return logp, logp_old, advantages, m, agg, lower, upper, k
 
 
+def _checked_weight(weight: Tensor | None, logp: Tensor, m: Tensor) -> Tensor | None:
+    if weight is None:
+        return None
+    w = check_bt("weight", weight, m)
+    check_same_dtype(logp=logp, weight=w)
+    return w
+
+
 def cispo_policy_loss(
     logp: TokenFloat,
     logp_old: TokenFloat,
@@ -103,11 +114,14 @@ def cispo_policy_loss(
     clip_low: float | None = 0.2,
     clip_high: float = 0.2,
     log_ratio_clamp: float | None = None,
+    weight: TokenFloat | None = None,
     norms: Norms = DEFAULT_NORMS,
 ) -> PolicyLossOutput:
-    """CISPO (module docstring); ``per_token`` is ``ℓ``, ``ratio`` the unclipped ``ρ`` (detached)."""
+    """CISPO (module docstring); ``per_token`` is ``ℓ``, ``ratio`` the unclipped ``ρ`` (detached);
+    ``weight`` is ``w'`` (used as given)."""
     c = _checked_cispo(logp, logp_old, advantages, mask, (clip_low, clip_high), log_ratio_clamp, norms)
     lp, lo, adv, m, agg, lower, upper, k = c
+    w = _checked_weight(weight, lp, m)
     zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
     with torch.no_grad():
         d = torch.where(m, lp - lo, zero)
@@ -117,6 +131,7 @@ def cispo_policy_loss(
         outside = (ratio > upper) | ((ratio < lower) if lower is not None else torch.zeros_like(m))
         clipfrac = (outside & m).sum().to(lp.dtype) / n
         approx_kl, approx_kl_k2 = -d.sum() / n, 0.5 * (d * d).sum() / n
+    coef = coef if w is None else coef * w
     per_token = torch.where(m, -coef * adv.detach() * torch.where(m, lp, zero), zero)
     loss = _agg(per_token, m, agg, norms)
     return PolicyLossOutput(loss, per_token, ratio, clipfrac, zero, approx_kl, approx_kl_k2)
@@ -131,16 +146,19 @@ def cispo_policy_loss_naive(
     clip_low: float | None = 0.2,
     clip_high: float = 0.2,
     log_ratio_clamp: float | None = None,
+    weight: Tensor | None = None,
     norms: Norms = DEFAULT_NORMS,
 ) -> PolicyLossNaive:
     """Naive twin of :func:`cispo_policy_loss`, token by token."""
     c = _checked_cispo(logp, logp_old, advantages, mask, (clip_low, clip_high), log_ratio_clamp, norms)
     *_, lower, upper, k = c
+    _checked_weight(weight, c[0], c[3])
     lp, lo, advs, ms = pf.rows(logp), pf.rows(logp_old), pf.rows(advantages), pf.mask_rows(mask)
+    ws = pf.rows(weight) if weight is not None else [[1.0] * len(r) for r in ms]
     per_token, ratios, n, n_out, kl, kl2 = [], [], 0, 0, 0.0, 0.0
-    for prow, orow, arow, mrow in zip(lp, lo, advs, ms, strict=True):
+    for prow, orow, arow, wrow, mrow in zip(lp, lo, advs, ws, ms, strict=True):
         trow, rrow = [], []
-        for p, o, a, ok in zip(prow, orow, arow, mrow, strict=True):
+        for p, o, a, w, ok in zip(prow, orow, arow, wrow, mrow, strict=True):
             if not ok:
                 trow.append(0.0)
                 rrow.append(0.0)
@@ -148,7 +166,7 @@ def cispo_policy_loss_naive(
             d = p - o
             r = math.exp(min(max(d, -k), k) if k is not None else d)
             clipped = min(max(r, lower), upper) if lower is not None else min(r, upper)
-            trow.append(-clipped * a * p)
+            trow.append(-clipped * w * a * p)
             rrow.append(r)
             n, n_out = n + 1, n_out + (r > upper or (lower is not None and r < lower))
             kl, kl2 = kl - d, kl2 + d * d / 2
