@@ -77,13 +77,18 @@ def value_mask_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluati
 
 
 def rewards_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
-    """Step 2 by :func:`refppo.core.rewards.token_rewards_naive`, then the reward whitening by
-    :func:`refppo.core.normalize.normalize_naive` over the value mask."""
-    m = q["mask"]
+    """Step 2 by :func:`refppo.core.rewards.token_rewards_naive`."""
     beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
-    rewards = token_rewards_naive(
-        q["mapped_scores"], q["kl"] if beta > 0 else None, m, beta, score_at=conv.reward.score_at
+    raw = token_rewards_naive(
+        q["mapped_scores"], q["kl"] if beta > 0 else None, q["mask"], beta, score_at=conv.reward.score_at
     )
+    return {"token_rewards_raw": raw}
+
+
+def reward_whitening_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 2b: the reward whitening by :func:`refppo.core.normalize.normalize_naive` over the value
+    mask (``whiten_rewards=none``: the raw rewards)."""
+    rewards = q["token_rewards_raw"]
     if conv.reward.whiten is not Whitening.NONE:
         rewards = normalize_naive(
             rewards, q["value_mask"], conv.reward.whiten, unbiased=conv.norm.variance is Variance.UNBIASED,
@@ -132,6 +137,7 @@ def _whiten_mask_naive(mask: Tensor, holes: WhitenHoles) -> Tensor:
 __all__ = [
     "advantages_naive",
     "kl_naive",
+    "reward_whitening_naive",
     "rewards_naive",
     "score_map_naive",
     "value_mask_naive",

@@ -5,7 +5,8 @@ cached rollout tensors), each ``fn(q, conv, hp, ev) -> {quantity: tensor}`` of
     score_map_stage      scores                        -> mapped_scores      map_scores
     kl_stage             old_logprobs, ref_logprobs    -> kl                 token_kl
     value_mask_stage     mask                          -> value_mask         value_mask
-    rewards_stage        mapped_scores, kl, value_mask -> token_rewards      token_rewards (+ normalize)
+    rewards_stage        mapped_scores, kl             -> token_rewards_raw  token_rewards
+    reward_whitening_stage token_rewards_raw, value_mask -> token_rewards    normalize
     advantages_stage     token_rewards, old_values, …  -> advantages_raw,    gae_by_rows, or
                                                           returns            critic_free_advantages
     whitening_stage      advantages_raw                -> advantages         normalize
@@ -82,12 +83,18 @@ def value_mask_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
 
 
 def rewards_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
-    """Step 2: the token rewards (the score at ``score_at``, ``−β·KL`` when KL is in the reward), then
-    the optional reward whitening over the value mask (step 2b; a collective under ``all_reduce``)."""
-    m = q["mask"]
+    """Step 2: the token rewards before whitening, ``r = s·[t = p] − β·KL`` (``−β·KL`` only when KL
+    is in the reward), ``[B, T]``."""
     beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
     kl = q["kl"] if beta > 0 else None
-    rewards = token_rewards(q["mapped_scores"], kl, m, beta, score_at=conv.reward.score_at)
+    raw = token_rewards(q["mapped_scores"], kl, q["mask"], beta, score_at=conv.reward.score_at)
+    return {"token_rewards_raw": raw}
+
+
+def reward_whitening_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+    """Step 2b: the optional reward whitening of ``token_rewards_raw`` over the value mask (a
+    collective under ``all_reduce``); ``whiten_rewards=none`` passes them through."""
+    rewards = q["token_rewards_raw"]
     if conv.reward.whiten is not Whitening.NONE:
         rewards = normalize(
             rewards,

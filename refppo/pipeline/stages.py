@@ -14,7 +14,8 @@ stage               reads                                makes
 score_map           scores                               mapped_scores
 kl                  old_logprobs, ref_logprobs, mask     kl
 value_mask          mask                                 value_mask
-rewards             mapped_scores, kl, mask, value_mask  token_rewards
+rewards             mapped_scores, kl, mask              token_rewards_raw
+reward_whitening    token_rewards_raw, value_mask        token_rewards
 advantages          token_rewards, old_values, …         advantages_raw, returns
 whitening           advantages_raw, mask                 advantages
 policy              logprobs, old_logprobs, advantages   pg_per_token, ratio, pg_clipfrac, …
@@ -154,11 +155,14 @@ def walk(
 
 
 def _reward_reads(conv: Convention) -> tuple[str, ...]:
-    base = ("score_at", "kl_in", "whiten_rewards")
     beta = ("kl_coef",) if conv.kl.placement is KLPlacement.REWARD else ()
+    return ("score_at", "kl_in", *beta)
+
+
+def _reward_whitening_reads(conv: Convention) -> tuple[str, ...]:
     if conv.reward.whiten is Whitening.NONE:
-        return (*base, *beta)
-    return (*base, "whiten_variance", "whiten_eps_at", *beta, "whiten_eps")
+        return ("whiten_rewards",)
+    return ("whiten_rewards", "whiten_variance", "whiten_eps_at", "whiten_eps")
 
 
 _GROUP_KEYS = ("group_std", "group_std_level", "group_singleton", "group_kl", "group_eps", "kl_in")
@@ -193,10 +197,15 @@ _ROLLOUT = (
         nv.value_mask_naive_stage, "pipeline.rollout.value_mask",
     ),
     Stage(
-        "rewards", "rollout", ("score_at", "kl_in", "whiten_rewards", "whiten_variance", "whiten_eps_at"),
-        ("kl_coef", "whiten_eps"), ("mapped_scores", "kl", "mask", "value_mask"), ("token_rewards",),
-        ro.rewards_stage, nv.rewards_naive, "core.rewards.token_rewards, core.normalize.normalize",
-        collective=True, active=_reward_reads,
+        "rewards", "rollout", ("score_at", "kl_in"), ("kl_coef",), ("mapped_scores", "kl", "mask"),
+        ("token_rewards_raw",), ro.rewards_stage, nv.rewards_naive, "core.rewards.token_rewards",
+        active=_reward_reads,
+    ),
+    Stage(
+        "reward_whitening", "rollout", ("whiten_rewards", "whiten_variance", "whiten_eps_at"),
+        ("whiten_eps",), ("token_rewards_raw", "value_mask"), ("token_rewards",),
+        ro.reward_whitening_stage, nv.reward_whitening_naive, "core.normalize.normalize",
+        collective=True, active=_reward_whitening_reads,
     ),
     Stage(
         "advantages", "rollout", ("advantage", "gae_padding", "gae_holes", *_GROUP_KEYS),

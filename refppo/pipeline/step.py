@@ -27,7 +27,7 @@ from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, UPDATE_STAGES, Stage, walk
 
-REWARD_STAGES = tuple(BY_NAME[n] for n in ("score_map", "kl", "value_mask", "rewards"))
+REWARD_STAGES = tuple(BY_NAME[n] for n in ("score_map", "kl", "value_mask", "rewards", "reward_whitening"))
 """Steps 0–2: what :func:`reward_quantities` walks (the oracle's diagnosis pre-test)."""
 
 

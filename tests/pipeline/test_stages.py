@@ -161,13 +161,13 @@ def test_walk_reuses_a_given_upstream_result_and_frees_the_rest() -> None:
     q = _full_walk(conv)
     given = {k: q[k] for k in ("scores", "old_logprobs", "ref_logprobs", "mask")}
     kl = torch.full_like(q["kl"], 0.25)
-    out = walk(ROLLOUT_STAGES[:4], {**given, "kl": kl}, conv, HP)
+    out = walk(ROLLOUT_STAGES[:5], {**given, "kl": kl}, conv, HP)
     assert out["kl"] is kl  # the KL stage did not run
     beta = HP.kl_coef
     r = out["token_rewards"]
     m = q["mask"]
     assert torch.allclose(torch.where(m, r, 0.0).sum(1), q["scores"] - beta * 0.25 * m.sum(1))
-    kept = walk(ROLLOUT_STAGES[:4], given, conv, HP, keep=("token_rewards",))
+    kept = walk(ROLLOUT_STAGES[:5], given, conv, HP, keep=("token_rewards",))
     assert set(kept) == {"token_rewards"}
 
 

@@ -31,6 +31,7 @@ its ``status.json``) instead of making them. A case passes when found, equivalen
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from peers.presets import VENVS as PRESET_VENVS
 if TYPE_CHECKING:
     from refppo.dump.load import Dump
     from refppo.oracle.check.settings import Setup
+    from refppo.oracle.detect.detection import Detection
 
 VENVS: dict[str, dict[str, Unit]] = {
     "verl-openrlhf": PRESET_VENVS["verl-openrlhf"],
@@ -72,43 +74,12 @@ def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int =
     """Detect from refppo's defaults; compare with ``preset`` + ``conv`` (the case's ``--set``)."""
     from refppo.dump.load import load_dump
     from refppo.oracle.check.diagnose import check
-    from refppo.oracle.check.settings import build_setup, parse_value
-    from refppo.oracle.detect.detection import HP_KEYS, detect, setup_from_json
-    from refppo.oracle.presets.registry import resolve_preset
+    from refppo.oracle.detect.detection import detect, setup_from_json
 
     dump = load_dump(dump_path)
-    sidecar = _sidecar_settings(dump)
-    parsed = {k: parse_value(k, v) for k, v in conv.items()}
-    est = parsed.get("kl_estimator", sidecar.get("kl_estimator"))
-    adv = parsed.get("advantage", sidecar.get("advantage"))
-    p_conv, p_hp = resolve_preset(
-        preset, None if est is None else str(est), None if adv is None else str(adv)
-    )
-    expected = build_setup(preset_conv=p_conv, preset_hp=p_hp, sidecar=sidecar, overrides=parsed)
-    base = build_setup(preset_conv=None, preset_hp=None, sidecar=sidecar, overrides={})
-    exp = {k: _json(v) for k, v in expected.convention_dict().items()}
-    exp_hp = {k: getattr(expected.hp, k) for k in HP_KEYS}
+    expected, base = _setups(dump, preset, conv)
     det = detect(dump, base, limit=limit)
-    undet = set(det.undetermined)
-    # kl_estimator undetermined only between value twins (k3/k3+: detect's note, no grad_logprobs):
-    # still compare it, up to the "+" (a wrong base estimator must not pass as undetermined)
-    twins = "kl_estimator" in undet and len({e.get("kl_estimator") for e in det.detected}) == 1
-    if twins:
-        undet.discard("kl_estimator")
-
-    def same(k: str, got: Any, want: Any) -> bool:
-        if twins and k == "kl_estimator" and isinstance(got, str) and isinstance(want, str):
-            return got.removesuffix("+") == want.removesuffix("+")
-        return bool(got == want)
-
-    def differs(entry: dict[str, Any]) -> dict[str, Any]:
-        out = {k: [exp[k], entry.get(k)] for k in exp if k not in undet and not same(k, entry.get(k), exp[k])}
-        for k in HP_KEYS:
-            given = k in entry and entry[k] is not None and exp_hp[k] is not None
-            if given and abs(float(entry[k]) - float(exp_hp[k])) > 1e-9:
-                out[k] = [exp_hp[k], entry[k]]
-        return out
-
+    target = _Target.of(expected, det)
     res: dict[str, Any] = {
         # the generating convention itself reproduces the dump (else the case proves nothing)
         "preset_match": check(dump, expected, explain_divergence=False).match,
@@ -119,9 +90,9 @@ def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int =
         "fitted": det.fitted,
     }
     if not det.detected:
-        res.update(verdict="not found", nearest=det.nearest, differs=differs(det.nearest or {}))
+        res.update(verdict="not found", nearest=det.nearest, differs=target.differs(det.nearest or {}))
         return res
-    diffs = [differs(e) for e in det.detected]
+    diffs = [target.differs(e) for e in det.detected]
     # nearest: fewest differences on the options the case exercises (its --set), then in all
     best = min(range(len(diffs)), key=lambda i: (len(set(diffs[i]) & set(conv)), len(diffs[i])))
     if not diffs[best]:
@@ -131,13 +102,76 @@ def detect_case(dump_path: Path, preset: str, conv: dict[str, Any], limit: int =
     # convention and re-check through the verified pipeline. A difference on an option the case
     # exercises is never "equivalent": the table's option itself was not listed.
     entry = det.detected[best]
-    trial = {**exp, **exp_hp, **{k: entry[k] for k in diffs[best]}}
+    trial = {**target.conv, **target.hp, **{k: entry[k] for k in diffs[best]}}
     still = check(dump, setup_from_json(expected, trial), explain_divergence=False).match
     inert = _inert_by_construction(dump, expected)
     ok = still and not (set(diffs[best]) & set(conv)) - inert
     res.update(verdict="equivalent" if ok else "not found", nearest=entry, differs=diffs[best])
     res["inert"] = sorted(inert)
     return res
+
+
+def _setups(dump: Dump, preset: str, conv: dict[str, Any]) -> tuple[Setup, Setup]:
+    """The generating convention (``preset`` with the case's ``conv`` over the dump's sidecar, as
+    ``refppo diff --preset P --set ...`` resolves it) and ``--detect``'s base (refppo's defaults
+    with the sidecar)."""
+    from refppo.oracle.check.settings import build_setup, parse_value
+    from refppo.oracle.presets.registry import resolve_preset
+
+    sidecar = _sidecar_settings(dump)
+    parsed = {k: parse_value(k, v) for k, v in conv.items()}
+    est = parsed.get("kl_estimator", sidecar.get("kl_estimator"))
+    adv = parsed.get("advantage", sidecar.get("advantage"))
+    p_conv, p_hp = resolve_preset(
+        preset, None if est is None else str(est), None if adv is None else str(adv)
+    )
+    expected = build_setup(preset_conv=p_conv, preset_hp=p_hp, sidecar=sidecar, overrides=parsed)
+    base = build_setup(preset_conv=None, preset_hp=None, sidecar=sidecar, overrides={})
+    return expected, base
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The generating convention as ``--detect`` entries spell it: ``conv`` (key → JSON value),
+    ``hp`` (the solved hyperparameters, ``HP_KEYS``), ``undet`` (keys not compared) and ``twins``
+    (``kl_estimator`` undetermined only between value twins ``k3``/``k3+``: compared up to the ``+``)."""
+
+    conv: dict[str, Any]
+    hp: dict[str, Any]
+    undet: frozenset[str]
+    twins: bool
+
+    @classmethod
+    def of(cls, expected: Setup, det: Detection) -> _Target:
+        from refppo.oracle.detect.detection import HP_KEYS
+
+        undet = set(det.undetermined)
+        # kl_estimator undetermined only between value twins (k3/k3+: detect's note, no grad_logprobs):
+        # still compare it, up to the "+" (a wrong base estimator must not pass as undetermined)
+        twins = "kl_estimator" in undet and len({e.get("kl_estimator") for e in det.detected}) == 1
+        if twins:
+            undet.discard("kl_estimator")
+        conv = {k: _json(v) for k, v in expected.convention_dict().items()}
+        return cls(conv, {k: getattr(expected.hp, k) for k in HP_KEYS}, frozenset(undet), twins)
+
+    def _same(self, k: str, got: Any, want: Any) -> bool:
+        if self.twins and k == "kl_estimator" and isinstance(got, str) and isinstance(want, str):
+            return got.removesuffix("+") == want.removesuffix("+")
+        return bool(got == want)
+
+    def differs(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Key → ``[generating value, entry's value]`` where ``entry`` differs (hyperparameters: > 1e-9)."""
+        exp, exp_hp = self.conv, self.hp
+        out = {
+            k: [exp[k], entry.get(k)]
+            for k in exp
+            if k not in self.undet and not self._same(k, entry.get(k), exp[k])
+        }
+        for k in exp_hp:
+            given = k in entry and entry[k] is not None and exp_hp[k] is not None
+            if given and abs(float(entry[k]) - float(exp_hp[k])) > 1e-9:
+                out[k] = [exp_hp[k], entry[k]]
+        return out
 
 
 def _inert_by_construction(dump: Dump, setup: Setup) -> set[str]:

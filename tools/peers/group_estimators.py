@@ -129,8 +129,43 @@ def peer_skyrl(x: dict[str, Any]) -> dict[str, Any]:
 
 
 def peer_openrlhf(x: dict[str, Any]) -> dict[str, Any]:
+    """OpenRLHF's ``compute_advantages_and_returns`` per estimator, on two experiences with permuted
+    ``index``; each result reassembled in the original row order."""
     import torch
 
+    maker = _openrlhf_maker_class()
+    perm = x["o_perm"].tolist()
+    out: dict[str, Any] = {}
+    for est in (
+        "group_norm",
+        "dr_grpo",
+        "rloo",
+        "reinforce_baseline",
+        "reinforce",
+        "flash_reinforce",
+        "holes",
+    ):
+        holes = est == "holes"
+        est = "reinforce" if holes else est
+        exps = []
+        for part in (perm[:7], perm[7:]):  # two experiences; ``index`` = original (prompt-sorted) rows
+            rows = torch.tensor(part)
+            exps.append(
+                types.SimpleNamespace(
+                    rewards=x["o_scores"][rows].clone(), index=part, kl=x["o_kl"][rows].clone(),
+                    action_mask=x["h_mask" if holes else "o_mask"][rows].clone(), info={}, values=None,
+                )
+            )  # fmt: skip
+        maker.compute_advantages_and_returns(_openrlhf_self(maker, est), exps)
+        got = torch.empty(B, T, dtype=torch.float64)
+        for part, e in zip((perm[:7], perm[7:]), exps, strict=True):
+            got[torch.tensor(part)] = e.advantages.double()
+        out["openrlhf.reinforce_holes" if holes else f"openrlhf.{est}"] = got
+    return out
+
+
+def _openrlhf_maker_class() -> Any:
+    """OpenRLHF's ``RemoteExperienceMaker``, imported from its own files (the Ray launcher stubbed)."""
     for n in (
         "openrlhf",
         "openrlhf.models",
@@ -148,48 +183,27 @@ def peer_openrlhf(x: dict[str, Any]) -> dict[str, Any]:
         RemoteExperienceMaker,
     )
 
-    perm, n_per = x["o_perm"].tolist(), 4
-    out: dict[str, Any] = {}
-    for est in (
-        "group_norm",
-        "dr_grpo",
-        "rloo",
-        "reinforce_baseline",
-        "reinforce",
-        "flash_reinforce",
-        "holes",
-    ):
-        holes = est == "holes"
-        est = "reinforce" if holes else est
-        adv = types.SimpleNamespace(
-            estimator=est, gamma=GAMMA if est == "reinforce" else 1.0, lambd=1.0, no_std_norm=False
-        )
-        args = types.SimpleNamespace(
-            reward=types.SimpleNamespace(clip_range=None),
-            rollout=types.SimpleNamespace(n_samples_per_prompt=n_per),
-            algo=types.SimpleNamespace(advantage=adv),
-        )
-        me = types.SimpleNamespace(
-            strategy=types.SimpleNamespace(args=args),
-            kl_ctl=types.SimpleNamespace(value=BETA),
-            advantage_estimator=est,
-        )
-        me.get_cumulative_returns = types.MethodType(RemoteExperienceMaker.get_cumulative_returns, me)
-        exps = []
-        for part in (perm[:7], perm[7:]):  # two experiences; ``index`` = original (prompt-sorted) rows
-            rows = torch.tensor(part)
-            exps.append(
-                types.SimpleNamespace(
-                    rewards=x["o_scores"][rows].clone(), index=part, kl=x["o_kl"][rows].clone(),
-                    action_mask=x["h_mask" if holes else "o_mask"][rows].clone(), info={}, values=None,
-                )
-            )  # fmt: skip
-        RemoteExperienceMaker.compute_advantages_and_returns(me, exps)
-        got = torch.empty(B, T, dtype=torch.float64)
-        for part, e in zip((perm[:7], perm[7:]), exps, strict=True):
-            got[torch.tensor(part)] = e.advantages.double()
-        out["openrlhf.reinforce_holes" if holes else f"openrlhf.{est}"] = got
-    return out
+    return RemoteExperienceMaker
+
+
+def _openrlhf_self(maker: Any, est: str) -> types.SimpleNamespace:
+    """A stand-in ``self`` for the unbound method: the ``args``, ``kl_ctl`` and estimator its
+    ``__init__`` sets (``n_samples_per_prompt = 4``, γ only for ``reinforce``, KL coefficient β)."""
+    adv = types.SimpleNamespace(
+        estimator=est, gamma=GAMMA if est == "reinforce" else 1.0, lambd=1.0, no_std_norm=False
+    )
+    args = types.SimpleNamespace(
+        reward=types.SimpleNamespace(clip_range=None),
+        rollout=types.SimpleNamespace(n_samples_per_prompt=4),
+        algo=types.SimpleNamespace(advantage=adv),
+    )
+    me = types.SimpleNamespace(
+        strategy=types.SimpleNamespace(args=args),
+        kl_ctl=types.SimpleNamespace(value=BETA),
+        advantage_estimator=est,
+    )
+    me.get_cumulative_returns = types.MethodType(maker.get_cumulative_returns, me)
+    return me
 
 
 # ------------------------------------------------------------------------------------------------

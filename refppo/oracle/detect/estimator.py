@@ -252,9 +252,9 @@ def _group_sigma(s: Search, g: Group[RewardState], centred: Tensor, std: str) ->
     """``(c − μ_G)/σ_G`` per row at t = 0: the advantages stage under ``grpo`` with ε = 0 on the
     scores ``centred`` ``[B]`` (placed at the score slot by the rewards stage, no KL)."""
     vm = s.value_mask(s.base.conv.reward.score_at)
-    q = {"mapped_scores": centred, "kl": None, "mask": s.m, "value_mask": vm}
-    r = s.evaluate("rewards", q, s.setting(stage="rewards", kl_in="loss", whiten_rewards="none"), _ROLLOUT)
-    rs = RewardState(g.state.kl, KLPlacement.LOSS, vm, centred, r["token_rewards"], None)
+    q = {"mapped_scores": centred, "kl": None, "mask": s.m}
+    r = s.evaluate("rewards", q, s.setting(stage="rewards", kl_in="loss"), _ROLLOUT)
+    rs = RewardState(g.state.kl, KLPlacement.LOSS, vm, centred, r["token_rewards_raw"], None)
     upd = {"advantage": "grpo", "group_eps": 0.0, "group_singleton": "zero", "group_std": std}
     upd |= {"group_std_level": GroupStdLevel.GROUP.value, "group_kl": GroupKL.FOLD.value}
     return _advantages(s, rs, upd)[0][:, 0]

@@ -7,8 +7,9 @@ kl       kl: ``kl_estimator`` (every member), the peers'   the KL clamps read of
          clamp bundles and the checked setting's           (:func:`refppo.oracle.detect.solve.read_kl_clamps`)
 rewards  score_map, value_mask, rewards: ``kl_in``,        the score map ``(s + b)·k`` (and its clip)
          ``score_at`` (every member), ``score_clip``;      read off the score slots
-         then ``whiten_rewards`` (with ``whiten_variance``  (:mod:`refppo.oracle.detect.solve_score`)
-         and ``whiten_eps_at``, which the whitening shares)
+         then reward_whitening: ``whiten_rewards`` (with   (:mod:`refppo.oracle.detect.solve_score`)
+         ``whiten_variance`` and ``whiten_eps_at``, which
+         the advantage whitening shares)
 whiten   whitening: ``whiten_advantages``,                 (a fitted map, named)
          ``whiten_variance`` (and ``whiten_holes`` when
          the mask has holes); then ``whiten_eps_at``
@@ -148,27 +149,24 @@ def _reward_options(
             vm = s.value_mask(score_at)
             smap: dict[str, Any] = {"score_bias": bias, "score_scale": scale, "score_clip": sc}
             scores = s.evaluate("score_map", {"scores": t["scores"]}, s.setting(**smap))["mapped_scores"]
-            q = {"mapped_scores": scores, "kl": kl.kl, "mask": m, "value_mask": vm}
+            q = {"mapped_scores": scores, "kl": kl.kl, "mask": m}
             base = {"kl_in": kl_in.value, "score_at": score_at.value, "score_clip": sc}
             base.update(score_bias=bias, score_scale=scale)
+            rew = {"kl_in": kl_in.value, "score_at": score_at.value}
+            raw = s.evaluate("rewards", q, s.setting(stage="rewards", **rew))["token_rewards_raw"]
+            qw = {"token_rewards_raw": raw, "value_mask": vm}
             for wr, var, eps_at in wr_opts:
                 upd: dict[str, Any] = {**base, "whiten_rewards": wr}
                 fixed = None
+                wkeys: dict[str, Any] = {"whiten_rewards": wr}
                 if wr != "none":  # the advantage whitening shares the two keys
                     upd.update(whiten_variance=var, whiten_eps_at=eps_at)
+                    wkeys.update(whiten_variance=var, whiten_eps_at=eps_at)
                     fixed = (var, eps_at)
-                # the rewards stage alone reads these keys: its setting holds no other group's
-                # (a checked group_kl=to_go refuses a reward whitening only as a whole convention)
-                rew = {
-                    k: upd[k]
-                    for k in (
-                        "kl_in",
-                        "score_at",
-                        "whiten_rewards",
-                        *(("whiten_variance", "whiten_eps_at") if fixed else ()),
-                    )
-                }
-                r = s.evaluate("rewards", q, s.setting(stage="rewards", **rew))["token_rewards"]
+                # each stage alone reads these keys: its setting holds no other group's (a checked
+                # group_kl=to_go refuses a reward whitening only as a whole convention)
+                st_w = s.setting(stage="reward_whitening", **wkeys)
+                r = s.evaluate("reward_whitening", qw, st_w)["token_rewards"]
                 st = RewardState(kl, kl_in, vm, scores, r, fixed)
                 yield upd, st, digest(kl.key, r, vm, kl_in.value, fixed)
 

@@ -29,10 +29,10 @@ from refppo.oracle.detect.states import KLState
 def _rewards_of(
     s: Search, g: Group[KLState], scores: Tensor, kl_in: KLPlacement, score_at: ScorePosition
 ) -> Tensor:
-    """The rewards stage on ``scores`` ``[B]`` with the group's KL, no reward whitening."""
-    q = {"mapped_scores": scores, "kl": g.state.kl, "mask": s.m, "value_mask": s.value_mask(score_at)}
-    st = s.setting(stage="rewards", kl_in=kl_in.value, score_at=score_at.value, whiten_rewards="none")
-    r: Tensor = s.evaluate("rewards", q, st)["token_rewards"]
+    """The rewards stage on ``scores`` ``[B]`` with the group's KL (before the reward whitening)."""
+    q = {"mapped_scores": scores, "kl": g.state.kl, "mask": s.m}
+    st = s.setting(stage="rewards", kl_in=kl_in.value, score_at=score_at.value)
+    r: Tensor = s.evaluate("rewards", q, st)["token_rewards_raw"]
     return r
 
 

@@ -45,7 +45,7 @@ class Step:
 STEPS: tuple[Step, ...] = (
     Step("kl", ("kl",), ("kl",), ("kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp"), "the KL clamps"),
     Step(
-        "token_rewards", ("score_map", "value_mask", "rewards"), ("token_rewards",),
+        "token_rewards", ("score_map", "value_mask", "rewards", "reward_whitening"), ("token_rewards",),
         ("score_bias", "score_scale", "score_clip", "kl_in", "score_at", "whiten_rewards", "whiten_variance",
          "whiten_eps_at"),
         "score bias and scale, score clip",

@@ -46,8 +46,8 @@ def _openrlhf_import() -> dict[str, Any]:
 
 
 def make(out: Path, v2: bool) -> list[dict[str, Any]]:
-    import functools
-
+    """Each case of :data:`OPENRLHF_CASES` as an adapter dump with its control (``returns``
+    corrupted); returns the records of :func:`peers.makers.adapters.save_case`."""
     import torch
 
     from refppo.capture.adapters.openrlhf import from_openrlhf, openrlhf_hparams
@@ -56,76 +56,105 @@ def make(out: Path, v2: bool) -> list[dict[str, Any]]:
     made = []
     for i, case in enumerate(OPENRLHF_CASES):
         x = inputs(400 + i, dtype=torch.float32)  # OpenRLHF whitens in float32 (``.float()``)
-        m = x["response_mask"].bool()
-        eps = case.get("eps", (0.2, 0.2))
-        args = _ns(
-            algo=_ns(
-                advantage=_ns(estimator="gae", gamma=0.99, lambd=0.95, no_std_norm=False),
-                kl=_ns(estimator=case["est"], use_loss=case["use_loss"], init_coef=0.05),
-            ),
-            actor=_ns(
-                eps_clip_low_high=eps,
-                dual_clip=case.get("dual"),
-                entropy_coef=case.get("ent", 0.0),
-                loss_agg_mode=case["agg"],
-            ),
-            critic=_ns(value_clip=0.5),
-            rollout=_ns(n_samples_per_prompt=1),
-            reward=_ns(clip_range=(-10.0, 10.0), overlong_buffer_len=None, stop_properly_penalty_coef=None),
+        args = _args(case)
+        exp, kl = _experience(o, args, x, case)
+        kw = _update(o, exp, x, case)
+        kw.update(
+            kl=None if case["use_loss"] else kl, ref_logprobs=None if case["use_loss"] else x["ref_logprobs"]
         )
-        # make_experience: KL of the experience-time log-probs, zero when the KL is a loss term
-        kl = (
-            torch.zeros_like(x["old_logprobs"])
-            if case["use_loss"]
-            else o["kl"](x["old_logprobs"], x["ref_logprobs"], kl_estimator=case["est"])
-        )
-        exp = o["Experience"](
-            action_mask=m,
-            action_log_probs=x["old_logprobs"],
-            values=x["old_values"],
-            rewards=x["scores"],
-            base_action_log_probs=x["ref_logprobs"] if case["use_loss"] else None,
-            kl=kl,
-            index=list(range(m.shape[0])),
-        )
-        maker = _ns(
-            strategy=_ns(args=args),
-            advantage_estimator="gae",
-            kl_ctl=_ns(value=0.05),
-            get_advantages_and_returns=functools.partial(o["Maker"].get_advantages_and_returns, None),
-        )
-        (exp,) = o["Maker"].compute_advantages_and_returns(maker, [exp])
-        tl = case["agg"] == "token-mean"
-        lp = x["logprobs"].clone().requires_grad_(True)
-        vp = x["values"].clone().requires_grad_(True)
-        pol = o["loss"].PolicyLoss(eps[0], eps[1], dual_clip=case.get("dual"), token_level_loss=tl)(
-            lp, exp.action_log_probs, exp.advantages, action_mask=exp.action_mask
-        )
-        vf = o["loss"].ValueLoss(0.5)(vp, exp.values, exp.returns, action_mask=exp.action_mask)
-        ent = o["loss"].aggregate_loss(x["entropy"], exp.action_mask)  # training_step: token level
-        loss = pol[0] - ent * case.get("ent", 0.0)
-        kl_loss = None
-        if case["use_loss"]:
-            kl_loss = o["loss"].aggregate_loss(
-                o["kl"](lp, exp.base_action_log_probs, kl_estimator=case["est"]), exp.action_mask
-            )
-            loss = loss + kl_loss * 0.05
-        loss.backward()
-        vf.backward()
-        kw: dict[str, Any] = {
-            "policy_loss": pol,
-            "value_loss": vf,
-            "logprobs": lp,
-            "values": vp,
-            "entropy": x["entropy"],
-            "entropy_loss": ent,
-            "kl_loss": kl_loss,
-            "loss": loss,
-            "kl": None if case["use_loss"] else kl,
-            "ref_logprobs": None if case["use_loss"] else x["ref_logprobs"],
-        }
         dump = from_openrlhf(exp, **kw)
         exp.returns = corrupt(exp.returns, exp.action_mask)
-        control = from_openrlhf(exp, ref_logprobs=kw["ref_logprobs"], kl=kw["kl"], value_loss=vf, values=vp)
+        control = from_openrlhf(
+            exp,
+            ref_logprobs=kw["ref_logprobs"],
+            kl=kw["kl"],
+            value_loss=kw["value_loss"],
+            values=kw["values"],
+        )
         made.append(save_case(out, case["name"], dump, [(control, "returns")], openrlhf_hparams(args), v2))
     return made
+
+
+def _args(case: dict[str, Any]) -> types.SimpleNamespace:
+    """The ``args`` of OpenRLHF's strategy for ``case`` (GAE, the case's KL, clip, aggregation)."""
+    return _ns(
+        algo=_ns(
+            advantage=_ns(estimator="gae", gamma=0.99, lambd=0.95, no_std_norm=False),
+            kl=_ns(estimator=case["est"], use_loss=case["use_loss"], init_coef=0.05),
+        ),
+        actor=_ns(
+            eps_clip_low_high=case.get("eps", (0.2, 0.2)),
+            dual_clip=case.get("dual"),
+            entropy_coef=case.get("ent", 0.0),
+            loss_agg_mode=case["agg"],
+        ),
+        critic=_ns(value_clip=0.5),
+        rollout=_ns(n_samples_per_prompt=1),
+        reward=_ns(clip_range=(-10.0, 10.0), overlong_buffer_len=None, stop_properly_penalty_coef=None),
+    )
+
+
+def _experience(o: dict[str, Any], args: Any, x: dict[str, Any], case: dict[str, Any]) -> tuple[Any, Any]:
+    """The ``Experience`` as ``make_experience`` leaves it, through the real
+    ``compute_advantages_and_returns`` (stand-in ``self``); returns it and its ``kl``."""
+    import functools
+
+    import torch
+
+    m = x["response_mask"].bool()
+    # make_experience: KL of the experience-time log-probs, zero when the KL is a loss term
+    kl = (
+        torch.zeros_like(x["old_logprobs"])
+        if case["use_loss"]
+        else o["kl"](x["old_logprobs"], x["ref_logprobs"], kl_estimator=case["est"])
+    )
+    exp = o["Experience"](
+        action_mask=m,
+        action_log_probs=x["old_logprobs"],
+        values=x["old_values"],
+        rewards=x["scores"],
+        base_action_log_probs=x["ref_logprobs"] if case["use_loss"] else None,
+        kl=kl,
+        index=list(range(m.shape[0])),
+    )
+    maker = _ns(
+        strategy=_ns(args=args),
+        advantage_estimator="gae",
+        kl_ctl=_ns(value=0.05),
+        get_advantages_and_returns=functools.partial(o["Maker"].get_advantages_and_returns, None),
+    )
+    (exp,) = o["Maker"].compute_advantages_and_returns(maker, [exp])
+    return exp, kl
+
+
+def _update(o: dict[str, Any], exp: Any, x: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
+    """``PolicyLoss``/``ValueLoss``/``aggregate_loss`` on the experience, with ``backward`` on the
+    ``[B, T]`` leaves; returns the adapter's keyword arguments (``kl``/``ref_logprobs`` aside)."""
+    eps = case.get("eps", (0.2, 0.2))
+    tl = case["agg"] == "token-mean"
+    lp = x["logprobs"].clone().requires_grad_(True)
+    vp = x["values"].clone().requires_grad_(True)
+    pol = o["loss"].PolicyLoss(eps[0], eps[1], dual_clip=case.get("dual"), token_level_loss=tl)(
+        lp, exp.action_log_probs, exp.advantages, action_mask=exp.action_mask
+    )
+    vf = o["loss"].ValueLoss(0.5)(vp, exp.values, exp.returns, action_mask=exp.action_mask)
+    ent = o["loss"].aggregate_loss(x["entropy"], exp.action_mask)  # training_step: token level
+    loss = pol[0] - ent * case.get("ent", 0.0)
+    kl_loss = None
+    if case["use_loss"]:
+        kl_loss = o["loss"].aggregate_loss(
+            o["kl"](lp, exp.base_action_log_probs, kl_estimator=case["est"]), exp.action_mask
+        )
+        loss = loss + kl_loss * 0.05
+    loss.backward()
+    vf.backward()
+    return {
+        "policy_loss": pol,
+        "value_loss": vf,
+        "logprobs": lp,
+        "values": vp,
+        "entropy": x["entropy"],
+        "entropy_loss": ent,
+        "kl_loss": kl_loss,
+        "loss": loss,
+    }

@@ -139,29 +139,7 @@ def _verl_update(
     import torch
 
     x, P = extra["x"], extra["P"]
-    a = config["actor_rollout_ref"]["actor"]
-    actor_cfg = v["ActorConfig"](
-        strategy="fsdp",
-        rollout_n=1,
-        ppo_micro_batch_size_per_gpu=4,
-        use_dynamic_bsz=False,
-        clip_ratio=a["clip_ratio"],
-        clip_ratio_low=a["clip_ratio_low"],
-        clip_ratio_high=a["clip_ratio_high"],
-        clip_ratio_c=a["clip_ratio_c"],
-        loss_agg_mode=a["loss_agg_mode"],
-        entropy_coeff=a["entropy_coeff"],
-        use_kl_loss=a["use_kl_loss"],
-        kl_loss_type=a["kl_loss_type"],
-        kl_loss_coef=a["kl_loss_coef"],
-    )
-    critic_cfg = v["CriticConfig"](
-        strategy="fsdp",
-        ppo_micro_batch_size_per_gpu=4,
-        use_dynamic_bsz=False,
-        cliprange_value=config["critic"]["cliprange_value"],
-        loss_agg_mode=config["critic"]["loss_agg_mode"],
-    )
+    actor_cfg, critic_cfg = _verl_configs(v, config)
     m = data.batch["response_mask"]
     B = m.shape[0]
     lp = x["logprobs"].clone().requires_grad_(True)
@@ -193,16 +171,8 @@ def _verl_update(
             else:
                 metrics.setdefault(k, []).append(val)
         start = end
-    # several micro-batches: verl's clip fractions and ppo_kl are means of per-micro-batch values,
-    # which the adapter refuses (not the step's value); keep only what is exact for the step
-    exact = {
-        k: val
-        for k, val in metrics.items()
-        if len(val.values if hasattr(val, "values") else val) == 1
-        or str(getattr(getattr(val, "aggregation", None), "value", "")) == "sum"
-    }
     return {
-        "metrics": exact,
+        "metrics": _exact_for_the_step(metrics),
         "all_metrics": metrics,
         "logprobs": lp,
         "values": vp,
@@ -210,6 +180,48 @@ def _verl_update(
         "kl": extra["kl"],
         "loss": loss,
         "micro_batch": micro,
+    }
+
+
+def _verl_configs(v: dict[str, Any], config: dict[str, Any]) -> tuple[Any, Any]:
+    """verl's own ``ActorConfig`` and ``CriticConfig`` from the case's trainer ``config`` (FSDP, one
+    rollout per prompt, micro-batches of 4 rows, no dynamic batch size)."""
+    a = config["actor_rollout_ref"]["actor"]
+    actor_cfg = v["ActorConfig"](
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=4,
+        use_dynamic_bsz=False,
+        clip_ratio=a["clip_ratio"],
+        clip_ratio_low=a["clip_ratio_low"],
+        clip_ratio_high=a["clip_ratio_high"],
+        clip_ratio_c=a["clip_ratio_c"],
+        loss_agg_mode=a["loss_agg_mode"],
+        entropy_coeff=a["entropy_coeff"],
+        use_kl_loss=a["use_kl_loss"],
+        kl_loss_type=a["kl_loss_type"],
+        kl_loss_coef=a["kl_loss_coef"],
+    )
+    critic_cfg = v["CriticConfig"](
+        strategy="fsdp",
+        ppo_micro_batch_size_per_gpu=4,
+        use_dynamic_bsz=False,
+        cliprange_value=config["critic"]["cliprange_value"],
+        loss_agg_mode=config["critic"]["loss_agg_mode"],
+    )
+    return actor_cfg, critic_cfg
+
+
+def _exact_for_the_step(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The merged metrics that are exact for the whole step: those of one micro-batch, or summed.
+
+    With several micro-batches verl's clip fractions and ``ppo_kl`` are means of per-micro-batch
+    values, which the adapter refuses (not the step's value)."""
+    return {
+        k: val
+        for k, val in metrics.items()
+        if len(val.values if hasattr(val, "values") else val) == 1
+        or str(getattr(getattr(val, "aggregation", None), "value", "")) == "sum"
     }
 
 

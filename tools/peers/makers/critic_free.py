@@ -159,11 +159,10 @@ def _verl_advantages(ca: Any, call: str, rewards: Any, m: Any, idx: Any) -> Any:
 
 
 def make_verl(out: Path) -> list[str]:
+    """One dump per case of :data:`VERL_CASES` (batches of :func:`_grouped`)."""
     import os
 
     import torch
-
-    from peers.makers.verl_openrlhf import _VerlActorConfig
 
     os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")
     install_stubs()
@@ -173,56 +172,59 @@ def make_verl(out: Path) -> list[str]:
     made = []
     for i, (name, call, est, kl_in, agg, conv, control) in enumerate(VERL_CASES):
         x = _grouped(SEEDS.get(name, 500 + i), torch.float64, CASE_GROUP_IDS.get(name))
-        m = x["response_mask"]
-        idx = x["group_index"].numpy()
         if call == "gpg":  # two whole groups scored 0 (5 rows): α = B/#{s ≠ 0} = 12/7
             x["scores"] = torch.where(torch.isin(x["group_index"], torch.tensor([7, 5])), 0.0, x["scores"])
-        kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
-        rewards = _last_token(m, x["scores"])
-        if kl_in == "reward":
-            rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
-        adv, ret = _verl_advantages(ca, call, rewards, m, idx)
-        pg, metrics = ca.compute_policy_loss_vanilla(
-            x["old_logprobs"],
-            x["logprobs"],
-            adv,
-            m,
-            loss_agg_mode=agg,
-            config=_VerlActorConfig(0.2, 0.2, 0.28, 3.0),
-        )
-        loss = pg
-        dump: dict[str, Any] = dict(x)
-        if kl_in == "loss":
-            kld = ca.kl_penalty(x["logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
-            kl_loss = ca.agg_loss(loss_mat=kld, loss_mask=m, loss_agg_mode=agg)
-            loss = loss + kl_loss * HP["kl_coef"]
-            dump["kl_loss"] = kl_loss.detach()
-        dump.update(
-            kl=kl,
-            token_rewards=rewards,
-            advantages=adv,
-            returns=ret,
-            pg_loss=pg.detach(),
-            pg_clipfrac=torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64),
-            approx_kl=torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64),
-            loss=loss.detach(),
-        )
-        if call == "rpp_baseline":
-            # verl returns (whitened, whitened): its "returns" are the whitened advantages, which feed
-            # nothing without a critic; the format's critic-free returns are the raw ones (spec).
-            dump.pop("returns")
+        dump = _verl_step(ca, x, call, est, kl_in, agg)
         hp = dict(HP, cliprange_high=0.28)
-        made.append(
-            save(
-                out,
-                f"verl_{name}",
-                dump,
-                hp,
-                {"kl_estimator": est, "kl_in": kl_in, "loss_agg": agg, **conv},
-                control,
-            )
-        )
+        set_keys = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": agg, **conv}
+        made.append(save(out, f"verl_{name}", dump, hp, set_keys, control))
     return made
+
+
+def _verl_step(ca: Any, x: dict[str, Any], call: str, est: str, kl_in: str, agg: str) -> dict[str, Any]:
+    """verl's KL, critic-free advantages (:func:`_verl_advantages`), vanilla policy loss (clip 0.2 /
+    0.28, c = 3) and KL loss on the grouped batch ``x``; returns the dump's tensors (``ca``: core_algos)."""
+    import torch
+
+    from peers.makers.verl_openrlhf import _VerlActorConfig
+
+    m = x["response_mask"]
+    idx = x["group_index"].numpy()
+    kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
+    rewards = _last_token(m, x["scores"])
+    if kl_in == "reward":
+        rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
+    adv, ret = _verl_advantages(ca, call, rewards, m, idx)
+    pg, metrics = ca.compute_policy_loss_vanilla(
+        x["old_logprobs"],
+        x["logprobs"],
+        adv,
+        m,
+        loss_agg_mode=agg,
+        config=_VerlActorConfig(0.2, 0.2, 0.28, 3.0),
+    )
+    loss = pg
+    dump: dict[str, Any] = dict(x)
+    if kl_in == "loss":
+        kld = ca.kl_penalty(x["logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
+        kl_loss = ca.agg_loss(loss_mat=kld, loss_mask=m, loss_agg_mode=agg)
+        loss = loss + kl_loss * HP["kl_coef"]
+        dump["kl_loss"] = kl_loss.detach()
+    dump.update(
+        kl=kl,
+        token_rewards=rewards,
+        advantages=adv,
+        returns=ret,
+        pg_loss=pg.detach(),
+        pg_clipfrac=torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64),
+        approx_kl=torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64),
+        loss=loss.detach(),
+    )
+    if call == "rpp_baseline":
+        # verl returns (whitened, whitened): its "returns" are the whitened advantages, which feed
+        # nothing without a critic; the format's critic-free returns are the raw ones (spec).
+        dump.pop("returns")
+    return dump
 
 
 # (OpenRLHF estimator, kl_estimator, token_level_loss, --set keys, control)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from peers.makers.areal_frame import Norm, advantages, rolled_batch, step_dump
 from peers.makers.common import HP, inputs, save
 
 
@@ -198,88 +199,17 @@ def skyrl_cases(pu: Any, out: Path, cfg_for: Any) -> list[str]:
 def areal_cases(fns: dict[str, Any], out: Path, hp: dict[str, float]) -> list[str]:
     """AReaL multi-turn: ``PPOActor._compute_advantages`` with the holes in ``loss_mask`` and the
     attention mask over every token of the response (tool outputs included), as its agent workflows
-    build them. Frame as in ``peers/makers/areal.py`` (one prompt token, width ``T + 2``, rolled by one)."""
-    import types
-
+    build them. Frame and calls as in :mod:`peers.makers.areal_frame` (``fns``: its :func:`areal_fns`)."""
     import torch
 
     made = []
-    for i, norm in enumerate((None, ("batch", "batch", True))):
+    norms: tuple[Norm, Norm] = (None, ("batch", "batch", True))
+    for i, norm in enumerate(norms):
         x = inputs_holes(950 + i, dtype=torch.float32)
         m = x["response_mask"]
-        mb = m.bool()
-        B, T = m.shape
-        W = T + 2
-        env = torch.arange(T) <= _last_valid(m).unsqueeze(1)  # the response, tool outputs included
-        attn = torch.zeros(B, W, dtype=torch.long)
-        attn[:, : 1 + T] = torch.cat([torch.ones(B, 1, dtype=torch.long), env.long()], dim=1)
-        loss_mask_in = torch.zeros(B, W, dtype=torch.float32)
-        loss_mask_in[:, 1 : 1 + T] = m
-        junk = torch.full((B, W), 7.5, dtype=torch.float32)
-        logprobs_in, ref_rolled, values_rolled = junk.clone(), junk.clone(), junk.clone()
-        logprobs_in[:, 1 : 1 + T] = x["old_logprobs"]
-        ref_rolled[:, :T] = x["ref_logprobs"]
-        values_rolled[:, :T] = x["old_values"]
-        data: dict[str, Any] = {
-            "input_ids": torch.ones(B, W, dtype=torch.long),
-            "attention_mask": attn,
-            "loss_mask": loss_mask_in,
-            "logprobs": logprobs_in,
-            "ref_logp": ref_rolled,
-            "values": values_rolled,
-            "rewards": x["scores"].clone(),
-        }
-        cfg = types.SimpleNamespace(
-            overlong_reward_penalty=False, use_decoupled_loss=False, recompute_logprob=False
-        )
-        adv_norm = None
-        if norm is not None:
-            nc = fns["NormConfig"](
-                mean_level=norm[0], std_level=norm[1], std_unbiased=norm[2], eps=hp["whiten_eps"]
-            )
-            adv_norm = fns["Normalization"](nc)
-        actor = types.SimpleNamespace(
-            config=cfg,
-            reward_bias=0.0,
-            reward_scaling=1.0,
-            reward_clip=20.0,
-            reward_norm=None,
-            kl_ctl=hp["kl_coef"],
-            kl_estimator=fns["KLEstimator"]("k1"),
-            adv_norm=adv_norm,
-            discount=hp["gamma"],
-            gae_lambda=hp["lam"],
-            mask_no_eos_with_zero=False,
-        )
-        res = fns["PPOActor"]._compute_advantages(actor, data)
-        adv, ret = res["advantages"][:, :T], res["returns"][:, :T]
-        pg, st = fns["ppo_actor_loss_fn"](
-            logprobs=x["logprobs"],
-            proximal_logprobs=x["old_logprobs"],
-            old_logprobs=x["old_logprobs"],
-            advantages=adv,
-            eps_clip=hp["cliprange"],
-            loss_mask=mb,
-            eps_clip_higher=None,
-            c_clip=None,
-        )
-        vf, vst = fns["ppo_critic_loss_fn"](
-            x["values"], x["old_values"], ret, hp["cliprange_value"], loss_mask=mb
-        )
-        n = mb.sum().to(torch.float32)
-        dump: dict[str, Any] = {k: v for k, v in x.items() if k != "entropy"}
-        dump.update(
-            kl=fns["KLEstimator"]("k1")(x["old_logprobs"] * m, x["ref_logprobs"] * m),
-            token_rewards=res["tot_rewards"][:, :T],
-            advantages=adv,
-            returns=ret,
-            pg_loss=pg.detach(),
-            pg_clipfrac=st["clip_mask"].sum().to(torch.float32) / n,
-            approx_kl=torch.where(mb, st["approx_kl"], 0.0).sum() / n,
-            vf_loss=vf.detach(),
-            vf_clipfrac=vst["clip_mask"].sum().to(torch.float32) / n,
-            loss=pg.detach(),
-        )
+        env = torch.arange(m.shape[1]) <= _last_valid(m).unsqueeze(1)  # the response, tool outputs included
+        res = advantages(fns, rolled_batch(x, env), hp, "k1", norm, hp["whiten_eps"], (0.0, 1.0, 20.0))
+        dump = step_dump(fns, x, res, hp, "k1")
         conv: dict[str, Any] = {
             "kl_estimator": "k1",
             "whiten_advantages": "none" if norm is None else "masked",

@@ -44,8 +44,11 @@ REDUCTION_TO_REFPPO = {
 
 
 def make(out: Path) -> list[str]:
+    """One dump per case of :data:`CASES`, then the multi-turn cases of
+    :func:`peers.makers.holes.skyrl_cases`."""
+    import functools
+
     import torch
-    from omegaconf import OmegaConf  # type: ignore[import-not-found]  # side venv only
 
     install_stubs()
     mount("skyrl_train")
@@ -55,76 +58,79 @@ def make(out: Path) -> list[str]:
     made = []
     for i, (name, est, kl_in, red, plt, lo, hi, ent) in enumerate(CASES):
         x = inputs(400 + i, dtype=torch.float32)  # _safe_exp_delta computes the ratio in float32
-        m = x["response_mask"]
-        B, T = m.shape
         hp = dict(HP, cliprange=lo, ent_coef=ent)
         if hi != lo:
             hp["cliprange_high"] = hi
-        kl = pu.compute_approx_kl(x["old_logprobs"], x["ref_logprobs"], loss_mask=m, kl_estimator_type=est)
-        last = (m.sum(dim=1) - 1).long()
-        rewards = torch.zeros_like(m)
-        rewards[torch.arange(B), last] = x["scores"]  # postprocess_generator_output: reward on the last token
-        if kl_in == "reward":
-            rewards = rewards - kl * max(0.0, HP["kl_coef"])  # apply_reward_kl_penalty, restated
-        adv, ret = pu.compute_gae_advantage_return(
-            token_level_rewards=rewards,
-            values=x["old_values"],
-            response_mask=m,
-            gamma=HP["gamma"],
-            lambd=HP["lam"],
-        )
-        cfg = OmegaConf.create(
-            {
-                "policy_loss_type": plt,
-                "loss_reduction": red,
-                "eps_clip_low": lo,
-                "eps_clip_high": hi,
-                "clip_ratio_c": DUAL_C,
-                "use_tis": False,
-                "max_seq_len": T,
-                "value_clip": HP["cliprange_value"],
-            }
-        )
-        pg, clip_ratio = pu.ppo_policy_loss(x["logprobs"], x["old_logprobs"], adv, cfg, loss_mask=m)
-        vf, vf_clipfrac = pu.ppo_critic_loss(x["values"], x["old_values"], ret, cfg, loss_mask=m)
-        entropy = pu.masked_mean(x["entropy"], m)
-        loss = pg - ent * entropy
-        dump: dict[str, Any] = dict(x)
-        if kl_in == "loss":
-            kll = pu.compute_approx_kl(x["logprobs"], x["ref_logprobs"], loss_mask=m, kl_estimator_type=est)
-            kl_loss = pu.masked_mean(kll, m, dim=-1).mean()
-            loss = loss + kl_loss * HP["kl_coef"]
-            dump["kl_loss"] = kl_loss.detach()
-        dump.update(
-            kl=kl,
-            token_rewards=rewards,
-            advantages=adv,
-            returns=ret,
-            pg_loss=pg.detach(),
-            pg_clipfrac=torch.tensor(clip_ratio, dtype=m.dtype),
-            vf_loss=vf.detach(),
-            vf_clipfrac=torch.tensor(vf_clipfrac, dtype=m.dtype),
-            entropy_loss=entropy.detach(),
-            loss=loss.detach(),
-        )
+        cfg = _loss_config(red, x["response_mask"].shape[1], plt, lo, hi)
+        dump = _skyrl_step(pu, cfg, x, est, kl_in, ent)
         conv: dict[str, Any] = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": REDUCTION_TO_REFPPO[red]}
         if plt == "dual_clip":
             conv["dual_clip"] = DUAL_C
         control = CONTROLS.get(name, {"gae_padding": "masked"})
         made.append(save(out, f"skyrl_{name}", dump, hp, conv, control))
+    return made + holes.skyrl_cases(pu, out, functools.partial(_loss_config, plt="regular", lo=0.2, hi=0.2))
 
-    def cfg_for(reduction: str, T: int) -> Any:
-        return OmegaConf.create(
-            {
-                "policy_loss_type": "regular",
-                "loss_reduction": reduction,
-                "eps_clip_low": 0.2,
-                "eps_clip_high": 0.2,
-                "clip_ratio_c": DUAL_C,
-                "use_tis": False,
-                "max_seq_len": T,
-                "value_clip": HP["cliprange_value"],
-            }
-        )
 
-    return made + holes.skyrl_cases(pu, out, cfg_for)
+def _loss_config(reduction: str, T: int, plt: str, lo: float, hi: float) -> Any:
+    """The ``trainer.algorithm`` config SkyRL's policy and critic losses read (an ``OmegaConf``):
+    ``policy_loss_type`` ``plt``, ``loss_reduction``, clip ``lo``/``hi``, ``clip_ratio_c``
+    (:data:`DUAL_C`), ``max_seq_len = T``, the value clip."""
+    from omegaconf import OmegaConf  # type: ignore[import-not-found]  # side venv only
+
+    return OmegaConf.create(
+        {
+            "policy_loss_type": plt,
+            "loss_reduction": reduction,
+            "eps_clip_low": lo,
+            "eps_clip_high": hi,
+            "clip_ratio_c": DUAL_C,
+            "use_tis": False,
+            "max_seq_len": T,
+            "value_clip": HP["cliprange_value"],
+        }
+    )
+
+
+def _skyrl_step(pu: Any, cfg: Any, x: dict[str, Any], est: str, kl_in: str, ent: float) -> dict[str, Any]:
+    """SkyRL's KL (``kl_in``: in the reward or as a loss), GAE, policy/critic losses under ``cfg``
+    and the loss sum of ``worker.py`` on ``x``; returns the dump's tensors (``pu``: ppo_utils)."""
+    import torch
+
+    m = x["response_mask"]
+    B = m.shape[0]
+    kl = pu.compute_approx_kl(x["old_logprobs"], x["ref_logprobs"], loss_mask=m, kl_estimator_type=est)
+    last = (m.sum(dim=1) - 1).long()
+    rewards = torch.zeros_like(m)
+    rewards[torch.arange(B), last] = x["scores"]  # postprocess_generator_output: reward on the last token
+    if kl_in == "reward":
+        rewards = rewards - kl * max(0.0, HP["kl_coef"])  # apply_reward_kl_penalty, restated
+    adv, ret = pu.compute_gae_advantage_return(
+        token_level_rewards=rewards,
+        values=x["old_values"],
+        response_mask=m,
+        gamma=HP["gamma"],
+        lambd=HP["lam"],
+    )
+    pg, clip_ratio = pu.ppo_policy_loss(x["logprobs"], x["old_logprobs"], adv, cfg, loss_mask=m)
+    vf, vf_clipfrac = pu.ppo_critic_loss(x["values"], x["old_values"], ret, cfg, loss_mask=m)
+    entropy = pu.masked_mean(x["entropy"], m)
+    loss = pg - ent * entropy
+    dump: dict[str, Any] = dict(x)
+    if kl_in == "loss":
+        kll = pu.compute_approx_kl(x["logprobs"], x["ref_logprobs"], loss_mask=m, kl_estimator_type=est)
+        kl_loss = pu.masked_mean(kll, m, dim=-1).mean()
+        loss = loss + kl_loss * HP["kl_coef"]
+        dump["kl_loss"] = kl_loss.detach()
+    dump.update(
+        kl=kl,
+        token_rewards=rewards,
+        advantages=adv,
+        returns=ret,
+        pg_loss=pg.detach(),
+        pg_clipfrac=torch.tensor(clip_ratio, dtype=m.dtype),
+        vf_loss=vf.detach(),
+        vf_clipfrac=torch.tensor(vf_clipfrac, dtype=m.dtype),
+        entropy_loss=entropy.detach(),
+        loss=loss.detach(),
+    )
+    return dump

@@ -129,6 +129,32 @@ OPENRLHF_CASES: list[tuple[str, str, bool, float, float, float | None, float]] =
 
 
 def make_openrlhf(out: Path) -> list[str]:
+    """One dump per case of :data:`OPENRLHF_CASES`, then the multi-turn cases of
+    :func:`peers.makers.holes.openrlhf_cases`."""
+    fns = _openrlhf_fns()
+    made = []
+    for i, (est, kl_in, token_level, lo, hi, dual, ent) in enumerate(OPENRLHF_CASES):
+        x = inputs(200 + i)
+        dump = _openrlhf_step(fns, x, est, kl_in, token_level, (lo, hi), dual, ent)
+        agg = "token-mean" if token_level else "seq-mean-token-mean"
+        hp = dict(HP, cliprange=lo, ent_coef=ent)
+        if hi != lo:
+            hp["cliprange_high"] = hi
+        conv: dict[str, Any] = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": agg}
+        if dual is not None:
+            conv["dual_clip"] = dual
+        name = f"openrlhf_{est}_{kl_in}_{agg}" + (f"_dual{dual}" if dual else "")
+        # the flip: the KL loss's own aggregation (sequence-level actor), else dual clip, else the variance
+        control: dict[str, Any] = {"kl_loss_agg": "none"} if kl_in == "loss" and not token_level else {}
+        control = control or ({"dual_clip": "none"} if dual else {"whiten_variance": "unbiased"})
+        made.append(save(out, name, dump, hp, conv, control))
+    return made + holes.openrlhf_cases(fns, out)
+
+
+def _openrlhf_fns() -> dict[str, Any]:
+    """OpenRLHF's ``compute_approx_kl``, ``compute_reward``, ``get_advantages_and_returns`` (as
+    ``gae``), ``PolicyLoss``, ``ValueLoss``, ``aggregate_loss`` from its installed files (the Ray
+    launcher stubbed)."""
     install_stubs()
     for n in ("openrlhf", "openrlhf.models", "openrlhf.trainer", "openrlhf.trainer.ppo_utils"):
         mount(n)
@@ -150,62 +176,60 @@ def make_openrlhf(out: Path) -> list[str]:
         RemoteExperienceMaker,
     )
 
-    made = []
-    for i, (est, kl_in, token_level, lo, hi, dual, ent) in enumerate(OPENRLHF_CASES):
-        x = inputs(200 + i)
-        m = x["response_mask"]
-        kl = compute_approx_kl(x["old_logprobs"], x["ref_logprobs"], kl_estimator=est)
-        coef = HP["kl_coef"] if kl_in == "reward" else 0.0
-        rewards = compute_reward(x["scores"], coef, kl, action_mask=m, reward_clip_range=(-10.0, 10.0))
-        adv_raw, ret = RemoteExperienceMaker.get_advantages_and_returns(
-            None, x["old_values"], rewards, m, HP["gamma"], HP["lam"]
-        )
-        n = m.sum()
-        mean = (adv_raw * m).sum() / n  # compute_advantages_and_returns, restated
-        var = ((adv_raw - mean).pow(2) * m).sum() / n
-        adv = (adv_raw - mean) * var.clamp(min=1e-8).rsqrt()
-        pg, clip_ratio, ppo_kl, _, _ = PolicyLoss(lo, hi, dual_clip=dual, token_level_loss=token_level)(
-            x["logprobs"], x["old_logprobs"], adv, action_mask=m
-        )
-        vl = ValueLoss(HP["cliprange_value"])  # as trainer/ray/ppo_critic.py builds it: always token-level
-        vf = vl(x["values"], x["old_values"], ret, action_mask=m)
-        entropy = aggregate_loss(x["entropy"], m)  # training_step: no token_level_loss passed
-        loss = pg - ent * entropy
-        dump: dict[str, Any] = dict(x)
-        if kl_in == "loss":
-            kll = compute_approx_kl(x["logprobs"], x["ref_logprobs"], kl_estimator=est)
-            kl_loss = aggregate_loss(kll, m)
-            loss = loss + kl_loss * HP["kl_coef"]
-            dump["kl_loss"] = kl_loss.detach()
-        dump.update(
-            kl=kl,
-            token_rewards=rewards,
-            advantages=adv,
-            returns=ret,
-            pg_loss=pg.detach(),
-            pg_clipfrac=clip_ratio.detach(),
-            approx_kl=ppo_kl.detach(),
-            vf_loss=(vf[0] if isinstance(vf, tuple) else vf).detach(),
-            entropy_loss=entropy.detach(),
-            loss=loss.detach(),
-        )
-        agg = "token-mean" if token_level else "seq-mean-token-mean"
-        hp = dict(HP, cliprange=lo, ent_coef=ent)
-        if hi != lo:
-            hp["cliprange_high"] = hi
-        conv: dict[str, Any] = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": agg}
-        if dual is not None:
-            conv["dual_clip"] = dual
-        name = f"openrlhf_{est}_{kl_in}_{agg}" + (f"_dual{dual}" if dual else "")
-        # the flip: the KL loss's own aggregation (sequence-level actor), else dual clip, else the variance
-        control: dict[str, Any] = {"kl_loss_agg": "none"} if kl_in == "loss" and not token_level else {}
-        control = control or ({"dual_clip": "none"} if dual else {"whiten_variance": "unbiased"})
-        made.append(save(out, name, dump, hp, conv, control))
-    fns = {
+    return {
         "compute_approx_kl": compute_approx_kl,
         "compute_reward": compute_reward,
         "gae": RemoteExperienceMaker.get_advantages_and_returns,
         "PolicyLoss": PolicyLoss,
         "ValueLoss": ValueLoss,
+        "aggregate_loss": aggregate_loss,
     }
-    return made + holes.openrlhf_cases(fns, out)
+
+
+def _openrlhf_step(
+    fns: dict[str, Any],
+    x: dict[str, Any],
+    est: str,
+    kl_in: str,
+    token_level: bool,
+    eps: tuple[float, float],
+    dual: float | None,
+    ent: float,
+) -> dict[str, Any]:
+    """OpenRLHF's KL, shaped reward, GAE, the batch whitening (restated), its policy/value losses and
+    the loss sum of ``training_step`` on ``x``; returns the dump's tensors."""
+    m = x["response_mask"]
+    kl = fns["compute_approx_kl"](x["old_logprobs"], x["ref_logprobs"], kl_estimator=est)
+    coef = HP["kl_coef"] if kl_in == "reward" else 0.0
+    rewards = fns["compute_reward"](x["scores"], coef, kl, action_mask=m, reward_clip_range=(-10.0, 10.0))
+    adv_raw, ret = fns["gae"](None, x["old_values"], rewards, m, HP["gamma"], HP["lam"])
+    n = m.sum()
+    mean = (adv_raw * m).sum() / n  # compute_advantages_and_returns, restated
+    var = ((adv_raw - mean).pow(2) * m).sum() / n
+    adv = (adv_raw - mean) * var.clamp(min=1e-8).rsqrt()
+    pg, clip_ratio, ppo_kl, _, _ = fns["PolicyLoss"](*eps, dual_clip=dual, token_level_loss=token_level)(
+        x["logprobs"], x["old_logprobs"], adv, action_mask=m
+    )
+    vl = fns["ValueLoss"](HP["cliprange_value"])  # as trainer/ray/ppo_critic.py builds it: always token-level
+    vf = vl(x["values"], x["old_values"], ret, action_mask=m)
+    entropy = fns["aggregate_loss"](x["entropy"], m)  # training_step: no token_level_loss passed
+    loss = pg - ent * entropy
+    dump: dict[str, Any] = dict(x)
+    if kl_in == "loss":
+        kll = fns["compute_approx_kl"](x["logprobs"], x["ref_logprobs"], kl_estimator=est)
+        kl_loss = fns["aggregate_loss"](kll, m)
+        loss = loss + kl_loss * HP["kl_coef"]
+        dump["kl_loss"] = kl_loss.detach()
+    dump.update(
+        kl=kl,
+        token_rewards=rewards,
+        advantages=adv,
+        returns=ret,
+        pg_loss=pg.detach(),
+        pg_clipfrac=clip_ratio.detach(),
+        approx_kl=ppo_kl.detach(),
+        vf_loss=(vf[0] if isinstance(vf, tuple) else vf).detach(),
+        entropy_loss=entropy.detach(),
+        loss=loss.detach(),
+    )
+    return dump
