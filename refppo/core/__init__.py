@@ -19,7 +19,14 @@ entropy bonus, KL loss, total      ``objective.{entropy_bonus,kl_loss,    ``*_na
                                    total_loss}``
 per-token gradients of the losses  torch autograd through the above    ``grad.*_grad_naive``,
                                                                          ``refppo.pipeline.grad_naive``
+rollout-correction weights, gates  ``rollout_correction.{is_weights,      ``*_naive`` in the same module
+                                   rejection_mask}``
+weighted / decoupled surrogate     ``rollout_losses.{corrected,           ``*_naive``
+                                   decoupled}_policy_loss``
+CISPO, weighted REINFORCE          ``cispo.{cispo_policy_loss,            ``*_naive``
+                                   weighted_logprob_loss}``
 =================================  =====================================  ==========================
 
-Equations: spec/ppo.md. Every tensor is response-aligned ``[B, T]`` (see :mod:`refppo.types`).
+Equations: spec/ppo.md (the rollout correction: spec/rollout-correction.md). Every tensor is
+response-aligned ``[B, T]`` (see :mod:`refppo.types`).
 """

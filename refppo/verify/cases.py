@@ -19,6 +19,7 @@ from refppo.verify.batches import Batch, Case, Pair, with_holes
 from refppo.verify.cases_adv import ADV_CASES
 from refppo.verify.cases_dist import DIST_CASES
 from refppo.verify.cases_loss import LOSS_CASES
+from refppo.verify.cases_rollout import ROLLOUT_CASES
 from refppo.verify.cases_rows import ROW_CASES
 
 # The modules themselves, looked up by name at run time, so that a test can monkeypatch one
@@ -211,7 +212,14 @@ TOKEN_CASES: dict[str, Case] = {
 }
 """The per-token steps' cases, in table order (before :data:`.cases_loss.LOSS_CASES`)."""
 
-CASES: dict[str, Case] = {**TOKEN_CASES, **ADV_CASES, **LOSS_CASES, **ROW_CASES, **DIST_CASES}
+CASES: dict[str, Case] = {
+    **TOKEN_CASES,
+    **ADV_CASES,
+    **LOSS_CASES,
+    **ROLLOUT_CASES,
+    **ROW_CASES,
+    **DIST_CASES,
+}
 """Step (vectorized function) -> case. Together they call every public vectorized function of the
 core directly, each against its naive twin (``tests/verify/test_verify_coverage.py`` checks this and
 lists the deliberate exceptions, the argument validators ``check_*``)."""

@@ -29,6 +29,8 @@ validator                  what runs in the peers' interpreters (and what refppo
 ``kl_straight_through``    verl's ``kl_penalty`` with ``+`` → ``core.kl`` (value, gradient, twin)
 ``trl_grpo``               TRL ``GRPOTrainer._compute_loss`` → the pipeline's loss and gradient
 ``rescore_trl``            TRL's rollout scoring + its checkpoints → ``refppo diff --actor ...``
+``rollout_correction``     verl/OpenRLHF/AReaL/SkyRL/TRL rollout-correction weights, gates and losses
+                           → ``core.rollout_correction``, ``core.rollout_losses``, ``core.cispo``
 =========================  ======================================================================
 
 Every validator prints one line per case and a summary (cases run, passed, controls mismatched,
@@ -48,5 +50,6 @@ VALIDATORS: dict[str, str] = {
     "kl_straight_through": "peers.kl_straight_through",
     "trl_grpo": "peers.trl_grpo",
     "rescore_trl": "peers.rescore_trl",
+    "rollout_correction": "peers.rollout_correction",
 }
 """Validator name (the first argument of ``tools/peers``) → its module."""
