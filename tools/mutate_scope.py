@@ -116,6 +116,7 @@ PIPELINE_TESTS = (
     "tests/pipeline/test_pipeline_memory.py",
     "tests/core/test_by_rows_mutation_kills.py",
     "tests/pipeline/test_stages.py",
+    "tests/pipeline/test_stage_functions_pinned.py",
 )
 """The oracle's tests (tests/oracle/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""

@@ -7,6 +7,9 @@ never with the vectorized functions the pipeline itself calls.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -14,7 +17,12 @@ from refppo.core.group_naive import group_advantages_naive, reinforce_pp_advanta
 from refppo.core.policy import clipped_policy_loss
 from refppo.errors import ConventionError
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.step import RolloutQuantities, rollout_quantities, update_quantities
+from refppo.pipeline.step import (
+    RolloutQuantities,
+    rollout_quantities,
+    rollout_quantities_naive,
+    update_quantities,
+)
 
 B, T, BETA = 9, 6, 0.07
 F64 = torch.float64
@@ -205,3 +213,74 @@ def test_new_keys_stay_out_of_the_default_dict() -> None:
     d2 = Convention.of(advantage="rloo", group_eps=1e-9).to_dict()
     assert d2["advantage"] == "rloo" and d2["group_eps"] == 1e-9
     assert Convention.from_dict(d2) == Convention.of(advantage="rloo", group_eps=1e-9)
+
+
+class _TwoRanks:
+    """A SUM all-reduce between two threads (each plays one rank): each call waits for the other
+    rank's tensor of the same call and returns the sum (the collective's contract)."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2)
+        self.slots: list[torch.Tensor | None] = [None, None]
+
+    def of(self, rank: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def all_reduce(t: torch.Tensor) -> torch.Tensor:
+            self.slots[rank] = t.clone()
+            self.barrier.wait()
+            a, b = self.slots
+            assert a is not None and b is not None
+            out = a + b
+            self.barrier.wait()  # both have read before the next call overwrites
+            return out
+
+        return all_reduce
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        {"advantage": "flash-reinforce"},
+        {"advantage": "grpo", "group_std_level": "batch"},
+        {"advantage": "gpg"},
+    ],
+    ids=lambda c: "-".join(c.values()),
+)
+def test_batch_statistics_of_the_critic_free_estimators_go_through_the_all_reduce(
+    conv: dict[str, str],
+) -> None:
+    """Two ranks (threads joined by a SUM all-reduce), each with whole groups, give each rank its rows
+    of one process on the whole batch by the naive twin: the batch sums, counts and std are
+    all-reduced and ``group_std_level`` reaches the core."""
+    x = _inputs(3)
+    x["scores"][0] = 0.0  # gpg's α = B/#{s ≠ 0} then differs between the batch and one rank's rows
+    c = Convention.of(whiten_advantages="none", kl_in="loss", **conv)  # the group score is the score
+    hp = Hyperparams(kl_coef=BETA)
+    gi = x["group_index"]
+    want = rollout_quantities_naive(
+        scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
+        old_values=None, mask=x["mask"], hp=hp, conv=c, group_index=gi,
+    ).advantages  # fmt: skip
+    ranks = [torch.nonzero(gi != 9).flatten(), torch.nonzero(gi == 9).flatten()]  # whole groups per rank
+    comm, got = _TwoRanks(), {}
+
+    def run(r: int) -> None:
+        rows = ranks[r]
+        y = {k: v[rows] for k, v in x.items()}
+        got[r] = rollout_quantities(
+            scores=y["scores"], old_logprobs=y["old_logprobs"], ref_logprobs=y["ref_logprobs"],
+            old_values=None, mask=y["mask"], hp=hp, conv=c, all_reduce=comm.of(r),
+            group_index=y["group_index"], groups_on_rank=True,
+        ).advantages  # fmt: skip
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert set(got) == {0, 1}
+    m = x["mask"]
+    for r, rows in enumerate(ranks):
+        err = torch.where(m[rows], got[r] - want[rows], 0.0).abs().max()
+        assert float(err) <= 1e-12, (r, float(err))
+    alone = _run({k: v[ranks[1]] for k, v in x.items()}, c, hp).advantages  # rank 1 without the collective
+    assert float(torch.where(m[ranks[1]], alone - want[ranks[1]], 0.0).abs().max()) > 1e-6
