@@ -167,3 +167,40 @@ def test_a_sampling_sidecar_does_not_change_the_check(tmp_path: Path) -> None:
     path = save(tmp_path, naive_dump(x, s), s)
     assert check_step(load_dump(path), hparams=None).result.match
     assert check_step(path, hparams=dict(SAMPLING_OK)).result.match
+
+
+def test_the_step_recorder_takes_the_behaviour_logprobs_and_the_policy_version(tmp_path: Path) -> None:
+    from refppo.capture.recorder import StepRecorder
+
+    x = _inputs()
+    rec = StepRecorder(hparams={"cliprange": 0.2, "top_p": 0.9, "logprobs_processed": False}, grads=False)
+    half = {k: v[:4] for k, v in x.items()}
+    rest = {k: v[4:] for k, v in x.items()}
+    for part, versions in ((half, [3, 3, 2, 2]), (rest, [1, 1, 0, 0])):
+        rec.record(
+            response_mask=part["response_mask"], old_logprobs=part["old_logprobs"],
+            ref_logprobs=part["ref_logprobs"], old_values=part["old_values"], scores=part["scores"],
+            rollout_logprobs=part["rollout_logprobs"], policy_version=torch.tensor(versions),
+        )  # fmt: skip
+    rec.write(tmp_path / "rec.safetensors")
+    d = load_dump(tmp_path / "rec.safetensors")
+    m = d.mask
+    assert torch.equal(d.tensors["rollout_logprobs"][m], x["rollout_logprobs"][m])
+    assert d.tensors["policy_version"].tolist() == [3, 3, 2, 2, 1, 1, 0, 0]
+    assert d.hparams["top_p"] == 0.9 and d.hparams["logprobs_processed"] is False
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_detect_evaluates_the_checked_correction(tmp_path: Path, case: str) -> None:
+    """``--detect`` under ``--set rollout_is=...``: the policy step weights ``ℓ`` by the checked
+    setting's ``w'`` (the rollout_correction stage), so the generating convention is detected and
+    every stage is matched; the keys themselves are not walked yet (NOT_WALKED)."""
+    conv = CASES[case]
+    out = check_step(
+        _dump(tmp_path, conv), overrides={k: str(v) for k, v in conv.items()}, detect_conventions=True
+    )
+    det = out.detection
+    assert det is not None and det.n_detected >= 1 and not det.unmatched_stages, (
+        det.unmatched_stages,
+        det.notes,
+    )
