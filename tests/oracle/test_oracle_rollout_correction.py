@@ -204,3 +204,35 @@ def test_detect_evaluates_the_checked_correction(tmp_path: Path, case: str) -> N
         det.unmatched_stages,
         det.notes,
     )
+
+
+def test_the_diagnosis_names_the_correction_left_off(tmp_path: Path) -> None:
+    """A trainer that applies verl's token TIS (cap 2, its default threshold) checked without the
+    correction: the diagnosis names the correction, and that the checked setting leaves it off."""
+    out = check_step(_dump(tmp_path, CASES["token-tis-2"]))
+    r = out.result
+    assert r.first_divergence == "pg_loss"
+    changes = [e["change"] for e in r.explained_by if e["kind"] == "convention"]
+    assert {
+        "rollout_is": "token",
+        "rollout_is_mode": "truncate",
+        "rollout_is_low": None,
+        "rollout_is_high": 2.0,
+    } in changes
+    assert any("rollout_is=token" in line and "rollout correction off" in line for line in r.diagnosis), (
+        r.diagnosis
+    )
+
+
+def test_the_diagnosis_names_the_correction_the_trainer_does_not_apply(tmp_path: Path) -> None:
+    """The converse: an uncorrected dump (with its engine log-probs) checked under the correction."""
+    x = _inputs()
+    s = setup_for(None, {})
+    path = save(tmp_path, naive_dump(x, s), s)
+    conv = CASES["token-tis-2"]
+    r = check_step(path, overrides={k: str(v) for k, v in conv.items()}).result
+    assert r.first_divergence == "pg_loss"
+    assert {"rollout_is": None} in [e["change"] for e in r.explained_by]
+    assert any("rollout_is=none" in line and "rollout correction on" in line for line in r.diagnosis), (
+        r.diagnosis
+    )
