@@ -236,3 +236,17 @@ def test_the_diagnosis_names_the_correction_the_trainer_does_not_apply(tmp_path:
     assert any("rollout_is=none" in line and "rollout correction on" in line for line in r.diagnosis), (
         r.diagnosis
     )
+
+
+def test_assert_step_matches_takes_the_correction_and_the_behaviour_logprobs() -> None:
+    from refppo.testing import assert_step_matches
+
+    x = _inputs()
+    s = setup_for(None, CASES["token-tis-2"])
+    tensors = naive_dump(x, s)
+    hp = {**{k: v for k, v in s.hparams_dict().items() if v is not None}, "top_p": 0.95}
+    assert_step_matches(
+        tensors, hparams=hp, require=("pg_loss", "loss"), rollout_is="token", rollout_is_high=2.0
+    )
+    with pytest.raises(AssertionError, match="pg_loss"):
+        assert_step_matches(tensors, hparams=hp, require=("pg_loss", "loss"))
