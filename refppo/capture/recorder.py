@@ -59,14 +59,16 @@ TOKEN_KEYS: tuple[str, ...] = (
     "logprobs",
     "values",
     "entropy",
+    "rollout_logprobs",
     "advantages",
     "returns",
     "kl",
     "token_rewards",
 )
 """Per-token ``[b, T]`` keys a micro-batch may carry (dump names, spec/dump-format.md)."""
-ROW_KEYS: tuple[str, ...] = ("scores", "group_index")
-"""Per-row ``[b]`` keys; ``group_index`` (integer: the prompt each row answers) for the critic-free
+ROW_KEYS: tuple[str, ...] = ("scores", "group_index", "policy_version")
+"""Per-row ``[b]`` keys; ``policy_version`` (integer: the policy update that sampled the row);
+``group_index`` (integer: the prompt each row answers) for the critic-free
 group estimators (issue #13). Its values must be GLOBAL prompt ids (the same id on every rank only for
 the same prompt, as verl's ``uid``): the rows of all ranks are gathered into one dump, where equal ids
 form one group."""
@@ -202,7 +204,10 @@ class StepRecorder:
         Token tensors are ``[b, T]`` (``T`` may differ between micro-batches), ``scores`` ``[b]``;
         ``old_values`` None: a critic-free step (no value quantity is written);
         ``more`` takes the other keys of :data:`TOKEN_KEYS` (``advantages``, ``returns``,
-        ``entropy``, ...) and the loss scalars of :data:`LOSS_KEYS`.
+        ``entropy``, ``rollout_logprobs`` (the engine's log-probs: the behaviour policy), ...), of
+        :data:`ROW_KEYS` (``group_index``, ``policy_version``) and the loss scalars of
+        :data:`LOSS_KEYS`; the sampling parameters (``temperature``, ``top_p``, ``top_k``,
+        ``min_p``, ``logprobs_processed``) go in ``hparams`` (the sidecar).
         """
         k = self._next_index(micro_batch)
         given: dict[str, Any] = {

@@ -12,6 +12,8 @@ rollout-time values, which the format calls ``old_values`` (its ``values`` are t
 from __future__ import annotations
 
 import difflib
+import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,10 @@ CRITIC_INPUTS: tuple[str, ...] = ("old_values",)
 """Required unless the checked convention's estimator needs no critic (``advantage`` ≠ ``gae``):
 checked by :func:`check_inputs_for` once the convention is known."""
 UPDATE_INPUTS: tuple[str, ...] = ("logprobs", "values", "entropy")
+OPTIONAL_INPUTS: tuple[str, ...] = ("rollout_logprobs",)
+"""Inputs read only under some conventions: ``rollout_logprobs`` [B, T], the behaviour log-probs
+(what the inference engine reported for the sampled tokens), read by the rollout correction
+(``rollout_is`` on; :func:`refppo.dump.load.check_inputs_for`). Finite at valid positions."""
 TOKEN_OUTPUTS: tuple[str, ...] = ("kl", "token_rewards", "advantages", "returns")
 SCALAR_OUTPUTS: tuple[str, ...] = (
     "pg_loss",
@@ -39,19 +45,52 @@ TOKEN_KEYS: tuple[str, ...] = (
     "logprobs",
     "values",
     "entropy",
+    *OPTIONAL_INPUTS,
     *TOKEN_OUTPUTS,
 )
 GRAD_KEYS: tuple[str, ...] = ("grad_logprobs", "grad_values")
 """v2: ∂J/∂``logprobs`` and ∂J/∂``values`` of the whole optimizer step, [B, T] (spec/dump-format.md)."""
-INTEGER_KEYS: set[str] = {"micro_batch", "rank", "group_index", "input_ids", "attention_mask", "position_ids"}
+INTEGER_KEYS: set[str] = {
+    "micro_batch", "rank", "group_index", "policy_version", "input_ids", "attention_mask", "position_ids",
+}  # fmt: skip
 """Keys whose tensors hold integers (kept as int64, never cast to the compute dtype)."""
-ROW_INTEGER_KEYS: tuple[str, ...] = ("micro_batch", "rank", "group_index")
+ROW_INTEGER_KEYS: tuple[str, ...] = ("micro_batch", "rank", "group_index", "policy_version")
 """[B] integers: v2's micro-batch (per rank) and data-parallel rank of each row; ``group_index``, the
-prompt each row answers (critic-free group estimators, issue #13)."""
+prompt each row answers (critic-free group estimators, issue #13); ``policy_version``, the policy
+update that sampled each row (an asynchronous trainer's staleness: the current version minus it)."""
 SEQUENCE_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids")
 """The ``[B, P+T]`` sequences for re-scoring (validated by :mod:`refppo.dump.sequences`)."""
 SIDECAR_SCORING_KEYS: frozenset[str] = frozenset({"temperature"})
 """Sidecar keys of the scoring pass (not PPO settings): read by the re-scoring, not by ``Setup``."""
+SIDECAR_SAMPLING_KEYS: frozenset[str] = frozenset({"top_p", "top_k", "min_p", "logprobs_processed"})
+"""Sidecar keys of the engine's sampling (with ``temperature``): ``top_p`` in (0, 1], ``top_k`` an
+integer ≥ 0 (0 or -1: off, vLLM's spelling), ``min_p`` in [0, 1], ``logprobs_processed`` a bool
+(``rollout_logprobs`` are of the processed distribution, after temperature and the filters, not of
+the raw logits). Validated by the loader, read by no PPO stage."""
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_SAMPLING_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "temperature": (lambda v: _is_num(v) and v > 0, "a finite number > 0"),
+    "top_p": (lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= -1, "an integer >= -1"),
+    "min_p": (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "logprobs_processed": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def sampling_problem(side: Mapping[str, Any]) -> str | None:
+    """One line naming the first sampling key of the sidecar ``side`` (``temperature`` and
+    :data:`SIDECAR_SAMPLING_KEYS`) out of its range, else None."""
+    for key, (ok, what) in _SAMPLING_RANGES.items():
+        if key in side and not ok(side[key]):
+            return f"{key}: expected {what}, got {side[key]!r}"
+    return None
+
+
 STEP_KEYS: tuple[str, ...] = ("world_size", "micro_batches", "separate_critic")
 """v2 sidecar keys describing the optimizer step (read here, not by the settings)."""
 KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *GRAD_KEYS, *INTEGER_KEYS))
@@ -91,6 +130,12 @@ ALIASES: dict[str, tuple[str, str]] = {
     "base_action_log_probs": ("ref_logprobs", "OpenRLHF"),
     "clip_ratio": ("pg_clipfrac", "OpenRLHF"),
     "ppo_kl": ("approx_kl", "OpenRLHF"),
+    # the behaviour log-probs: verl 0.9.1 DataProto ``rollout_log_probs``
+    # (trainer/ppo/rollout_corr_helper.py), OpenRLHF 0.11.2 ``Experience.rollout_log_probs``
+    # (trainer/ppo_utils/experience.py), TRL 1.16.0 GRPOTrainer ``sampling_per_token_logps``
+    # (_generate_and_score_completions' output); SkyRL-train 0.3.1 calls it ``rollout_logprobs``
+    "rollout_log_probs": ("rollout_logprobs", "verl/OpenRLHF"),
+    "sampling_per_token_logps": ("rollout_logprobs", "TRL"),
 }
 """``peer name -> (dump key, peer)``."""
 
@@ -189,4 +234,12 @@ def alias_table() -> str:
     return ", ".join(f"{a}->{k}" for a, (k, _) in ALIASES.items())
 
 
-__all__ = ["ALIASES", "alias_table", "misspelt", "misspelt_error", "resolve_aliases", "suggest"]
+__all__ = [
+    "ALIASES",
+    "alias_table",
+    "misspelt",
+    "misspelt_error",
+    "resolve_aliases",
+    "sampling_problem",
+    "suggest",
+]

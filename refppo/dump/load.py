@@ -26,6 +26,7 @@ from refppo.dump.keys import (
     KNOWN_KEYS,
     NEEDS_CRITIC,
     NEEDS_UPDATE,
+    OPTIONAL_INPUTS,
     REQUIRED_INPUTS,
     SCALAR_OUTPUTS,
     SEQUENCE_KEYS,
@@ -35,11 +36,14 @@ from refppo.dump.keys import (
     alias_table,
     misspelt_error,
     resolve_aliases,
+    sampling_problem,
     suggest,
 )
 from refppo.dump.residency import page_out
 from refppo.dump.step import StepLayout, check_rows, integer_key, sidecar_advice, step_layout
 from refppo.errors import DumpError
+from refppo.pipeline.settings import Convention
+from refppo.pipeline.stages import required_inputs
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -146,7 +150,8 @@ def validate(
 
     The checks run in this order (a dump wrong in two ways is refused for the first): key names,
     ``response_mask``, the re-scoring sequences, the sidecar and the step layout, the integer keys,
-    the floating-point tensors' dtypes and shapes, finiteness in the compute dtype, ``temperature``.
+    the floating-point tensors' dtypes and shapes, finiteness in the compute dtype, the sampling keys
+    (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``logprobs_processed``), ``policy_version``.
     """
     try:
         raw, aliased = resolve_aliases(p, raw)
@@ -174,10 +179,11 @@ def validate(
     order = {torch.float16: 0, torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}
     dtype = min(dtypes, key=lambda d: order[d]) if dtypes else torch.float64
     _to_compute_dtype(p, out, dtype)
-    if "temperature" in hparams:
-        tau: Any = hparams["temperature"]
-        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (math.isfinite(tau) and tau > 0):
-            raise DumpError(f"{hp_path or p}: temperature: expected a finite number > 0, got {tau!r}")
+    bad_sampling = sampling_problem(hparams)
+    if bad_sampling is not None:
+        raise DumpError(f"{hp_path or p}: {bad_sampling}")
+    if "policy_version" in out and bool((out["policy_version"] < 0).any()):
+        raise DumpError(f"{p}: policy_version: expected integers >= 0 (the policy update of each row)")
     mapped = frozenset(
         k for k, v in out.items() if mmapped and k in raw and k != "response_mask" and _same_bytes(v, raw[k])
     )
@@ -297,7 +303,7 @@ def _to_compute_dtype(p: Path, out: dict[str, Tensor], dtype: torch.dtype) -> No
         if k == "response_mask" or k in INTEGER_KEYS:
             continue
         tc = out[k].to(cdtype)
-        checked = k in REQUIRED_INPUTS or k in CRITIC_INPUTS or k in UPDATE_INPUTS
+        checked = k in REQUIRED_INPUTS or k in CRITIC_INPUTS or k in UPDATE_INPUTS or k in OPTIONAL_INPUTS
         if checked and not math.isfinite(float(tc.sum())):
             finite = torch.isfinite(tc)  # slow path only when the one-pass sum says something is off
             bad = ~finite if k == "scores" else (~finite & mask)
@@ -312,10 +318,22 @@ def _same_bytes(a: Tensor, b: Any) -> bool:
     return isinstance(b, Tensor) and a.data_ptr() == b.data_ptr() and a.nbytes == b.nbytes
 
 
-def check_inputs_for(dump: Dump, advantage: str) -> None:
+def check_inputs_for(dump: Dump, advantage: str, conv: Convention | None = None) -> None:
     """The inputs the estimator ``advantage`` needs: ``old_values`` for ``gae``, ``group_index`` for a
     group estimator (``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo``, ``gpg``,
-    ``grpo-passk``; ``flash-reinforce``'s baseline is the batch mean). One-line DumpError."""
+    ``grpo-passk``; ``flash-reinforce``'s baseline is the batch mean); with ``conv``, every optional
+    input a stage needs under it (:func:`refppo.pipeline.stages.required_inputs`: ``rollout_logprobs``
+    when ``rollout_is`` is on). One-line DumpError naming the key and the stage."""
+    if conv is not None:
+        for key, stage in required_inputs(conv).items():
+            if key not in dump.tensors:
+                what = f" under rollout_is={conv.rollout.level}" if stage == "rollout_correction" else ""
+                raise DumpError(
+                    f"{dump.path}: missing key {key!r} [B, T]: stage {stage} reads it{what} "
+                    "(the engine's log-probs of the sampled tokens); dump it, or check without the correction"
+                    if key == "rollout_logprobs"
+                    else f"{dump.path}: missing key {key!r}: stage {stage} reads it{what}"
+                )
     if advantage == "gae" and "old_values" not in dump.tensors:
         raise DumpError(
             f"{dump.path}: missing required key 'old_values' (advantage=gae needs the critic's rollout "

@@ -37,14 +37,21 @@ from torch import Tensor
 
 from refppo.atomic import fsync_dir, fsync_file, honour_umask, temp_path
 from refppo.conventions import parse
-from refppo.dump.keys import KNOWN_KEYS, SIDECAR_SCORING_KEYS, STEP_KEYS, misspelt_error
+from refppo.dump.keys import (
+    KNOWN_KEYS,
+    SIDECAR_SAMPLING_KEYS,
+    SIDECAR_SCORING_KEYS,
+    STEP_KEYS,
+    misspelt_error,
+    sampling_problem,
+)
 from refppo.errors import DumpError, RefPPOError
 from refppo.pipeline.settings import CONVENTION_KEYS, HPARAM_KEYS, Hyperparams, enum_keys
 
 CONVENTION_FIELDS: frozenset[str] = frozenset(CONVENTION_KEYS)
 HPARAM_FIELDS: frozenset[str] = frozenset(HPARAM_KEYS)
 SIDECAR_KEYS: frozenset[str] = frozenset(
-    (*CONVENTION_FIELDS, *HPARAM_FIELDS, *SIDECAR_SCORING_KEYS, *STEP_KEYS)
+    (*CONVENTION_FIELDS, *HPARAM_FIELDS, *SIDECAR_SCORING_KEYS, *SIDECAR_SAMPLING_KEYS, *STEP_KEYS)
 )
 """Every key a sidecar may hold (spec/dump-format.md, "Hyperparameters and conventions")."""
 
@@ -64,6 +71,9 @@ def check_sidecar(where: str, side: Mapping[str, Any]) -> None:
     # values as the oracle will read them (refppo.oracle.check.settings.parse_value): a name of an enum
     # key must be one of its names; a number must be in its range (strings of numbers, "none" and
     # the other spellings the oracle accepts are left to it)
+    bad_sampling = sampling_problem(side)
+    if bad_sampling is not None:
+        raise DumpError(f"{where}: {bad_sampling}")
     names = enum_keys()
     nums = {k: v for k, v in side.items() if k in HPARAM_FIELDS and _is_number(v)}
     try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from refppo.dump.keys import SIDECAR_SCORING_KEYS
+from refppo.dump.keys import SIDECAR_SAMPLING_KEYS, SIDECAR_SCORING_KEYS
 from refppo.dump.load import Dump, check_inputs_for, load_dump, validate
 from refppo.errors import DumpError, HyperparameterError, RefPPOError
 from refppo.oracle.check.diagnose import DETECT_HINT, CheckResult, check
@@ -106,7 +106,7 @@ def check_step(
     sidecar = _sidecar(d)
     setup, ctx, notes = _resolve(d, preset, sidecar, parsed)
     try:
-        check_inputs_for(d, setup.conv.adv.estimator.value)
+        check_inputs_for(d, setup.conv.adv.estimator.value, setup.conv)
     except DumpError as exc:
         if not detect_conventions or not any(d.has(k) for k in OUTPUTS):
             raise
@@ -147,7 +147,8 @@ def _sidecar(d: Dump) -> dict[str, Any]:
     """The sidecar's PPO settings, typed; a bad key or value names the sidecar file."""
     where = str(d.hparams_path) if d.hparams_path is not None else "hparams"
     try:
-        return {k: parse_value(k, v) for k, v in d.hparams.items() if k not in SIDECAR_SCORING_KEYS}
+        skip = SIDECAR_SCORING_KEYS | SIDECAR_SAMPLING_KEYS  # the scoring and sampling keys: no PPO setting
+        return {k: parse_value(k, v) for k, v in d.hparams.items() if k not in skip}
     except RefPPOError as exc:
         raise DumpError(f"{where}: {exc}") from None
 

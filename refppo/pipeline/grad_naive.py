@@ -76,6 +76,7 @@ def objective_grads_naive(
     hp: Hyperparams,
     conv: Convention,
     norm: Normalisers | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(∂J/∂logprobs, ∂J/∂values)`` of :func:`refppo.pipeline.step.update_quantities` (same args).
 
@@ -83,12 +84,16 @@ def objective_grads_naive(
     policy and KL terms use ``token_count``, ``seq_count`` and ``hp.horizon``; the value term the same
     but ``value_token_count`` for ``token_count`` when given, over ``value_mask_`` (default ``mask``).
     ``entropy`` is accepted (the pipeline's arguments) and unused: the entropy is an input, so
-    ``ent_coef·entropy`` adds nothing to either gradient.
+    ``ent_coef·entropy`` adds nothing to either gradient. ``is_weights``: the rollout correction's
+    detached ``w'`` [B, T]: ``∂(agg(w'·ℓ))/∂l_t = w'_t·∂agg(ℓ)/∂l_t`` (``ℓ_t`` reads ``l_t`` alone, ``agg``
+    is linear in ``ℓ``).
     """
     del entropy
     pol = normaliser_kwargs(norm, hp.horizon, value=False)
     val = normaliser_kwargs(norm, hp.horizon, value=True)
     g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
+    if is_weights is not None:
+        g_lp = g_lp * is_weights.to(g_lp.dtype)
     if conv.kl.placement is KLPlacement.LOSS:
         if ref_logprobs is None:
             raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
@@ -125,6 +130,7 @@ def grads_naive(q: Mapping[str, Any], conv: Convention, hp: Hyperparams, ev: Eva
         old_values=q["old_values"], advantages=q["advantages"], returns=q["returns"], mask=q["mask"],
         value_mask_=q["vf_loss_mask"],
         ref_logprobs=q.get("ref_logprobs"), entropy=q.get("entropy"), hp=hp, conv=conv, norm=ev.norm,
+        is_weights=q.get("is_weights"),
     )  # fmt: skip
     zero = torch.zeros((), dtype=g_lp.dtype)
     return {

@@ -39,6 +39,7 @@ from refppo.conventions import (
 from refppo.core.checks import check_nonneg, check_positive
 from refppo.core.kl import check_kl_clamps
 from refppo.errors import ConventionError, HyperparameterError
+from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
 
 
 def flat_key(name: str | None = None, *, omit: bool = False, config: bool = True) -> dict[str, Any]:
@@ -291,6 +292,51 @@ class ValueConvention:
         _parse_enums(self)
 
 
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """The rollout correction (spec/rollout-correction.md): the importance weight ``w'`` of the
+    proximal policy (``old_logprobs``) over the behaviour policy (``rollout_logprobs``, the engine's),
+    multiplied into the per-token policy surrogate, ``ℓ_t ← w'_t·ℓ^PPO_t``
+    (:func:`refppo.core.rollout_correction.is_weights`, detached; rejected tokens count in the
+    normalisers: ``Rejected.zero``). Off by default: no weight, and ``rollout_logprobs`` is not read."""
+
+    level: ISLevel | None = field(default=None, metadata=flat_key("rollout_is", omit=True, config=False))
+    """``token`` (TIS / MIS per token: verl ``rollout_is: token``, SkyRL ``use_tis``, TRL ``token_*``),
+    ``sequence`` (one weight per row, by ``rollout_is_agg``), or none (off, the default)."""
+    agg: ISAgg = field(default=ISAgg.PRODUCT, metadata=flat_key("rollout_is_agg", omit=True, config=False))
+    """A sequence weight's log: the row's summed log-ratio (``product``: verl, TRL) or its mean
+    (``geometric``: AReaL, OpenRLHF). Read at ``rollout_is=sequence`` only."""
+    mode: ISMode = field(
+        default=ISMode.TRUNCATE, metadata=flat_key("rollout_is_mode", omit=True, config=False)
+    )
+    """``truncate`` (``clamp(w, C_low, C_high)``, TIS) or ``mask`` (``w·[C_low ≤ w ≤ C_high]``, MIS /
+    IcePop: weight 0 outside the closed band)."""
+    low: float | None = field(default=None, metadata=flat_key("rollout_is_low", omit=True, config=False))
+    """``C_low``, a finite ratio bound ≥ 0, or none (no lower bound)."""
+    high: float | None = field(default=None, metadata=flat_key("rollout_is_high", omit=True, config=False))
+    """``C_high``, a finite ratio bound ≥ 0, or none (no upper bound; verl's threshold, SkyRL
+    ``tis_imp_ratio_cap``, oat ``tis_c``)."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self)
+        for name, value in (("rollout_is_low", self.low), ("rollout_is_high", self.high)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise HyperparameterError(f"{name}: expected a finite number >= 0 or none, got {value!r}")
+            if value < 0:
+                raise HyperparameterError(f"{name}: expected a ratio bound >= 0, got {value!r}")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise HyperparameterError(
+                f"rollout_is_low, rollout_is_high: expected low <= high, got {self.low!r} > {self.high!r}"
+            )
+
+    @property
+    def on(self) -> bool:
+        """A weight is applied (``rollout_is`` is ``token`` or ``sequence``)."""
+        return self.level is not None
+
+
 GROUPS: dict[str, type[Any]] = {
     "score": ScoreMap,
     "kl": KLConvention,
@@ -301,6 +347,7 @@ GROUPS: dict[str, type[Any]] = {
     "policy": PolicyConvention,
     "agg": AggConvention,
     "value": ValueConvention,
+    "rollout": RolloutCorrection,
 }
 """The groups of :class:`Convention`: attribute name → class (the order of its fields)."""
 
@@ -313,6 +360,7 @@ __all__ = [
     "NormConvention",
     "PolicyConvention",
     "RewardConvention",
+    "RolloutCorrection",
     "ScoreMap",
     "ValueConvention",
     "WhitenConvention",

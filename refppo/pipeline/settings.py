@@ -13,6 +13,8 @@ A :class:`Convention` is one frozen group per stage family of :mod:`refppo.pipel
     policy   PolicyConvention     policy_loss, dual_clip, log_ratio_clamp, approx_kl
     agg      AggConvention        loss_agg, value_loss_agg, kl_loss_agg, entropy_agg
     value    ValueConvention      value_loss, value_clip_form, vf_mask
+    rollout  RolloutCorrection    rollout_is, rollout_is_agg, rollout_is_mode, rollout_is_low,
+                                  rollout_is_high
 
 The FLAT keys (``--set KEY``, sidecars, presets, the JSON report's ``convention`` object,
 :meth:`Convention.to_dict`, the trainer's ``ppo.*`` keys) are derived from the groups: each field's
@@ -28,7 +30,14 @@ from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
-from refppo.conventions import AdvantageEstimator, GroupKL, GroupSingleton, GroupStdLevel, Whitening
+from refppo.conventions import (
+    AdvantageEstimator,
+    GroupKL,
+    GroupSingleton,
+    GroupStdLevel,
+    PolicyLoss,
+    Whitening,
+)
 from refppo.core.checks import check_nonneg, check_unit_interval
 from refppo.errors import ConventionError, HyperparameterError
 from refppo.pipeline.groups import (
@@ -39,6 +48,7 @@ from refppo.pipeline.groups import (
     NormConvention,
     PolicyConvention,
     RewardConvention,
+    RolloutCorrection,
     ScoreMap,
     ValueConvention,
     WhitenConvention,
@@ -69,12 +79,20 @@ class Convention:
     """The aggregations of the loss terms."""
     value: ValueConvention = field(default_factory=ValueConvention)
     """Step 7: the value loss."""
+    rollout: RolloutCorrection = field(default_factory=RolloutCorrection)
+    """The rollout correction's weight on the policy surrogate (off by default)."""
 
     def __post_init__(self) -> None:
         if self.adv.group_kl is GroupKL.TO_GO and self.reward.whiten is not Whitening.NONE:
             raise ConventionError(
                 "group_kl=to_go with whiten_rewards: the return-to-go of −β·KL is read before any reward "
                 "whitening; no peer combines them (use group_kl=fold)"
+            )
+        if self.rollout.on and self.policy.loss is PolicyLoss.GSPO:
+            raise ConventionError(
+                "rollout_is with policy_loss=gspo: GSPO's sequence ratio against the behaviour policy is "
+                "not composed with a rollout-correction weight (spec/rollout-correction.md); "
+                "set rollout_is=none"
             )
 
     @classmethod
@@ -190,6 +208,11 @@ FLAT_ORDER: tuple[str, ...] = (
     "score_clip",
     "approx_kl",
     "vf_mask",
+    "rollout_is",
+    "rollout_is_agg",
+    "rollout_is_mode",
+    "rollout_is_low",
+    "rollout_is_high",
 )
 """The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
 report, ``refppo train --help-config``): the order they were added in, kept so that those outputs

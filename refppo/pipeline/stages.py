@@ -18,6 +18,7 @@ rewards             mapped_scores, kl, mask              token_rewards_raw
 reward_whitening    token_rewards_raw, value_mask        token_rewards
 advantages          token_rewards, old_values, …         advantages_raw, returns
 whitening           advantages_raw, mask                 advantages
+rollout_correction  old_logprobs, rollout_logprobs, …    is_weights, is_keep
 policy              logprobs, old_logprobs, advantages   pg_per_token, ratio, pg_clipfrac, …
 policy_agg          pg_per_token, mask                   pg_loss
 approx_kl           pg_approx_kl, logprobs, …            approx_kl
@@ -92,6 +93,9 @@ class Stage:
     output_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     """For an output that depends on part of :attr:`keys` + :attr:`hparams` only: that part (the
     policy stage's unclamped ``mean(l^old − l)`` reads no clip range)."""
+    needs: Callable[[Convention], tuple[str, ...]] | None = field(default=None, repr=False)
+    """The optional inputs of the step (of :attr:`reads`) it cannot run without under a given
+    convention (the rollout correction, when on: ``rollout_logprobs``); None: none."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.keys if k not in FLAT] + [h for h in self.hparams if h not in HPARAM_KEYS]
@@ -226,10 +230,17 @@ _ROLLOUT = (
     ),
 )  # fmt: skip
 
+
 _UPDATE = (
     Stage(
+        "rollout_correction", "update", up.RC_KEYS, (), ("old_logprobs", "rollout_logprobs", "mask"),
+        ("is_weights", "is_keep"), up.rollout_correction_stage, nu.rollout_correction_naive,
+        "core.rollout_correction.is_weights", active=up.rollout_correction_reads,
+        needs=up.rollout_correction_needs,
+    ),
+    Stage(
         "policy", "update", ("policy_loss", "dual_clip", "log_ratio_clamp"), ("cliprange", "cliprange_high"),
-        ("logprobs", "old_logprobs", "advantages", "mask"),
+        ("logprobs", "old_logprobs", "advantages", "mask", "is_weights"),
         ("pg_per_token", "ratio", "pg_clipfrac", "pg_clipfrac_lower", "pg_approx_kl"),
         up.policy_stage, nu.policy_naive,
         "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss", by_rows=True,
@@ -274,7 +285,7 @@ _UPDATE = (
 )  # fmt: skip
 
 _GRAD = Stage(
-    "grads", "grad", (), (), ("loss", "logprobs", "values", "mask", "vf_loss_mask"),
+    "grads", "grad", (), (), ("loss", "logprobs", "values", "mask", "vf_loss_mask", "is_weights"),
     ("grad_logprobs", "grad_values"), up.grads_stage, gn.grads_naive,
     "torch.autograd.grad (naive: pipeline.grad_naive.objective_grads_naive, core.grad)",
 )  # fmt: skip
@@ -308,6 +319,12 @@ OUTPUTS: tuple[str, ...] = (
 stage's statistics, ``advantages`` (whitened) with step 3's ``returns`` after it."""
 ROLLOUT_OUTPUTS: frozenset[str] = frozenset(q for s in ROLLOUT_STAGES for q in s.makes) & frozenset(OUTPUTS)
 """The outputs of the rollout stages (the rest need the update)."""
+
+
+def required_inputs(conv: Convention, stages: Sequence[Stage] = STAGES) -> dict[str, str]:
+    """``{optional input: the stage that needs it}`` under ``conv`` (:attr:`Stage.needs`): what a
+    dump must hold for ``conv`` to be checked on it."""
+    return {k: s.name for s in stages if s.needs is not None for k in s.needs(conv)}
 
 
 def maker(quantity: str) -> Stage:
@@ -370,6 +387,7 @@ __all__ = [
     "keys_upstream",
     "maker",
     "prefix_key",
+    "required_inputs",
     "upstream",
     "walk",
 ]

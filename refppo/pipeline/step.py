@@ -189,9 +189,11 @@ def update_inputs(
     value_mask_: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
+    rollout_logprobs: Tensor | None = None,
 ) -> dict[str, Any]:
     """The quantities the update stages read, with the masks validated (``value_mask_`` None: the
-    response mask)."""
+    response mask; ``rollout_logprobs``: the behaviour log-probs, read only by the rollout
+    correction when it is on)."""
     m = check_mask("response_mask", mask)
     return {
         "logprobs": logprobs,
@@ -204,6 +206,7 @@ def update_inputs(
         "value_mask": m if value_mask_ is None else check_mask("value_mask", value_mask_),
         "ref_logprobs": ref_logprobs,
         "entropy": entropy,
+        "rollout_logprobs": rollout_logprobs,
     }
 
 
@@ -219,6 +222,7 @@ def update_quantities(
     value_mask_: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
+    rollout_logprobs: Tensor | None = None,
     hp: Hyperparams,
     conv: Convention,
     norm: Normalisers | None = None,
@@ -238,7 +242,7 @@ def update_quantities(
     q = update_inputs(
         logprobs=logprobs, values=values, old_logprobs=old_logprobs, old_values=old_values,
         advantages=advantages, returns=returns, mask=mask, value_mask_=value_mask_, ref_logprobs=ref_logprobs,
-        entropy=entropy,
+        entropy=entropy, rollout_logprobs=rollout_logprobs,
     )  # fmt: skip
     rows = update_rows(
         q["mask"], logprobs, values, old_logprobs, old_values, advantages, returns, ref_logprobs, entropy

@@ -23,6 +23,8 @@ from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.kl import token_kl_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
 from refppo.core.policy import clipped_policy_loss_naive
+from refppo.core.rollout_correction import is_weights_naive
+from refppo.core.rollout_losses import Norms, PolicyClip, corrected_policy_loss_naive
 from refppo.core.value import value_loss_naive
 from refppo.dump.write import write_dump
 from refppo.oracle.check.recompute import reference_outputs
@@ -158,6 +160,8 @@ def naive_outputs(
             lp, old, rq.advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
             dual_clip=f("dual_clip"), agg=f("loss_agg"), log_ratio_clamp=f("log_ratio_clamp"), **norm,
         )  # fmt: skip
+    if conv.rollout.on:  # ℓ_t ← w'_t·ℓ_t: the core's corrected surrogate on the naive weights
+        pg = _corrected_naive(t, rq.advantages, mask, setup)
     out.update(
         pg_loss=pg.loss, pg_clipfrac=pg.clipfrac, approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t)
     )
@@ -174,6 +178,22 @@ def naive_outputs(
             kl_coef=hp.kl_coef if f("kl_in") is KLPlacement.LOSS else 0.0,
         )  # fmt: skip
     return {k: torch.as_tensor(v, dtype=torch.float64).to(dtype) for k, v in out.items()}
+
+
+def _corrected_naive(t: dict[str, Tensor], adv: Tensor, mask: Tensor, setup: Setup) -> Any:
+    """The policy term under ``rollout_is``: :func:`is_weights_naive` of ``(old_logprobs,
+    rollout_logprobs)`` into :func:`corrected_policy_loss_naive` (rejected tokens count: ``zero``)."""
+    conv, hp = setup.conv, setup.hp
+    rc = conv.rollout
+    w, _, _ = is_weights_naive(
+        t["old_logprobs"], t["rollout_logprobs"], mask, level=rc.level or "token", agg=rc.agg, mode=rc.mode,
+        low=rc.low, high=rc.high,
+    )  # fmt: skip
+    clip = PolicyClip(hp.cliprange, hp.cliprange_high, conv.policy.dual_clip, conv.policy.log_ratio_clamp)
+    return corrected_policy_loss_naive(
+        t["logprobs"], t["old_logprobs"], adv, mask, torch.tensor(w, dtype=torch.float64),
+        clip=clip, norms=Norms(conv.agg.loss, horizon=hp.horizon),
+    )  # fmt: skip
 
 
 def _approx_kl_metric(name: str, k1: float, t: dict[str, Tensor]) -> float:

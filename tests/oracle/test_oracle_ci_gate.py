@@ -327,8 +327,8 @@ def test_assert_step_matches_hides_its_frames_from_pytest(tmp_path: Path) -> Non
 
 
 def test_the_sidecar_keys_write_dump_accepts_are_the_oracles() -> None:
-    from refppo.dump.keys import SIDECAR_SCORING_KEYS, STEP_KEYS
+    from refppo.dump.keys import SIDECAR_SAMPLING_KEYS, SIDECAR_SCORING_KEYS, STEP_KEYS
     from refppo.dump.write import SIDECAR_KEYS
     from refppo.oracle.check.settings import ALL_KEYS
 
-    assert set(SIDECAR_KEYS) == set(ALL_KEYS) | set(SIDECAR_SCORING_KEYS) | set(STEP_KEYS)
+    assert set(SIDECAR_KEYS) == set(ALL_KEYS) | SIDECAR_SCORING_KEYS | SIDECAR_SAMPLING_KEYS | set(STEP_KEYS)

@@ -74,6 +74,11 @@ def inputs_and_conv(key: str, value: Any) -> tuple[dict[str, torch.Tensor], dict
         x["group_index"] = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3 if lone else 2])
     if key in HOLE_KEYS:
         x = holed(x)
+    if key.startswith("rollout_is"):  # the correction on, with the behaviour log-probs it reads
+        g = torch.Generator().manual_seed(11)
+        x["rollout_logprobs"] = x["old_logprobs"] + 0.4 * torch.randn(x["old_logprobs"].shape, generator=g)
+        conv.setdefault("rollout_is", "sequence" if key == "rollout_is_agg" else "token")
+        conv.update(rollout_is_low=0.7, rollout_is_high=1.5)  # both bind (|d| ~ 0.4)
     return x, conv
 
 

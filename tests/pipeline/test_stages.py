@@ -23,6 +23,7 @@ from oracle_helpers import make_inputs
 from refppo.errors import RefPPOError
 from refppo.pipeline.settings import FLAT, HPARAM_KEYS, Convention, Hyperparams, enum_keys
 from refppo.pipeline.stages import (
+    BY_NAME,
     OUTPUTS,
     ROLLOUT_STAGES,
     STAGES,
@@ -34,6 +35,7 @@ from refppo.pipeline.stages import (
 from refppo.pipeline.step import (
     rollout_quantities,
     rollout_quantities_naive,
+    update_grads,
     update_inputs,
     update_quantities,
     update_quantities_naive,
@@ -41,7 +43,7 @@ from refppo.pipeline.step import (
 
 INPUTS = {
     "scores", "old_logprobs", "ref_logprobs", "old_values", "mask", "group_index", "logprobs", "values",
-    "advantages", "returns", "value_mask", "entropy",
+    "advantages", "returns", "value_mask", "entropy", "rollout_logprobs",
 }  # fmt: skip
 """The step's inputs (the rollout's cached tensors, the current policy and critic)."""
 HP = Hyperparams(gamma=0.97, lam=0.9, kl_coef=0.1, ent_coef=0.01, cliprange_value=0.3)
@@ -50,6 +52,14 @@ BASES = {
     "trl-like": {"score_at": "after_last_valid", "whiten_rewards": "masked_no_shift", "score_clip": 2.0},
     "kl-loss": {"kl_in": "loss", "kl_estimator": "k2", "loss_agg": "seq-mean-token-mean", "dual_clip": 3.0},
     "grpo": {"advantage": "grpo", "whiten_advantages": "none", "group_singleton": "score"},
+    "rollout-mis": {
+        "rollout_is": "sequence",
+        "rollout_is_agg": "geometric",
+        "rollout_is_mode": "mask",
+        "rollout_is_low": 0.8,
+        "rollout_is_high": 1.25,
+        "loss_agg": "seq-mean-token-mean",
+    },
 }
 
 
@@ -73,6 +83,7 @@ def _full_walk(conv: Convention, seed: int = 3) -> dict[str, Any]:
     x = make_inputs(B=6, T=10, seed=seed)
     m = x.pop("response_mask").bool()
     q: dict[str, Any] = {**x, "mask": m, "group_index": torch.tensor([0, 0, 1, 1, 2, 2])}
+    q["rollout_logprobs"] = _behaviour(x)
     if conv.adv.estimator.value != "gae":
         q["old_values"] = None
     out = walk(ROLLOUT_STAGES, q, conv, HP)
@@ -80,9 +91,18 @@ def _full_walk(conv: Convention, seed: int = 3) -> dict[str, Any]:
         logprobs=out["logprobs"], values=out["values"] if q["old_values"] is not None else None,
         old_logprobs=out["old_logprobs"], old_values=out["old_values"], advantages=out["advantages"],
         returns=out["returns"], mask=m, value_mask_=out["value_mask"], ref_logprobs=out["ref_logprobs"],
-        entropy=out["entropy"],
+        entropy=out["entropy"], rollout_logprobs=q["rollout_logprobs"],
     )  # fmt: skip
     return {**out, **walk(UPDATE_STAGES, upd, conv, HP)}
+
+
+def _behaviour(x: dict[str, Any]) -> torch.Tensor:
+    """Behaviour log-probs ``l^prox − N(0, 0.3²)``: the rollout-mis band keeps some rows, not all."""
+    g = torch.Generator().manual_seed(23)
+    out: torch.Tensor = x["old_logprobs"] - 0.3 * torch.randn(
+        x["old_logprobs"].shape, generator=g, dtype=torch.float64
+    )
+    return out
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -190,6 +210,7 @@ def test_the_naive_walk_equals_the_vectorized_walk(base: str) -> None:
         logprobs=x["logprobs"], values=x["values"] if critic else None, old_logprobs=x["old_logprobs"],
         old_values=x["old_values"] if critic else None, advantages=vec.advantages, returns=vec.returns,
         mask=m, value_mask_=vec.value_mask, ref_logprobs=x["ref_logprobs"], entropy=x["entropy"],
+        rollout_logprobs=_behaviour(x),
     )  # fmt: skip
     uq = update_quantities(**upd, hp=HP, conv=conv)
     un = update_quantities_naive(update_inputs(**upd), hp=HP, conv=conv)
@@ -251,3 +272,29 @@ def test_the_spec_tables_are_the_stage_table() -> None:
     spec = Path(__file__).resolve().parents[2] / "spec"
     assert _between((spec / "ppo.md").read_text(), "<!-- stage table -->") == stage_table_markdown()
     assert _between((spec / "conventions.md").read_text(), "<!-- group table -->") == group_table_markdown()
+
+
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_the_corrected_gradient_is_the_naive_twins(mode: str) -> None:
+    """Under the rollout correction, autograd through the stages (the weighted ``ℓ``) equals the
+    grads stage's naive twin (``w'_t·∂pg/∂l_t`` from the closed-form gradient), and the weight binds
+    (the uncorrected gradient differs)."""
+    x = make_inputs(B=6, T=10, seed=4)
+    m = x["response_mask"].bool()
+    conv = Convention.of(rollout_is="token", rollout_is_mode=mode, rollout_is_low=0.8, rollout_is_high=1.2)
+    ro = rollout_quantities(
+        scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
+        old_values=x["old_values"], mask=m, hp=HP, conv=conv,
+    )  # fmt: skip
+    q = update_inputs(
+        logprobs=x["logprobs"], values=x["values"], old_logprobs=x["old_logprobs"],
+        old_values=x["old_values"], advantages=ro.advantages, returns=ro.returns, mask=m,
+        value_mask_=ro.value_mask, ref_logprobs=x["ref_logprobs"], entropy=x["entropy"],
+        rollout_logprobs=_behaviour(x),
+    )  # fmt: skip
+    auto = update_grads(q, hp=HP, conv=conv)["grad_logprobs"]
+    out = walk(UPDATE_STAGES, q, conv, HP, naive=True)
+    naive = BY_NAME["grads"].run(out, conv, HP, naive=True)["grad_logprobs"]
+    assert float((auto - naive).abs().max()) <= 1e-12
+    plain = update_grads(q, hp=HP, conv=Convention())["grad_logprobs"]
+    assert float((auto - plain).abs().max()) > 1e-3

@@ -34,6 +34,21 @@ CLAMP_BUNDLES: dict[str, dict[str, Any]] = {
 }
 """The KL clamp combinations the peers use (see refppo.oracle.presets.registry)."""
 
+CORRECTION_BUNDLES: dict[str, dict[str, Any]] = {
+    "off": {"rollout_is": None},
+    "verl-token-tis": {"rollout_is": "token", "rollout_is_mode": "truncate", "rollout_is_low": None,
+                       "rollout_is_high": 2.0},
+    "trl-sequence-mask": {"rollout_is": "sequence", "rollout_is_agg": "product", "rollout_is_mode": "mask",
+                          "rollout_is_low": None, "rollout_is_high": 3.0},
+}  # fmt: skip
+"""The rollout corrections the diagnosis tries (candidate ``rollout_correction``, only on a dump with
+``rollout_logprobs``): none; verl 0.9.1's ``rollout_is: token`` at its default
+``rollout_is_threshold`` 2.0 (``trainer/config/algorithm.py::RolloutCorrectionConfig``); TRL 1.16.0
+GRPOConfig's default ``vllm_importance_sampling_mode="sequence_mask"``, ``clip_max`` 3.0."""
+CORRECTION_KEYS: tuple[str, ...] = (
+    "rollout_is", "rollout_is_agg", "rollout_is_mode", "rollout_is_low", "rollout_is_high",
+)  # fmt: skip
+
 GROUP_KEYS: tuple[str, ...] = (
     "advantage",
     "group_std",
@@ -62,8 +77,10 @@ CANDIDATE_KEYS: tuple[str, ...] = (
     "value_loss_agg",
     "vf_mask",
     "approx_kl",
+    "rollout_correction",
 )
-"""The keys a single-key change is tried on, in the order they are tried (and listed)."""
+"""The keys a single-key change is tried on, in the order they are tried (and listed);
+``rollout_correction`` stands for the ``rollout_is*`` keys (:data:`CORRECTION_BUNDLES`)."""
 
 NAMED: dict[str, list[Any]] = {
     "score_clip": [None, 5.0, 10.0],
@@ -76,7 +93,10 @@ NAMED: dict[str, list[Any]] = {
 
 
 def flat_keys(key: str) -> tuple[str, ...]:
-    """The flat convention keys a candidate key changes (``kl_clamps``: the two KL clamps)."""
+    """The flat convention keys a candidate key changes (``kl_clamps``: the two KL clamps;
+    ``rollout_correction``: the ``rollout_is*`` keys)."""
+    if key == "rollout_correction":
+        return CORRECTION_KEYS
     return ("kl_log_ratio_clamp", "kl_value_clamp") if key == "kl_clamps" else (key,)
 
 
@@ -93,6 +113,8 @@ def members(key: str) -> list[Any]:
 def _alternatives(key: str) -> list[dict[str, Any]]:
     if key == "kl_clamps":
         return [dict(b) for b in CLAMP_BUNDLES.values()]
+    if key == "rollout_correction":
+        return [dict(b) for b in CORRECTION_BUNDLES.values()]
     values = NAMED[key] if key in NAMED else members(key)
     return [{key: v} for v in values]
 
@@ -115,6 +137,8 @@ __all__ = [
     "ALTERNATIVES",
     "CANDIDATE_KEYS",
     "CLAMP_BUNDLES",
+    "CORRECTION_BUNDLES",
+    "CORRECTION_KEYS",
     "GROUP_ALTERNATIVES",
     "GROUP_EPS",
     "GROUP_KEYS",

@@ -48,7 +48,10 @@ def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
     ``setup``: none under ``gae`` (a GAE dump is not re-run through every estimator); a group
     estimator only with a ``group_index``; σ's options only under ``grpo``/``grpo-passk`` (the
     batch levels only with more than one prompt); ``group_singleton`` only with a group of one;
-    ``group_kl`` only with a reward KL (``kl_in=reward``, ``kl_coef`` > 0)."""
+    ``group_kl`` only with a reward KL (``kl_in=reward``, ``kl_coef`` > 0); a rollout correction
+    (``rollout_correction``) only on a dump with ``rollout_logprobs``."""
+    if key == "rollout_correction":  # the weight reads the behaviour log-probs
+        return "rollout_logprobs" in dump.tensors
     if key not in GROUP_ALTERNATIVES:  # the group options (the same keys as _GROUP of its module)
         return True
     conv = setup.conv
@@ -203,6 +206,10 @@ def _closing_note(notes: list[str], found: list[dict[str, Any]], first: str) -> 
     return None
 
 
+def _on_off(setup: Setup) -> str:
+    return "on" if setup.conv.rollout.on else "off"
+
+
 def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[str, Any]]]:
     """Single convention changes and known bugs under which ``first`` (and all before it) match."""
     notes: list[str] = []
@@ -221,6 +228,8 @@ def explain(dump: Dump, setup: Setup, first: str) -> tuple[list[str], list[dict[
             if res is not None:
                 users = _presets_using(upd)
                 tail = f" (as in preset {', '.join(users)})" if users else ""
+                if key == "rollout_correction":
+                    tail += f" (the checked setting has the rollout correction {_on_off(setup)})"
                 notes.append(_explained(f"the convention {_fmt_updates(upd)}{tail}", first, res))
                 everything = first_divergence(res) is None
                 found.append({"kind": "convention", "change": alt_json(upd), "all_match": everything})

@@ -68,12 +68,16 @@ class UpdateInputs:
     value_mask: Tensor
     ref_logprobs: Tensor
     entropy: Tensor | None
+    rollout_logprobs: Tensor | None = None
+    """The behaviour log-probs (read by the rollout correction only when it is on)."""
 
     def take(self, rows: Tensor) -> UpdateInputs:
         """The same inputs restricted to ``rows`` (an index tensor)."""
         ent = None if self.entropy is None else self.entropy[rows]
-        kept = {k: getattr(self, k)[rows] for k in self.__dataclass_fields__ if k != "entropy"}
-        return UpdateInputs(**kept, entropy=ent)
+        beh = None if self.rollout_logprobs is None else self.rollout_logprobs[rows]
+        opt = ("entropy", "rollout_logprobs")
+        kept = {k: getattr(self, k)[rows] for k in self.__dataclass_fields__ if k not in opt}
+        return UpdateInputs(**kept, entropy=ent, rollout_logprobs=beh)
 
 
 def pipeline_grads(
@@ -93,7 +97,7 @@ def pipeline_grads(
     q = update_inputs(
         logprobs=inp.logprobs, values=inp.values, old_logprobs=inp.old_logprobs, old_values=inp.old_values,
         advantages=inp.advantages, returns=inp.returns, mask=inp.mask, value_mask_=inp.value_mask,
-        ref_logprobs=inp.ref_logprobs, entropy=inp.entropy,
+        ref_logprobs=inp.ref_logprobs, entropy=inp.entropy, rollout_logprobs=inp.rollout_logprobs,
     )  # fmt: skip
     return update_grads(q, hp=setup.hp, conv=setup.conv, norm=norm, objective=objective, stages=stages)
 

@@ -108,7 +108,7 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
     ``kl`` (the estimate, also with the KL in the loss), ``token_rewards``, ``advantages``, ``returns``."""
     t, m = dump.tensors, dump.mask
     conv, hp = setup.conv, setup.hp
-    check_inputs_for(dump, conv.adv.estimator.value)
+    check_inputs_for(dump, conv.adv.estimator.value, conv)
     q = {
         "scores": t["scores"],
         "old_logprobs": t["old_logprobs"],
@@ -147,7 +147,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None
     uq = update_quantities(
         logprobs=logprobs, values=values, old_logprobs=old_lp, old_values=t.get("old_values"),
         advantages=adv, returns=returns, mask=m, value_mask_=vf_mask, ref_logprobs=t["ref_logprobs"],
-        entropy=t.get("entropy"), hp=hp, conv=conv, stages=stages,
+        entropy=t.get("entropy"), rollout_logprobs=t.get("rollout_logprobs"), hp=hp, conv=conv, stages=stages,
     )  # fmt: skip
     widen: dict[str, Callable[[], float]] = {}
     if "logprobs" in t:
@@ -203,7 +203,10 @@ def _update_inputs(
         ov_in = t["old_values"] if critic else zeros
     grad_setup = setup if critic else Setup(setup.conv, replace(setup.hp, vf_coef=0.0))
     entropy = t.get("entropy")
-    inp = UpdateInputs(logprobs, v_in, old_lp, ov_in, adv, returns, m, vf_mask, t["ref_logprobs"], entropy)
+    inp = UpdateInputs(
+        logprobs, v_in, old_lp, ov_in, adv, returns, m, vf_mask, t["ref_logprobs"], entropy,
+        t.get("rollout_logprobs"),
+    )  # fmt: skip
     return inp, grad_setup
 
 

@@ -138,7 +138,8 @@ class _PolicyEval:
         if hit is not None and not force:
             return hit
         s = self.s
-        q = {"logprobs": self.logprobs, "old_logprobs": s.t["old_logprobs"], "advantages": adv, "mask": s.m}
+        q: dict[str, Tensor | None] = {"logprobs": self.logprobs, "old_logprobs": s.t["old_logprobs"]}
+        q.update(advantages=adv, mask=s.m, is_weights=s.is_weights)  # w': the checked setting's
         st = s.setting(dual_clip=dual, log_ratio_clamp=lrc, cliprange=clip[0], cliprange_high=clip[1])
         out = s.evaluate("policy", q, st)
         if dual is None and self.vanilla:

@@ -61,7 +61,7 @@ STEPS: tuple[Step, ...] = (
         ("whiten_advantages", "whiten_variance", "whiten_eps_at", "whiten_holes"), "(a fitted map, named)",
     ),
     Step(
-        "policy", ("policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),
+        "policy", ("rollout_correction", "policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),
         ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss"),
         ("dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg", "approx_kl",
          "entropy_agg"),
@@ -77,6 +77,10 @@ STEPS: tuple[Step, ...] = (
 
 NOT_WALKED: dict[str, str] = {
     "policy_loss": "the checked setting's own (evaluated by the policy stage, not searched yet)",
+    **{
+        k: "the checked setting's own (the rollout correction's weight, evaluated once; not searched yet)"
+        for k in ("rollout_is", "rollout_is_agg", "rollout_is_mode", "rollout_is_low", "rollout_is_high")
+    },
     "gamma": "the sidecar's",
     "lam": "the sidecar's",
     "kl_coef": "the sidecar's",
