@@ -19,7 +19,7 @@ STEP_MODULES = frozenset(
     "refppo.core." + m
     for m in (
         "aggregate", "by_rows", "gae", "grad", "group", "gspo", "kl", "normalize", "objective", "policy",
-        "rewards", "score_map", "value",
+        "rewards", "score_map", "value", "rollout_correction", "rollout_losses", "cispo",
     )
 )  # fmt: skip
 """The core modules that compute a step of PPO (not the checks, masked reductions, log-prob
