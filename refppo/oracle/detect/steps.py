@@ -63,9 +63,9 @@ STEPS: tuple[Step, ...] = (
     Step(
         "policy", ("policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),
         ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss"),
-        ("dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg", "approx_kl",
-         "entropy_agg"),
-        "dual-clip c, clip ranges",
+        ("policy_loss", "dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg",
+         "approx_kl", "entropy_agg"),
+        "dual-clip c, clip ranges (walked with every policy_loss)",
     ),
     Step(
         "value", ("value", "value_agg"), ("vf_loss", "vf_clipfrac"),
@@ -76,7 +76,6 @@ STEPS: tuple[Step, ...] = (
 """The walk, in pipeline order."""
 
 NOT_WALKED: dict[str, str] = {
-    "policy_loss": "the checked setting's own (evaluated by the policy stage, not searched yet)",
     "gamma": "the sidecar's",
     "lam": "the sidecar's",
     "kl_coef": "the sidecar's",
