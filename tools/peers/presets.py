@@ -21,7 +21,9 @@ Critic-free cases (issue #13: GRPO, Dr. GRPO, RLOO, REINFORCE++ and its baseline
 dump; and verl's ``opo``, ``gpg``, ``grpo_passk`` and OpenRLHF's ``flash_reinforce``) come from
 :mod:`peers.makers.critic_free`; their units are named ``PEER:critic-free`` and checked under
 ``--preset PEER`` with the case's ``--set advantage=...``. Multi-turn cases with holes come from
-:mod:`peers.makers.holes` (called by each peer's maker).
+:mod:`peers.makers.holes` (called by each peer's maker). verl's GSPO steps (``policy_loss=gspo``,
+verl's own ``compute_policy_loss_gspo``) come from :mod:`peers.makers.verl_gspo` (unit
+``verl:gspo``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ VENVS: dict[str, dict[str, Unit]] = {
         "openrlhf": Unit("openrlhf", "peers.makers.verl_openrlhf:make_openrlhf"),
         "verl:critic-free": Unit("verl", "peers.makers.critic_free:make_verl"),
         "openrlhf:critic-free": Unit("openrlhf", "peers.makers.critic_free:make_openrlhf"),
+        "verl:gspo": Unit("verl", "peers.makers.verl_gspo:make"),
     },
     "skyrl-areal": {
         "skyrl": Unit("skyrl-train", "peers.makers.skyrl:make"),

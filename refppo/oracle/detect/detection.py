@@ -22,8 +22,9 @@ it proposes is evaluated through the stages like any other value). The steps
 - ``advantages`` (stages whitening): walks whiten_advantages, whiten_variance, whiten_eps_at,
   whiten_holes; checked against advantages; solver: (a fitted map, named).
 - ``policy`` (stages rollout_correction, policy, policy_agg, approx_kl, entropy, kl_loss): walks
-  dual_clip, log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl, entropy_agg; checked
-  against pg_loss, pg_clipfrac, approx_kl, entropy_loss; solver: dual-clip c, clip ranges.
+  policy_loss, dual_clip, log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl,
+  entropy_agg; checked against pg_loss, pg_clipfrac, approx_kl, entropy_loss; solver: dual-clip c,
+  clip ranges (walked with every policy_loss).
 - ``value`` (stages value, value_agg): walks value_loss, value_clip_form, vf_mask, value_loss_agg,
   cliprange_value; checked against vf_loss, vf_clipfrac; solver: value clip range.
 - ``loss`` (stages kl_loss, total): walks kl_loss_agg; checked against kl_loss, loss; solver: —.

@@ -1,43 +1,39 @@
 """The policy step of ``--detect``: the policy, policy_agg, approx_kl, entropy and kl_loss stages.
 
-Walks ``dual_clip`` (none / verl's ``c = 3`` / the checked setting's), ``log_ratio_clamp`` (none /
-20 / the checked setting's), every :class:`LossAgg` member as ``loss_agg``, every :class:`ApproxKL`
-member, ``entropy_agg`` (like ``loss_agg``, or any other mode when the dump holds ``entropy_loss``)
-and the checked clip ranges. When none reproduces ``pg_loss`` and ``pg_clipfrac``,
-:func:`propose_policy` solves the dual-clip constant and the clip ranges from the data and the step is
-walked again with them.
+Walks ``policy_loss`` (the checked setting's first; every :class:`PolicyLoss` member when nothing
+reproduces the dump), ``dual_clip`` (none / verl's ``c = 3`` / the checked setting's; ``vanilla``
+only), ``log_ratio_clamp`` (:func:`refppo.oracle.detect.policy_solve.log_ratio_clamps`: none, the
+checked setting's, 20 for ``vanilla`` and verl's κ = 10 for ``gspo``), every :class:`LossAgg` member
+as ``loss_agg``, every :class:`ApproxKL` member, ``entropy_agg`` (like ``loss_agg``, or any other
+mode when the dump holds ``entropy_loss``) and the checked clip ranges. When none reproduces
+``pg_loss`` and ``pg_clipfrac``, :func:`refppo.oracle.detect.policy_solve.propose_policy` solves the
+dual-clip constant and the clip ranges from the data and the step is walked again with them and
+with every policy loss.
 
-The per-token loss is made once per ``(advantages, clip ranges, dual clip, clamp)`` by the policy
-stage and aggregated under every mode by the policy_agg stage; a clamp that binds on no token, or a
-dual clip that caps no token, leaves the stage's output as it is without them, so the walk reuses
-that evaluation (:func:`_dual_caps`; the clamp: ``max|l − l^old|`` over the valid tokens).
+The per-token loss is made once per ``(advantages, policy loss, clip ranges, dual clip, clamp)`` by
+the policy stage and aggregated under every mode by the policy_agg stage; a clamp that binds on no
+token, or a dual clip that caps no token, leaves the stage's output as it is without them, so the
+walk reuses that evaluation (:func:`_dual_caps`; the clamp under ``vanilla``: ``max|l − l^old|``
+over the valid tokens; under ``gspo``, an upper clamp of ``S_b = mean_t(l − l^old)``: ``max_b S_b``,
+:func:`max_seq_log_ratio`).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from refppo.conventions import ApproxKL, KLPlacement, LossAgg, PolicyLoss
-from refppo.oracle.check.settings import Setup
+from refppo.core.checks import count_true
 from refppo.oracle.check.ties import pg_tie_share
 from refppo.oracle.detect.groups import Group, Option
-from refppo.oracle.detect.search import SOLVE_GROUPS, Search
-from refppo.oracle.detect.solve import (
-    PolicyTerms,
-    clipfrac_of,
-    loss_weights,
-    nice,
-    solve_clip_ranges,
-    solve_dual_clip,
-)
+from refppo.oracle.detect.policy_solve import log_ratio_clamps, propose_policy
+from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState, PolicyState, digest
-from refppo.pipeline.blocks import Evaluation
 
 MEMO_MAX = 16384
 """Entries of the policy step's per-advantages loss memo (scalars) before it is cleared."""
@@ -58,6 +54,18 @@ def max_abs_log_ratio(rows: int, logp: Tensor, logp_old: Tensor, m: Tensor) -> f
         float(torch.where(m[r], logp[r] - logp_old[r], zero).abs().max())
         for r in row_slices(m.shape[0], rows)
     )
+
+
+def max_seq_log_ratio(rows: int, logp: Tensor, logp_old: Tensor, m: Tensor) -> float:
+    """``max_b S_b``, ``S_b = Σ_t m·(l − l^old) / L_b`` (GSPO's log sequence ratio, the policy
+    stage's own expression; every row has a valid token), by blocks of ``rows`` rows (no ``[B, T]``
+    temporary): GSPO's upper clamp κ at or above it binds on no row (``min(S_b, κ) = S_b``)."""
+    zero = torch.zeros((), dtype=logp.dtype)
+    best = float("-inf")
+    for r in row_slices(m.shape[0], rows):
+        d = torch.where(m[r], torch.where(m[r], logp[r], zero) - logp_old[r], zero)
+        best = max(best, float((d.sum(dim=1) / count_true(m[r], 1).to(d.dtype)).max()))
+    return best
 
 
 def _dual_caps(rows: int, per_token: Tensor, adv: Tensor, m: Tensor, dual: float) -> bool:
@@ -87,8 +95,8 @@ class _PolicyEval:
         self.has_lp = "logprobs" in t
         self.logprobs = t.get("logprobs", t["old_logprobs"])
         self.block = m.shape[0] if s.ev.rows is None else s.ev.rows
-        self.vanilla = s.base.conv.policy.loss is PolicyLoss.VANILLA
         self.max_abs_d = max_abs_log_ratio(self.block, self.logprobs, t["old_logprobs"], m)
+        self._max_seq: float | None = None
         self.ev_tok = s.ev_counts(m)
         q_ent = {"entropy": t.get("entropy"), "mask": m, "logprobs": self.logprobs}
         # entropy_agg None reads loss_agg: each mode's entropy term once, under entropy_agg = loss_agg
@@ -102,19 +110,26 @@ class _PolicyEval:
         self.acts: dict[tuple[Any, ...], bool] = {}
         self.computed: dict[tuple[Any, ...], _Aggregated] = {}
 
+    def max_seq(self) -> float:
+        """:func:`max_seq_log_ratio` of the dump (once, when a ``gspo`` option is walked)."""
+        if self._max_seq is None:
+            self._max_seq = max_seq_log_ratio(self.block, self.logprobs, self.s.t["old_logprobs"], self.s.m)
+        return self._max_seq
+
     def effective(
-        self, adv: Tensor, adv_key: bytes, clip: Clip, dual: float | None, lrc: float | None
+        self, adv: Tensor, adv_key: bytes, clip: Clip, loss: PolicyLoss, dual: float | None, lrc: float | None
     ) -> tuple[float | None, float | None]:
-        """``(dual, clamp)`` that give the stage's output under ``(dual, lrc)``: a clamp that binds
-        on no token, or a dual clip that caps no token, is left out (the same output bit for bit)."""
-        if not self.vanilla:
-            return dual, lrc
+        """``(dual, clamp)`` that give the stage's output under ``(loss, dual, lrc)``: a clamp that
+        binds on no token (no row under ``gspo``), or a dual clip that caps no token, is left out
+        (the same output bit for bit)."""
+        if loss is PolicyLoss.GSPO:
+            return dual, (lrc if (lrc is not None and self.max_seq() > lrc) else None)
         eff_lrc = lrc if (lrc is not None and self.max_abs_d > lrc) else None
         lo, hi = clip
         if dual is not None and dual > 1.0 + (hi if hi is not None else lo):
             dk = (adv_key, clip, dual, eff_lrc)
             if dk not in self.acts:  # made with the loss without a dual clip (:meth:`entry`)
-                self.entry(adv, adv_key, clip, None, eff_lrc, (dual,), force=True)
+                self.entry(adv, adv_key, clip, loss, None, eff_lrc, (dual,), force=True)
             if not self.acts[dk]:
                 return None, eff_lrc
         return dual, eff_lrc
@@ -124,25 +139,32 @@ class _PolicyEval:
         adv: Tensor,
         adv_key: bytes,
         clip: Clip,
+        loss: PolicyLoss,
         dual: float | None,
         lrc: float | None,
         duals: tuple[float, ...] = (),
         *,
         force: bool = False,
     ) -> _Aggregated:
-        """The policy stage's loss under ``(clip, dual, lrc)``, aggregated by the policy_agg stage
-        under every mode (memoised: scalars only); made without a dual clip, it also records which
-        of ``duals`` would cap a token (:func:`_dual_caps`)."""
-        ck = (adv_key, clip, dual, lrc)
+        """The policy stage's loss under ``(loss, clip, dual, lrc)``, aggregated by the policy_agg
+        stage under every mode (memoised: scalars only); the vanilla loss made without a dual clip
+        also records which of ``duals`` would cap a token (:func:`_dual_caps`)."""
+        ck = (adv_key, loss, clip, dual, lrc)
         hit = self.computed.get(ck)
         if hit is not None and not force:
             return hit
         s = self.s
         q: dict[str, Tensor | None] = {"logprobs": self.logprobs, "old_logprobs": s.t["old_logprobs"]}
         q.update(advantages=adv, mask=s.m, is_weights=s.is_weights)  # w': the checked setting's
-        st = s.setting(dual_clip=dual, log_ratio_clamp=lrc, cliprange=clip[0], cliprange_high=clip[1])
+        st = s.setting(
+            policy_loss=loss.value,
+            dual_clip=dual,
+            log_ratio_clamp=lrc,
+            cliprange=clip[0],
+            cliprange_high=clip[1],
+        )
         out = s.evaluate("policy", q, st)
-        if dual is None and self.vanilla:
+        if dual is None and loss is PolicyLoss.VANILLA:
             for d in duals:
                 self.acts[(adv_key, clip, d, lrc)] = _dual_caps(self.block, out["pg_per_token"], adv, s.m, d)
         qa = {"pg_per_token": out["pg_per_token"], "mask": s.m}
@@ -200,24 +222,43 @@ def kl_loss_stage(s: Search, kl_setting: Any, agg: str, kagg: str | None) -> Ten
     return out
 
 
+Walked = tuple[PolicyLoss, Clip, float | None, float | None]
+"""``(policy loss, clip ranges, dual clip, log-ratio clamp)``: one policy stage setting of the walk."""
+
+
+def _walked(
+    losses: list[PolicyLoss], clips: list[Clip], duals: list[float | None], own_lrc: float | None
+) -> list[Walked]:
+    """The policy stage settings walked: per policy loss (in order, each once), the clip ranges ×
+    the dual clips (none only under ``gspo``, which has none) × its log-ratio clamps
+    (:func:`refppo.oracle.detect.policy_solve.log_ratio_clamps` with the checked ``own_lrc``)."""
+    out: list[Walked] = []
+    for loss in dict.fromkeys(losses):
+        ds = duals if loss is PolicyLoss.VANILLA else [None]
+        lrcs = log_ratio_clamps(loss, own_lrc)
+        out += [(loss, c, d, lr) for c, d, lr in itertools.product(clips, ds, lrcs)]
+    return out
+
+
 def _policy_options(
-    pe: _PolicyEval, clips: list[Clip], duals: list[float | None], lrcs: list[float | None]
+    pe: _PolicyEval, settings: list[Walked]
 ) -> Callable[[Group[AdvState]], Iterable[Option[PolicyState]]]:
     s = pe.s
     base_clip = (s.hp.cliprange, s.hp.cliprange_high)
+    own_loss = s.base.conv.policy.loss
     own_eagg: dict[str, Any] = {} if s.base.conv.agg.entropy is None else {"entropy_agg": None}
-    tests = tuple(d for d in duals if d is not None)
+    tests = tuple(dict.fromkeys(d for _, _, d, _ in settings if d is not None))
     ents_all = "entropy_loss" in s.t
 
     def opts(g: Group[AdvState]) -> Iterable[Option[PolicyState]]:
         st = g.state
-        for clip, dual, lrc in itertools.product(clips, duals, lrcs):
-            if dual is not None and not pe.vanilla:
-                continue  # GSPO has no dual clip (the policy group refuses it)
-            eff_dual, eff_lrc = pe.effective(st.adv, st.adv_key, clip, dual, lrc)
-            out = pe.entry(st.adv, st.adv_key, clip, eff_dual, eff_lrc, tests)
+        for loss, clip, dual, lrc in settings:
+            eff_dual, eff_lrc = pe.effective(st.adv, st.adv_key, clip, loss, dual, lrc)
+            out = pe.entry(st.adv, st.adv_key, clip, loss, eff_dual, eff_lrc, tests)
             upd_clip = {} if clip == base_clip else {"cliprange": clip[0], "cliprange_high": clip[1]}
+            upd_loss = {} if loss is own_loss else {"policy_loss": loss.value}
             setting = {
+                "policy_loss": loss.value,
                 "dual_clip": eff_dual,
                 "log_ratio_clamp": eff_lrc,
                 "cliprange": clip[0],
@@ -236,20 +277,26 @@ def _policy_options(
                     )
                     key = digest(st.carried.ret_key, out.pg[a], out.clipfrac, akl, ent, kll, a)
                     upd = {"dual_clip": dual, "log_ratio_clamp": lrc, "loss_agg": a, "approx_kl": ak.value}
-                    yield {**upd, **eupd, **upd_clip}, ps, key
+                    yield {**upd_loss, **upd, **eupd, **upd_clip}, ps, key
 
     return opts
 
 
 def _widen(s: Search, st: PolicyState, cache: dict[Any, float]) -> Callable[[], float]:
-    """The tie-widening of ``pg_clipfrac`` for a policy state (cached per advantages, clamp, clips)."""
+    """The tie-widening of ``pg_clipfrac`` for a policy state (cached per advantages, policy loss,
+    clamp, clips)."""
     t, m = s.t, s.m
 
     def widen() -> float:
         cfg = st.setting
-        ck = (st.adv_key, cfg["log_ratio_clamp"], cfg["cliprange"], cfg["cliprange_high"])
+        loss = cfg["policy_loss"]
+        ck = (st.adv_key, loss, cfg["log_ratio_clamp"], cfg["cliprange"], cfg["cliprange_high"])
         if ck not in cache:
+            # the vanilla loss keeps the checked dual clip's boundary; gspo has none
+            no_dual: dict[str, Any] = {} if loss == PolicyLoss.VANILLA.value else {"dual_clip": None}
             setup = s.setting(
+                **no_dual,
+                policy_loss=loss,
                 log_ratio_clamp=cfg["log_ratio_clamp"],
                 cliprange=cfg["cliprange"],
                 cliprange_high=cfg["cliprange_high"],
@@ -261,20 +308,25 @@ def _widen(s: Search, st: PolicyState, cache: dict[Any, float]) -> Callable[[], 
 
 
 def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicyState]]:
-    """``pg_loss``, ``pg_clipfrac``, ``approx_kl``, ``entropy_loss``: dual clip, clamp, aggregation."""
+    """``pg_loss``, ``pg_clipfrac``, ``approx_kl``, ``entropy_loss``: policy loss, dual clip, clamp,
+    aggregation (the checked policy loss first, every other one with the solver's constants)."""
     pe = _PolicyEval(s)
     c = s.base.conv.policy
     base_duals: list[float | None] = list(dict.fromkeys([None, 3.0, c.dual_clip]))
-    lrcs: list[float | None] = list(dict.fromkeys([None, 20.0, c.log_ratio_clamp]))
     base_clip = (s.hp.cliprange, s.hp.cliprange_high)
     widen_cache: dict[Any, float] = {}
+    others = [p for p in PolicyLoss if p is not c.loss]
+    if s.base.conv.rollout.on:  # a corrected surrogate is refused with GSPO (the convention's check)
+        others = [p for p in others if p is not PolicyLoss.GSPO]
 
     def make(
         extra: dict[str, list[Any]] | None,
     ) -> Callable[[Group[AdvState]], Iterable[Option[PolicyState]]]:
-        duals = list(dict.fromkeys(base_duals + list((extra or {}).get("duals", []))))
-        clips = [base_clip, *(extra or {}).get("clips", [])]
-        return _policy_options(pe, clips, duals, lrcs)
+        extra = extra or {}
+        duals = list(dict.fromkeys(base_duals + list(extra.get("duals", []))))
+        clips = [base_clip, *extra.get("clips", [])]
+        losses = [c.loss, *extra.get("losses", [])]
+        return _policy_options(pe, _walked(losses, clips, duals, c.log_ratio_clamp))
 
     def checks(st: PolicyState) -> list[float | None]:
         if not pe.has_lp:
@@ -289,102 +341,8 @@ def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicySt
             out.append(s.ratio("entropy_loss", st.entropy_loss, None))
         return out
 
-    return s.stage(groups, make, checks, "policy", (lambda gs: propose_policy(s, gs)) if pe.has_lp else None)
-
-
-def propose_policy(s: Search, groups: list[Group[AdvState]]) -> dict[str, list[Any]]:
-    """Dual-clip constants and clip ranges under which ``pg_loss`` is reproduced.
-
-    Solved per advantage variant (the first :data:`SOLVE_GROUPS` groups), per aggregation mode and
-    per log-ratio clamp, on the policy stage's ratio and per-token loss without a dual clip and the
-    policy_agg stage's weights; clip-range pairs must also give the dump's ``pg_clipfrac``.
-    """
-    t, m, hp = s.t, s.m, s.hp
-    if "pg_loss" not in t or "logprobs" not in t:
-        return {}
-    target = float(t["pg_loss"])
-    duals: list[float] = []
-    clips: list[Clip] = []
-    lrcs = list(dict.fromkeys([None, s.base.conv.policy.log_ratio_clamp, 20.0]))
-    seen_adv: set[bytes] = set()  # by content: a replayed state's tensors are new objects
-    with_ratio = replace(s.ev, keep_ratio=True)
-    weight = _agg_weights(s)
-    for g in groups[:SOLVE_GROUPS]:
-        st = g.state
-        if st.adv_key in seen_adv:
-            continue
-        seen_adv.add(st.adv_key)
-        for lrc in lrcs:
-            q = {
-                "logprobs": t["logprobs"],
-                "old_logprobs": t["old_logprobs"],
-                "advantages": st.adv,
-                "mask": m,
-            }
-            out = s.evaluate("policy", q, s.setting(dual_clip=None, log_ratio_clamp=lrc), with_ratio)
-            ratio, plain = out["ratio"], out["pg_per_token"][m]
-            for agg in LossAgg:
-                terms = PolicyTerms(
-                    st.adv[m].double(), ratio[m].double(), weight(agg, st.adv.dtype)[m].double()
-                )
-                _solve_on(s, terms, plain, target, duals, clips)
-    duals = [d for d in dict.fromkeys(duals) if d > 1.0][:8]
-    base_clip = (hp.cliprange, hp.cliprange_high)
-    clips = [c for c in dict.fromkeys(clips) if c != base_clip][:8]
-    for dc in duals:
-        s.propose_value("dual_clip", dc)
-    for lo_c, hi_c in clips:
-        s.propose_value("cliprange", lo_c)
-        s.propose_value("cliprange_high", hi_c)
-    return {"duals": duals, "clips": clips} if (duals or clips) else {}
-
-
-def _agg_weights(s: Search) -> Callable[[LossAgg, torch.dtype], Tensor]:
-    """``(agg, dtype) ↦ ∂pg_loss/∂ℓ`` of the policy_agg stage under ``agg`` (``[B, T]``), with
-    autograd (no row blocks), memoised."""
-    weights: dict[tuple[LossAgg, torch.dtype], Tensor] = {}
-
-    def weight(agg: LossAgg, dtype: torch.dtype) -> Tensor:
-        if (agg, dtype) not in weights:
-            st = s.setting(loss_agg=agg.value)
-
-            def fn(x: Tensor, st: Setup = st) -> Tensor:
-                out: Tensor = s.evaluate("policy_agg", {"pg_per_token": x, "mask": s.m}, st, Evaluation())[
-                    "pg_loss"
-                ]
-                return out
-
-            weights[(agg, dtype)] = loss_weights(fn, s.m, dtype)
-        return weights[(agg, dtype)]
-
-    return weight
-
-
-def _solve_on(
-    s: Search, terms: PolicyTerms, plain: Tensor, target: float, duals: list[float], clips: list[Clip]
-) -> None:
-    """Appends the dual-clip constants ``c`` and the clip-range pairs ``(lo, hi)`` (those giving the
-    dump's ``pg_clipfrac`` too) that reproduce ``target`` on ``terms``, rounded by :func:`nice`."""
-    hp = s.hp
-    for c in solve_dual_clip(terms, plain, target):
-        duals += nice(c)
-    for dual in dict.fromkeys([s.base.conv.policy.dual_clip, None]):
-        known = tuple(dict.fromkeys([hp.cliprange, hp.cliprange_high or hp.cliprange]))
-        for lo, hi in solve_clip_ranges(terms, target, dual=dual, known=known):
-            if not _clipfrac_ok(s, terms, lo, hi):
-                continue
-            lo_n, hi_n = nice(lo)[0], nice(hi)[0]
-            if 0.0 <= lo_n < 1.0:
-                clips.append((lo_n, None if hi_n == lo_n else hi_n))
-
-
-def _clipfrac_ok(s: Search, terms: PolicyTerms, lo: float, hi: float) -> bool:
-    if "pg_clipfrac" not in s.t:
-        return True
-    got = float(s.t["pg_clipfrac"])
-    # ties at the boundary and rounding of a float32 trainer: a few tokens either way
-    slack = s.tol.of(abs(got)) + 4.0 / max(terms.adv.numel(), 1)
-    return abs(clipfrac_of(terms, lo, hi) - got) <= slack + s.tol.rtol
+    propose = (lambda gs: propose_policy(s, gs, [c.loss, *others])) if pe.has_lp else None
+    return s.stage(groups, make, checks, "policy", propose)
 
 
 __all__ = ["MEMO_MAX", "kl_loss_stage", "max_abs_log_ratio", "policy_step", "propose_policy"]

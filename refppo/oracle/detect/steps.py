@@ -63,9 +63,9 @@ STEPS: tuple[Step, ...] = (
     Step(
         "policy", ("rollout_correction", "policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),
         ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss"),
-        ("dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg", "approx_kl",
-         "entropy_agg"),
-        "dual-clip c, clip ranges",
+        ("policy_loss", "dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg",
+         "approx_kl", "entropy_agg"),
+        "dual-clip c, clip ranges (walked with every policy_loss)",
     ),
     Step(
         "value", ("value", "value_agg"), ("vf_loss", "vf_clipfrac"),
@@ -75,12 +75,15 @@ STEPS: tuple[Step, ...] = (
 )  # fmt: skip
 """The walk, in pipeline order."""
 
+NOT_WALKED_YET: dict[str, str] = {
+    k: "#22: the checked setting's own (the rollout correction's weight, evaluated once); its walk and "
+    "cap solver are not built yet"
+    for k in ("rollout_is", "rollout_is_agg", "rollout_is_mode", "rollout_is_low", "rollout_is_high")
+}
+"""Keys the walk should search and does not yet (an open gap, named: the tests allow only these)."""
+
 NOT_WALKED: dict[str, str] = {
-    "policy_loss": "the checked setting's own (evaluated by the policy stage, not searched yet)",
-    **{
-        k: "the checked setting's own (the rollout correction's weight, evaluated once; not searched yet)"
-        for k in ("rollout_is", "rollout_is_agg", "rollout_is_mode", "rollout_is_low", "rollout_is_high")
-    },
+    **NOT_WALKED_YET,
     "gamma": "the sidecar's",
     "lam": "the sidecar's",
     "kl_coef": "the sidecar's",
@@ -137,4 +140,12 @@ def drop_raw_advantages(st: AdvState) -> AdvState:
     return replace(st, adv_raw=None)
 
 
-__all__ = ["NOT_WALKED", "STEPS", "Step", "drop_raw_advantages", "run_search", "steps_table"]
+__all__ = [
+    "NOT_WALKED",
+    "NOT_WALKED_YET",
+    "STEPS",
+    "Step",
+    "drop_raw_advantages",
+    "run_search",
+    "steps_table",
+]
