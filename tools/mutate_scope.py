@@ -121,6 +121,7 @@ PIPELINE_TESTS = (
 """The oracle's tests (tests/oracle/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
 EXTRA_TESTS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("policy", "gspo", "value"), ("tests/core/test_core_token_losses.py",)),
     "logprobs": ("tests/core/test_logprobs_chunked.py",),
     "group": ("tests/core/test_group_more_estimators.py", "tests/core/test_group_std_level.py"),
     "_group_checks": (  # group.py's input checks: group.py's tests (and the twins' refusals, below)
