@@ -264,6 +264,13 @@ def test_batch_statistics_of_the_critic_free_estimators_go_through_the_all_reduc
     comm, got = _TwoRanks(), {}
 
     def run(r: int) -> None:
+        try:
+            _rank(r)
+        except BaseException:
+            comm.barrier.abort()  # the other rank stops waiting (BrokenBarrierError) instead of hanging
+            raise
+
+    def _rank(r: int) -> None:
         rows = ranks[r]
         y = {k: v[rows] for k, v in x.items()}
         got[r] = rollout_quantities(
@@ -272,7 +279,7 @@ def test_batch_statistics_of_the_critic_free_estimators_go_through_the_all_reduc
             group_index=y["group_index"], groups_on_rank=True,
         ).advantages  # fmt: skip
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in (0, 1)]
     for th in threads:
         th.start()
     for th in threads:

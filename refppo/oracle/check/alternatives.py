@@ -18,7 +18,7 @@ from typing import Any
 
 from refppo.conventions import AdvantageEstimator
 from refppo.pipeline.settings import FLAT, SIGMA_ESTIMATORS, enum_keys
-from refppo.pipeline.stages import OUTPUTS, keys_upstream
+from refppo.pipeline.stages import BY_NAME, OUTPUTS, keys_upstream
 
 GROUP_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
 """``group_eps`` of the peers: verl/SkyRL 1e-6, OpenRLHF 1e-9, TRL GRPOTrainer 1e-4, and 1e-8 (also
@@ -45,9 +45,8 @@ CORRECTION_BUNDLES: dict[str, dict[str, Any]] = {
 ``rollout_logprobs``): none; verl 0.9.1's ``rollout_is: token`` at its default
 ``rollout_is_threshold`` 2.0 (``trainer/config/algorithm.py::RolloutCorrectionConfig``); TRL 1.16.0
 GRPOConfig's default ``vllm_importance_sampling_mode="sequence_mask"``, ``clip_max`` 3.0."""
-CORRECTION_KEYS: tuple[str, ...] = (
-    "rollout_is", "rollout_is_agg", "rollout_is_mode", "rollout_is_low", "rollout_is_high",
-)  # fmt: skip
+CORRECTION_KEYS: tuple[str, ...] = BY_NAME["rollout_correction"].keys
+"""The rollout correction stage's keys (the ``rollout_is*`` keys)."""
 
 GROUP_KEYS: tuple[str, ...] = (
     "advantage",
