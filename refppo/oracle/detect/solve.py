@@ -15,7 +15,7 @@ hinge sums          ``pg_loss(x) = C + Σ_i w_i·min(x, k_i)`` is piecewise line
                     walking the prefix sums solves it exactly (:func:`solve_min_hinge`).
 value clip          ``vf_loss(ε_v)`` is continuous and piecewise quadratic in ε_v: its roots are
                     bracketed on the quantiles of ``|V − V_old|`` and bisected
-                    (:func:`solve_value_clip`).
+                    (:mod:`refppo.oracle.detect.solve_value`).
 KL clamps           the tokens where the dump's ``kl`` departs from the unclamped estimator give
                     the value clamp (a constant ``|kl|``) or the log-ratio bounds (the estimator
                     inverted at the plateau value) (:func:`read_kl_clamps`).
@@ -193,63 +193,6 @@ def clipfrac_of(terms: PolicyTerms, eps_low: float, eps_high: float) -> float:
     return float(n) / max(a.numel(), 1)
 
 
-# ----- value clip ------------------------------------------------------------------------------
-class ValueTerms:
-    """The valid tokens of the value loss, flattened (float64): ``V``, ``V_old``, ``R``, weights."""
-
-    def __init__(self, v: Tensor, v_old: Tensor, ret: Tensor, w: Tensor) -> None:
-        self.v, self.v_old, self.ret, self.w = v, v_old, ret, w
-
-    @classmethod
-    def of(cls, v: Tensor, v_old: Tensor, ret: Tensor, mask: Tensor, w: Tensor) -> ValueTerms:
-        """``w``: the aggregation's weights ``[B, T]`` (:func:`loss_weights`)."""
-        return cls(v[mask].double(), v_old[mask].double(), ret[mask].double(), w[mask])
-
-    def loss(self, eps: float) -> float:
-        """The solver's model of the clipped value loss, ``½·Σ w·max((V−R)², (clamp(V, V_old ± ε) − R)²)``
-        (float64; the clip forms are equal in exact arithmetic): it brackets ε_v, the value stage
-        then evaluates each proposal."""
-        vc = torch.minimum(torch.maximum(self.v, self.v_old - eps), self.v_old + eps)
-        per = torch.maximum((self.v - self.ret) ** 2, (vc - self.ret) ** 2)
-        return 0.5 * float((self.w * per).sum())
-
-
-def solve_value_clip(terms: ValueTerms, target: float, tol: float, grid: int = 256) -> list[float]:
-    """Value clip ranges ``ε_v`` under which the clipped value loss equals ``target``.
-
-    ``vf_loss(ε)`` is continuous and piecewise quadratic in ε, with knots at ``|V − V_old|`` (a
-    token enters or leaves the clip) and where a token's two branches cross; beyond the largest
-    ``|V − V_old|`` it is the unclipped loss. The roots are bracketed on a grid of the quantiles of
-    ``|V − V_old|`` (so every piece with many tokens is sampled) and refined by bisection; each is
-    proposed rounded to the shortest round number (:func:`refppo.oracle.detect.solve.nice`) whose loss is
-    still within ``tol`` of the target, else to 6 significant digits. Proposals only: the pipeline
-    re-checks them.
-    """
-    d = (terms.v - terms.v_old).abs()
-    if d.numel() == 0 or float(d.max()) == 0.0:
-        return []
-    qs = torch.quantile(d, torch.linspace(0.0, 1.0, grid, dtype=torch.float64)).tolist()
-    xs = sorted(set([0.0, *qs]))
-    fs = [terms.loss(x) - target for x in xs]
-    roots: list[float] = []
-    for (a, fa), (b, fb) in zip(zip(xs, fs, strict=True), zip(xs[1:], fs[1:], strict=True), strict=False):
-        if fa == 0.0:
-            roots.append(a)
-        elif fa * fb < 0.0:
-            for _ in range(80):
-                mid = 0.5 * (a + b)
-                fm = terms.loss(mid) - target
-                if fm == 0.0:
-                    break
-                a, fa, b = (mid, fm, b) if fa * fm > 0.0 else (a, fa, mid)
-            roots.append(0.5 * (a + b))
-    out: list[float] = []
-    for r in roots[:8]:
-        picks = [c for c in nice(r, rel=1e-2) if abs(terms.loss(c) - target) <= tol]
-        out.append(picks[0] if picks else float(f"{r:.6g}"))
-    return out
-
-
 # ----- KL clamps ---------------------------------------------------------------------------------
 def _invert(est: Estimate, y: float, lo: float, hi: float) -> float:
     """``x`` in ``[lo, hi]`` with ``estimator(x) = y`` (monotone there), by bisection on ``est``."""
@@ -320,7 +263,6 @@ def read_kl_clamps(
 __all__ = [
     "Estimate",
     "PolicyTerms",
-    "ValueTerms",
     "clipfrac_of",
     "loss_weights",
     "nice",
@@ -328,5 +270,4 @@ __all__ = [
     "solve_clip_ranges",
     "solve_dual_clip",
     "solve_min_hinge",
-    "solve_value_clip",
 ]

@@ -4,7 +4,7 @@
   :class:`ValueClipForm` member for the clipped loss, every :class:`VfMask` member, and
   ``value_loss_agg`` (like ``loss_agg``, or, when the dump has ``values`` to check it against, every
   other :class:`LossAgg` member). When none reproduces ``vf_loss`` (and ``vf_clipfrac``),
-  :func:`refppo.oracle.detect.solve.solve_value_clip` reads the value clip range ``ε_v`` off the data
+  :func:`refppo.oracle.detect.solve_value.solve_value_clip` reads the value clip range ``ε_v`` off the data
   and the step is walked again with it.
 * loss (the kl_loss and total stages): ``kl_loss_agg`` (like ``loss_agg``, or every other mode
   when the KL is in the loss) and the total; a separate critic's dumped ``loss`` is the actor's
@@ -30,7 +30,8 @@ from refppo.oracle.check.ties import vf_tie_widen
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy import kl_loss_stage
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
-from refppo.oracle.detect.solve import ValueTerms, loss_weights, solve_value_clip
+from refppo.oracle.detect.solve import loss_weights
+from refppo.oracle.detect.solve_value import ValueKnots, solve_value_clip
 from refppo.oracle.detect.states import Carried, LossState, PolicyState, ValueState, digest
 from refppo.pipeline.blocks import Evaluation
 
@@ -167,12 +168,20 @@ def _propose_value_clip(ve: ValueEval, groups: list[Group[PolicyState]]) -> list
         return []
     own = s.base.conv.agg.value
     found: list[float] = []
+    knots: dict[bytes, ValueKnots] = {}  # by content: the groups often carry the same returns
+    solved: set[tuple[bytes, str]] = set()
     for g in groups[:SOLVE_GROUPS]:
         ps = g.state
         aggs: list[str | None] = [ps.agg.value, *(VALUE_AGGS if own is None else [own.value])]
         for vfm in VfMask:
             mask = ve.mask(ps.carried, vfm)
+            key = digest(ps.carried.returns, mask)
+            if key not in knots:
+                knots[key] = ValueKnots.of(ve.values, t["old_values"], ps.carried.returns, mask)
             for agg in dict.fromkeys(a for a in aggs if a is not None):
+                if (key, agg) in solved:
+                    continue  # the same returns, mask and weights: the same proposals (deduplicated below)
+                solved.add((key, agg))
                 st = s.setting(value_loss_agg=agg)
 
                 def fn(x: Tensor, st: Setup = st, mask: Tensor = mask) -> Tensor:
@@ -181,7 +190,7 @@ def _propose_value_clip(ve: ValueEval, groups: list[Group[PolicyState]]) -> list
                     return out
 
                 w = loss_weights(fn, mask, torch.float64)
-                terms = ValueTerms.of(ve.values, t["old_values"], ps.carried.returns, mask, w)
+                terms = knots[key].weighted(w[mask])
                 found += solve_value_clip(terms, float(t["vf_loss"]), s.tol.of(float(t["vf_loss"])))
     found = [c for c in dict.fromkeys(found) if c != s.hp.cliprange_value][:8]
     for c in found:

@@ -197,7 +197,8 @@ def test_value_clip_solver_terms_equal_the_core_value_loss(agg: str) -> None:
 
     from refppo.core.aggregate import aggregate_loss
     from refppo.core.value import value_loss
-    from refppo.oracle.detect.solve import ValueTerms, loss_weights, solve_value_clip
+    from refppo.oracle.detect.solve import loss_weights
+    from refppo.oracle.detect.solve_value import ValueTerms, solve_value_clip
 
     d = make_inputs(B=6, T=10, seed=2)
     m = d["response_mask"].bool()
