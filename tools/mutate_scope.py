@@ -13,6 +13,7 @@ CORE = (
     "_ties",
     "aggregate",
     "by_rows",
+    "cispo",
     "gae",
     "grad",
     "group",
@@ -24,6 +25,8 @@ CORE = (
     "objective",
     "policy",
     "rewards",
+    "rollout_correction",
+    "rollout_losses",
     "score_map",
     "value",
 )
@@ -101,6 +104,7 @@ GAP_TESTS = (
     "tests/core/test_core_gradients.py",
     "tests/core/test_core_defaults.py",
     "tests/core/test_core_mutation_kills.py",
+    "tests/core/test_core_mutation_kills_20.py",
 )
 PIPELINE_TESTS = (
     "tests/pipeline/test_pipeline.py",
@@ -145,6 +149,15 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "kl": ("tests/core/test_kl_straight_through.py",),
     "score_map": ("tests/pipeline/test_pipeline_score_map.py",),
+    **dict.fromkeys(  # the rollout correction's weights, gates and surrogates (CISPO too): one suite
+        ("rollout_correction", "rollout_losses", "cispo"),
+        (
+            "tests/core/test_rollout_correction_truth.py",
+            "tests/core/test_rollout_correction_inputs.py",
+            "tests/core/test_rollout_correction_properties.py",
+            "tests/core/test_rollout_losses_properties.py",
+        ),
+    ),
     "by_rows": (
         "tests/pipeline/test_update_by_rows.py",
         "tests/pipeline/test_pipeline_memory.py",
@@ -173,4 +186,4 @@ def subset(mod: str) -> list[str]:
         extra = EXTRA_TESTS.get(mod, ())
         own = (f"tests/core/test_core_{mod}.py", f"tests/core/test_{mod}_properties.py", *extra)
         files = (*own, "tests/core/test_core_inputs.py", "tests/core/test_core_twin_refusals.py", *GAP_TESTS)
-    return [f for f in files if (ROOT / f).exists()]
+    return [f for f in dict.fromkeys(files) if (ROOT / f).exists()]  # each once, in order

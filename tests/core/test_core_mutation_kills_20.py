@@ -1,0 +1,53 @@
+"""Tests for the core survivors of ``tools/mutate.py`` on the stage-table layout (issue #20).
+
+Each test pins one documented behaviour that a surviving mutant changed; the expected values are
+worked out by hand in the comments (or come from the naive twin), never from the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from refppo.core.gspo import gspo_policy_loss_naive, gspo_ratio
+from refppo.core.policy import policy_ratio
+from refppo.errors import DtypeError
+
+F64 = torch.float64
+
+# Two rows, T = 3, the first with one padded slot: d = l − l^old = [0.4, 0.6, ·] (S_0 = 0.5) and
+# [−1.0, −0.5, −1.5] (S_1 = −1.0). l^old = −1 everywhere; the padded logp is garbage (never read).
+_OLD = torch.full((2, 3), -1.0, dtype=F64)
+_MASK = torch.tensor([[True, True, False], [True, True, True]])
+_LOGP = _OLD + torch.tensor([[0.4, 0.6, 7.0], [-1.0, -0.5, -1.5]], dtype=F64)
+
+
+@pytest.mark.parametrize("kappa", [None, 0.3, 2.0])
+def test_gspo_ratio_is_the_clamped_sequence_ratio_on_valid_tokens(kappa: float | None) -> None:
+    """``gspo_ratio`` = ``exp(min(S_b, κ))`` on every valid token of row b, 0 on padding, detached.
+
+    By hand: row 0 ``exp(0.5)`` (``exp(0.3)`` under κ = 0.3, which caps it), row 1 ``exp(−1)`` (κ is an
+    upper bound only). Survivors: the ``log_ratio_max is not None`` test negated (κ ignored, or None
+    refused by ``check_positive``) and ``[1]`` → ``[0]`` (returned ``d``), since no core test called it."""
+    s0 = math.exp(min(0.5, kappa) if kappa is not None else 0.5)
+    want = torch.tensor([[s0, s0, 0.0], [math.exp(-1.0)] * 3], dtype=F64)
+    x = _LOGP.clone().requires_grad_(True)
+    got = gspo_ratio(x, _OLD, _MASK, log_ratio_max=kappa)
+    torch.testing.assert_close(got, want, rtol=1e-15, atol=0.0)
+    assert not got.requires_grad
+    naive = gspo_policy_loss_naive(_LOGP, _OLD, torch.ones_like(_OLD), _MASK, log_ratio_max=kappa)
+    torch.testing.assert_close(got, torch.tensor(naive.ratio, dtype=F64), rtol=1e-15, atol=0.0)
+
+
+def test_policy_ratio_refuses_mixed_float_dtypes() -> None:
+    """``policy_ratio`` checks its own inputs (no silent up-casting): a float32 ``logp`` with a float64
+    ``logp_old`` is refused naming both. Survivors: either argument dropped from ``check_same_dtype``
+    (then ``logp − logp_old`` promoted silently)."""
+    m = torch.ones(1, 2, dtype=torch.bool)
+    lp32, lp64 = torch.zeros(1, 2, dtype=torch.float32), torch.zeros(1, 2, dtype=F64)
+    with pytest.raises(DtypeError, match=r"logp=torch\.float32, logp_old=torch\.float64"):
+        policy_ratio(lp32, lp64, m)
+    with pytest.raises(DtypeError, match=r"logp=torch\.float64, logp_old=torch\.float32"):
+        policy_ratio(lp64, lp32, m)
