@@ -63,7 +63,7 @@ def _prefix(
     tol = TOLERANCES[dump.dtype]
     kl_k, b = kl_key(setup, bug), None if bug is None else BUG_TABLE[bug]
     q: dict[str, Any] = {"scores": t["scores"], "old_logprobs": t["old_logprobs"], "mask": m}
-    q.update(ref_logprobs=t["ref_logprobs"], logprobs=t.get("logprobs"))
+    q.update(ref_logprobs=t.get("ref_logprobs"), logprobs=t.get("logprobs"))
     q = q if b is None else b.swap(q, "rollout")
     if kl_memo is not None and kl_k in kl_memo:
         q["kl"] = kl_memo[kl_k]  # the KL stage is not run again: the same call made it
@@ -72,7 +72,7 @@ def _prefix(
     if kl_memo is not None and kl_k not in kl_memo:  # one [B, T] KL held at a time
         kl_memo.clear()
         kl_memo[kl_k] = kl
-    if dump.has("kl") and kl_ok is None:
+    if dump.has("kl") and kl_ok is None and kl is not None:
         kl_ok = compare("kl", t["kl"], kl, m, tol).ok
         dump.release("kl")
     if kl_ok is False:
