@@ -12,14 +12,25 @@ stage that reads it and the setting under which it does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 from refppo.errors import DumpError
 from refppo.pipeline.reads import required_inputs
 from refppo.pipeline.settings import Convention, Hyperparams
 
-if TYPE_CHECKING:
-    from refppo.dump.load import Dump
+
+class Dump(Protocol):
+    """What these checks read of a :class:`refppo.dump.load.Dump` (no import of the loader: it
+    re-exports :func:`check_inputs_for`)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def tensors(self) -> Mapping[str, Any]: ...
+
 
 WHAT: dict[str, str] = {
     "ref_logprobs": "the reference policy's log-probs of the sampled tokens",

@@ -22,7 +22,7 @@ from torch import Tensor
 from refppo.dump.load import Dump
 from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.compare import compare
-from refppo.oracle.check.recompute import Reference, recompute
+from refppo.oracle.check.recompute import Reference, check_bug_reads, recompute
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.bugs import BUGS as BUG_TABLE
 from refppo.pipeline.bugs import touches, variant
@@ -61,6 +61,7 @@ def _prefix(
     if kl_ok is False:
         return False, False
     tol = TOLERANCES[dump.dtype]
+    check_bug_reads(dump, bug)
     kl_k, b = kl_key(setup, bug), None if bug is None else BUG_TABLE[bug]
     q: dict[str, Any] = {"scores": t["scores"], "old_logprobs": t["old_logprobs"], "mask": m}
     q.update(ref_logprobs=t.get("ref_logprobs"), logprobs=t.get("logprobs"))

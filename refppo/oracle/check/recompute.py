@@ -26,7 +26,7 @@ from refppo.oracle.check.settings import Setup
 from refppo.oracle.check.ties import pg_tie_mask, pg_tie_share, vf_tie_mask, vf_tie_widen
 from refppo.pipeline.bugs import BUGS as BUG_TABLE
 from refppo.pipeline.bugs import Bug, bug_phases, variant
-from refppo.pipeline.stages import ROLLOUT_STAGES, UPDATE_STAGES, walk
+from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, UPDATE_STAGES, walk
 from refppo.pipeline.step import update_quantities
 
 BUGS: dict[str, str] = {name: b.text for name, b in BUG_TABLE.items()}
@@ -95,12 +95,22 @@ def recompute(
     dump.release_mapped()
     trim_heap()
     b = None if bug is None else BUG_TABLE[bug]
+    check_bug_reads(dump, bug)
     ro = _rollout_reference(dump, setup, b) if rollout is None else rollout
     if rollout_only:
         return ro
     dump.release_mapped()
     trim_heap()
     return _with_update(dump, setup, ro, b)
+
+
+def check_bug_reads(dump: Dump, bug: str | None) -> None:
+    """``ValueError`` (the diagnosis skips the bug) when ``bug`` replaces a stage that reads the KL
+    and the dump has no ``ref_logprobs`` (the KL is then None: nothing to re-enact it on)."""
+    if bug is None or dump.has("ref_logprobs"):
+        return
+    if any("kl" in BY_NAME[s].reads for s in BUG_TABLE[bug].stages):
+        raise ValueError(f"the bug {bug} reads the KL; the dump has no ref_logprobs")
 
 
 def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
