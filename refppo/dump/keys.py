@@ -17,15 +17,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "ref_logprobs", "scores")
+REQUIRED_INPUTS: tuple[str, ...] = ("response_mask", "old_logprobs", "scores")
+"""Read under every convention (the loader refuses a dump without one of them)."""
 CRITIC_INPUTS: tuple[str, ...] = ("old_values",)
 """Required unless the checked convention's estimator needs no critic (``advantage`` ≠ ``gae``):
 checked by :func:`check_inputs_for` once the convention is known."""
 UPDATE_INPUTS: tuple[str, ...] = ("logprobs", "values", "entropy")
-OPTIONAL_INPUTS: tuple[str, ...] = ("rollout_logprobs",)
-"""Inputs read only under some conventions: ``rollout_logprobs`` [B, T], the behaviour log-probs
-(what the inference engine reported for the sampled tokens), read by the rollout correction
-(``rollout_is`` on; :func:`refppo.dump.load.check_inputs_for`). Finite at valid positions."""
+OPTIONAL_INPUTS: tuple[str, ...] = ("ref_logprobs", "rollout_logprobs")
+"""Inputs read only under some conventions (:func:`refppo.pipeline.reads.required_inputs`, checked by
+:func:`refppo.dump.required.check_inputs_for` once the setting is known): ``ref_logprobs`` [B, T], the
+reference policy's log-probs, read where a KL term with β > 0 is (``kl_in=reward``: the reward's
+−β·KL; ``kl_in=loss``: the KL loss); ``rollout_logprobs`` [B, T], the behaviour log-probs (what the
+inference engine reported for the sampled tokens), read by the rollout correction (``rollout_is``
+on). Finite at valid positions."""
 TOKEN_OUTPUTS: tuple[str, ...] = ("kl", "token_rewards", "advantages", "returns")
 SCALAR_OUTPUTS: tuple[str, ...] = (
     "pg_loss",
@@ -45,7 +49,7 @@ TOKEN_KEYS: tuple[str, ...] = (
     "logprobs",
     "values",
     "entropy",
-    *OPTIONAL_INPUTS,
+    "rollout_logprobs",
     *TOKEN_OUTPUTS,
 )
 GRAD_KEYS: tuple[str, ...] = ("grad_logprobs", "grad_values")

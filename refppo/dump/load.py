@@ -42,8 +42,6 @@ from refppo.dump.keys import (
 from refppo.dump.residency import page_out
 from refppo.dump.step import StepLayout, check_rows, integer_key, sidecar_advice, step_layout
 from refppo.errors import DumpError
-from refppo.pipeline.settings import Convention
-from refppo.pipeline.stages import required_inputs
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -318,34 +316,6 @@ def _same_bytes(a: Tensor, b: Any) -> bool:
     return isinstance(b, Tensor) and a.data_ptr() == b.data_ptr() and a.nbytes == b.nbytes
 
 
-def check_inputs_for(dump: Dump, advantage: str, conv: Convention | None = None) -> None:
-    """The inputs the estimator ``advantage`` needs: ``old_values`` for ``gae``, ``group_index`` for a
-    group estimator (``grpo``, ``dr-grpo``, ``rloo``, ``reinforce++-baseline``, ``opo``, ``gpg``,
-    ``grpo-passk``; ``flash-reinforce``'s baseline is the batch mean); with ``conv``, every optional
-    input a stage needs under it (:func:`refppo.pipeline.stages.required_inputs`: ``rollout_logprobs``
-    when ``rollout_is`` is on). One-line DumpError naming the key and the stage."""
-    if conv is not None:
-        for key, stage in required_inputs(conv).items():
-            if key not in dump.tensors:
-                what = f" under rollout_is={conv.rollout.level}" if stage == "rollout_correction" else ""
-                raise DumpError(
-                    f"{dump.path}: missing key {key!r} [B, T]: stage {stage} reads it{what} "
-                    "(the engine's log-probs of the sampled tokens); dump it, or check without the correction"
-                    if key == "rollout_logprobs"
-                    else f"{dump.path}: missing key {key!r}: stage {stage} reads it{what}"
-                )
-    if advantage == "gae" and "old_values" not in dump.tensors:
-        raise DumpError(
-            f"{dump.path}: missing required key 'old_values' (advantage=gae needs the critic's rollout "
-            "values; a critic-free dump names its estimator: --set advantage=grpo, rloo, reinforce++, ...)"
-        )
-    if advantage not in ("gae", "reinforce++", "flash-reinforce") and "group_index" not in dump.tensors:
-        raise DumpError(
-            f"{dump.path}: missing key 'group_index' (advantage={advantage} needs [B] integers: "
-            "the prompt each row answers)"
-        )
-
-
 def _missing_hint(unknown: list[str]) -> str:
     """ "did you mean" for the dump's unknown keys, else the accepted peer names (one line)."""
     hints = [f"{k!r} -> {s}" for k in unknown if (s := suggest(k, KNOWN_KEYS)) is not None]
@@ -355,5 +325,7 @@ def _missing_hint(unknown: list[str]) -> str:
         return f"; unknown keys {unknown[:8]}; peer names accepted: {alias_table()}"
     return ""
 
+
+from refppo.dump.required import check_inputs_for  # noqa: E402  (re-exported; it reads a Dump)
 
 __all__ = ["Dump", "check_inputs_for", "load_dump", "validate"]

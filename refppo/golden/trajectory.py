@@ -215,6 +215,7 @@ def _iteration_tensors(done: _Iteration) -> dict[str, Tensor]:
     """The stored tensors of one iteration (:data:`~refppo.golden.cases.TENSOR_FIELDS` + ``perm``)."""
     scored, q = done.scored, done.q
     b = scored.batch
+    assert q.kl is not None  # the goldens always hold ref_logprobs
     return {
         "prompt_ids": b.prompt_ids,
         "prompt_mask": b.prompt_mask,

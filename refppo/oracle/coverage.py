@@ -63,6 +63,9 @@ def not_compared(dump: Dump, result: CheckResult) -> dict[str, str]:
         if n == "kl_loss" and result.setup.conv.kl.placement is not KLPlacement.LOSS:
             out[n] = f"kl_in={result.setup.conv.kl.placement.value}: no KL loss"
             continue
+        if n in ("kl", "kl_loss") and not dump.has("ref_logprobs"):
+            out[n] = "no ref_logprobs; β = 0: not read"  # else the check refuses (pipeline.needs)
+            continue
         needs = list(NEEDS_UPDATE.get(n, ()))
         if n == "loss" and not critic:
             needs = ["logprobs"]  # a critic-free step's loss has no value term

@@ -106,7 +106,7 @@ def check_step(
     sidecar = _sidecar(d)
     setup, ctx, notes = _resolve(d, preset, sidecar, parsed)
     try:
-        check_inputs_for(d, setup.conv.adv.estimator.value, setup.conv)
+        check_inputs_for(d, setup.conv.adv.estimator.value, setup.conv, setup.hp)
     except DumpError as exc:
         if not detect_conventions or not any(d.has(k) for k in OUTPUTS):
             raise

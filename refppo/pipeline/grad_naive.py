@@ -17,9 +17,10 @@ from torch import Tensor
 from refppo.conventions import KLPlacement, PolicyLoss
 from refppo.core.grad import kl_loss_grad_naive, policy_grad_naive, value_grad_naive
 from refppo.core.gspo import gspo_policy_grad_naive
-from refppo.errors import ConventionError
+from refppo.errors import DumpError
 from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.naive_update import normaliser_kwargs
+from refppo.pipeline.needs import kl_loss_needs, missing_line
 from refppo.pipeline.settings import Convention, Hyperparams
 
 
@@ -94,9 +95,9 @@ def objective_grads_naive(
     g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
     if is_weights is not None:
         g_lp = g_lp * is_weights.to(g_lp.dtype)
-    if conv.kl.placement is KLPlacement.LOSS:
+    if conv.kl.placement is KLPlacement.LOSS and (ref_logprobs is not None or hp.kl_coef > 0):
         if ref_logprobs is None:
-            raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
+            raise DumpError(missing_line("ref_logprobs", "kl_loss", kl_loss_needs(conv, hp)["ref_logprobs"]))
         g_kl = kl_loss_grad_naive(
             logprobs,
             ref_logprobs,

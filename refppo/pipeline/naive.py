@@ -32,6 +32,7 @@ from refppo.core.rewards import token_rewards_naive
 from refppo.core.score_map import map_scores_naive
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.naive_group import critic_free_advantages_naive
+from refppo.pipeline.needs import kl_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Q = Mapping[str, Any]
@@ -61,8 +62,12 @@ def score_map_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> 
     return {"mapped_scores": torch.tensor(mapped, dtype=scores.dtype, device=scores.device)}
 
 
-def kl_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
-    """Step 1 by :func:`refppo.core.kl.token_kl_naive`."""
+def kl_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor | None]:
+    """Step 1 by :func:`refppo.core.kl.token_kl_naive`; None without ``ref_logprobs`` where nothing
+    reads the KL (as :func:`refppo.pipeline.rollout.kl_stage`)."""
+    if q.get("ref_logprobs") is None:
+        require_input(q, "ref_logprobs", "kl", kl_needs(conv, hp))
+        return {"kl": None}
     k = conv.kl
     kl = token_kl_naive(
         q["old_logprobs"], q["ref_logprobs"], q["mask"], k.estimator,

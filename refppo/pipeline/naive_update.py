@@ -22,6 +22,7 @@ from refppo.core.rollout_correction import is_weights_naive
 from refppo.core.value import value_loss_naive
 from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
+from refppo.pipeline.needs import kl_loss_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.update import rollout_logprobs_of
 
@@ -144,12 +145,13 @@ def entropy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
     return {"entropy_loss": entropy_bonus_naive(q["entropy"], q["mask"], conv.agg.of("entropy"), **norm)}
 
 
-def kl_loss_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+def kl_loss_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor | None]:
     """:func:`refppo.core.objective.kl_loss_naive` with ``kl_in=loss``; else 0."""
     if conv.kl.placement is not KLPlacement.LOSS:
         return {"kl_loss": _f64(0.0, q["mask"].device)}
     if q.get("ref_logprobs") is None:
-        raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
+        require_input(q, "ref_logprobs", "kl_loss", kl_loss_needs(conv, hp))
+        return {"kl_loss": None}
     k, norm = conv.kl, normaliser_kwargs(ev.norm, hp.horizon, value=False)
     out = kl_loss_naive(
         q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, conv.agg.of("kl"),
@@ -161,7 +163,8 @@ def kl_loss_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation)
 def total_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """:func:`refppo.core.objective.total_loss_naive` on the terms as Python floats."""
     total = total_loss_naive(
-        float(q["pg_loss"]), float(q["vf_loss"]), float(q["entropy_loss"]), float(q["kl_loss"]),
+        float(q["pg_loss"]), float(q["vf_loss"]), float(q["entropy_loss"]),
+        None if q["kl_loss"] is None else float(q["kl_loss"]),
         vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
         kl_coef=hp.kl_coef if conv.kl.placement is KLPlacement.LOSS else 0.0,
     )  # fmt: skip

@@ -43,6 +43,7 @@ from refppo.core.rewards import score_positions, token_rewards
 from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError, SingletonGroupError
 from refppo.pipeline.blocks import Evaluation, gae_by_rows
+from refppo.pipeline.needs import kl_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Q = Mapping[str, Any]
@@ -66,9 +67,13 @@ def score_map_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> 
     return {"mapped_scores": map_scores(q["scores"], bias=sm.bias, scale=sm.scale, clip=sm.clip)}
 
 
-def kl_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
-    """Step 1: the per-token KL of the old vs reference log-probs (always, also when KL is placed in
-    the loss), by ``conv.kl``'s estimator and clamps."""
+def kl_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor | None]:
+    """Step 1: the per-token KL of the old vs reference log-probs (also when KL is placed in the
+    loss), by ``conv.kl``'s estimator and clamps. Without ``ref_logprobs``: None where nothing reads
+    the KL (:func:`refppo.pipeline.needs.kl_needs`; a one-line DumpError where something does)."""
+    if q.get("ref_logprobs") is None:
+        require_input(q, "ref_logprobs", "kl", kl_needs(conv, hp))
+        return {"kl": None}
     k = conv.kl
     kl = token_kl(
         q["old_logprobs"], q["ref_logprobs"], q["mask"], k.estimator,
@@ -166,7 +171,7 @@ def _gae_advantages(
 
 def _group_scores(
     scores: Tensor,
-    kl: Tensor,
+    kl: Tensor | None,
     rewards: Tensor,
     mask: Tensor,
     value_mask_: Tensor,
@@ -184,6 +189,7 @@ def _group_scores(
     else:
         s = scores.to(rewards.dtype)
         if conv.kl.placement is KLPlacement.REWARD and hp.kl_coef > 0:
+            assert kl is not None  # the kl stage needs ref_logprobs then (needs.kl_needs)
             penalty = torch.where(mask, -hp.kl_coef * kl, zero)
     return s, penalty
 
@@ -191,7 +197,7 @@ def _group_scores(
 def critic_free_advantages(
     *,
     scores: Tensor,
-    kl: Tensor,
+    kl: Tensor | None,
     rewards: Tensor,
     mask: Tensor,
     value_mask_: Tensor,

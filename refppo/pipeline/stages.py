@@ -45,6 +45,7 @@ from refppo.conventions import AdvantageEstimator, KLPlacement, Whitening
 from refppo.pipeline import grad_naive as gn
 from refppo.pipeline import naive as nv
 from refppo.pipeline import naive_update as nu
+from refppo.pipeline import needs as nd
 from refppo.pipeline import rollout as ro
 from refppo.pipeline import update as up
 from refppo.pipeline.blocks import Evaluation
@@ -93,9 +94,11 @@ class Stage:
     output_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     """For an output that depends on part of :attr:`keys` + :attr:`hparams` only: that part (the
     policy stage's unclamped ``mean(l^old − l)`` reads no clip range)."""
-    needs: Callable[[Convention], tuple[str, ...]] | None = field(default=None, repr=False)
-    """The optional inputs of the step (of :attr:`reads`) it cannot run without under a given
-    convention (the rollout correction, when on: ``rollout_logprobs``); None: none."""
+    needs: Callable[[Convention, Hyperparams], nd.Needs] | None = field(default=None, repr=False)
+    """What it cannot run without under a given setting: ``{optional input of :attr:`reads`, or
+    hyperparameter of :attr:`hparams`: the setting that reads it}`` (:mod:`refppo.pipeline.needs`:
+    ``ref_logprobs`` for the KL in the reward with β > 0, ``rollout_logprobs`` with the rollout
+    correction on, γ/λ for GAE, ε_v with a critic, ...); None: nothing."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.keys if k not in FLAT] + [h for h in self.hparams if h not in HPARAM_KEYS]
@@ -198,6 +201,7 @@ _ROLLOUT = (
     Stage(
         "kl", "rollout", ("kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp"), (),
         ("old_logprobs", "ref_logprobs", "mask"), ("kl",), ro.kl_stage, nv.kl_naive, "core.kl.token_kl",
+        needs=nd.kl_needs,
     ),
     Stage(
         "value_mask", "rollout", ("score_at",), (), ("mask",), ("value_mask",), ro.value_mask_stage,
@@ -206,7 +210,7 @@ _ROLLOUT = (
     Stage(
         "rewards", "rollout", ("score_at", "kl_in"), ("kl_coef",), ("mapped_scores", "kl", "mask"),
         ("token_rewards_raw",), ro.rewards_stage, nv.rewards_naive, "core.rewards.token_rewards",
-        active=_reward_reads,
+        active=_reward_reads, needs=nd.rewards_needs,
     ),
     Stage(
         "reward_whitening", "rollout", ("whiten_rewards", "whiten_variance", "whiten_eps_at"),
@@ -221,7 +225,7 @@ _ROLLOUT = (
         ("advantages_raw", "returns"), ro.advantages_stage, nv.advantages_naive,
         "pipeline.blocks.gae_by_rows (core.gae.gae), pipeline.rollout.critic_free_advantages "
         "(core.group.group_advantages, discounted_returns)",
-        collective=True, active=_advantage_reads,
+        collective=True, active=_advantage_reads, needs=nd.advantages_needs,
     ),
     Stage(
         "whitening", "rollout", ("whiten_advantages", "whiten_holes", "whiten_variance", "whiten_eps_at"),
@@ -244,6 +248,7 @@ _UPDATE = (
         ("pg_per_token", "ratio", "pg_clipfrac", "pg_clipfrac_lower", "pg_approx_kl"),
         up.policy_stage, nu.policy_naive,
         "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss", by_rows=True,
+        needs=nd.policy_needs,
         output_reads={q: ("logprobs", "old_logprobs", "mask") for q in ("ratio", "pg_approx_kl")},
         output_keys={"ratio": ("policy_loss", "log_ratio_clamp"), "pg_approx_kl": ("policy_loss",)},
     ),
@@ -259,7 +264,7 @@ _UPDATE = (
         "value", "update", ("value_loss", "value_clip_form", "vf_mask", "advantage"), ("cliprange_value",),
         ("values", "old_values", "returns", "value_mask", "mask", "logprobs"),
         ("vf_per_token", "vf_clipfrac", "vf_loss_mask"), up.value_stage, nu.value_naive,
-        "core.value.value_token_loss", by_rows=True,
+        "core.value.value_token_loss", by_rows=True, needs=nd.value_needs,
     ),
     Stage(
         "value_agg", "update", ("loss_agg", "value_loss_agg"), ("horizon",),
@@ -276,11 +281,12 @@ _UPDATE = (
         ("kl_in", "kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp", "loss_agg", "kl_loss_agg"),
         ("horizon",), ("logprobs", "ref_logprobs", "mask"), ("kl_loss",), up.kl_loss_stage,
         nu.kl_loss_naive_stage, "core.objective.kl_loss", by_rows=True, normalisers=True,
+        needs=nd.kl_loss_needs,
     ),
     Stage(
         "total", "update", ("kl_in",), ("vf_coef", "ent_coef", "kl_coef"),
         ("pg_loss", "vf_loss", "entropy_loss", "kl_loss"), ("loss",), up.total_stage, nu.total_naive,
-        "core.objective.total_loss",
+        "core.objective.total_loss", needs=nd.total_needs,
     ),
 )  # fmt: skip
 
@@ -319,12 +325,6 @@ OUTPUTS: tuple[str, ...] = (
 stage's statistics, ``advantages`` (whitened) with step 3's ``returns`` after it."""
 ROLLOUT_OUTPUTS: frozenset[str] = frozenset(q for s in ROLLOUT_STAGES for q in s.makes) & frozenset(OUTPUTS)
 """The outputs of the rollout stages (the rest need the update)."""
-
-
-def required_inputs(conv: Convention, stages: Sequence[Stage] = STAGES) -> dict[str, str]:
-    """``{optional input: the stage that needs it}`` under ``conv`` (:attr:`Stage.needs`): what a
-    dump must hold for ``conv`` to be checked on it."""
-    return {k: s.name for s in stages if s.needs is not None for k in s.needs(conv)}
 
 
 def maker(quantity: str) -> Stage:
@@ -387,7 +387,6 @@ __all__ = [
     "keys_upstream",
     "maker",
     "prefix_key",
-    "required_inputs",
     "upstream",
     "walk",
 ]

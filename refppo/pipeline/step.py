@@ -35,8 +35,9 @@ REWARD_STAGES = tuple(BY_NAME[n] for n in ("score_map", "kl", "value_mask", "rew
 class RolloutQuantities:
     """Steps 1–4: computed once per rollout from cached tensors. All ``[B, T]``."""
 
-    kl: Tensor
-    """Per-token KL (old vs ref) — the one that enters the reward (zeros if KL is in the loss)."""
+    kl: Tensor | None
+    """Per-token KL (old vs ref) — the one that enters the reward (zeros if KL is in the loss); None
+    without ``ref_logprobs`` where nothing reads it (:func:`refppo.pipeline.needs.kl_needs`)."""
     token_rewards: Tensor
     advantages_raw: Tensor
     """GAE advantages before whitening."""
@@ -52,7 +53,12 @@ _ROLLOUT_OUT = ("kl", "token_rewards", "advantages_raw", "advantages", "returns"
 
 
 def _rollout_inputs(
-    scores: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl: Tensor | None, **more: Any
+    scores: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    mask: Tensor,
+    kl: Tensor | None,
+    **more: Any,
 ) -> dict[str, Any]:
     q: dict[str, Any] = {
         "scores": scores,
@@ -70,13 +76,13 @@ def reward_quantities(
     *,
     scores: Tensor,
     old_logprobs: Tensor,
-    ref_logprobs: Tensor,
+    ref_logprobs: Tensor | None,
     mask: Tensor,
     hp: Hyperparams,
     conv: Convention,
     all_reduce: AllReduce | None = None,
     kl: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor | None, Tensor, Tensor]:
     """Steps 0–2 (:data:`REWARD_STAGES`): ``(kl, token_rewards, value_mask)``, all ``[B, T]``.
 
     The per-token KL of the old vs reference log-probs (always, also when KL is placed in the loss),
@@ -91,7 +97,7 @@ def reward_quantities(
 
 def _rollout_result(out: dict[str, Any], conv: Convention) -> RolloutQuantities:
     kl = out["kl"]
-    if conv.kl.placement is KLPlacement.LOSS:
+    if conv.kl.placement is KLPlacement.LOSS and kl is not None:
         kl = torch.zeros_like(kl)
     return RolloutQuantities(
         kl, out["token_rewards"], out["advantages_raw"], out["advantages"], out["returns"], out["value_mask"]
@@ -102,7 +108,7 @@ def rollout_quantities(
     *,
     scores: Tensor,
     old_logprobs: Tensor,
-    ref_logprobs: Tensor,
+    ref_logprobs: Tensor | None,
     old_values: Tensor | None,
     mask: Tensor,
     hp: Hyperparams,
@@ -138,7 +144,7 @@ def rollout_quantities_naive(
     *,
     scores: Tensor,
     old_logprobs: Tensor,
-    ref_logprobs: Tensor,
+    ref_logprobs: Tensor | None,
     old_values: Tensor | None,
     mask: Tensor,
     hp: Hyperparams,
@@ -160,7 +166,8 @@ class UpdateQuantities:
     pg_loss: Tensor
     vf_loss: Tensor
     entropy_loss: Tensor
-    kl_loss: Tensor
+    kl_loss: Tensor | None
+    """None under ``kl_in=loss`` at β = 0 without ``ref_logprobs`` (not read by the total)."""
     ratio: Tensor
     pg_clipfrac: Tensor
     pg_clipfrac_lower: Tensor
@@ -171,7 +178,7 @@ class UpdateQuantities:
         """The scalars as Python floats (detached) for logging."""
         names: tuple[str, ...] = ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss", "pg_clipfrac")
         names = (*names, "pg_clipfrac_lower", "approx_kl", "vf_clipfrac")
-        return {n: float(getattr(self, n).detach()) for n in names}
+        return {n: float(getattr(self, n).detach()) for n in names if getattr(self, n) is not None}
 
 
 _UPDATE_OUT = tuple(UpdateQuantities.__dataclass_fields__)

@@ -51,6 +51,7 @@ from refppo.core.rollout_correction import is_weights
 from refppo.core.value import value_token_loss
 from refppo.errors import ConventionError, DumpError
 from refppo.pipeline.blocks import Evaluation, Normalisers
+from refppo.pipeline.needs import kl_loss_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.rollout_conventions import ISLevel
 
@@ -134,9 +135,10 @@ def rollout_correction_reads(conv: Convention) -> tuple[str, ...]:
     return ("rollout_is", *agg, "rollout_is_mode", "rollout_is_low", "rollout_is_high")
 
 
-def rollout_correction_needs(conv: Convention) -> tuple[str, ...]:
-    """The optional input the correction needs when it is on: ``rollout_logprobs``."""
-    return ("rollout_logprobs",) if conv.rollout.on else ()
+def rollout_correction_needs(conv: Convention, hp: Hyperparams) -> dict[str, str]:
+    """The optional input the correction needs when it is on: ``rollout_logprobs``
+    (:attr:`refppo.pipeline.stages.Stage.needs`)."""
+    return {"rollout_logprobs": f"rollout_is={conv.rollout.level}"} if conv.rollout.on else {}
 
 
 def rollout_logprobs_of(q: Q, conv: Convention) -> Tensor:
@@ -261,14 +263,16 @@ def entropy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
     return {"entropy_loss": entropy_bonus_by_rows(ev.rows, entropy, m, agg, **norm)}
 
 
-def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
+def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor | None]:
     """Step 8b: with ``kl_in=loss``, ``kl_loss_agg(KL(π_θ‖π_ref))`` (default ``loss_agg``) on the
-    current log-probs; else 0."""
+    current log-probs; else 0. Without ``ref_logprobs`` at β = 0: None (not read by the total;
+    :func:`refppo.pipeline.needs.kl_loss_needs`)."""
     if conv.kl.placement is not KLPlacement.LOSS:
         return {"kl_loss": torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)}
     ref = q.get("ref_logprobs")
     if ref is None:
-        raise ConventionError("kl_in=loss needs ref_logprobs for the KL loss on the current log-probs")
+        require_input(q, "ref_logprobs", "kl_loss", kl_loss_needs(conv, hp))
+        return {"kl_loss": None}
     k, norm = conv.kl, ev.norm.kwargs(hp.horizon)
     args = (q["logprobs"], ref, q["mask"], k.estimator, conv.agg.of("kl"))
     kw: dict[str, Any] = {"log_ratio_clamp": k.log_ratio_clamp, "value_clamp": k.value_clamp, **norm}

@@ -41,6 +41,7 @@ def rollout_metrics(
         "mask": m,
     }
     kl = BY_NAME["kl"].run(q, conv, hp)["kl"]  # the pipeline's KL stage, in float64
+    assert quantities.kl is not None  # the trainer always holds ref_logprobs
     beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
     vm = quantities.value_mask
     out = {

@@ -118,6 +118,7 @@ class _Sums:
         self.st["pg_loss"] += float(uq.pg_loss.detach())
         self.st["vf_loss"] += float(uq.vf_loss.detach())
         self.st["entropy"] += float(uq.entropy_loss.detach())
+        assert uq.kl_loss is not None  # the trainer always holds ref_logprobs
         self.st["kl_loss"] += float(uq.kl_loss.detach())
         n_m = float(m.sum())
         self.clip_w += float(uq.pg_clipfrac) * n_m

@@ -140,6 +140,7 @@ def _minibatch(
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     stats = {n: float(getattr(uq, n)) for n in ("loss", "pg_loss", "vf_loss")}
+    assert uq.kl_loss is not None  # the trainer always holds ref_logprobs
     stats.update(entropy=float(uq.entropy_loss), kl_loss=float(uq.kl_loss))
     stats.update({n: float(getattr(uq, n)) for n in ("pg_clipfrac", "approx_kl", "vf_clipfrac")})
     stats.update(actor_grad_norm=gn_a, critic_grad_norm=gn_c)

@@ -22,7 +22,7 @@ from torch import Tensor
 from refppo.dump.load import Dump
 from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.compare import compare
-from refppo.oracle.check.recompute import Reference, recompute
+from refppo.oracle.check.recompute import Reference, check_bug_reads, recompute
 from refppo.oracle.check.settings import Setup
 from refppo.pipeline.bugs import BUGS as BUG_TABLE
 from refppo.pipeline.bugs import touches, variant
@@ -61,9 +61,10 @@ def _prefix(
     if kl_ok is False:
         return False, False
     tol = TOLERANCES[dump.dtype]
+    check_bug_reads(dump, bug)
     kl_k, b = kl_key(setup, bug), None if bug is None else BUG_TABLE[bug]
     q: dict[str, Any] = {"scores": t["scores"], "old_logprobs": t["old_logprobs"], "mask": m}
-    q.update(ref_logprobs=t["ref_logprobs"], logprobs=t.get("logprobs"))
+    q.update(ref_logprobs=t.get("ref_logprobs"), logprobs=t.get("logprobs"))
     q = q if b is None else b.swap(q, "rollout")
     if kl_memo is not None and kl_k in kl_memo:
         q["kl"] = kl_memo[kl_k]  # the KL stage is not run again: the same call made it
@@ -72,7 +73,7 @@ def _prefix(
     if kl_memo is not None and kl_k not in kl_memo:  # one [B, T] KL held at a time
         kl_memo.clear()
         kl_memo[kl_k] = kl
-    if dump.has("kl") and kl_ok is None:
+    if dump.has("kl") and kl_ok is None and kl is not None:
         kl_ok = compare("kl", t["kl"], kl, m, tol).ok
         dump.release("kl")
     if kl_ok is False:

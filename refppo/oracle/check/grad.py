@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -66,18 +67,18 @@ class UpdateInputs:
     returns: Tensor
     mask: Tensor
     value_mask: Tensor
-    ref_logprobs: Tensor
+    ref_logprobs: Tensor | None
+    """None where no KL term reads it (:func:`refppo.pipeline.needs.kl_loss_needs`)."""
     entropy: Tensor | None
     rollout_logprobs: Tensor | None = None
     """The behaviour log-probs (read by the rollout correction only when it is on)."""
 
     def take(self, rows: Tensor) -> UpdateInputs:
         """The same inputs restricted to ``rows`` (an index tensor)."""
-        ent = None if self.entropy is None else self.entropy[rows]
-        beh = None if self.rollout_logprobs is None else self.rollout_logprobs[rows]
-        opt = ("entropy", "rollout_logprobs")
-        kept = {k: getattr(self, k)[rows] for k in self.__dataclass_fields__ if k not in opt}
-        return UpdateInputs(**kept, entropy=ent, rollout_logprobs=beh)
+        kept: dict[str, Any] = {
+            k: None if (v := getattr(self, k)) is None else v[rows] for k in self.__dataclass_fields__
+        }
+        return UpdateInputs(**kept)
 
 
 def pipeline_grads(

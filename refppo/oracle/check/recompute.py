@@ -26,7 +26,7 @@ from refppo.oracle.check.settings import Setup
 from refppo.oracle.check.ties import pg_tie_mask, pg_tie_share, vf_tie_mask, vf_tie_widen
 from refppo.pipeline.bugs import BUGS as BUG_TABLE
 from refppo.pipeline.bugs import Bug, bug_phases, variant
-from refppo.pipeline.stages import ROLLOUT_STAGES, UPDATE_STAGES, walk
+from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, UPDATE_STAGES, walk
 from refppo.pipeline.step import update_quantities
 
 BUGS: dict[str, str] = {name: b.text for name, b in BUG_TABLE.items()}
@@ -95,6 +95,7 @@ def recompute(
     dump.release_mapped()
     trim_heap()
     b = None if bug is None else BUG_TABLE[bug]
+    check_bug_reads(dump, bug)
     ro = _rollout_reference(dump, setup, b) if rollout is None else rollout
     if rollout_only:
         return ro
@@ -103,16 +104,25 @@ def recompute(
     return _with_update(dump, setup, ro, b)
 
 
+def check_bug_reads(dump: Dump, bug: str | None) -> None:
+    """``ValueError`` (the diagnosis skips the bug) when ``bug`` replaces a stage that reads the KL
+    and the dump has no ``ref_logprobs`` (the KL is then None: nothing to re-enact it on)."""
+    if bug is None or dump.has("ref_logprobs"):
+        return
+    if any("kl" in BY_NAME[s].reads for s in BUG_TABLE[bug].stages):
+        raise ValueError(f"the bug {bug} reads the KL; the dump has no ref_logprobs")
+
+
 def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
     """The rollout stages (steps 0–4) walked under ``setup`` and ``bug`` (its variant of the table):
     ``kl`` (the estimate, also with the KL in the loss), ``token_rewards``, ``advantages``, ``returns``."""
     t, m = dump.tensors, dump.mask
     conv, hp = setup.conv, setup.hp
-    check_inputs_for(dump, conv.adv.estimator.value, conv)
+    check_inputs_for(dump, conv.adv.estimator.value, conv, hp)
     q = {
         "scores": t["scores"],
         "old_logprobs": t["old_logprobs"],
-        "ref_logprobs": t["ref_logprobs"],
+        "ref_logprobs": t.get("ref_logprobs"),
         "old_values": t.get("old_values"),
         "mask": m,
         "group_index": t.get("group_index"),
@@ -121,7 +131,9 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
         bug.check(t, conv, hp)
         q = bug.swap({**q, "logprobs": t.get("logprobs")}, "rollout")
     out = walk(variant(ROLLOUT_STAGES, bug), q, conv, hp, keep=_ROLLOUT_KEEP)
-    vals: dict[str, Tensor] = {k: out[k] for k in ("kl", "token_rewards", "advantages", "returns")}
+    # kl None: no ref_logprobs and nothing reads the KL (pipeline.needs.kl_needs): not compared
+    keys = ("kl", "token_rewards", "advantages", "returns")
+    vals: dict[str, Tensor] = {k: out[k] for k in keys if out[k] is not None}
     return Reference(vals, m, out["value_mask"], out["advantages_raw"])
 
 
@@ -140,19 +152,20 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None
     logprobs = t.get("logprobs", t["old_logprobs"])
     values = t.get("values", t.get("old_values"))
     vf_mask = m if conv.value.mask is VfMask.RESPONSE else ro.value_mask
-    own = {"logprobs": logprobs, "old_logprobs": t["old_logprobs"], "ref_logprobs": t["ref_logprobs"]}
-    old_lp = (own if bug is None else bug.swap(own, "update"))["old_logprobs"]
+    own = {"logprobs": logprobs, "old_logprobs": t["old_logprobs"], "ref_logprobs": t.get("ref_logprobs")}
+    old_lp: Tensor = (own if bug is None else bug.swap(own, "update"))["old_logprobs"]  # type: ignore[assignment]  # old_logprobs is always a tensor (own: Tensor | None values)
     stages = variant(UPDATE_STAGES, bug)
     value_replaced = bug is not None and "value" in bug.stages
     uq = update_quantities(
         logprobs=logprobs, values=values, old_logprobs=old_lp, old_values=t.get("old_values"),
-        advantages=adv, returns=returns, mask=m, value_mask_=vf_mask, ref_logprobs=t["ref_logprobs"],
+        advantages=adv, returns=returns, mask=m, value_mask_=vf_mask, ref_logprobs=t.get("ref_logprobs"),
         entropy=t.get("entropy"), rollout_logprobs=t.get("rollout_logprobs"), hp=hp, conv=conv, stages=stages,
     )  # fmt: skip
     widen: dict[str, Callable[[], float]] = {}
     if "logprobs" in t:
         vals.update(pg_loss=uq.pg_loss.detach(), pg_clipfrac=uq.pg_clipfrac, approx_kl=uq.approx_kl)
-        vals["kl_loss"] = uq.kl_loss.detach()
+        if uq.kl_loss is not None:  # None: kl_in=loss at β = 0 without ref_logprobs (not read)
+            vals["kl_loss"] = uq.kl_loss.detach()
         widen["pg_clipfrac"] = lambda: float(pg_tie_share(logprobs, old_lp, adv, m, setup, rtol))
     if "values" in t and values is not None:
         vals.update(vf_loss=uq.vf_loss.detach(), vf_clipfrac=uq.vf_clipfrac)
@@ -204,7 +217,7 @@ def _update_inputs(
     grad_setup = setup if critic else Setup(setup.conv, replace(setup.hp, vf_coef=0.0))
     entropy = t.get("entropy")
     inp = UpdateInputs(
-        logprobs, v_in, old_lp, ov_in, adv, returns, m, vf_mask, t["ref_logprobs"], entropy,
+        logprobs, v_in, old_lp, ov_in, adv, returns, m, vf_mask, t.get("ref_logprobs"), entropy,
         t.get("rollout_logprobs"),
     )  # fmt: skip
     return inp, grad_setup

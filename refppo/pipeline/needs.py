@@ -1,0 +1,139 @@
+"""What each stage cannot run without under a given setting: the :attr:`Stage.needs` functions of the
+stage table (:mod:`refppo.pipeline.stages`).
+
+A need is ``{name: the setting that reads it}``: ``name`` is an optional input of the step (one of the
+stage's :attr:`~refppo.pipeline.stages.Stage.reads`: ``ref_logprobs``, ``rollout_logprobs``) or a
+:class:`~refppo.pipeline.settings.Hyperparams` field (one of its ``hparams``); the value names the
+convention setting (and β) under which the stage reads it, for the one-line error when it is absent::
+
+    stage               needs                under
+    kl                  ref_logprobs         kl_in=reward and kl_coef > 0 (the reward's −β·KL, and a
+                                             group estimator's ``group_kl``, read the KL)
+    rewards             kl_coef              kl_in=reward
+    advantages          gamma, lam           advantage=gae;  gamma alone: advantage=reinforce++
+    rollout_correction  rollout_logprobs     rollout_is on
+    policy              cliprange            always
+    value               cliprange_value      advantage=gae (a critic) with value_loss=clipped
+    kl_loss             ref_logprobs         kl_in=loss and kl_coef > 0
+    total               kl_coef; vf_coef     kl_in=loss; advantage=gae (a critic)
+
+Without ``ref_logprobs`` where nothing needs it, the kl stage makes ``kl`` None (never a silent 0)
+and the kl_loss stage ``kl_loss`` None (``kl_coef`` = 0 multiplies it in the total): what the
+dump holds of them is then not compared (:func:`refppo.oracle.coverage.not_compared` says why). The
+walkers over the table (:func:`refppo.pipeline.reads.required_inputs`, ``required_hparams``) and the
+stage functions read these same functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from refppo.conventions import AdvantageEstimator, KLPlacement, ValueLoss
+from refppo.errors import DumpError
+from refppo.pipeline.settings import Convention, Hyperparams
+
+Needs = Mapping[str, str]
+"""``{input or hyperparameter: the setting under which the stage reads it}``."""
+
+KEY_SHAPES: dict[str, str] = {"ref_logprobs": "[B, T]", "rollout_logprobs": "[B, T]"}
+"""The shape each optional input has in a dump (for the error line)."""
+
+
+def _beta(hp: Hyperparams) -> str:
+    return f"kl_coef={hp.kl_coef:g}"
+
+
+def kl_needs(conv: Convention, hp: Hyperparams) -> Needs:
+    """``ref_logprobs`` when the KL enters the reward with β > 0: the rewards stage subtracts β·KL
+    and a group estimator's ``group_kl`` reads it; nothing else reads the stage's ``kl``."""
+    if conv.kl.placement is KLPlacement.REWARD and hp.kl_coef > 0:
+        return {"ref_logprobs": f"{_beta(hp)} (kl_in=reward)"}
+    return {}
+
+
+def kl_loss_needs(conv: Convention, hp: Hyperparams) -> Needs:
+    """``ref_logprobs`` when a KL loss on the current log-probs enters the total with β > 0."""
+    if conv.kl.placement is KLPlacement.LOSS and hp.kl_coef > 0:
+        return {"ref_logprobs": f"{_beta(hp)} (kl_in=loss)"}
+    return {}
+
+
+def rewards_needs(conv: Convention, hp: Hyperparams) -> Needs:
+    """β when the KL is in the reward."""
+    return {"kl_coef": "kl_in=reward"} if conv.kl.placement is KLPlacement.REWARD else {}
+
+
+def advantages_needs(conv: Convention, hp: Hyperparams) -> Needs:
+    """γ and λ for GAE, γ for REINFORCE++'s discounted returns; a group estimator reads neither."""
+    est = conv.adv.estimator
+    if est is AdvantageEstimator.GAE:
+        return {"gamma": "advantage=gae", "lam": "advantage=gae"}
+    if est is AdvantageEstimator.REINFORCE_PP:
+        return {"gamma": "advantage=reinforce++"}
+    return {}
+
+
+def policy_needs(conv: Convention, hp: Hyperparams) -> Needs:
+    """ε, read by every policy loss."""
+    return {"cliprange": f"policy_loss={conv.policy.loss.value}"}
+
+
+def has_critic(conv: Convention) -> bool:
+    """The convention trains a critic: ``advantage=gae`` (a critic-free estimator has no value loss
+    unless the dump carries a critic's ``values`` and ``old_values``: :func:`critic_needs`)."""
+    return conv.adv.estimator is AdvantageEstimator.GAE
+
+
+def value_needs(conv: Convention, hp: Hyperparams) -> Needs:
+    """ε_v with a critic and the clipped value loss."""
+    if has_critic(conv) and conv.value.loss is ValueLoss.CLIPPED:
+        return {"cliprange_value": "advantage=gae (a critic), value_loss=clipped"}
+    return {}
+
+
+def total_needs(conv: Convention, hp: Hyperparams) -> Needs:
+    """β with a KL loss; c1 with a critic."""
+    out = {"kl_coef": "kl_in=loss"} if conv.kl.placement is KLPlacement.LOSS else {}
+    if has_critic(conv):
+        out["vf_coef"] = "advantage=gae (a critic)"
+    return out
+
+
+def critic_needs(conv: Convention) -> Needs:
+    """What the value and total stages read when a dump of a critic-free estimator carries a critic's
+    ``values`` and ``old_values`` (the value stage then computes a value loss from them)."""
+    out: dict[str, str] = {}
+    if conv.value.loss is ValueLoss.CLIPPED:
+        out["cliprange_value"] = "a value loss (the dump holds values and old_values), value_loss=clipped"
+    out["vf_coef"] = "a value loss (the dump holds values and old_values)"
+    return out
+
+
+def missing_line(key: str, stage: str, why: str) -> str:
+    """The one line naming a needed input that is absent: the key, its shape, the stage, the setting."""
+    shape = KEY_SHAPES.get(key)
+    what = f"{key!r}" + (f" {shape}" if shape else "")
+    return f"missing required key {what}: read by the {stage} stage under {why}"
+
+
+def require_input(q: Mapping[str, object], key: str, stage: str, needs: Needs) -> None:
+    """A :class:`DumpError` (:func:`missing_line`) when ``needs`` names ``key`` and ``q`` lacks it."""
+    if key in needs and q.get(key) is None:
+        raise DumpError(missing_line(key, stage, needs[key]))
+
+
+__all__ = [
+    "KEY_SHAPES",
+    "Needs",
+    "advantages_needs",
+    "critic_needs",
+    "has_critic",
+    "kl_loss_needs",
+    "kl_needs",
+    "missing_line",
+    "policy_needs",
+    "require_input",
+    "rewards_needs",
+    "total_needs",
+    "value_needs",
+]
