@@ -78,7 +78,9 @@ def nicest_in(a: float, b: float) -> float | None:
         return None
     for d in range(1, 13):
         step = 10.0 ** (math.floor(math.log10(b)) - d + 1)
-        r = float(f"{(math.floor(a / step) + 1) * step:.{d + 1}g}")
+        k = a / step
+        k = round(k) if abs(k - round(k)) < 1e-9 else math.floor(k)  # 1.2/0.1 = 11.999…: 12
+        r = float(f"{(k + 1) * step:.{d + 1}g}")
         if a < r < b:
             return r
     return None
