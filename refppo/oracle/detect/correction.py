@@ -15,7 +15,8 @@ A dump without ``rollout_logprobs`` is not walked (the stage cannot run on it: t
 at the checked setting, off); when its policy step then reproduces nothing, a note says that a
 correction could not be tried and why (a matching dump's report is unchanged).
 
-The solver (exact, on stage outputs): under the checked policy setting, ``ℓ_t`` is the policy
+The solver (exact, on stage outputs): under the checked policy setting (its dual clip, none, or
+verl's 3), ``ℓ_t`` is the policy
 stage's unweighted per-token loss and ``a_t = ∂pg_loss/∂ℓ_t`` the policy_agg stage's weights (every
 aggregation is linear), so with the raw weight ``w_t`` (the stage with no bounds) and ``c_t = a_t·ℓ_t``
 
@@ -66,7 +67,10 @@ FAMILIES: tuple[tuple[ISLevel, ISAgg | None], ...] = (
     (ISLevel.SEQUENCE, ISAgg.GEOMETRIC),
 )
 """``(rollout_is, rollout_is_agg)`` walked (the aggregation is read at sequence level only)."""
-MAX_SOLVED = 8
+NAMED_DUAL = 3.0
+"""verl's dual-clip constant ``clip_ratio_c`` (the policy step walks it too): the caps are solved
+under the checked dual clip, none and this one (``ℓ`` differs where the dual clip binds)."""
+MAX_SOLVED = 48
 """Solved bound pairs kept per family and mode."""
 OFF: dict[str, Any] = {"rollout_is": None}
 
@@ -210,14 +214,16 @@ def solve_caps(s: Search, groups: list[Group[AdvState]], weights: _Weights) -> l
             continue
         seen.add(st.adv_key)
         q = {"logprobs": t["logprobs"], "old_logprobs": t["old_logprobs"], "advantages": st.adv, "mask": m}
-        plain = s.evaluate("policy", q, s.base)["pg_per_token"][m].double()
-        for agg_mode in LossAgg:
-            c = agg_w(agg_mode, st.adv.dtype)[m].double() * plain
-            for fam, w in raws.items():
-                found.setdefault((*fam, ISMode.TRUNCATE), []).extend(
-                    _truncate_caps(w, c, target, lows, highs)
-                )
-                found.setdefault((*fam, ISMode.MASK), []).extend(_mask_caps(w, c, target, tol, lows, highs))
+        for dual in dict.fromkeys([s.base.conv.policy.dual_clip, None, NAMED_DUAL]):
+            plain = s.evaluate("policy", q, s.setting(dual_clip=dual))["pg_per_token"][m].double()
+            for agg_mode in LossAgg:
+                c = agg_w(agg_mode, st.adv.dtype)[m].double() * plain
+                for fam, w in raws.items():
+                    trunc = _truncate_caps(w, c, target, lows, highs)
+                    found.setdefault((*fam, ISMode.TRUNCATE), []).extend(trunc)
+                    found.setdefault((*fam, ISMode.MASK), []).extend(
+                        _mask_caps(w, c, target, tol, lows, highs)
+                    )
     out: list[dict[str, Any]] = []
     for (level, agg, mode), bounds in found.items():
         for b in [b for b in dict.fromkeys(bounds) if b not in NAMED_BOUNDS][:MAX_SOLVED]:
