@@ -38,6 +38,7 @@ VENVS: dict[str, dict[str, Unit]] = {
         "verl": Unit("verl", "peers.makers.verl_openrlhf:make_verl"),
         "openrlhf": Unit("openrlhf", "peers.makers.verl_openrlhf:make_openrlhf"),
         "verl:critic-free": Unit("verl", "peers.makers.critic_free:make_verl"),
+        "verl:correction": Unit("verl", "peers.makers.verl_correction:make"),
         "openrlhf:critic-free": Unit("openrlhf", "peers.makers.critic_free:make_openrlhf"),
         "verl:gspo": Unit("verl", "peers.makers.verl_gspo:make"),
     },

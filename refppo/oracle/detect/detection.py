@@ -21,10 +21,14 @@ it proposes is evaluated through the stages like any other value). The steps
   group_std_level, group_singleton, group_kl, group_eps; checked against returns; solver: group_eps.
 - ``advantages`` (stages whitening): walks whiten_advantages, whiten_variance, whiten_eps_at,
   whiten_holes; checked against advantages; solver: (a fitted map, named).
-- ``policy`` (stages rollout_correction, policy, policy_agg, approx_kl, entropy, kl_loss): walks
-  policy_loss, dual_clip, log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl,
-  entropy_agg; checked against pg_loss, pg_clipfrac, approx_kl, entropy_loss; solver: dual-clip c,
-  clip ranges (walked with every policy_loss).
+- ``correction`` (stages rollout_correction): walks rollout_is, rollout_is_agg, rollout_is_mode,
+  rollout_is_low, rollout_is_high; checks nothing dumped; solver: the bounds C_low, C_high read off
+  pg_loss (before the walk: the weight is not dumped; the policy step checks it; not walked without
+  rollout_logprobs).
+- ``policy`` (stages policy, policy_agg, approx_kl, entropy, kl_loss): walks policy_loss, dual_clip,
+  log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl, entropy_agg; checked against
+  pg_loss, pg_clipfrac, approx_kl, entropy_loss; solver: dual-clip c, clip ranges (walked with every
+  policy_loss).
 - ``value`` (stages value, value_agg): walks value_loss, value_clip_form, vf_mask, value_loss_agg,
   cliprange_value; checked against vf_loss, vf_clipfrac; solver: value clip range.
 - ``loss`` (stages kl_loss, total): walks kl_loss_agg; checked against kl_loss, loss; solver: —.

@@ -145,17 +145,19 @@ class _PolicyEval:
         duals: tuple[float, ...] = (),
         *,
         force: bool = False,
+        weight: tuple[bytes, Tensor | None] = (b"", None),
     ) -> _Aggregated:
-        """The policy stage's loss under ``(loss, clip, dual, lrc)``, aggregated by the policy_agg
-        stage under every mode (memoised: scalars only); the vanilla loss made without a dual clip
+        """The policy stage's loss under ``(loss, clip, dual, lrc)`` times the correction's
+        ``weight`` (``(digest, w')``; None: off), aggregated by the policy_agg stage under every mode
+        (memoised: scalars only); the vanilla loss made without a dual clip and without a weight
         also records which of ``duals`` would cap a token (:func:`_dual_caps`)."""
-        ck = (adv_key, loss, clip, dual, lrc)
+        ck = (adv_key, weight[0], loss, clip, dual, lrc)
         hit = self.computed.get(ck)
         if hit is not None and not force:
             return hit
         s = self.s
         q: dict[str, Tensor | None] = {"logprobs": self.logprobs, "old_logprobs": s.t["old_logprobs"]}
-        q.update(advantages=adv, mask=s.m, is_weights=s.is_weights)  # w': the checked setting's
+        q.update(advantages=adv, mask=s.m, is_weights=weight[1])  # w': the group's correction
         st = s.setting(
             policy_loss=loss.value,
             dual_clip=dual,
@@ -164,7 +166,7 @@ class _PolicyEval:
             cliprange_high=clip[1],
         )
         out = s.evaluate("policy", q, st)
-        if dual is None and loss is PolicyLoss.VANILLA:
+        if dual is None and loss is PolicyLoss.VANILLA and weight[1] is None:
             for d in duals:
                 self.acts[(adv_key, clip, d, lrc)] = _dual_caps(self.block, out["pg_per_token"], adv, s.m, d)
         qa = {"pg_per_token": out["pg_per_token"], "mask": s.m}
@@ -253,8 +255,11 @@ def _policy_options(
     def opts(g: Group[AdvState]) -> Iterable[Option[PolicyState]]:
         st = g.state
         for loss, clip, dual, lrc in settings:
+            if loss is PolicyLoss.GSPO and st.is_weights is not None:
+                continue  # a corrected surrogate is refused with GSPO (the convention's check)
             eff_dual, eff_lrc = pe.effective(st.adv, st.adv_key, clip, loss, dual, lrc)
-            out = pe.entry(st.adv, st.adv_key, clip, loss, eff_dual, eff_lrc, tests)
+            w = (st.is_key, st.is_weights)
+            out = pe.entry(st.adv, st.adv_key, clip, loss, eff_dual, eff_lrc, tests, weight=w)
             upd_clip = {} if clip == base_clip else {"cliprange": clip[0], "cliprange_high": clip[1]}
             upd_loss = {} if loss is own_loss else {"policy_loss": loss.value}
             setting = {

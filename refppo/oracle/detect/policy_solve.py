@@ -76,9 +76,10 @@ def propose_policy(
     own_lrc = s.base.conv.policy.log_ratio_clamp
     for g in groups[:SOLVE_GROUPS]:
         st = g.state
-        if st.adv_key in seen_adv:
+        if st.adv_key + st.is_key in seen_adv:
             continue
-        seen_adv.add(st.adv_key)
+        seen_adv.add(st.adv_key + st.is_key)
+        is_w = None if st.is_weights is None else st.is_weights[m].double()
         q = {"logprobs": t["logprobs"], "old_logprobs": t["old_logprobs"], "advantages": st.adv, "mask": m}
         for loss in losses:
             # the vanilla order (none, own, 20) as before; gspo: none, own, verl's κ
@@ -89,6 +90,7 @@ def propose_policy(
                 ratio, plain = res["ratio"], res["pg_per_token"][m]
                 for agg in LossAgg:
                     w = weight(agg, st.adv.dtype)[m].double()
+                    w = w if is_w is None else w * is_w  # the correction's w' scales each ℓ_t
                     terms = PolicyTerms(st.adv[m].double(), ratio[m].double(), w)
                     _solve_on(s, terms, plain, target, duals, clips, loss is PolicyLoss.VANILLA)
     duals = [d for d in dict.fromkeys(duals) if d > 1.0][:8]

@@ -10,6 +10,7 @@ returns are made, the raw advantages once the policy step starts)::
     RewardState   token_rewards      + kl_in, value mask, mapped scores, token rewards
     ReturnsState  returns            Carried (KL identity, kl_in, value mask, returns) + raw advantages
     AdvState      advantages         + advantages
+                  correction         + the rollout correction's weight (None: off)
     PolicyState   policy             + aggregation, pg_loss, pg_clipfrac, approx_kl, entropy, KL loss
     ValueState    value              + vf_loss, vf_clipfrac
     LossState     loss               + loss, kl_loss
@@ -106,6 +107,11 @@ class AdvState:
     adv_key: bytes
     """Digest of ``adv``: the policy step's memos key on it (a replayed state's tensors are new
     objects, so never on ``id``)."""
+    is_weights: Tensor | None = None
+    """The rollout_correction stage's ``w'`` of the option (None: the correction off), set by the
+    correction step (:mod:`refppo.oracle.detect.correction`); the policy stage multiplies ``ℓ`` by it."""
+    is_key: bytes = b""
+    """Digest of the correction's weights (empty: off): the policy step's memos key on it too."""
 
 
 @dataclass(frozen=True)

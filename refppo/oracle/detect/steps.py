@@ -17,6 +17,7 @@ import textwrap
 from dataclasses import dataclass, replace
 from typing import Any
 
+from refppo.oracle.detect.correction import correction_step, note_uncorrectable
 from refppo.oracle.detect.estimator import estimator_step, gae_step, needs_estimator_stage
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.policy import policy_step
@@ -62,7 +63,12 @@ STEPS: tuple[Step, ...] = (
         ("whiten_advantages", "whiten_variance", "whiten_eps_at", "whiten_holes"), "(a fitted map, named)",
     ),
     Step(
-        "policy", ("rollout_correction", "policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),
+        "correction", ("rollout_correction",), (), BY_NAME["rollout_correction"].keys,
+        "the bounds C_low, C_high read off pg_loss (before the walk: the weight is not dumped; the "
+        "policy step checks it; not walked without rollout_logprobs)",
+    ),
+    Step(
+        "policy", ("policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),
         ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss"),
         ("policy_loss", "dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg",
          "approx_kl", "entropy_agg"),
@@ -76,12 +82,9 @@ STEPS: tuple[Step, ...] = (
 )  # fmt: skip
 """The walk, in pipeline order."""
 
-NOT_WALKED_YET: dict[str, str] = {
-    k: "#22: the checked setting's own (the rollout correction's weight, evaluated once); its walk and "
-    "cap solver are not built yet"
-    for k in BY_NAME["rollout_correction"].keys
-}
-"""Keys the walk should search and does not yet (an open gap, named: the tests allow only these)."""
+NOT_WALKED_YET: dict[str, str] = {}
+"""Keys the walk should search and does not yet (an open gap, named: the tests allow only these).
+Empty since the correction step walks the ``rollout_is*`` keys (#22)."""
 
 NOT_WALKED: dict[str, str] = {
     **NOT_WALKED_YET,
@@ -101,9 +104,10 @@ def steps_table(width: int = 100) -> str:
     spec/conventions.md hold it verbatim; Markdown and reStructuredText alike)."""
     items = []
     for st in STEPS:
+        checked = f"checked against {', '.join(st.checks)}" if st.checks else "checks nothing dumped"
         text = (
             f"- ``{st.name}`` (stages {', '.join(st.stages)}): walks {', '.join(st.walks)}; "
-            f"checked against {', '.join(st.checks)}; solver: {st.solver}."
+            f"{checked}; solver: {st.solver}."
         )
         items.append(textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False))
     return "\n".join(items)
@@ -129,7 +133,9 @@ def run_search(s: Search) -> list[Group[Any]]:
     s.dump.release_mapped()
     for g in groups:  # the raw advantages are not read again
         g.patch(drop_raw_advantages)
+    groups = correction_step(s, groups)
     groups = policy_step(s, groups)
+    note_uncorrectable(s)
     s.dump.release_mapped()
     groups = value_step(s, groups) if "old_values" in t else no_critic(s, groups)
     s.dump.release_mapped()

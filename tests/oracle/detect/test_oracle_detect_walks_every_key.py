@@ -7,7 +7,9 @@ make every step take its second walk (the solver's, and the "then" keys of
 :mod:`refppo.oracle.detect.rollout`): a critic dump with holes, ``entropy_loss``, the KL in the
 loss, a score map, clip ranges and ``whiten_eps_at`` off the checked ones and ``policy_loss=gspo``;
 a critic-free GRPO dump with a lone prompt; a v2 dump with ``grad_logprobs`` (``k3+``, GAE through
-the padding). A key is walked when two options of one step give it different values.
+the padding); a dump with ``rollout_logprobs`` whose policy term carries a sequence-level masked
+correction (the correction step's walk and its solver). A key is walked when two options of one
+step give it different values.
 
 Before, ``policy_loss`` was never walked (it was listed in ``NOT_WALKED`` as "not searched yet"):
 a GSPO dump got no convention and a nearest one with unrelated changes.
@@ -97,6 +99,18 @@ def _dumps(tmp: Path) -> list[tuple[Path, Setup]]:
     (tmp / "v2").mkdir()
     v2 = step_dump({"kl_in": "loss", "kl_estimator": "k3+", "gae_padding": "through"}, keep_scalars=True)
     out.append((save_step(tmp / "v2", v2, {}), setup_for(None, {})))
+    corrected = make_inputs(B=8, T=12, seed=13)
+    noise = 0.5 * torch.randn(corrected["old_logprobs"].shape, generator=torch.Generator().manual_seed(3))
+    corrected["rollout_logprobs"] = corrected["old_logprobs"] - noise.double()
+    conv = {
+        "rollout_is": "sequence",
+        "rollout_is_mode": "mask",
+        "rollout_is_low": 0.5,
+        "rollout_is_high": 2.0,
+    }
+    made = setup_for(None, conv)
+    path = save(tmp, naive_dump(corrected, made), setup_for(None, {}), "corrected.safetensors")
+    out.append((path, setup_for(None, {})))
     return out
 
 
@@ -146,7 +160,8 @@ def _walked(seen: Seen) -> dict[str, set[str]]:
 def test_each_dump_is_detected(seen: Seen) -> None:
     """Each dump reaches the steps after the one its options exercise with a matching group."""
     assert seen[DETECTED] == {
-        n: {True} for n in ("critic.safetensors", "group.safetensors", "step.safetensors")
+        n: {True}
+        for n in ("critic.safetensors", "group.safetensors", "step.safetensors", "corrected.safetensors")
     }
 
 
@@ -162,8 +177,8 @@ def test_every_convention_key_is_walked_or_named_as_not_walked(seen: Seen) -> No
 def test_every_member_of_every_enum_key_is_walked(seen: Seen) -> None:
     """An enum key has finitely many members: each is tried (none is a constant to solve), so none
     may be listed as not walked."""
-    # the only exception: the rollout correction's keys, an open gap named in NOT_WALKED_YET (#22)
-    assert set(NOT_WALKED_YET) <= {k for k in FLAT if k.startswith("rollout_is")}
+    # no exception left: the rollout correction's keys are walked since #22 (NOT_WALKED_YET is empty)
+    assert not NOT_WALKED_YET
     enums = {k: e for k, e in enum_keys().items() if k not in NOT_WALKED_YET}
     assert not set(enums) & set(NOT_WALKED), sorted(set(enums) & set(NOT_WALKED))
     values = seen[APPLIED]

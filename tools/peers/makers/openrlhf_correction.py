@@ -1,0 +1,73 @@
+"""OpenRLHF 0.11.2 dumps whose policy term carries its vLLM IS correction (``verl-openrlhf`` venv).
+
+``openrlhf/models/loss.py::PolicyLoss`` with ``is_correction_level="token"``,
+``is_correction_mode`` ``clip`` / ``mask`` and ``is_correction_threshold=[lo, hi]``, called with
+``rollout_log_probs``; the KL, the shaped reward, GAE and the batch whitening as
+:func:`peers.makers.verl_openrlhf._openrlhf_step` computes them (OpenRLHF's own functions, the
+whitening restated). Behaviour log-probs ``l^prox − 0.6·N(0, 1)``. Each case's ``--set`` names the
+whole correction; its control flips the mode.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from peers.makers.common import HP, inputs, save
+from peers.makers.verl_openrlhf import _openrlhf_fns
+
+# (is_correction_mode, threshold)
+CASES: list[tuple[str, tuple[float, float]]] = [
+    ("clip", (0.5, 1.5)),
+    ("mask", (0.5, 2.0)),
+    ("clip", (0.5, 1.7)),
+]
+
+
+def make(out: Path) -> list[str]:
+    import torch
+
+    fns = _openrlhf_fns()
+    from openrlhf.models.loss import PolicyLoss  # type: ignore[import-not-found]  # side venv only
+
+    made = []
+    for i, (mode, (lo, hi)) in enumerate(CASES):
+        x = inputs(500 + i)
+        m = x["response_mask"]
+        g = torch.Generator().manual_seed(600 + i)
+        beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
+        x["rollout_logprobs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
+        kl = fns["compute_approx_kl"](x["old_logprobs"], x["ref_logprobs"], kl_estimator="k1")
+        rewards = fns["compute_reward"](
+            x["scores"], HP["kl_coef"], kl, action_mask=m, reward_clip_range=(-10.0, 10.0)
+        )
+        adv_raw, ret = fns["gae"](None, x["old_values"], rewards, m, HP["gamma"], HP["lam"])
+        n = m.sum()
+        mean = (adv_raw * m).sum() / n  # compute_advantages_and_returns, restated
+        var = ((adv_raw - mean).pow(2) * m).sum() / n
+        adv = (adv_raw - mean) * var.clamp(min=1e-8).rsqrt()
+        fn = PolicyLoss(
+            clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=True, is_correction_level="token",
+            is_correction_mode=mode, is_correction_threshold=[lo, hi],
+        )  # fmt: skip
+        pg, clip_ratio, ppo_kl, _, _ = fn(
+            x["logprobs"], x["old_logprobs"], adv, action_mask=m, rollout_log_probs=x["rollout_logprobs"]
+        )
+        vf = fns["ValueLoss"](HP["cliprange_value"])(x["values"], x["old_values"], ret, action_mask=m)
+        entropy = fns["aggregate_loss"](x["entropy"], m)
+        dump: dict[str, Any] = dict(x)
+        dump.update(
+            kl=kl, token_rewards=rewards, advantages=adv, returns=ret, pg_loss=pg.detach(),
+            pg_clipfrac=clip_ratio.detach(), approx_kl=ppo_kl.detach(),
+            vf_loss=(vf[0] if isinstance(vf, tuple) else vf).detach(), entropy_loss=entropy.detach(),
+            loss=pg.detach(),
+        )  # fmt: skip
+        rmode = "truncate" if mode == "clip" else "mask"
+        conv = {
+            "kl_estimator": "k1", "kl_in": "reward", "loss_agg": "token-mean", "rollout_is": "token",
+            "rollout_is_mode": rmode, "rollout_is_low": lo, "rollout_is_high": hi,
+        }  # fmt: skip
+        control = {"rollout_is_mode": "mask" if rmode == "truncate" else "truncate"}
+        name = f"openrlhf_correction_token_{mode}_{lo}_{hi}"
+        made.append(save(out, name, dump, dict(HP, cliprange=0.2, ent_coef=0.0), conv, control))
+    return made
