@@ -17,7 +17,7 @@ from refppo.core.grad import kl_loss_grad_naive, policy_grad_naive, value_grad_n
 from refppo.core.objective import kl_loss
 from refppo.core.policy import clipped_policy_loss
 from refppo.core.value import value_loss
-from refppo.errors import ConventionError
+from refppo.errors import DumpError
 from refppo.pipeline.grad_naive import objective_grads_naive
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.step import update_quantities
@@ -227,7 +227,7 @@ def test_objective_grads_hand_example(kl_in: str) -> None:
 
 def test_objective_grads_with_kl_in_loss_need_ref_logprobs() -> None:
     z = torch.zeros(1, 2, dtype=F64)
-    with pytest.raises(ConventionError, match="ref_logprobs"):
+    with pytest.raises(DumpError, match=r"'ref_logprobs'.*kl_loss stage under kl_coef=0.05 \(kl_in=loss\)"):
         objective_grads_naive(
             logprobs=z,
             values=z,
