@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from peers.makers.common import HP, inputs, install_stubs, mount, save
+from peers.makers.verl_step import VerlActorConfig, kl_loss, policy_terms, reward_kl
 
 GROUP_IDS = [7, 3, 7, 11, 3, 7, 3, 11, 7, 3, 11, 5]
 """Prompt of each row (B = 12): groups of 4 (7), 4 (3), 3 (11), 1 (5), interleaved."""
@@ -131,7 +132,6 @@ VERL_CASES: list[tuple[str, str, str, str, str, dict[str, Any], dict[str, Any]]]
         {"advantage": "grpo"},
     ),
 ]
-VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl", "abs": "abs"}
 
 
 def _verl_advantages(ca: Any, call: str, rewards: Any, m: Any, idx: Any) -> Any:
@@ -184,16 +184,9 @@ def make_verl(out: Path) -> list[str]:
 def _verl_step(ca: Any, x: dict[str, Any], call: str, est: str, kl_in: str, agg: str) -> dict[str, Any]:
     """verl's KL, critic-free advantages (:func:`_verl_advantages`), vanilla policy loss (clip 0.2 /
     0.28, c = 3) and KL loss on the grouped batch ``x``; returns the dump's tensors (``ca``: core_algos)."""
-    import torch
-
-    from peers.makers.verl_openrlhf import _VerlActorConfig
-
     m = x["response_mask"]
     idx = x["group_index"].numpy()
-    kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
-    rewards = _last_token(m, x["scores"])
-    if kl_in == "reward":
-        rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
+    kl, rewards = reward_kl(ca, x, est, kl_in)
     adv, ret = _verl_advantages(ca, call, rewards, m, idx)
     pg, metrics = ca.compute_policy_loss_vanilla(
         x["old_logprobs"],
@@ -201,25 +194,12 @@ def _verl_step(ca: Any, x: dict[str, Any], call: str, est: str, kl_in: str, agg:
         adv,
         m,
         loss_agg_mode=agg,
-        config=_VerlActorConfig(0.2, 0.2, 0.28, 3.0),
+        config=VerlActorConfig(0.2, 0.2, 0.28, 3.0),
     )
-    loss = pg
     dump: dict[str, Any] = dict(x)
-    if kl_in == "loss":
-        kld = ca.kl_penalty(x["logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
-        kl_loss = ca.agg_loss(loss_mat=kld, loss_mask=m, loss_agg_mode=agg)
-        loss = loss + kl_loss * HP["kl_coef"]
-        dump["kl_loss"] = kl_loss.detach()
-    dump.update(
-        kl=kl,
-        token_rewards=rewards,
-        advantages=adv,
-        returns=ret,
-        pg_loss=pg.detach(),
-        pg_clipfrac=torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64),
-        approx_kl=torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64),
-        loss=loss.detach(),
-    )
+    loss = kl_loss(ca, x, est, kl_in, agg, dump, pg)
+    dump.update(kl=kl, token_rewards=rewards, advantages=adv, returns=ret, **policy_terms(pg, metrics))
+    dump.update(loss=loss.detach())
     if call == "rpp_baseline":
         # verl returns (whitened, whitened): its "returns" are the whitened advantages, which feed
         # nothing without a critic; the format's critic-free returns are the raw ones (spec).

@@ -26,6 +26,7 @@ from typing import Any
 
 from peers.makers.areal_frame import Norm, advantages, rolled_batch, step_dump
 from peers.makers.common import HP, inputs, save
+from peers.makers.verl_step import critic, policy_terms, reward_kl
 
 
 def inputs_holes(seed: int, B: int = 8, T: int = 20, dtype: Any = None, full: bool = False) -> dict[str, Any]:
@@ -75,37 +76,19 @@ def _last_valid(m: Any) -> Any:
 
 def verl_cases(ca: Any, out: Path, policy_cfg: Any) -> list[str]:
     """verl multi-turn: GAE + whitening + losses over the holed ``response_mask`` (``ca``: core_algos)."""
-    import torch
-
     made = []
     for i, agg in enumerate(("token-mean", "seq-mean-token-mean")):
         x = inputs_holes(700 + i)
         m = x["response_mask"]
-        kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty="kl")
-        rewards = torch.zeros_like(m)
         # naive reward manager: score at valid_response_length − 1 (attention mask: the envelope end)
-        rewards[torch.arange(m.shape[0]), _last_valid(m)] = x["scores"]
-        rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
+        kl, rewards = reward_kl(ca, x, "k1", "reward", last=_last_valid(m))
         adv, ret = ca.compute_gae_advantage_return(rewards, x["old_values"], m, HP["gamma"], HP["lam"])
         pg, metrics = ca.compute_policy_loss_vanilla(
             x["old_logprobs"], x["logprobs"], adv, m, loss_agg_mode=agg, config=policy_cfg
         )
-        vf, vf_clipfrac = ca.compute_value_loss(
-            x["values"], ret, x["old_values"], m, cliprange_value=HP["cliprange_value"], loss_agg_mode=agg
-        )
         dump: dict[str, Any] = dict(x)
-        dump.update(
-            kl=kl,
-            token_rewards=rewards,
-            advantages=adv,
-            returns=ret,
-            pg_loss=pg.detach(),
-            pg_clipfrac=torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64),
-            approx_kl=torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64),
-            vf_loss=vf.detach(),
-            vf_clipfrac=torch.as_tensor(vf_clipfrac, dtype=torch.float64),
-            loss=pg.detach(),
-        )
+        dump.update(kl=kl, token_rewards=rewards, advantages=adv, returns=ret, **policy_terms(pg, metrics))
+        dump.update(critic(ca, x, ret, agg), loss=pg.detach())
         conv = {"kl_estimator": "k1", "kl_in": "reward", "loss_agg": agg, "dual_clip": 3.0}
         made.append(save(out, f"verl_holes_{agg}", dump, dict(HP), conv, {"gae_holes": "zero"}))
     return made

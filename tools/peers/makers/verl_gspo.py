@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from peers.makers.common import HP, inputs, install_stubs, mount, save
-from peers.makers.verl_openrlhf import VERL_KL
+from peers.makers.verl_step import critic, entropy, kl_loss, policy_terms, reward_kl
 
 # (estimator, kl_in, loss_agg_mode, clip_low, clip_high, entropy_coeff, one row's log-ratio offset)
 CASES: list[tuple[str, str, str, float, float | None, float, float]] = [
@@ -54,42 +54,18 @@ def make(out: Path) -> list[str]:
     for i, (est, kl_in, agg, lo, hi, ent, offset) in enumerate(CASES):
         x = inputs(300 + i)
         m = x["response_mask"]
-        kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
-        last = (m.sum(dim=1) - 1).long()
-        rewards = torch.zeros_like(m)
-        rewards[torch.arange(m.shape[0]), last] = x["scores"]
-        if kl_in == "reward":
-            rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
+        kl, rewards = reward_kl(ca, x, est, kl_in)
         adv, ret = ca.compute_gae_advantage_return(rewards, x["old_values"], m, HP["gamma"], HP["lam"])
         if offset:  # the first row with a negative advantage: its unclipped branch reads the clamp
             b = int(((adv < 0) & (m > 0)).any(dim=1).nonzero()[0])
             x["logprobs"][b] = torch.where(m[b] > 0, x["logprobs"][b] + offset, x["logprobs"][b])
         cfg = _config(ActorConfig, lo, hi)
         pg, metrics = gspo(x["old_logprobs"], x["logprobs"], adv, m, loss_agg_mode=agg, config=cfg)
-        vf, vf_clipfrac = ca.compute_value_loss(
-            x["values"], ret, x["old_values"], m, cliprange_value=HP["cliprange_value"], loss_agg_mode=agg
-        )
-        entropy = ca.agg_loss(loss_mat=x["entropy"], loss_mask=m, loss_agg_mode=agg)
-        loss = pg - ent * entropy
+        ent_term = entropy(ca, x, agg)
         dump: dict[str, Any] = dict(x)
-        if kl_in == "loss":
-            kld = ca.kl_penalty(x["logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
-            kl_loss = ca.agg_loss(loss_mat=kld, loss_mask=m, loss_agg_mode=agg)
-            loss = loss + kl_loss * HP["kl_coef"]
-            dump["kl_loss"] = kl_loss.detach()
-        dump.update(
-            kl=kl,
-            token_rewards=rewards,
-            advantages=adv,
-            returns=ret,
-            pg_loss=pg.detach(),
-            pg_clipfrac=torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64),
-            approx_kl=torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64),
-            vf_loss=vf.detach(),
-            vf_clipfrac=torch.as_tensor(vf_clipfrac, dtype=torch.float64),
-            entropy_loss=entropy.detach(),
-            loss=loss.detach(),
-        )
+        loss = kl_loss(ca, x, est, kl_in, agg, dump, pg - ent * ent_term)
+        dump.update(kl=kl, token_rewards=rewards, advantages=adv, returns=ret, **policy_terms(pg, metrics))
+        dump.update(critic(ca, x, ret, agg), entropy_loss=ent_term.detach(), loss=loss.detach())
         hp = dict(HP, cliprange=lo, ent_coef=ent)
         if hi is not None:
             hp["cliprange_high"] = hi

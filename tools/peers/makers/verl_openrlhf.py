@@ -27,23 +27,7 @@ from typing import Any
 
 from peers.makers import holes
 from peers.makers.common import HP, inputs, install_stubs, mount, save
-
-VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl", "abs": "abs"}
-
-
-class _VerlActorConfig:
-    """The attributes ``compute_policy_loss_vanilla`` reads from verl's ``ActorConfig``."""
-
-    def __init__(self, clip: float, low: float | None, high: float | None, c: float) -> None:
-        self.clip_ratio = clip
-        self.clip_ratio_low = low
-        self.clip_ratio_high = high
-        self.c = c
-        self.global_batch_info: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any) -> Any:
-        return {"clip_ratio_c": self.c}.get(key, default)
-
+from peers.makers.verl_step import VerlActorConfig, critic, entropy, kl_loss, policy_terms, reward_kl
 
 # (estimator, kl_in, loss_agg_mode, clip_low, clip_high, clip_ratio_c, entropy_coeff)
 VERL_CASES: list[tuple[str, str, str, float, float | None, float, float]] = [
@@ -58,7 +42,6 @@ VERL_CASES: list[tuple[str, str, str, float, float | None, float, float]] = [
 
 
 def make_verl(out: Path) -> list[str]:
-    import torch
 
     os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")
     install_stubs()
@@ -68,46 +51,23 @@ def make_verl(out: Path) -> list[str]:
     made = []
     for i, (est, kl_in, agg, lo, hi, c, ent) in enumerate(VERL_CASES):
         x = inputs(100 + i)
-        m = x["response_mask"]
-        kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
-        last = (m.sum(dim=1) - 1).long()
-        rewards = torch.zeros_like(m)
-        rewards[torch.arange(m.shape[0]), last] = x["scores"]
-        if kl_in == "reward":
-            rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
-        adv, ret = ca.compute_gae_advantage_return(rewards, x["old_values"], m, HP["gamma"], HP["lam"])
+        kl, rewards = reward_kl(ca, x, est, kl_in)
+        adv, ret = ca.compute_gae_advantage_return(
+            rewards, x["old_values"], x["response_mask"], HP["gamma"], HP["lam"]
+        )
         pg, metrics = ca.compute_policy_loss_vanilla(
             x["old_logprobs"],
             x["logprobs"],
             adv,
-            m,
+            x["response_mask"],
             loss_agg_mode=agg,
-            config=_VerlActorConfig(lo, lo, hi, c),
+            config=VerlActorConfig(lo, lo, hi, c),
         )
-        vf, vf_clipfrac = ca.compute_value_loss(
-            x["values"], ret, x["old_values"], m, cliprange_value=HP["cliprange_value"], loss_agg_mode=agg
-        )
-        entropy = ca.agg_loss(loss_mat=x["entropy"], loss_mask=m, loss_agg_mode=agg)
-        loss = pg - ent * entropy
+        ent_term = entropy(ca, x, agg)
         dump: dict[str, Any] = dict(x)
-        if kl_in == "loss":
-            kld = ca.kl_penalty(x["logprobs"], x["ref_logprobs"], kl_penalty=VERL_KL[est])
-            kl_loss = ca.agg_loss(loss_mat=kld, loss_mask=m, loss_agg_mode=agg)
-            loss = loss + kl_loss * HP["kl_coef"]
-            dump["kl_loss"] = kl_loss.detach()
-        dump.update(
-            kl=kl,
-            token_rewards=rewards,
-            advantages=adv,
-            returns=ret,
-            pg_loss=pg.detach(),
-            pg_clipfrac=torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64),
-            approx_kl=torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64),
-            vf_loss=vf.detach(),
-            vf_clipfrac=torch.as_tensor(vf_clipfrac, dtype=torch.float64),
-            entropy_loss=entropy.detach(),
-            loss=loss.detach(),
-        )
+        loss = kl_loss(ca, x, est, kl_in, agg, dump, pg - ent * ent_term)
+        dump.update(kl=kl, token_rewards=rewards, advantages=adv, returns=ret, **policy_terms(pg, metrics))
+        dump.update(critic(ca, x, ret, agg), entropy_loss=ent_term.detach(), loss=loss.detach())
         hp = dict(HP, cliprange=lo, ent_coef=ent)
         if hi is not None:
             hp["cliprange_high"] = hi
@@ -115,7 +75,7 @@ def make_verl(out: Path) -> list[str]:
         name = f"verl_{est}_{kl_in}_{agg}_c{c}" + (f"_hi{hi}" if hi else "")
         other = "token-mean" if agg != "token-mean" else "seq-mean-token-mean"
         made.append(save(out, name, dump, hp, conv, {"loss_agg": other}))
-    return made + holes.verl_cases(ca, out, _VerlActorConfig(0.2, 0.2, None, 3.0))
+    return made + holes.verl_cases(ca, out, VerlActorConfig(0.2, 0.2, None, 3.0))
 
 
 # (estimator, kl_in, token_level, eps_low, eps_high, dual_clip, entropy_coef)
