@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from peers.makers.common import HP, inputs, install_stubs, mount, save
-from peers.makers.verl_openrlhf import _VerlActorConfig
+from peers.makers.verl_step import VerlActorConfig
 
 # (rollout_is, rollout_is_threshold, loss_agg_mode)
 CASES: list[tuple[str, float | str, str]] = [
@@ -66,7 +66,7 @@ def make(out: Path) -> list[str]:
         w, _ = rch.compute_rollout_correction_weights(lr, m, rollout_is=level, rollout_is_threshold=thr)
         pg, metrics = ca.compute_policy_loss_vanilla(
             x["old_logprobs"], x["logprobs"], adv, m, loss_agg_mode=agg,
-            config=_VerlActorConfig(0.2, 0.2, None, 3.0), rollout_is_weights=w,
+            config=VerlActorConfig(0.2, 0.2, None, 3.0), rollout_is_weights=w,
         )  # fmt: skip
         vf, vf_clipfrac = ca.compute_value_loss(
             x["values"], ret, x["old_values"], m, cliprange_value=HP["cliprange_value"], loss_agg_mode=agg
