@@ -326,6 +326,4 @@ def _missing_hint(unknown: list[str]) -> str:
     return ""
 
 
-from refppo.dump.required import check_inputs_for  # noqa: E402  (re-exported; it reads a Dump)
-
-__all__ = ["Dump", "check_inputs_for", "load_dump", "validate"]
+__all__ = ["Dump", "load_dump", "validate"]

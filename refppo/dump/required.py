@@ -12,25 +12,11 @@ stage that reads it and the setting under which it does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Protocol
-
+from refppo.dump.load import Dump
 from refppo.errors import DumpError
+from refppo.pipeline.needs import missing_line
 from refppo.pipeline.reads import required_inputs
 from refppo.pipeline.settings import Convention, Hyperparams
-
-
-class Dump(Protocol):
-    """What these checks read of a :class:`refppo.dump.load.Dump` (no import of the loader: it
-    re-exports :func:`check_inputs_for`)."""
-
-    @property
-    def path(self) -> Path: ...
-
-    @property
-    def tensors(self) -> Mapping[str, Any]: ...
-
 
 WHAT: dict[str, str] = {
     "ref_logprobs": "the reference policy's log-probs of the sampled tokens",
@@ -47,10 +33,8 @@ def missing_inputs(present: set[str] | frozenset[str], conv: Convention, hp: Hyp
     out = []
     for key, need in required_inputs(conv, hp).items():
         if key not in present:
-            out.append(
-                f"missing required key {key!r} [B, T] ({WHAT.get(key, key)}): read by the {need.stage} "
-                f"stage under {need.why}; {ADVICE.get(key, 'dump it')}"
-            )
+            advice = ADVICE.get(key, "dump it")
+            out.append(f"{missing_line(key, need.stage, need.why)} ({WHAT.get(key, key)}); {advice}")
     return out
 
 

@@ -17,7 +17,8 @@ from typing import Any
 from torch import Tensor
 
 from refppo.dump.keys import SIDECAR_SAMPLING_KEYS, SIDECAR_SCORING_KEYS
-from refppo.dump.load import Dump, check_inputs_for, load_dump, validate
+from refppo.dump.load import Dump, load_dump, validate
+from refppo.dump.required import check_inputs_for
 from refppo.errors import DumpError, HyperparameterError, RefPPOError
 from refppo.oracle.check.diagnose import DETECT_HINT, CheckResult, check
 from refppo.oracle.check.settings import ALL_KEYS, Setup, build_setup, parse_value

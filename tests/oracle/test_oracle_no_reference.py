@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import torch
+from oracle_helpers import naive_outputs
 
 from refppo.errors import DumpError
-from refppo.oracle.check.recompute import reference_outputs
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.coverage import not_compared
 from refppo.oracle.run import check_step
@@ -19,7 +19,8 @@ HP = {"gamma": 1.0, "lam": 1.0, "kl_coef": 0.0, "cliprange": 0.2, "cliprange_val
 
 
 def _dump(kl_in: str = "reward") -> dict[str, Any]:
-    """Outputs made WITH ``ref_logprobs`` (β = 0), then the reference dropped (and ``kl`` kept)."""
+    """Outputs made by the naive twins WITH ``ref_logprobs`` (β = 0), then the reference dropped (and
+    ``kl`` kept)."""
     g = torch.Generator().manual_seed(0)
     B, T = 6, 5
     m = torch.ones(B, T)
@@ -32,7 +33,7 @@ def _dump(kl_in: str = "reward") -> dict[str, Any]:
         "logprobs": old + 0.05 * torch.randn(B, T, generator=g, dtype=torch.float64),
     }  # fmt: skip
     setup = Setup(Convention.of(advantage="grpo", kl_in=kl_in), Hyperparams(**HP))
-    out = reference_outputs(inp, setup)
+    out = naive_outputs(inp, setup)
     return {**{k: v for k, v in inp.items() if k != "ref_logprobs"}, **out}
 
 

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import KLPlacement, ValueLoss, VfMask
-from refppo.dump.load import Dump, check_inputs_for, validate
+from refppo.dump.load import Dump, validate
+from refppo.dump.required import check_inputs_for
 from refppo.dump.residency import trim_heap
 from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, reference_grads

@@ -48,7 +48,7 @@ from torch import Tensor
 from refppo.conventions import LossAgg
 from refppo.errors import RefPPOError
 from refppo.oracle.detect.groups import Group, Option
-from refppo.oracle.detect.policy_solve import _agg_weights
+from refppo.oracle.detect.policy_solve import agg_weights
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import solve_min_hinge
 from refppo.oracle.detect.states import AdvState, digest
@@ -200,7 +200,7 @@ def solve_caps(s: Search, groups: list[Group[AdvState]], weights: _Weights) -> l
     rc = s.base.conv.rollout
     lows = list(dict.fromkeys([None, rc.low, *(b[0] for b in NAMED_BOUNDS)]))
     highs = list(dict.fromkeys([None, rc.high, *(b[1] for b in NAMED_BOUNDS)]))
-    agg_w = _agg_weights(s)
+    agg_w = agg_weights(s)
     raws = {}
     for level, agg in FAMILIES:
         got = weights.of(_upd(s, level, agg, ISMode.TRUNCATE, (None, None)))

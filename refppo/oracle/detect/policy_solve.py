@@ -72,7 +72,7 @@ def propose_policy(
     clips: list[Clip] = []
     seen_adv: set[bytes] = set()  # by content: a replayed state's tensors are new objects
     with_ratio = replace(s.ev, keep_ratio=True)
-    weight = _agg_weights(s)
+    weight = agg_weights(s)
     own_lrc = s.base.conv.policy.log_ratio_clamp
     for g in groups[:SOLVE_GROUPS]:
         st = g.state
@@ -104,7 +104,7 @@ def propose_policy(
     return {**out, "duals": duals, "clips": clips}
 
 
-def _agg_weights(s: Search) -> Callable[[LossAgg, torch.dtype], Tensor]:
+def agg_weights(s: Search) -> Callable[[LossAgg, torch.dtype], Tensor]:
     """``(agg, dtype) ↦ ∂pg_loss/∂ℓ`` of the policy_agg stage under ``agg`` (``[B, T]``), with
     autograd (no row blocks), memoised."""
     weights: dict[tuple[LossAgg, torch.dtype], Tensor] = {}

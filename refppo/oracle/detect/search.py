@@ -90,20 +90,6 @@ class Search:
         self._settings: dict[tuple[Any, ...], Setup] = {}
         self._vms: dict[ScorePosition, Tensor] = {}
         self._counts: dict[int, tuple[Evaluation, Tensor]] = {}
-        self.is_weights: Tensor | None = self._is_weights()
-        """The rollout_correction stage's ``w'`` under the checked setting (None: off, or no
-        ``rollout_logprobs``): the policy step's evaluations weight ``ℓ`` by it (not walked)."""
-
-    def _is_weights(self) -> Tensor | None:
-        if not self.base.conv.rollout.on or "rollout_logprobs" not in self.t:
-            return None
-        q = {
-            "old_logprobs": self.t["old_logprobs"],
-            "rollout_logprobs": self.t["rollout_logprobs"],
-            "mask": self.m,
-        }
-        w: Tensor = self.evaluate("rollout_correction", q, self.base)["is_weights"]
-        return w
 
     # ----- evaluation through the stage table ------------------------------------------------
     def setting(self, stage: str | None = None, **upd: Any) -> Setup:
