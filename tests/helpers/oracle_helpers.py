@@ -210,6 +210,16 @@ def _approx_kl_metric(name: str, k1: float, t: dict[str, Tensor]) -> float:
     return 0.5 * total / (B * T)
 
 
+def with_behaviour(x: dict[str, Tensor], scale: float = 0.6, seed: int = 17) -> dict[str, Tensor]:
+    """``x`` plus behaviour log-probs ``l^prox − scale·N(0, 1)`` on valid tokens (1.0, junk, on
+    padding): at ``scale`` 0.6 the weights ``exp(l^prox − l^beh)`` span ≈ 0.3..5, so a cap of 2 binds."""
+    g = torch.Generator().manual_seed(seed)
+    noise = scale * torch.randn(x["old_logprobs"].shape, generator=g, dtype=torch.float64)
+    m = x["response_mask"].bool()
+    beh = torch.where(m, x["old_logprobs"] - noise, torch.full((), 1.0, dtype=torch.float64))
+    return {**x, "rollout_logprobs": beh}
+
+
 def naive_dump(
     inputs: dict[str, Tensor],
     setup: Setup,

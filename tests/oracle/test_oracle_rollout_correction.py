@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from oracle_helpers import make_inputs, naive_dump, save, setup_for
+from oracle_helpers import make_inputs, naive_dump, save, setup_for, with_behaviour
 
 from refppo.core.rollout_correction import is_weights_naive
 from refppo.dump.load import load_dump, validate
@@ -33,14 +33,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 def _inputs() -> dict[str, torch.Tensor]:
     """make_inputs plus behaviour log-probs ``l^prox − noise``: exp(d) spans 0.3..5 (the cap 2 binds)."""
-    x = make_inputs(B=8, T=12, seed=5)
-    g = torch.Generator().manual_seed(17)
-    noise = 0.6 * torch.randn(x["old_logprobs"].shape, generator=g, dtype=torch.float64)
-    m = x["response_mask"].bool()
-    x["rollout_logprobs"] = torch.where(
-        m, x["old_logprobs"] - noise, torch.full((), 1.0, dtype=torch.float64)
-    )
-    return x
+    return with_behaviour(make_inputs(B=8, T=12, seed=5))
 
 
 def _dump(tmp: Path, conv: dict[str, Any]) -> Path:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from oracle_helpers import make_inputs, naive_dump, save, setup_for
+from oracle_helpers import make_inputs, naive_dump, save, setup_for, with_behaviour
 
 from refppo.dump.load import load_dump
 from refppo.oracle.detect.correction import nicest_in, step_intervals
@@ -29,14 +29,7 @@ KEYS = ("rollout_is", "rollout_is_agg", "rollout_is_mode", "rollout_is_low", "ro
 
 def _inputs(with_beh: bool = True) -> dict[str, torch.Tensor]:
     x = make_inputs(B=8, T=12, seed=5)
-    if with_beh:
-        g = torch.Generator().manual_seed(17)
-        noise = 0.6 * torch.randn(x["old_logprobs"].shape, generator=g, dtype=torch.float64)
-        m = x["response_mask"].bool()
-        x["rollout_logprobs"] = torch.where(
-            m, x["old_logprobs"] - noise, torch.full((), 1.0, dtype=torch.float64)
-        )
-    return x
+    return with_behaviour(x) if with_beh else x
 
 
 def _detected(tmp: Path, conv: dict[str, Any], with_beh: bool = True) -> Any:

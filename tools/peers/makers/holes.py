@@ -26,6 +26,7 @@ from typing import Any
 
 from peers.makers.areal_frame import Norm, advantages, rolled_batch, step_dump
 from peers.makers.common import HP, inputs, save
+from peers.makers.openrlhf_step import shaped_gae
 from peers.makers.verl_step import critic, policy_terms, reward_kl
 
 
@@ -100,15 +101,7 @@ def openrlhf_cases(fns: dict[str, Any], out: Path) -> list[str]:
     for i, token_level in enumerate((True, False)):
         x = inputs_holes(800 + i)
         m = x["response_mask"]
-        kl = fns["compute_approx_kl"](x["old_logprobs"], x["ref_logprobs"], kl_estimator="k1")
-        rewards = fns["compute_reward"](
-            x["scores"], HP["kl_coef"], kl, action_mask=m, reward_clip_range=(-10.0, 10.0)
-        )
-        adv_raw, ret = fns["gae"](None, x["old_values"], rewards, m, HP["gamma"], HP["lam"])
-        n = m.sum()
-        mean = (adv_raw * m).sum() / n  # compute_advantages_and_returns, restated
-        var = ((adv_raw - mean).pow(2) * m).sum() / n
-        adv = (adv_raw - mean) * var.clamp(min=1e-8).rsqrt()
+        kl, rewards, adv, ret = shaped_gae(fns, x, "k1", HP["kl_coef"])
         pg, clip_ratio, ppo_kl, _, _ = fns["PolicyLoss"](0.2, 0.2, token_level_loss=token_level)(
             x["logprobs"], x["old_logprobs"], adv, action_mask=m
         )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from peers.makers.common import HP, inputs, save
-from peers.makers.verl_openrlhf import _openrlhf_fns
+from peers.makers.openrlhf_step import openrlhf_fns, shaped_gae
 
 # (is_correction_mode, threshold)
 CASES: list[tuple[str, tuple[float, float]]] = [
@@ -27,7 +27,7 @@ CASES: list[tuple[str, tuple[float, float]]] = [
 def make(out: Path) -> list[str]:
     import torch
 
-    fns = _openrlhf_fns()
+    fns = openrlhf_fns()
     from openrlhf.models.loss import PolicyLoss  # type: ignore[import-not-found]  # side venv only
 
     made = []
@@ -37,15 +37,7 @@ def make(out: Path) -> list[str]:
         g = torch.Generator().manual_seed(600 + i)
         beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
         x["rollout_logprobs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
-        kl = fns["compute_approx_kl"](x["old_logprobs"], x["ref_logprobs"], kl_estimator="k1")
-        rewards = fns["compute_reward"](
-            x["scores"], HP["kl_coef"], kl, action_mask=m, reward_clip_range=(-10.0, 10.0)
-        )
-        adv_raw, ret = fns["gae"](None, x["old_values"], rewards, m, HP["gamma"], HP["lam"])
-        n = m.sum()
-        mean = (adv_raw * m).sum() / n  # compute_advantages_and_returns, restated
-        var = ((adv_raw - mean).pow(2) * m).sum() / n
-        adv = (adv_raw - mean) * var.clamp(min=1e-8).rsqrt()
+        kl, rewards, adv, ret = shaped_gae(fns, x, "k1", HP["kl_coef"])
         fn = PolicyLoss(
             clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=True, is_correction_level="token",
             is_correction_mode=mode, is_correction_threshold=[lo, hi],

@@ -20,13 +20,12 @@ without ``token_level_loss``). Restated: the batch whitening of ``compute_advant
 from __future__ import annotations
 
 import os
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
 from peers.makers import holes
 from peers.makers.common import HP, inputs, install_stubs, mount, save
+from peers.makers.openrlhf_step import openrlhf_fns, shaped_gae
 from peers.makers.verl_step import VerlActorConfig, critic, entropy, kl_loss, policy_terms, reward_kl
 
 # (estimator, kl_in, loss_agg_mode, clip_low, clip_high, clip_ratio_c, entropy_coeff)
@@ -91,7 +90,7 @@ OPENRLHF_CASES: list[tuple[str, str, bool, float, float, float | None, float]] =
 def make_openrlhf(out: Path) -> list[str]:
     """One dump per case of :data:`OPENRLHF_CASES`, then the multi-turn cases of
     :func:`peers.makers.holes.openrlhf_cases`."""
-    fns = _openrlhf_fns()
+    fns = openrlhf_fns()
     made = []
     for i, (est, kl_in, token_level, lo, hi, dual, ent) in enumerate(OPENRLHF_CASES):
         x = inputs(200 + i)
@@ -111,41 +110,6 @@ def make_openrlhf(out: Path) -> list[str]:
     return made + holes.openrlhf_cases(fns, out)
 
 
-def _openrlhf_fns() -> dict[str, Any]:
-    """OpenRLHF's ``compute_approx_kl``, ``compute_reward``, ``get_advantages_and_returns`` (as
-    ``gae``), ``PolicyLoss``, ``ValueLoss``, ``aggregate_loss`` from its installed files (the Ray
-    launcher stubbed)."""
-    install_stubs()
-    for n in ("openrlhf", "openrlhf.models", "openrlhf.trainer", "openrlhf.trainer.ppo_utils"):
-        mount(n)
-    for n in ("openrlhf.trainer.ray", "openrlhf.utils"):
-        mount(n)
-    launcher = types.ModuleType("openrlhf.trainer.ray.launcher")
-    launcher.RayActorGroup = object  # type: ignore[attr-defined]  # stand-in; never used
-    sys.modules[launcher.__name__] = launcher
-    from openrlhf.models.loss import (  # type: ignore[import-not-found]  # side venv only
-        PolicyLoss,
-        ValueLoss,
-        aggregate_loss,
-    )
-    from openrlhf.models.utils import (  # type: ignore[import-not-found]  # side venv only
-        compute_approx_kl,
-        compute_reward,
-    )
-    from openrlhf.trainer.ppo_utils.experience_maker import (  # type: ignore[import-not-found]  # side venv
-        RemoteExperienceMaker,
-    )
-
-    return {
-        "compute_approx_kl": compute_approx_kl,
-        "compute_reward": compute_reward,
-        "gae": RemoteExperienceMaker.get_advantages_and_returns,
-        "PolicyLoss": PolicyLoss,
-        "ValueLoss": ValueLoss,
-        "aggregate_loss": aggregate_loss,
-    }
-
-
 def _openrlhf_step(
     fns: dict[str, Any],
     x: dict[str, Any],
@@ -159,14 +123,7 @@ def _openrlhf_step(
     """OpenRLHF's KL, shaped reward, GAE, the batch whitening (restated), its policy/value losses and
     the loss sum of ``training_step`` on ``x``; returns the dump's tensors."""
     m = x["response_mask"]
-    kl = fns["compute_approx_kl"](x["old_logprobs"], x["ref_logprobs"], kl_estimator=est)
-    coef = HP["kl_coef"] if kl_in == "reward" else 0.0
-    rewards = fns["compute_reward"](x["scores"], coef, kl, action_mask=m, reward_clip_range=(-10.0, 10.0))
-    adv_raw, ret = fns["gae"](None, x["old_values"], rewards, m, HP["gamma"], HP["lam"])
-    n = m.sum()
-    mean = (adv_raw * m).sum() / n  # compute_advantages_and_returns, restated
-    var = ((adv_raw - mean).pow(2) * m).sum() / n
-    adv = (adv_raw - mean) * var.clamp(min=1e-8).rsqrt()
+    kl, rewards, adv, ret = shaped_gae(fns, x, est, HP["kl_coef"] if kl_in == "reward" else 0.0)
     pg, clip_ratio, ppo_kl, _, _ = fns["PolicyLoss"](*eps, dual_clip=dual, token_level_loss=token_level)(
         x["logprobs"], x["old_logprobs"], adv, action_mask=m
     )
