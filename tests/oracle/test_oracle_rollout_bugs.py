@@ -179,12 +179,13 @@ def test_the_correct_step_selects_the_stale_token_away(tmp_path: Path) -> None:
     assert _check(tmp_path, d, BAND).match
 
 
-def _on_policy_step(detach: bool) -> dict[str, Tensor]:
-    """One micro-batch of a hand-written trainer on-policy (``l = l^old`` in value): TIS cap 2 with
-    the weight ``clamp(exp(l − l^beh), max=2)`` from the live ``l``, detached or not; the clipped
-    surrogate, the clipped value loss, token means."""
+def _on_policy_step(detach: bool, on_policy: bool = True) -> dict[str, Tensor]:
+    """One micro-batch of a hand-written trainer on-policy (``l = l^old`` in value; ``on_policy``
+    False: ``l`` as drawn): TIS cap 2 with the weight ``clamp(exp(l − l^beh), max=2)`` from the live
+    ``l``, detached or not; the clipped surrogate, the clipped value loss, token means."""
     x = _inputs()
-    x["logprobs"] = x["old_logprobs"].clone()
+    if on_policy:
+        x["logprobs"] = x["old_logprobs"].clone()
     d = naive_dump(x, setup_for(None, TIS2))
     m = d["response_mask"].bool()
     lp = d["logprobs"].clone().requires_grad_(True)
@@ -198,9 +199,12 @@ def _on_policy_step(detach: bool) -> dict[str, Tensor]:
     v_clip = torch.clamp(v, d["old_values"] - eps_v, d["old_values"] + eps_v)
     vf_tok = 0.5 * torch.maximum((v - d["returns"]) ** 2, (v_clip - d["returns"]) ** 2)
     n = m.sum()
-    loss = torch.where(m, pg_tok, 0.0).sum() / n + HP["vf_coef"] * torch.where(m, vf_tok, 0.0).sum() / n
-    g_lp, g_v = torch.autograd.grad(loss, (lp, v))
-    return {**d, "grad_logprobs": torch.where(m, g_lp, 0.0), "grad_values": torch.where(m, g_v, 0.0)}
+    pg = torch.where(m, pg_tok, 0.0).sum() / n
+    g_lp, g_v = torch.autograd.grad(pg + HP["vf_coef"] * torch.where(m, vf_tok, 0.0).sum() / n, (lp, v))
+    pg = pg.detach()
+    loss = float(pg) + HP["vf_coef"] * float(d["vf_loss"]) - HP["ent_coef"] * float(d["entropy_loss"])
+    out = {"pg_loss": pg, "loss": torch.tensor(loss, dtype=F64)}
+    return {**d, **out, "grad_logprobs": torch.where(m, g_lp, 0.0), "grad_values": torch.where(m, g_v, 0.0)}
 
 
 def test_a_weight_not_detached_is_named_from_the_gradient(tmp_path: Path) -> None:
@@ -209,6 +213,22 @@ def test_a_weight_not_detached_is_named_from_the_gradient(tmp_path: Path) -> Non
     assert res.quantities["pg_loss"].ok  # the values cannot show it: only the gradient
     assert _bugs(res) == ["is_weight_not_detached"], res.diagnosis
     assert [f["all_match"] for f in res.explained_by if f.get("bug") == "is_weight_not_detached"] == [True]
+
+
+def test_off_policy_the_live_weight_is_named_and_the_detached_one_explains_the_values_only(
+    tmp_path: Path,
+) -> None:
+    """Off-policy the live weight is also against the current policy: ``pg_loss`` diverges first;
+    the weight not detached explains everything, the detached one against the current policy only
+    the values (its gradient differs), and the diagnosis says so."""
+    res = _check(
+        tmp_path, _on_policy_step(detach=False, on_policy=False), TIS2, world_size=1, micro_batches=1
+    )
+    assert res.first_divergence == "pg_loss", (res.first_divergence, res.diagnosis)
+    found = {f["bug"]: f["all_match"] for f in res.explained_by if f["kind"] == "bug"}
+    assert found == {"is_weight_not_detached": True, "is_weight_against_current": False}, res.diagnosis
+    assert any("(is_weight_against_current)" in line and "grad_logprobs still differs" in line
+               for line in res.diagnosis), res.diagnosis  # fmt: skip
 
 
 def test_the_detached_on_policy_step_matches(tmp_path: Path) -> None:
