@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from oracle_helpers import make_inputs, refppo_dump, save, setup_for
+from oracle_helpers import make_inputs, refppo_dump, save, setup_for, with_behaviour
 
 from refppo.conventions import (
     AdvantageEstimator,
@@ -100,13 +100,23 @@ def test_reward_key_covers_what_the_reward_step_reads(tmp_path: Path, base_name:
     assert len(seen) > 3 and n_shared > 10
 
 
-@pytest.mark.parametrize("bug", [None, *BUGS])
+RC_CHECKED = {
+    "is_sum_not_mean": {"rollout_is": "sequence", "rollout_is_agg": "geometric", "rollout_is_high": 2.0},
+    **{b: {"rollout_is": "token", "rollout_is_mode": "mask", "rollout_is_low": 0.5, "rollout_is_high": 2.0}
+       for b in ("truncate_mask_swapped", "cap_on_log_ratio", "old_is_behaviour", "is_weight_against_current",
+                 "nonfinite_through_mask")},
+}  # fmt: skip
+"""The rollout correction's bugs (refppo.pipeline.bugs_rollout) under a correction each can run
+(``is_weight_not_detached`` needs a gradient: not in this dump)."""
+
+
+@pytest.mark.parametrize("bug", [None, *(b for b in BUGS if b != "is_weight_not_detached")])
 def test_update_stage_continues_a_rollout_only_reference(tmp_path: Path, bug: str | None) -> None:
     """``recompute(rollout=recompute(rollout_only=True))`` equals one full ``recompute``, bit for
     bit, and ``compare_all(known=...)`` the comparison of everything."""
     made = setup_for("openrlhf", {"kl_estimator": "k3"})
-    checked = setup_for("verl", {})
-    inp = make_inputs(B=5, T=10, seed=6)
+    checked = setup_for("verl", RC_CHECKED.get(bug or "", {}))
+    inp = with_behaviour(make_inputs(B=5, T=10, seed=6))
     dump = load_dump(save(tmp_path, refppo_dump(inp, made), made))
     whole = recompute(dump, checked, bug=bug)
     ro = recompute(dump, checked, bug=bug, rollout_only=True)

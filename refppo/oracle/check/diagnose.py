@@ -30,6 +30,7 @@ from refppo.oracle.check.alternatives import (
     GROUP_ALTERNATIVES,
     STD_ESTIMATORS,
 )
+from refppo.oracle.check.bug_terms import nonfinite_alike
 from refppo.oracle.check.compare import FACTOR_HINT, QuantityResult, compare, describe
 from refppo.oracle.check.fastcheck import PrefixCheck, RolloutMemo
 from refppo.oracle.check.grad import GRAD_QUANTITIES, UpdateInputs, grad_tolerance
@@ -94,12 +95,13 @@ class CheckResult:
 
 
 def compare_all(
-    dump: Dump, ref: Reference, known: dict[str, QuantityResult] | None = None
+    dump: Dump, ref: Reference, known: dict[str, QuantityResult] | None = None, *, alike: bool = False
 ) -> dict[str, QuantityResult]:
     """Every quantity present in both the dump and the reference, in pipeline order.
 
     ``known``: results already compared for some of them (the same tensors: ``ref`` continues the
-    rollout they were compared on), taken as they are.
+    rollout they were compared on), taken as they are. ``alike``: a NaN (an infinity) of the dump
+    where the reference has one too compares equal (a bug's re-enactment: :func:`nonfinite_alike`).
     """
     tol = TOLERANCES[dump.dtype]
     out: dict[str, QuantityResult] = {}
@@ -109,9 +111,10 @@ def compare_all(
         elif dump.has(name) and name in ref.values:
             cm = ref.compare_mask(name)
             qtol = grad_tolerance(tol) if name in GRAD_QUANTITIES else tol
-            res = compare(name, dump.tensors[name], ref.values[name], cm, qtol)
+            d, r = nonfinite_alike(dump.tensors[name], ref.values[name], alike)
+            res = compare(name, d, r, cm, qtol)
             if not res.ok and name in ref.widen:  # clip fractions: allow rounding ties (computed lazily)
-                res = compare(name, dump.tensors[name], ref.values[name], cm, tol, widen=ref.widen[name]())
+                res = compare(name, d, r, cm, tol, widen=ref.widen[name]())
             out[name] = res
             dump.release(name)  # its pages are read again from the file when next compared
     return out
@@ -168,14 +171,14 @@ def _candidate(
         return None
     early = first in ROLLOUT_OUTPUTS
     ro = recompute(dump, alt, bug=bug, rollout_only=True)
-    res = compare_all(dump, ro)
+    res = compare_all(dump, ro, alike=bug is not None)
     if not (_prefix_ok(res, first) if early else all(r.ok for r in res.values())):
         return None
     # continue the rollout just recomputed with the update stage (not steps 1-4 again), holding
     # only what the update reads: the rollout quantities are compared already
     slim = ro.slim()
     del ro
-    full = compare_all(dump, recompute(dump, alt, bug=bug, rollout=slim), known=res)
+    full = compare_all(dump, recompute(dump, alt, bug=bug, rollout=slim), known=res, alike=bug is not None)
     return full if early or _prefix_ok(full, first) else None
 
 

@@ -153,7 +153,8 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None
     logprobs = t.get("logprobs", t["old_logprobs"])
     values = t.get("values", t.get("old_values"))
     vf_mask = m if conv.value.mask is VfMask.RESPONSE else ro.value_mask
-    own = {"logprobs": logprobs, "old_logprobs": t["old_logprobs"], "ref_logprobs": t.get("ref_logprobs")}
+    own = {"logprobs": logprobs, "old_logprobs": t["old_logprobs"], "ref_logprobs": t.get("ref_logprobs"),
+           "rollout_logprobs": t.get("rollout_logprobs")}  # fmt: skip
     old_lp: Tensor = (own if bug is None else bug.swap(own, "update"))["old_logprobs"]  # type: ignore[assignment]  # old_logprobs is always a tensor (own: Tensor | None values)
     stages = variant(UPDATE_STAGES, bug)
     value_replaced = bug is not None and "value" in bug.stages

@@ -24,40 +24,61 @@ CASES: list[tuple[str, tuple[float, float]]] = [
 ]
 
 
-def make(out: Path) -> list[str]:
+def behaviour_inputs(seed: int, beh_seed: int) -> dict[str, Any]:
+    """:func:`inputs` plus ``rollout_logprobs = l^prox − 0.6·N(0, 1)`` (7.5 on padding)."""
     import torch
 
-    fns = openrlhf_fns()
+    x = inputs(seed)
+    m = x["response_mask"]
+    g = torch.Generator().manual_seed(beh_seed)
+    beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
+    x["rollout_logprobs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
+    return x
+
+
+def corrected_step(
+    fns: dict[str, Any], x: dict[str, Any], mode: str, lo: float, hi: float, old: Any = None
+) -> dict[str, Any]:
+    """One OpenRLHF step's dump: its KL, shaped reward and GAE, ``PolicyLoss`` with the token-level
+    IS correction (``mode``, ``[lo, hi]``) given ``old`` as its ``old_log_probs`` (None: the
+    trainer's ``old_logprobs``), its value loss and entropy; ``loss`` = ``pg_loss``."""
     from openrlhf.models.loss import PolicyLoss  # type: ignore[import-not-found]  # side venv only
 
+    m = x["response_mask"]
+    kl, rewards, adv, ret = shaped_gae(fns, x, "k1", HP["kl_coef"])
+    fn = PolicyLoss(
+        clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=True, is_correction_level="token",
+        is_correction_mode=mode, is_correction_threshold=[lo, hi],
+    )  # fmt: skip
+    pg, clip_ratio, ppo_kl, _, _ = fn(
+        x["logprobs"], x["old_logprobs"] if old is None else old, adv, action_mask=m,
+        rollout_log_probs=x["rollout_logprobs"],
+    )  # fmt: skip
+    vf = fns["ValueLoss"](HP["cliprange_value"])(x["values"], x["old_values"], ret, action_mask=m)
+    entropy = fns["aggregate_loss"](x["entropy"], m)
+    dump: dict[str, Any] = dict(x)
+    dump.update(
+        kl=kl, token_rewards=rewards, advantages=adv, returns=ret, pg_loss=pg.detach(),
+        pg_clipfrac=clip_ratio.detach(), approx_kl=ppo_kl.detach(),
+        vf_loss=(vf[0] if isinstance(vf, tuple) else vf).detach(), entropy_loss=entropy.detach(),
+        loss=pg.detach(),
+    )  # fmt: skip
+    return dump
+
+
+BASE_CONV: dict[str, Any] = {"kl_estimator": "k1", "kl_in": "reward", "loss_agg": "token-mean"}
+"""The rest of the step's convention (OpenRLHF's k1 KL in the reward, token-level loss)."""
+
+
+def make(out: Path) -> list[str]:
+    fns = openrlhf_fns()
     made = []
     for i, (mode, (lo, hi)) in enumerate(CASES):
-        x = inputs(500 + i)
-        m = x["response_mask"]
-        g = torch.Generator().manual_seed(600 + i)
-        beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
-        x["rollout_logprobs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
-        kl, rewards, adv, ret = shaped_gae(fns, x, "k1", HP["kl_coef"])
-        fn = PolicyLoss(
-            clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=True, is_correction_level="token",
-            is_correction_mode=mode, is_correction_threshold=[lo, hi],
-        )  # fmt: skip
-        pg, clip_ratio, ppo_kl, _, _ = fn(
-            x["logprobs"], x["old_logprobs"], adv, action_mask=m, rollout_log_probs=x["rollout_logprobs"]
-        )
-        vf = fns["ValueLoss"](HP["cliprange_value"])(x["values"], x["old_values"], ret, action_mask=m)
-        entropy = fns["aggregate_loss"](x["entropy"], m)
-        dump: dict[str, Any] = dict(x)
-        dump.update(
-            kl=kl, token_rewards=rewards, advantages=adv, returns=ret, pg_loss=pg.detach(),
-            pg_clipfrac=clip_ratio.detach(), approx_kl=ppo_kl.detach(),
-            vf_loss=(vf[0] if isinstance(vf, tuple) else vf).detach(), entropy_loss=entropy.detach(),
-            loss=pg.detach(),
-        )  # fmt: skip
+        dump = corrected_step(fns, behaviour_inputs(500 + i, 600 + i), mode, lo, hi)
         rmode = "truncate" if mode == "clip" else "mask"
         conv = {
-            "kl_estimator": "k1", "kl_in": "reward", "loss_agg": "token-mean", "rollout_is": "token",
-            "rollout_is_mode": rmode, "rollout_is_low": lo, "rollout_is_high": hi,
+            **BASE_CONV, "rollout_is": "token", "rollout_is_mode": rmode, "rollout_is_low": lo,
+            "rollout_is_high": hi,
         }  # fmt: skip
         control = {"rollout_is_mode": "mask" if rmode == "truncate" else "truncate"}
         name = f"openrlhf_correction_token_{mode}_{lo}_{hi}"

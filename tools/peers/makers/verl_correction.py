@@ -40,46 +40,101 @@ def _conv(level: str, thr: float | str) -> dict[str, Any]:
     }
 
 
-def make(out: Path) -> list[str]:
-    import torch
-
+def verl_fns() -> tuple[Any, Any]:
+    """verl 0.9.1's ``core_algos`` and ``rollout_corr_helper`` modules (stubs installed)."""
     os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")
     install_stubs()
     mount("verl")
     from verl.trainer.ppo import core_algos as ca  # type: ignore[import-not-found]  # side venv only
     from verl.trainer.ppo import rollout_corr_helper as rch  # side venv only
 
+    return ca, rch
+
+
+def behaviour_inputs(seed: int, beh_seed: int) -> dict[str, Any]:
+    """:func:`inputs` plus ``rollout_logprobs = l^prox − 0.6·N(0, 1)`` (7.5 on padding)."""
+    import torch
+
+    x = inputs(seed)
+    m = x["response_mask"]
+    g = torch.Generator().manual_seed(beh_seed)
+    beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
+    x["rollout_logprobs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
+    return x
+
+
+def rollout_part(ca: Any, x: dict[str, Any]) -> dict[str, Any]:
+    """verl's KL (k1), the shaped token rewards and GAE: ``kl``, ``token_rewards``, ``advantages``,
+    ``returns``."""
+    import torch
+
+    m = x["response_mask"]
+    kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty="kl")
+    last = (m.sum(dim=1) - 1).long()
+    rewards = torch.zeros_like(m)
+    rewards[torch.arange(m.shape[0]), last] = x["scores"]
+    rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
+    adv, ret = ca.compute_gae_advantage_return(rewards, x["old_values"], m, HP["gamma"], HP["lam"])
+    return {"kl": kl, "token_rewards": rewards, "advantages": adv, "returns": ret}
+
+
+def log_ratio(x: dict[str, Any], num: str = "old_logprobs") -> Any:
+    """``l^num − l^beh`` on valid tokens, 0 on padding (what verl's trainer passes)."""
+    import torch
+
+    m = x["response_mask"]
+    return torch.where(m.bool(), x[num] - x["rollout_logprobs"], torch.zeros_like(m))
+
+
+def step_dump(
+    ca: Any, x: dict[str, Any], ro: dict[str, Any], pg: Any, metrics: Any, agg: str
+) -> dict[str, Any]:
+    """The dump of one verl step: ``x``, the rollout part ``ro``, the policy term ``pg`` (its
+    ``metrics``), verl's value loss and entropy under ``agg``; ``loss`` = ``pg`` (β, ``vf_coef``,
+    ``ent_coef`` 0)."""
+    import torch
+
+    m = x["response_mask"]
+    vf, vf_clipfrac = ca.compute_value_loss(
+        x["values"],
+        ro["returns"],
+        x["old_values"],
+        m,
+        cliprange_value=HP["cliprange_value"],
+        loss_agg_mode=agg,
+    )
+    entropy = ca.agg_loss(loss_mat=x["entropy"], loss_mask=m, loss_agg_mode=agg)
+    dump: dict[str, Any] = dict(x)
+    dump.update(
+        **ro, pg_loss=pg.detach(),
+        pg_clipfrac=torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64),
+        approx_kl=torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64),
+        vf_loss=vf.detach(), vf_clipfrac=torch.as_tensor(vf_clipfrac, dtype=torch.float64),
+        entropy_loss=entropy.detach(), loss=pg.detach(),
+    )  # fmt: skip
+    return dump
+
+
+BASE_CONV: dict[str, Any] = {"kl_estimator": "k1", "kl_in": "reward", "dual_clip": 3.0}
+"""The rest of the step's convention (verl's ``kl_penalty="kl"`` in the reward, ``clip_ratio_c`` 3)."""
+ACTOR = VerlActorConfig(0.2, 0.2, None, 3.0)
+
+
+def make(out: Path) -> list[str]:
+    ca, rch = verl_fns()
     made = []
     for i, (level, thr, agg) in enumerate(CASES):
-        x = inputs(300 + i)
+        x = behaviour_inputs(300 + i, 400 + i)
         m = x["response_mask"]
-        g = torch.Generator().manual_seed(400 + i)
-        beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
-        x["rollout_logprobs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
-        kl = ca.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kl_penalty="kl")
-        last = (m.sum(dim=1) - 1).long()
-        rewards = torch.zeros_like(m)
-        rewards[torch.arange(m.shape[0]), last] = x["scores"]
-        rewards = rewards - HP["kl_coef"] * kl * m  # ray_trainer.apply_kl_penalty, restated
-        adv, ret = ca.compute_gae_advantage_return(rewards, x["old_values"], m, HP["gamma"], HP["lam"])
-        lr = torch.where(m.bool(), x["old_logprobs"] - x["rollout_logprobs"], torch.zeros_like(m))
-        w, _ = rch.compute_rollout_correction_weights(lr, m, rollout_is=level, rollout_is_threshold=thr)
-        pg, metrics = ca.compute_policy_loss_vanilla(
-            x["old_logprobs"], x["logprobs"], adv, m, loss_agg_mode=agg,
-            config=VerlActorConfig(0.2, 0.2, None, 3.0), rollout_is_weights=w,
-        )  # fmt: skip
-        vf, vf_clipfrac = ca.compute_value_loss(
-            x["values"], ret, x["old_values"], m, cliprange_value=HP["cliprange_value"], loss_agg_mode=agg
+        ro = rollout_part(ca, x)
+        w, _ = rch.compute_rollout_correction_weights(
+            log_ratio(x), m, rollout_is=level, rollout_is_threshold=thr
         )
-        entropy = ca.agg_loss(loss_mat=x["entropy"], loss_mask=m, loss_agg_mode=agg)
-        dump: dict[str, Any] = dict(x)
-        dump.update(
-            kl=kl, token_rewards=rewards, advantages=adv, returns=ret, pg_loss=pg.detach(),
-            pg_clipfrac=torch.tensor(metrics["actor/pg_clipfrac"], dtype=torch.float64),
-            approx_kl=torch.tensor(metrics["actor/ppo_kl"], dtype=torch.float64),
-            vf_loss=vf.detach(), vf_clipfrac=torch.as_tensor(vf_clipfrac, dtype=torch.float64),
-            entropy_loss=entropy.detach(), loss=pg.detach(),
+        pg, metrics = ca.compute_policy_loss_vanilla(
+            x["old_logprobs"], x["logprobs"], ro["advantages"], m, loss_agg_mode=agg, config=ACTOR,
+            rollout_is_weights=w,
         )  # fmt: skip
+        dump = step_dump(ca, x, ro, pg, metrics, agg)
         conv = {
             "kl_estimator": "k1",
             "kl_in": "reward",
