@@ -15,6 +15,9 @@ Called: ``areal/trainer/ppo/actor.py::PPOActor._compute_advantages`` on a stand-
 ``KLEstimator``; ``areal/utils/functional/functional.py::ppo_actor_loss_fn``. AReaL's groups are
 contiguous blocks of ``group_size`` rows (``Normalization.__call__``): ``group_index`` =
 ``arange(B) // group_size``. float32 (AReaL's GAE stack). Nothing from refppo is imported.
+
+:func:`make_no_reference`: every case with ``kl_ctl = 0`` and no ``ref_logp`` in the batch
+(``_compute_advantages`` then takes zeros for it), dumps without ``ref_logprobs``/``kl``.
 """
 
 from __future__ import annotations
@@ -94,7 +97,17 @@ def make(out: Path) -> list[str]:
     return [save(out, *_case(i, case)) for i, case in enumerate(CASES)]
 
 
-def _case(i: int, case: tuple[Any, ...]) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], Any]:
+def make_no_reference(out: Path) -> list[str]:
+    """Every case of :data:`CASES` at β = 0 without a reference (module doc)."""
+    install_stubs(extra=("areal.infra", "areal.experimental", "transformers"))
+    mount("areal")
+    mount("areal.trainer")
+    return [save(out, *_case(i, case, no_reference=True)) for i, case in enumerate(CASES)]
+
+
+def _case(
+    i: int, case: tuple[Any, ...], no_reference: bool = False
+) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], Any]:
     """One case of :data:`CASES` (seed ``800 + i``): ``(name, dump, hp, --set, control)`` for ``save``."""
     import torch
     from areal.api.cli_args import NormConfig  # type: ignore[import-not-found]  # side venv only
@@ -103,6 +116,8 @@ def _case(i: int, case: tuple[Any, ...]) -> tuple[str, dict[str, Any], dict[str,
     from areal.utils.functional import ppo_actor_loss_fn  # type: ignore[import-not-found]  # side venv
 
     name, rnorm, n, anorm, kl_ctl, est, (bias, scale, rclip), equal, conv, control = case
+    if no_reference:
+        kl_ctl = 0.0
     x = inputs(800 + i, B=B, T=T, dtype=torch.float32, full_row=False)
     for k in ("old_values", "values", "entropy"):
         x.pop(k)
@@ -130,7 +145,10 @@ def _case(i: int, case: tuple[Any, ...]) -> tuple[str, dict[str, Any], dict[str,
         kl_ctl=kl_ctl, kl_estimator=KLEstimator(est), adv_norm=adv_norm,
         discount=HP["gamma"], gae_lambda=HP["lam"], mask_no_eos_with_zero=False,
     )  # fmt: skip
-    res = PPOActor._compute_advantages(actor, _frame(x))
+    frame = _frame(x)
+    if no_reference:
+        frame.pop("ref_logp")
+    res = PPOActor._compute_advantages(actor, frame)
     adv = res["advantages"][:, :T]
     kl = KLEstimator(est)(x["old_logprobs"] * m, x["ref_logprobs"] * m)
     pg, st = ppo_actor_loss_fn(
@@ -149,4 +167,16 @@ def _case(i: int, case: tuple[Any, ...]) -> tuple[str, dict[str, Any], dict[str,
         loss=pg.detach(),
     )
     hp = dict(HP, kl_coef=kl_ctl, cliprange_high=0.28)
+    if no_reference:
+        for k in ("ref_logprobs", "kl"):
+            dump.pop(k)
+        hp = {
+            "kl_coef": 0.0,
+            "cliprange": HP["cliprange"],
+            "cliprange_high": 0.28,
+            "whiten_eps": HP["whiten_eps"],
+        }
+        if set(control) & {"group_kl", "kl_in", "kl_estimator"}:
+            control = {"advantage": "dr-grpo" if conv.get("advantage") == "grpo" else "grpo"}
+        return f"areal_grpo_{name}_noref", dump, hp, conv, control
     return f"areal_grpo_{name}", dump, hp, {"kl_estimator": est, **conv}, control

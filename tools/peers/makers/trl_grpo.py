@@ -22,6 +22,10 @@ TRL's groups are contiguous blocks of ``num_generations`` rows (``rewards.view(-
 ``group_index`` = ``arange(B) // n``. TRL's advantage is one number per row; the dump's
 ``advantages`` [B, T] is it on the valid tokens and 0 on the padding (the format's, as
 ``_compute_loss`` multiplies by ``completion_mask``). Nothing from refppo is imported.
+
+:func:`make_no_reference`: the ``beta = 0`` cases as TRL runs them (no reference model is loaded at
+``beta = 0``; ``_compute_loss`` reads ``ref_per_token_logps`` only when ``beta != 0``), dumps without
+``ref_logprobs`` and sidecars without ``gamma``, ``lam``, ``cliprange_value``, ``vf_coef``.
 """
 
 from __future__ import annotations
@@ -163,7 +167,7 @@ def trl_loss(trainer_cls: Any, x: dict[str, Any], adv: Any, loss_type: str, beta
         "completion_mask": m,
         "advantages": adv,
         "old_per_token_logps": x["old_logprobs"],
-        "ref_per_token_logps": x["ref_logprobs"],
+        "ref_per_token_logps": x.get("ref_logprobs"),
         "num_items_in_batch": m.sum(),
     }
     with torch.no_grad():
@@ -180,7 +184,12 @@ def _scores(kind: str, x: dict[str, Any], n: int) -> Any:
     return s
 
 
-def make(out: Path) -> list[str]:
+def make_no_reference(out: Path) -> list[str]:
+    """The ``beta = 0`` cases of :func:`make` without a reference (module doc)."""
+    return make(out, no_reference=True)
+
+
+def make(out: Path, no_reference: bool = False) -> list[str]:
     from importlib.metadata import version
 
     import torch
@@ -197,13 +206,15 @@ def make(out: Path) -> list[str]:
     made = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, scale, loss_type, beta, n, dt, kind, conv, control) in enumerate(CASES):
+            if no_reference and beta != 0.0:
+                continue
             cfg = GRPOConfig(
                 output_dir=tmp, scale_rewards=scale, loss_type=loss_type, beta=beta,
                 epsilon_high=EPS_HIGH, num_generations=max(n, 2), per_device_train_batch_size=B,
                 report_to=[], use_cpu=True,
             )  # fmt: skip
             x = inputs(900 + i, B=B, T=T, dtype=torch.float64 if dt == "f64" else torch.float32)
-            for k in ("old_values", "values", "entropy"):
+            for k in ("old_values", "values", "entropy", *(("ref_logprobs",) if no_reference else ())):
                 x.pop(k)
             x["scores"] = _scores(kind, x, n)
             x["group_index"] = torch.arange(B, dtype=torch.int64) // n
@@ -215,8 +226,10 @@ def make(out: Path) -> list[str]:
             if beta == 0.0:
                 dump["pg_loss"] = loss.clone()
             hp = dict(HP, gamma=1.0, lam=1.0, kl_coef=beta, cliprange=cfg.epsilon, cliprange_high=EPS_HIGH)
+            if no_reference:  # only what a critic-free step reads
+                hp = {"kl_coef": 0.0, "cliprange": cfg.epsilon, "cliprange_high": EPS_HIGH, "ent_coef": 0.0}
             if loss_type == "dr_grpo":
                 hp["horizon"] = float(T)  # max_completion_length
-            tag = "trl" + trl_version.replace(".", "")
+            tag = "trl" + trl_version.replace(".", "") + ("_noref" if no_reference else "")
             made.append(save(out, f"{tag}_grpo_{name}", dump, hp, conv, control))
     return made
