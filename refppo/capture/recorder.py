@@ -116,6 +116,16 @@ def _all_gather(out: list[Tensor], t: Tensor) -> None:
         o.copy_(b.cpu())
 
 
+def _refuse_unknown(given: Mapping[str, object], valid: frozenset[str]) -> None:
+    """One line naming the keys of ``given`` not in ``valid``, each with its "did you mean"."""
+    unknown = sorted(set(given) - valid)
+    if unknown:
+        hints = {k: h for k in unknown if (h := suggest(k, valid)) in valid}
+        named = ", ".join(f"{k!r}" + (f" (did you mean {hints[k]}?)" if k in hints else "") for k in unknown)
+        tail = "" if len(hints) == len(unknown) else f"; valid keys are {sorted(valid)}"
+        raise CaptureError(f"record: unknown key{'s' if len(unknown) > 1 else ''} {named}{tail}")
+
+
 class StepRecorder:
     """Records one optimizer step's micro-batches on this rank; :meth:`write` makes one v2 dump.
 
@@ -200,15 +210,7 @@ class StepRecorder:
             "policy_version": policy_version,
             **more,
         }
-        valid = frozenset({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS})
-        unknown = sorted(set(given) - valid)
-        if unknown:
-            hints = {k: h for k in unknown if (h := suggest(k, valid)) in valid}
-            named = ", ".join(
-                f"{k!r}" + (f" (did you mean {hints[k]}?)" if k in hints else "") for k in unknown
-            )
-            tail = "" if len(hints) == len(unknown) else f"; valid keys are {sorted(valid)}"
-            raise CaptureError(f"record: unknown key{'s' if len(unknown) > 1 else ''} {named}{tail}")
+        _refuse_unknown(given, frozenset({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS}))
         micro = _Micro(k, {}, {})
         shape = mask_shape(response_mask)
         problem = needs_problem(

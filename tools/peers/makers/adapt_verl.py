@@ -143,13 +143,28 @@ def _verl_container(v: dict[str, Any], case: dict[str, Any], seed: int) -> tuple
     algo = v["AlgoConfig"](gamma=0.99, lam=0.95, adv_estimator="gae")
     gae = v["ca"].AdvantageEstimator.GAE
     data = v["rt"].compute_advantage(data, adv_estimator=gae, gamma=0.99, lam=0.95, config=algo)
-    if "rollout_correction" in case:  # the engine's log-probs, verl's own correction into the batch
-        beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
-        data.batch["rollout_log_probs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
-        config["algorithm"]["rollout_correction"] = dict(case["rollout_correction"])
-        data, _ = v["rch"].compute_rollout_correction_and_add_to_batch(data, case["rollout_correction"])
-        assert "rollout_is_weights" in data.batch and torch.equal(data.batch["response_mask"], m)
+    data = _with_correction(v, data, x, g, case, config)
     return data, {"x": x, "kl": kl, "P": P}, config
+
+
+def _with_correction(
+    v: dict[str, Any], data: Any, x: dict[str, Any], g: Any, case: dict[str, Any], config: dict[str, Any]
+) -> Any:
+    """With the case's ``rollout_correction`` (also put in ``config``): the engine's log-probs
+    (``old − 0.6·N(0, 1)``, junk on padding) as ``rollout_log_probs``, then verl's own
+    ``compute_rollout_correction_and_add_to_batch`` (``rollout_is_weights`` into the batch)."""
+    import torch
+
+    if "rollout_correction" not in case:
+        return data
+    rc = case["rollout_correction"]
+    config["algorithm"]["rollout_correction"] = dict(rc)
+    m = x["response_mask"]
+    beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
+    data.batch["rollout_log_probs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
+    data, _ = v["rch"].compute_rollout_correction_and_add_to_batch(data, rc)
+    assert "rollout_is_weights" in data.batch and torch.equal(data.batch["response_mask"], m)
+    return data
 
 
 def _verl_update(

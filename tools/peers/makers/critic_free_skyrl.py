@@ -41,6 +41,17 @@ SKYRL_CASES: list[tuple[str, str, str, str, str, dict[str, Any], dict[str, Any]]
 SKYRL_AGG = {"token_mean": "token-mean", "sequence_mean": "seq-mean-token-mean"}
 
 
+def _skyrl_advantages(pu: Any, call: str, rewards: Any, m: Any, idx: Any) -> Any:
+    """SkyRL's estimator ``call`` of a :data:`SKYRL_CASES` row: its ``(advantages, returns)``."""
+    if call == "grpo":
+        return pu.compute_grpo_outcome_advantage(rewards, m, idx, epsilon=1e-6)
+    if call == "grpo_nostd":
+        return pu.compute_grpo_outcome_advantage(rewards, m, idx, grpo_norm_by_std=False)
+    if call == "rloo":
+        return pu.compute_rloo_outcome_advantage(rewards, m, idx)
+    return pu.compute_reinforce_plus_plus_outcome_advantage(rewards, m, HP["gamma"])
+
+
 def make_skyrl_no_reference(out: Path) -> list[str]:
     """:func:`make_skyrl` at β = 0 without a reference."""
     return make_skyrl(out, no_reference=True)
@@ -60,23 +71,12 @@ def make_skyrl(out: Path, no_reference: bool = False) -> list[str]:
         x = _grouped(700 + i, torch.float32)  # _safe_exp_delta computes the ratio in float32
         m = x["response_mask"]
         idx = x["group_index"].numpy()
-        if no_reference:
-            x, kl_in = without_reference(x), "none"
-        else:
-            kl = pu.compute_approx_kl(
-                x["old_logprobs"], x["ref_logprobs"], loss_mask=m, kl_estimator_type=est
-            )
+        x, kl_in = (without_reference(x), "none") if no_reference else (x, kl_in)
+        kl: Any = None if no_reference else pu.compute_approx_kl(x["old_logprobs"], x["ref_logprobs"], m, est)
         rewards = _last_token(m, x["scores"])
         if kl_in == "reward":
             rewards = rewards - kl * HP["kl_coef"]  # apply_reward_kl_penalty, restated
-        if call == "grpo":
-            adv, ret = pu.compute_grpo_outcome_advantage(rewards, m, idx, epsilon=1e-6)
-        elif call == "grpo_nostd":
-            adv, ret = pu.compute_grpo_outcome_advantage(rewards, m, idx, grpo_norm_by_std=False)
-        elif call == "rloo":
-            adv, ret = pu.compute_rloo_outcome_advantage(rewards, m, idx)
-        else:
-            adv, ret = pu.compute_reinforce_plus_plus_outcome_advantage(rewards, m, HP["gamma"])
+        adv, ret = _skyrl_advantages(pu, call, rewards, m, idx)
         cfg = OmegaConf.create(
             {
                 "policy_loss_type": "regular",

@@ -142,11 +142,15 @@ def trl_advantages(module: Any, code: Any, scores: Any, scale_rewards: str, n: i
     return scope["advantages"]
 
 
-def trl_loss(trainer_cls: Any, x: dict[str, Any], adv: Any, loss_type: str, beta: float) -> Any:
-    """``GRPOTrainer._compute_loss`` on a stand-in ``self`` (one process, token-level ratio)."""
+def trl_loss(trainer_cls: Any, x: dict[str, Any], adv: Any, loss_type: str, beta: float, **vllm: Any) -> Any:
+    """``GRPOTrainer._compute_loss`` on a stand-in ``self`` (one process, token-level ratio).
+
+    ``vllm``: ``is_ratio`` (TRL's ``vllm_importance_sampling_ratio``; the loss then multiplies by it,
+    ``use_vllm`` and the correction on) and ``leaf`` (the ``per_token_logps`` tensor to use, with
+    grad: the loss is then computed under autograd); returns ``(loss, inputs)`` when given."""
     import torch
 
-    lp = x["logprobs"].clone()
+    lp = vllm.get("leaf", x["logprobs"].clone())
     me = types.SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (lp, torch.zeros_like(lp), None),
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token",
@@ -170,8 +174,15 @@ def trl_loss(trainer_cls: Any, x: dict[str, Any], adv: Any, loss_type: str, beta
         "ref_per_token_logps": x.get("ref_logprobs"),
         "num_items_in_batch": m.sum(),
     }
-    with torch.no_grad():
-        return trainer_cls._compute_loss(me, None, batch)
+    if not vllm:
+        with torch.no_grad():
+            return trainer_cls._compute_loss(me, None, batch)
+    if "is_ratio" in vllm:  # what _generate_and_score_completions adds with vLLM and the correction
+        me.use_vllm = me.vllm_importance_sampling_correction = True
+        batch.update(
+            importance_sampling_ratio=vllm["is_ratio"], sampling_per_token_logps=x["rollout_logprobs"]
+        )
+    return trainer_cls._compute_loss(me, None, batch), batch
 
 
 def _scores(kind: str, x: dict[str, Any], n: int) -> Any:
