@@ -179,3 +179,17 @@ def test_the_recorder_refuses_a_negative_or_fractional_policy_version() -> None:
         rec.record(**kw, policy_version=-b["policy_version"])
     with pytest.raises(CaptureError, match=r"policy_version has shape \[5\], expected \[6\]"):
         rec.record(**kw, policy_version=b["policy_version"][:5])
+
+
+@pytest.mark.parametrize("alias", ["rollout_log_probs", "sampling_per_token_logps"])
+def test_assert_step_matches_reads_the_peers_names_of_the_behaviour_log_probs(
+    tmp_path: Path, alias: str
+) -> None:
+    """verl/OpenRLHF ``rollout_log_probs`` and TRL ``sampling_per_token_logps`` are ``rollout_logprobs``."""
+    t = dict(load_file(str(_record(_batch(), tmp_path / "s.safetensors"))))
+    t[alias] = t.pop("rollout_logprobs")
+    side = {**HP, **CONV, "world_size": 1, "micro_batches": 2}
+    assert assert_step_matches(t, hparams=side, require=REQUIRE).passed
+    t[alias] = t[alias] + 0.5  # a different behaviour policy: the weights move, the check fails
+    with pytest.raises(AssertionError):
+        assert_step_matches(t, hparams=side, require=REQUIRE)
