@@ -42,6 +42,13 @@ def assert_step_matches(
     (hyperparameters, convention keys and the v2 step keys ``world_size``, ``micro_batches``,
     ``separate_critic``). ``conventions``: convention keys or hyperparameters as ``--set`` would
     give them (``kl_estimator="k3"``, ``loss_agg="seq-mean-token-mean"``).
+    A step behind an inference engine: the dump (or dict) carries the three log-prob roles
+    (``rollout_logprobs`` behaviour, ``old_logprobs`` proximal, ``logprobs`` current; the peers'
+    names ``rollout_log_probs`` / ``sampling_per_token_logps`` are read as ``rollout_logprobs``),
+    ``policy_version`` and the sampling keys in its sidecar; the correction is named like any
+    convention (``rollout_is="token", rollout_is_mode="truncate", rollout_is_high=2.0``), and then a
+    dump without ``rollout_logprobs`` raises one line naming it (``ref_logprobs`` likewise only where a
+    KL term with β > 0 reads it).
     ``require``: the outputs that must be in the dump and compared: ``"all"`` (default) every
     output the dump's inputs allow except the logged metrics ``pg_clipfrac``, ``approx_kl``,
     ``vf_clipfrac`` (:mod:`refppo.oracle.coverage`); a sequence of output keys

@@ -36,9 +36,8 @@ backward, mismatched keys) is raised on every rank, so no rank hangs waiting for
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +46,15 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
 from refppo.capture import gather
+from refppo.capture.inputs import (
+    CaptureError,
+    as_dict,
+    check_policy_version,
+    mask_shape,
+    needs_problem,
+    sampling_of,
+    scalar,
+)
 from refppo.dump.keys import suggest
 from refppo.dump.write import check_sidecar, write_dump
 from refppo.errors import RefPPOError
@@ -78,10 +86,6 @@ GRAD_KEYS: dict[str, str] = {"logprobs": "grad_logprobs", "values": "grad_values
 Reduce = Literal["mean", "sum"]
 
 
-class CaptureError(RefPPOError):
-    """The recorder was misused (the message is one line naming what is wrong)."""
-
-
 @dataclass
 class _Micro:
     """One recorded micro-batch: detached CPU copies, and the gradients the hooks caught."""
@@ -90,19 +94,6 @@ class _Micro:
     tensors: dict[str, Tensor]
     losses: dict[str, float]
     grads: dict[str, Tensor | None] = field(default_factory=dict)
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    if obj is None:
-        return {}
-    to_dict = getattr(obj, "to_dict", None)
-    if callable(to_dict):
-        return dict(to_dict())
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return asdict(obj)
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    raise CaptureError(f"expected a mapping or a dataclass, got {type(obj).__name__}")
 
 
 def _dist() -> tuple[int, int]:
@@ -125,31 +116,14 @@ def _all_gather(out: list[Tensor], t: Tensor) -> None:
         o.copy_(b.cpu())
 
 
-def _scalar(name: str, value: Tensor | float) -> float:
-    if isinstance(value, Tensor) and value.numel() != 1:
-        raise CaptureError(
-            f"record: loss {name!r} must be one number, got a tensor of shape {list(value.shape)}"
-        )
-    if not isinstance(value, (Tensor, int, float)) or isinstance(value, bool):
-        raise CaptureError(
-            f"record: loss {name!r} must be a number or a one-element tensor, got {type(value).__name__}"
-        )
-    v = float(value.detach()) if isinstance(value, Tensor) else float(value)
-    if not math.isfinite(v):
-        raise CaptureError(f"record: loss {name!r} is not finite ({v})")
-    return v
-
-
-def _mask_shape(response_mask: object) -> tuple[int, ...]:
-    """``[b, T]`` of a :meth:`StepRecorder.record` call's ``response_mask`` (a 0/1 or bool tensor)."""
-    if not isinstance(response_mask, Tensor):
-        raise CaptureError(f"record: response_mask must be a tensor, got {type(response_mask).__name__}")
-    if not bool(((response_mask == 0) | (response_mask == 1)).all()):
-        raise CaptureError("record: response_mask must hold only 0/1 (or bool) values")
-    shape = tuple(response_mask.shape)
-    if len(shape) != 2:
-        raise CaptureError(f"record: response_mask must be [b, T], got shape {list(shape)}")
-    return shape
+def _refuse_unknown(given: Mapping[str, object], valid: frozenset[str]) -> None:
+    """One line naming the keys of ``given`` not in ``valid``, each with its "did you mean"."""
+    unknown = sorted(set(given) - valid)
+    if unknown:
+        hints = {k: h for k in unknown if (h := suggest(k, valid)) in valid}
+        named = ", ".join(f"{k!r}" + (f" (did you mean {hints[k]}?)" if k in hints else "") for k in unknown)
+        tail = "" if len(hints) == len(unknown) else f"; valid keys are {sorted(valid)}"
+        raise CaptureError(f"record: unknown key{'s' if len(unknown) > 1 else ''} {named}{tail}")
 
 
 class StepRecorder:
@@ -158,6 +132,9 @@ class StepRecorder:
     ``hparams``/``conventions``: mappings or refppo's ``Hyperparams``/``Convention`` (written to the
     sidecar). ``reduce``: how the ranks' parameter gradients are combined — ``"mean"`` (DDP, FSDP:
     averaged) or ``"sum"``. ``separate_critic``: the critic has its own optimizer (sidecar key).
+    ``sampling``: the engine's sampling parameters (a mapping of ``temperature``, ``top_p``,
+    ``top_k``, ``min_p``, ``logprobs_processed`` or vLLM's ``logprobs_mode``; or vLLM's
+    ``SamplingParams`` itself), written to the sidecar (:func:`refppo.capture.inputs.sampling_of`).
     """
 
     def __init__(
@@ -168,11 +145,16 @@ class StepRecorder:
         reduce: Reduce = "mean",
         separate_critic: bool = False,
         grads: bool = True,
+        sampling: Mapping[str, Any] | Any = None,
     ) -> None:
         if reduce not in ("mean", "sum"):
             raise CaptureError(f"reduce: expected 'mean' or 'sum', got {reduce!r}")
-        self.hparams = _as_dict(hparams)
-        self.conventions = _as_dict(conventions)
+        self.hparams = as_dict(hparams)
+        self.conventions = as_dict(conventions)
+        for key, value in sampling_of(sampling).items():
+            if key in self.hparams and self.hparams[key] != value:
+                raise CaptureError(f"sampling: {key}={value!r} but hparams has {key}={self.hparams[key]!r}")
+            self.hparams[key] = value
         try:  # a bad key or value fails here, at the trainer's line, not at diff time
             check_sidecar("StepRecorder", {**self.hparams, **self.conventions})
         except RefPPOError as exc:
@@ -192,22 +174,28 @@ class StepRecorder:
         micro_batch: int | None = None,
         response_mask: Tensor,
         old_logprobs: Tensor,
-        ref_logprobs: Tensor,
+        ref_logprobs: Tensor | None = None,
         old_values: Tensor | None = None,
         scores: Tensor,
         logprobs: Tensor | None = None,
         values: Tensor | None = None,
+        rollout_logprobs: Tensor | None = None,
+        policy_version: Tensor | None = None,
         **more: Tensor | float,
     ) -> None:
         """Record one micro-batch (call it before that micro-batch's backward).
 
         Token tensors are ``[b, T]`` (``T`` may differ between micro-batches), ``scores`` ``[b]``;
-        ``old_values`` None: a critic-free step (no value quantity is written);
+        ``old_values`` None: a critic-free step (no value quantity is written); ``ref_logprobs``
+        None: no reference (a step with no KL term, β = 0). The three log-prob roles:
+        ``rollout_logprobs`` (behaviour: the engine's log-probs of the sampled tokens),
+        ``old_logprobs`` (proximal: the trainer's recompute before the update), ``logprobs``
+        (current); ``policy_version`` ``[b]`` integers ≥ 0 (the policy update that sampled each
+        row). An optional input the recorder's setting reads is required (``rollout_logprobs``
+        with ``rollout_is`` on, ``ref_logprobs`` with a KL term of β > 0): one line names it.
         ``more`` takes the other keys of :data:`TOKEN_KEYS` (``advantages``, ``returns``,
-        ``entropy``, ``rollout_logprobs`` (the engine's log-probs: the behaviour policy), ...), of
-        :data:`ROW_KEYS` (``group_index``, ``policy_version``) and the loss scalars of
-        :data:`LOSS_KEYS`; the sampling parameters (``temperature``, ``top_p``, ``top_k``,
-        ``min_p``, ``logprobs_processed``) go in ``hparams`` (the sidecar).
+        ``entropy``, ...), of :data:`ROW_KEYS` (``group_index``) and the loss scalars of
+        :data:`LOSS_KEYS`; the sampling parameters go in ``StepRecorder(sampling=...)``.
         """
         k = self._next_index(micro_batch)
         given: dict[str, Any] = {
@@ -218,24 +206,23 @@ class StepRecorder:
             "scores": scores,
             "logprobs": logprobs,
             "values": values,
+            "rollout_logprobs": rollout_logprobs,
+            "policy_version": policy_version,
             **more,
         }
-        valid = frozenset({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS})
-        unknown = sorted(set(given) - valid)
-        if unknown:
-            hints = {k: h for k in unknown if (h := suggest(k, valid)) in valid}
-            named = ", ".join(
-                f"{k!r}" + (f" (did you mean {hints[k]}?)" if k in hints else "") for k in unknown
-            )
-            tail = "" if len(hints) == len(unknown) else f"; valid keys are {sorted(valid)}"
-            raise CaptureError(f"record: unknown key{'s' if len(unknown) > 1 else ''} {named}{tail}")
+        _refuse_unknown(given, frozenset({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS}))
         micro = _Micro(k, {}, {})
-        shape = _mask_shape(response_mask)
+        shape = mask_shape(response_mask)
+        problem = needs_problem(
+            {n for n, v in given.items() if v is not None}, self.hparams, self.conventions
+        )
+        if problem:
+            raise CaptureError(problem)
         for name, value in given.items():
             if value is None:
                 continue
             if name in LOSS_KEYS:
-                micro.losses[name] = _scalar(name, value)
+                micro.losses[name] = scalar(name, value)
                 continue
             self._keep(micro, name, value, shape)
         self._micro.append(micro)
@@ -260,6 +247,8 @@ class StepRecorder:
         want = shape if name in TOKEN_KEYS else shape[:1]
         if tuple(value.shape) != want:
             raise CaptureError(f"record: {name} has shape {list(value.shape)}, expected {list(want)}")
+        if name == "policy_version":
+            check_policy_version(value)
         t = value.detach().to("cpu", copy=True)
         micro.tensors[name] = t.to(torch.uint8) if name == "response_mask" else t
         if name in GRAD_KEYS and not value.requires_grad and self._grads and torch.is_grad_enabled():

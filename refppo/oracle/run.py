@@ -199,7 +199,10 @@ def _resolve(
         )
         notes = preset_overrides_note(preset, preset_conv, sidecar, parsed)
     try:
-        setup = build_setup(preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=parsed)
+        critic = {"values", "old_values"} <= set(d.tensors)
+        setup = build_setup(
+            preset_conv=preset_conv, preset_hp=preset_hp, sidecar=sidecar, overrides=parsed, critic=critic
+        )
     except HyperparameterError as exc:
         if d.sidecar_keys is None and "missing hyperparameters" in str(exc):
             raise HyperparameterError(f"{no_sidecar_text(d)}; {exc}") from None

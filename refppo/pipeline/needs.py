@@ -109,11 +109,13 @@ def critic_needs(conv: Convention) -> Needs:
     return out
 
 
-def missing_line(key: str, stage: str, why: str) -> str:
-    """The one line naming a needed input that is absent: the key, its shape, the stage, the setting."""
+def missing_line(key: str, stage: str, why: str, *, kind: str = "key") -> str:
+    """The one line naming a needed input that is absent: the key, its shape, the stage, the setting.
+    ``kind="hyperparameter"`` for a sidecar hyperparameter (``missing required hyperparameter
+    'vf_coef': read by the total stage under advantage=gae (a critic)``)."""
     shape = KEY_SHAPES.get(key)
     what = f"{key!r}" + (f" {shape}" if shape else "")
-    return f"missing required key {what}: read by the {stage} stage under {why}"
+    return f"missing required {kind} {what}: read by the {stage} stage under {why}"
 
 
 def require_input(q: Mapping[str, object], key: str, stage: str, needs: Needs) -> None:

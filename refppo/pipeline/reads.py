@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from refppo.pipeline.needs import critic_needs
+from refppo.pipeline.needs import critic_needs, missing_line
 from refppo.pipeline.settings import HPARAM_KEYS, Convention, Hyperparams
 from refppo.pipeline.stages import STAGES, Stage
 
@@ -68,9 +68,39 @@ def required_hparams(conv: Convention, *, critic: bool = False) -> dict[str, Nee
     return out
 
 
+def missing_hparams(
+    conv: Convention, given: set[str] | frozenset[str], *, critic: bool = False, order: Sequence[str] = ()
+) -> list[Need]:
+    """The hyperparameters ``conv`` reads (:func:`required_hparams`) that ``given`` lacks, in
+    ``order`` (then pipeline order): a critic-free setting without a critic's values reads neither
+    ``lam``, ``cliprange_value`` nor ``vf_coef``, so a sidecar of such a step need not carry them."""
+    need = required_hparams(conv, critic=critic)
+    names = [k for k in order if k in need] + [k for k in need if k not in order]
+    return [need[k] for k in names if k not in given]
+
+
+def missing_hparams_line(missing: Sequence[Need]) -> str:
+    """One line for :func:`missing_hparams`' answer: the names, and the stage and setting reading
+    each (:func:`refppo.pipeline.needs.missing_line`'s words)."""
+    names = [n.name for n in missing]
+    why = "; ".join(missing_line(n.name, n.stage, n.why, kind="hyperparameter") for n in missing)
+    return (
+        f"missing hyperparameters {names} ({why}): "
+        "give them in the sidecar JSON, --hparams FILE or --set KEY=VALUE"
+    )
+
+
 def reads_reference(conv: Convention, hp: Hyperparams) -> bool:
     """Whether any stage needs ``ref_logprobs`` under ``conv``/``hp``."""
     return "ref_logprobs" in required_inputs(conv, hp)
 
 
-__all__ = ["Need", "needs_of", "reads_reference", "required_hparams", "required_inputs"]
+__all__ = [
+    "Need",
+    "missing_hparams",
+    "missing_hparams_line",
+    "needs_of",
+    "reads_reference",
+    "required_hparams",
+    "required_inputs",
+]

@@ -78,9 +78,41 @@ def test_verl_metrics_summed_over_micro_batches_are_read_and_a_mean_is_refused()
 
 def test_verl_missing_keys_are_named() -> None:
     batch = _verl_batch()
-    del batch["ref_log_prob"], batch["token_level_scores"]
-    with pytest.raises(ValueError, match="missing ref_log_prob, token_level_scores"):
+    del batch["old_log_probs"], batch["token_level_scores"]
+    with pytest.raises(ValueError, match="missing old_log_probs, token_level_scores"):
         from_verl(batch)
+
+
+def test_verl_behaviour_log_probs_map_and_the_reference_and_critic_are_optional() -> None:
+    """A β = 0 critic-free verl batch (no ``ref_log_prob``, no ``values``) with the engine's
+    ``rollout_log_probs``: the three roles are the dump's, nothing is invented for the others."""
+    batch = _verl_batch()
+    del batch["ref_log_prob"], batch["values"]
+    batch["rollout_log_probs"] = torch.full((2, 3), -1.25, dtype=torch.float64)
+    dump = from_verl(batch, logprobs=torch.full((2, 3), -0.5, dtype=torch.float64))
+    assert dump["rollout_logprobs"][0, 0].item() == -1.25 and dump["old_logprobs"][0, 0].item() == -1.0
+    assert dump["logprobs"][0, 0].item() == -0.5
+    assert not {"ref_logprobs", "old_values", "rollout_log_probs"} & set(dump)
+
+
+def test_verl_rollout_correction_config_becomes_the_rollout_is_keys() -> None:
+    from refppo.capture.adapters.verl import verl_correction
+
+    assert verl_correction(None) == {} and verl_correction({"rollout_is": None}) == {}
+    assert verl_correction({"rollout_is": "token", "rollout_is_threshold": 2.0}) == {
+        "rollout_is": "token", "rollout_is_mode": "truncate", "rollout_is_low": None, "rollout_is_high": 2.0,
+    }  # fmt: skip
+    assert verl_correction({"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0"}) == {
+        "rollout_is": "sequence", "rollout_is_mode": "mask", "rollout_is_low": 0.5, "rollout_is_high": 5.0,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"rollout_correction.rollout_rs='token' has no refppo counterpart"):
+        verl_correction({"rollout_is": "token", "rollout_rs": "token"})
+    with pytest.raises(ValueError, match=r"rollout_is_batch_normalize=True"):
+        verl_correction({"rollout_is": "token", "rollout_is_batch_normalize": True})
+    cfg: dict[str, Any] = {
+        "algorithm": {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 1.5}}
+    }
+    assert verl_hparams(cfg)[1]["rollout_is_high"] == 1.5
 
 
 def test_verl_hparams_read_verls_config_names() -> None:
@@ -149,13 +181,79 @@ def test_openrlhf_fields_and_policy_loss_outputs_become_dump_keys() -> None:
     assert (info_only["pg_clipfrac"].item(), info_only["approx_kl"].item()) == (0.25, 0.0625)
 
 
-def test_openrlhf_without_reference_log_probs_says_how_to_pass_them() -> None:
-    with pytest.raises(
-        ValueError, match=r"base_action_log_probs \(None unless algo.kl.use_loss: pass ref_logprobs=\)"
-    ):
-        from_openrlhf(_experience(False))
+def test_openrlhf_without_reference_log_probs_leaves_them_out_or_takes_them() -> None:
+    """``make_experience`` drops ``base_action_log_probs`` (β = 0: there are none): the dump has no
+    reference (the oracle requires it where a KL term with β > 0 reads it); given, it is the dump's."""
+    assert "ref_logprobs" not in from_openrlhf(_experience(False))
     dump = from_openrlhf(_experience(False), ref_logprobs=torch.full((2, 2), -3.0))
     assert dump["ref_logprobs"][1, 1].item() == -3.0
+
+
+def test_openrlhf_behaviour_log_probs_and_the_is_correction_config() -> None:
+    from refppo.capture.adapters.openrlhf import openrlhf_correction
+
+    exp = _experience(True)
+    exp.rollout_log_probs = torch.full((2, 2), -1.5)
+    exp.values = None  # critic-free (REINFORCE++, GRPO): no critic values
+    dump = from_openrlhf(exp)
+    assert dump["rollout_logprobs"][0, 1].item() == -1.5 and "old_values" not in dump
+
+    def args(**adv: Any) -> types.SimpleNamespace:
+        return types.SimpleNamespace(algo=types.SimpleNamespace(advantage=types.SimpleNamespace(**adv)))
+
+    assert openrlhf_correction(args(is_correction_level="off")) == {}
+    assert openrlhf_correction(args()) == {}
+    on = {
+        "is_correction_level": "token",
+        "is_correction_gating": "ratio",
+        "is_correction_threshold": [0.5, 1.5],
+    }
+    assert openrlhf_correction(args(**on, is_correction_mode="clip")) == {
+        "rollout_is": "token", "rollout_is_mode": "truncate", "rollout_is_low": 0.5, "rollout_is_high": 1.5,
+    }  # fmt: skip
+    assert openrlhf_correction(args(**on, is_correction_mode="mask"))["rollout_is_mode"] == "mask"
+    with pytest.raises(ValueError, match="is_correction_level='seq'"):
+        openrlhf_correction(args(**{**on, "is_correction_level": "seq"}, is_correction_mode="clip"))
+
+
+def test_trl_grpo_inputs_become_dump_keys() -> None:
+    from refppo.capture.adapters.trl_grpo import from_trl_grpo, trl_grpo_hparams
+
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    inputs = {
+        "completion_mask": mask,
+        "advantages": torch.tensor([0.5, -0.5, 1.0, -1.0], dtype=torch.float64),
+        "sampling_per_token_logps": torch.full((4, 3), -2.0, dtype=torch.float64),
+        "num_items_in_batch": mask.sum(),
+    }
+    lp = torch.full((4, 3), -1.0, dtype=torch.float64, requires_grad=True)
+    (3.0 * lp).sum().backward()
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    dump = from_trl_grpo(inputs, scores=scores, num_generations=2, logprobs=lp, loss=0.25, pg_loss=0.25)
+    assert dump["advantages"].tolist() == [
+        [0.5, 0.5, 0.0],
+        [-0.5, -0.5, -0.5],
+        [1.0, 0.0, 0.0],
+        [-1.0, -1.0, 0.0],
+    ]
+    assert dump["group_index"].tolist() == [0, 0, 1, 1]  # contiguous blocks of num_generations
+    assert dump["rollout_logprobs"][0, 0].item() == -2.0
+    assert dump["old_logprobs"][0, 0].item() == -1.0  # no old_per_token_logps: TRL's detached forward
+    assert "ref_logprobs" not in dump and dump["grad_logprobs"][0, 0].item() == 3.0
+    with pytest.raises(ValueError, match="no old_per_token_logps"):
+        from_trl_grpo(inputs, scores=scores, num_generations=2)
+    cfg = types.SimpleNamespace(
+        beta=0.0, epsilon=0.2, epsilon_high=0.28, scale_rewards=False, loss_type="dr_grpo",
+        max_completion_length=3, use_vllm=True, vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_min=0.5,
+        vllm_importance_sampling_clip_max=3.0,
+    )  # fmt: skip
+    hp, conv = trl_grpo_hparams(cfg)
+    assert hp == {"kl_coef": 0.0, "cliprange": 0.2, "cliprange_high": 0.28, "horizon": 3.0}
+    assert (conv["advantage"], conv["loss_agg"], conv["rollout_is"], conv["rollout_is_mode"]) == (
+        "dr-grpo", "seq-mean-token-sum-norm", "sequence", "mask",
+    )  # fmt: skip
+    assert (conv["rollout_is_low"], conv["rollout_is_high"], conv["rollout_is_agg"]) == (0.5, 3.0, "product")
 
 
 def test_openrlhf_hparams_read_openrlhfs_args() -> None:

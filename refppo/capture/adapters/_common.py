@@ -55,7 +55,9 @@ def scalar(name: str, value: Any, dtype: torch.dtype) -> Tensor:
     t = value.detach() if isinstance(value, Tensor) else torch.as_tensor(float(value))
     if t.numel() != 1:
         raise ValueError(f"metric {name!r}: expected a scalar, got shape {tuple(t.shape)}")
-    return t.reshape(()).to(device="cpu", dtype=dtype)
+    return (
+        t.reshape(()).to(device="cpu", dtype=dtype).clone()
+    )  # never a view: safetensors refuses shared storage
 
 
 def from_metrics(

@@ -8,9 +8,10 @@ ppo_kl, …``; ``experience.info["ppo_clip_ratio"]``, ``["ppo_kl"]``) and ``ppo_
 
 ==========================  ===================================================================
 ``action_mask``             ``response_mask``
-``action_log_probs``        ``old_logprobs`` (experience-time actor log-probs)
-``base_action_log_probs``   ``ref_logprobs``
-``values``                  ``old_values`` (experience-time critic values)
+``action_log_probs``        ``old_logprobs`` (experience-time actor log-probs: the proximal policy)
+``rollout_log_probs``       ``rollout_logprobs`` (vLLM's log-probs: the behaviour policy; optional)
+``base_action_log_probs``   ``ref_logprobs`` (optional: None at β = 0 and unless ``algo.kl.use_loss``)
+``values``                  ``old_values`` (experience-time critic values; None without a critic)
 ``rewards``                 ``scores`` (one per sample: the reward-model score, before
                             ``compute_reward`` adds the KL and clips)
 ``kl``                      ``kl`` (``compute_advantages_and_returns`` sets it to None: pass it
@@ -38,6 +39,7 @@ from refppo.capture.adapters._common import float_dtype, from_metrics, row_origi
 OPENRLHF_FIELDS: dict[str, str] = {
     "action_mask": "response_mask",
     "action_log_probs": "old_logprobs",
+    "rollout_log_probs": "rollout_logprobs",
     "base_action_log_probs": "ref_logprobs",
     "values": "old_values",
     "rewards": "scores",
@@ -50,7 +52,9 @@ OPENRLHF_FIELDS: dict[str, str] = {
 OPENRLHF_INFO: dict[str, str] = {"ppo_clip_ratio": "pg_clipfrac", "ppo_kl": "approx_kl"}
 """``experience.info`` key (set by ``ppo_actor.training_step``) → dump key."""
 
-_REQUIRED = ("action_mask", "action_log_probs", "values", "rewards")
+_REQUIRED = ("action_mask", "action_log_probs", "rewards")
+"""``values`` (a critic) and ``base_action_log_probs`` (a reference) are optional: the oracle requires
+what its setting reads (one line naming the key and the stage)."""
 
 
 def _field(experience: Any, name: str) -> Tensor | None:
@@ -87,7 +91,9 @@ def from_openrlhf(
     actor's total (``actor_loss + kl_loss·kl_ctl − entropy_loss·entropy_coef``); the rest as in
     :func:`refppo.capture.adapters.verl.from_verl`. ``ref_logprobs``: with ``algo.kl.use_loss`` off,
     ``make_experience`` drops ``base_action_log_probs`` (it sets them to None once ``kl`` is
-    computed): keep them and pass them here. Raises ``ValueError`` naming a missing field.
+    computed): with a KL in the reward (β > 0) keep them and pass them here (without them the oracle
+    refuses the dump in one line naming ``ref_logprobs`` and the kl stage; at β = 0 none is needed).
+    Raises ``ValueError`` naming a missing field.
     """
     out = _experience_tensors(experience, ref_logprobs, kl, token_rewards)
     out.update(update_inputs(logprobs, values, entropy, grad_logprobs, grad_values))
@@ -116,8 +122,6 @@ def _experience_tensors(
     """The ``Experience``'s fields as dump keys (:data:`OPENRLHF_FIELDS`, detached), with the
     tensors it does not keep given by the caller; ``ValueError`` naming the missing fields."""
     missing = [k for k in _REQUIRED if _field(experience, k) is None]
-    if ref_logprobs is None and _field(experience, "base_action_log_probs") is None:
-        missing.append("base_action_log_probs (None unless algo.kl.use_loss: pass ref_logprobs=)")
     if missing:
         raise ValueError(f"OpenRLHF Experience: missing {', '.join(missing)} (needed for a dump)")
     out: dict[str, Tensor] = {}
@@ -161,6 +165,7 @@ def openrlhf_hparams(args: Any, *, kl_coef: float | None = None) -> tuple[dict[s
         # mode of aggregate_loss is a mean of per-sequence token means
         "loss_agg": "token-mean" if agg == "token-mean" else "seq-mean-token-mean",
     }
+    conv.update(openrlhf_correction(args))
     dual = getattr(args.actor, "dual_clip", None)
     if dual is not None:
         conv["dual_clip"] = float(dual)
@@ -173,4 +178,27 @@ def openrlhf_hparams(args: Any, *, kl_coef: float | None = None) -> tuple[dict[s
     return hp, conv
 
 
-__all__ = ["OPENRLHF_FIELDS", "OPENRLHF_INFO", "from_openrlhf", "openrlhf_hparams"]
+def openrlhf_correction(args: Any) -> dict[str, Any]:
+    """The ``rollout_is*`` keys of OpenRLHF's vLLM IS correction (``args.algo.advantage.
+    is_correction_{level, mode, gating, threshold}``, read by ``models/loss.py::PolicyLoss``):
+    ``level`` ``token`` with the ``ratio`` gating, ``mode`` ``clip`` (truncate to ``[lo, hi]``) or
+    ``mask``. ``off`` (or absent): no keys. The sequence level and the divergence gatings are
+    refused with one line (not validated against OpenRLHF's code here)."""
+    adv: Any = getattr(getattr(args, "algo", None), "advantage", None)
+    level = str(getattr(adv, "is_correction_level", "off") or "off")
+    if level == "off":
+        return {}
+    gating = str(getattr(adv, "is_correction_gating", "ratio"))
+    if level != "token" or gating != "ratio":
+        raise ValueError(
+            f"OpenRLHF args.algo.advantage: is_correction_level={level!r}, is_correction_gating={gating!r}: "
+            "only the token level with the ratio gating has a refppo counterpart here"
+        )
+    lo, hi = (float(v) for v in adv.is_correction_threshold)
+    mode = {"clip": "truncate", "mask": "mask"}.get(str(adv.is_correction_mode))
+    if mode is None:
+        raise ValueError(f"OpenRLHF is_correction_mode={adv.is_correction_mode!r}: expected clip or mask")
+    return {"rollout_is": "token", "rollout_is_mode": mode, "rollout_is_low": lo, "rollout_is_high": hi}
+
+
+__all__ = ["OPENRLHF_FIELDS", "OPENRLHF_INFO", "from_openrlhf", "openrlhf_correction", "openrlhf_hparams"]

@@ -8,9 +8,11 @@ update's losses as metrics of ``verl/workers/utils/losses.py::ppo_loss`` / ``val
 =========================  ===================================================================
 ``response_mask``          ``response_mask`` (else ``attention_mask[:, -responses.size(1):]``,
                            as ``ray_trainer.compute_response_mask`` slices it)
-``old_log_probs``          ``old_logprobs``
-``ref_log_prob``           ``ref_logprobs``
-``values``                 ``old_values`` (rollout-time critic values)
+``old_log_probs``          ``old_logprobs`` (the proximal policy: the trainer's recompute)
+``rollout_log_probs``      ``rollout_logprobs`` (the behaviour policy: the engine's log-probs,
+                           ``trainer/ppo/rollout_corr_helper.py``); optional
+``ref_log_prob``           ``ref_logprobs`` (optional: absent without a KL term)
+``values``                 ``old_values`` (rollout-time critic values; absent without a critic)
 ``token_level_scores``     ``scores`` = row sums (the reward manager puts the score on one token)
 ``token_level_rewards``    ``token_rewards``
 ``advantages``/``returns`` ``advantages``/``returns``
@@ -44,6 +46,7 @@ from refppo.capture.adapters._common import (
 
 VERL_BATCH: dict[str, str] = {
     "old_log_probs": "old_logprobs",
+    "rollout_log_probs": "rollout_logprobs",
     "ref_log_prob": "ref_logprobs",
     "values": "old_values",
     "token_level_rewards": "token_rewards",
@@ -84,7 +87,9 @@ VERL_KL: dict[str, str] = {
 }
 """verl's ``kl_penalty`` / ``kl_loss_type`` names → refppo's ``kl_estimator``."""
 
-_REQUIRED = ("old_log_probs", "ref_log_prob", "values", "token_level_scores")
+_REQUIRED = ("old_log_probs", "token_level_scores")
+"""The reference (``ref_log_prob``) and the critic (``values``) are optional: a step with β = 0 has no
+reference, a critic-free one no values; the oracle requires what its setting reads (one line)."""
 
 
 def from_verl(
@@ -156,7 +161,8 @@ def _cfg(config: Any, path: str, default: Any = None) -> Any:
 def verl_hparams(config: Any, *, kl_coef: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(hparams, convention)`` for the sidecar, read from verl's trainer config.
 
-    Reads ``algorithm.{gamma, lam, use_kl_in_reward, kl_penalty, kl_ctrl.kl_coef}``,
+    Reads ``algorithm.{gamma, lam, use_kl_in_reward, kl_penalty, kl_ctrl.kl_coef, rollout_correction}``
+    (:func:`verl_correction`),
     ``actor_rollout_ref.actor.{clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c,
     loss_agg_mode, entropy_coeff, use_kl_loss, kl_loss_coef, kl_loss_type, loss_scale_factor}`` and
     ``critic.{cliprange_value, loss_agg_mode}`` (verl/trainer/config/ppo_trainer.yaml). ``kl_coef``
@@ -210,7 +216,39 @@ def verl_hparams(config: Any, *, kl_coef: float | None = None) -> tuple[dict[str
     critic_agg = _cfg(config, "critic.loss_agg_mode", None)
     if critic_agg is not None and str(critic_agg) != agg:
         conv["value_loss_agg"] = str(critic_agg)
+    conv.update(verl_correction(_cfg(config, "algorithm.rollout_correction", None)))
     return hp, conv
 
 
-__all__ = ["VERL_BATCH", "VERL_KL", "VERL_METRICS", "from_verl", "verl_hparams"]
+def verl_correction(rc: Any) -> dict[str, Any]:
+    """The ``rollout_is*`` convention keys of verl's ``algorithm.rollout_correction``
+    (``trainer/config/algorithm.py::RolloutCorrectionConfig``, applied by
+    ``rollout_corr_helper.py::compute_rollout_correction_and_add_to_batch``): ``rollout_is``
+    ``token``/``sequence`` (None: no weight), ``rollout_is_threshold`` a number (TIS: truncate at it)
+    or ``"lo_hi"`` (IcePop: mask outside ``[lo, hi]``). The batch normalisation, the rejection
+    sampling (``rollout_rs``) and the bypass mode have no refppo key: refused with one line."""
+    if rc is None:
+        return {}
+    for key, off in (("rollout_is_batch_normalize", False), ("rollout_rs", None), ("bypass_mode", False)):
+        value = _cfg(rc, key, off)
+        if value not in (off, None, False):
+            raise ValueError(f"verl config: rollout_correction.{key}={value!r} has no refppo counterpart")
+    level = _cfg(rc, "rollout_is", None)
+    if level is None:
+        return {}
+    if str(level) not in ("token", "sequence"):
+        raise ValueError(f"verl config: rollout_correction.rollout_is={level!r}: expected token or sequence")
+    thr = _cfg(rc, "rollout_is_threshold", 2.0)
+    if isinstance(thr, str) and "_" in thr:
+        lo, hi = (float(v) for v in thr.split("_"))
+        return {
+            "rollout_is": str(level),
+            "rollout_is_mode": "mask",
+            "rollout_is_low": lo,
+            "rollout_is_high": hi,
+        }
+    return {"rollout_is": str(level), "rollout_is_mode": "truncate", "rollout_is_low": None,
+            "rollout_is_high": float(thr)}  # fmt: skip
+
+
+__all__ = ["VERL_BATCH", "VERL_KL", "VERL_METRICS", "from_verl", "verl_correction", "verl_hparams"]

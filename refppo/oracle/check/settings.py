@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from refppo.errors import ConventionError, HyperparameterError
+from refppo.pipeline.reads import missing_hparams, missing_hparams_line
 from refppo.pipeline.settings import (
     CONVENTION_KEYS,
     FLAT,
@@ -28,6 +29,8 @@ from refppo.pipeline.settings import (
 )
 
 REQUIRED_HPARAMS: tuple[str, ...] = ("gamma", "lam", "kl_coef", "cliprange", "cliprange_value", "vf_coef")
+"""The hyperparameters a setting may require (the order the missing ones are named in); which of them
+it does require is the stage table's answer (:func:`refppo.pipeline.reads.required_hparams`)."""
 ALL_KEYS: tuple[str, ...] = CONVENTION_KEYS + HPARAM_KEYS
 
 REPORT_TAIL: tuple[str, ...] = ("score_clip", "score_bias", "score_scale", "approx_kl", "vf_mask")
@@ -143,12 +146,15 @@ def build_setup(
     preset_hp: dict[str, Any] | None,
     sidecar: dict[str, Any],
     overrides: dict[str, Any],
+    critic: bool = False,
 ) -> Setup:
     """Resolve the setting: refppo defaults < sidecar < preset conventions < ``--set``.
 
     Hyperparameters: preset defaults < sidecar < ``--set`` (a preset supplies a peer's default
     hyperparameters, the sidecar records the run's real ones). All values must already be typed
-    (see :func:`parse_value`). Raises HyperparameterError when a required hyperparameter is missing,
+    (see :func:`parse_value`). Raises HyperparameterError when a hyperparameter the setting reads is
+    missing (:func:`refppo.pipeline.reads.missing_hparams`; ``critic``: the dump holds a critic's
+    ``values`` and ``old_values``, whose value loss a critic-free estimator then computes too),
     ConventionError on a setting its estimator ignores or cannot run
     (:func:`refppo.pipeline.settings.unread_convention`).
     """
@@ -161,14 +167,11 @@ def build_setup(
                     hp_vals[k] = v
             else:
                 conv_vals[k] = v
-    missing = [k for k in REQUIRED_HPARAMS if k not in hp_vals]
-    if missing:
-        raise HyperparameterError(
-            f"missing hyperparameters {missing}: "
-            "give them in the sidecar JSON, --hparams FILE or --set KEY=VALUE"
-        )
     hp = Hyperparams(**hp_vals)
     setup = Setup(Convention(), hp).with_convention(conv_vals)
+    missing = missing_hparams(setup.conv, frozenset(hp_vals), critic=critic, order=REQUIRED_HPARAMS)
+    if missing:  # only those a stage reads under this setting (pipeline.reads.required_hparams)
+        raise HyperparameterError(missing_hparams_line(missing))
     unread = unread_convention(setup.conv)
     if unread is not None:  # here, not in Convention: --detect's walk builds such conventions
         raise ConventionError(unread)

@@ -21,6 +21,14 @@ OPENRLHF_CASES: list[dict[str, Any]] = [
         "dual": 3.0,
         "ent": 0.01,
     },
+    # Experience.rollout_log_probs (vLLM's) and PolicyLoss's IS correction (token, clip to [0.5, 1.5])
+    {
+        "name": "openrlhf_k1_reward_token-mean_is_clip",
+        "est": "k1",
+        "use_loss": False,
+        "agg": "token-mean",
+        "is": ("clip", (0.5, 1.5)),
+    },
 ]
 
 
@@ -71,7 +79,10 @@ def make(out: Path, v2: bool) -> list[dict[str, Any]]:
             value_loss=kw["value_loss"],
             values=kw["values"],
         )
-        made.append(save_case(out, case["name"], dump, [(control, "returns")], openrlhf_hparams(args), v2))
+        controls = [(control, "returns")]
+        if "is" in case:  # behaviour := proximal (every weight 1): the loss must move
+            controls.append(({**dump, "rollout_logprobs": dump["old_logprobs"].clone()}, "pg_loss"))
+        made.append(save_case(out, case["name"], dump, controls, openrlhf_hparams(args), v2))
     return made
 
 
@@ -79,7 +90,7 @@ def _args(case: dict[str, Any]) -> types.SimpleNamespace:
     """The ``args`` of OpenRLHF's strategy for ``case`` (GAE, the case's KL, clip, aggregation)."""
     return _ns(
         algo=_ns(
-            advantage=_ns(estimator="gae", gamma=0.99, lambd=0.95, no_std_norm=False),
+            advantage=_ns(estimator="gae", gamma=0.99, lambd=0.95, no_std_norm=False, **_is_args(case)),
             kl=_ns(estimator=case["est"], use_loss=case["use_loss"], init_coef=0.05),
         ),
         actor=_ns(
@@ -92,6 +103,19 @@ def _args(case: dict[str, Any]) -> types.SimpleNamespace:
         rollout=_ns(n_samples_per_prompt=1),
         reward=_ns(clip_range=(-10.0, 10.0), overlong_buffer_len=None, stop_properly_penalty_coef=None),
     )
+
+
+def _is_args(case: dict[str, Any]) -> dict[str, Any]:
+    """``args.algo.advantage``'s IS-correction keys (``ppo_actor.py`` passes them to ``PolicyLoss``)."""
+    if "is" not in case:
+        return {"is_correction_level": "off"}
+    mode, bounds = case["is"]
+    return {
+        "is_correction_level": "token",
+        "is_correction_mode": mode,
+        "is_correction_gating": "ratio",
+        "is_correction_threshold": list(bounds),
+    }
 
 
 def _experience(o: dict[str, Any], args: Any, x: dict[str, Any], case: dict[str, Any]) -> tuple[Any, Any]:
@@ -108,7 +132,13 @@ def _experience(o: dict[str, Any], args: Any, x: dict[str, Any], case: dict[str,
         if case["use_loss"]
         else o["kl"](x["old_logprobs"], x["ref_logprobs"], kl_estimator=case["est"])
     )
+    more = {}
+    if "is" in case:  # vLLM's log-probs of the sampled tokens (junk on padding)
+        g = torch.Generator().manual_seed(77)
+        beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=x["old_logprobs"].dtype)
+        more["rollout_log_probs"] = torch.where(m, beh, torch.full_like(beh, 7.5))
     exp = o["Experience"](
+        **more,
         action_mask=m,
         action_log_probs=x["old_logprobs"],
         values=x["old_values"],
@@ -134,9 +164,12 @@ def _update(o: dict[str, Any], exp: Any, x: dict[str, Any], case: dict[str, Any]
     tl = case["agg"] == "token-mean"
     lp = x["logprobs"].clone().requires_grad_(True)
     vp = x["values"].clone().requires_grad_(True)
-    pol = o["loss"].PolicyLoss(eps[0], eps[1], dual_clip=case.get("dual"), token_level_loss=tl)(
-        lp, exp.action_log_probs, exp.advantages, action_mask=exp.action_mask
-    )
+    adv_args = _is_args(case)
+    is_kw = {k: v for k, v in adv_args.items() if k.startswith("is_")}
+    pol = o["loss"].PolicyLoss(eps[0], eps[1], dual_clip=case.get("dual"), token_level_loss=tl, **is_kw)(
+        lp, exp.action_log_probs, exp.advantages, action_mask=exp.action_mask,
+        rollout_log_probs=exp.rollout_log_probs,
+    )  # fmt: skip
     vf = o["loss"].ValueLoss(0.5)(vp, exp.values, exp.returns, action_mask=exp.action_mask)
     ent = o["loss"].aggregate_loss(x["entropy"], exp.action_mask)  # training_step: token level
     loss = pol[0] - ent * case.get("ent", 0.0)

@@ -24,7 +24,25 @@ VERL_CASES: list[dict[str, Any]] = [
         "splits": (5, 8),
     },
     {"name": "verl_token-sum_mse_1mb", "kl_reward": "mse", "agg": "token-sum", "splits": (8,)},
+    # the engine's rollout_log_probs in the DataProto, verl's rollout correction (TIS at 2.0) through
+    # rollout_corr_helper.compute_rollout_correction_and_add_to_batch into ppo_loss
+    {
+        "name": "verl_token-mean_klreward_tis2_2mb",
+        "kl_reward": "kl",
+        "agg": "token-mean",
+        "splits": (3, 8),
+        "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 2.0},
+    },
+    {
+        "name": "verl_seq-mean-token-mean_klloss_icepop_2mb",
+        "kl_loss": "low_var_kl",
+        "agg": "seq-mean-token-mean",
+        "splits": (5, 8),
+        "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_2.0"},
+    },
 ]
+"""Each case's verl settings (keys read by :func:`_verl_container`); ``rollout_correction`` adds the
+behaviour log-probs ``old_log_probs − 0.6·N(0, 1)`` (weights on both sides of every bound)."""
 
 
 def _verl_import() -> dict[str, Any]:
@@ -35,7 +53,7 @@ def _verl_import() -> dict[str, Any]:
 
     sys.modules["verl"].__dict__["DataProto"] = DataProto  # verl/__init__.py's export (not run: mounted)
     from verl.trainer.config.algorithm import AlgoConfig  # type: ignore[import-not-found]
-    from verl.trainer.ppo import core_algos, ray_trainer  # type: ignore[import-not-found]
+    from verl.trainer.ppo import core_algos, ray_trainer, rollout_corr_helper  # type: ignore[import-not-found]
     from verl.utils import tensordict_utils as tu  # type: ignore[import-not-found]
     from verl.workers.config import ActorConfig, CriticConfig  # type: ignore[import-not-found]
     from verl.workers.utils.losses import ppo_loss, value_loss  # type: ignore[import-not-found]
@@ -50,6 +68,7 @@ def _verl_import() -> dict[str, Any]:
         CriticConfig=CriticConfig,
         ppo_loss=ppo_loss,
         value_loss=value_loss,
+        rch=rollout_corr_helper,
     )
 
 
@@ -124,7 +143,28 @@ def _verl_container(v: dict[str, Any], case: dict[str, Any], seed: int) -> tuple
     algo = v["AlgoConfig"](gamma=0.99, lam=0.95, adv_estimator="gae")
     gae = v["ca"].AdvantageEstimator.GAE
     data = v["rt"].compute_advantage(data, adv_estimator=gae, gamma=0.99, lam=0.95, config=algo)
+    data = _with_correction(v, data, x, g, case, config)
     return data, {"x": x, "kl": kl, "P": P}, config
+
+
+def _with_correction(
+    v: dict[str, Any], data: Any, x: dict[str, Any], g: Any, case: dict[str, Any], config: dict[str, Any]
+) -> Any:
+    """With the case's ``rollout_correction`` (also put in ``config``): the engine's log-probs
+    (``old − 0.6·N(0, 1)``, junk on padding) as ``rollout_log_probs``, then verl's own
+    ``compute_rollout_correction_and_add_to_batch`` (``rollout_is_weights`` into the batch)."""
+    import torch
+
+    if "rollout_correction" not in case:
+        return data
+    rc = case["rollout_correction"]
+    config["algorithm"]["rollout_correction"] = dict(rc)
+    m = x["response_mask"]
+    beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
+    data.batch["rollout_log_probs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
+    data, _ = v["rch"].compute_rollout_correction_and_add_to_batch(data, rc)
+    assert "rollout_is_weights" in data.batch and torch.equal(data.batch["response_mask"], m)
+    return data
 
 
 def _verl_update(
@@ -259,5 +299,8 @@ def make(out: Path, v2: bool) -> list[dict[str, Any]]:
         hp, conv = verl_hparams(config)
         hp["micro_batches"] = len(case["splits"])  # dump v2: K per rank per optimizer step
         controls.append((control, "advantages"))
+        if "rollout_correction" in case:  # behaviour := proximal (every weight 1): the loss must move
+            same = {**dump, "rollout_logprobs": dump["old_logprobs"].clone()}
+            controls.append((same, "pg_loss"))
         made.append(save_case(out, case["name"], dump, controls, (hp, conv), v2))
     return made

@@ -15,6 +15,9 @@ Called: ``areal/trainer/ppo/actor.py::PPOActor._compute_advantages`` on a stand-
 ``KLEstimator``; ``areal/utils/functional/functional.py::ppo_actor_loss_fn``. AReaL's groups are
 contiguous blocks of ``group_size`` rows (``Normalization.__call__``): ``group_index`` =
 ``arange(B) // group_size``. float32 (AReaL's GAE stack). Nothing from refppo is imported.
+
+:func:`make_no_reference`: every case with ``kl_ctl = 0`` and no ``ref_logp`` in the batch
+(``_compute_advantages`` then takes zeros for it), dumps without ``ref_logprobs``/``kl``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from peers.makers.common import HP as COMMON_HP
 from peers.makers.common import inputs, install_stubs, mount, save
 
 B, T = 12, 10
+Made = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], Any]
+"""``(name, dump, hp, --set, control)``: the arguments of ``save``."""
 HP: dict[str, float] = {**COMMON_HP, "gamma": 1.0, "lam": 1.0, "whiten_eps": 1e-5}
 
 # (name, reward_norm (mean_level, std_level, leave1out, unbiased), group_size, adv_norm, kl_ctl,
@@ -94,7 +99,15 @@ def make(out: Path) -> list[str]:
     return [save(out, *_case(i, case)) for i, case in enumerate(CASES)]
 
 
-def _case(i: int, case: tuple[Any, ...]) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], Any]:
+def make_no_reference(out: Path) -> list[str]:
+    """Every case of :data:`CASES` at β = 0 without a reference (module doc)."""
+    install_stubs(extra=("areal.infra", "areal.experimental", "transformers"))
+    mount("areal")
+    mount("areal.trainer")
+    return [save(out, *_case(i, case, no_reference=True)) for i, case in enumerate(CASES)]
+
+
+def _case(i: int, case: tuple[Any, ...], no_reference: bool = False) -> Made:
     """One case of :data:`CASES` (seed ``800 + i``): ``(name, dump, hp, --set, control)`` for ``save``."""
     import torch
     from areal.api.cli_args import NormConfig  # type: ignore[import-not-found]  # side venv only
@@ -103,6 +116,7 @@ def _case(i: int, case: tuple[Any, ...]) -> tuple[str, dict[str, Any], dict[str,
     from areal.utils.functional import ppo_actor_loss_fn  # type: ignore[import-not-found]  # side venv
 
     name, rnorm, n, anorm, kl_ctl, est, (bias, scale, rclip), equal, conv, control = case
+    kl_ctl = 0.0 if no_reference else kl_ctl
     x = inputs(800 + i, B=B, T=T, dtype=torch.float32, full_row=False)
     for k in ("old_values", "values", "entropy"):
         x.pop(k)
@@ -130,7 +144,8 @@ def _case(i: int, case: tuple[Any, ...]) -> tuple[str, dict[str, Any], dict[str,
         kl_ctl=kl_ctl, kl_estimator=KLEstimator(est), adv_norm=adv_norm,
         discount=HP["gamma"], gae_lambda=HP["lam"], mask_no_eos_with_zero=False,
     )  # fmt: skip
-    res = PPOActor._compute_advantages(actor, _frame(x))
+    frame = {k: v for k, v in _frame(x).items() if not (no_reference and k == "ref_logp")}
+    res = PPOActor._compute_advantages(actor, frame)
     adv = res["advantages"][:, :T]
     kl = KLEstimator(est)(x["old_logprobs"] * m, x["ref_logprobs"] * m)
     pg, st = ppo_actor_loss_fn(
@@ -148,5 +163,23 @@ def _case(i: int, case: tuple[Any, ...]) -> tuple[str, dict[str, Any], dict[str,
         approx_kl=torch.where(mb, st["approx_kl"], 0.0).sum() / nt,
         loss=pg.detach(),
     )
+    if no_reference:
+        return _noref(name, dump, conv, control)
     hp = dict(HP, kl_coef=kl_ctl, cliprange_high=0.28)
     return f"areal_grpo_{name}", dump, hp, {"kl_estimator": est, **conv}, control
+
+
+def _noref(name: str, dump: dict[str, Any], conv: dict[str, Any], control: dict[str, Any]) -> Made:
+    """A β = 0 case without a reference: no ``ref_logprobs``/``kl``, a sidecar of what is read, and a
+    control that does not act through the KL only."""
+    for k in ("ref_logprobs", "kl"):
+        dump.pop(k)
+    hp = {
+        "kl_coef": 0.0,
+        "cliprange": HP["cliprange"],
+        "cliprange_high": 0.28,
+        "whiten_eps": HP["whiten_eps"],
+    }
+    if set(control) & {"group_kl", "kl_in", "kl_estimator"}:
+        control = {"advantage": "dr-grpo" if conv.get("advantage") == "grpo" else "grpo"}
+    return f"areal_grpo_{name}_noref", dump, hp, conv, control

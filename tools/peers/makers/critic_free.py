@@ -29,6 +29,12 @@ peer's advantage estimator and its policy loss, and writes a dump without ``old_
 
 The verl ``opo``/``gpg``/``grpo_passk`` and OpenRLHF ``flash_reinforce`` cases (issue #13 follow-up)
 draw their batches from their own seeds (:data:`SEEDS`).
+
+``*_no_reference`` (issue #23 item 4): the same cases as the peer runs them with no KL anywhere
+(β = 0, no reference model): verl with ``use_kl_in_reward`` and ``use_kl_loss`` off
+(``RayPPOTrainer.fit``: ``token_level_rewards = token_level_scores``), OpenRLHF with no initial model
+(``make_experience``: ``kl`` zeros, ``base_action_log_probs`` None, ``kl_ctl`` 0). The dumps hold
+no ``ref_logprobs`` and no ``kl``; their sidecars no ``lam``, ``cliprange_value``, ``vf_coef``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from peers.makers.common import HP, inputs, install_stubs, mount, save
-from peers.makers.verl_step import VerlActorConfig, kl_loss, policy_terms, reward_kl
+from peers.makers.verl_step import VerlActorConfig, kl_loss, policy_terms, reward_kl, score_at
 
 GROUP_IDS = [7, 3, 7, 11, 3, 7, 3, 11, 7, 3, 11, 5]
 """Prompt of each row (B = 12): groups of 4 (7), 4 (3), 3 (11), 1 (5), interleaved."""
@@ -50,6 +56,25 @@ CASE_GROUP_IDS = {"grpo_passk": NO_SINGLETON}
 SEEDS = {"opo": 800, "gpg": 801, "grpo_passk": 802, "flash_reinforce": 900}
 """Batch seeds of the issue #13 follow-up cases; the others draw ``500 + i`` (verl) and ``600 + i``
 (OpenRLHF) by their index ``i`` in the case list."""
+
+
+KL_KEYS = ("group_kl", "kl_in", "kl_estimator")
+"""Convention keys that act only through the KL: a control flipping one proves nothing at β = 0."""
+NOREF_HP: dict[str, float] = {"kl_coef": 0.0, "cliprange": 0.2, "cliprange_high": 0.28, "ent_coef": 0.0}
+"""The sidecar of a β = 0 critic-free dump: only what its stages read (no ``lam``, ``cliprange_value``,
+``vf_coef``; ``gamma`` added where REINFORCE++ reads it)."""
+
+
+def noref_control(conv: dict[str, Any], control: dict[str, Any]) -> dict[str, Any]:
+    """The case's control, unless it acts only through the KL (then the estimator flipped)."""
+    if not set(control) & set(KL_KEYS):
+        return control
+    return {"advantage": "dr-grpo" if conv.get("advantage") == "grpo" else "grpo"}
+
+
+def without_reference(x: dict[str, Any]) -> dict[str, Any]:
+    """The batch without the reference's log-probs (a β = 0 trainer loads no reference model)."""
+    return {k: v for k, v in x.items() if k != "ref_logprobs"}
 
 
 def _grouped(seed: int, dtype: Any, group_ids: list[int] | None = None) -> dict[str, Any]:
@@ -158,7 +183,12 @@ def _verl_advantages(ca: Any, call: str, rewards: Any, m: Any, idx: Any) -> Any:
     return ca.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, m, idx)
 
 
-def make_verl(out: Path) -> list[str]:
+def make_verl_no_reference(out: Path) -> list[str]:
+    """:func:`make_verl` at β = 0 without a reference (module doc)."""
+    return make_verl(out, no_reference=True)
+
+
+def make_verl(out: Path, no_reference: bool = False) -> list[str]:
     """One dump per case of :data:`VERL_CASES` (batches of :func:`_grouped`)."""
     import os
 
@@ -174,11 +204,36 @@ def make_verl(out: Path) -> list[str]:
         x = _grouped(SEEDS.get(name, 500 + i), torch.float64, CASE_GROUP_IDS.get(name))
         if call == "gpg":  # two whole groups scored 0 (5 rows): α = B/#{s ≠ 0} = 12/7
             x["scores"] = torch.where(torch.isin(x["group_index"], torch.tensor([7, 5])), 0.0, x["scores"])
+        if no_reference:
+            dump = _verl_noref_step(ca, without_reference(x), call, agg)
+            hp = dict(NOREF_HP, **({"gamma": HP["gamma"]} if call == "rpp" else {}))
+            keys = {"loss_agg": agg, **conv}
+            made.append(save(out, f"verl_{name}_noref", dump, hp, keys, noref_control(conv, control)))
+            continue
         dump = _verl_step(ca, x, call, est, kl_in, agg)
         hp = dict(HP, cliprange_high=0.28)
         set_keys = {"kl_estimator": est, "kl_in": kl_in, "loss_agg": agg, **conv}
         made.append(save(out, f"verl_{name}", dump, hp, set_keys, control))
     return made
+
+
+def _verl_noref_step(ca: Any, x: dict[str, Any], call: str, agg: str) -> dict[str, Any]:
+    """verl with no KL anywhere: the score at the last token is the reward (``RayPPOTrainer.fit``),
+    the estimator, the vanilla policy loss; the loss is the policy loss (no KL loss)."""
+    m = x["response_mask"]
+    rewards = score_at(m, x["scores"], (m.sum(dim=1) - 1).long())
+    adv, ret = _verl_advantages(ca, call, rewards, m, x["group_index"].numpy())
+    cfg = VerlActorConfig(0.2, 0.2, 0.28, 3.0)
+    pg, metrics = ca.compute_policy_loss_vanilla(
+        x["old_logprobs"], x["logprobs"], adv, m, loss_agg_mode=agg, config=cfg
+    )
+    dump: dict[str, Any] = dict(x)
+    dump.update(
+        token_rewards=rewards, advantages=adv, returns=ret, **policy_terms(pg, metrics), loss=pg.detach()
+    )
+    if call == "rpp_baseline":  # as in _verl_step: verl's "returns" are the whitened advantages
+        dump.pop("returns")
+    return dump
 
 
 def _verl_step(ca: Any, x: dict[str, Any], call: str, est: str, kl_in: str, agg: str) -> dict[str, Any]:
@@ -224,7 +279,9 @@ OPENRLHF_CASES: list[tuple[str, str, bool, dict[str, Any], dict[str, Any]]] = [
 ]
 
 
-def _openrlhf_advantages(est: str, x: dict[str, Any], kl: Any, perm: list[int]) -> tuple[Any, Any]:
+def _openrlhf_advantages(
+    est: str, x: dict[str, Any], kl: Any, perm: list[int], beta: float = HP["kl_coef"]
+) -> tuple[Any, Any]:
     """``compute_advantages_and_returns`` on two experiences (rows ``perm[:5]`` and ``perm[5:]``)."""
     import torch
     from openrlhf.trainer.ppo_utils.experience_maker import (  # type: ignore[import-not-found]  # side venv
@@ -241,7 +298,7 @@ def _openrlhf_advantages(est: str, x: dict[str, Any], kl: Any, perm: list[int]) 
     )
     me = types.SimpleNamespace(
         strategy=types.SimpleNamespace(args=args),
-        kl_ctl=types.SimpleNamespace(value=HP["kl_coef"]),
+        kl_ctl=types.SimpleNamespace(value=beta),
         advantage_estimator=est,
     )
     me.get_cumulative_returns = types.MethodType(RemoteExperienceMaker.get_cumulative_returns, me)
@@ -267,7 +324,12 @@ def _openrlhf_advantages(est: str, x: dict[str, Any], kl: Any, perm: list[int]) 
     return adv, ret
 
 
-def make_openrlhf(out: Path) -> list[str]:
+def make_openrlhf_no_reference(out: Path) -> list[str]:
+    """:func:`make_openrlhf` at β = 0 without a reference (module doc)."""
+    return make_openrlhf(out, no_reference=True)
+
+
+def make_openrlhf(out: Path, no_reference: bool = False) -> list[str]:
     import torch
 
     install_stubs()
@@ -293,8 +355,12 @@ def make_openrlhf(out: Path) -> list[str]:
         x = _grouped(seed, torch.float32, ids)
         g = torch.Generator().manual_seed(seed)
         perm = torch.randperm(12, generator=g).tolist()
-        kl = compute_approx_kl(x["old_logprobs"], x["ref_logprobs"], kl_estimator=kl_est)
-        adv, ret = _openrlhf_advantages(est, x, kl, perm)
+        if no_reference:  # make_experience without an initial model: kl zeros, kl_ctl 0
+            x = without_reference(x)
+            kl = torch.zeros_like(x["old_logprobs"])
+        else:
+            kl = compute_approx_kl(x["old_logprobs"], x["ref_logprobs"], kl_estimator=kl_est)
+        adv, ret = _openrlhf_advantages(est, x, kl, perm, 0.0 if no_reference else HP["kl_coef"])
         m = x["response_mask"]
         pg, clip_ratio, ppo_kl, _, _ = PolicyLoss(0.2, 0.28, token_level_loss=token_level)(
             x["logprobs"], x["old_logprobs"], adv, action_mask=m
@@ -310,6 +376,12 @@ def make_openrlhf(out: Path) -> list[str]:
             loss=pg.detach().clone(),
         )
         agg = "token-mean" if token_level else "seq-mean-token-mean"
+        if no_reference:
+            dump.pop("kl")
+            hp = dict(NOREF_HP, **({"gamma": HP["gamma"]} if est == "reinforce" else {}))
+            keys = {"loss_agg": agg, **conv}
+            made.append(save(out, f"openrlhf_{est}_noref", dump, hp, keys, noref_control(conv, control)))
+            continue
         hp = dict(HP, cliprange_high=0.28, gamma=HP["gamma"] if est == "reinforce" else 1.0)
         made.append(
             save(out, f"openrlhf_{est}", dump, hp, {"kl_estimator": kl_est, "loss_agg": agg, **conv}, control)

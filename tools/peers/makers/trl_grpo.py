@@ -22,6 +22,10 @@ TRL's groups are contiguous blocks of ``num_generations`` rows (``rewards.view(-
 ``group_index`` = ``arange(B) // n``. TRL's advantage is one number per row; the dump's
 ``advantages`` [B, T] is it on the valid tokens and 0 on the padding (the format's, as
 ``_compute_loss`` multiplies by ``completion_mask``). Nothing from refppo is imported.
+
+:func:`make_no_reference`: the ``beta = 0`` cases as TRL runs them (no reference model is loaded at
+``beta = 0``; ``_compute_loss`` reads ``ref_per_token_logps`` only when ``beta != 0``), dumps without
+``ref_logprobs`` and sidecars without ``gamma``, ``lam``, ``cliprange_value``, ``vf_coef``.
 """
 
 from __future__ import annotations
@@ -138,11 +142,15 @@ def trl_advantages(module: Any, code: Any, scores: Any, scale_rewards: str, n: i
     return scope["advantages"]
 
 
-def trl_loss(trainer_cls: Any, x: dict[str, Any], adv: Any, loss_type: str, beta: float) -> Any:
-    """``GRPOTrainer._compute_loss`` on a stand-in ``self`` (one process, token-level ratio)."""
+def trl_loss(trainer_cls: Any, x: dict[str, Any], adv: Any, loss_type: str, beta: float, **vllm: Any) -> Any:
+    """``GRPOTrainer._compute_loss`` on a stand-in ``self`` (one process, token-level ratio).
+
+    ``vllm``: ``is_ratio`` (TRL's ``vllm_importance_sampling_ratio``; the loss then multiplies by it,
+    ``use_vllm`` and the correction on) and ``leaf`` (the ``per_token_logps`` tensor to use, with
+    grad: the loss is then computed under autograd); returns ``(loss, inputs)`` when given."""
     import torch
 
-    lp = x["logprobs"].clone()
+    lp = vllm.get("leaf", x["logprobs"].clone())
     me = types.SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (lp, torch.zeros_like(lp), None),
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token",
@@ -163,11 +171,18 @@ def trl_loss(trainer_cls: Any, x: dict[str, Any], adv: Any, loss_type: str, beta
         "completion_mask": m,
         "advantages": adv,
         "old_per_token_logps": x["old_logprobs"],
-        "ref_per_token_logps": x["ref_logprobs"],
+        "ref_per_token_logps": x.get("ref_logprobs"),
         "num_items_in_batch": m.sum(),
     }
-    with torch.no_grad():
-        return trainer_cls._compute_loss(me, None, batch)
+    if not vllm:
+        with torch.no_grad():
+            return trainer_cls._compute_loss(me, None, batch)
+    if "is_ratio" in vllm:  # what _generate_and_score_completions adds with vLLM and the correction
+        me.use_vllm = me.vllm_importance_sampling_correction = True
+        batch.update(
+            importance_sampling_ratio=vllm["is_ratio"], sampling_per_token_logps=x["rollout_logprobs"]
+        )
+    return trainer_cls._compute_loss(me, None, batch), batch
 
 
 def _scores(kind: str, x: dict[str, Any], n: int) -> Any:
@@ -180,7 +195,12 @@ def _scores(kind: str, x: dict[str, Any], n: int) -> Any:
     return s
 
 
-def make(out: Path) -> list[str]:
+def make_no_reference(out: Path) -> list[str]:
+    """The ``beta = 0`` cases of :func:`make` without a reference (module doc)."""
+    return make(out, no_reference=True)
+
+
+def make(out: Path, no_reference: bool = False) -> list[str]:
     from importlib.metadata import version
 
     import torch
@@ -197,13 +217,15 @@ def make(out: Path) -> list[str]:
     made = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, scale, loss_type, beta, n, dt, kind, conv, control) in enumerate(CASES):
+            if no_reference and beta != 0.0:
+                continue
             cfg = GRPOConfig(
                 output_dir=tmp, scale_rewards=scale, loss_type=loss_type, beta=beta,
                 epsilon_high=EPS_HIGH, num_generations=max(n, 2), per_device_train_batch_size=B,
                 report_to=[], use_cpu=True,
             )  # fmt: skip
             x = inputs(900 + i, B=B, T=T, dtype=torch.float64 if dt == "f64" else torch.float32)
-            for k in ("old_values", "values", "entropy"):
+            for k in ("old_values", "values", "entropy", *(("ref_logprobs",) if no_reference else ())):
                 x.pop(k)
             x["scores"] = _scores(kind, x, n)
             x["group_index"] = torch.arange(B, dtype=torch.int64) // n
@@ -215,8 +237,10 @@ def make(out: Path) -> list[str]:
             if beta == 0.0:
                 dump["pg_loss"] = loss.clone()
             hp = dict(HP, gamma=1.0, lam=1.0, kl_coef=beta, cliprange=cfg.epsilon, cliprange_high=EPS_HIGH)
+            if no_reference:  # only what a critic-free step reads
+                hp = {"kl_coef": 0.0, "cliprange": cfg.epsilon, "cliprange_high": EPS_HIGH, "ent_coef": 0.0}
             if loss_type == "dr_grpo":
                 hp["horizon"] = float(T)  # max_completion_length
-            tag = "trl" + trl_version.replace(".", "")
+            tag = "trl" + trl_version.replace(".", "") + ("_noref" if no_reference else "")
             made.append(save(out, f"{tag}_grpo_{name}", dump, hp, conv, control))
     return made
