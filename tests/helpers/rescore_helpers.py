@@ -264,3 +264,27 @@ def engine_logprobs(
         lp = torch.log_softmax(x, -1).gather(-1, seq[p_len : p_len + n].unsqueeze(-1)).squeeze(-1)
         out[b, :n] = lp + shift
     return out
+
+
+def engine_dump(
+    actor: Path,
+    tmp: Path,
+    *,
+    sidecar_tau: float = TAU,
+    engine_tau: float = TAU,
+    support: dict[str, Any] | None = None,
+    sidecar: dict[str, Any] | None = None,
+    **engine: Any,
+) -> Path:
+    """Rows sampled by the engine (τ = ``engine_tau``, the ``support`` filters), the trainer's
+    ``old_logprobs`` at the sidecar's τ, the engine's ``rollout_logprobs`` by definition."""
+    rows = engine_rows(actor, tau=engine_tau, support=support)
+    eng = engine_logprobs(actor, rows, tau=engine_tau, support=support, **engine)
+    return write_rows(
+        tmp,
+        rows,
+        temperature=sidecar_tau,
+        sampling={**(support or {}), **(sidecar or {})},
+        old_logprobs=trainer_logprobs(actor, rows, tau=sidecar_tau),
+        rollout_logprobs=eng,
+    )

@@ -38,14 +38,15 @@ def rescore_json(items: list[RescoreItem], temperature: float) -> dict[str, Any]
 
 def rescore_text(items: list[RescoreItem], temperature: float) -> str:
     """A block of lines: each role's comparison, its named explanations and the precision statistics."""
+    w = max([14, *(len(i.key) + 2 for i in items)])  # 14: every key but rollout_logprobs fits
     lines = [
         "re-score with the given checkpoints "
         f"(refppo's read-outs; temperature τ={temperature:g} from the sidecar)",
-        f"{'role':<14}{'dump key':<14}{'max_abs_err':>13}{'tol':>11}  ok",
+        f"{'role':<14}{'dump key':<{w}}{'max_abs_err':>13}{'tol':>11}  ok",
     ]
     for i in items:
         r = i.result
-        lines.append(f"{i.role:<14}{i.key:<14}{r.max_abs_err:>13.3e}{r.tol:>11.2e}  {_status(i)}")
+        lines.append(f"{i.role:<14}{i.key:<{w}}{r.max_abs_err:>13.3e}{r.tol:>11.2e}  {_status(i)}")
     for i in items:
         for f in i.findings:
             chk = (

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from rescore_helpers import TAU, engine_logprobs, engine_rows, save_sharp_actor, trainer_logprobs, write_rows
+from rescore_helpers import engine_dump, engine_rows, save_sharp_actor, trainer_logprobs, write_rows
 
 from refppo.dump.load import load_dump
 from refppo.models.tiny import Arch
@@ -23,30 +23,6 @@ from refppo.oracle.rescore.run import load_models, rescore_dump
 def actor(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     arch: Arch = request.param
     return save_sharp_actor(tmp_path_factory.mktemp(arch), arch)
-
-
-def engine_dump(
-    actor: Path,
-    tmp: Path,
-    *,
-    sidecar_tau: float = TAU,
-    engine_tau: float = TAU,
-    support: dict[str, Any] | None = None,
-    sidecar: dict[str, Any] | None = None,
-    **engine: Any,
-) -> Path:
-    """Rows sampled by the engine (τ = ``engine_tau``, the ``support`` filters), the trainer's
-    ``old_logprobs`` at the sidecar's τ, the engine's ``rollout_logprobs`` by definition."""
-    rows = engine_rows(actor, tau=engine_tau, support=support)
-    eng = engine_logprobs(actor, rows, tau=engine_tau, support=support, **engine)
-    return write_rows(
-        tmp,
-        rows,
-        temperature=sidecar_tau,
-        sampling={**(support or {}), **(sidecar or {})},
-        old_logprobs=trainer_logprobs(actor, rows, tau=sidecar_tau),
-        rollout_logprobs=eng,
-    )
 
 
 def engine_item(actor: Path, dump: Path) -> EngineItem:
