@@ -55,6 +55,7 @@ outside it is one whose engine/trainer ratio alone leaves the clip's band."""
 PRECISION_FACTOR = 2.0
 """``F`` of the envelope (module docstring)."""
 PRECISION_DTYPES = (torch.float16, torch.bfloat16)
+DTYPE_NAMES = ("float16", "bfloat16")
 CHUNK = 1024
 """Valid positions per chunk when reading the full logits (bounds the sort's memory)."""
 
@@ -150,7 +151,8 @@ def compare_engine(
     r: Rescorer, dump: Dump, ref: Tensor, tol: Any, tau: float, ratio_eps: float, *, diagnose: bool = True
 ) -> EngineItem:
     """``rollout_logprobs`` against ``ref`` (the actor's re-score at ``τ``): gate statistics,
-    verdict and named hypotheses, in the order of the module docstring."""
+    verdict and named hypotheses, in the order of the module docstring (``diagnose=False``: the
+    plain comparison only, verdict ``match`` or ``disagree``)."""
     d, mask = dump.tensors[ENGINE_KEY].to(torch.float64), dump.mask
     item = EngineItem("engine", ENGINE_KEY, compare_rescore(ENGINE_KEY, d, ref, mask, tol))
     item.gates = gate_stats(d, ref, mask, TRUST_DELTA)
@@ -173,7 +175,10 @@ def compare_engine(
         item.precision[f"{n}_forward_vs_trainer"] = precision_stats(ref + env, ref, mask, ratio_eps)
     bugs = _bug_candidates(item, dump, ref, reads, tau, filters)
     precs = [
-        *(Candidate(f"precision_logits_{n}", f"the logits rounded to {n}", reads[n], True) for n in runs),
+        *(
+            Candidate(f"precision_logits_{n}", f"the logits rounded to {n}", reads[n], True)
+            for n in DTYPE_NAMES
+        ),
         *(Candidate(f"precision_forward_{n}", f"the forward in {n}", lp, True) for n, lp in runs.items()),
     ]
     item.verdict = _decide(item, r, d, ref, mask, bugs, precs, envelope, tau)
