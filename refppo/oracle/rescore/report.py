@@ -54,7 +54,8 @@ def rescore_text(items: list[RescoreItem], temperature: float) -> str:
                 if f.check is None
                 else f" (re-checked: max abs err {f.check.max_abs_err:.3e} <= tol {f.check.tol:.2e})"
             )
-            lines.append(f"  - {i.role}/{i.key}: explained: {f.text}{chk}")
+            how = "precision" if f.name.startswith("precision_") else "explained"
+            lines.append(f"  - {i.role}/{i.key}: {how}: {f.text}{chk}")
         for n in i.notes:
             lines.append(f"  - {i.role}/{i.key}: {n}")
         for what, s in i.precision.items():

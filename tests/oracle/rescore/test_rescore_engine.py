@@ -119,6 +119,18 @@ def test_a_bf16_engine_without_temperature_is_named_up_to_precision(actor: Path,
     assert item.findings[0].check is None and "up to precision" in item.findings[0].text
 
 
+def test_rows_of_several_policy_versions_are_noted(actor: Path, tmp_path: Path) -> None:
+    rows = engine_rows(actor)
+    lp = trainer_logprobs(actor, rows)
+    version = torch.tensor([3, 3, 2, 3, 1])
+    p = write_rows(tmp_path, rows, old_logprobs=lp, rollout_logprobs=lp.clone(), policy_version=version)
+    item = engine_item(actor, p)
+    assert item.verdict == "match" and any("several policy versions" in n for n in item.notes), item.notes
+    same = write_rows(tmp_path, rows, name="same.safetensors", old_logprobs=lp, rollout_logprobs=lp.clone(),
+                      policy_version=torch.full((5,), 3))  # fmt: skip
+    assert engine_item(actor, same).notes == []
+
+
 def test_without_rollout_logprobs_or_with_the_update_actor_no_engine_item(
     actor: Path, tmp_path: Path
 ) -> None:
