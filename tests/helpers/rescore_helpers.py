@@ -149,14 +149,142 @@ def write_rows(
     *,
     name: str = "step.safetensors",
     temperature: float = TAU,
+    sampling: dict[str, Any] | None = None,
     **tensors: Tensor,
 ) -> Path:
-    """A dump of inputs (the rows plus the given tensors; missing required keys filled with zeros)."""
+    """A dump of inputs (the rows plus the given tensors; missing required keys filled with zeros);
+    ``sampling``: more sidecar keys (``top_p``, ``top_k``, ``min_p``, ``logprobs_processed``)."""
     B, T = rows["response_mask"].shape
     data: dict[str, Any] = {**rows, **tensors}
     for k in ("old_logprobs", "ref_logprobs", "old_values"):
         data.setdefault(k, torch.zeros(B, T))
     data.setdefault("scores", torch.zeros(B))
     p = tmp / name
-    write_dump(p, data, hparams={"temperature": temperature})
+    write_dump(p, data, hparams={"temperature": temperature, **(sampling or {})})
     return p
+
+
+# --- an inference engine's log-probs (issue #22 item 4), each from its definition -------------------
+
+
+def save_sharp_actor(tmp: Path, arch: Arch, *, scale: float = 25.0, seed: int = 0) -> Path:
+    """A tiny actor whose logits are spread like a trained LM's (std of a few nats, not ~0.1): the
+    final norm's weight (and GPT-2's bias) times ``scale``, so every logit is multiplied by it."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(arch, VOCAB, hidden=32, layers=2, heads=2)
+    torch.manual_seed(seed)
+    model: Any = AutoModelForCausalLM.from_config(cfg)
+    norm = model.transformer.ln_f if arch == "gpt2" else model.model.norm
+    with torch.no_grad():
+        norm.weight.mul_(scale)
+        if getattr(norm, "bias", None) is not None:
+            norm.bias.mul_(scale)
+    d = tmp / f"sharp-{arch}"
+    model.save_pretrained(d)
+    return d
+
+
+def _warp(z: Tensor, tau: float, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> Tensor:
+    """``z/τ`` through transformers' own ``TopKLogitsWarper``, ``TopPLogitsWarper``,
+    ``MinPLogitsWarper`` (HF's order, ``generation/utils.py``); removed tokens at −∞."""
+    from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    x = z / tau
+    dummy = torch.zeros((x.shape[0], 1), dtype=torch.long)
+    if top_k > 0:
+        x = TopKLogitsWarper(top_k=top_k)(dummy, x)
+    if top_p < 1:
+        x = TopPLogitsWarper(top_p=top_p)(dummy, x)
+    if min_p > 0:
+        x = MinPLogitsWarper(min_p=min_p)(dummy, x)
+    return x
+
+
+def engine_rows(
+    path: Path, *, tau: float = TAU, support: dict[str, Any] | None = None, seed: int = 0
+) -> dict[str, Tensor]:
+    """:func:`make_rows`' prompts and lengths, the responses SAMPLED token by token from the actor
+    (each row unpadded, logits ``/τ``, transformers' warpers for ``support``), as an engine samples."""
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(path).eval()
+    rows = make_rows(seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    am, ids = rows["attention_mask"], rows["input_ids"].clone()
+    T = rows["response_mask"].shape[1]
+    P = ids.shape[1] - T
+    for b in range(ids.shape[0]):
+        seq = ids[b, :P][am[b, :P].bool()]
+        for t in range(int(rows["response_mask"][b].sum())):
+            with torch.no_grad():
+                z = model(input_ids=seq.unsqueeze(0)).logits[:, -1].float()
+            probs = torch.softmax(_warp(z, tau, **(support or {})), -1)
+            y = torch.multinomial(probs[0], 1, generator=g)
+            ids[b, P + t] = y[0]
+            seq = torch.cat([seq, y])
+    return {**rows, "input_ids": ids}
+
+
+def engine_logprobs(
+    path: Path,
+    rows: dict[str, Tensor],
+    *,
+    tau: float = TAU,
+    temperature_applied: bool = True,
+    support: dict[str, Any] | None = None,
+    logits_dtype: torch.dtype | None = None,
+    forward_dtype: torch.dtype | None = None,
+    shift: float = 0.0,
+) -> Tensor:
+    """The engine's reported log-probs of the sampled tokens, each row run unpadded, by definition:
+    ``log softmax(x)[y] + shift`` with ``x = z/τ`` (``z`` if not ``temperature_applied``: the
+    engine ignores τ); ``support``: ``x`` through transformers' own top-k / top-p / min-p warpers
+    (filtered tokens at −∞, so the softmax renormalises over the kept support); ``logits_dtype``:
+    ``z`` rounded to it first; ``forward_dtype``: the whole forward in it (``z`` back in float32).
+    """
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(path).eval()
+    if forward_dtype is not None:
+        model = model.to(forward_dtype)
+    am, ids, rm = rows["attention_mask"], rows["input_ids"], rows["response_mask"]
+    T = rm.shape[1]
+    P = ids.shape[1] - T
+    out = torch.ones(rm.shape)  # junk on padding
+    for b in range(ids.shape[0]):
+        seq = ids[b][am[b].bool()]
+        n, p_len = int(rm[b].sum()), int(am[b, :P].sum())
+        with torch.no_grad():
+            z = model(input_ids=seq.unsqueeze(0)).logits[0, p_len - 1 : p_len - 1 + n].float()
+        if logits_dtype is not None:
+            z = z.to(logits_dtype).float()
+        t = tau if temperature_applied else 1.0
+        x = z / t if support is None else _warp(z, t, **support)
+        lp = torch.log_softmax(x, -1).gather(-1, seq[p_len : p_len + n].unsqueeze(-1)).squeeze(-1)
+        out[b, :n] = lp + shift
+    return out
+
+
+def engine_dump(
+    actor: Path,
+    tmp: Path,
+    *,
+    sidecar_tau: float = TAU,
+    engine_tau: float = TAU,
+    support: dict[str, Any] | None = None,
+    sidecar: dict[str, Any] | None = None,
+    **engine: Any,
+) -> Path:
+    """Rows sampled by the engine (τ = ``engine_tau``, the ``support`` filters), the trainer's
+    ``old_logprobs`` at the sidecar's τ, the engine's ``rollout_logprobs`` by definition."""
+    rows = engine_rows(actor, tau=engine_tau, support=support)
+    eng = engine_logprobs(actor, rows, tau=engine_tau, support=support, **engine)
+    return write_rows(
+        tmp,
+        rows,
+        temperature=sidecar_tau,
+        sampling={**(support or {}), **(sidecar or {})},
+        old_logprobs=trainer_logprobs(actor, rows, tau=sidecar_tau),
+        rollout_logprobs=eng,
+    )

@@ -1,10 +1,13 @@
 """One re-scoring run: the dump's rows checked against each model, re-scored through
 :class:`refppo.oracle.rescore.readouts.Rescorer` and compared with the dump key of its role.
 
-A mismatch is handed to :func:`refppo.oracle.rescore.diagnose.diagnose_item`. The checkpoints are
-loaded here (:func:`load_models`; transformers is imported only then, when a model flag is given).
-Before any forward pass the dump's token ids must lie in the model's vocabulary and its positions
-in a learned position table (a raw ``IndexError`` deep inside the model otherwise).
+A mismatch is handed to :func:`refppo.oracle.rescore.diagnose.diagnose_item`. With the actor and
+a dump holding ``rollout_logprobs``, the engine's log-probs are compared with the actor's re-score
+as well (:func:`refppo.oracle.rescore.engine.compare_engine`, one more item, role ``engine``).
+The checkpoints are loaded here (:func:`load_models`; transformers is imported only then, when a
+model flag is given). Before any forward pass the dump's token ids must lie in the model's
+vocabulary and its positions in a learned position table (a raw ``IndexError`` deep inside the
+model otherwise).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from refppo.dump.sequences import RescoreError, sequence_batch
 from refppo.errors import DumpError
 from refppo.models.batch import position_ids_from_mask
 from refppo.oracle.rescore.diagnose import diagnose_item
+from refppo.oracle.rescore.engine import ENGINE_KEY, compare_engine
 from refppo.oracle.rescore.readouts import (
     LOGPROB_ROLES,
     RescoreItem,
@@ -70,6 +74,14 @@ def rescore_dump(
         if not item.ok and diagnose:
             diagnose_item(item, r, dump, ref, tol, tau)
         items.append(item)
+        if role == "actor" and dump.has(ENGINE_KEY):
+            if key == "old_logprobs":
+                items.append(compare_engine(r, dump, ref, tol, tau, ratio_eps, diagnose=diagnose))
+            else:
+                item.notes.append(
+                    f"{ENGINE_KEY} not compared: with --actor-key {key} the actor is the update-step policy, "
+                    "not the one that sampled"
+                )
     return items
 
 
