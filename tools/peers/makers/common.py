@@ -15,7 +15,7 @@ from typing import Any
 
 from peers.stubs import install_stubs, mount
 
-__all__ = ["HP", "inputs", "install_stubs", "mount", "save"]
+__all__ = ["HP", "behaviour_inputs", "inputs", "install_stubs", "mount", "save"]
 
 HP: dict[str, float] = {
     "gamma": 0.99,
@@ -81,3 +81,15 @@ def save(
     if control:
         (out / f"{name}.control.json").write_text(json.dumps(control))
     return name
+
+
+def behaviour_inputs(seed: int, beh_seed: int) -> dict[str, Any]:
+    """:func:`inputs` plus ``rollout_logprobs = l^prox − 0.6·N(0, 1)`` (7.5 on padding)."""
+    import torch
+
+    x = inputs(seed)
+    m = x["response_mask"]
+    g = torch.Generator().manual_seed(beh_seed)
+    beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
+    x["rollout_logprobs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
+    return x

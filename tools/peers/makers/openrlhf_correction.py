@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from peers.makers.common import HP, inputs, save
+from peers.makers.common import HP, behaviour_inputs, save
 from peers.makers.openrlhf_step import openrlhf_fns, shaped_gae
 
 # (is_correction_mode, threshold)
@@ -22,18 +22,6 @@ CASES: list[tuple[str, tuple[float, float]]] = [
     ("mask", (0.5, 2.0)),
     ("clip", (0.5, 1.7)),
 ]
-
-
-def behaviour_inputs(seed: int, beh_seed: int) -> dict[str, Any]:
-    """:func:`inputs` plus ``rollout_logprobs = l^prox − 0.6·N(0, 1)`` (7.5 on padding)."""
-    import torch
-
-    x = inputs(seed)
-    m = x["response_mask"]
-    g = torch.Generator().manual_seed(beh_seed)
-    beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
-    x["rollout_logprobs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
-    return x
 
 
 def corrected_step(

@@ -29,8 +29,8 @@ import json
 import math
 from pathlib import Path
 
-from peers.makers.common import HP, save
-from peers.makers.openrlhf_correction import BASE_CONV, behaviour_inputs, corrected_step
+from peers.makers.common import HP, behaviour_inputs, save
+from peers.makers.openrlhf_correction import BASE_CONV, corrected_step
 from peers.makers.openrlhf_step import openrlhf_fns
 
 # case → (PolicyLoss mode, [lo, hi], the bug or None, the checked mode and bounds)

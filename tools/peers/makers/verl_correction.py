@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from peers.makers.common import HP, inputs, install_stubs, mount, save
+from peers.makers.common import HP, behaviour_inputs, install_stubs, mount, save
 from peers.makers.verl_step import VerlActorConfig
 
 # (rollout_is, rollout_is_threshold, loss_agg_mode)
@@ -49,18 +49,6 @@ def verl_fns() -> tuple[Any, Any]:
     from verl.trainer.ppo import rollout_corr_helper as rch  # side venv only
 
     return ca, rch
-
-
-def behaviour_inputs(seed: int, beh_seed: int) -> dict[str, Any]:
-    """:func:`inputs` plus ``rollout_logprobs = l^prox − 0.6·N(0, 1)`` (7.5 on padding)."""
-    import torch
-
-    x = inputs(seed)
-    m = x["response_mask"]
-    g = torch.Generator().manual_seed(beh_seed)
-    beh = x["old_logprobs"] - 0.6 * torch.randn(m.shape, generator=g, dtype=m.dtype)
-    x["rollout_logprobs"] = torch.where(m.bool(), beh, torch.full_like(beh, 7.5))
-    return x
 
 
 def rollout_part(ca: Any, x: dict[str, Any]) -> dict[str, Any]:

@@ -40,11 +40,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from peers.makers.common import HP, save
+from peers.makers.common import HP, behaviour_inputs, save
 from peers.makers.verl_correction import (
     ACTOR,
     BASE_CONV,
-    behaviour_inputs,
     log_ratio,
     rollout_part,
     step_dump,
