@@ -40,6 +40,7 @@ from refppo.core.checks import count_true
 from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import compare
 from refppo.oracle.check.grad import UpdateInputs, grad_tolerance, pipeline_grads, reference_grads
+from refppo.oracle.check.grad_diagnose import explain_grad
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.check.ties import pg_tie_mask, vf_tie_mask
 from refppo.oracle.detect.search import Search
@@ -108,10 +109,14 @@ class GradFit:
             t.get("ref_logprobs"), t.get("entropy"), t.get("rollout_logprobs"),
         )  # fmt: skip
 
-    def policy_setting(self, ps: PolicyState, kl: Mapping[str, Any], kagg: str | None) -> Setup:
-        """The checked setting with the policy state's keys, its KL keys ``kl``, ``kl_loss_agg``
-        ``kagg`` and the rollout correction off (a corrected state is not checked here)."""
-        upd: dict[str, Any] = {**ps.setting, **kl, "loss_agg": ps.agg.value, "kl_loss_agg": kagg}
+    def policy_setting(
+        self, ps: PolicyState, kl: Mapping[str, Any], kagg: str | None, agg: LossAgg | None = None
+    ) -> Setup:
+        """The checked setting with the policy state's keys (``agg``: another ``loss_agg``), its KL
+        keys ``kl``, ``kl_loss_agg`` ``kagg`` and the rollout correction off (a corrected state is
+        not checked here)."""
+        mode = (ps.agg if agg is None else agg).value
+        upd: dict[str, Any] = {**ps.setting, **kl, "loss_agg": mode, "kl_loss_agg": kagg}
         upd.update(kl_in=ps.carried.kl_in.value, rollout_is=None)
         return self.s.setting(**upd)
 
@@ -201,4 +206,29 @@ class GradFit:
         return self.memo[key]
 
 
-__all__ = ["SCREEN_ELEMENTS", "GradFit", "kl_twins", "screen_rows"]
+def explain_policy(fit: GradFit, ps: PolicyState) -> list[str]:
+    """Why no convention's gradient reproduces ``grad_logprobs``: the oracle's gradient diagnosis
+    (:func:`refppo.oracle.check.grad_diagnose.explain_grad`: a per-micro-batch or per-rank
+    normaliser, a constant factor, the clip not in the gradient, … each re-checked through the
+    pipeline) under the nearest group's state and each ``loss_agg``, the first that names a bug;
+    else the dump/reference factors under the nearest. A named bug is no convention: ``--detect``
+    lists none for it."""
+    s = fit.s
+    inp = fit.inputs(ps.adv, ps.carried.returns, ps.carried.vm)
+    head = "policy: no convention's gradient reproduces grad_logprobs"
+    first: list[str] = []
+    for agg in dict.fromkeys([ps.agg, *LossAgg]):
+        setup = fit.policy_setting(ps, kl_twins(ps.carried.kl_setting)[0], None, agg)
+        ref = pipeline_grads(inp, setup)["grad_logprobs"]
+        res = compare("grad_logprobs", s.t["grad_logprobs"], ref, torch.ones_like(s.m), fit.tol)
+        notes, found = explain_grad(s.dump, setup, inp, {"grad_logprobs": res})
+        named = [n for n in notes if n.startswith("explained by")]
+        if found and named:
+            bug = ", ".join(str(f["bug"]) for f in found)
+            return [f"{head}; under loss_agg={agg.value} it is a trainer bug, not a convention ({bug}): " + "; ".join(named)]
+        if not first:
+            first = [f"{head}; under the nearest (loss_agg={agg.value}): " + "; ".join(notes)]
+    return first
+
+
+__all__ = ["SCREEN_ELEMENTS", "GradFit", "explain_policy", "kl_twins", "screen_rows"]

@@ -30,7 +30,7 @@ from torch import Tensor
 from refppo.conventions import ApproxKL, KLPlacement, LossAgg, PolicyLoss
 from refppo.core.checks import count_true
 from refppo.oracle.check.ties import pg_tie_share
-from refppo.oracle.detect.grad_fit import GradFit
+from refppo.oracle.detect.grad_fit import GradFit, explain_policy
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy_solve import log_ratio_clamps, propose_policy
 from refppo.oracle.detect.search import Search
@@ -352,7 +352,10 @@ def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicySt
         return out
 
     propose = (lambda gs: propose_policy(s, gs, [c.loss, *others])) if pe.has_lp else None
-    return s.stage(groups, make, checks, "policy", propose)
+    out = s.stage(groups, make, checks, "policy", propose)
+    if "policy" in s.unmatched and gf.lp_on and "pg_loss" not in s.t and out:
+        s.fitted += explain_policy(gf, out[0].state)  # the nearest group's
+    return out
 
 
 __all__ = ["MEMO_MAX", "kl_loss_stage", "max_abs_log_ratio", "policy_step", "propose_policy"]

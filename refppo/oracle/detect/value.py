@@ -28,6 +28,7 @@ from refppo.conventions import LossAgg, ValueClipForm, ValueLoss, VfMask
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.check.ties import vf_tie_widen
 from refppo.oracle.detect.grad_fit import GradFit
+from refppo.oracle.detect.grad_solve import propose_value_grad
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy import kl_loss_stage
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
@@ -171,6 +172,8 @@ def _propose_value_clip(ve: ValueEval, groups: list[Group[PolicyState]]) -> list
     """Value clip ranges under which ``vf_loss`` is reproduced, per group (the first
     :data:`SOLVE_GROUPS`), mask and aggregation (the value_agg stage's weights)."""
     s, t = ve.s, ve.s.t
+    if "values" in t and "vf_loss" not in t:  # a v2 dump without the scalar: the gradient's
+        return propose_value_grad(s, groups)
     if "values" not in t or "vf_loss" not in t:
         return []
     own = s.base.conv.agg.value
