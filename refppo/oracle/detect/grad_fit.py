@@ -152,7 +152,9 @@ class GradFit:
         """Whether the first rows already exceed :meth:`_cap` (ties left out)."""
         m, vm = self.s.m, inp.value_mask
         norm = Normalisers(
-            token_count=float(count_true(m)), seq_count=float(m.shape[0]), value_token_count=float(count_true(vm))
+            token_count=float(count_true(m)),
+            seq_count=float(m.shape[0]),
+            value_token_count=float(count_true(vm)),
         )
         part = inp.take(self.head)
         ref = pipeline_grads(part, setup, norm=norm)[name]
@@ -225,7 +227,10 @@ def explain_policy(fit: GradFit, ps: PolicyState) -> list[str]:
         named = [n for n in notes if n.startswith("explained by")]
         if found and named:
             bug = ", ".join(str(f["bug"]) for f in found)
-            return [f"{head}; under loss_agg={agg.value} it is a trainer bug, not a convention ({bug}): " + "; ".join(named)]
+            return [
+                f"{head}; under loss_agg={agg.value} it is a trainer bug, not a convention ({bug}): "
+                + "; ".join(named)
+            ]
         if not first:
             first = [f"{head}; under the nearest (loss_agg={agg.value}): " + "; ".join(notes)]
     return first

@@ -94,9 +94,9 @@ def roundest(lo: float, hi: float) -> float:
     return lo
 
 
-def _branches(fit: GradFit, setup: Setup, name: str, inp_args: tuple[Tensor, Tensor, Tensor]) -> tuple[
-    Tensor, Tensor
-]:
+def _branches(
+    fit: GradFit, setup: Setup, name: str, inp_args: tuple[Tensor, Tensor, Tensor]
+) -> tuple[Tensor, Tensor]:
     """``(unclipped, clipped)`` gradients ``name`` under ``setup`` with every clip removed: the whole
     objective's, and the same less its policy (value) term's."""
     adv, returns, vmask = inp_args
@@ -161,7 +161,9 @@ def _pick_clips(s: Search, iv: dict[str, Interval]) -> tuple[float, float | None
     return None if lo is None or hi is None else (lo, hi)
 
 
-def propose_policy_grad(s: Search, groups: list[Group[AdvState]], losses: list[PolicyLoss]) -> dict[str, list[Any]]:
+def propose_policy_grad(
+    s: Search, groups: list[Group[AdvState]], losses: list[PolicyLoss]
+) -> dict[str, list[Any]]:
     """Clip ranges and dual-clip constants read off ``grad_logprobs`` (module docstring), per
     advantage variant (the first :data:`SOLVE_GROUPS` groups), aggregation mode and log-ratio clamp
     (none, the checked one), for the walk to evaluate with every policy loss ``losses``."""
@@ -186,7 +188,10 @@ def propose_policy_grad(s: Search, groups: list[Group[AdvState]], losses: list[P
             if pair is not None and pair not in clips and pair != (s.hp.cliprange, s.hp.cliprange_high):
                 clips.append(pair)
                 hi = pair[0] if pair[1] is None else pair[1]
-                s.notes += [iv["cliprange"].text("cliprange", pair[0]), iv["cliprange_high"].text("cliprange_high", hi)]
+                s.notes += [
+                    iv["cliprange"].text("cliprange", pair[0]),
+                    iv["cliprange_high"].text("cliprange_high", hi),
+                ]
             dual = iv["dual_clip"]
             c = dual.pick(own.dual_clip, 1.0 + 1e-9) if dual.n_hi else None
             if c is not None and c not in duals:
