@@ -81,16 +81,17 @@ class Interval:
 
 
 def roundest(lo: float, hi: float) -> float:
-    """The number of fewest significant digits in ``[lo, hi)`` (``lo`` finite)."""
+    """The roundest number in ``[lo, hi)`` (``lo`` finite): the first multiple of ``10^e``, then
+    ``5·10^(e−1)``, then ``10^(e−1)``, … that lies in it, from the interval's magnitude ``e`` down
+    (a trainer's configured constant: 0.2, 1.5, 3, 0.28)."""
     top = max(abs(lo), abs(hi) if math.isfinite(hi) else abs(lo), 1e-12)
     e = math.floor(math.log10(top))
-    for digits in range(0, 8):
-        step = 10.0 ** (e - digits)
-        v = float(f"{math.ceil(lo / step) * step:.{digits + 2}g}")
-        if v < lo:
-            v = float(f"{(math.ceil(lo / step) + 1) * step:.{digits + 2}g}")
-        if lo <= v < hi:
-            return v
+    for k in range(0, 9):
+        for unit in (1.0, 0.5):
+            step = unit * 10.0 ** (e - k)
+            v = float(f"{math.ceil(lo / step - 1e-9) * step:.{k + 3}g}")
+            if lo <= v < hi:
+                return v
     return lo
 
 
@@ -193,10 +194,10 @@ def propose_policy_grad(
                     iv["cliprange_high"].text("cliprange_high", hi),
                 ]
             dual = iv["dual_clip"]
-            c = dual.pick(own.dual_clip, 1.0 + 1e-9) if dual.n_hi else None
-            if c is not None and c not in duals:
-                duals.append(c)
-                s.notes.append(dual.text("dual_clip", c))
+            cv = dual.pick(own.dual_clip, 1.0 + 1e-9) if dual.n_hi else None
+            if cv is not None and cv not in duals:
+                duals.append(cv)
+                s.notes.append(dual.text("dual_clip", cv))
     base = (s.hp.cliprange, s.hp.cliprange_high)
     clips = [c for c in clips if c != base][:8]
     for lo, hi in clips:

@@ -109,7 +109,11 @@ def _value_options(
                 for vfm in VfMask:
                     clipfrac, vfs = ve.losses(ps.carried, vl, form, vfm, clip, modes)
                     for vagg, mode in zip(vaggs, modes, strict=True):
-                        vset = {"value_loss": vl, "value_clip_form": form, "vf_mask": vfm.value}
+                        vset: dict[str, Any] = {
+                            "value_loss": vl,
+                            "value_clip_form": form,
+                            "vf_mask": vfm.value,
+                        }
                         vset.update(value_loss_agg=vagg, cliprange_value=clip)
                         st = ValueState(
                             ps, vfs[mode], clipfrac, ve.mask(ps.carried, vfm), vl == "clipped", clip, vset
