@@ -188,10 +188,10 @@ def propose_policy_grad(
             pair = _pick_clips(s, iv)
             if pair is not None and pair not in clips and pair != (s.hp.cliprange, s.hp.cliprange_high):
                 clips.append(pair)
-                hi = pair[0] if pair[1] is None else pair[1]
+                hi_v = pair[0] if pair[1] is None else pair[1]
                 s.notes += [
                     iv["cliprange"].text("cliprange", pair[0]),
-                    iv["cliprange_high"].text("cliprange_high", hi),
+                    iv["cliprange_high"].text("cliprange_high", hi_v),
                 ]
             dual = iv["dual_clip"]
             cv = dual.pick(own.dual_clip, 1.0 + 1e-9) if dual.n_hi else None
