@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, KLPlacement, LossAgg
+from refppo.conventions import KLEstimator, KLPlacement, LossAgg, PolicyLoss
 from refppo.core.checks import count_true
 from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import compare
@@ -208,31 +209,55 @@ class GradFit:
         return self.memo[key]
 
 
-def explain_policy(fit: GradFit, ps: PolicyState) -> list[str]:
+EXPLAIN_DUALS: tuple[float | None, ...] = (None, 3.0)
+"""Dual clips the explanation tries besides the nearest group's (none; verl's and OpenRLHF's c = 3)."""
+
+
+def _explain_settings(fit: GradFit, states: list[PolicyState]) -> list[tuple[PolicyState, dict[str, Any]]]:
+    """``(state, policy keys)`` the explanation tries, nearest first: each state's own keys, then
+    the vanilla loss with its clip ranges under each of :data:`EXPLAIN_DUALS` and the checked one."""
+    out: list[tuple[PolicyState, dict[str, Any]]] = []
+    own_dual = fit.s.base.conv.policy.dual_clip
+    for ps in states:
+        out.append((ps, dict(ps.setting)))
+        for dual in dict.fromkeys([*EXPLAIN_DUALS, own_dual]):
+            alt = {**ps.setting, "policy_loss": PolicyLoss.VANILLA.value, "dual_clip": dual}
+            if alt != dict(ps.setting):
+                out.append((ps, alt))
+    return out
+
+
+def explain_policy(fit: GradFit, states: list[PolicyState]) -> list[str]:
     """Why no convention's gradient reproduces ``grad_logprobs``: the oracle's gradient diagnosis
     (:func:`refppo.oracle.check.grad_diagnose.explain_grad`: a per-micro-batch or per-rank
     normaliser, a constant factor, the clip not in the gradient, … each re-checked through the
-    pipeline) under the nearest group's state and each ``loss_agg``, the first that names a bug;
-    else the dump/reference factors under the nearest. A named bug is no convention: ``--detect``
-    lists none for it."""
+    pipeline) under the nearest groups' states (:func:`_explain_settings`) and each ``loss_agg``,
+    the first that names a bug; else the dump/reference factors under the nearest. A named bug is
+    no convention: ``--detect`` lists none for it."""
     s = fit.s
-    inp = fit.inputs(ps.adv, ps.carried.returns, ps.carried.vm)
     head = "policy: no convention's gradient reproduces grad_logprobs"
     first: list[str] = []
-    for agg in dict.fromkeys([ps.agg, *LossAgg]):
-        setup = fit.policy_setting(ps, kl_twins(ps.carried.kl_setting)[0], None, agg)
-        ref = pipeline_grads(inp, setup)["grad_logprobs"]
-        res = compare("grad_logprobs", s.t["grad_logprobs"], ref, torch.ones_like(s.m), fit.tol)
-        notes, found = explain_grad(s.dump, setup, inp, {"grad_logprobs": res})
-        named = [n for n in notes if n.startswith("explained by")]
-        if found and named:
-            bug = ", ".join(str(f["bug"]) for f in found)
-            return [
-                f"{head}; under loss_agg={agg.value} it is a trainer bug, not a convention ({bug}): "
-                + "; ".join(named)
-            ]
-        if not first:
-            first = [f"{head}; under the nearest (loss_agg={agg.value}): " + "; ".join(notes)]
+    for ps, keys in _explain_settings(fit, states):
+        inp = fit.inputs(ps.adv, ps.carried.returns, ps.carried.vm)
+        for agg in dict.fromkeys([ps.agg, *LossAgg]):
+            setup = fit.policy_setting(
+                replace(ps, setting=keys), kl_twins(ps.carried.kl_setting)[0], None, agg
+            )
+            ref = pipeline_grads(inp, setup)["grad_logprobs"]
+            res = compare("grad_logprobs", s.t["grad_logprobs"], ref, torch.ones_like(s.m), fit.tol)
+            notes, found = explain_grad(s.dump, setup, inp, {"grad_logprobs": res})
+            named = [n for n in notes if n.startswith("explained by")]
+            if found and named:
+                bug = ", ".join(str(f["bug"]) for f in found)
+                where = (
+                    f"loss_agg={agg.value}, policy_loss={keys['policy_loss']}, dual_clip={keys['dual_clip']}"
+                )
+                return [
+                    f"{head}; under {where} it is a trainer bug, not a convention ({bug}): "
+                    + "; ".join(named)
+                ]
+            if not first:
+                first = [f"{head}; under the nearest (loss_agg={agg.value}): " + "; ".join(notes)]
     return first
 
 

@@ -354,7 +354,7 @@ def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicySt
     propose = (lambda gs: propose_policy(s, gs, [c.loss, *others])) if pe.has_lp else None
     out = s.stage(groups, make, checks, "policy", propose)
     if "policy" in s.unmatched and gf.lp_on and "pg_loss" not in s.t and out:
-        s.fitted += explain_policy(gf, out[0].state)  # the nearest group's
+        s.fitted += explain_policy(gf, [g.state for g in out])  # the nearest groups'
     return out
 
 
