@@ -48,7 +48,7 @@ from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import PolicyState, ValueState
 from refppo.pipeline.blocks import Normalisers
 
-SCREEN_ELEMENTS = 1 << 16
+SCREEN_ELEMENTS = 1 << 13
 """Elements (rows × T) of the screen's first rows."""
 
 
@@ -123,19 +123,22 @@ class GradFit:
 
     # ----- the comparison ----------------------------------------------------------------------
     def ratio(self, name: str, inp: UpdateInputs, setup: Setup) -> float:
-        """``max error / tolerance`` of the reference ``name`` under ``setup`` (0: within it; the
-        screen first)."""
+        """``max error / tolerance`` of the reference ``name`` under ``setup`` (0: within it). The
+        screen first; then the pipeline's gradient, and only when that differs and some token sits
+        at a clip tie, :func:`reference_grads`' branch nearest the dump there (two more passes)."""
         self.calls += 1
-        t = self.s.t
+        t, ones = self.s.t, torch.ones_like(self.s.m)
         try:
             if self.screen and self._screen_fails(name, inp, setup):
                 self.screened_out += 1
                 return math.inf
-            ties = {name: self._ties(name, inp, setup)}
-            ref = reference_grads(inp, setup, {name: t[name]}, ties)[name]
+            r = compare(name, t[name], pipeline_grads(inp, setup)[name], ones, self.tol)
+            ties = self._ties(name, inp, setup) if not r.ok else None
+            if ties is not None and bool(ties.any()):
+                ref = reference_grads(inp, setup, {name: t[name]}, {name: ties})[name]
+                r = compare(name, t[name], ref, ones, self.tol)
         except RefPPOError:
             return math.inf  # a refused pairing reproduces nothing
-        r = compare(name, t[name], ref, torch.ones_like(self.s.m), self.tol)
         if r.ok:
             return 0.0
         return r.max_abs_err / r.tol if r.tol > 0 else math.inf
