@@ -21,6 +21,8 @@ validator                  what runs in the peers' interpreters (and what refppo
                            corrupted-field controls
 ``detect``                 the dumps of ``presets`` (and five more TRL runs) → ``--detect`` from
                            refppo's defaults lists the generating convention
+``detect_grads``           gradient-only v2 step dumps of verl/OpenRLHF/SkyRL-train micro-batch code
+                           (2 ranks × 2 micro-batches) → ``--detect`` reads the gradient; controls
 ``grpo_peers``             TRL GRPOTrainer's and AReaL's GRPO family as dumps → preset, control, detect
 ``agg_modes``              verl/SkyRL loss aggregations, every peer's value clip, verl's score on a
                            trailing tool token → ``core``
@@ -43,6 +45,7 @@ VALIDATORS: dict[str, str] = {
     "presets": "peers.presets",
     "adapters": "peers.adapters",
     "detect": "peers.detect",
+    "detect_grads": "peers.detect_grads",
     "grpo_peers": "peers.grpo_peers",
     "agg_modes": "peers.agg_modes",
     "group_estimators": "peers.group_estimators",

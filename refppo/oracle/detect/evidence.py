@@ -90,7 +90,7 @@ class Evidence:
         }  # fmt: skip
 
     def text(self) -> str:
-        src = ", ".join(f"{q}: {n} {'scalar' if n == 1 else 'tokens'}" for q, n in self.dumped.items())
+        src = ", ".join(f"{q}: {n} {_kind(q, n)}" for q, n in self.dumped.items())
         what = f"{self.n} observation(s) ({src or 'nothing dumped'})"
         if self.free:
             what += f" for {self.free} solved constant(s)"
@@ -105,6 +105,11 @@ class Evidence:
         if self.missing and not self.determined:
             what += f"; dump {', '.join(self.missing[:3])} to pin it"
         return f"{self.key}: {what}"
+
+
+def _kind(q: str, n: int) -> str:
+    """What one observation of output ``q`` is: a scalar, a token's value, a token's gradient entry."""
+    return "scalar" if n == 1 else ("gradient entries" if q in GRADIENT_TERMS else "tokens")
 
 
 def evidence(dump: Dump, keys: list[str], solved: dict[str, list[Any]]) -> list[Evidence]:

@@ -30,6 +30,7 @@ from torch import Tensor
 from refppo.conventions import ApproxKL, KLPlacement, LossAgg, PolicyLoss
 from refppo.core.checks import count_true
 from refppo.oracle.check.ties import pg_tie_share
+from refppo.oracle.detect.grad_fit import GradFit, explain_policy
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy_solve import log_ratio_clamps, propose_policy
 from refppo.oracle.detect.search import Search
@@ -278,8 +279,9 @@ def _policy_options(
                 for (eupd, ent), ak in itertools.product(ents, ApproxKL):
                     akl = pe.approx_kl(ak.value, out.approx_kl)
                     ps = PolicyState(
-                        st.carried, st.adv, st.adv_key, setting, agg, out.pg[a], out.clipfrac, akl, ent, kll
-                    )
+                        st.carried, st.adv, st.adv_key, setting, agg, out.pg[a], out.clipfrac, akl, ent, kll,
+                        st.is_weights,
+                    )  # fmt: skip
                     key = digest(st.carried.ret_key, out.pg[a], out.clipfrac, akl, ent, kll, a)
                     upd = {"dual_clip": dual, "log_ratio_clamp": lrc, "loss_agg": a, "approx_kl": ak.value}
                     yield {**upd_loss, **upd, **eupd, **upd_clip}, ps, key
@@ -316,6 +318,7 @@ def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicySt
     """``pg_loss``, ``pg_clipfrac``, ``approx_kl``, ``entropy_loss``: policy loss, dual clip, clamp,
     aggregation (the checked policy loss first, every other one with the solver's constants)."""
     pe = _PolicyEval(s)
+    gf = GradFit(s)
     c = s.base.conv.policy
     base_duals: list[float | None] = list(dict.fromkeys([None, 3.0, c.dual_clip]))
     base_clip = (s.hp.cliprange, s.hp.cliprange_high)
@@ -344,10 +347,15 @@ def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicySt
         out.append(s.ratio("approx_kl", st.approx_kl, None))
         if st.entropy_loss is not None:
             out.append(s.ratio("entropy_loss", st.entropy_loss, None))
+        if all(r is None or r == 0.0 for r in out):  # the gradient only where every scalar agrees
+            out.append(gf.policy_ratio(st))
         return out
 
     propose = (lambda gs: propose_policy(s, gs, [c.loss, *others])) if pe.has_lp else None
-    return s.stage(groups, make, checks, "policy", propose)
+    out = s.stage(groups, make, checks, "policy", propose)
+    if "policy" in s.unmatched and gf.lp_on and "pg_loss" not in s.t and out:
+        s.fitted += explain_policy(gf, [g.state for g in out])  # the nearest groups'
+    return out
 
 
 __all__ = ["MEMO_MAX", "kl_loss_stage", "max_abs_log_ratio", "policy_step", "propose_policy"]

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from refppo.conventions import LossAgg, PolicyLoss
 from refppo.oracle.check.settings import Setup
+from refppo.oracle.detect.grad_solve import propose_policy_grad
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import (
@@ -61,10 +62,13 @@ def propose_policy(
     Solved per advantage variant (the first :data:`SOLVE_GROUPS` groups), per policy loss, per
     aggregation mode and per log-ratio clamp, on the policy stage's ratio and per-token loss without
     a dual clip and the policy_agg stage's weights; clip-range pairs must also give the dump's
-    ``pg_clipfrac``.
+    ``pg_clipfrac``. Without ``pg_loss``, read off ``grad_logprobs`` where the dump has it
+    (:func:`refppo.oracle.detect.grad_solve.propose_policy_grad`).
     """
     t, m, hp = s.t, s.m, s.hp
     out: dict[str, list[Any]] = {"losses": list(losses)}
+    if "logprobs" in t and "pg_loss" not in t:  # a v2 dump without the scalar: the gradient's
+        return propose_policy_grad(s, groups, losses)
     if "pg_loss" not in t or "logprobs" not in t:
         return out
     target = float(t["pg_loss"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from torch import Tensor
@@ -131,6 +131,9 @@ class PolicyState:
     """None without an ``entropy`` input (nothing to compare)."""
     kl_loss: Tensor | None
     """None unless ``kl_in=loss`` with current log-probs."""
+    is_weights: Tensor | None = None
+    """The advantages state's correction weights (None: off); the gradient check skips a corrected
+    state (:mod:`refppo.oracle.detect.grad_fit`)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,9 @@ class ValueState:
     """The value loss's mask; None without a critic."""
     clipped: bool
     vclip: float
+    setting: Setting = field(default_factory=dict)
+    """The value keys of the option (``value_loss``, ``value_clip_form``, ``vf_mask``,
+    ``value_loss_agg``, ``cliprange_value``): what the gradient check sets (empty: none)."""
 
 
 @dataclass(frozen=True)

@@ -69,14 +69,16 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "policy", ("policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),
-        ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss"),
+        ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss", "grad_logprobs"),
         ("policy_loss", "dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg",
          "approx_kl", "entropy_agg"),
-        "dual-clip c, clip ranges (walked with every policy_loss)",
+        "dual-clip c, clip ranges (off pg_loss, or without it off grad_logprobs; walked with every "
+        "policy_loss)",
     ),
     Step(
-        "value", ("value", "value_agg"), ("vf_loss", "vf_clipfrac"),
-        ("value_loss", "value_clip_form", "vf_mask", "value_loss_agg", "cliprange_value"), "value clip range",
+        "value", ("value", "value_agg"), ("vf_loss", "vf_clipfrac", "grad_values"),
+        ("value_loss", "value_clip_form", "vf_mask", "value_loss_agg", "cliprange_value"),
+        "value clip range (off vf_loss, or without it off grad_values)",
     ),
     Step("loss", ("kl_loss", "total"), ("kl_loss", "loss"), ("kl_loss_agg",), "—"),
 )  # fmt: skip

@@ -27,6 +27,8 @@ from torch import Tensor
 from refppo.conventions import LossAgg, ValueClipForm, ValueLoss, VfMask
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.check.ties import vf_tie_widen
+from refppo.oracle.detect.grad_fit import GradFit
+from refppo.oracle.detect.grad_solve import propose_value_grad
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy import kl_loss_stage
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
@@ -107,8 +109,14 @@ def _value_options(
                 for vfm in VfMask:
                     clipfrac, vfs = ve.losses(ps.carried, vl, form, vfm, clip, modes)
                     for vagg, mode in zip(vaggs, modes, strict=True):
+                        vset: dict[str, Any] = {
+                            "value_loss": vl,
+                            "value_clip_form": form,
+                            "vf_mask": vfm.value,
+                        }
+                        vset.update(value_loss_agg=vagg, cliprange_value=clip)
                         st = ValueState(
-                            ps, vfs[mode], clipfrac, ve.mask(ps.carried, vfm), vl == "clipped", clip
+                            ps, vfs[mode], clipfrac, ve.mask(ps.carried, vfm), vl == "clipped", clip, vset
                         )
                         key = digest(
                             ps.pg_loss,
@@ -135,6 +143,7 @@ def value_step(s: Search, groups: list[Group[PolicyState]]) -> list[Group[ValueS
     """``vf_loss`` and ``vf_clipfrac``: ``value_loss`` × ``value_clip_form`` × ``vf_mask`` ×
     ``value_loss_agg`` on each group (the setting's ``ε_v``, then the solver's)."""
     ve = ValueEval(s)
+    gf = GradFit(s)
     t = s.t
 
     def make(extra: list[float] | None) -> Callable[[Group[PolicyState]], Iterable[Option[ValueState]]]:
@@ -155,7 +164,10 @@ def value_step(s: Search, groups: list[Group[PolicyState]]) -> list[Group[ValueS
                 )
             return ve.widen[key]
 
-        return [s.ratio("vf_loss", st.vf_loss, None), s.ratio("vf_clipfrac", st.vf_clipfrac, None, widen)]
+        out = [s.ratio("vf_loss", st.vf_loss, None), s.ratio("vf_clipfrac", st.vf_clipfrac, None, widen)]
+        if all(r is None or r == 0.0 for r in out):  # the gradient only where every scalar agrees
+            out.append(gf.value_ratio(st))
+        return out
 
     return s.stage(groups, make, checks, "value", lambda gs: _propose_value_clip(ve, gs))
 
@@ -164,6 +176,8 @@ def _propose_value_clip(ve: ValueEval, groups: list[Group[PolicyState]]) -> list
     """Value clip ranges under which ``vf_loss`` is reproduced, per group (the first
     :data:`SOLVE_GROUPS`), mask and aggregation (the value_agg stage's weights)."""
     s, t = ve.s, ve.s.t
+    if "values" in t and "vf_loss" not in t:  # a v2 dump without the scalar: the gradient's
+        return propose_value_grad(s, groups)
     if "values" not in t or "vf_loss" not in t:
         return []
     own = s.base.conv.agg.value
