@@ -53,6 +53,13 @@ def pinned_by(key: str, given: frozenset[str] = frozenset()) -> tuple[str, ...]:
     return tuple(q for q in OUTPUTS if key in _keys_of(q, given))
 
 
+def first_undumped(key: str, dumped: frozenset[str]) -> str | None:
+    """The first output (report order) that ``key`` can change with the ``dumped`` quantities held
+    fixed and that the dump lacks: what to dump to tell its values apart (None: every output it can
+    change is dumped)."""
+    return next((q for q in pinned_by(key, dumped) if q not in dumped), None)
+
+
 def observations(dump: Dump, name: str) -> int:
     """Independent numbers the dumped ``name`` holds: 1 for a scalar, the valid tokens of a ``[B, T]``."""
     t = dump.tensors[name]
