@@ -114,22 +114,32 @@ def classify(
     n = len(convs)
     u = _Union(n)
     grads = bool(dumped.intersection(GRADIENTS))
-    unread = unread_keys(list(dict.fromkeys(k for c in convs for k in c)), dumped)
+    keys = list(convs[0]) if convs else []  # every entry has one schema; any other key is added
+    keys += sorted({k for c in convs if len(c) != len(keys) for k in c} - set(keys))
+    rows = [tuple(_hashable(v) if isinstance(v, list) else v for v in map(c.get, keys)) for c in convs]
+    unread = unread_keys(keys, dumped)
+    read = [j for j, k in enumerate(keys) if k not in unread]
+    est = keys.index("kl_estimator") if grads and "kl_estimator" in keys else None
     first: dict[Any, int] = {}
-    for i, (c, (_, marks)) in enumerate(zip(convs, origin, strict=True)):
+    for i, (_, marks) in enumerate(origin):
         sig = tuple(d for st, d in marks if CHECKS.get(st, frozenset()) & dumped)
-        est = repr(c.get("kl_estimator")) if grads else ""
-        u.join(i, first.setdefault(("digests", sig, est), i))
-        proj = repr(sorted((k, repr(v)) for k, v in c.items() if k not in unread))
-        u.join(i, first.setdefault(("keys", proj), i))
+        u.join(i, first.setdefault(("digests", sig, None if est is None else rows[i][est]), i))
+        u.join(i, first.setdefault(("keys", tuple(rows[i][j] for j in read)), i))
     by_root: dict[int, list[int]] = {}
     for i in range(n):
         by_root.setdefault(u.find(i), []).append(i)
-    return _counted(convs, origin, n_equiv, list(by_root.values()), dumped, counted)
+    return _counted(convs, rows, keys, origin, n_equiv, list(by_root.values()), dumped, counted)
+
+
+def _hashable(v: Any) -> Any:
+    """``v`` with its lists as tuples (a clamp pair ``[-10.0, None]``)."""
+    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
 
 
 def _counted(
     convs: Sequence[dict[str, Any]],
+    rows: list[tuple[Any, ...]],
+    keys: list[str],
     origin: Sequence[tuple[int, Marks]],
     n_equiv: Sequence[int],
     parts: list[list[int]],
@@ -156,21 +166,26 @@ def _counted(
                 unassigned += more
     out = []
     for ci, part in enumerate(parts):
-        diff = _differing([convs[i] for i in part])
+        diff = _differing(convs, rows, keys, part)
         sep = {k: first_undumped(k, dumped) for k in diff}
         out.append(ConvClass(tuple(part), convs[part[0]], len(part) + extra[ci], diff, sep))
     return Classes(out, unassigned)
 
 
-def _differing(members: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """The keys whose values differ among ``members``, with the values in first-seen order."""
+def _differing(
+    convs: Sequence[dict[str, Any]], rows: list[tuple[Any, ...]], keys: list[str], part: list[int]
+) -> dict[str, list[Any]]:
+    """The keys whose values differ among the members ``part``, with the values in first-seen order
+    (``rows``: each convention's values of ``keys``, hashable)."""
     out: dict[str, list[Any]] = {}
-    for k in dict.fromkeys(k for c in members for k in c):
-        seen: dict[str, Any] = {}
-        for c in members:
-            seen.setdefault(repr(c.get(k)), c.get(k))
-        if len(seen) > 1:
-            out[k] = list(seen.values())
+    r0 = rows[part[0]]
+    for j, k in enumerate(keys):
+        if all(rows[i][j] == r0[j] for i in part):
+            continue
+        seen: dict[Any, Any] = {}
+        for i in part:
+            seen.setdefault(rows[i][j], convs[i].get(k))
+        out[k] = list(seen.values())
     return out
 
 

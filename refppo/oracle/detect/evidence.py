@@ -18,6 +18,7 @@ is ever called determined with fewer observations than free parameters.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ differentiates: ``∂loss/∂ℓ`` only the policy, entropy and KL terms, ``∂l
 GRADIENT_COEFS = {"grad_logprobs": ("ent_coef", "kl_coef"), "grad_values": ("vf_coef",)}
 
 
+@functools.cache
 def _keys_of(q: str, given: frozenset[str] = frozenset()) -> frozenset[str]:
     """The convention keys and hyperparameters that can change output ``q`` through the stage table
     (each stage's :attr:`Stage.output_reads` and :attr:`Stage.output_keys` where it has them), with

@@ -22,7 +22,9 @@ holding every state is what ran out of memory. So:
   nearest-first order.
 
 What the stage returns (the groups, their conventions, counts, ``worst`` and order) is the same as a
-walk that held every state and scored after merging.
+walk that held every state and scored after merging. Each member of a group carries the digest of
+every step it went through (:attr:`Group.marks`): the classes of the listed conventions are read off
+them (:mod:`refppo.oracle.detect.classes`).
 """
 
 from __future__ import annotations
@@ -228,7 +230,8 @@ class _Expansion(Generic[S]):
             return
         held = s == 0.0 and self.n_held < HOLD  # a failing group is read again only if nearest
         src = None if held else (self.replayer, g, *source)  # a held state needs no source
-        marks = [(*m, (self.stage, key)) for m in g.marks]
+        mark = (self.stage, key)
+        marks = [(*m, mark) for m in g.marks]
         new: Group[S] = Group(
             [{**c, **upd} for c in g.convs],
             g.n_equiv,
