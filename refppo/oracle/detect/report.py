@@ -225,11 +225,11 @@ def class_lines(checked: dict[str, Any], detection: Detection) -> list[str]:
         "bit-identical; between classes some dumped quantity differs, within tolerance):"
     ]
     sep: dict[str, str | None] = {}
-    for c in cls[:CLASSES_SHOWN]:
-        lines.append(f"  * {c.size} convention(s) like {_line(changes(checked, c.representative))}")
+    for ci, c in enumerate(cls[:CLASSES_SHOWN], 1):
+        lines.append(f"  class {ci}: {c.size} convention(s) like {_line(changes(checked, c.representative))}")
         if c.differing:
             lines.append(
-                "      inside it: "
+                "    inside it: "
                 + "; ".join(f"{k}={'|'.join(_fmt(v) for v in vs)}" for k, vs in c.differing.items())
             )
         sep.update(c.separate)
