@@ -182,3 +182,28 @@ def test_json_keeps_every_listed_convention(tmp_path: Path, capsys: pytest.Captu
                 assert v in c["differing"][k] if k in c["differing"] else v == rep_conv[k], (k, v)
         if c["members"]:  # nearest first: a class's first listed member is its nearest one
             assert listed[c["members"][0]] == rep_conv
+
+
+def test_with_a_gradient_dumped_a_straight_through_twin_is_another_class() -> None:
+    # k3 and k3+ give the same values (one walk group, the same digests) and different gradients of
+    # the KL loss (spec/conventions.md): the walk evaluates no gradient, so with grad_logprobs
+    # dumped they stay apart; without it the dump cannot tell them apart
+    a = {"kl_estimator": "k3", "kl_in": "loss"}
+    b = {**a, "kl_estimator": "k3+"}
+    origin = [(0, _marks(kl=b"K", policy=b"P")), (0, _marks(kl=b"K", policy=b"P"))]
+    values = classify([a, b], origin, [2], frozenset({"kl", "pg_loss"}))
+    assert [c.members for c in values.classes] == [(0, 1)]
+    grads = classify([a, b], origin, [2], frozenset({"kl", "pg_loss", "grad_logprobs"}))
+    assert [c.members for c in grads.classes] == [(0,), (1,)]
+    # the group's count is known for neither class alone: nothing beyond the listed members here
+    assert grads.unassigned == 0
+
+
+def test_without_the_walk_counts_a_class_counts_its_listed_members() -> None:
+    # after the re-check rejected an estimator, detect passes counted=False: sizes are the listed
+    a, b = {"loss_agg": "token-mean"}, {"loss_agg": "seq-mean-token-mean"}
+    origin = [(0, _marks(policy=b"P")), (1, _marks(policy=b"Q"))]
+    out = classify([a, b], origin, [7, 9], frozenset({"pg_loss"}), counted=False)
+    assert [(c.members, c.size) for c in out.classes] == [((0,), 1), ((1,), 1)] and out.unassigned == 0
+    counted = classify([a, b], origin, [7, 9], frozenset({"pg_loss"}))
+    assert [c.size for c in counted.classes] == [7, 9]
