@@ -63,10 +63,12 @@ from refppo.errors import RefPPOError
 from refppo.oracle.check.diagnose import alt_json, check
 from refppo.oracle.check.fastcheck import RolloutMemo
 from refppo.oracle.check.settings import Setup
-from refppo.oracle.detect.groups import Group
+from refppo.oracle.detect.classes import Classes, classify
+from refppo.oracle.detect.groups import Group, Marks
 from refppo.oracle.detect.prune import prune_held, value_prune_for
 from refppo.oracle.detect.search import HP_KEYS, PruneLostError, Search
 from refppo.oracle.detect.steps import run_search
+from refppo.pipeline.stages import OUTPUTS
 
 
 @dataclass
@@ -96,6 +98,11 @@ class Detection:
     holes: bool = True
     """Whether the dump's mask has an interior hole (else every ``gae_holes``/``whiten_holes``
     convention gives the same values)."""
+    classes: Classes = field(default_factory=lambda: Classes([]))
+    """Every listed convention (not only ``detected``) in classes the dump cannot tell apart: the
+    members of a class give bit-identical values on every dumped quantity
+    (:mod:`refppo.oracle.detect.classes`; member indices are positions in the nearest-first list
+    that ``detected`` begins)."""
 
 
 def _full(base: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
@@ -204,15 +211,7 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
     fitted, solved = list(search.fitted), dict(search.solved)
     matched = [g for g in groups if not g.unmatched and g.worst == 0.0]
     if matched:
-        seen: set[str] = set()
-        convs: list[dict[str, Any]] = []
-        for g in matched:
-            for c in g.convs:
-                full = _full(base_json, c)
-                key = repr(sorted(full.items()))
-                if key not in seen:
-                    seen.add(key)
-                    convs.append(full)
+        convs, origin = _listed(base_json, matched)
         if any(k in c for c in convs for k in HP_KEYS):  # one schema for every entry
             for c in convs:
                 for k in HP_KEYS:
@@ -233,6 +232,9 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
             undetermined = sorted({*undetermined, "gae_holes", "whiten_holes"})
         notes = search.notes + _value_twin_notes(dump, convs, undetermined)
         if convs:
+            dumped = frozenset(q for q in OUTPUTS if dump.has(q))
+            counts = [g.n_equiv for g in matched]
+            classes = classify(convs, [origin[id(c)] for c in convs], counts, dumped, counted=not rejected)
             confirmed = _confirmed(solved, convs[:limit])
             n = max(n_total, len(convs))
             shown = convs[:limit]
@@ -247,10 +249,30 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
                 notes,
                 min(len(head), limit),
                 search.holes,
+                classes,
             )
     best = min(groups, key=lambda g: g.worst) if groups else None
     nearest = _full(base_json, best.convs[0]) if best is not None else None
     return Detection([], 0, nearest, list(dict.fromkeys(search.unmatched)), [], fitted, {}, search.notes)
+
+
+def _listed(
+    base_json: dict[str, Any], matched: list[Group[Any]]
+) -> tuple[list[dict[str, Any]], dict[int, tuple[int, Marks]]]:
+    """The matched groups' members as full conventions (each once, in walk order) and, by the id
+    of each (the dicts are kept through the filters), its group's index and its step digests."""
+    seen: set[str] = set()
+    convs: list[dict[str, Any]] = []
+    origin: dict[int, tuple[int, Marks]] = {}
+    for gi, g in enumerate(matched):
+        for c, marks in zip(g.convs, g.marks, strict=True):
+            full = _full(base_json, c)
+            key = repr(sorted(full.items()))
+            if key not in seen:
+                seen.add(key)
+                convs.append(full)
+                origin[id(full)] = (gi, marks)
+    return convs, origin
 
 
 def _confirmed(solved: dict[str, list[Any]], shown: list[dict[str, Any]]) -> dict[str, list[Any]]:

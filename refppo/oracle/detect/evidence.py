@@ -8,13 +8,17 @@ number of valid response tokens for a ``[B, T]`` tensor (``advantages``, ``grad_
 
 A constant solved from the data (``cliprange``, ``dual_clip``, the KL clamps, the score map) is one
 free parameter. When the solved constants that share an evidence set number ``k`` and their evidence
-holds ``n`` observations: ``n < k`` is underdetermined; ``n = k`` is fixed by as many equations as
-constants (any value fits such a system: a fit, not a test); only ``n > k`` with a single value that
-reproduces the dump is called determined.
+holds ``n`` observations, each gets a label (:attr:`Evidence.label`): ``n < k`` is *consistent, not
+determined* (underdetermined); ``n = k`` is *fixed by one equation* (``k`` equations for ``k``
+constants: any value fits such a system: a fit, not a test); only ``n > k`` with a single value that
+reproduces the dump is *determined* (several values: consistent, not determined). A walked key the
+dump leaves open (several of its values reproduce the dump) is consistent, not determined. Nothing
+is ever called determined with fewer observations than free parameters.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +35,7 @@ differentiates: ``∂loss/∂ℓ`` only the policy, entropy and KL terms, ``∂l
 GRADIENT_COEFS = {"grad_logprobs": ("ent_coef", "kl_coef"), "grad_values": ("vf_coef",)}
 
 
+@functools.cache
 def _keys_of(q: str, given: frozenset[str] = frozenset()) -> frozenset[str]:
     """The convention keys and hyperparameters that can change output ``q`` through the stage table
     (each stage's :attr:`Stage.output_reads` and :attr:`Stage.output_keys` where it has them), with
@@ -53,10 +58,22 @@ def pinned_by(key: str, given: frozenset[str] = frozenset()) -> tuple[str, ...]:
     return tuple(q for q in OUTPUTS if key in _keys_of(q, given))
 
 
+def first_undumped(key: str, dumped: frozenset[str]) -> str | None:
+    """The first output (report order) that ``key`` can change with the ``dumped`` quantities held
+    fixed and that the dump lacks: what to dump to tell its values apart (None: every output it can
+    change is dumped)."""
+    return next((q for q in pinned_by(key, dumped) if q not in dumped), None)
+
+
 def observations(dump: Dump, name: str) -> int:
     """Independent numbers the dumped ``name`` holds: 1 for a scalar, the valid tokens of a ``[B, T]``."""
     t = dump.tensors[name]
     return 1 if t.dim() == 0 else int(count_true(dump.mask))
+
+
+DETERMINED = "determined"
+FIT = "fixed by one equation"
+OPEN = "consistent, not determined"
 
 
 @dataclass(frozen=True)
@@ -83,25 +100,34 @@ class Evidence:
         """More observations than free parameters and one value (never for a walked key)."""
         return self.free > 0 and self.n > self.free and self.values == 1
 
+    @property
+    def label(self) -> str:
+        """``determined`` (:attr:`determined`), ``fixed by one equation`` (as many observations as
+        free parameters: a fit) or ``consistent, not determined`` (fewer observations, several
+        values that reproduce the dump, or a walked key the dump leaves open)."""
+        if self.determined:
+            return DETERMINED
+        return FIT if self.free > 0 and self.n == self.free else OPEN
+
     def json(self) -> dict[str, Any]:
         return {
             "observations": self.n, "from": self.dumped, "free_parameters": self.free,
-            "values": self.values, "determined": self.determined, "to_pin_it_dump": list(self.missing),
+            "values": self.values, "determined": self.determined, "label": self.label,
+            "to_pin_it_dump": list(self.missing),
         }  # fmt: skip
 
     def text(self) -> str:
         src = ", ".join(f"{q}: {n} {_kind(q, n)}" for q, n in self.dumped.items())
         what = f"{self.n} observation(s) ({src or 'nothing dumped'})"
         if self.free:
-            what += f" for {self.free} solved constant(s)"
+            what += f" for {self.free} solved constant(s): {self.label}"
             if self.n < self.free:
-                what += ": underdetermined"
+                what += " (underdetermined: fewer observations than constants)"
             elif self.n == self.free:
-                what += ": fixed by as many equations as constants (a fit, not a test)"
+                eqs = "" if self.n == 1 else f" ({self.n} equations for {self.free} constants)"
+                what += f"{eqs}: a fit, not a test"
             elif self.values > 1:
-                what += f": {self.values} values reproduce the dump"
-            else:
-                what += ": determined"
+                what += f" ({self.values} values reproduce the dump)"
         if self.missing and not self.determined:
             what += f"; dump {', '.join(self.missing[:3])} to pin it"
         return f"{self.key}: {what}"
@@ -132,4 +158,4 @@ def evidence(dump: Dump, keys: list[str], solved: dict[str, list[Any]]) -> list[
     return out
 
 
-__all__ = ["Evidence", "evidence", "observations", "pinned_by"]
+__all__ = ["DETERMINED", "FIT", "OPEN", "Evidence", "evidence", "first_undumped", "observations", "pinned_by"]

@@ -22,7 +22,9 @@ holding every state is what ran out of memory. So:
   nearest-first order.
 
 What the stage returns (the groups, their conventions, counts, ``worst`` and order) is the same as a
-walk that held every state and scored after merging.
+walk that held every state and scored after merging. Each member of a group carries the digest of
+every step it went through (:attr:`Group.marks`): the classes of the listed conventions are read off
+them (:mod:`refppo.oracle.detect.classes`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ HOLD = 4
 
 Option = tuple[dict[str, Any], S, bytes]
 """``(convention update, new state, digest)``: one option of a step's walk."""
+Marks = tuple[tuple[str, bytes], ...]
+"""``((step, digest), ...)``: the digest of each step a group member went through, in order."""
 Options = Callable[["Group[Any]"], Iterable[Option[Any]]]
 
 
@@ -97,8 +101,12 @@ class Group(Generic[S]):
         worst: float = 0.0,
         unmatched: list[str] | None = None,
         source: tuple[Replayer, Group[Any], Options, int] | None = None,
+        marks: list[Marks] | None = None,
     ) -> None:
         self.convs = convs
+        self.marks: list[Marks] = [()] * len(convs) if marks is None else marks
+        """Per member of :attr:`convs`, the digest of each step it went through: members with equal
+        digests at a step gave bit-identical outputs there (:mod:`refppo.oracle.detect.classes`)."""
         self.n_equiv = n_equiv
         self.worst = worst
         """Largest err/tol ratio over the quantities checked so far (0 = all matched exactly)."""
@@ -169,11 +177,11 @@ def expand_groups(
     to passes); when some group fails and none passes, the ``nearest`` groups by
     ``max(ratio, worst)`` (a stable sort), with the stage recorded as unmatched.
     """
-    ex: _Expansion[S] = _Expansion(search.replayer, nearest, max_equiv)
+    ex: _Expansion[S] = _Expansion(search.replayer, nearest, max_equiv, stage)
     for g in groups:
         for idx, (upd, st, key) in enumerate(options(g)):
             if key in ex.merged:
-                _merge(ex.merged[key], g, upd, max_equiv)
+                _merge(ex.merged[key], g, upd, max_equiv, (stage, key))
                 continue
             ex.offer(g, (options, idx), upd, [r for r in checks(st) if r is not None], st, key)
     ex.replayer.clear()
@@ -196,8 +204,8 @@ class _Expansion(Generic[S]):
     group), the live groups in creation order with their worst ratio, and whether a group passed
     (``ok_seen``) and a check applied (``any_check``)."""
 
-    def __init__(self, replayer: Replayer, nearest: int, max_equiv: int) -> None:
-        self.replayer, self.nearest, self.max_equiv = replayer, nearest, max_equiv
+    def __init__(self, replayer: Replayer, nearest: int, max_equiv: int, stage: str) -> None:
+        self.replayer, self.nearest, self.max_equiv, self.stage = replayer, nearest, max_equiv, stage
         self.merged: dict[bytes, Group[S] | None] = {}
         self.live: Live = []
         self.ok_seen = self.any_check = False
@@ -222,8 +230,16 @@ class _Expansion(Generic[S]):
             return
         held = s == 0.0 and self.n_held < HOLD  # a failing group is read again only if nearest
         src = None if held else (self.replayer, g, *source)  # a held state needs no source
+        mark = (self.stage, key)
+        marks = [(*m, mark) for m in g.marks]
         new: Group[S] = Group(
-            [{**c, **upd} for c in g.convs], g.n_equiv, st if held else None, g.worst, list(g.unmatched), src
+            [{**c, **upd} for c in g.convs],
+            g.n_equiv,
+            st if held else None,
+            g.worst,
+            list(g.unmatched),
+            src,
+            marks,
         )
         self.merged[key] = new
         self.live.append((s, new, key))
@@ -239,13 +255,17 @@ class _Expansion(Generic[S]):
         self.n_held = sum(1 for _, h, _ in self.live if h.held)
 
 
-def _merge(tgt: Group[Any] | None, g: Group[Any], upd: dict[str, Any], max_equiv: int) -> None:
-    """Merge ``g``'s members, updated by ``upd``, into the group ``tgt`` made by the same digest."""
+def _merge(
+    tgt: Group[Any] | None, g: Group[Any], upd: dict[str, Any], max_equiv: int, mark: tuple[str, bytes]
+) -> None:
+    """Merge ``g``'s members, updated by ``upd``, into the group ``tgt`` made by the same digest
+    (``mark``: the step and that digest)."""
     if tgt is None:
         return
     room = max_equiv - len(tgt.convs)
     if room > 0:
         tgt.convs.extend({**c, **upd} for c in g.convs[:room])
+        tgt.marks.extend((*m, mark) for m in g.marks[:room])
     tgt.n_equiv += g.n_equiv
     tgt.worst = min(tgt.worst, g.worst)
 

@@ -22,6 +22,8 @@ from refppo.oracle.detect.evidence import evidence
 
 SHOWN = 10
 """Detected conventions printed by the text report (the JSON holds up to 50)."""
+CLASSES_SHOWN = 5
+"""Classes printed by the text report (the JSON holds every class)."""
 
 
 def checked_convention(result: CheckResult) -> dict[str, Any]:
@@ -90,6 +92,7 @@ def detection_json(
         "evidence": {e.key: e.json() for e in evidence(dump, detection.undetermined, detection.solved)},
         "fitted": detection.fitted,
         "detect_notes": detection.notes,
+        **classes_json(checked, detection),
         "nearest": None,
         "nearest_outranked_by": [],
     }
@@ -192,6 +195,69 @@ def _evidence_lines(dump: Dump, detection: Detection) -> list[str]:
     return lines
 
 
+def classes_json(checked: dict[str, Any], detection: Detection) -> dict[str, Any]:
+    """``classes`` (every class of listed conventions, nearest first) and ``classes_unassigned``."""
+    n = len(detection.detected)
+    out = [
+        {
+            "size": c.size,
+            "listed": len(c.members),
+            "members": [i for i in c.members if i < n],
+            "representative": c.representative,
+            "changes": changes(checked, c.representative),
+            "differing": c.differing,
+            "to_separate_dump": c.separate,
+        }
+        for c in detection.classes.classes
+    ]
+    return {"classes": out, "classes_unassigned": detection.classes.unassigned}
+
+
+def class_lines(checked: dict[str, Any], detection: Detection) -> list[str]:
+    """The classes the dump cannot tell apart (when more than one convention is listed): each with
+    its size, representative and the keys that differ inside it; then what to dump to separate the
+    members of a class (the same for every class: it depends on the key and the dump only)."""
+    cls = detection.classes.classes
+    if detection.n_detected < 2 or not cls:
+        return []
+    lines = [
+        f"  {len(cls)} class(es) the dump cannot tell apart (in a class every dumped quantity is "
+        "bit-identical; between classes some dumped quantity differs, within tolerance):"
+    ]
+    sep: dict[str, str | None] = {}
+    for ci, c in enumerate(cls[:CLASSES_SHOWN], 1):
+        lines.append(f"  class {ci}: {c.size} convention(s) like {_line(changes(checked, c.representative))}")
+        if c.differing:
+            lines.append(
+                "    inside it: "
+                + "; ".join(f"{k}={'|'.join(_fmt(v) for v in vs)}" for k, vs in c.differing.items())
+            )
+        sep.update(c.separate)
+    if len(cls) > CLASSES_SHOWN:
+        lines.append(f"  ... and {len(cls) - CLASSES_SHOWN} more class(es) (--json lists every class)")
+    if sep:
+        lines.append("  " + _separate(dict(sorted(sep.items()))))
+    if detection.classes.unassigned:
+        lines.append(
+            f"  ({detection.classes.unassigned} counted convention(s) beyond the listed members of a walk "
+            "group that spans classes are in no class)"
+        )
+    return lines
+
+
+def _separate(sep: dict[str, str | None]) -> str:
+    """What to dump to separate a class's members: each undumped output with the keys it tells apart."""
+    by_q: dict[str, list[str]] = {}
+    for k, q in sep.items():
+        by_q.setdefault(q or "", []).append(k)
+    parts = [f"{q} ({', '.join(ks)})" for q, ks in by_q.items() if q]
+    out = f"to separate the members of a class, dump {'; '.join(parts)}" if parts else ""
+    if "" in by_q:
+        same = f"nothing separates {', '.join(by_q[''])} (every output it can change is dumped and agrees)"
+        out = f"{out}; {same}" if out else same
+    return out
+
+
 def detection_text(
     dump: Dump, result: CheckResult, detection: Detection, nearest: CheckResult | None
 ) -> list[str]:
@@ -212,6 +278,7 @@ def detection_text(
                 + "; ".join(f"{k}={' or '.join(_fmt(v) for v in vs)}" for k, vs in detection.solved.items())
             )
         lines += _evidence_lines(dump, detection)
+        lines += class_lines(checked, detection)
     else:
         lines.append("detect: no convention in the search space reproduces the dump.")
         lines += _nearest_lines(dump, result, detection, nearest)
