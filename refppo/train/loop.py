@@ -5,9 +5,9 @@ Each iteration is :func:`refppo.models.rollout.generate_rollout` followed by
 (scoring → :func:`refppo.pipeline.step.rollout_quantities` → :func:`refppo.train.update.ppo_update`) —
 the same
 functions the golden trajectories and the oracle check; this package adds no PPO math of its own.
-(``generate_rollout`` is called here and its batch handed to ``iteration(batch=...)``, which is
-exactly what ``iteration`` does itself when no batch is given; it lets the trainer time the
-rollout separately.)
+(``generate_rollout`` is called here, through :func:`refppo.train.seam.sample`, and its batch handed
+to ``iteration(batch=...)``, which is exactly what ``iteration`` does itself when no batch is
+given; it lets the trainer time the rollout separately.)
 
 Numbered skeleton of :meth:`Trainer.train` (where each step lives in :mod:`refppo.train`)::
 
@@ -21,7 +21,7 @@ Numbered skeleton of :meth:`Trainer.train` (where each step lives in :mod:`refpp
     1. prompts from the task's RNG, each repeated rollout.group_size times with its group_index
        (whole groups per rank: group.py) → token ids (length checked) → left-padded batch (prompts.py)
     2. responses = generate_rollout(actor, prompts)                    (timed: rollout)
-       (seam mode: the rollout engine's, with its log-probs: seam.py)
+       (seam mode: the rollout engine's, with its log-probs: seam.py; seam.sample either way)
     3. result = iteration(..., hp with β from the KL controller, the score map in ppo.convention)
        (timed: score + update; under torchrun with the all_reduce hook: global normalisers and
        whitening; dump.py)
@@ -43,7 +43,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from refppo.models import rollout as rl
 from refppo.models.batch import SequenceBatch
 from refppo.models.roles import make_reference
 from refppo.pipeline.settings import Hyperparams
@@ -70,7 +69,7 @@ from refppo.train.runtime import (
     seed_everything,
     set_threads,
 )
-from refppo.train.seam import RolloutEngine
+from refppo.train.seam import RolloutEngine, sample
 from refppo.train.tasks.words import WordsTask
 from refppo.train.update_config import Behaviour, CaptureRequest
 
@@ -240,7 +239,9 @@ class Trainer:
         capture = dump.request(cfg, it, self.out_dir, hp)
         t0 = time.perf_counter()
         with self._autocast(), reward_errors_at(it):
-            batch, behaviour = self._rollout(prompt_ids, prompt_mask, it)
+            batch, behaviour = sample(
+                self.seam, self.actor, prompt_ids, prompt_mask, self.rollout_cfg, self.generator, it
+            )
             t1 = time.perf_counter()
             result = self._score_and_update(
                 batch, prompt_ids, prompt_mask, hp, capture, group_index, behaviour
@@ -262,18 +263,6 @@ class Trainer:
             self.kl_ctl.update(metrics["kl"], cfg.rollout.batch_size)
         report.add_timing(record, t0, t1, t2, float(batch.response_mask.sum()) * d.world_size)
         return record, result, texts
-
-    def _rollout(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, it: int
-    ) -> tuple[SequenceBatch, Behaviour | None]:
-        """Skeleton step 2: the policy samples, or in the seam mode the rollout engine (seam.py)."""
-        if self.seam is not None:
-            return self.seam.rollout(
-                self.actor, prompt_ids, prompt_mask, self.rollout_cfg, self.generator, it
-            )
-        return rl.generate_rollout(
-            self.actor, prompt_ids, prompt_mask, self.rollout_cfg, self.generator
-        ), None
 
     def _score_and_update(
         self,

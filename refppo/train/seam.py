@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from refppo.core.masked import masked_mean
 from refppo.models.batch import SequenceBatch
-from refppo.models.rollout import RolloutConfig, generate_rollout_logprobs
+from refppo.models.rollout import RolloutConfig, generate_rollout, generate_rollout_logprobs
 from refppo.train.config.seam import SeamConfig
 from refppo.train.update_config import Behaviour
 
@@ -114,6 +114,23 @@ class RolloutEngine:
         self.versions = versions
 
 
+def sample(
+    engine: RolloutEngine | None,
+    actor: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    rollout_cfg: RolloutConfig,
+    generator: torch.Generator,
+    it: int,
+) -> tuple[SequenceBatch, Behaviour | None]:
+    """The trainer's skeleton step 2: the policy ``actor`` samples
+    (:func:`refppo.models.rollout.generate_rollout`, no behaviour), or in the seam mode the rollout
+    ``engine`` (:meth:`RolloutEngine.rollout`)."""
+    if engine is not None:
+        return engine.rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator, it)
+    return generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator), None
+
+
 def seam_metrics(old_logprobs: Tensor, b: Behaviour, mask: Tensor) -> dict[str, float]:
     """Scalars of the seam over the valid tokens (``mask``), ``d = l^prox − l^beh``:
     ``seam_staleness`` = ``b.version`` − the rows' mean ``policy_version``; ``seam_kl`` = mean(−d),
@@ -127,4 +144,4 @@ def seam_metrics(old_logprobs: Tensor, b: Behaviour, mask: Tensor) -> dict[str, 
     }
 
 
-__all__ = ["DTYPES", "SNAPSHOT_PREFIX", "RolloutEngine", "seam_metrics"]
+__all__ = ["DTYPES", "SNAPSHOT_PREFIX", "RolloutEngine", "sample", "seam_metrics"]
