@@ -1,0 +1,199 @@
+"""The seam mode (``[seam]``, issue #22 item 5): the rollout made by an engine in another precision,
+with top-p log-probs, by a policy k iterations stale; the update reads its ``rollout_logprobs``
+through the pipeline's ``rollout_correction`` stage.
+
+Here: the config's checks, the sampler's log-probs against hand-worked values, the engine against
+the trainer's own forward, a float32 engine that changes nothing, the k-stale snapshots' versions,
+and resume. The dumps and ``refppo diff``, torchrun and the demo: ``test_train_seam_run.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from refppo.models.batch import SequenceBatch
+from refppo.models.readout import response_logprobs
+from refppo.models.rollout import (
+    RolloutConfig,
+    generate_rollout,
+    generate_rollout_logprobs,
+    sampled_logprobs,
+)
+from refppo.models.tiny import tiny_gpt2
+from refppo.train.config.seam import SeamConfig
+from refppo.train.config.sections import ConfigError
+from refppo.train.loop import Trainer
+from refppo.train.runlog import deterministic, read_metrics
+from refppo.train.seam import RolloutEngine
+from refppo.train.tasks.presets import preset
+
+RUN = ("task.reward=rule", "task.sft_steps=3", "run.progress=false", "run.plot=false")
+"""The TEST preset with the rule as reward (no reward model to train) and a short warm start."""
+SEAM = ("seam.enabled=true",)
+
+
+# ------------------------------------------------------------------------------------------ config
+def test_the_seam_is_off_by_default_and_its_config_is_checked() -> None:
+    cfg = preset("test")
+    assert not cfg.seam.enabled and not cfg.ppo.convention.rollout.on
+    on = preset("test", *SEAM, "seam.staleness=2", "ppo.rollout_is=token", "ppo.rollout_is_high=2")
+    assert on.seam.staleness == 2 and on.ppo.convention.rollout.high == 2.0
+    bad = {
+        "ppo.rollout_is=token reads the behaviour": ("ppo.rollout_is=token",),
+        r"seam.staleness=2 set but seam.enabled=false": ("seam.staleness=2",),
+        r"seam.dtype='float16' set but seam.enabled=false": ("seam.dtype=float16",),
+        r"seam.logprobs=processed renormalises": (*SEAM, "seam.logprobs=processed"),
+        r"seam.dtype: expected one of": (*SEAM, "seam.dtype=int8"),
+        r"seam.staleness: expected an integer >= 0": (*SEAM, "seam.staleness=-1"),
+        r"seam.logprobs: expected one of": (*SEAM, "seam.logprobs=engine"),
+    }
+    for message, sets in bad.items():
+        with pytest.raises(ConfigError, match=message):
+            preset("test", *sets)
+    assert preset("test", *SEAM, "seam.logprobs=processed", "rollout.top_p=0.8").seam.logprobs == "processed"
+
+
+# ------------------------------------------------------------------------------- the sampler's side
+def test_sampled_logprobs_raw_and_processed_hand_worked() -> None:
+    """p = (0.5, 0.3, 0.2) at τ = 1, top_p = 0.6: the support is {0, 1} (mass before each entry
+    0, 0.5 < 0.6; 0.8 is not), S = 0.8. Raw: log p_y; processed: log(p_y / S); the third token is
+    outside the support (log 0 = −inf processed). At τ = 2 raw is log softmax(z/2)."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]] * 3))
+    tokens = torch.tensor([0, 1, 2])
+    cfg = RolloutConfig(top_p=0.6)
+    raw = sampled_logprobs(logits, tokens, cfg, processed=False)
+    proc = sampled_logprobs(logits, tokens, cfg, processed=True)
+    assert raw.tolist() == pytest.approx([math.log(0.5), math.log(0.3), math.log(0.2)], abs=1e-6)
+    assert proc[:2].tolist() == pytest.approx([math.log(0.625), math.log(0.375)], abs=1e-6)
+    assert proc[2].item() == -math.inf
+    hot = sampled_logprobs(logits, tokens, RolloutConfig(temperature=2.0), processed=False)
+    z = [math.sqrt(0.5), math.sqrt(0.3), math.sqrt(0.2)]  # softmax(log p / 2) ∝ √p
+    assert hot.tolist() == pytest.approx([math.log(v / sum(z)) for v in z], abs=1e-6)
+
+
+def _prompts() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    model = tiny_gpt2(vocab_size=40, hidden=32, layers=2, heads=2, max_positions=32).eval()
+    ids = torch.randint(3, 40, (6, 5))
+    mask = torch.ones_like(ids)
+    mask[:2, :2] = 0  # left padding
+    return model, ids, mask
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.7])
+def test_the_engine_logprobs_are_the_sampler_and_equal_the_trainer_forward(top_p: float) -> None:
+    """Same generator draws, same tokens as :func:`generate_rollout`; in float32 the raw log-probs
+    equal the teacher-forced :func:`response_logprobs` (the trainer's forward; padding 0); in
+    bfloat16 they differ by precision only (0 < gap < 0.05); processed = raw − log S ≥ raw."""
+    model, ids, mask = _prompts()
+    cfg = RolloutConfig(max_new_tokens=6, temperature=0.9, top_p=top_p, eos_token_id=2)
+    plain = generate_rollout(model, ids, mask, cfg, torch.Generator().manual_seed(3))
+    batch, raw = generate_rollout_logprobs(model, ids, mask, cfg, torch.Generator().manual_seed(3))
+    assert torch.equal(batch.response_ids, plain.response_ids)
+    assert torch.equal(batch.response_mask, plain.response_mask)
+    with torch.no_grad():
+        forward, _ = response_logprobs(model, batch, cfg.temperature)
+    m = batch.response_mask
+    assert bool((raw[~m] == 0).all())
+    assert float((raw - forward).abs().max()) < 1e-5
+    _, proc = generate_rollout_logprobs(
+        model, ids, mask, cfg, torch.Generator().manual_seed(3), processed=True
+    )
+    if top_p < 1.0:
+        assert bool((proc[m] >= raw[m] - 1e-6).all()) and float((proc - raw)[m].max()) > 1e-3
+    else:
+        assert float((proc - raw).abs().max()) < 1e-5
+    half = RolloutEngine(SeamConfig(enabled=True, dtype="bfloat16"), model)
+    hb, behaviour = half.rollout(model, ids, mask, cfg, torch.Generator().manual_seed(3), it=0)
+    with torch.no_grad():
+        fwd, _ = response_logprobs(model, hb, cfg.temperature)
+    gap = float((behaviour.rollout_logprobs - fwd)[hb.response_mask].abs().max())
+    assert 1e-5 < gap < 0.05, gap
+
+
+def test_the_stale_engine_samples_with_the_policy_k_iterations_old() -> None:
+    """k = 2: iteration it samples with version max(0, it − 2), and with that snapshot's weights
+    (the engine's tokens equal a float32 copy of version v's own rollout)."""
+    model, ids, mask = _prompts()
+    cfg = RolloutConfig(max_new_tokens=4, eos_token_id=2)
+    eng = RolloutEngine(SeamConfig(enabled=True, dtype="float32", staleness=2), model)
+    kept: list[dict[str, torch.Tensor]] = []
+    for it in range(5):
+        kept.append({k: v.clone() for k, v in model.state_dict().items()})  # version it
+        batch, b = eng.rollout(model, ids, mask, cfg, torch.Generator().manual_seed(it), it)
+        v = max(0, it - 2)
+        assert b.policy_version.tolist() == [v] * 6 and b.version == it
+        ref = tiny_gpt2(vocab_size=40, hidden=32, layers=2, heads=2, max_positions=32).eval()
+        ref.load_state_dict(kept[v])
+        want = generate_rollout(ref, ids, mask, cfg, torch.Generator().manual_seed(it))
+        assert torch.equal(batch.response_ids, want.response_ids), it
+        with torch.no_grad():  # an "update": every version differs
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+    assert eng.versions == [3, 4]
+
+
+# ------------------------------------------------------------------------------------------ trainer
+def _records(out: Path) -> list[dict[str, object]]:
+    return [deterministic(r) for r in read_metrics(out / "metrics.jsonl")]
+
+
+def test_a_float32_engine_without_correction_is_the_plain_run(tmp_path: Path) -> None:
+    """seam.enabled with a float32, fresh (k = 0) engine and the correction off changes nothing:
+    every metric of the plain run and its final weights bit for bit (the engine's weights are the
+    policy's, its tokens the same draws); the seam metrics show a gap of float32 rounding only."""
+    plain, seam = tmp_path / "plain", tmp_path / "seam"
+    Trainer(preset("test", *RUN, f"run.out_dir={plain}")).train()
+    Trainer(preset("test", *RUN, *SEAM, "seam.dtype=float32", f"run.out_dir={seam}")).train()
+    a, b = _records(plain), _records(seam)
+    for r in b:
+        assert r.pop("rollout/seam_staleness") == 0.0
+        assert abs(float(r.pop("rollout/seam_kl"))) < 1e-6  # type: ignore[arg-type]
+        assert float(r.pop("rollout/seam_abs_log_ratio")) < 1e-6  # type: ignore[arg-type]
+    assert a == b
+    wa = load_file(plain / "checkpoints" / "iter_000002" / "policy.safetensors")
+    wb = load_file(seam / "checkpoints" / "iter_000002" / "policy.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+STALE = (*RUN, *SEAM, "seam.staleness=2", "ppo.rollout_is=token", "ppo.rollout_is_high=2", "run.iterations=4")
+
+
+def test_resume_with_the_seam_on_is_exact(tmp_path: Path) -> None:
+    """k = 2, bfloat16 engine, token TIS: 4 iterations straight == 2, checkpoint, resume, 2 — every
+    metric and the final policy and snapshots bit for bit; the checkpoint holds the k snapshots
+    (versions 0, 1 after iteration 2) whose weights are the policy's of those iterations."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    Trainer(preset("test", *STALE, "run.checkpoint_every=1", f"run.out_dir={straight}")).train()
+    Trainer(preset("test", *STALE, "run.iterations=2", f"run.out_dir={split}")).train()
+    resumed = Trainer(preset("test", *STALE, f"run.out_dir={split}"), resume=True)
+    assert resumed.start_iteration == 2 and resumed.seam is not None
+    assert resumed.seam.versions == [0, 1]
+    resumed.train()
+    a, b = _records(straight), _records(split)
+    assert [r["rollout/seam_staleness"] for r in a] == [0.0, 1.0, 2.0, 2.0]
+    assert a == b
+    ck = straight / "checkpoints"
+    for name in ("policy", "seam_stale_0", "seam_stale_1"):
+        wa = load_file(ck / "iter_000004" / f"{name}.safetensors")
+        wb = load_file(split / "checkpoints" / "iter_000004" / f"{name}.safetensors")
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), name
+    # after iteration 4 the snapshots are versions 2 and 3: the policy after iterations 2 and 3
+    for j, n in ((0, 2), (1, 3)):
+        snap = load_file(ck / "iter_000004" / f"seam_stale_{j}.safetensors")
+        pol = load_file(ck / f"iter_{n:06d}" / "policy.safetensors")
+        assert all(torch.equal(snap[k], pol[k]) for k in snap), (j, n)
+
+
+def test_seam_batch_is_a_sequence_batch() -> None:
+    """The engine's batch type is the trainer's (the update selects rows of it)."""
+    model, ids, mask = _prompts()
+    eng = RolloutEngine(SeamConfig(enabled=True), model)
+    batch, b = eng.rollout(model, ids, mask, RolloutConfig(max_new_tokens=3), torch.Generator(), it=0)
+    assert isinstance(batch, SequenceBatch) and b.rollout_logprobs.dtype == torch.float32
+    assert b.rollout_logprobs.shape == batch.response_mask.shape
