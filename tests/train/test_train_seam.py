@@ -45,8 +45,12 @@ def test_the_seam_is_off_by_default_and_its_config_is_checked() -> None:
     assert on.seam.staleness == 2 and on.ppo.convention.rollout.high == 2.0
     bad = {
         "ppo.rollout_is=token reads the behaviour": ("ppo.rollout_is=token",),
-        r"seam.staleness=2 set but seam.enabled=false": ("seam.staleness=2",),
-        r"seam.dtype='float16' set but seam.enabled=false": ("seam.dtype=float16",),
+        r"seam.staleness=2 is set but seam.enabled=false": ("seam.staleness=2",),
+        r"seam.dtype=float16, seam.logprobs=processed are set but seam.enabled=false": (
+            "seam.dtype=float16",
+            "seam.logprobs=processed",
+            "rollout.top_p=0.9",
+        ),
         r"seam.logprobs=processed renormalises": (*SEAM, "seam.logprobs=processed"),
         r"seam.dtype: expected one of": (*SEAM, "seam.dtype=int8"),
         r"seam.staleness: expected an integer >= 0": (*SEAM, "seam.staleness=-1"),

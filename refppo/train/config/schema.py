@@ -165,14 +165,15 @@ class TrainConfig:
                 f"ppo.rollout_is={corr.level.value if corr.level else 'none'} reads the behaviour "
                 "log-probs of a rollout engine, which only the seam mode has: add --set seam.enabled=true"
             )
-        if not seam.enabled:
-            off = [f"seam.{k}={getattr(seam, k)!r}" for k in ("dtype", "logprobs", "staleness")]
-            set_ = [o for o, k in zip(off, ("dtype", "logprobs", "staleness"), strict=True)
-                    if getattr(seam, k) != getattr(_DEFAULT_SEAM, k)]  # fmt: skip
-            if set_:
-                raise ConfigError(
-                    f"{', '.join(set_)} set but seam.enabled=false (add --set seam.enabled=true)"
-                )
+        keys = [
+            k for k in ("dtype", "logprobs", "staleness") if getattr(seam, k) != getattr(_DEFAULT_SEAM, k)
+        ]
+        if keys and not seam.enabled:
+            named = ", ".join(f"seam.{k}={getattr(seam, k)}" for k in keys)
+            raise ConfigError(
+                f"{named} {'is' if len(keys) == 1 else 'are'} set but seam.enabled=false, so no step "
+                "reads it: add --set seam.enabled=true"
+            )
         r = self.rollout
         if seam.logprobs == "processed" and r.top_p >= 1.0 and r.top_k == 0:
             raise ConfigError(
