@@ -9,28 +9,38 @@ and resume. The dumps and ``refppo diff``, torchrun and the demo: ``test_train_s
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch import Tensor
 
-from refppo.models.batch import SequenceBatch
+from refppo.models.batch import SequenceBatch, left_pad
 from refppo.models.readout import response_logprobs
+from refppo.models.roles import make_reference
 from refppo.models.rollout import (
     RolloutConfig,
     generate_rollout,
     generate_rollout_logprobs,
     sampled_logprobs,
+    score_rollout,
 )
-from refppo.models.tiny import tiny_gpt2
+from refppo.models.tiny import tiny_actor, tiny_critic, tiny_gpt2
+from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import rollout_quantities
 from refppo.train.config.seam import SeamConfig
 from refppo.train.config.sections import ConfigError
 from refppo.train.loop import Trainer
 from refppo.train.runlog import deterministic, read_metrics
 from refppo.train.seam import RolloutEngine
 from refppo.train.tasks.presets import preset
+from refppo.train.update import ppo_update
+from refppo.train.update_config import Behaviour, MinibatchRecord, PPOUpdateConfig
+from refppo.train.update_naive import ppo_update_naive
 
 RUN = ("task.reward=rule", "task.sft_steps=3", "run.progress=false", "run.plot=false")
 """The TEST preset with the rule as reward (no reward model to train) and a short warm start."""
@@ -201,3 +211,79 @@ def test_seam_batch_is_a_sequence_batch() -> None:
     batch, b = eng.rollout(model, ids, mask, RolloutConfig(max_new_tokens=3), torch.Generator(), it=0)
     assert isinstance(batch, SequenceBatch) and b.rollout_logprobs.dtype == torch.float32
     assert b.rollout_logprobs.shape == batch.response_mask.shape
+
+
+# ------------------------------------------------------------------- the corrected update, naively
+def _scored(conv: Convention, hp: Hyperparams) -> tuple[torch.nn.Module, torch.nn.Module, Any, Any, Tensor]:
+    """Tiny actor and critic, a rollout of 4 rows (lengths 6, 2, 4, 1), its quantities, and behaviour
+    log-probs: a bfloat16, perturbed engine's (``old`` + N(0, 0.3) on valid tokens, 0 on padding)."""
+    actor = tiny_actor("gpt2", 40, seed=0, hidden=32)
+    critic = tiny_critic("gpt2", 40, seed=1, hidden=32)
+    pids, pm = left_pad([[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]], 0)
+    batch = generate_rollout(
+        actor, pids, pm, RolloutConfig(max_new_tokens=6), torch.Generator().manual_seed(4)
+    )
+    keep = batch.response_mask & (torch.arange(6) < torch.tensor([[6], [2], [4], [1]]))
+    batch = SequenceBatch(batch.prompt_ids, batch.prompt_mask, batch.response_ids, keep)
+    ref = make_reference(actor)
+    with torch.no_grad():  # move the actor off the reference: KL terms non-zero
+        for p in actor.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    scored = score_rollout(actor, ref, critic, lambda p, r: float(sum(r) % 7) / 7.0, batch)
+    q = rollout_quantities(
+        scores=scored.scores, old_logprobs=scored.old_logprobs, ref_logprobs=scored.ref_logprobs,
+        old_values=scored.old_values, mask=batch.response_mask, hp=hp, conv=conv,
+    )  # fmt: skip
+    noise = 0.3 * torch.randn(scored.old_logprobs.shape, generator=torch.Generator().manual_seed(9))
+    beh = torch.where(keep, scored.old_logprobs + noise, torch.zeros_like(noise))
+    return actor, critic, scored, q, beh
+
+
+@pytest.mark.parametrize(
+    "flat",
+    [
+        {"rollout_is": "token", "rollout_is_low": 0.8, "rollout_is_high": 1.2},
+        {"rollout_is": "sequence", "rollout_is_agg": "geometric", "rollout_is_mode": "mask",
+         "rollout_is_low": 0.7, "rollout_is_high": 1.4},
+    ],
+    ids=["token-tis", "seq-geometric-mask"],
+)  # fmt: skip
+def test_the_trainers_corrected_update_equals_its_naive_twin(flat: dict[str, Any]) -> None:
+    """``ppo_update`` with the engine's log-probs (``Behaviour``) equals ``ppo_update_naive`` (a
+    snapshot network for π_old, prefix forwards, the ``rollout_correction`` stage's naive twin and
+    the closed-form gradient scaled by w') step by step and in the final parameters; control: the
+    naive update without the behaviour log-probs (the correction left off) does not."""
+    conv, hp = Convention.of(**flat), Hyperparams(ent_coef=0.01)
+    actor, critic, scored, q, beh = _scored(conv, hp)
+    cfg = PPOUpdateConfig(ppo_epochs=1, num_minibatches=2, micro_batch_size=1, max_grad_norm=None)
+    a1, c1, a2, c2, a3, c3 = (copy.deepcopy(m) for m in (actor, critic) * 3)
+    recs: list[MinibatchRecord] = []
+    opt1 = torch.optim.SGD([*a1.parameters(), *c1.parameters()], lr=0.05)
+    pv = torch.zeros(4, dtype=torch.long)
+    ppo_update(
+        a1, c1, opt1, None, scored, q, hp=hp, conv=conv, cfg=cfg, generator=torch.Generator().manual_seed(0),
+        on_minibatch=recs.append, behaviour=Behaviour(beh, pv, 1),
+    )  # fmt: skip
+    perms = [torch.cat([r.rows for r in recs])]
+    opt2 = torch.optim.SGD([*a2.parameters(), *c2.parameters()], lr=0.05)
+    steps = ppo_update_naive(
+        a2, c2, opt2, None, scored, q, hp=hp, conv=conv, cfg=cfg, perms=perms, rollout_logprobs=beh
+    )
+    for r, s in zip(recs, steps, strict=True):
+        for k in ("loss", "pg_loss", "vf_loss", "entropy", "actor_grad_norm"):
+            assert abs(r.stats[k] - s.stats[k]) <= 1e-5 * max(1.0, abs(s.stats[k])), (
+                k,
+                r.stats[k],
+                s.stats[k],
+            )
+    for p1, p2 in zip(
+        [*a1.parameters(), *c1.parameters()], [*a2.parameters(), *c2.parameters()], strict=True
+    ):
+        torch.testing.assert_close(p1, p2, atol=1e-6, rtol=1e-5)
+    off = Convention()
+    opt3 = torch.optim.SGD([*a3.parameters(), *c3.parameters()], lr=0.05)
+    ppo_update_naive(a3, c3, opt3, None, scored, q, hp=hp, conv=off, cfg=cfg, perms=perms)
+    gap = max(
+        float((p1 - p3).detach().abs().max()) for p1, p3 in zip(a1.parameters(), a3.parameters(), strict=True)
+    )
+    assert gap > 1e-4, gap
