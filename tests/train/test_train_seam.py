@@ -3,8 +3,9 @@ with top-p log-probs, by a policy k iterations stale; the update reads its ``rol
 through the pipeline's ``rollout_correction`` stage.
 
 Here: the config's checks, the sampler's log-probs against hand-worked values, the engine against
-the trainer's own forward, a float32 engine that changes nothing, the k-stale snapshots' versions,
-and resume. The dumps and ``refppo diff``, torchrun and the demo: ``test_train_seam_run.py``.
+the trainer's own forward, the k-stale snapshots' versions, the corrected update against its naive
+twin, a float32 engine that changes nothing, and resume. The dumps and ``refppo diff``, torchrun
+and the demo: ``test_train_seam_run.py``.
 """
 
 from __future__ import annotations
