@@ -5,6 +5,7 @@ Public API (used by :mod:`refppo.ppo` and the trainer)::
     RolloutConfig                       frozen: max_new_tokens, temperature, top_k, top_p, eos/pad ids,
                                         missing_eos_penalty, use_cache
     generate_rollout(actor, prompt_ids, prompt_mask, cfg, generator) -> SequenceBatch
+    generate_rollout_logprobs(...)  -> (SequenceBatch, [B, T] the sampler's log-probs: an engine's)
     ScoredRollout                       frozen: batch, old_logprobs, ref_logprobs, old_values, scores, ...
     score_rollout(actor, reference, critic, reward, batch, *, temperature, eos_token_id,
                   missing_eos_penalty=None) -> ScoredRollout
@@ -193,6 +194,50 @@ def generate_rollout(
     through :func:`sample_from_logits`.
     The loop stops when every row has emitted EOS; the result is right-padded to ``cfg.max_new_tokens``.
     """
+    return _generate(actor, prompt_ids, prompt_mask, cfg, generator, None)[0]
+
+
+def generate_rollout_logprobs(
+    actor: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    cfg: RolloutConfig,
+    generator: torch.Generator,
+    *,
+    processed: bool = False,
+) -> tuple[SequenceBatch, Tensor]:
+    """:func:`generate_rollout` (the same tokens from the same generator draws) that also returns
+    the sampler's own log-probs of the sampled tokens, ``[B, T]`` float32, 0 at padding: what an
+    inference engine reports (:func:`sampled_logprobs` of each step's logits: ``raw`` or
+    ``processed``)."""
+    batch, lp = _generate(actor, prompt_ids, prompt_mask, cfg, generator, processed)
+    assert lp is not None
+    return batch, lp
+
+
+def sampled_logprobs(logits: Tensor, tokens: Tensor, cfg: RolloutConfig, processed: bool) -> Tensor:
+    """``[B]`` log-prob of ``tokens`` ``[B]`` under one step's ``logits`` ``[B, V]``, as an engine
+    reports it. Raw: ``log softmax(z/τ)_y`` (float32, the whole vocabulary; vLLM ``raw_logprobs``).
+    Processed: ``log p̃_y`` with ``p̃ = filter(softmax(z/τ)) / S`` the top-k / top-p distribution the
+    sampler drew from (:func:`sample_from_logits`, float64, then float32), i.e. ``log p_y − log S``
+    where ``S`` is the support's mass (vLLM ``processed_logprobs``)."""
+    idx = tokens.long().unsqueeze(1)
+    if processed:
+        probs = torch.softmax(logits.detach().to(torch.float64) / cfg.temperature, dim=-1)
+        return _filter(probs, cfg.top_k, cfg.top_p).gather(1, idx).squeeze(1).log().float()
+    return torch.log_softmax(logits.detach().float() / cfg.temperature, dim=-1).gather(1, idx).squeeze(1)
+
+
+def _generate(
+    actor: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    cfg: RolloutConfig,
+    generator: torch.Generator,
+    processed: bool | None,
+) -> tuple[SequenceBatch, Tensor | None]:
+    """The sampling loop of :func:`generate_rollout`; ``processed`` not None: also the sampled
+    tokens' log-probs (:func:`sampled_logprobs`), else None."""
     device = prompt_ids.device
     B = prompt_ids.shape[0]
     ids = prompt_ids.long()
@@ -200,6 +245,7 @@ def generate_rollout(
     responses = torch.full((B, cfg.max_new_tokens), cfg.pad_token_id, dtype=torch.long, device=device)
     rmask = torch.zeros((B, cfg.max_new_tokens), dtype=torch.bool, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    lps = None if processed is None else torch.zeros((B, cfg.max_new_tokens), device=device)
     extra = _cache_keywords(actor, cfg)
     cached = bool(extra)
     past: Any = None  # the model's cache after the previous step (None: run the whole prefix)
@@ -211,6 +257,9 @@ def generate_rollout(
                 past = getattr(out, "past_key_values", None)
             nxt = sample_from_logits(out.logits[:, -1, :], cfg, generator)
             alive = ~done
+            if lps is not None and processed is not None:
+                lp = sampled_logprobs(out.logits[:, -1, :], nxt, cfg, processed)
+                lps[:, t] = torch.where(alive, lp, torch.zeros_like(lp))
             nxt = torch.where(alive, nxt, torch.full_like(nxt, cfg.pad_token_id))
             responses[:, t] = nxt
             rmask[:, t] = alive
@@ -219,7 +268,7 @@ def generate_rollout(
             mask = torch.cat([mask, alive.long().unsqueeze(1)], dim=1)
             if bool(done.all()):
                 break
-    return SequenceBatch(prompt_ids, prompt_mask, responses, rmask)
+    return SequenceBatch(prompt_ids, prompt_mask, responses, rmask), lps
 
 
 @dataclass(frozen=True)

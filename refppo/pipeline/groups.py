@@ -300,20 +300,18 @@ class RolloutCorrection:
     (:func:`refppo.core.rollout_correction.is_weights`, detached; rejected tokens count in the
     normalisers: ``Rejected.zero``). Off by default: no weight, and ``rollout_logprobs`` is not read."""
 
-    level: ISLevel | None = field(default=None, metadata=flat_key("rollout_is", omit=True, config=False))
+    level: ISLevel | None = field(default=None, metadata=flat_key("rollout_is", omit=True))
     """``token`` (TIS / MIS per token: verl ``rollout_is: token``, SkyRL ``use_tis``, TRL ``token_*``),
     ``sequence`` (one weight per row, by ``rollout_is_agg``), or none (off, the default)."""
-    agg: ISAgg = field(default=ISAgg.PRODUCT, metadata=flat_key("rollout_is_agg", omit=True, config=False))
+    agg: ISAgg = field(default=ISAgg.PRODUCT, metadata=flat_key("rollout_is_agg", omit=True))
     """A sequence weight's log: the row's summed log-ratio (``product``: verl, TRL) or its mean
     (``geometric``: AReaL, OpenRLHF). Read at ``rollout_is=sequence`` only."""
-    mode: ISMode = field(
-        default=ISMode.TRUNCATE, metadata=flat_key("rollout_is_mode", omit=True, config=False)
-    )
+    mode: ISMode = field(default=ISMode.TRUNCATE, metadata=flat_key("rollout_is_mode", omit=True))
     """``truncate`` (``clamp(w, C_low, C_high)``, TIS) or ``mask`` (``w·[C_low ≤ w ≤ C_high]``, MIS /
     IcePop: weight 0 outside the closed band)."""
-    low: float | None = field(default=None, metadata=flat_key("rollout_is_low", omit=True, config=False))
+    low: float | None = field(default=None, metadata=flat_key("rollout_is_low", omit=True))
     """``C_low``, a finite ratio bound ≥ 0, or none (no lower bound)."""
-    high: float | None = field(default=None, metadata=flat_key("rollout_is_high", omit=True, config=False))
+    high: float | None = field(default=None, metadata=flat_key("rollout_is_high", omit=True))
     """``C_high``, a finite ratio bound ≥ 0, or none (no upper bound; verl's threshold, SkyRL
     ``tis_imp_ratio_cap``, oat ``tis_c``)."""
 

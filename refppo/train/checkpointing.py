@@ -32,6 +32,7 @@ from refppo.train.config.schema import TrainConfig
 from refppo.train.dist import DistContext
 from refppo.train.kl_controller import AdaptiveKLController, FixedKLController
 from refppo.train.runtime import TrainingError
+from refppo.train.seam import RolloutEngine
 
 RESUMABLE_KEYS = (
     "iterations",
@@ -86,18 +87,21 @@ class Run(Protocol):
     def task_rng(self) -> random.Random: ...
     @property
     def generator(self) -> torch.Generator: ...
+    @property
+    def seam(self) -> RolloutEngine | None: ...
 
     def echo(self, text: str) -> None: ...
 
 
 def models(tr: Run) -> dict[str, nn.Module]:
-    """Checkpointed models: policy, reference, and the critic and reward model when there are."""
+    """Checkpointed models: policy, reference, and the critic and reward model when there are, and
+    the seam mode's k policy snapshots (:meth:`refppo.train.seam.RolloutEngine.snapshots`)."""
     out: dict[str, nn.Module] = {"policy": tr.actor, "reference": tr.reference}
     if tr.critic is not None:
         out["critic"] = tr.critic
     if tr.reward_model is not None:
         out["reward"] = tr.reward_model
-    return out
+    return {**out, **(tr.seam.snapshots() if tr.seam is not None else {})}
 
 
 def optimizers(tr: Run) -> dict[str, torch.optim.Optimizer]:
@@ -146,6 +150,7 @@ def save(tr: Run, iteration: int) -> Path:
             "world_size": d.world_size,
             "run_id": tr.identity.run_id,
             "config_hash": tr.config_hash,
+            **({"seam": tr.seam.state_dict()} if tr.seam is not None else {}),
         },
         is_main=d.is_main,
     )
@@ -205,6 +210,13 @@ def _load_one(tr: Run, path: Path, ident: rundir.RunIdentity) -> ckpt.Checkpoint
         raise ckpt.CheckpointError(
             f"checkpoint {str(path)!r}: state.json has no valid 'kl_controller' ({e})"
         ) from None
+    if tr.seam is not None:
+        try:
+            tr.seam.load_state_dict(c.state["seam"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ckpt.CheckpointError(
+                f"checkpoint {str(path)!r}: state.json has no valid 'seam' ({e})"
+            ) from None
     ckpt.set_rng_state(rng, tr.task_rng, tr.generator)
     return c
 

@@ -6,7 +6,9 @@ moved away from 1, so the clip is exercised) with a :class:`refppo.capture.recor
 recorder any other trainer uses (one capture path). Every rank records its micro-batches; rank 0
 writes ``<out_dir>/dumps/iter_<N>.safetensors`` and its sidecar (the iteration's hyperparameters,
 with the KL controller's current β, the conventions, and the score map ``score_bias``,
-``score_scale``, ``score_clip``: :func:`sidecar_conventions`). ``refppo diff`` on it must match
+``score_scale``, ``score_clip``: :func:`sidecar_conventions`; in the seam mode the rollout
+correction's ``rollout_is*`` and the engine's sampling, :func:`sidecar_hparams`, and the dump holds
+``rollout_logprobs`` and ``policy_version``). ``refppo diff`` on it must match
 with no ``--set``. The dump's ``scores`` are those before the map (after the missing-EOS penalty),
 as ``ppo.iteration`` hands them to the pipeline, which maps them at its step 0, like the oracle.
 
@@ -18,6 +20,7 @@ rows (:meth:`refppo.train.config.schema.TrainConfig.__post_init__` refuses the o
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +47,23 @@ def sidecar_conventions(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
+def sidecar_hparams(cfg: TrainConfig, hp: Hyperparams) -> Hyperparams | dict[str, Any]:
+    """The sidecar's hyperparameters: ``hp``; in the seam mode also the engine's sampling
+    (``temperature``, ``top_p``, ``top_k``, ``logprobs_processed``: spec/dump-format.md)."""
+    if not cfg.seam.enabled:
+        return hp
+    r = cfg.rollout
+    sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
+    return {**asdict(hp), **sampling, "logprobs_processed": cfg.seam.logprobs == "processed"}
+
+
 def request(cfg: TrainConfig, it: int, out_dir: Path, hp: Hyperparams) -> CaptureRequest | None:
     """The capture request of 0-based iteration ``it``, or None when it is not the one to dump."""
     if cfg.run.dump_iteration is None or cfg.run.dump_iteration != it + 1:
         return None
-    recorder = StepRecorder(hparams=hp, conventions=sidecar_conventions(cfg), reduce="mean")
+    recorder = StepRecorder(
+        hparams=sidecar_hparams(cfg, hp), conventions=sidecar_conventions(cfg), reduce="mean"
+    )
     return CaptureRequest(
         epoch=cfg.ppo.epochs - 1,
         minibatch=cfg.ppo.minibatches - 1,
@@ -57,4 +72,4 @@ def request(cfg: TrainConfig, it: int, out_dir: Path, hp: Hyperparams) -> Captur
     )
 
 
-__all__ = ["dump_path", "request", "sidecar_conventions"]
+__all__ = ["dump_path", "request", "sidecar_conventions", "sidecar_hparams"]

@@ -18,8 +18,9 @@ from refppo.models.rollout import RolloutConfig, ScoredRollout, generate_rollout
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.stages import BY_NAME
 from refppo.pipeline.step import RolloutQuantities, rollout_quantities
+from refppo.train.seam import seam_metrics
 from refppo.train.update import ppo_update
-from refppo.train.update_config import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
+from refppo.train.update_config import Behaviour, CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
 
 
 def rollout_metrics(
@@ -113,6 +114,7 @@ def iteration(
     capture: CaptureRequest | None = None,
     group_index: Tensor | None = None,
     groups_on_rank: bool = False,
+    behaviour: Behaviour | None = None,
 ) -> IterationResult:
     """Rollout → scoring → rollout quantities → update (:mod:`refppo.ppo`, steps 1–4).
 
@@ -121,7 +123,8 @@ def iteration(
     ``conv.adv.estimator`` (see :func:`ppo_update`). ``group_index`` ``[B]``: the prompt each row
     answers (group estimators); ``groups_on_rank``: the caller guarantees that every group's rows
     are on this rank (see :func:`refppo.pipeline.step.rollout_quantities`). The score map
-    (the pipeline's step 0) is ``conv.score``.
+    (the pipeline's step 0) is ``conv.score``. ``behaviour`` (the seam mode, with ``batch``): the
+    engine's log-probs of ``batch`` for the update (:mod:`refppo.train.seam`) and the ``seam_*`` metrics.
     """
     if batch is None:
         batch = generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator)
@@ -133,10 +136,15 @@ def iteration(
         groups_on_rank=groups_on_rank,
     )  # fmt: skip
     metrics = rollout_metrics(scored, quantities, hp, conv)
+    if behaviour is not None:  # the update reads the behaviour log-probs in the proximal's dtype
+        lp = behaviour.rollout_logprobs.to(scored.old_logprobs.dtype)
+        behaviour = Behaviour(lp, behaviour.policy_version, behaviour.version)
+        metrics.update(seam_metrics(scored.old_logprobs, behaviour, batch.response_mask))
     update = ppo_update(
         actor, critic, actor_optimizer, critic_optimizer, scored, quantities, hp=hp, conv=conv,
         cfg=update_cfg, generator=generator, world_size=world_size, all_reduce=all_reduce,
         ptx_batch=ptx_batch, on_minibatch=on_minibatch, capture=capture, group_index=group_index,
+        behaviour=behaviour,
     )  # fmt: skip
     metrics.update(update)
     return IterationResult(metrics, scored, quantities)

@@ -5,9 +5,9 @@ Each iteration is :func:`refppo.models.rollout.generate_rollout` followed by
 (scoring → :func:`refppo.pipeline.step.rollout_quantities` → :func:`refppo.train.update.ppo_update`) —
 the same
 functions the golden trajectories and the oracle check; this package adds no PPO math of its own.
-(``generate_rollout`` is called here and its batch handed to ``iteration(batch=...)``, which is
-exactly what ``iteration`` does itself when no batch is given; it lets the trainer time the
-rollout separately.)
+(``generate_rollout`` is called here, through :func:`refppo.train.seam.sample`, and its batch handed
+to ``iteration(batch=...)``, which is exactly what ``iteration`` does itself when no batch is
+given; it lets the trainer time the rollout separately.)
 
 Numbered skeleton of :meth:`Trainer.train` (where each step lives in :mod:`refppo.train`)::
 
@@ -21,6 +21,7 @@ Numbered skeleton of :meth:`Trainer.train` (where each step lives in :mod:`refpp
     1. prompts from the task's RNG, each repeated rollout.group_size times with its group_index
        (whole groups per rank: group.py) → token ids (length checked) → left-padded batch (prompts.py)
     2. responses = generate_rollout(actor, prompts)                    (timed: rollout)
+       (seam mode: the rollout engine's, with its log-probs: seam.py; seam.sample either way)
     3. result = iteration(..., hp with β from the KL controller, the score map in ppo.convention)
        (timed: score + update; under torchrun with the all_reduce hook: global normalisers and
        whitening; dump.py)
@@ -42,7 +43,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from refppo.models import rollout as rl
 from refppo.models.batch import SequenceBatch
 from refppo.models.roles import make_reference
 from refppo.pipeline.settings import Hyperparams
@@ -69,8 +69,9 @@ from refppo.train.runtime import (
     seed_everything,
     set_threads,
 )
+from refppo.train.seam import RolloutEngine, sample
 from refppo.train.tasks.words import WordsTask
-from refppo.train.update_config import CaptureRequest
+from refppo.train.update_config import Behaviour, CaptureRequest
 
 
 class Trainer:
@@ -205,6 +206,7 @@ class Trainer:
         )
         self.rollout_cfg = setup.rollout_config(cfg, self.tokenizer)
         self.update_cfg = setup.update_config(cfg, d.world_size)
+        self.seam = RolloutEngine(cfg.seam, self.actor) if cfg.seam.enabled else None  # spec/trainer.md
         if d.world_size > 1:  # identical starting weights on every rank
             setup.broadcast_frozen(self.reference, self.reward_model)
         if resuming:
@@ -237,9 +239,13 @@ class Trainer:
         capture = dump.request(cfg, it, self.out_dir, hp)
         t0 = time.perf_counter()
         with self._autocast(), reward_errors_at(it):
-            batch = rl.generate_rollout(self.actor, prompt_ids, prompt_mask, self.rollout_cfg, self.generator)
+            batch, behaviour = sample(
+                self.seam, self.actor, prompt_ids, prompt_mask, self.rollout_cfg, self.generator, it
+            )
             t1 = time.perf_counter()
-            result = self._score_and_update(batch, prompt_ids, prompt_mask, hp, capture, group_index)
+            result = self._score_and_update(
+                batch, prompt_ids, prompt_mask, hp, capture, group_index, behaviour
+            )
         if capture is not None:
             self.echo(f"iteration {it + 1}: wrote {capture.path} (check it: refppo diff {capture.path})")
         t2 = time.perf_counter()
@@ -266,6 +272,7 @@ class Trainer:
         hp: Hyperparams,
         capture: CaptureRequest | None,
         group_index: Tensor,
+        behaviour: Behaviour | None = None,
     ) -> IterationResult:
         """Skeleton step 3 on the sampled ``batch``: :func:`refppo.train.iteration.iteration`."""
         d = self.dist
@@ -289,6 +296,7 @@ class Trainer:
             capture=capture,
             group_index=group_index.to(self.device),
             groups_on_rank=True,
+            behaviour=behaviour,
         )
 
     def _metrics(self, it: int, result: IterationResult, batch: SequenceBatch) -> dict[str, float]:

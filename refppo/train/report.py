@@ -39,9 +39,12 @@ ROLLOUT_KEYS = (
     "advantage_mean",
     "return_mean",
     "value_mean",
+    "seam_staleness",
+    "seam_kl",
+    "seam_abs_log_ratio",
 )
-"""Keys of :func:`refppo.train.iteration.rollout_metrics` (logged as ``rollout/<key>``; the rest as
-``ppo/<key>``)."""
+"""Keys of :func:`refppo.train.iteration.rollout_metrics` and, in the seam mode, of
+:func:`refppo.train.seam.seam_metrics` (logged as ``rollout/<key>``; the rest as ``ppo/<key>``)."""
 
 
 CRITIC_KEYS = ("vf_loss", "vf_clipfrac", "critic_grad_norm")

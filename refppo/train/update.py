@@ -34,7 +34,7 @@ from refppo.models.rollout import ScoredRollout
 from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.step import RolloutQuantities, UpdateQuantities, update_quantities
-from refppo.train.update_config import CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
+from refppo.train.update_config import Behaviour, CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
 
 LOSS_KEYS = ("loss", "pg_loss", "vf_loss", "entropy", "kl_loss", "ptx_loss")
 """The minibatch sums of the losses (``entropy`` is ``UpdateQuantities.entropy_loss``)."""
@@ -93,6 +93,7 @@ class _Update:
     ptx_batch: PtxBatch | None
     capture: CaptureRequest | None
     group_index: Tensor | None
+    behaviour: Behaviour | None
     mb_size: int
     micro: int
     n_micro: int
@@ -151,11 +152,13 @@ def _record(
     uq: UpdateQuantities,
     world_size: int,
     group_index: Tensor | None,
+    behaviour: Behaviour | None = None,
 ) -> None:
     """Record micro-batch ``k`` (rows ``idx``); the losses as passed to backward (× world_size);
     a critic-free step (``values`` None) carries no value quantity (``old_values``, ``values``,
     ``grad_values``, ``vf_loss``: the oracle's critic-free dump) and its rows' ``group_index``."""
     more: dict[str, Tensor] = {"group_index": group_index[idx]} if group_index is not None else {}
+    more.update(behaviour.select(idx) if behaviour is not None else {})  # the seam mode's roles
     if values is not None:
         more["old_values"] = scored.old_values[idx]
     rec.record(
@@ -213,12 +216,13 @@ def _micro_step(
         value_mask_=vmask[idx],
         ref_logprobs=scored.ref_logprobs[idx],
         entropy=ent,
+        rollout_logprobs=u.behaviour.rollout_logprobs[idx] if u.behaviour is not None else None,
         hp=u.hp,
         conv=u.conv,
         norm=norm,
     )
     if rec is not None:
-        _record(rec, k, logp, values, ent, idx, scored, q, uq, u.world_size, u.group_index)
+        _record(rec, k, logp, values, ent, idx, scored, q, uq, u.world_size, u.group_index, u.behaviour)
     torch.autograd.backward(uq.loss * u.world_size)
     sums.add(uq, logp, mask[idx], vmask[idx])
 
@@ -271,6 +275,7 @@ def _plan(
     ptx_batch: PtxBatch | None,
     capture: CaptureRequest | None,
     group_index: Tensor | None,
+    behaviour: Behaviour | None,
 ) -> _Update:
     """The :class:`_Update` of one call: minibatch and micro-batch sizes (loud on uneven splits),
     the advantages/returns in the log-probs' dtype, the trainable parameters of each model."""
@@ -296,6 +301,7 @@ def _plan(
         ptx_batch=ptx_batch,
         capture=capture,
         group_index=group_index,
+        behaviour=behaviour,
         mb_size=mb_size,
         micro=min(micro, mb_size),
         n_micro=n_micro,
@@ -361,6 +367,7 @@ def ppo_update(
     on_minibatch: Callable[[MinibatchRecord], None] | None = None,
     capture: CaptureRequest | None = None,
     group_index: Tensor | None = None,
+    behaviour: Behaviour | None = None,
 ) -> dict[str, float]:
     """K PPO epochs over shuffled minibatches of one scored rollout (:mod:`refppo.ppo`, step 4).
 
@@ -369,7 +376,9 @@ def ppo_update(
     before clipping), plus ``first_ratio_max_dev``, ``first_pg_clipfrac`` and ``first_approx_kl``
     of the first minibatch of the first epoch. ``capture``: record one optimizer step (every
     micro-batch, as passed to backward) and write it as one v2 dump after its backward(s);
-    ``group_index`` ``[B]`` is written with it (critic-free group estimators).
+    ``group_index`` ``[B]`` is written with it (critic-free group estimators). ``behaviour`` (the
+    seam mode): the engine's ``rollout_logprobs`` for the ``rollout_correction`` stage, both roles
+    and ``policy_version`` in the dump.
     ``critic=None`` (a critic-free ``conv.adv.estimator``): no value forward and no value loss
     (``vf_loss``, ``vf_clipfrac`` and ``critic_grad_norm`` are 0); pass ``critic_optimizer=None``.
     """
@@ -377,6 +386,7 @@ def ppo_update(
     u = _plan(
         actor, critic, optimizers, scored, quantities, hp=hp, conv=conv, cfg=cfg, world_size=world_size,
         all_reduce=all_reduce, ptx_batch=ptx_batch, capture=capture, group_index=group_index,
+        behaviour=behaviour,
     )  # fmt: skip
     models = (actor,) if critic is None else (actor, critic)
     with eval_mode(*models):

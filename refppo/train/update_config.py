@@ -80,3 +80,22 @@ class MinibatchRecord:
     """``[b, T]`` current log-probs before this step (as used in the loss)."""
     stats: dict[str, float] = field(default_factory=dict)
     """Minibatch scalars (losses, clip fractions, approx-KL, grad norms, max |ratio − 1|)."""
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """The behaviour policy's side of one rollout (the seam mode, :mod:`refppo.train.seam`):
+    ``rollout_logprobs`` ``[B, T]`` (the engine's log-probs of the sampled tokens, 0 at padding, in
+    the dtype of ``old_logprobs``) and ``policy_version`` ``[B]`` int64 (the iteration whose policy
+    sampled each row); ``version`` the policy being trained (its staleness is ``version −
+    policy_version``). The update passes ``rollout_logprobs`` to
+    :func:`refppo.pipeline.step.update_quantities` (read by the ``rollout_correction`` stage when
+    ``ppo.rollout_is`` is on) and a dump records both."""
+
+    rollout_logprobs: Tensor
+    policy_version: Tensor
+    version: int = 0
+
+    def select(self, idx: Tensor) -> dict[str, Tensor]:
+        """The rows ``idx`` as a recorder's keywords."""
+        return {"rollout_logprobs": self.rollout_logprobs[idx], "policy_version": self.policy_version[idx]}

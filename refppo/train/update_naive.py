@@ -29,8 +29,10 @@ from refppo.models.batch import SequenceBatch
 from refppo.models.naive import prefix_logits, prefix_value
 from refppo.models.roles import eval_mode, make_reference
 from refppo.models.rollout import ScoredRollout
+from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.grad_naive import objective_grads_naive
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.stages import BY_NAME
 from refppo.pipeline.step import RolloutQuantities, update_inputs, update_quantities_naive
 from refppo.train.update_config import PPOUpdateConfig
 
@@ -61,6 +63,8 @@ class _Setup:
     quantities: RolloutQuantities
     hp: Hyperparams
     conv: Convention
+    rollout_logprobs: Tensor | None = None
+    """``[B, T]`` the behaviour log-probs (the seam mode's engine), or None."""
 
 
 def _check_supported(conv: Convention, cfg: PPOUpdateConfig, perms: list[Tensor]) -> None:
@@ -84,11 +88,15 @@ def ppo_update_naive(
     conv: Convention,
     cfg: PPOUpdateConfig,
     perms: list[Tensor],
+    rollout_logprobs: Tensor | None = None,
 ) -> list[NaiveStep]:
     """Naive twin of :func:`refppo.train.update.ppo_update` with the row permutation of each epoch given.
 
     A deep-copied snapshot of the actor is taken first and is the ONLY source of π_old.
     ``critic=None``: no value term (``vf_loss``, ``vf_clipfrac``, ``critic_grad_norm`` are 0).
+    ``rollout_logprobs`` ``[B, T]``: the behaviour log-probs that ``conv.rollout`` (the rollout
+    correction) weighs against the snapshot's, ``w' = f(π_snapshot / π^beh)``, by the
+    ``rollout_correction`` stage's naive twin; the gradient of the policy term is scaled by ``w'``.
     """
     _check_supported(conv, cfg, perms)
     batch = scored.batch
@@ -103,6 +111,7 @@ def ppo_update_naive(
         quantities=quantities,
         hp=hp,
         conv=conv,
+        rollout_logprobs=rollout_logprobs,
     )
     mb_size = batch.batch_size // cfg.num_minibatches
     optimizers = [actor_optimizer] + ([critic_optimizer] if critic_optimizer is not None else [])
@@ -125,7 +134,8 @@ def _minibatch(
     lp, snap, ent, values = _rows(su, rows)
     q = _update_inputs(su, rows, lp, snap, ent, values)
     uq = update_quantities_naive(q, hp=su.hp, conv=su.conv)
-    g_lp, g_v = objective_grads_naive(**_grad_inputs(q), hp=su.hp, conv=su.conv)
+    w = BY_NAME["rollout_correction"].naive(q, su.conv, su.hp, Evaluation())["is_weights"]
+    g_lp, g_v = objective_grads_naive(**_grad_inputs(q), hp=su.hp, conv=su.conv, is_weights=w)
     agg = su.conv.agg.of("entropy")
     g_ent = -su.hp.ent_coef * torch.tensor(agg_weights_naive(q["mask"], agg, horizon=su.hp.horizon))
     outs, grads = [lp, ent], [g_lp.to(lp.dtype), g_ent.to(ent.dtype)]
@@ -190,6 +200,7 @@ def _update_inputs(
         old_values=None if values is None else f64(sc.old_values[idx]), advantages=f64(qr.advantages[idx]),
         returns=f64(qr.returns[idx]), mask=sc.batch.response_mask[idx], value_mask_=qr.value_mask[idx],
         ref_logprobs=f64(sc.ref_logprobs[idx]), entropy=f64(ent),
+        rollout_logprobs=None if su.rollout_logprobs is None else f64(su.rollout_logprobs[idx]),
     )  # fmt: skip
 
 

@@ -52,6 +52,19 @@ from refppo.train.runlog import deterministic, read_metrics
 pytestmark = pytest.mark.e2e
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "old_runs"
+SEAM_KEYS = {
+    "ppo.rollout_is",
+    "ppo.rollout_is_agg",
+    "ppo.rollout_is_mode",
+    "ppo.rollout_is_low",
+    "ppo.rollout_is_high",
+    "seam.enabled",
+    "seam.dtype",
+    "seam.logprobs",
+    "seam.staleness",
+}
+"""The seam mode's keys (issue #22 item 5: the ``[seam]`` section and the rollout correction's
+``[ppo]`` keys), which no release before it had."""
 ABSENT = {
     "648bff8": {
         "rollout.group_size",
@@ -59,12 +72,13 @@ ABSENT = {
         "ppo.score_bias",
         "ppo.score_scale",
         "ppo.score_clip",
+        *SEAM_KEYS,
     },
-    "61be225": {"ppo.group_std_level", "ppo.score_bias", "ppo.score_scale", "ppo.score_clip"},
+    "61be225": {"ppo.group_std_level", "ppo.score_bias", "ppo.score_scale", "ppo.score_clip", *SEAM_KEYS},
 }
 """The keys each release's saved config lacks, measured: 648bff8's five were found by the reviewer
 who resumed a run of that release (finding TEST-1); 61be225's four are CHANGELOG.md's ("61be225:
-four keys") and its pinned key list in ``test_resume_compat.py``."""
+four keys") and its pinned key list in ``test_resume_compat.py``; both lack :data:`SEAM_KEYS`."""
 
 
 def weights_sha256(path: Path) -> str:

@@ -36,6 +36,7 @@ from refppo.pipeline.settings import (
     unread_std_level,
 )
 from refppo.train.config.codec import apply_overrides, from_plain, to_plain
+from refppo.train.config.seam import SeamConfig
 from refppo.train.config.sections import (
     ConfigError,
     KLConfig,
@@ -58,7 +59,7 @@ computes none without values) and GAE's λ (:func:`refppo.pipeline.step.rollout_
 estimators, ``reinforce++`` included, use γ only). Off their default under a critic-free estimator they
 are refused for a new run (:meth:`TrainConfig.unread_options`)."""
 
-_DEFAULT_CONVENTION, _DEFAULT_HP = Convention(), Hyperparams()
+_DEFAULT_CONVENTION, _DEFAULT_HP, _DEFAULT_SEAM = Convention(), Hyperparams(), SeamConfig()
 
 
 def _off_default(conv: Convention, hp: Hyperparams) -> list[tuple[str, Any]]:
@@ -99,12 +100,15 @@ class TrainConfig:
     """KL coefficient schedule."""
     run: RunConfig = field(default_factory=RunConfig)
     """Run length, output, logging."""
+    seam: SeamConfig = field(default_factory=SeamConfig)
+    """The rollout–trainer seam mode (off by default)."""
 
     def __post_init__(self) -> None:
         self.check_world_size(1)
         if self.model.critic_init == "reward" and self.task.reward != "model":
             raise ConfigError("model.critic_init='reward' needs task.reward='model'")
         self._check_critic_free()
+        self._check_seam()
         conv = self.ppo.convention
         whitened = conv.whiten.advantages.value != "none" or conv.reward.whiten.value != "none"
         est = conv.adv.estimator
@@ -150,6 +154,31 @@ class TrainConfig:
             raise ConfigError(
                 f"model.critic_init={self.model.critic_init!r} is set but ppo.advantage={adv.value} "
                 "has no critic"
+            )
+
+    def _check_seam(self) -> None:
+        """``ppo.rollout_is`` reads the engine's log-probs (``seam.enabled``); ``seam.*`` options
+        need ``seam.enabled``; ``seam.logprobs=processed`` needs a sampling filter."""
+        seam, corr = self.seam, self.ppo.convention.rollout
+        if corr.on and not seam.enabled:
+            raise ConfigError(
+                f"ppo.rollout_is={corr.level.value if corr.level else 'none'} reads the behaviour "
+                "log-probs of a rollout engine, which only the seam mode has: add --set seam.enabled=true"
+            )
+        keys = [
+            k for k in ("dtype", "logprobs", "staleness") if getattr(seam, k) != getattr(_DEFAULT_SEAM, k)
+        ]
+        if keys and not seam.enabled:
+            named = ", ".join(f"seam.{k}={getattr(seam, k)}" for k in keys)
+            raise ConfigError(
+                f"{named} {'is' if len(keys) == 1 else 'are'} set but seam.enabled=false, so no step "
+                "reads it: add --set seam.enabled=true"
+            )
+        r = self.rollout
+        if seam.logprobs == "processed" and r.top_p >= 1.0 and r.top_k == 0:
+            raise ConfigError(
+                "seam.logprobs=processed renormalises over the sampler's top-k / top-p support, but "
+                "rollout.top_p=1.0 and rollout.top_k=0 filter nothing (raw and processed are equal)"
             )
 
     def unread_options(self) -> str | None:
