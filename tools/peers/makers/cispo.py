@@ -70,10 +70,9 @@ def make_verl(out: Path) -> list[str]:
                 log_ratio(x), m, rollout_is="token", rollout_is_threshold=cap
             )
 
-        def fn(lp: Any, cfg: Any = cfg, w: Any = w, agg: str = agg, adv: Any = ro["advantages"]) -> Any:
-            return cispo(x["old_logprobs"], lp, adv, m, loss_agg_mode=agg, config=cfg, rollout_is_weights=w)
-
-        pg, metrics, g = _grad(x, fn)
+        kw = {"loss_agg_mode": agg, "config": cfg, "rollout_is_weights": w}
+        args = (x["old_logprobs"], ro["advantages"], m)
+        pg, metrics, g = _grad(x, lambda lp, a=args, k=kw: cispo(a[0], lp, a[1], a[2], **k))
         dump = step_dump(ca, x, ro, pg, metrics, agg)
         dump.update(grad_logprobs=g, grad_values=torch.zeros_like(m))
         conv = {"kl_estimator": "k1", "kl_in": "reward", "loss_agg": agg, **SET}
