@@ -169,3 +169,34 @@ def test_detect_from_the_defaults_lists_the_generating_member(tmp_path: Path, ca
         assert check(dump, setup_from_json(start, c), explain_divergence=False).match, c
     flipped = [c for c in det.detected if _same(c, {**conv, **flip}, w)]
     assert not flipped, (case, flipped[:3])
+
+
+def test_cispo_without_a_graph_gives_the_graph_paths_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CISPO has no by-rows kernel: without a graph (the oracle's big-dump path, blocks of rows) the
+    policy stage runs the whole batch under ``no_grad`` and gives the graph path's values exactly."""
+    from refppo.pipeline import blocks as m_blocks
+    from refppo.pipeline.blocks import Normalisers
+    from refppo.pipeline.step import rollout_quantities, update_quantities
+
+    x = _inputs()
+    s = setup_for(None, CASES["cispo-tis"][0])
+    m = x["response_mask"].bool()
+    rq = rollout_quantities(
+        scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
+        old_values=x["old_values"], mask=m, hp=s.hp, conv=s.conv,
+    )  # fmt: skip
+
+    def run(lp: Tensor, v: Tensor) -> Any:
+        return update_quantities(
+            logprobs=lp, values=v, old_logprobs=x["old_logprobs"], old_values=x["old_values"],
+            advantages=rq.advantages, returns=rq.returns, mask=m, value_mask_=rq.value_mask,
+            ref_logprobs=x["ref_logprobs"], hp=s.hp, conv=s.conv, norm=Normalisers(),
+            rollout_logprobs=x["rollout_logprobs"],
+        )  # fmt: skip
+
+    want = run(x["logprobs"].clone().requires_grad_(), x["values"].clone().requires_grad_())
+    monkeypatch.setattr(m_blocks, "ROW_BLOCK_ELEMENTS", 24)  # blocks of two rows
+    got = run(x["logprobs"], x["values"])
+    for f in ("pg_loss", "pg_clipfrac", "approx_kl", "loss"):
+        assert torch.equal(getattr(got, f).detach(), getattr(want, f).detach()), f
+    assert not got.pg_loss.requires_grad
