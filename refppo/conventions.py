@@ -306,18 +306,17 @@ class AdvantageEstimator(StrEnum):
 
 
 class PolicyLoss(StrEnum):
-    """Which importance ratio the clipped surrogate uses (:mod:`refppo.core.policy`, :mod:`refppo.core.gspo`).
+    """The policy surrogate (:mod:`refppo.core.policy`, :mod:`refppo.core.gspo`, :mod:`refppo.core.cispo`).
 
-    - ``vanilla``: the token ratio ``ρ_t = exp(l_t − l^old_t)`` (PPO; verl 0.9.1 policy loss mode
-      ``vanilla``, the default of every peer; refppo default);
-    - ``gspo``: the sequence ratio ``s_b = exp(mean_t m·(l − l^old))`` of GSPO (Zheng et al. 2025),
-      in its token form ``sg(s_b)·π_t/sg(π_t)`` (verl 0.9.1
-      ``verl/trainer/ppo/core_algos.py::compute_policy_loss_gspo``, mode ``gspo``): clipped per
-      sequence, no dual-clip; ``log_ratio_clamp`` is then the *upper* clamp of ``log s`` (verl: 10).
-    """
+    - ``vanilla``: token ratio ``ρ_t = exp(l_t − l^old_t)`` (PPO; with ``rollout_is``: AReaL's decoupled);
+    - ``gspo``: GSPO's sequence ratio ``s_b = exp(mean_t m·(l − l^old))`` (Zheng et al. 2025) in its token
+      form ``sg(s_b)·π_t/sg(π_t)`` (verl 0.9.1 ``core_algos.py::compute_policy_loss_gspo``): clipped per
+      sequence, no dual-clip; ``log_ratio_clamp`` is the *upper* clamp of ``log s`` (verl: 10);
+    - ``cispo``: ``−sg(clip(ρ_t, 1−ε_low, 1+ε_high))·A_t·l_t`` (verl 0.9.1, SkyRL 0.3.1), no dual-clip."""
 
     VANILLA = "vanilla"
     GSPO = "gspo"
+    CISPO = "cispo"
 
 
 class GroupSingleton(StrEnum):

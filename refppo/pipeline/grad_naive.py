@@ -8,6 +8,7 @@ input, so its term adds nothing to either gradient.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,8 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import KLPlacement, PolicyLoss
+from refppo.core import _pyfloat as pf
+from refppo.core.aggregate import agg_weights_naive
 from refppo.core.grad import kl_loss_grad_naive, policy_grad_naive, value_grad_naive
 from refppo.core.gspo import gspo_policy_grad_naive
 from refppo.errors import DumpError
@@ -36,6 +39,8 @@ def _pg_grad(
 ) -> Tensor:
     """``∂pg/∂logprobs`` by ``conv.policy.loss``: GSPO's (:func:`refppo.core.gspo.gspo_policy_grad_naive`)
     or the per-token ratio's (:func:`policy_grad_naive`), with the normalisers ``pol``."""
+    if conv.policy.loss is PolicyLoss.CISPO:
+        return cispo_grad_naive(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
     if conv.policy.loss is PolicyLoss.GSPO:
         return gspo_policy_grad_naive(
             logprobs,
@@ -60,6 +65,34 @@ def _pg_grad(
         log_ratio_clamp=conv.policy.log_ratio_clamp,
         **pol,
     )
+
+
+def cispo_grad_naive(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    hp: Hyperparams,
+    conv: Convention,
+    pol: dict[str, float],
+) -> Tensor:
+    """``∂pg/∂l_t = w(b,t)·(−c_t·A_t)`` of ``policy_loss=cispo``, token by token: ``c_t =
+    clip(exp(clamp(l_t − l^old_t, ±κ)), 1 − ε_low, 1 + ε_high)`` is detached, so every token keeps
+    its gradient (no clip gate); ``w(b,t)`` the aggregation weight (:func:`agg_weights_naive`)."""
+    lo, hi = 1.0 - hp.cliprange, 1.0 + (hp.cliprange if hp.cliprange_high is None else hp.cliprange_high)
+    k = conv.policy.log_ratio_clamp
+    w = agg_weights_naive(mask, conv.agg.loss, **pol)
+    lp, lo_p, advs, ms = pf.rows(logprobs), pf.rows(old_logprobs), pf.rows(advantages), pf.mask_rows(mask)
+    out = []
+    for b, mrow in enumerate(ms):
+        row = []
+        for t, ok in enumerate(mrow):
+            d = lp[b][t] - lo_p[b][t]
+            c = min(max(math.exp(min(max(d, -k), k) if k is not None else d), lo), hi) if ok else 0.0
+            row.append(w[b][t] * -c * advs[b][t] if ok else 0.0)
+        out.append(row)
+    return torch.tensor(out, dtype=torch.float64, device=mask.device)
 
 
 def objective_grads_naive(

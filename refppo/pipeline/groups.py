@@ -218,9 +218,10 @@ class PolicyConvention:
     """The clipped surrogate's per-token terms (steps 5–6) and the logged ``approx_kl`` metric."""
 
     loss: PolicyLoss = field(default=PolicyLoss.VANILLA, metadata=flat_key("policy_loss", omit=True))
-    """The importance ratio of the clipped surrogate: ``vanilla`` (per token) or ``gspo`` (GSPO's
-    length-normalised sequence ratio, :mod:`refppo.core.gspo`; needs ``dual_clip`` None, and takes
-    ``log_ratio_clamp`` as the upper clamp of the log sequence ratio, verl: 10)."""
+    """The policy surrogate: ``vanilla`` (the token ratio), ``gspo`` (GSPO's length-normalised sequence
+    ratio, :mod:`refppo.core.gspo`; ``log_ratio_clamp`` the upper clamp of the log sequence ratio, verl:
+    10) or ``cispo`` (the clipped detached weight times ``l``, :mod:`refppo.core.cispo`); the last two
+    need ``dual_clip`` None."""
     dual_clip: float | None = field(default=None, metadata=flat_key())
     """Dual-clip constant c > 1 for negative advantages, or None (off)."""
     log_ratio_clamp: float | None = field(default=None, metadata=flat_key())
@@ -236,10 +237,10 @@ class PolicyConvention:
             raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
         if self.log_ratio_clamp is not None:
             check_positive("log_ratio_clamp", self.log_ratio_clamp)
-        if self.loss is PolicyLoss.GSPO and self.dual_clip is not None:
+        if self.loss is not PolicyLoss.VANILLA and self.dual_clip is not None:
             raise ConventionError(
-                f"dual_clip: policy_loss=gspo has no dual-clip (verl compute_policy_loss_gspo), "
-                f"got dual_clip={self.dual_clip!r}; set dual_clip=none"
+                f"dual_clip: policy_loss={self.loss} has no dual-clip (verl compute_policy_loss_"
+                f"{self.loss}), got dual_clip={self.dual_clip!r}; set dual_clip=none"
             )
 
 

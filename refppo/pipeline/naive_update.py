@@ -15,6 +15,7 @@ from torch import Tensor
 
 from refppo.conventions import AdvantageEstimator, ApproxKL, KLPlacement, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_loss_naive
+from refppo.core.cispo import cispo_policy_loss_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
 from refppo.core.policy import approx_kl_k2_all_positions_naive, clipped_policy_loss_naive
@@ -64,9 +65,14 @@ def rollout_correction_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evalua
 
 def policy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """Steps 5–6 per token, case by case on each token (:func:`refppo.core.policy.clipped_policy_loss_naive`,
-    :func:`refppo.core.gspo.gspo_policy_loss_naive`)."""
+    :func:`refppo.core.gspo.gspo_policy_loss_naive`, :func:`refppo.core.cispo.cispo_policy_loss_naive`)."""
     pol, args = conv.policy, (q["logprobs"], q["old_logprobs"], q["advantages"], q["mask"])
-    if pol.loss is PolicyLoss.GSPO:
+    if pol.loss is PolicyLoss.CISPO:
+        hi = hp.cliprange if hp.cliprange_high is None else hp.cliprange_high
+        out = cispo_policy_loss_naive(
+            *args, clip_low=hp.cliprange, clip_high=hi, log_ratio_clamp=pol.log_ratio_clamp
+        )
+    elif pol.loss is PolicyLoss.GSPO:
         out = gspo_policy_loss_naive(
             *args, clip_low=hp.cliprange, clip_high=hp.cliprange_high, log_ratio_max=pol.log_ratio_clamp
         )

@@ -247,7 +247,8 @@ _UPDATE = (
         ("logprobs", "old_logprobs", "advantages", "mask", "is_weights"),
         ("pg_per_token", "ratio", "pg_clipfrac", "pg_clipfrac_lower", "pg_approx_kl"),
         up.policy_stage, nu.policy_naive,
-        "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss", by_rows=True,
+        "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss, "
+        "core.cispo.cispo_policy_loss", by_rows=True,
         needs=nd.policy_needs,
         output_reads={q: ("logprobs", "old_logprobs", "mask") for q in ("ratio", "pg_approx_kl")},
         output_keys={"ratio": ("policy_loss", "log_ratio_clamp"), "pg_approx_kl": ("policy_loss",)},

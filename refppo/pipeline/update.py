@@ -38,6 +38,7 @@ from refppo.core.by_rows import (
     value_token_loss_by_rows,
 )
 from refppo.core.checks import check_mask
+from refppo.core.cispo import cispo_policy_loss
 from refppo.core.gspo import gspo_policy_token_loss, gspo_ratio
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import (
@@ -75,6 +76,8 @@ def policy_token_loss(
     ``keep_ratio`` False: by blocks, no ratio buffer (``ratio`` empty)."""
     pol = conv.policy
     gspo = pol.loss is PolicyLoss.GSPO
+    if pol.loss is PolicyLoss.CISPO:
+        return cispo_token_loss(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, grad=rows is None)
     if rows is not None:
         return policy_token_loss_by_rows(
             rows, logprobs, old_logprobs, advantages, mask, gspo=gspo, clip_low=hp.cliprange,
@@ -90,6 +93,24 @@ def policy_token_loss(
         logprobs, old_logprobs, advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
         dual_clip=pol.dual_clip, log_ratio_clamp=pol.log_ratio_clamp,
     )  # fmt: skip
+
+
+def cispo_token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, hp: Hyperparams,
+    conv: Convention, grad: bool = True,
+) -> PolicyTokenLoss:  # fmt: skip
+    """``policy_loss=cispo`` per token (:func:`refppo.core.cispo.cispo_policy_loss`: ``[1 − ε_low,
+    1 + ε_high]`` from ``cliprange``/``cliprange_high``, κ ``log_ratio_clamp``); ``grad`` False: under
+    ``no_grad`` (the by-rows evaluation has no autograd graph; CISPO has no by-rows kernel)."""
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        out = cispo_policy_loss(
+            logprobs, old_logprobs, advantages, mask, clip_low=hp.cliprange,
+            clip_high=hp.cliprange if hp.cliprange_high is None else hp.cliprange_high,
+            log_ratio_clamp=conv.policy.log_ratio_clamp,
+        )  # fmt: skip
+    return PolicyTokenLoss(
+        out.per_token, out.ratio, out.clipfrac, out.clipfrac_lower, out.approx_kl, out.approx_kl_k2
+    )
 
 
 def policy_term(
@@ -114,7 +135,7 @@ def policy_term(
 def clip_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, conv: Convention) -> Tensor:
     """The ratio the policy stage clips, detached ``[B, T]``: the token ratio after the log-ratio
     clamp (:func:`refppo.core.policy.policy_ratio`), or GSPO's sequence ratio on every token of its
-    row (:func:`refppo.core.gspo.gspo_ratio`)."""
+    row (:func:`refppo.core.gspo.gspo_ratio`); ``cispo`` clips the token ratio."""
     pol = conv.policy
     if pol.loss is PolicyLoss.GSPO:
         return gspo_ratio(logprobs, old_logprobs, mask, log_ratio_max=pol.log_ratio_clamp)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import KLPlacement, PolicyLoss
+from refppo.core.cispo import cispo_policy_loss_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.kl import token_kl_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
@@ -160,7 +161,9 @@ def naive_outputs(
             lp, old, rq.advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
             dual_clip=f("dual_clip"), agg=f("loss_agg"), log_ratio_clamp=f("log_ratio_clamp"), **norm,
         )  # fmt: skip
-    if conv.rollout.on:  # ℓ_t ← w'_t·ℓ_t: the core's corrected surrogate on the naive weights
+    if f("policy_loss") is PolicyLoss.CISPO:  # the core's CISPO twin, times w' when corrected
+        pg = _cispo_naive(t, rq.advantages, mask, setup)
+    elif conv.rollout.on:  # ℓ_t ← w'_t·ℓ_t: the core's corrected surrogate on the naive weights
         pg = _corrected_naive(t, rq.advantages, mask, setup)
     out.update(
         pg_loss=pg.loss, pg_clipfrac=pg.clipfrac, approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t)
@@ -193,6 +196,24 @@ def _corrected_naive(t: dict[str, Tensor], adv: Tensor, mask: Tensor, setup: Set
     return corrected_policy_loss_naive(
         t["logprobs"], t["old_logprobs"], adv, mask, torch.tensor(w, dtype=torch.float64),
         clip=clip, norms=Norms(conv.agg.loss, horizon=hp.horizon),
+    )  # fmt: skip
+
+
+def _cispo_naive(t: dict[str, Tensor], adv: Tensor, mask: Tensor, setup: Setup) -> Any:
+    """``policy_loss=cispo``: :func:`cispo_policy_loss_naive` with ``[1 − cliprange, 1 + cliprange_high]``
+    and, under ``rollout_is``, the naive weights of :func:`is_weights_naive` as ``w'``."""
+    conv, hp = setup.conv, setup.hp
+    rc, w = conv.rollout, None
+    if rc.on:
+        wl, _, _ = is_weights_naive(
+            t["old_logprobs"], t["rollout_logprobs"], mask, level=rc.level or "token", agg=rc.agg,
+            mode=rc.mode, low=rc.low, high=rc.high,
+        )  # fmt: skip
+        w = torch.tensor(wl, dtype=torch.float64)
+    return cispo_policy_loss_naive(
+        t["logprobs"], t["old_logprobs"], adv, mask, clip_low=hp.cliprange,
+        clip_high=hp.cliprange if hp.cliprange_high is None else hp.cliprange_high,
+        log_ratio_clamp=conv.policy.log_ratio_clamp, weight=w, norms=Norms(conv.agg.loss, horizon=hp.horizon),
     )  # fmt: skip
 
 
