@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from peers.makers.common import HP, install_stubs, mount, save
-from peers.makers.verl_correction import behaviour_inputs, log_ratio, rollout_part, step_dump
+from peers.makers.common import HP, behaviour_inputs, install_stubs, mount, save
+from peers.makers.verl_correction import log_ratio, rollout_part, step_dump
 
 SET: dict[str, Any] = {"policy_loss": "cispo", "dual_clip": "none", "log_ratio_clamp": 20.0}
 # (loss_agg, clip_low, clip_high, TIS cap or None)
