@@ -106,7 +106,7 @@ class _PolicyEval:
             for a in LossAgg:
                 st = s.setting(loss_agg=a.value, entropy_agg=None)
                 self.ent[a.value] = s.evaluate("entropy", q_ent, st, self.ev_tok)["entropy_loss"]
-        self.kll: dict[tuple[bytes, str | None, str], Tensor] = {}
+        self.kll: dict[tuple[bytes, str | None, str], Tensor | None] = {}
         self.akl: dict[tuple[str, float], Tensor] = {}
         self.acts: dict[tuple[Any, ...], bool] = {}
         self.computed: dict[tuple[Any, ...], _Aggregated] = {}
@@ -208,7 +208,7 @@ class _PolicyEval:
             return None
         return self.kl_loss_as(ca.kl_key, ca.kl_setting, agg, None)
 
-    def kl_loss_as(self, kl_key: bytes, kl_setting: Any, agg: str, kagg: str | None) -> Tensor:
+    def kl_loss_as(self, kl_key: bytes, kl_setting: Any, agg: str, kagg: str | None) -> Tensor | None:
         """:func:`kl_loss_stage` memoised by the KL's digest ``kl_key``."""
         key = (kl_key, kagg, agg)
         if key not in self.kll:
@@ -216,12 +216,12 @@ class _PolicyEval:
         return self.kll[key]
 
 
-def kl_loss_stage(s: Search, kl_setting: Any, agg: str, kagg: str | None) -> Tensor:
+def kl_loss_stage(s: Search, kl_setting: Any, agg: str, kagg: str | None) -> Tensor | None:
     """The kl_loss stage under ``kl_in=loss``, the KL keys ``kl_setting``, ``loss_agg = agg`` and
     ``kl_loss_agg = kagg``, on the current log-probs."""
-    q = {"logprobs": s.t["logprobs"], "ref_logprobs": s.t["ref_logprobs"], "mask": s.m}
+    q = {"logprobs": s.t["logprobs"], "ref_logprobs": s.t.get("ref_logprobs"), "mask": s.m}
     st = s.setting(**kl_setting, kl_in="loss", loss_agg=agg, kl_loss_agg=kagg)
-    out: Tensor = s.evaluate("kl_loss", q, st, s.ev_counts(s.m))["kl_loss"]
+    out: Tensor | None = s.evaluate("kl_loss", q, st, s.ev_counts(s.m))["kl_loss"]
     return out
 
 

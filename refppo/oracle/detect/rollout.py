@@ -79,7 +79,9 @@ def kl_step(s: Search, groups: list[Group[Any]]) -> list[Group[KLState]]:
     own = {"kl_log_ratio_clamp": s.base.conv.kl.log_ratio_clamp, "kl_value_clamp": s.base.conv.kl.value_clamp}
     if own not in clamp_opts:
         clamp_opts.append(own)
-    q_old = {"old_logprobs": t["old_logprobs"], "ref_logprobs": t["ref_logprobs"], "mask": m}
+    # without ref_logprobs (β = 0: nothing reads the KL) the stage gives None for every estimator,
+    # so the options share one digest and the estimator stays open (not read)
+    q_old = {"old_logprobs": t["old_logprobs"], "ref_logprobs": t.get("ref_logprobs"), "mask": m}
     q_cur = {**q_old, "old_logprobs": t["logprobs"]} if "logprobs" in t else None
     kl_values = kl_candidates(s.base.conv.kl.estimator, s.dump.has("grad_logprobs"))
 
@@ -103,7 +105,7 @@ def kl_step(s: Search, groups: list[Group[Any]]) -> list[Group[KLState]]:
         return opts
 
     def propose(_: list[Group[Any]]) -> list[tuple[str, dict[str, Any]]]:
-        if "kl" not in t:
+        if "kl" not in t or "ref_logprobs" not in t:
             return []
         tol = s.tol.of(float(t["kl"].abs().max()))
         out = []
@@ -123,7 +125,9 @@ def kl_step(s: Search, groups: list[Group[Any]]) -> list[Group[KLState]]:
                     s.propose_value("kl_value_clamp", b["kl_value_clamp"])
         return out
 
-    return s.stage(groups, make, lambda st: [s.ratio("kl", st.kl, m)], "kl", propose)
+    return s.stage(
+        groups, make, lambda st: [None if st.kl is None else s.ratio("kl", st.kl, m)], "kl", propose
+    )
 
 
 def _whiten_reward_opts(s: Search, walk_all: bool) -> list[WhitenKey]:

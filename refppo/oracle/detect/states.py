@@ -52,7 +52,8 @@ class KLState:
     setting: Setting
     """``kl_estimator``, ``kl_log_ratio_clamp``, ``kl_value_clamp`` of the option (the kl_loss stage
     reads them again)."""
-    kl: Tensor
+    kl: Tensor | None
+    """None without ``ref_logprobs`` (β = 0: no stage reads the KL)."""
     key: bytes
     """Digest of the KL on the old and on the current log-probs: equal keys, equal KL everywhere."""
 

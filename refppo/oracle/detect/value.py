@@ -226,7 +226,7 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
     t = s.t
     has_lp = "logprobs" in t
     own_kagg = {} if s.base.conv.agg.kl is None else {"kl_loss_agg": None}
-    kll: dict[tuple[bytes, str, str], Tensor] = {}
+    kll: dict[tuple[bytes, str, str], Tensor | None] = {}
     totals: dict[str, Setup] = {}
 
     def total_setting(kl_in: str) -> Setup:
@@ -237,7 +237,7 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
             totals[kl_in] = replace(st, hp=replace(st.hp, vf_coef=0.0)) if s.dump.step.separate_critic else st
         return totals[kl_in]
 
-    def kl_loss_mode(ca: Carried, agg: str, kagg: str) -> Tensor:
+    def kl_loss_mode(ca: Carried, agg: str, kagg: str) -> Tensor | None:
         key = (ca.kl_key, agg, kagg)
         if key not in kll:
             kll[key] = kl_loss_stage(s, ca.kl_setting, agg, kagg)
