@@ -174,7 +174,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None
         if conv.value.loss is ValueLoss.CLIPPED and not value_replaced:
             eps_v = hp.cliprange_value
             widen["vf_clipfrac"] = lambda: vf_tie_widen(
-                values, t["old_values"], returns, vf_mask, eps_v, rtol
+                values, t["old_values"], returns, vf_mask, eps_v, rtol, conv.value.clip_form
             )
     if "entropy" in t:
         vals["entropy_loss"] = uq.entropy_loss.detach()
