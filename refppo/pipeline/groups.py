@@ -260,14 +260,23 @@ class AggConvention:
     (``seq-mean-token-mean``) whatever its policy-loss reduction."""
     entropy: LossAgg | None = field(default=None, metadata=flat_key("entropy_agg", omit=True))
     """Aggregation of the entropy term; None = ``loss_agg``. SkyRL-train: ``token-mean`` always."""
+    kl_metric: LossAgg | None = field(
+        default=None, metadata=flat_key("kl_metric_agg", omit=True, config=False)
+    )
+    """Aggregation of the *logged* KL metric (the dumped ``kl_loss``, ``kl_in=loss``) when a trainer logs
+    it unlike the KL term of its loss; None = the term's (``kl_loss_agg``, else ``loss_agg``). TRL
+    GRPOTrainer 1.16.0 adds ``β·k3`` per token before its ``loss_type`` aggregation but logs ``kl`` as
+    a token mean (``token-mean``). A logging convention: refppo's trainer logs the term."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
 
     def of(self, term: str) -> LossAgg:
-        """The aggregation of ``term`` (``policy``, ``value``, ``kl`` or ``entropy``): its own
-        override, else ``loss_agg``."""
+        """The aggregation of ``term`` (``policy``, ``value``, ``kl``, ``entropy`` or ``kl_metric``):
+        its own override, else ``loss_agg`` (``kl_metric``: else the ``kl`` term's)."""
         own: LossAgg | None = None if term == "policy" else getattr(self, term)
+        if own is None and term == "kl_metric":
+            return self.of("kl")
         return self.loss if own is None else own
 
 

@@ -166,6 +166,22 @@ def kl_loss_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation)
     return {"kl_loss": out}
 
 
+def kl_metric_naive_stage(
+    q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation
+) -> dict[str, Tensor | None]:
+    """The logged KL metric: :func:`refppo.core.objective.kl_loss_naive` under ``kl_metric_agg``
+    when it differs from the term's aggregation; else the term."""
+    agg = conv.agg.of("kl_metric")
+    if conv.kl.placement is not KLPlacement.LOSS or q["kl_loss"] is None or agg is conv.agg.of("kl"):
+        return {"kl_metric": q["kl_loss"]}
+    k, norm = conv.kl, normaliser_kwargs(ev.norm, hp.horizon, value=False)
+    out = kl_loss_naive(
+        q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, agg,
+        log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp, **norm,
+    )  # fmt: skip
+    return {"kl_metric": out}
+
+
 def total_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """:func:`refppo.core.objective.total_loss_naive` on the terms as Python floats."""
     total = total_loss_naive(
@@ -181,6 +197,7 @@ __all__ = [
     "approx_kl_naive",
     "entropy_naive",
     "kl_loss_naive_stage",
+    "kl_metric_naive_stage",
     "normaliser_kwargs",
     "policy_agg_naive",
     "policy_naive",

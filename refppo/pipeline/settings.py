@@ -11,7 +11,7 @@ A :class:`Convention` is one frozen group per stage family of :mod:`refppo.pipel
                                   group_singleton, group_kl, group_eps
     whiten   WhitenConvention     whiten_advantages, whiten_holes
     policy   PolicyConvention     policy_loss, dual_clip, log_ratio_clamp, approx_kl
-    agg      AggConvention        loss_agg, value_loss_agg, kl_loss_agg, entropy_agg
+    agg      AggConvention        loss_agg, value_loss_agg, kl_loss_agg, entropy_agg, kl_metric_agg
     value    ValueConvention      value_loss, value_clip_form, vf_mask
     rollout  RolloutCorrection    rollout_is, rollout_is_agg, rollout_is_mode, rollout_is_low,
                                   rollout_is_high
@@ -213,6 +213,7 @@ FLAT_ORDER: tuple[str, ...] = (
     "rollout_is_mode",
     "rollout_is_low",
     "rollout_is_high",
+    "kl_metric_agg",
 )
 """The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
 report, ``refppo train --help-config``): the order they were added in, kept so that those outputs
@@ -251,8 +252,8 @@ def enum_keys() -> dict[str, type[Enum]]:
 CONVENTION_KEYS: tuple[str, ...] = FLAT_ORDER
 """Every flat convention key."""
 CONFIG_KEYS: tuple[str, ...] = tuple(k for k in FLAT_ORDER if FLAT[k].config)
-"""The flat keys of the trainer's ``[ppo]`` section (``approx_kl`` and ``vf_mask`` describe how an
-observed trainer logs and masks: refppo's trainer runs their defaults)."""
+"""The flat keys of the trainer's ``[ppo]`` section (``approx_kl``, ``vf_mask`` and ``kl_metric_agg``
+describe how an observed trainer logs and masks: refppo's trainer runs their defaults)."""
 
 
 @dataclass(frozen=True)

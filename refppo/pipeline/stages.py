@@ -26,13 +26,13 @@ value               values, old_values, returns, …       vf_per_token, vf_clip
 value_agg           vf_per_token, vf_loss_mask           vf_loss
 entropy             entropy, mask                        entropy_loss
 kl_loss             logprobs, ref_logprobs, mask         kl_loss
+kl_metric           kl_loss, logprobs, ref_logprobs, …   kl_metric
 total               pg_loss, vf_loss, entropy_loss, …    loss
 grads               loss, logprobs, values, masks        grad_logprobs, grad_values
 ==================  ===================================  ====================================
 
-(spec/ppo.md has the full table with the keys and the functions; a test checks it against
-:data:`STAGES`.) One stage alone under another convention: ``stage.run(q, conv.with_updates(...),
-hp, ev)`` with ``q`` holding what it reads (an upstream stage's results reused as they are).
+(spec/ppo.md: the full table with keys and functions, checked against :data:`STAGES` by a test.) One
+stage alone: ``stage.run(q, conv.with_updates(...), hp, ev)``, ``q`` holding what it reads.
 """
 
 from __future__ import annotations
@@ -283,6 +283,13 @@ _UPDATE = (
         ("horizon",), ("logprobs", "ref_logprobs", "mask"), ("kl_loss",), up.kl_loss_stage,
         nu.kl_loss_naive_stage, "core.objective.kl_loss", by_rows=True, normalisers=True,
         needs=nd.kl_loss_needs,
+    ),
+    Stage(
+        "kl_metric", "update",
+        ("kl_in", "kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp", "loss_agg", "kl_loss_agg",
+         "kl_metric_agg"), ("horizon",), ("kl_loss", "logprobs", "ref_logprobs", "mask"), ("kl_metric",),
+        up.kl_metric_stage, nu.kl_metric_naive_stage, "core.objective.kl_loss", by_rows=True,
+        normalisers=True,
     ),
     Stage(
         "total", "update", ("kl_in",), ("vf_coef", "ent_coef", "kl_coef"),

@@ -168,6 +168,8 @@ class UpdateQuantities:
     entropy_loss: Tensor
     kl_loss: Tensor | None
     """None under ``kl_in=loss`` at β = 0 without ``ref_logprobs`` (not read by the total)."""
+    kl_metric: Tensor | None
+    """The logged KL metric (the dumped ``kl_loss``): ``kl_loss`` unless ``kl_metric_agg`` differs."""
     ratio: Tensor
     pg_clipfrac: Tensor
     pg_clipfrac_lower: Tensor

@@ -11,6 +11,7 @@ the current policy and critic), each ``fn(q, conv, hp, ev) -> {quantity: tensor}
     value_agg_stage    vf_per_token, vf_loss_mask        -> vf_loss          aggregate_masked
     entropy_stage      entropy                           -> entropy_loss     entropy_bonus
     kl_loss_stage      logprobs, ref_logprobs            -> kl_loss          kl_loss
+    kl_metric_stage    kl_loss, logprobs, ref_logprobs   -> kl_metric        kl_loss (the logged KL)
     total_stage        pg_loss, vf_loss, entropy_loss, kl_loss -> loss       total_loss
     grads_stage        loss, logprobs, values            -> grad_logprobs, grad_values  (autograd)
 
@@ -302,6 +303,22 @@ def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
     return {"kl_loss": kl_loss_by_rows(ev.rows, *args, **kw)}
 
 
+def kl_metric_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor | None]:
+    """Step 8c: the logged KL metric (the dumped ``kl_loss``): ``kl_metric_agg(KL(π_θ‖π_ref))``,
+    detached, when a trainer logs it unlike the loss's term (TRL GRPOTrainer 1.16.0: ``token-mean``);
+    else the term itself (``kl_loss``, the same tensor)."""
+    term = q["kl_loss"]
+    agg = conv.agg.of("kl_metric")
+    if conv.kl.placement is not KLPlacement.LOSS or term is None or agg is conv.agg.of("kl"):
+        return {"kl_metric": term}
+    k, norm = conv.kl, ev.norm.kwargs(hp.horizon)
+    args = (q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, agg)
+    kw: dict[str, Any] = {"log_ratio_clamp": k.log_ratio_clamp, "value_clamp": k.value_clamp, **norm}
+    with torch.no_grad():
+        out = kl_loss(*args, **kw) if ev.rows is None else kl_loss_by_rows(ev.rows, *args, **kw)
+    return {"kl_metric": out}
+
+
 def total_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """Step 9: ``loss = pg + vf_coef·vf − ent_coef·entropy + kl_coef·kl`` (``kl_coef`` 0 unless
     ``kl_in=loss``)."""
@@ -332,6 +349,7 @@ __all__ = [
     "entropy_stage",
     "grads_stage",
     "kl_loss_stage",
+    "kl_metric_stage",
     "policy_agg_stage",
     "policy_stage",
     "policy_term",

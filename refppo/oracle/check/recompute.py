@@ -166,15 +166,15 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None
     widen: dict[str, Callable[[], float]] = {}
     if "logprobs" in t:
         vals.update(pg_loss=uq.pg_loss.detach(), pg_clipfrac=uq.pg_clipfrac, approx_kl=uq.approx_kl)
-        if uq.kl_loss is not None:  # None: kl_in=loss at β = 0 without ref_logprobs (not read)
-            vals["kl_loss"] = uq.kl_loss.detach()
+        if uq.kl_metric is not None:  # None: kl_in=loss at β = 0 without ref_logprobs (not read)
+            vals["kl_loss"] = uq.kl_metric.detach()  # the logged KL (kl_metric_agg; default the term)
         widen["pg_clipfrac"] = lambda: float(pg_tie_share(logprobs, old_lp, adv, m, setup, rtol))
     if "values" in t and values is not None:
         vals.update(vf_loss=uq.vf_loss.detach(), vf_clipfrac=uq.vf_clipfrac)
         if conv.value.loss is ValueLoss.CLIPPED and not value_replaced:
             eps_v = hp.cliprange_value
             widen["vf_clipfrac"] = lambda: vf_tie_widen(
-                values, t["old_values"], returns, vf_mask, eps_v, rtol
+                values, t["old_values"], returns, vf_mask, eps_v, rtol, conv.value.clip_form
             )
     if "entropy" in t:
         vals["entropy_loss"] = uq.entropy_loss.detach()

@@ -43,7 +43,7 @@ _FLOAT_OR_NONE = {
 _FLOAT_EXTRAS = {"score_bias", "score_scale", "group_eps"}
 """Keys holding a plain float (the score map's bias and scale, ``group_eps``)."""
 _FLOAT_OR_NONE_HP = {"cliprange_high", "horizon"}
-_NAME_OR_NONE = {"value_loss_agg", "kl_loss_agg", "entropy_agg", "rollout_is"}
+_NAME_OR_NONE = {"value_loss_agg", "kl_loss_agg", "entropy_agg", "rollout_is", "kl_metric_agg"}
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ clip decision, so the reference's count (or gradient branch) is a tie, not a div
                                    clips: :func:`refppo.pipeline.update.clip_ratio`)
     vf_tie_mask / vf_tie_widen     ``|V − V_old|`` within ``rtol`` of ``ε_v``, or equal squared
                                    errors outside the range (``V^clip``:
-                                   :func:`refppo.core.value.clipped_value`)
+                                   :func:`refppo.core.value.clipped_value`); for the count of
+                                   ``value_clip_form=delta`` also the tokens inside the range whose
+                                   two squares are equal to rounding (:func:`delta_rounding_ties`)
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from refppo.conventions import ValueClipForm
+from refppo.conventions import ValueClipForm, parse
 from refppo.core.by_rows import row_blocks
 from refppo.core.checks import count_true
 from refppo.core.value import clipped_value
@@ -55,18 +57,29 @@ def pg_tie_mask(
 
 
 def vf_tie_widen(
-    values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float, rtol: float
+    values: Tensor,
+    old: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    eps_v: float,
+    rtol: float,
+    form: ValueClipForm | str = ValueClipForm.AROUND_OLD,
 ) -> float:
-    """Share of value-mask tokens of :func:`vf_tie_mask`. The mask is elementwise, so it is counted
+    """Share of value-mask tokens of :func:`vf_tie_mask` (and, for ``form=delta``, of
+    :func:`delta_rounding_ties`). The mask is elementwise, so it is counted
     by blocks of about :data:`refppo.pipeline.blocks.ROW_BLOCK_ELEMENTS` rows (exact integer counts: the
     same share bit for bit, without the whole batch's ~12 ``[B, T]`` temporaries)."""
+    delta = parse(ValueClipForm, form, what="value_clip_form") is ValueClipForm.DELTA
     B = mask.shape[0]
     step = update_rows(mask) or B
     n = 0
     for r in row_blocks(B, step):
-        n += int(count_true(vf_tie_mask(values[r], old[r], returns[r], mask[r], eps_v, rtol)))
-    near = torch.tensor(n, dtype=torch.int64)
-    return float(near.to(values.dtype) / count_true(mask).to(values.dtype))
+        near = vf_tie_mask(values[r], old[r], returns[r], mask[r], eps_v, rtol)
+        if delta:
+            near |= delta_rounding_ties(values[r], old[r], returns[r], mask[r], eps_v)
+        n += int(count_true(near))
+    total = torch.tensor(n, dtype=torch.int64)
+    return float(total.to(values.dtype) / count_true(mask).to(values.dtype))
 
 
 def vf_tie_mask(
@@ -91,4 +104,24 @@ def vf_tie_mask(
     return (boundary | midpoint) & mask
 
 
-__all__ = ["pg_tie_mask", "pg_tie_share", "vf_tie_mask", "vf_tie_widen"]
+def delta_rounding_ties(values: Tensor, old: Tensor, returns: Tensor, mask: Tensor, eps_v: float) -> Tensor:
+    """Tokens inside the clip range whose ``value_clip_form=delta`` count is decided by rounding.
+
+    Inside the range ``V^clip = V_old + (V − V_old)`` can land one rounding step ``u`` off ``V``;
+    then ``(V^clip − R)² − (V − R)² ≈ ±2u·(V − R)`` exactly, often below one rounding step of the
+    squares themselves, and the strict ``>`` of the count reads which way the two squares rounded:
+    the last bit of ``R``. A trainer's ``R`` one rounding step off the reference's (its own GAE)
+    then counts such a token the other way (AReaL 1.0.4 ``ppo_critic_loss_fn``, whose count is
+    this very ``>``: ``tests/peers/test_peer_value_clip_ties.py``). Marked: the tokens inside the
+    range with ``V^clip ≠ V`` and the two squares within ``2·eps·max`` of each other (``eps`` of
+    the dtype). Tokens where the offset shows beyond rounding stay exact (the form is checked)."""
+    zero = torch.zeros((), dtype=values.dtype)
+    v, vo, r = (torch.where(mask, x, zero) for x in (values, old, returns))
+    v_clip = clipped_value(v, vo, eps_v, ValueClipForm.DELTA)
+    e1, e2 = (v - r) ** 2, (v_clip - r) ** 2
+    inside = ((v - vo).abs() < eps_v) & (v_clip != v)
+    close = (e2 - e1).abs() <= 2.0 * torch.finfo(values.dtype).eps * torch.maximum(e1, e2)
+    return inside & close & mask
+
+
+__all__ = ["delta_rounding_ties", "pg_tie_mask", "pg_tie_share", "vf_tie_mask", "vf_tie_widen"]

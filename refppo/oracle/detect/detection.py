@@ -32,7 +32,8 @@ it proposes is evaluated through the stages like any other value). The steps
 - ``value`` (stages value, value_agg): walks value_loss, value_clip_form, vf_mask, value_loss_agg,
   cliprange_value; checked against vf_loss, vf_clipfrac, grad_values; solver: value clip range (off
   vf_loss, or without it off grad_values).
-- ``loss`` (stages kl_loss, total): walks kl_loss_agg; checked against kl_loss, loss; solver: —.
+- ``loss`` (stages kl_loss, kl_metric, total): walks kl_loss_agg, kl_metric_agg; checked against
+  kl_loss, loss; solver: —.
 
 A "fitted map" is reported (:attr:`Detection.fitted`) when no convention reproduces a step: the
 affine map between the dump and refppo's raw values, for the batch or per row, with the statistics

@@ -58,6 +58,7 @@ EVIDENCE: dict[str, tuple[str, ...]] = {
     ),
     "entropy_agg": ("entropy_loss",),
     "kl_loss_agg": ("kl_loss",),
+    "kl_metric_agg": ("kl_loss",),
 }
 """The dumped quantities that can pin each key (the stages of :mod:`refppo.oracle.detect.detection`); keys
 not listed (the critic-free estimator's) are pinned by the rollout tensors."""

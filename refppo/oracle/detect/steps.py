@@ -80,7 +80,9 @@ STEPS: tuple[Step, ...] = (
         ("value_loss", "value_clip_form", "vf_mask", "value_loss_agg", "cliprange_value"),
         "value clip range (off vf_loss, or without it off grad_values)",
     ),
-    Step("loss", ("kl_loss", "total"), ("kl_loss", "loss"), ("kl_loss_agg",), "—"),
+    Step(
+        "loss", ("kl_loss", "kl_metric", "total"), ("kl_loss", "loss"), ("kl_loss_agg", "kl_metric_agg"), "—"
+    ),
 )  # fmt: skip
 """The walk, in pipeline order."""
 

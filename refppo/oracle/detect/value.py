@@ -264,6 +264,13 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
             }
             total = s.evaluate("total", q, total_setting(ps.carried.kl_in.value))["loss"]
             yield upd, LossState(vs, total, kl_loss), digest(total, ps.pg_loss, vs.vf_loss, kl_loss)
+            # kl_metric_agg: the logged KL (the dumped kl_loss) aggregated unlike the term (TRL GRPO)
+            term = str(upd.get("kl_loss_agg") or agg)
+            for a in LossAgg if kl_loss is not None else ():
+                if a.value != term:
+                    metric = kl_loss_mode(ps.carried, agg, a.value)
+                    st = LossState(vs, total, metric)
+                    yield {**upd, "kl_metric_agg": a.value}, st, digest(total, ps.pg_loss, vs.vf_loss, metric)
 
     def checks(st: LossState) -> list[float | None]:
         out: list[float | None] = []

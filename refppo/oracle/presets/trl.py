@@ -85,6 +85,12 @@ _GROUP: Variant = {
     "loss_agg": ("token-mean", "trl/trainer/grpo_config.py::GRPOConfig.loss_type (default dapo)"),
     "log_ratio_clamp": (None, f"{_GRPO}._compute_loss (exp(log_ratio), no clamp)"),
     "dual_clip": (None, "trl/trainer/grpo_config.py::GRPOConfig.delta (default None)"),
+    # the logged kl is a token mean whatever loss_type aggregates the β·k3 term with
+    # (run: tools/peers/makers/trl_grpo_kl_metric.py, TRL 1.16.0)
+    "kl_metric_agg": (
+        "token-mean",
+        f"{_GRPO}._compute_loss (_metrics['kl'] = global_masked_mean(per_token_kl))",
+    ),
 }
 
 CRITIC_FREE: dict[str, Variant] = {

@@ -142,9 +142,18 @@ def trl_advantages(module: Any, code: Any, scores: Any, scale_rewards: str, n: i
     return scope["advantages"]
 
 
-def trl_loss(trainer_cls: Any, x: dict[str, Any], adv: Any, loss_type: str, beta: float, **vllm: Any) -> Any:
+def trl_loss(
+    trainer_cls: Any,
+    x: dict[str, Any],
+    adv: Any,
+    loss_type: str,
+    beta: float,
+    metrics: Any = None,
+    **vllm: Any,
+) -> Any:
     """``GRPOTrainer._compute_loss`` on a stand-in ``self`` (one process, token-level ratio).
 
+    ``metrics``: a ``{"train": defaultdict(list), ...}`` that receives what TRL logs (``_metrics``);
     ``vllm``: ``is_ratio`` (TRL's ``vllm_importance_sampling_ratio``; the loss then multiplies by it,
     ``use_vllm`` and the correction on) and ``leaf`` (the ``per_token_logps`` tensor to use, with
     grad: the loss is then computed under autograd); returns ``(loss, inputs)`` when given."""
@@ -159,7 +168,7 @@ def trl_loss(trainer_cls: Any, x: dict[str, Any], adv: Any, loss_type: str, beta
         model=types.SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
         max_completion_length=T, accelerator=_Accelerator(),
         args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
-        _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
+        _metrics=metrics or {"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
         _entropy_bonus_enabled=False, aux_loss_enabled=False, use_adaptive_entropy=False,
     )  # fmt: skip
     m = x["response_mask"].long()
