@@ -1,0 +1,109 @@
+"""Tests for the survivors of ``tools/mutate.py`` on the rollout-correction modules (issue #20):
+``refppo/core/cispo.py``, ``rollout_losses.py`` and ``rollout_correction.py``.
+
+Each test pins one documented behaviour that a surviving mutant changed; the expected values are
+worked out by hand in the comments, never taken from the code under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from refppo.core.cispo import cispo_policy_loss, weighted_logprob_loss
+from refppo.errors import DtypeError
+
+F32, F64 = torch.float32, torch.float64
+M = torch.tensor([[True, True, False]])
+
+
+def _t(*xs: float, dtype: torch.dtype = F64) -> torch.Tensor:
+    return torch.tensor([list(xs)], dtype=dtype)
+
+
+def _cispo(lp: torch.Tensor, lo: torch.Tensor, adv: torch.Tensor, w: torch.Tensor | None = None) -> Any:
+    return cispo_policy_loss(lp, lo, adv, M, weight=w)
+
+
+def _weighted(lp: torch.Tensor, lo: torch.Tensor, adv: torch.Tensor, w: torch.Tensor | None = None) -> Any:
+    return weighted_logprob_loss(lp, lo if w is None else w, adv, M)
+
+
+# (function, which argument is float32 (the others float64), the names the refusal lists, in order)
+_MIXED = [
+    (_cispo, "lp", "logp=torch.float32, advantages=torch.float64"),
+    (_cispo, "adv", "logp=torch.float64, advantages=torch.float32"),
+    (_cispo, "lo", "logp=torch.float64, logp_old=torch.float32"),
+    (_cispo, "w", "logp=torch.float64, weight=torch.float32"),
+    (_weighted, "lp", "logp=torch.float32, advantages=torch.float64"),
+    (_weighted, "adv", "logp=torch.float64, advantages=torch.float32"),
+    (_weighted, "w", "logp=torch.float64, weight=torch.float32"),
+]
+
+
+@pytest.mark.parametrize(("fn", "odd", "listing"), _MIXED)
+def test_cispo_losses_refuse_mixed_float_dtypes(fn: Callable[..., Any], odd: str, listing: str) -> None:
+    """Every float input of CISPO and the weighted REINFORCE shares ``logp``'s dtype (no silent
+    up-casting: ``check_same_dtype``); one float32 among float64 inputs is refused, the refusal naming
+    both. Survivors: either name dropped from each ``check_same_dtype`` call (then the product is
+    promoted silently and nothing is raised)."""
+    args = {"lp": _t(-1.0, -2.0, 0.0), "lo": _t(-1.1, -1.9, 0.0), "adv": _t(1.0, -1.0, 0.0), "w": _t(1.0, 0.5, 0.0)}
+    args[odd] = args[odd].to(F32)
+    with pytest.raises(DtypeError, match=listing.replace(".", r"\.")):
+        fn(args["lp"], args["lo"], args["adv"], args["w"])
+    if fn is _weighted and odd == "lp":  # the weight check alone: logp float64, weight float32
+        with pytest.raises(DtypeError, match=r"logp=torch\.float64, weight=torch\.float32"):
+            weighted_logprob_loss(_t(-1.0, -2.0, 0.0), _t(1.0, 0.5, 0.0, dtype=F32), _t(1.0, -1.0, 0.0), M)
+
+
+def test_weighted_logprob_loss_treats_the_advantages_as_constants() -> None:
+    """``ℓ_t = −w_t·A_t·l_t`` with ``A`` detached: token-mean over 2 valid tokens, ``∂loss/∂l_t =
+    −w_t·A_t/2`` and no gradient reaches ``A`` even when it requires one.
+
+    By hand: w = [1, 0.5], A = [2, −4] → ∂/∂l = [−1, 1], 0 on padding. Survivor: the
+    ``advantages.detach()`` dropped (then ``A.grad = −w·l/2 = [0.5, 0.5]``)."""
+    lp = _t(-1.0, -2.0, 7.0).requires_grad_(True)
+    adv = _t(2.0, -4.0, 0.0).requires_grad_(True)
+    loss, _ = weighted_logprob_loss(lp, _t(1.0, 0.5, 0.0), adv, M)
+    loss.backward()
+    assert adv.grad is None
+    assert lp.grad is not None
+    torch.testing.assert_close(lp.grad, _t(-1.0, 1.0, 0.0), rtol=0.0, atol=1e-15)
+
+
+@pytest.mark.parametrize(("clip_low", "clip_high"), [(0.2, 0.0), (0.0, 0.2), (0.0, 0.0)])
+def test_cispo_clipfrac_counts_a_ratio_at_a_bound_as_not_clipped(clip_low: float, clip_high: float) -> None:
+    """``clipfrac = mean_valid[ρ < 1−ε_low or ρ > 1+ε_high]`` with strict inequalities (verl
+    ``ratio != clipped``: at a bound the clamp is the identity). ``l = l^old`` gives ``ρ = exp(0) = 1``
+    exactly; with ``ε_high = 0`` (or ``ε_low = 0``) that is the bound itself: clipfrac 0.
+
+    Survivors: ``ratio > upper`` → ``>=`` and ``ratio < lower`` → ``<=`` (clipfrac 1)."""
+    lp = _t(-1.0, -2.0, 0.0)
+    out = cispo_policy_loss(lp, lp.clone(), _t(1.0, -1.0, 0.0), M, clip_low=clip_low, clip_high=clip_high)
+    assert float(out.clipfrac) == 0.0
+    # one token past each bound: ρ = e^{±0.5} is outside [1−ε_low, 1+ε_high] for every case: clipfrac 1
+    out2 = cispo_policy_loss(lp, lp - _t(0.5, -0.5, 0.0), _t(1.0, -1.0, 0.0), M, clip_low=0.2, clip_high=0.2)
+    assert float(out2.clipfrac) == 1.0
+
+
+def test_cispo_defaults_clip_the_weight_to_0_8_and_1_2() -> None:
+    """CISPO's defaults ``ε_low = ε_high = 0.2`` (verl ``clip_ratio_low/high``): the detached weight is
+    ``clip(ρ, 0.8, 1.2)``. ``l − l^old = [0.25, −0.3]`` → ``ρ = [e^0.25 ≈ 1.284, e^−0.3 ≈ 0.741]`` →
+    ``c = [1.2, 0.8]``; ``A = 1``, ``l = [−1, −2]``: ``ℓ = −c·A·l = [1.2, 1.6]``, token-mean 1.4, both
+    clipped; ``∂loss/∂l = −c·A/2 = [−0.6, −0.4]`` and none to ``A``.
+
+    Survivors: either default changed (``clip_low`` 0 → ``c_1 = 1``; ``clip_high`` 0 or 1.2 →
+    ``c_0 = 1`` or ``1.284``) and ``adv.detach()`` dropped."""
+    lp = _t(-1.0, -2.0, 5.0).requires_grad_(True)
+    adv = _t(1.0, 1.0, 0.0).requires_grad_(True)
+    out = cispo_policy_loss(lp, lp.detach() - _t(0.25, -0.3, 0.0), adv, M)
+    torch.testing.assert_close(out.per_token, _t(1.2, 1.6, 0.0), rtol=1e-15, atol=1e-15)
+    torch.testing.assert_close(out.loss, torch.tensor(1.4, dtype=F64), rtol=1e-15, atol=1e-15)
+    assert float(out.clipfrac) == 1.0
+    out.loss.backward()
+    assert adv.grad is None
+    assert lp.grad is not None
+    torch.testing.assert_close(lp.grad, _t(-0.6, -0.4, 0.0), rtol=1e-15, atol=1e-15)
