@@ -7,6 +7,7 @@ worked out by hand in the comments, never taken from the code under test.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,8 @@ import pytest
 import torch
 
 from refppo.core.cispo import cispo_policy_loss, weighted_logprob_loss
+from refppo.core.rollout_correction import is_weights, rejection_mask
+from refppo.core.rollout_losses import Norms, corrected_policy_loss
 from refppo.errors import DtypeError
 
 F32, F64 = torch.float32, torch.float64
@@ -107,3 +110,63 @@ def test_cispo_defaults_clip_the_weight_to_0_8_and_1_2() -> None:
     assert adv.grad is None
     assert lp.grad is not None
     torch.testing.assert_close(lp.grad, _t(-0.6, -0.4, 0.0), rtol=1e-15, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("agg", "want"),
+    [("seq-mean-token-sum-norm", -2.0 / 3.0), ("token-mean", -2.0), ("token-sum", -2.0)],
+)
+def test_drop_aggregates_one_kept_token_and_none(agg: str, want: float) -> None:
+    """``Rejected.drop`` aggregates over the kept tokens only, and to 0 when none is kept.
+
+    One kept token of T = 3, ``l = l^old`` (ρ = 1, no clip), ``A = 1``, ``w' = 2``: ``ℓ = 2·(−1·1) = −2``
+    there. Over the kept tokens: one sequence, one token: seq-mean-token-sum-norm ``−2/H = −2/3``,
+    token-mean ``−2/1``, token-sum ``−2``. Nothing kept: 0 (not 0/0).
+
+    Survivor: the nothing-kept test ``== 0`` → ``== 1`` (one kept token then skips the horizon
+    division: ``−2``; none kept divides 0 by a count of 0: NaN)."""
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, 9.0]], dtype=F64)
+    adv, w = torch.ones_like(lp), torch.full_like(lp, 2.0)
+    one = torch.zeros_like(mask)
+    one[0, 1] = True
+    kw: dict[str, Any] = {"rejected": "drop", "norms": Norms(agg=agg)}
+    got = corrected_policy_loss(lp, lp.clone(), adv, mask, w, keep=one, **kw).loss
+    assert float(got) == pytest.approx(want, rel=1e-15)
+    none = corrected_policy_loss(lp, lp.clone(), adv, mask, w, keep=torch.zeros_like(mask), **kw).loss
+    assert float(none) == 0.0
+
+
+def test_a_ratio_bound_of_zero_is_accepted() -> None:
+    """A ratio bound is a number ``≥ 0`` (``_bound(positive=True)``): ``low = 0`` is a valid (vacuous)
+    lower bound, not refused. Mask mode with ``[0, ∞)`` keeps every valid token: ``w' = w = e^d``,
+    ``d = [0.5, −1]``; a ratio gate ``[0, 2]`` on the same ``d`` keeps ``e^0.5 ≈ 1.65`` and ``e^−1``.
+
+    Survivor: ``value < 0`` → ``value <= 0`` (0 refused)."""
+    beh = _t(-1.0, -1.0, 0.0)
+    num = beh + _t(0.5, -1.0, 0.0)
+    w = is_weights(num, beh, M, mode="mask", low=0.0)
+    want = _t(math.exp(0.5), math.exp(-1.0), 0.0)
+    torch.testing.assert_close(w.weight, want, rtol=1e-15, atol=0.0)
+    assert w.keep.tolist() == [[True, True, False]]
+    assert rejection_mask(num, beh, M, low=0.0, high=2.0).tolist() == [[True, True, False]]
+
+
+@pytest.mark.parametrize(
+    ("norms", "want"),
+    [
+        (Norms(agg="token-mean", token_count=10.0), -0.5),
+        (Norms(agg="seq-mean-token-sum", seq_count=4.0), -1.25),
+        (Norms(agg="seq-mean-token-sum-norm", horizon=10.0), -0.25),
+    ],
+)
+def test_corrected_loss_reads_the_global_normalisers(norms: Norms, want: float) -> None:
+    """``Rejected.zero`` aggregates over ``m`` with the given global normalisers (a split step).
+
+    ``l = l^old``, ``A = 1``, ``w' = 1``: ``ℓ = −1`` on each of the 3 + 2 valid tokens. token-mean over
+    ``token_count = 10``: −5/10; seq-mean-token-sum over ``seq_count = 4``: −5/4; seq-mean-token-sum-norm,
+    ``H = 10``: (−3/10 − 2/10)/2 = −0.25. Survivors: each normaliser dropped from the call."""
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, 9.0]], dtype=F64)
+    out = corrected_policy_loss(lp, lp.clone(), torch.ones_like(lp), mask, torch.ones_like(lp), norms=norms)
+    assert float(out.loss) == pytest.approx(want, rel=1e-15)
