@@ -16,7 +16,7 @@ import torch
 
 from refppo.core.cispo import cispo_policy_loss, weighted_logprob_loss
 from refppo.core.rollout_correction import is_weights, rejection_mask
-from refppo.core.rollout_losses import Norms, corrected_policy_loss
+from refppo.core.rollout_losses import BehaviourWeight, Norms, corrected_policy_loss, decoupled_policy_loss
 from refppo.errors import DtypeError
 
 F32, F64 = torch.float32, torch.float64
@@ -170,3 +170,33 @@ def test_corrected_loss_reads_the_global_normalisers(norms: Norms, want: float) 
     lp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, 9.0]], dtype=F64)
     out = corrected_policy_loss(lp, lp.clone(), torch.ones_like(lp), mask, torch.ones_like(lp), norms=norms)
     assert float(out.loss) == pytest.approx(want, rel=1e-15)
+
+
+def test_decoupled_behaviour_weight_reads_its_log_clamp() -> None:
+    """The behaviour weight's log clamp κ (:class:`BehaviourWeight` ``log_clamp``) reaches
+    :func:`is_weights`: ``l^prox − l^beh = [0.5, −0.1]``, raw truncate weight, κ = 0.3 →
+    ``w' = [e^0.3, e^−0.1]``; with ``l = l^prox`` (ρ = 1) and ``A = 1`` the loss is
+    ``−(e^0.3 + e^−0.1)/2``. Survivor: ``log_ratio_clamp=bw.log_clamp`` dropped (``w'_0 = e^0.5``)."""
+    beh = _t(-1.0, -1.0, 0.0)
+    prox = beh + _t(0.5, -0.1, 0.0)
+    bw = BehaviourWeight(mode="truncate", high=None, log_clamp=0.3)
+    out = decoupled_policy_loss(prox, prox.clone(), beh, _t(1.0, 1.0, 0.0), M, behaviour=bw)
+    torch.testing.assert_close(out.weights.weight, _t(math.exp(0.3), math.exp(-0.1), 0.0), rtol=1e-15, atol=0.0)
+    want = -(math.exp(0.3) + math.exp(-0.1)) / 2
+    assert float(out.policy.loss) == pytest.approx(want, rel=1e-15)
+
+
+def test_decoupled_rejected_token_adds_exactly_zero() -> None:
+    """``ℓ_t = keep_t·w'_t·ℓ^PPO_t``: a token the behaviour mask rejects adds 0 whatever its surrogate,
+    even an infinite one. Token 0: ``l^prox − l^beh = 3`` → ``w = e^3 > 5`` rejected; ``l − l^prox =
+    800`` → ``ρ = inf``, ``A = −1`` → ``ℓ^PPO = max(inf, 1.2) = inf``. Token 1 kept: ``w = 1``, ρ = 1,
+    ``ℓ = 1``. Token-mean over both valid tokens: (0 + 1)/2 = 0.5.
+
+    Survivor: ``keep=w.keep`` dropped (the rejected token then adds ``0·inf = NaN``)."""
+    beh = _t(-4.0, -1.0, 0.0)
+    prox = beh + _t(3.0, 0.0, 0.0)
+    logp = prox + _t(800.0, 0.0, 0.0)
+    out = decoupled_policy_loss(logp, prox, beh, _t(-1.0, -1.0, 0.0), M)
+    assert out.weights.keep.tolist() == [[False, True, False]]
+    assert float(out.policy.loss) == 0.5
+    assert out.policy.per_token.tolist() == [[0.0, 1.0, 0.0]]
