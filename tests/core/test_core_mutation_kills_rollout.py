@@ -53,7 +53,8 @@ def test_cispo_losses_refuse_mixed_float_dtypes(fn: Callable[..., Any], odd: str
     up-casting: ``check_same_dtype``); one float32 among float64 inputs is refused, the refusal naming
     both. Survivors: either name dropped from each ``check_same_dtype`` call (then the product is
     promoted silently and nothing is raised)."""
-    args = {"lp": _t(-1.0, -2.0, 0.0), "lo": _t(-1.1, -1.9, 0.0), "adv": _t(1.0, -1.0, 0.0), "w": _t(1.0, 0.5, 0.0)}
+    args = {"lp": _t(-1.0, -2.0, 0.0), "lo": _t(-1.1, -1.9, 0.0), "adv": _t(1.0, -1.0, 0.0)}
+    args["w"] = _t(1.0, 0.5, 0.0)
     args[odd] = args[odd].to(F32)
     with pytest.raises(DtypeError, match=listing.replace(".", r"\.")):
         fn(args["lp"], args["lo"], args["adv"], args["w"])
@@ -181,7 +182,8 @@ def test_decoupled_behaviour_weight_reads_its_log_clamp() -> None:
     prox = beh + _t(0.5, -0.1, 0.0)
     bw = BehaviourWeight(mode="truncate", high=None, log_clamp=0.3)
     out = decoupled_policy_loss(prox, prox.clone(), beh, _t(1.0, 1.0, 0.0), M, behaviour=bw)
-    torch.testing.assert_close(out.weights.weight, _t(math.exp(0.3), math.exp(-0.1), 0.0), rtol=1e-15, atol=0.0)
+    want_w = _t(math.exp(0.3), math.exp(-0.1), 0.0)
+    torch.testing.assert_close(out.weights.weight, want_w, rtol=1e-15, atol=0.0)
     want = -(math.exp(0.3) + math.exp(-0.1)) / 2
     assert float(out.policy.loss) == pytest.approx(want, rel=1e-15)
 
@@ -200,3 +202,14 @@ def test_decoupled_rejected_token_adds_exactly_zero() -> None:
     assert out.weights.keep.tolist() == [[False, True, False]]
     assert float(out.policy.loss) == 0.5
     assert out.policy.per_token.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_is_weights_detaches_the_raw_weight_too() -> None:
+    """``detach=True`` (the default, every peer): both ``w'`` and the raw ``w`` are constants, so a
+    differentiable ``l^num`` gives neither a graph. Survivor: ``raw.detach()`` dropped."""
+    beh = _t(-1.0, -1.0, 0.0)
+    num = (beh + _t(0.5, -1.0, 0.0)).requires_grad_(True)
+    w = is_weights(num, beh, M, high=1.5)
+    assert not w.weight.requires_grad
+    assert not w.raw.requires_grad
+    torch.testing.assert_close(w.raw, _t(math.exp(0.5), math.exp(-1.0), 0.0), rtol=1e-15, atol=0.0)
