@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from refppo.core.by_rows import policy_token_loss_by_rows
 from refppo.core.gspo import gspo_policy_loss_naive, gspo_ratio
 from refppo.core.policy import policy_ratio
 from refppo.errors import DtypeError
@@ -51,3 +52,20 @@ def test_policy_ratio_refuses_mixed_float_dtypes() -> None:
         policy_ratio(lp32, lp64, m)
     with pytest.raises(DtypeError, match=r"logp=torch\.float64, logp_old=torch\.float32"):
         policy_ratio(lp64, lp32, m)
+
+
+def test_policy_token_loss_by_rows_defaults_are_the_clipped_surrogate_at_0_2() -> None:
+    """``policy_token_loss_by_rows``'s defaults: the token-level clipped surrogate (not GSPO), ``ε = 0.2``
+    both sides, the ratio kept. ``d = [0.25, −0.3]``, ``A = [1, −1]``: ``ρ = [e^0.25 ≈ 1.284, e^−0.3 ≈
+    0.741]``, ``ℓ = max(−Aρ, −A·clip(ρ, 0.8, 1.2)) = [−1.2, 0.8]`` (both clipped: clipfrac 1).
+
+    Survivors: ``gspo=False`` → True (one sequence ratio e^−0.025 on both tokens), ``clip_low`` 0.2 →
+    0 / 1.2 / −0.2 (refused) and ``keep_ratio=True`` → False (an empty ratio)."""
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    old = torch.tensor([[-1.0, -2.0]], dtype=F64)
+    logp = old + torch.tensor([[0.25, -0.3]], dtype=F64)
+    out = policy_token_loss_by_rows(1, logp, old, torch.tensor([[1.0, -1.0]], dtype=F64), mask)
+    torch.testing.assert_close(out.per_token, torch.tensor([[-1.2, 0.8]], dtype=F64), rtol=1e-15, atol=1e-15)
+    want_ratio = torch.tensor([[math.exp(0.25), math.exp(-0.3)]], dtype=F64)
+    torch.testing.assert_close(out.ratio, want_ratio, rtol=1e-15, atol=0.0)
+    assert float(out.clipfrac) == 1.0
