@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from refppo.core.cispo import cispo_policy_loss, weighted_logprob_loss
-from refppo.core.rollout_correction import is_weights, rejection_mask
+from refppo.core.rollout_correction import is_weights, is_weights_naive, rejection_mask, rejection_mask_naive
 from refppo.core.rollout_losses import BehaviourWeight, Norms, corrected_policy_loss, decoupled_policy_loss
 from refppo.errors import DtypeError
 
@@ -213,3 +213,30 @@ def test_is_weights_detaches_the_raw_weight_too() -> None:
     assert not w.weight.requires_grad
     assert not w.raw.requires_grad
     torch.testing.assert_close(w.raw, _t(math.exp(0.5), math.exp(-1.0), 0.0), rtol=1e-15, atol=0.0)
+
+
+def test_sequence_gate_mean_reduces_over_each_rows_valid_tokens() -> None:
+    """Sequence level, ``reduce = mean``: ``S_b = (1/L_b)·Σ_t s_t`` over row b's valid tokens (k1:
+    ``s = d``). Row 0: ``d = [0.4, 0.2, ·]`` → ``S = 0.3``; row 1: ``d = [0.6, 0.6, 0.6]`` → ``S = 0.6``
+    (sum 1.8). Gate ``[−∞, 0.5]``: row 0 kept, row 1 rejected; by the naive twin too.
+
+    Survivors: the count's dim 1 → 0 / 2 and the division → a product (row 0 then ``0.6·2 = 1.2``)."""
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    beh = torch.full((2, 3), -1.0, dtype=F64)
+    prox = beh + torch.tensor([[0.4, 0.2, 9.0], [0.6, 0.6, 0.6]], dtype=F64)
+    kw: dict[str, Any] = {"stat": "k1", "level": "sequence", "reduce": "mean", "high": 0.5}
+    want = [[True, True, False], [False, False, False]]
+    assert rejection_mask(prox, beh, mask, **kw).tolist() == want
+    assert rejection_mask_naive(prox, beh, mask, **kw) == want
+
+
+def test_naive_twins_keep_a_weight_exactly_at_a_bound() -> None:
+    """Bounds are closed in every peer: a weight equal to ``C_low`` or ``C_high`` is kept. ``d = 0`` →
+    ``w = e^0 = 1`` exactly; mask mode ``[1, 1]`` keeps it (weight 1), a ratio gate ``[1, 1]`` too.
+
+    Survivor: the naive helper ``_inside``'s ``x >= lo`` → ``x > lo``."""
+    beh = _t(-1.0, -2.0, 0.0)
+    weights, _, keeps = is_weights_naive(beh.clone(), beh, M, mode="mask", low=1.0, high=1.0)
+    assert keeps == [[True, True, False]] and weights == [[1.0, 1.0, 0.0]]
+    assert rejection_mask_naive(beh.clone(), beh, M, low=1.0, high=1.0) == [[True, True, False]]
+    assert is_weights(beh.clone(), beh, M, mode="mask", low=1.0, high=1.0).keep.tolist() == keeps
