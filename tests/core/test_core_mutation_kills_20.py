@@ -69,3 +69,10 @@ def test_policy_token_loss_by_rows_defaults_are_the_clipped_surrogate_at_0_2() -
     want_ratio = torch.tensor([[math.exp(0.25), math.exp(-0.3)]], dtype=F64)
     torch.testing.assert_close(out.ratio, want_ratio, rtol=1e-15, atol=0.0)
     assert float(out.clipfrac) == 1.0
+    # keep_ratio=False: the ratio is not kept (an empty tensor), the rest unchanged. Survivor:
+    # ``new_empty(0)`` → ``new_empty(1)``.
+    lean = policy_token_loss_by_rows(
+        1, logp, old, torch.tensor([[1.0, -1.0]], dtype=F64), mask, keep_ratio=False
+    )
+    assert lean.ratio.numel() == 0
+    assert torch.equal(lean.per_token, out.per_token)
