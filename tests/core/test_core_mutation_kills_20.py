@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from refppo.core.by_rows import policy_token_loss_by_rows
+from refppo.core.by_rows import policy_token_loss_by_rows, value_token_loss_by_rows
 from refppo.core.gspo import gspo_policy_loss_naive, gspo_ratio
 from refppo.core.policy import policy_ratio
 from refppo.errors import DtypeError
@@ -76,3 +76,18 @@ def test_policy_token_loss_by_rows_defaults_are_the_clipped_surrogate_at_0_2() -
     )
     assert lean.ratio.numel() == 0
     assert torch.equal(lean.per_token, out.per_token)
+
+
+def test_value_token_loss_by_rows_default_clip_is_0_2_around_old() -> None:
+    """``value_token_loss_by_rows``'s default ``clip = 0.2`` (around the old value). ``V^old = 0``,
+    ``V = [0.5, −0.1]``, ``R = [1, −0.05]``: ``V^clip = [0.2, −0.1]``, ``ℓ = ½·max((V−R)², (V^clip−R)²)
+    = [½·0.64, ½·0.0025] = [0.32, 0.00125]``; the first token clipped (vf_clipfrac ½).
+
+    Survivors: the default 0.2 → 0 (``ℓ_0 = ½``), 1.2 (``ℓ_0 = 0.125``) or −0.2 (refused)."""
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    v = torch.tensor([[0.5, -0.1]], dtype=F64)
+    out = value_token_loss_by_rows(1, v, torch.zeros_like(v), torch.tensor([[1.0, -0.05]], dtype=F64), mask)
+    torch.testing.assert_close(
+        out.per_token, torch.tensor([[0.32, 0.00125]], dtype=F64), rtol=1e-14, atol=0.0
+    )
+    assert float(out.clipfrac) == 0.5

@@ -240,3 +240,16 @@ def test_naive_twins_keep_a_weight_exactly_at_a_bound() -> None:
     assert keeps == [[True, True, False]] and weights == [[1.0, 1.0, 0.0]]
     assert rejection_mask_naive(beh.clone(), beh, M, low=1.0, high=1.0) == [[True, True, False]]
     assert is_weights(beh.clone(), beh, M, mode="mask", low=1.0, high=1.0).keep.tolist() == keeps
+
+
+def test_naive_weight_overflows_to_inf_as_torch_does() -> None:
+    """The naive twins' ``e^x`` is torch's in float64: finite up to ``x = 709.782712893384`` (≈ ln of
+    the largest double: ``≈ 1.797e308``), ``inf`` past it (Python's ``math.exp`` would raise).
+
+    Survivors: the threshold moved up by 1 (``math.exp(710.5)`` raises OverflowError) and ``>`` →
+    ``>=`` (the threshold itself gives inf, torch a finite number)."""
+    beh = _t(0.0, 0.0, 0.0)
+    num = _t(709.782712893384, 710.5, 0.0)
+    _, raw, _ = is_weights_naive(num, beh, M)
+    assert math.isfinite(raw[0][0]) and raw[0][0] > 1.79e308 and raw[0][1] == math.inf
+    assert raw[0][:2] == is_weights(num, beh, M).raw[0, :2].tolist()
