@@ -11,8 +11,14 @@ import math
 import pytest
 import torch
 
-from refppo.core.by_rows import policy_token_loss_by_rows, value_token_loss_by_rows
+from refppo.core.by_rows import (
+    entropy_bonus_by_rows,
+    kl_loss_by_rows,
+    policy_token_loss_by_rows,
+    value_token_loss_by_rows,
+)
 from refppo.core.gspo import gspo_policy_loss_naive, gspo_ratio
+from refppo.core.objective import entropy_bonus, kl_loss
 from refppo.core.policy import policy_ratio
 from refppo.errors import DtypeError
 
@@ -91,3 +97,28 @@ def test_value_token_loss_by_rows_default_clip_is_0_2_around_old() -> None:
         out.per_token, torch.tensor([[0.32, 0.00125]], dtype=F64), rtol=1e-14, atol=0.0
     )
     assert float(out.clipfrac) == 0.5
+
+
+def test_entropy_and_kl_by_rows_equal_the_core_on_column_major_inputs() -> None:
+    """``entropy_bonus_by_rows`` and ``kl_loss_by_rows`` equal :func:`entropy_bonus` and :func:`kl_loss`
+    bit for bit on inputs stored column-major (``x.t().contiguous().t()``): their row-block buffer is
+    allocated row-major like the whole-batch result, so the aggregation sums in the same order (as
+    ``tests/pipeline/test_update_by_rows.py`` checks for the policy and value losses).
+
+    Survivors: ``memory_format=torch.contiguous_format`` dropped from either buffer (it then copies the
+    input's column-major layout and a float32 token-sum rounds differently)."""
+    g = torch.Generator().manual_seed(3)
+    B, T = 64, 333
+    mask = torch.arange(T).expand(B, T) < torch.randint(1, T + 1, (B, 1), generator=g)
+
+    def col_major(x: torch.Tensor) -> torch.Tensor:
+        return x.t().contiguous().t()
+
+    ref = col_major(-torch.rand(B, T, generator=g, dtype=torch.float32) * 3)
+    lp = col_major(ref + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float32))
+    ent = col_major(torch.rand(B, T, generator=g, dtype=torch.float32) * 5)
+    assert not lp.is_contiguous() and not ent.is_contiguous()
+    for agg in ("token-mean", "seq-mean-token-sum", "token-sum"):
+        assert torch.equal(entropy_bonus_by_rows(7, ent, mask, agg), entropy_bonus(ent, mask, agg)), agg
+        got = kl_loss_by_rows(7, lp, ref, mask, "k3", agg)
+        assert torch.equal(got, kl_loss(lp, ref, mask, "k3", agg)), agg
