@@ -156,6 +156,7 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
             "tests/core/test_rollout_correction_inputs.py",
             "tests/core/test_rollout_correction_properties.py",
             "tests/core/test_rollout_losses_properties.py",
+            "tests/core/test_core_mutation_kills_rollout.py",
         ),
     ),
     "by_rows": (
