@@ -52,7 +52,12 @@ PIPELINE_FUNCS = {
     "Normalisers.kwargs",
     "update_rows",
     "policy_token_loss",
+    "cispo_token_loss",
     "policy_term",
+    "clip_ratio",
+    "rollout_logprobs_of",
+    "rollout_correction_stage",
+    "weighted",
     "policy_stage",
     "aggregate",
     "policy_agg_stage",
@@ -61,6 +66,7 @@ PIPELINE_FUNCS = {
     "value_agg_stage",
     "entropy_stage",
     "kl_loss_stage",
+    "kl_metric_stage",
     "total_stage",
     "walk",
     "Stage.run",
@@ -121,6 +127,9 @@ PIPELINE_TESTS = (
     "tests/core/test_by_rows_mutation_kills.py",
     "tests/pipeline/test_stages.py",
     "tests/pipeline/test_stage_functions_pinned.py",
+    "tests/pipeline/test_pipeline_kl_metric.py",
+    "tests/oracle/test_oracle_decoupled_cispo.py",
+    "tests/oracle/test_oracle_rollout_correction.py",
 )
 """The oracle's tests (tests/oracle/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
