@@ -128,6 +128,7 @@ PIPELINE_TESTS = (
     "tests/pipeline/test_stages.py",
     "tests/pipeline/test_stage_functions_pinned.py",
     "tests/pipeline/test_pipeline_kl_metric.py",
+    "tests/pipeline/test_pipeline_policy_helpers.py",
     "tests/oracle/test_oracle_decoupled_cispo.py",
     "tests/oracle/test_oracle_rollout_correction.py",
 )
