@@ -108,7 +108,13 @@ class RolloutEngine:
         return {"versions": list(self.versions)}
 
     def load_state_dict(self, state: dict[str, list[int]]) -> None:
-        versions = [int(v) for v in state["versions"]]
+        """``ValueError`` (one line) unless ``versions`` is a list of integers ≥ 0, oldest first, one
+        per snapshot."""
+        raw = state["versions"]
+        ok = isinstance(raw, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in raw)
+        if not ok or any(v < 0 for v in raw) or raw != sorted(raw):
+            raise ValueError(f"'versions' must be a non-decreasing list of integers >= 0, got {raw!r}")
+        versions = list(raw)
         if len(versions) != len(self.stale):
             raise ValueError(f"{len(versions)} snapshot versions for seam.staleness={len(self.stale)}")
         self.versions = versions

@@ -86,3 +86,13 @@ def test_detect_names_the_delta_form(tmp_path: Path) -> None:
     found = detect(dump, setup_for(hp=HP))
     assert found.detected
     assert {c["value_clip_form"] for c in found.detected} == {"delta"}
+
+
+def test_vf_tie_widen_is_zero_on_an_empty_value_mask() -> None:
+    """No value-mask token: nothing to widen (0.0), not 0/0 = NaN."""
+    from refppo.oracle.check.ties import vf_tie_widen
+
+    z = torch.zeros(2, 3, dtype=torch.float64)
+    none = torch.zeros(2, 3, dtype=torch.bool)
+    assert vf_tie_widen(z, z, z, none, 0.2, 1e-6) == 0.0
+    assert vf_tie_widen(z, z, z, none, 0.2, 1e-6, "delta") == 0.0

@@ -83,10 +83,10 @@ def _made(tmp: Path, unit: str) -> tuple[list[str], str]:
 
 
 @pytest.mark.parametrize("unit", list(MAKERS))
-def test_the_peers_steps_match_their_convention_and_detect_lists_it(tmp_path: Path, unit: str) -> None:
-    import sys
-
-    sys.path.insert(0, str(TOOLS))
+def test_the_peers_steps_match_their_convention_and_detect_lists_it(
+    tmp_path: Path, unit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(TOOLS))
     from peers.checks import dump_file
     from peers.detect import _setups
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,16 @@ from refppo.train.update_naive import ppo_update_naive
 RUN = ("task.reward=rule", "task.sft_steps=3", "run.progress=false", "run.plot=false")
 """The TEST preset with the rule as reward (no reward model to train) and a short warm start."""
 SEAM = ("seam.enabled=true",)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread: the float32 sums of the twin comparisons in a fixed order on any machine
+    (as tests/train/test_models_ppo.py)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -288,3 +299,16 @@ def test_the_trainers_corrected_update_equals_its_naive_twin(flat: dict[str, Any
         float((p1 - p3).detach().abs().max()) for p1, p3 in zip(a1.parameters(), a3.parameters(), strict=True)
     )
     assert gap > 1e-4, gap
+
+
+def test_snapshot_versions_from_a_checkpoint_are_checked() -> None:
+    """A damaged ``state.json`` 'seam' entry is refused in one line, never read as other versions
+    (a string's characters, a dict's keys, a negative or decreasing list)."""
+    eng = RolloutEngine(SeamConfig(enabled=True, dtype="float32", staleness=2), _prompts()[0])
+    eng.load_state_dict({"versions": [3, 4]})
+    assert eng.versions == [3, 4]
+    for bad in ("01", {"0": 1, "1": 2}, [-1, 0], [4, 3], [1.0, 2.0], [True, False]):
+        with pytest.raises(ValueError, match="'versions' must be a non-decreasing list of integers >= 0"):
+            eng.load_state_dict({"versions": bad})  # type: ignore[dict-item]  # the bad entries on purpose
+    with pytest.raises(ValueError, match=r"3 snapshot versions for seam\.staleness=2"):
+        eng.load_state_dict({"versions": [1, 2, 3]})

@@ -194,10 +194,17 @@ def openrlhf_correction(args: Any) -> dict[str, Any]:
             f"OpenRLHF args.algo.advantage: is_correction_level={level!r}, is_correction_gating={gating!r}: "
             "only the token level with the ratio gating has a refppo counterpart here"
         )
-    lo, hi = (float(v) for v in adv.is_correction_threshold)
-    mode = {"clip": "truncate", "mask": "mask"}.get(str(adv.is_correction_mode))
+    try:
+        lo, hi = (float(v) for v in getattr(adv, "is_correction_threshold", ()))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"OpenRLHF is_correction_threshold={getattr(adv, 'is_correction_threshold', None)!r}: "
+            "expected a pair [low, high]"
+        ) from None
+    named = getattr(adv, "is_correction_mode", None)
+    mode = {"clip": "truncate", "mask": "mask"}.get(str(named))
     if mode is None:
-        raise ValueError(f"OpenRLHF is_correction_mode={adv.is_correction_mode!r}: expected clip or mask")
+        raise ValueError(f"OpenRLHF is_correction_mode={named!r}: expected clip or mask")
     return {"rollout_is": "token", "rollout_is_mode": mode, "rollout_is_low": lo, "rollout_is_high": hi}
 
 

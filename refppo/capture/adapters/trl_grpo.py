@@ -102,7 +102,12 @@ def from_trl_grpo(
     if scores.shape != mask.shape[:1]:
         raise ValueError(f"scores: expected shape [{mask.shape[0]}], got {list(scores.shape)}")
     out["scores"] = scores.detach()
-    out["group_index"] = torch.arange(mask.shape[0], dtype=torch.int64) // int(num_generations)
+    B, n = mask.shape[0], int(num_generations)
+    if n < 1 or B % n:
+        raise ValueError(
+            f"num_generations={num_generations!r}: expected an integer >= 1 dividing the batch's {B} rows"
+        )
+    out["group_index"] = torch.arange(B, dtype=torch.int64) // n
     out.update(update_inputs(logprobs, None, None, grad_logprobs, None))
     dtype = float_dtype(out["old_logprobs"])
     for key, value in (("loss", loss), ("pg_loss", pg_loss)):
@@ -139,7 +144,12 @@ def trl_grpo_hparams(args: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if bool(getattr(args, "use_vllm", False)) and bool(
         getattr(args, "vllm_importance_sampling_correction", False)
     ):
-        level, mode = TRL_IS_MODES[str(args.vllm_importance_sampling_mode)]
+        named = str(getattr(args, "vllm_importance_sampling_mode", None))
+        if named not in TRL_IS_MODES:
+            raise ValueError(
+                f"TRL vllm_importance_sampling_mode={named!r}: expected one of {list(TRL_IS_MODES)}"
+            )
+        level, mode = TRL_IS_MODES[named]
         conv.update(rollout_is=level, rollout_is_mode=mode, rollout_is_agg="product")
         conv["rollout_is_low"] = getattr(args, "vllm_importance_sampling_clip_min", None)
         conv["rollout_is_high"] = getattr(args, "vllm_importance_sampling_clip_max", None)

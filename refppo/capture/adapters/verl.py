@@ -240,7 +240,13 @@ def verl_correction(rc: Any) -> dict[str, Any]:
         raise ValueError(f"verl config: rollout_correction.rollout_is={level!r}: expected token or sequence")
     thr = _cfg(rc, "rollout_is_threshold", 2.0)
     if isinstance(thr, str) and "_" in thr:
-        lo, hi = (float(v) for v in thr.split("_"))
+        try:
+            lo, hi = (float(v) for v in thr.split("_"))
+        except ValueError:
+            raise ValueError(
+                f"verl config: rollout_correction.rollout_is_threshold={thr!r}: "
+                "expected a number or 'LOW_HIGH'"
+            ) from None
         return {
             "rollout_is": str(level),
             "rollout_is_mode": "mask",

@@ -78,8 +78,11 @@ def vf_tie_widen(
         if delta:
             near |= delta_rounding_ties(values[r], old[r], returns[r], mask[r], eps_v)
         n += int(count_true(near))
+    valid = count_true(mask)
+    if int(valid) == 0:  # no value-mask token: nothing to widen (not 0/0)
+        return 0.0
     total = torch.tensor(n, dtype=torch.int64)
-    return float(total.to(values.dtype) / count_true(mask).to(values.dtype))
+    return float(total.to(values.dtype) / valid.to(values.dtype))
 
 
 def vf_tie_mask(

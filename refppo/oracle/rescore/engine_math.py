@@ -60,7 +60,7 @@ def gate_stats(l_eng: Tensor, l_tr: Tensor, mask: Tensor, delta: float) -> dict[
         "share_outside_trust": float(((r < 1 - delta) | (r > 1 + delta)).sum()) / n,
         "trust_delta": delta,
         "kl_k1": float(dv.mean()),
-        "kl_k3": float((log_rho.exp() - 1 - log_rho).mean()),
+        "kl_k3": float((torch.expm1(log_rho) - log_rho).mean()),
         "chi2_token": float((rho_c**2).mean() - 1),
         "chi2_seq": float((2 * seq).exp().mean() - 1),
         "max_abs_dlogp": float(dv.abs().max()),

@@ -1,6 +1,6 @@
-"""``[seam]``: the rollout–trainer seam mode (issue #22 item 5; spec/trainer.md "The seam mode").
+"""``[seam]``: the rollout–trainer seam mode (spec/trainer.md "The seam mode").
 
-Off by default (every existing run, golden and checkpoint is unchanged). On, the rollout is made by
+Off by default. On, the rollout is made by
 an *engine*: a copy of the policy with its own weights, in ``seam.dtype``, synced from the policy
 ``seam.staleness`` iterations old, whose log-probs of the sampled tokens (raw, or over the sampler's
 top-k / top-p support: ``seam.logprobs``) are the behaviour log-probs ``rollout_logprobs`` that the

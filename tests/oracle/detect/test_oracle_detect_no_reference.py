@@ -28,7 +28,7 @@ def _detect(tmp_path: Path, capsys: pytest.CaptureFixture[str], kl_in: str, *set
         argv += ["--set", s]
     rc = main(argv)
     rep: dict[str, Any] = json.loads(capsys.readouterr().out)
-    assert rc in (0, 1)
+    assert rc == (0 if rep["match"] else 1)
     return rep
 
 
