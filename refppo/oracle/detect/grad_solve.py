@@ -198,9 +198,7 @@ def propose_policy_grad(
             if cv is not None and cv not in duals:
                 duals.append(cv)
                 s.notes.append(dual.text("dual_clip", cv))
-    base = (s.hp.cliprange, s.hp.cliprange_high)
-    clips = [c for c in clips if c != base][:8]
-    for lo, hi in clips:
+    for lo, hi in clips[:8]:
         s.propose_value("cliprange", lo)
         s.propose_value("cliprange_high", hi)
     for c in duals[:8]:
