@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
+from refppo.conventions import AdvantageEstimator, GaeHoles, parse
 from refppo.core.checks import check_b, check_bt, check_float, check_mask, check_nonneg, check_unit_interval
 from refppo.errors import DtypeError, HyperparameterError, MaskError, ShapeError
+from refppo.group_conventions import GroupStdLevel
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 
 GROUP_ESTIMATORS = (

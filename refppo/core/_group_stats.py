@@ -10,8 +10,8 @@ import math
 import torch
 from torch import Tensor
 
-from refppo.conventions import GroupStdLevel
 from refppo.core.masked import AllReduce
+from refppo.group_conventions import GroupStdLevel
 
 
 def batch_stats(x: Tensor, all_reduce: AllReduce | None) -> Tensor:

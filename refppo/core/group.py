@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
+from refppo.conventions import AdvantageEstimator, GaeHoles, parse
 from refppo.core._group_checks import (
     _check_lengths,
     _check_options,
@@ -80,6 +80,7 @@ from refppo.core.group_naive import (
 )
 from refppo.core.masked import AllReduce, masked_moments
 from refppo.errors import HyperparameterError, SingletonGroupError
+from refppo.group_conventions import GroupStdLevel
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 
 

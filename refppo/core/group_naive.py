@@ -12,11 +12,12 @@ from typing import Literal
 
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GaeHoles, GroupStdLevel, parse
+from refppo.conventions import AdvantageEstimator, GaeHoles, parse
 from refppo.core import _pyfloat as pf
 from refppo.core._group_checks import _check_options, _checked_group_inputs, _checked_returns_inputs
 from refppo.core.checks import check_nonneg
 from refppo.errors import HyperparameterError, MaskError, SingletonGroupError
+from refppo.group_conventions import GroupStdLevel
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 
 Singleton = Literal["error", "score", "zero"]

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GroupStdLevel, ScorePosition, parse
+from refppo.conventions import AdvantageEstimator, ScorePosition, parse
 from refppo.core import _pyfloat as pf
 from refppo.core._group_checks import _check_scalar_inputs, _checked_group_index
 from refppo.core.checks import check_mask
 from refppo.core.group_naive import Singleton, _scalar_naive
+from refppo.group_conventions import GroupStdLevel
 
 
 def score_positions_naive(

@@ -37,7 +37,8 @@ the whitening cross the holes by ``gae_holes`` and ``whiten_holes``.
 Modules::
 
     stages       Stage, STAGES (the stage table: keys read, quantities made, functions, naive
-                 twins, how each is evaluated), walk, upstream, keys_upstream, prefix_key
+                 twins, how each is evaluated), walk
+    stage_graph  upstream, downstream, keys_upstream: queries on the table's dependency graph
     step         the walks: reward_quantities, rollout_quantities(_naive), update_quantities(_naive),
                  RolloutQuantities, UpdateQuantities
     rollout      the rollout stages' functions (steps 0–4), value_mask, critic_free_advantages

@@ -37,7 +37,8 @@ from refppo.pipeline.blocks import Evaluation, gae_by_rows
 from refppo.pipeline.bugs_base import Bug
 from refppo.pipeline.bugs_rollout import ROLLOUT_BUGS
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.stages import STAGES, Stage, StageFn, downstream
+from refppo.pipeline.stage_graph import downstream
+from refppo.pipeline.stages import STAGES, Stage, StageFn
 
 Q = Mapping[str, Any]
 

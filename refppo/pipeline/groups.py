@@ -19,9 +19,6 @@ from refppo.conventions import (
     ApproxKL,
     GaeHoles,
     GaePadding,
-    GroupKL,
-    GroupSingleton,
-    GroupStdLevel,
     KLEstimator,
     KLPlacement,
     LossAgg,
@@ -39,6 +36,7 @@ from refppo.conventions import (
 from refppo.core.checks import check_nonneg, check_positive
 from refppo.core.kl import check_kl_clamps
 from refppo.errors import ConventionError, HyperparameterError
+from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
 
 

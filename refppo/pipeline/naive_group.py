@@ -12,10 +12,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GroupKL, Variance
+from refppo.conventions import AdvantageEstimator, Variance
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.core.group_naive import group_advantages_naive
 from refppo.errors import ConventionError
+from refppo.group_conventions import GroupKL
 from refppo.pipeline.settings import Convention
 
 

@@ -26,7 +26,6 @@ from torch import Tensor
 from refppo.conventions import (
     AdvantageEstimator,
     GaePadding,
-    GroupKL,
     KLPlacement,
     ScorePosition,
     Variance,
@@ -42,6 +41,7 @@ from refppo.core.normalize import normalize
 from refppo.core.rewards import score_positions, token_rewards
 from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError, SingletonGroupError
+from refppo.group_conventions import GroupKL
 from refppo.pipeline.blocks import Evaluation, gae_by_rows
 from refppo.pipeline.needs import kl_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams

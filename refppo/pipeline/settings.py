@@ -30,16 +30,10 @@ from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
-from refppo.conventions import (
-    AdvantageEstimator,
-    GroupKL,
-    GroupSingleton,
-    GroupStdLevel,
-    PolicyLoss,
-    Whitening,
-)
+from refppo.conventions import AdvantageEstimator, PolicyLoss, Whitening
 from refppo.core.checks import check_nonneg, check_unit_interval
 from refppo.errors import ConventionError, HyperparameterError
+from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.pipeline.groups import (
     GROUPS,
     AdvantageConvention,

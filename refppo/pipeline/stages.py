@@ -335,53 +335,6 @@ ROLLOUT_OUTPUTS: frozenset[str] = frozenset(q for s in ROLLOUT_STAGES for q in s
 """The outputs of the rollout stages (the rest need the update)."""
 
 
-def maker(quantity: str) -> Stage:
-    """The stage that makes ``quantity``."""
-    for s in STAGES:
-        if quantity in s.makes:
-            return s
-    raise KeyError(f"no stage makes {quantity!r}")
-
-
-def upstream(quantity: str, stages: Sequence[Stage] = STAGES) -> tuple[Stage, ...]:
-    """The stages ``quantity`` depends on (its maker and, through what it reads for it, theirs), in
-    order."""
-    makers = {q: s for s in stages for q in s.makes}
-    need, seen, done = [quantity], set(), set()
-    while need:
-        q = need.pop()
-        s = makers.get(q)
-        if s is None or q in done:
-            continue
-        done.add(q)
-        seen.add(s.name)
-        need.extend(s.output_reads.get(q, s.reads))
-    return tuple(s for s in stages if s.name in seen)
-
-
-def downstream(names: Collection[str], stages: Sequence[Stage] = STAGES) -> frozenset[str]:
-    """Every quantity made by the stages ``names`` or, transitively, from what they make (an output
-    with :attr:`Stage.output_reads` only from those reads)."""
-    hit: set[str] = set()
-    for s in stages:
-        for q in s.makes:
-            if s.name in names or hit & set(s.output_reads.get(q, s.reads)):
-                hit.add(q)
-    return frozenset(hit)
-
-
-def keys_upstream(quantity: str) -> tuple[str, ...]:
-    """Every flat convention key that can change ``quantity``: the keys of its :func:`upstream`
-    stages, in pipeline order (each once)."""
-    return tuple(dict.fromkeys(k for s in upstream(quantity) for k in s.keys))
-
-
-def prefix_key(stages: Sequence[Stage], conv: Convention, hp: Hyperparams) -> tuple[Any, ...]:
-    """What ``stages`` read under ``conv``/``hp`` (:meth:`Stage.key` of each): two settings with the
-    same prefix key make the same quantities from the same inputs through these stages."""
-    return tuple(s.key(conv, hp) for s in stages)
-
-
 __all__ = [
     "BY_NAME",
     "OUTPUTS",
@@ -391,10 +344,5 @@ __all__ = [
     "UPDATE_STAGES",
     "Stage",
     "StageFn",
-    "downstream",
-    "keys_upstream",
-    "maker",
-    "prefix_key",
-    "upstream",
     "walk",
 ]

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from refppo.conventions import GroupSingleton
 from refppo.core._group_checks import GROUP_ESTIMATORS
+from refppo.group_conventions import GroupSingleton
 from refppo.models.batch import left_pad
 from refppo.train import group
 from refppo.train.config.schema import TrainConfig

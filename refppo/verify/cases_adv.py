@@ -14,15 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import (
-    AdvantageEstimator,
-    GaeHoles,
-    GroupStdLevel,
-    ScorePosition,
-    WhitenEps,
-    Whitening,
-)
+from refppo.conventions import AdvantageEstimator, GaeHoles, ScorePosition, WhitenEps, Whitening
 from refppo.core import group_naive, helpers_naive
+from refppo.group_conventions import GroupStdLevel
 from refppo.verify.batches import Batch, Case, Pair, with_holes
 
 # The modules themselves, looked up by name at call time (see refppo/verify/cases.py).

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GroupStdLevel, WhitenEps, Whitening
+from refppo.conventions import AdvantageEstimator, WhitenEps, Whitening
 from refppo.core import group_naive, helpers_naive
 from refppo.core.masked import AllReduce
+from refppo.group_conventions import GroupStdLevel
 from refppo.verify.batches import Batch, Case, Pair
 from refppo.verify.cases_adv import _distinct_scores, _groups
 from refppo.verify.ranks import run_ranks

@@ -18,9 +18,6 @@ from refppo.conventions import (
     AdvantageEstimator,
     GaeHoles,
     GaePadding,
-    GroupKL,
-    GroupSingleton,
-    GroupStdLevel,
     KLPlacement,
     Variance,
     WhitenEps,
@@ -29,6 +26,7 @@ from refppo.conventions import (
 )
 from refppo.dump.load import load_dump
 from refppo.errors import RefPPOError
+from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.oracle.check.alternatives import ALTERNATIVES
 from refppo.oracle.check.diagnose import compare_all
 from refppo.oracle.check.fastcheck import PrefixCheck, reward_key, rollout_prefix_ok

@@ -16,9 +16,10 @@ import pytest
 import torch
 from oracle_helpers import make_inputs, naive_dump, naive_outputs, save, setup_for
 
-from refppo.conventions import AdvantageEstimator, GroupKL
+from refppo.conventions import AdvantageEstimator
 from refppo.dump.load import load_dump
 from refppo.errors import ConventionError
+from refppo.group_conventions import GroupKL
 from refppo.oracle.check.diagnose import check
 from refppo.pipeline.settings import enum_keys
 

@@ -22,14 +22,13 @@ from oracle_helpers import make_inputs
 
 from refppo.errors import RefPPOError
 from refppo.pipeline.settings import FLAT, HPARAM_KEYS, Convention, Hyperparams, enum_keys
+from refppo.pipeline.stage_graph import downstream, keys_upstream
 from refppo.pipeline.stages import (
     BY_NAME,
     OUTPUTS,
     ROLLOUT_STAGES,
     STAGES,
     UPDATE_STAGES,
-    downstream,
-    keys_upstream,
     walk,
 )
 from refppo.pipeline.step import (

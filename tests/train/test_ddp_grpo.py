@@ -32,8 +32,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 import test_ddp as ddp  # the shared spawn/teardown helpers
 
-from refppo.conventions import AdvantageEstimator, GroupStdLevel, KLPlacement, Whitening
+from refppo.conventions import AdvantageEstimator, KLPlacement, Whitening
 from refppo.core.group_naive import group_advantages_naive
+from refppo.group_conventions import GroupStdLevel
 from refppo.models.rollout import RolloutConfig, score_rollout
 from refppo.pipeline.settings import Convention
 from refppo.train.group import GroupError, check_groups_on_rank

@@ -16,8 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from refppo.conventions import AdvantageEstimator, GroupKL
+from refppo.conventions import AdvantageEstimator
 from refppo.core.group_naive import group_advantages_naive, reinforce_pp_advantages_naive
+from refppo.group_conventions import GroupKL
 from refppo.train import checkpointing
 from refppo.train.cli import main as train_main
 from refppo.train.config.sections import ConfigError

@@ -8,7 +8,7 @@ and which of them can change each output, derived from the stage table and the e
   optional enum's None first (:data:`ALTERNATIVES`, :data:`GROUP_ALTERNATIVES`); a numeric key's are
   the peers' named values (:data:`NAMED`);
 - :data:`AFFECTS`: for each output of :data:`refppo.pipeline.stages.OUTPUTS`, the candidate keys that
-  some stage upstream of it reads (:func:`refppo.pipeline.stages.keys_upstream`).
+  some stage upstream of it reads (:func:`refppo.pipeline.stage_graph.keys_upstream`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 
 from refppo.conventions import AdvantageEstimator
 from refppo.pipeline.settings import FLAT, SIGMA_ESTIMATORS, enum_keys
-from refppo.pipeline.stages import BY_NAME, OUTPUTS, keys_upstream
+from refppo.pipeline.stage_graph import keys_upstream
+from refppo.pipeline.stages import BY_NAME, OUTPUTS
 
 GROUP_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
 """``group_eps`` of the peers: verl/SkyRL 1e-6, OpenRLHF 1e-9, TRL GRPOTrainer 1e-4, and 1e-8 (also

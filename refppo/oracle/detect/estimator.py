@@ -22,18 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import (
-    AdvantageEstimator,
-    GaeHoles,
-    GaePadding,
-    GroupKL,
-    GroupSingleton,
-    GroupStdLevel,
-    KLPlacement,
-    Variance,
-)
+from refppo.conventions import AdvantageEstimator, GaeHoles, GaePadding, KLPlacement, Variance
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
+from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.oracle.check.alternatives import GROUP_EPS
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.rollout import carry_dumped_returns, with_raw_advantages
