@@ -2,7 +2,8 @@
 # Build the side virtual environments holding the peers' own code, OUTSIDE the repository.
 #
 # Usage: tools/build_peer_venvs.sh [--with-trl-grpo] [CLOSURE ...]
-#   CLOSURE is one of: verl-openrlhf trl skyrl-areal trl-grpo (default: the first three).
+#   CLOSURE is one of: verl-openrlhf trl skyrl-areal trl-grpo (default: the first three), or the name
+#   of a closure kept in the repository, tools/peers/closures/NAME.txt (peers beyond shared/peers).
 #
 # Environment:
 #   REFPPO_PEERS_ROOT  where the venvs go            (default /work/peervenv)
@@ -38,7 +39,12 @@ for arg in "$@"; do
     case "$arg" in
         --with-trl-grpo) grpo=1 ;;
         verl-openrlhf | trl | skyrl-areal | trl-grpo) closures+=("$arg") ;;
-        *) echo "build_peer_venvs.sh: unknown closure or flag '$arg'" >&2; exit 2 ;;
+        *)
+            if [ -f "$repo/tools/peers/closures/$arg.txt" ]; then
+                closures+=("$arg")
+            else
+                echo "build_peer_venvs.sh: unknown closure or flag '$arg'" >&2; exit 2
+            fi ;;
     esac
 done
 [ "${#closures[@]}" -eq 0 ] && closures=(verl-openrlhf trl skyrl-areal)
@@ -49,6 +55,7 @@ mkdir -p "$root"
 
 build() {
     local name="$1" req="$dir/$1.txt" env="$root/$1"
+    [ -f "$repo/tools/peers/closures/$1.txt" ] && req="$repo/tools/peers/closures/$1.txt"
     [ -f "$req" ] || { echo "build_peer_venvs.sh: closure file $req not found" >&2; return 2; }
     if [ -f "$env/READY" ] && [ "$env/READY" -nt "$req" ]; then
         echo "[$name] ready: $env"
