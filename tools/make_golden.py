@@ -1,6 +1,7 @@
 """Write the golden PPO trajectories under spec/golden/ (see refppo/golden/ and spec/models.md).
 
 Usage: ``python tools/make_golden.py [--out spec/golden] [--case gpt2 --case llama] [--check]``
+(cases: :data:`refppo.golden.cases.CASES`; ``seam_gpt2`` is sampled by the trainer's seam-mode engine)
 (``--check --device cuda`` replays on a GPU).
 
 Deterministic: torch's and MKL's AVX2 kernels on any x86 CPU (``refppo.cpu_numerics``), one CPU

@@ -89,9 +89,10 @@ def _diff(path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
 @pytest.mark.e2e
 def test_a_mixed_staleness_dump_records_each_rows_version_and_matches(tmp_path: Path) -> None:
     """The trainer (TEST preset, one minibatch, bfloat16 engine, k = 2, j = 0, token TIS [0.98, 1.02])
-    dumps iteration 3: its 8 rows carry versions 2, 1, 0, 2, 1, 0, 2, 1 and ``refppo diff`` matches
-    the corrected step under its sidecar; the correction off mismatches at ``pg_loss``. The seam
-    metric logs the mean staleness (1 in iteration 3: (3·0 + 3·1 + 2·2)/8 = 7/8)."""
+    dumps iteration 3: its 8 rows (in rollout order) carry versions 2, 1, 0, 2, 1, 0, 2, 1 and
+    ``refppo diff`` matches the corrected step under its sidecar; the correction off mismatches at ``pg_loss``. The seam
+    metric logs the mean staleness ``it − mean(max(0, it − s_b))``: 0; 5/8 (versions 1, 0, 0, 1, 0,
+    0, 1, 0: version 0 stands in for the older); 7/8 (3·0 + 3·1 + 2·2 over 8)."""
     sets = (
         "task.reward=rule", "task.sft_steps=3", "ppo.minibatches=1", "run.iterations=3",
         "run.dump_iteration=3", "ppo.rollout_is=token", "ppo.rollout_is_low=0.98",
@@ -100,7 +101,8 @@ def test_a_mixed_staleness_dump_records_each_rows_version_and_matches(tmp_path: 
     Trainer(preset("test", *sets)).train()
     path = tmp_path / "run" / "dumps" / "iter_000003.safetensors"
     d = load_file(str(path))
-    assert d["policy_version"].tolist() == [2, 1, 0, 2, 1, 0, 2, 1]
+    # the dump's rows are in the update's order; group_index (group size 1) is the rollout row
+    assert d["policy_version"][d["group_index"].argsort()].tolist() == [2, 1, 0, 2, 1, 0, 2, 1]
     m = d["response_mask"].bool()
     gap = (d["old_logprobs"] - d["rollout_logprobs"]).abs()
     fresh, stale = d["policy_version"] == 2, d["policy_version"] < 2
@@ -110,4 +112,4 @@ def test_a_mixed_staleness_dump_records_each_rows_version_and_matches(tmp_path: 
     code, rep = _diff(path, "--set", "rollout_is=none")
     assert code == 1 and not rep["quantities"]["pg_loss"]["ok"]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["rollout/seam_staleness"] for r in records] == [0.0, 0.5, 7 / 8]
+    assert [r["rollout/seam_staleness"] for r in records] == [0.0, 5 / 8, 7 / 8]
