@@ -90,9 +90,10 @@ def _diff(path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
 def test_a_mixed_staleness_dump_records_each_rows_version_and_matches(tmp_path: Path) -> None:
     """The trainer (TEST preset, one minibatch, bfloat16 engine, k = 2, j = 0, token TIS [0.98, 1.02])
     dumps iteration 3: its 8 rows (in rollout order) carry versions 2, 1, 0, 2, 1, 0, 2, 1 and
-    ``refppo diff`` matches the corrected step under its sidecar; the correction off mismatches at ``pg_loss``. The seam
-    metric logs the mean staleness ``it − mean(max(0, it − s_b))``: 0; 5/8 (versions 1, 0, 0, 1, 0,
-    0, 1, 0: version 0 stands in for the older); 7/8 (3·0 + 3·1 + 2·2 over 8)."""
+    ``refppo diff`` matches the corrected step under its sidecar; the correction off mismatches at
+    ``pg_loss``. The seam metric logs the mean staleness ``it − mean(max(0, it − s_b))``: 0; 5/8
+    (versions 1, 0, 0, 1, 0, 0, 1, 0: version 0 stands in for the older); 7/8 (3·0 + 3·1 + 2·2
+    over 8)."""
     sets = (
         "task.reward=rule", "task.sft_steps=3", "ppo.minibatches=1", "run.iterations=3",
         "run.dump_iteration=3", "ppo.rollout_is=token", "ppo.rollout_is_low=0.98",
