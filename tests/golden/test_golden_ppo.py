@@ -190,8 +190,22 @@ def test_seam_golden_is_a_stale_bfloat16_corrected_run() -> None:
     assert capped > 0
 
 
+CUDA_NAMES = [
+    pytest.param(
+        n,
+        marks=pytest.mark.skip(
+            reason="a bfloat16 engine's log-probs (and so its sampled tokens) differ between devices by "
+            "bfloat16 rounding, beyond CUDA_REPLAY; no tolerance measured yet (no GPU)"
+        ),
+    )
+    if getattr(CASES[n].seam, "dtype", "float32") != "float32"
+    else n
+    for n in NAMES
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CUDA_NAMES)
 def test_golden_replay_cuda(name: str) -> None:
     ref, _ = _load(name)
     got = run(CASES[name], device="cuda")
