@@ -1,6 +1,7 @@
 """Write the golden PPO trajectories under spec/golden/ (see refppo/golden/ and spec/models.md).
 
 Usage: ``python tools/make_golden.py [--out spec/golden] [--case gpt2 --case llama] [--check]``
+(cases: :data:`refppo.golden.cases.CASES`; ``seam_gpt2`` is sampled by the trainer's seam-mode engine)
 (``--check --device cuda`` replays on a GPU).
 
 Deterministic: torch's and MKL's AVX2 kernels on any x86 CPU (``refppo.cpu_numerics``), one CPU
@@ -8,7 +9,8 @@ thread (``torch.set_num_threads(1)``), ``torch.use_deterministic_algorithms``,
 seeded models and a seeded ``torch.Generator`` for sampling and minibatch shuffling. ``--check``
 regenerates in memory and compares with the files on disk instead of writing; with
 ``--device cuda`` it replays on the GPU, compares with the CUDA tolerances and prints the largest
-deviation of each quantity from the CPU golden (for CHANGELOG.md).
+deviation of each quantity from the CPU golden (for CHANGELOG.md); a case whose seam engine is not
+float32 is printed but not gated (its bfloat16 rounding differs per device; no tolerance yet).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  max deviation {key}: {dev:.3g}")
             for line in bad[:20]:
                 print("  " + line)
+            if args.device != "cpu" and case.seam is not None and case.seam.dtype != "float32":
+                print(f"  {name}: not gated (bfloat16 engine: no {args.device} tolerance measured yet)")
+                continue
             status |= int(bool(bad))
             continue
         os.makedirs(args.out, exist_ok=True)

@@ -5,7 +5,8 @@ replays them. Format (schema version :data:`SCHEMA_VERSION`, described in spec/m
 
 - ``.safetensors``: per iteration ``i``: ``it{i}.<field>`` for every field of :data:`TENSOR_FIELDS`
   (rollout tokens and masks, π_old/π_ref log-probs, values, scores, KL, token rewards, advantages,
-  returns) and ``it{i}.perm`` ``[epochs, B]`` (row order of each PPO epoch);
+  returns) and ``it{i}.perm`` ``[epochs, B]`` (row order of each PPO epoch); a case sampled by the
+  seam mode's engine also ``it{i}.rollout_logprobs`` ``[B, T]`` and ``it{i}.policy_version`` ``[B]``;
 - ``.json``: ``schema_version``, ``case`` (the full configuration), ``tolerances``, ``environment``
   (versions, threads; informative), ``init_checksums`` and ``iterations``: per iteration the
   scalars (``metrics``), per-minibatch ``steps`` scalars, and ``checksums``: for every parameter

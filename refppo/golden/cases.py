@@ -1,8 +1,9 @@
 """What defines a golden trajectory: the cases, their tolerances, the fields stored and compared.
 
 A :class:`GoldenCase` fixes the tiny models (arch, sizes, seeds 0/1/2 for actor/critic/reward),
-the prompts, the seed of the sampler, and every PPO setting; :data:`CASES` are the stored ones
-(``spec/golden/ppo_<case>``), :func:`variant` derives a case with other hyperparameters.
+the prompts, the seed of the sampler, and every PPO setting (and, for a corrected run, the seam
+mode's engine: ``seam``); :data:`CASES` are the stored ones (``spec/golden/ppo_<case>``),
+:func:`variant` derives a case with other hyperparameters.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from refppo.conventions import AdvantageEstimator, Whitening
 from refppo.models.rollout import RolloutConfig
 from refppo.models.tiny import Arch
 from refppo.pipeline.settings import FLAT, Convention, Hyperparams
+from refppo.train.config.seam import SeamConfig
 from refppo.train.update_config import PPOUpdateConfig
 
 TENSOR_FIELDS = (
@@ -34,7 +36,10 @@ TENSOR_FIELDS = (
     "advantages",
     "returns",
 )
-EXACT_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "perm")
+SEAM_FIELDS = ("rollout_logprobs", "policy_version")
+"""Stored besides :data:`TENSOR_FIELDS` by a case with ``seam``: the engine's log-probs of the sampled
+tokens ``[B, T]`` and the version of the policy that sampled each row ``[B]``."""
+EXACT_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "perm", "policy_version")
 
 COMPARED_METRICS = (
     "score",
@@ -49,6 +54,9 @@ COMPARED_METRICS = (
     "actor_grad_norm",
     "critic_grad_norm",
 )
+SEAM_METRICS = ("seam_staleness", "seam_kl", "seam_abs_log_ratio")
+"""Compared besides :data:`COMPARED_METRICS` by a case with ``seam``
+(:func:`refppo.train.seam.seam_metrics`)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,10 @@ class GoldenCase:
     group_size: int = 1
     """Responses per prompt: each prompt's row is repeated ``group_size`` times (consecutive rows,
     ``group_index`` = the prompt's position); the group estimators need ≥ 2."""
+    seam: SeamConfig | None = None
+    """A corrected run (spec/trainer.md "The seam mode"): the rollout by the trainer's own
+    :class:`refppo.train.seam.RolloutEngine` (``seam.dtype``, ``seam.staleness``), its log-probs read
+    by the ``rollout_correction`` stage under ``conv.rollout``; None: the policy samples itself."""
 
     @property
     def critic_free(self) -> bool:
@@ -141,8 +153,22 @@ class GoldenCase:
         }
         if self.group_size != 1:  # the PPO goldens' documents stay as written
             out["group_size"] = self.group_size
+        if self.seam is not None:
+            # (keys added since the golden was written are left out while None, their default)
+            out["seam"] = {k: v for k, v in dc(self.seam).items() if k != "enabled" and v is not None}
         return out
 
+    @property
+    def tensor_fields(self) -> tuple[str, ...]:
+        """The stored fields of each iteration besides ``perm``."""
+        return TENSOR_FIELDS + (SEAM_FIELDS if self.seam is not None else ())
+
+
+SEAM_TIS_CAP = 1.02
+"""The TIS cap of the ``seam_gpt2`` golden. The bfloat16 engine's rounding alone moves
+``π^prox/π^beh`` by ≤ 1.5e-3 (iteration 1: the engine holds the policy's own weights); staleness
+moves it by up to 1.26 and 1.64 in iterations 2 and 3, where the cap binds on 7 of 21 and 18 of 32
+tokens."""
 
 CASES: dict[str, GoldenCase] = {
     "gpt2": GoldenCase(name="gpt2", arch="gpt2"),
@@ -155,6 +181,14 @@ CASES: dict[str, GoldenCase] = {
         group_size=4,
         conv=Convention.of(advantage=AdvantageEstimator.GRPO, whiten_advantages=Whitening.NONE),
         update=PPOUpdateConfig(ppo_epochs=2, num_minibatches=2, micro_batch_size=2, max_grad_norm=1.0),
+    ),
+    # a corrected run (issue #22 item 5): a bfloat16 engine one iteration stale samples; token TIS
+    # with the cap C = 1.02 weighs the surrogate by min(π^prox/π^beh, C)
+    "seam_gpt2": GoldenCase(
+        name="seam_gpt2",
+        arch="gpt2",
+        seam=SeamConfig(enabled=True, dtype="bfloat16", staleness=1),
+        conv=Convention.of(rollout_is="token", rollout_is_high=SEAM_TIS_CAP),
     ),
 }
 

@@ -1,8 +1,10 @@
 """Running a golden case: the tiny models and optimizers, parameter checksums, the trajectory.
 
-Batched path: sample and update through :func:`refppo.train.iteration.iteration` (the trainer's path).
-Naive path: replay a golden's tokens and epoch permutations through the per-prefix read-outs,
-the core's naive twins and :func:`refppo.train.update_naive.ppo_update_naive`.
+Batched path: sample through :func:`refppo.train.seam.sample` (the policy itself, or for a case with
+``seam`` the trainer's :class:`refppo.train.seam.RolloutEngine`) and update through
+:func:`refppo.train.iteration.iteration` (the trainer's path).
+Naive path: replay a golden's tokens (and the engine's log-probs) and epoch permutations through the
+per-prefix read-outs, the core's naive twins and :func:`refppo.train.update_naive.ppo_update_naive`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from refppo.models.rollout_naive import score_rollout_naive
 from refppo.models.tiny import tiny_actor, tiny_critic, tiny_reward_model
 from refppo.pipeline.step import RolloutQuantities, rollout_quantities_naive
 from refppo.train.iteration import iteration, rollout_metrics
-from refppo.train.update_config import MinibatchRecord
+from refppo.train.seam import RolloutEngine, sample, seam_metrics
+from refppo.train.update_config import Behaviour, MinibatchRecord
 from refppo.train.update_naive import ppo_update_naive
 
 
@@ -76,12 +79,15 @@ def run(
 ) -> Trajectory:
     """Run ``case`` for ``case.iterations`` PPO iterations.
 
-    Batched path (default): sample with the seeded generator, :func:`refppo.train.iteration.iteration`.
-    Naive path (``naive_from`` = a golden): replay its sampled tokens and epoch permutations;
-    score with per-prefix forwards, rollout quantities from the core's naive twins, update with
-    :func:`refppo.train.update_naive.ppo_update_naive` (a real snapshot network for π_old).
+    Batched path (default): sample with the seeded generator (by the policy, or by the seam mode's
+    engine when ``case.seam``), :func:`refppo.train.iteration.iteration`.
+    Naive path (``naive_from`` = a golden): replay its sampled tokens, the engine's log-probs and
+    epoch permutations; score with per-prefix forwards, rollout quantities from the core's naive
+    twins, update with :func:`refppo.train.update_naive.ppo_update_naive` (a real snapshot network
+    for π_old, the ``rollout_correction`` stage's naive twin).
     """
     models = build(case, device)
+    engine = RolloutEngine(case.seam, models.actor) if case.seam is not None else None
     rows, group_index = case.rows()
     gi = group_index.to(device) if case.critic_free else None
     prompt_ids, prompt_mask = left_pad(rows, case.rollout.pad_token_id)
@@ -92,7 +98,7 @@ def run(
     record: dict[str, Any] = {"init_checksums": checksums(models)}
     for it in range(case.iterations):
         if naive_from is None:
-            done = _batched_iteration(case, models, prompt_ids, prompt_mask, gi, gen)
+            done = _batched_iteration(case, models, engine, prompt_ids, prompt_mask, gi, gen, it)
         else:
             done = _naive_iteration(case, models, naive_from.tensors, it, device, gi)
         for k, v in _iteration_tensors(done).items():
@@ -118,19 +124,23 @@ class _Iteration:
     metrics: dict[str, float]
     perm: Tensor
     steps: list[dict[str, Any]]
+    behaviour: Behaviour | None = None
 
 
 def _batched_iteration(
     case: GoldenCase,
     models: Models,
+    engine: RolloutEngine | None,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     gi: Tensor | None,
     gen: torch.Generator,
+    it: int,
 ) -> _Iteration:
-    """Sample and update through :func:`refppo.train.iteration.iteration`; ``perm`` from the minibatch
-    records."""
+    """Sample (the trainer's :func:`refppo.train.seam.sample`) and update through
+    :func:`refppo.train.iteration.iteration`; ``perm`` from the minibatch records."""
     recs: list[MinibatchRecord] = []
+    batch, behaviour = sample(engine, models.actor, prompt_ids, prompt_mask, case.rollout, gen, it)
     res = iteration(
         models.actor,
         models.reference,
@@ -147,13 +157,15 @@ def _batched_iteration(
         generator=gen,
         on_minibatch=recs.append,
         group_index=gi,
+        batch=batch,
+        behaviour=behaviour,
     )
     scored, q, metrics = res.scored, res.quantities, res.metrics
     perm = torch.stack(
         [torch.cat([r.rows for r in recs if r.epoch == e]) for e in range(case.update.ppo_epochs)]
     )
     steps = [{k: r.stats[k] for k in COMPARED_METRICS if k in r.stats} for r in recs]
-    return _Iteration(scored, q, metrics, perm, steps)
+    return _Iteration(scored, q, metrics, perm, steps, behaviour)
 
 
 def _naive_iteration(
@@ -192,6 +204,9 @@ def _naive_iteration(
         group_index=gi,
     )
     perm = g[f"it{it}.perm"]
+    beh = None
+    if f"it{it}.rollout_logprobs" in g:  # the engine's output, replayed as its tokens are
+        beh = Behaviour(g[f"it{it}.rollout_logprobs"].to(device), g[f"it{it}.policy_version"].to(device), it)
     nsteps = ppo_update_naive(
         models.actor,
         models.critic,
@@ -203,16 +218,20 @@ def _naive_iteration(
         conv=case.conv,
         cfg=case.update,
         perms=list(perm),
+        rollout_logprobs=beh.rollout_logprobs if beh is not None else None,
     )
     steps = [{k: s.stats[k] for k in COMPARED_METRICS if k in s.stats} for s in nsteps]
     metrics = rollout_metrics(scored, q, case.hp, case.conv)
+    if beh is not None:
+        metrics.update(seam_metrics(scored.old_logprobs, beh, batch.response_mask))
     for k in steps[0]:
         metrics[k] = sum(s[k] for s in steps) / len(steps)
-    return _Iteration(scored, q, metrics, perm, steps)
+    return _Iteration(scored, q, metrics, perm, steps, beh)
 
 
 def _iteration_tensors(done: _Iteration) -> dict[str, Tensor]:
-    """The stored tensors of one iteration (:data:`~refppo.golden.cases.TENSOR_FIELDS` + ``perm``)."""
+    """The stored tensors of one iteration (:data:`~refppo.golden.cases.TENSOR_FIELDS` + ``perm``, and
+    :data:`~refppo.golden.cases.SEAM_FIELDS` in the seam mode)."""
     scored, q = done.scored, done.q
     b = scored.batch
     assert q.kl is not None  # the goldens always hold ref_logprobs
@@ -231,4 +250,12 @@ def _iteration_tensors(done: _Iteration) -> dict[str, Tensor]:
         "advantages": q.advantages,
         "returns": q.returns,
         "perm": done.perm,
+        **(
+            {
+                "rollout_logprobs": done.behaviour.rollout_logprobs,
+                "policy_version": done.behaviour.policy_version,
+            }
+            if done.behaviour is not None
+            else {}
+        ),
     }

@@ -17,6 +17,11 @@ Per iteration ``it`` (0-based; the policy before its update is version ``it``)::
     batch, l^beh = generate_rollout_logprobs(engine, …)     (raw or processed: seam.logprobs)
     k > 0: drop the oldest snapshot, append the policy now (version it)
 
+Mixed staleness (``seam.staleness_min`` = j < k): row b is ``s_b = j + (b mod (k − j + 1))``
+iterations old; for each s (largest first) the engine ← the policy s iterations old (snapshot
+``k − s``, version ``max(0, it − s)``; the policy itself for s = 0) samples the rows with ``s_b = s``
+from the same generator, and the batch is reassembled in row order (``policy_version`` per row).
+
 The trainer then scores the batch with its own policy (``old_logprobs``: the proximal policy, in
 ``model.dtype``), and the update reads ``rollout_logprobs = l^beh`` through
 :func:`refppo.pipeline.step.update_quantities` (the ``rollout_correction`` stage under
@@ -87,21 +92,73 @@ class RolloutEngine:
     ) -> tuple[SequenceBatch, Behaviour]:
         """Iteration ``it``'s rollout by the engine (module docstring): the batch and its behaviour
         (``rollout_logprobs`` float32, ``policy_version`` ``[B]`` = the sampling policy's version)."""
-        src, version = (self.stale[0], self.versions[0]) if self.stale else (actor, it)
-        _sync(self.engine, src)
-        with torch.autocast(device_type=prompt_ids.device.type, enabled=False):  # the engine's own dtype
-            batch, lp = generate_rollout_logprobs(
-                self.engine, prompt_ids, prompt_mask, rollout_cfg, generator,
-                processed=self.cfg.logprobs == "processed",
-            )  # fmt: skip
+        stale = self.cfg.row_staleness(prompt_ids.shape[0])
+        if len(set(stale)) == 1:  # one policy for the whole batch
+            src, version = self._policy(actor, stale[0], it)
+            batch, lp = self._generate(src, prompt_ids, prompt_mask, rollout_cfg, generator)
+            pv = torch.full((batch.batch_size,), version, dtype=torch.long, device=lp.device)
+        else:
+            batch, lp, pv = self._mixed(actor, stale, prompt_ids, prompt_mask, rollout_cfg, generator, it)
         if self.stale:  # the policy now (version it) joins; the oldest leaves
             oldest = self.stale.pop(0)
             self.versions.pop(0)
             _sync(oldest, actor)
             self.stale.append(oldest)
             self.versions.append(it)
-        pv = torch.full((batch.batch_size,), version, dtype=torch.long, device=lp.device)
         return batch, Behaviour(lp, pv, it)
+
+    def _policy(self, actor: nn.Module, s: int, it: int) -> tuple[nn.Module, int]:
+        """The policy ``s`` iterations old and its version: ``actor`` (version ``it``) for s = 0,
+        else snapshot ``k − s`` (version ``max(0, it − s)``)."""
+        if s == 0:
+            return actor, it
+        j = self.cfg.staleness - s
+        return self.stale[j], self.versions[j]
+
+    def _generate(
+        self,
+        src: nn.Module,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        cfg: RolloutConfig,
+        gen: torch.Generator,
+    ) -> tuple[SequenceBatch, Tensor]:
+        """The engine, synced from ``src``, samples ``prompt_ids`` in its own dtype."""
+        _sync(self.engine, src)
+        with torch.autocast(device_type=prompt_ids.device.type, enabled=False):  # the engine's own dtype
+            return generate_rollout_logprobs(
+                self.engine, prompt_ids, prompt_mask, cfg, gen, processed=self.cfg.logprobs == "processed"
+            )
+
+    def _mixed(
+        self,
+        actor: nn.Module,
+        stale: list[int],
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        cfg: RolloutConfig,
+        gen: torch.Generator,
+        it: int,
+    ) -> tuple[SequenceBatch, Tensor, Tensor]:
+        """Mixed staleness: the rows of each staleness ``s`` (oldest policy first) sampled together by
+        the policy ``s`` iterations old, from the one generator; the batch reassembled in row order
+        (responses are ``max_new_tokens`` wide), ``policy_version`` ``[B]`` per row."""
+        B, dev = prompt_ids.shape[0], prompt_ids.device
+        ids = torch.full((B, cfg.max_new_tokens), cfg.pad_token_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((B, cfg.max_new_tokens), dtype=torch.bool, device=dev)
+        lp = torch.zeros((B, cfg.max_new_tokens), device=dev)
+        pv = torch.zeros(B, dtype=torch.long, device=dev)
+        for s in sorted(set(stale), reverse=True):
+            rows = torch.tensor([b for b in range(B) if stale[b] == s], device=dev)
+            src, version = self._policy(actor, s, it)
+            part, part_lp = self._generate(src, prompt_ids[rows], prompt_mask[rows], cfg, gen)
+            ids[rows], mask[rows], lp[rows], pv[rows] = (
+                part.response_ids,
+                part.response_mask,
+                part_lp,
+                version,
+            )
+        return SequenceBatch(prompt_ids, prompt_mask, ids, mask), lp, pv
 
     def state_dict(self) -> dict[str, list[int]]:
         """What a checkpoint's ``state.json`` keeps besides the snapshots' weights."""

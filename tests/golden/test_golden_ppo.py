@@ -3,7 +3,8 @@
 - replay on CPU: same seed → same trajectory (tolerances ``refppo.golden.cases.CPU_REPLAY``);
 - the naive step-by-step path (per-prefix read-outs, a real π_old snapshot network, the core's
   naive twins) reproduces it from the golden tokens (``refppo.golden.cases.NAIVE``);
-- sensitivity: the check fails when ε, γ, λ, β or the aggregation mode is changed;
+- sensitivity: the check fails when ε, γ, λ, β or the aggregation mode is changed (and, for the
+  corrected run ``seam_gpt2``, the TIS cap, the correction, the engine's staleness or dtype);
 - CUDA replay (``gpu`` marker; ``refppo.golden.cases.CUDA_REPLAY``).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 import torch
 
 from refppo import cpu_numerics
-from refppo.golden.cases import CASES, CPU_REPLAY, CUDA_REPLAY, NAIVE, TENSOR_FIELDS, variant
+from refppo.golden.cases import CASES, CPU_REPLAY, CUDA_REPLAY, NAIVE, SEAM_TIS_CAP, variant
 from refppo.golden.check import compare, max_deviations
 from refppo.golden.store import SCHEMA_VERSION, load, paths
 from refppo.golden.trajectory import Trajectory, run
@@ -54,7 +56,7 @@ def test_golden_files_schema_and_size() -> None:
         assert doc["case"] == case.to_dict(), "the golden was generated from another configuration"
         assert len(doc["iterations"]) == case.iterations == 3
         for it in range(case.iterations):
-            for f in (*TENSOR_FIELDS, "perm"):
+            for f in (*case.tensor_fields, "perm"):
                 assert f"it{it}.{f}" in traj.tensors
             assert set(doc["iterations"][it]["checksums"]) == set(doc["init_checksums"])
         # the trajectory exercises what the sensitivity test relies on
@@ -135,8 +137,75 @@ def test_grpo_golden_is_critic_free_with_groups() -> None:
         assert doc["iterations"][it]["metrics"]["vf_loss"] == 0.0
 
 
+SEAM_SENSITIVITY: dict[str, dict[str, Any]] = {
+    "tis_cap": {"rollout_is_high": 1.2},
+    "correction_off": {"rollout_is": None},
+    "mask_not_truncate": {"rollout_is_mode": "mask"},
+    "sequence_level": {"rollout_is": "sequence"},
+}
+"""One-key changes of the correction that must break the corrected golden in an update of the first
+two iterations (whose rollouts do not depend on the correction: the engine of iteration 2 holds the
+initial policy)."""
+
+
+@pytest.mark.parametrize("change", sorted(SEAM_SENSITIVITY))
+def test_seam_golden_check_fails_when_the_correction_changes(change: str) -> None:
+    ref, _ = _load("seam_gpt2")
+    bad = compare(ref, run(variant(CASES["seam_gpt2"], **SEAM_SENSITIVITY[change])), CPU_REPLAY)
+    early = [b for b in bad if b.startswith(("it0.", "it1.")) and "response_" not in b]
+    assert any("checksums" in b or "pg_loss" in b for b in early), bad[:5]
+
+
+@pytest.mark.parametrize("seam", [{"staleness": 0}, {"staleness": 2}, {"dtype": "float32"}], ids=str)
+def test_seam_golden_check_fails_when_the_engine_changes(seam: dict[str, Any]) -> None:
+    """A fresh or older engine, or one in float32, reports other behaviour log-probs or versions."""
+    ref, _ = _load("seam_gpt2")
+    case = CASES["seam_gpt2"]
+    assert case.seam is not None
+    bad = compare(ref, run(replace(case, seam=replace(case.seam, **seam))), CPU_REPLAY)
+    assert any("rollout_logprobs" in b or "policy_version" in b for b in bad), bad[:5]
+
+
+def test_seam_golden_is_a_stale_bfloat16_corrected_run() -> None:
+    """The corrected golden's layout, read from the stored tensors: every row of iteration i was
+    sampled by version max(0, i − 1); the engine's log-probs are not the trainer's (bfloat16 only in
+    iteration 1: ≤ 2e-3; stale after: > 0.1 somewhere) and the TIS cap binds on some tokens."""
+    traj, doc = _load("seam_gpt2")
+    assert doc["case"]["seam"] == {"dtype": "bfloat16", "logprobs": "raw", "staleness": 1}
+    assert (
+        doc["case"]["conv"]["rollout_is"] == "token"
+        and doc["case"]["conv"]["rollout_is_high"] == SEAM_TIS_CAP
+    )
+    capped = 0
+    for it in range(3):
+        t = traj.tensors
+        assert t[f"it{it}.policy_version"].tolist() == [max(0, it - 1)] * 4
+        m = t[f"it{it}.response_mask"].bool()
+        d = (t[f"it{it}.old_logprobs"] - t[f"it{it}.rollout_logprobs"])[m]
+        assert float(d.abs().max()) > (1e-5 if it == 0 else 0.1)
+        assert it > 0 or float(d.abs().max()) < 2e-3
+        assert float(t[f"it{it}.rollout_logprobs"][~m].abs().sum()) == 0.0
+        capped += int((d.exp() > SEAM_TIS_CAP).sum())
+        assert doc["iterations"][it]["metrics"]["seam_staleness"] == float(it > 0)
+    assert capped > 0
+
+
+CUDA_NAMES = [
+    pytest.param(
+        n,
+        marks=pytest.mark.skip(
+            reason="a bfloat16 engine's log-probs (and so its sampled tokens) differ between devices by "
+            "bfloat16 rounding, beyond CUDA_REPLAY; no tolerance measured yet (no GPU)"
+        ),
+    )
+    if getattr(CASES[n].seam, "dtype", "float32") != "float32"
+    else n
+    for n in NAMES
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CUDA_NAMES)
 def test_golden_replay_cuda(name: str) -> None:
     ref, _ = _load(name)
     got = run(CASES[name], device="cuda")

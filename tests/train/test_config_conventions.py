@@ -74,6 +74,7 @@ SEAM_ADDED = (
     "seam.dtype",
     "seam.logprobs",
     "seam.staleness",
+    "seam.staleness_min",
 )
 """The keys the seam mode added since (issue #22 item 5), appended after the others."""
 

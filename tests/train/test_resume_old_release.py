@@ -62,6 +62,7 @@ SEAM_KEYS = {
     "seam.dtype",
     "seam.logprobs",
     "seam.staleness",
+    "seam.staleness_min",
 }
 """The seam mode's keys (issue #22 item 5: the ``[seam]`` section and the rollout correction's
 ``[ppo]`` keys), which no release before it had."""

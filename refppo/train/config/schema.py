@@ -166,7 +166,9 @@ class TrainConfig:
                 "log-probs of a rollout engine, which only the seam mode has: add --set seam.enabled=true"
             )
         keys = [
-            k for k in ("dtype", "logprobs", "staleness") if getattr(seam, k) != getattr(_DEFAULT_SEAM, k)
+            k
+            for k in ("dtype", "logprobs", "staleness", "staleness_min")
+            if getattr(seam, k) != getattr(_DEFAULT_SEAM, k)
         ]
         if keys and not seam.enabled:
             named = ", ".join(f"seam.{k}={getattr(seam, k)}" for k in keys)

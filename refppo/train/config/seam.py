@@ -40,6 +40,10 @@ class SeamConfig:
     """k: the engine samples with the policy of k iterations ago (asynchronous by k; the initial
     policy while fewer than k have run); each row's ``policy_version`` is that iteration's number.
     The k snapshots are saved in every checkpoint."""
+    staleness_min: int | None = None
+    """j (0 ≤ j ≤ k) for mixed staleness within one batch, as an asynchronous trainer with partial
+    rollouts has: row b of each rank's batch is sampled by the policy ``j + (b mod (k − j + 1))``
+    iterations old (each row's ``policy_version`` recorded). None: every row is k iterations old."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -50,6 +54,18 @@ class SeamConfig:
             raise ConfigError(f"seam.logprobs: expected one of {list(SEAM_LOGPROBS)}, got {self.logprobs!r}")
         if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) or self.staleness < 0:
             raise ConfigError(f"seam.staleness: expected an integer >= 0, got {self.staleness!r}")
+        j = self.staleness_min
+        if j is not None and (isinstance(j, bool) or not isinstance(j, int) or not 0 <= j <= self.staleness):
+            raise ConfigError(
+                f"seam.staleness_min: expected none or an integer in [0, seam.staleness={self.staleness}], "
+                f"got {j!r}"
+            )
+
+    def row_staleness(self, rows: int) -> list[int]:
+        """The staleness of each of ``rows`` rows: ``j + (b mod (k − j + 1))``, or k for every row
+        when ``staleness_min`` is None."""
+        j = self.staleness if self.staleness_min is None else self.staleness_min
+        return [j + b % (self.staleness - j + 1) for b in range(rows)]
 
 
 __all__ = ["SEAM_DTYPES", "SEAM_LOGPROBS", "SeamConfig"]
