@@ -33,7 +33,16 @@ from refppo.errors import ConventionError
 from refppo.oracle.presets import areal, deepspeed_chat, openrlhf, refppo, skyrl, torchtune, trl, verl
 from refppo.oracle.presets.base import Preset, Variant
 
-PRESET_MODULES: tuple[ModuleType, ...] = (refppo, verl, openrlhf, trl, deepspeed_chat, skyrl, areal, torchtune)
+PRESET_MODULES: tuple[ModuleType, ...] = (
+    refppo,
+    verl,
+    openrlhf,
+    trl,
+    deepspeed_chat,
+    skyrl,
+    areal,
+    torchtune,
+)
 """The preset modules, in the registry's order."""
 
 PRESETS: dict[str, Preset] = {m.PRESET.name: m.PRESET for m in PRESET_MODULES}

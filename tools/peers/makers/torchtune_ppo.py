@@ -120,7 +120,11 @@ def _recipe_self(spec: dict[str, Any], hp: dict[str, float], seed: int) -> Any:
     s._tokenizer = types.SimpleNamespace(pad_id=PAD)
     s._rng = torch.Generator().manual_seed(seed)
     s._stop_token_ids = torch.tensor(spec["stop"], dtype=torch.long)
-    s._penalise_no_eos, s._min_response_length, s._reward_penalty = spec["penalise_no_eos"], spec["min_len"], -3.0
+    s._penalise_no_eos, s._min_response_length, s._reward_penalty = (
+        spec["penalise_no_eos"],
+        spec["min_len"],
+        -3.0,
+    )
     s._gradient_accumulation_steps = 1
     s._loss_fn = PPOLoss(
         epsilon=hp["epsilon"], value_clip_range=hp["value_clip_range"], value_coeff=hp["value_coeff"]
@@ -153,9 +157,11 @@ def _traced_ppo_step(recipe: Any, s: Any, *args: Any) -> dict[str, Any]:
     return seen
 
 
-def run_case(recipe: Any, name: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def run_case(
+    recipe: Any, name: str, spec: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     import torch
-    from torchtune import rlhf
+    from torchtune import rlhf  # type: ignore[import-not-found]  # torchtune venv only
 
     hp = {**DEFAULTS, **spec["hp"]}
     R = recipe.PPOFullFinetuneRecipeSingleDevice
@@ -167,12 +173,18 @@ def run_case(recipe: Any, name: str, spec: dict[str, Any]) -> tuple[dict[str, An
         with torch.no_grad():
             tr = R.generate_trajectory(s, prompts)
         lens = (~tr.response_padding_masks).sum(1)
-        if bool((lens == 1).any()) == spec["one_token_rows"] and (not spec["stop"] or bool((lens < spec["T"]).any())):
+        if bool((lens == 1).any()) == spec["one_token_rows"] and (
+            not spec["stop"] or bool((lens < spec["T"]).any())
+        ):
             break
     else:
         raise RuntimeError(f"{name}: no seed gives the rows the case wants")
-    rewards, kl, _ = rlhf.get_rewards_ppo(tr.scores, tr.logprobs, tr.ref_logprobs, hp["kl_coeff"], tr.value_seq_idxs)
-    adv, ret = rlhf.estimate_advantages(tr.values, rewards, hp["gamma"], hp["lmbda"], masks=~tr.response_padding_masks)
+    rewards, kl, _ = rlhf.get_rewards_ppo(
+        tr.scores, tr.logprobs, tr.ref_logprobs, hp["kl_coeff"], tr.value_seq_idxs
+    )
+    adv, ret = rlhf.estimate_advantages(
+        tr.values, rewards, hp["gamma"], hp["lmbda"], masks=~tr.response_padding_masks
+    )
     params = [*s._policy_model.parameters(), *s._value_model.parameters()]
     for _ in range(spec["epochs"] - 1):  # train's optimizer step between PPO epochs (plain SGD here)
         R.ppo_step(s, tr, adv, ret, PROMPT)
