@@ -92,5 +92,13 @@ def test_a_one_token_response_is_scored_where_no_score_at_puts_it(made: Path) ->
     one = [i for i, n in enumerate(facts["response_lengths"]) if n == 1]
     assert one and all(facts["value_seq_idxs"][i] == 0 for i in one), facts
     dump, expected, _ = _setups(made, "one_token_row")
+    t = dump.tensors
+    beta = float(dump.hparams["kl_coef"])
+    score_part = t["token_rewards"] + beta * t["kl"]  # the score alone, where torchtune added it
+    lengths = t["response_mask"].sum(1).long().tolist()
+    T = t["response_mask"].shape[1]
+    for i, n in enumerate(lengths):  # one-token rows at position 0; the others one past the last valid
+        slot = 0 if n == 1 else min(n, T - 1)
+        assert abs(float(score_part[i, slot] - t["scores"][i])) < 1e-5, (i, n, slot)
     res = check(dump, expected, explain_divergence=False)
     assert not res.match and res.first_divergence == "token_rewards", res.first_divergence
