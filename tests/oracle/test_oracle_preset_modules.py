@@ -24,8 +24,8 @@ from refppo.errors import ConventionError
 from refppo.oracle.presets import registry
 
 FIXTURE = Path(__file__).parent / "fixtures" / "presets_snapshot.json"
-ORDER = ["refppo", "verl", "openrlhf", "trl", "deepspeed-chat", "skyrl", "areal", "torchtune"]
-ADDED = ["torchtune"]
+ORDER = ["refppo", "verl", "openrlhf", "trl", "deepspeed-chat", "skyrl", "areal", "torchtune", "trinity"]
+ADDED = ["torchtune", "trinity"]
 """Presets added after the snapshot (appended to the order; their values are checked by their peer
 tests, e.g. tests/peers/test_peer_torchtune.py)."""
 
