@@ -51,9 +51,8 @@ def test_mismatch_exit_1_names_first_divergence(trl_dump: Path) -> None:
     assert p.returncode == 1, p.stderr
     assert "MISMATCH: first divergence at token_rewards." in p.stdout
     # TRL's score slot explains token_rewards; its approx_kl (k2 over all positions) still differs
-    assert (
-        "score_at=after_last_valid (as in preset trl, deepspeed-chat) explains token_rewards only" in p.stdout
-    )
+    moved = "score_at=after_last_valid (as in preset trl, deepspeed-chat, torchtune)"
+    assert f"{moved} explains token_rewards only" in p.stdout
     assert "approx_kl still differs" in p.stdout
 
 

@@ -22,7 +22,8 @@ def test_a_partial_explanation_says_what_still_differs(tmp_path: Path) -> None:
     # Two conventions differ (score slot and whitening): moving the score explains token_rewards,
     # but the advantages still differ. That must not read as a fix.
     text = "\n".join(_diagnose(tmp_path, {"score_at": "after_last_valid", "whiten_advantages": "none"}, {}))
-    assert "score_at=after_last_valid (as in preset trl, deepspeed-chat) explains token_rewards only" in text
+    moved = "score_at=after_last_valid (as in preset trl, deepspeed-chat, torchtune)"
+    assert f"{moved} explains token_rewards only" in text
     assert "explains token_rewards only; advantages" in text and "still differ" in text
     assert "explained by the convention score_at=after_last_valid" not in text
     assert "no single convention change or known bug explains every quantity" in text

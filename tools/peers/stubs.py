@@ -62,6 +62,9 @@ class _Stub(metaclass=_StubMeta):
     def __iter__(self) -> Any:
         return iter(())
 
+    def __class_getitem__(cls, item: Any) -> Any:  # ``Stub[...]`` in annotations (torchtune's BaseNode)
+        return cls
+
     def __bool__(self) -> bool:
         return False
 
