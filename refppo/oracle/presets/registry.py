@@ -30,14 +30,14 @@ from types import ModuleType
 from typing import Any
 
 from refppo.errors import ConventionError
-from refppo.oracle.presets import areal, deepspeed_chat, openrlhf, refppo, skyrl, trl, verl
+from refppo.oracle.presets import areal, deepspeed_chat, oat, openrlhf, refppo, skyrl, trl, verl
 from refppo.oracle.presets.base import Preset, Variant
 
-PRESET_MODULES: tuple[ModuleType, ...] = (refppo, verl, openrlhf, trl, deepspeed_chat, skyrl, areal)
+PRESET_MODULES: tuple[ModuleType, ...] = (refppo, verl, openrlhf, trl, deepspeed_chat, skyrl, areal, oat)
 """The preset modules, in the registry's order."""
 
 PRESETS: dict[str, Preset] = {m.PRESET.name: m.PRESET for m in PRESET_MODULES}
-"""Every preset by name: refppo, verl, openrlhf, trl, deepspeed-chat, skyrl, areal."""
+"""Every preset by name: refppo, verl, openrlhf, trl, deepspeed-chat, skyrl, areal, oat."""
 
 PEER_PRESETS: tuple[str, ...] = tuple(name for name in PRESETS if name != "refppo")
 
