@@ -7,15 +7,15 @@ aggregator; ``learning_step``: KL, score placement, the surrogate, ``tis_c``, th
 critic loss; ``compute_ppo_advantages``: GAE and ``whiten_adv``; ``compute_monte_carlo_advantages``:
 GRPO / Dr. GRPO), ``utils/ops.py`` (``masked_mean``, ``masked_sum``, ``masked_whiten``),
 ``args.py`` (``OATArgs`` defaults: ``beta``, ``critic_type``, ``generate_max_length``).
-``oat_kl_clamps`` states the one KL clamp (k3's log-ratio to [−40, 40]). Validated against the
-installed code by ``tests/peers/test_peer_oat.py`` (``tools/peers/makers/oat.py``); spelled out in
+The KL clamps are stated as none (k3's log-ratio clamp to [−40, 40] acts only beyond 40).
+Validated against the installed code by ``tests/peers/test_peer_oat.py`` (``tools/peers/makers/oat.py``); spelled out in
 spec/conventions.md.
 """
 
 from __future__ import annotations
 
 from refppo.oracle.presets.base import Preset, Sourced, Variant, make_preset
-from refppo.oracle.presets.kl_clamps import KlClamps
+from refppo.oracle.presets.kl_clamps import no_kl_clamps
 
 _PPO = "oat/algorithms/ppo.py"
 _STEP = f"{_PPO}::PPOLearner.learning_step"
@@ -28,15 +28,27 @@ CONVENTIONS: dict[str, Sourced] = {
     # beta (oat/args.py::OATArgs, 0.1) weighs a k3 KL loss on the current log-probs; kl_penalty_coef
     # (PPOArgs, 0) a k1 reward KL on the learner's recomputed old log-probs
     "kl_estimator": ("k3", f"{_STEP} (kl3 = expm1(log_ratio) − log_ratio, log_ratio = ref − new)"),
-    "kl_in": ("loss", "oat/args.py::OATArgs (beta: 0.1); oat/algorithms/ppo.py::PPOArgs (kl_penalty_coef: 0)"),
+    "kl_in": (
+        "loss",
+        "oat/args.py::OATArgs (beta: 0.1); oat/algorithms/ppo.py::PPOArgs (kl_penalty_coef: 0)",
+    ),
     "score_at": ("last_valid", f"{_STEP} (rewards[arange(B), eos_indices] += final_rewards)"),
     "whiten_advantages": ("none", f"{_ARGS} (whiten_adv: False; masked_whiten in compute_ppo_advantages)"),
-    "whiten_variance": ("unbiased", "oat/utils/ops.py::masked_var (unbiased=True, Bessel mask_sum/(mask_sum−1))"),
+    "whiten_variance": (
+        "unbiased",
+        "oat/utils/ops.py::masked_var (unbiased=True, Bessel mask_sum/(mask_sum−1))",
+    ),
     "whiten_eps_at": ("variance", "oat/utils/ops.py::masked_whiten (rsqrt(var + 1e-8))"),
     "whiten_rewards": ("none", f"{_ARGS} (whiten_rewards is declared but never read by learning_step)"),
     "gae_padding": ("masked", f"{_GAE} (loop over where(response_masks); nextvalues 0 after the last)"),
-    "loss_agg": ("seq-mean-token-mean", f"{_AGG}; {_STEP} ((masked_mean(L, mask, axis=1) · loss_mask).mean())"),
-    "value_loss_agg": ("seq-mean-token-mean", f"{_STEP} (0.5 · masked_aggregator(vf_loss_max, mask, axis=1))"),
+    "loss_agg": (
+        "seq-mean-token-mean",
+        f"{_AGG}; {_STEP} ((masked_mean(L, mask, axis=1) · loss_mask).mean())",
+    ),
+    "value_loss_agg": (
+        "seq-mean-token-mean",
+        f"{_STEP} (0.5 · masked_aggregator(vf_loss_max, mask, axis=1))",
+    ),
     "value_loss": ("clipped", f"{_STEP} (max(vf_losses1, vf_losses2); PPOArgs.cliprange_value 0.2)"),
     "value_clip_form": ("around_old", f"{_STEP} (torch.clamp(value_pred, mb_values − ε_v, mb_values + ε_v))"),
     "dual_clip": (None, f"{_STEP} (pg_loss_max = max(pg_losses, pg_losses2): no dual clip)"),
@@ -44,8 +56,14 @@ CONVENTIONS: dict[str, Sourced] = {
     "score_clip": (None, f"{_STEP} (final_rewards · reward_scale, not clipped)"),
     "approx_kl": ("k1", f"{_STEP} (logs no approx_kl of π vs π_old: refppo's default)"),
     "vf_mask": ("value", f"{_STEP} (the critic loss over mb_response_masks)"),
-    "kl_loss_agg": ("seq-mean-token-mean", f"{_STEP} (beta · (masked_aggregator(kl3, mask, axis=1) · loss_mask).mean())"),
-    "entropy_agg": ("token-mean", f"{_STEP} (infos['entropy'] = masked_mean(entropy, mask); logged, not in the loss)"),
+    "kl_loss_agg": (
+        "seq-mean-token-mean",
+        f"{_STEP} (beta · (masked_aggregator(kl3, mask, axis=1) · loss_mask).mean())",
+    ),
+    "entropy_agg": (
+        "token-mean",
+        f"{_STEP} (infos['entropy'] = masked_mean(entropy, mask); logged, not in the loss)",
+    ),
     # tis_c (PPOArgs default 2.0): clamp(exp(mb_logps − mb_actor_logps), max=tis_c) multiplies
     # pg_loss_max per token; mb_logps is the learner's old (no_grad) pass, mb_actor_logps vLLM's
     "rollout_is": ("token", f"{_STEP} (pg_loss_max *= tis, one weight per token)"),
@@ -64,21 +82,16 @@ HPARAMS: dict[str, Sourced] = {
 }
 
 
-def oat_kl_clamps(estimator: str) -> KlClamps:
-    """oat-llm 0.2.4 ``oat/algorithms/ppo.py::PPOLearner.learning_step``: the k3 loss clamps the
-    log-ratio ``log π_ref − log π`` to [−40, 40] and not the estimate; the k1 reward KL is not clamped."""
-    if estimator == "k3":
-        return {"kl_log_ratio_clamp": (-40.0, 40.0), "kl_value_clamp": None}
-    return {"kl_log_ratio_clamp": None, "kl_value_clamp": None}
-
-
 PRESET: Preset = make_preset(
     "oat",
     CONVENTIONS,
     HPARAMS,
-    oat_kl_clamps,
+    # learning_step clamps k3's log-ratio log π_ref − log π to [−40, 40] (the estimate is not clamped);
+    # stated as "none": the clamp acts only where |log π_ref − log π| > 40, and a ±40 bundle would join
+    # CLAMP_BUNDLES, which --detect searches in full. The k1 reward KL is not clamped.
+    no_kl_clamps,
     (
-        "oat/algorithms/ppo.py::PPOArgs (defaults: tis_c 2.0, cliprange 0.2, cliprange_value 0.2, gamma, lam 1)",
+        "oat/algorithms/ppo.py::PPOArgs (defaults: tis_c 2.0, cliprange, cliprange_value 0.2, gamma, lam 1)",
         "oat/algorithms/ppo.py::PPOLearner._init (masked_aggregator)",
         "oat/algorithms/ppo.py::PPOLearner.learning_step (KL, score, surrogate, tis_c, KL loss, critic loss)",
         "oat/algorithms/ppo.py::PPOLearner.compute_ppo_advantages (GAE over the response tokens; whiten_adv)",
@@ -111,4 +124,4 @@ CRITIC_FREE: dict[str, Variant] = {
 }
 """``advantage -> {key: (value, source)}``: ``critic_type`` ``grpo`` and ``drgrpo``."""
 
-__all__ = ["CONVENTIONS", "CRITIC_FREE", "HPARAMS", "PRESET", "oat_kl_clamps"]
+__all__ = ["CONVENTIONS", "CRITIC_FREE", "HPARAMS", "PRESET"]

@@ -33,7 +33,9 @@ V = 11
 
 # name: PPOArgs overrides (critic_type, beta, kl_penalty_coef, tis_c, whiten_adv, gamma, lam, ...)
 CASES: dict[str, dict[str, Any]] = {
-    "ppo_k3_loss_tis2": dict(critic_type="ppo", beta=0.1, kl_penalty_coef=0.0, tis_c=2.0, gamma=0.99, lam=0.95),
+    "ppo_k3_loss_tis2": dict(
+        critic_type="ppo", beta=0.1, kl_penalty_coef=0.0, tis_c=2.0, gamma=0.99, lam=0.95
+    ),
     "ppo_k1_reward_whiten_tis1.5": dict(
         critic_type="ppo", beta=0.0, kl_penalty_coef=0.05, tis_c=1.5, whiten_adv=True, gamma=0.99, lam=0.95
     ),
@@ -159,14 +161,19 @@ def _learner(ppo: Any, args: Any, b: dict[str, Any], seen: dict[str, Any]) -> An
 
     learner.get_batch_logps = get_batch_logps
     for name in ("compute_ppo_advantages", "compute_monte_carlo_advantages"):
-
-        def record(*a: Any, _f: Any = getattr(learner, name), _n: str = name) -> Any:
-            out = _f(*a)
-            seen[_n] = (a, out)
-            return out
-
-        setattr(learner, name, record)
+        setattr(learner, name, _recorded(getattr(learner, name), name, seen))
     return learner
+
+
+def _recorded(f: Any, name: str, seen: dict[str, Any]) -> Any:
+    """``f`` that also keeps its arguments and result in ``seen[name]``."""
+
+    def record(*a: Any) -> Any:
+        out = f(*a)
+        seen[name] = (a, out)
+        return out
+
+    return record
 
 
 def _trajectory(b: dict[str, Any], beh: Any) -> dict[str, Any]:
@@ -174,7 +181,7 @@ def _trajectory(b: dict[str, Any], beh: Any) -> dict[str, Any]:
     lengths = [int(n) for n in b["lengths"]]
     return {
         "input_ids": b["input_ids"], "attention_mask": b["attention_mask"],
-        "rewards": [[0.0] * (n - 1) + [float(s)] for n, s in zip(lengths, b["scores"])],
+        "rewards": [[0.0] * (n - 1) + [float(s)] for n, s in zip(lengths, b["scores"], strict=True)],
         "prompt_ids_lens": [1] * len(lengths),
         "action_logprobs": [beh[i, :n].tolist() for i, n in enumerate(lengths)],
         "loss_masks": [True] * len(lengths),
@@ -196,7 +203,8 @@ def oat_step(ppo: Any, over: dict[str, Any], seed: int) -> dict[str, Any]:
 
     args = ppo.PPOArgs(
         **over, num_samples=N_SAMPLES, generate_max_length=GEN_MAX, train_batch_size_per_device=8,
-        num_ppo_epochs=1, use_fused_lm_head=False, temperature=1.0, vf_coef=1.0, cliprange=0.2, cliprange_value=0.2,
+        num_ppo_epochs=1, use_fused_lm_head=False, temperature=1.0, vf_coef=1.0, cliprange=0.2,
+        cliprange_value=0.2,
     )  # fmt: skip
     b = _batch(seed)
     seen: dict[str, Any] = {}
@@ -207,7 +215,8 @@ def oat_step(ppo: Any, over: dict[str, Any], seed: int) -> dict[str, Any]:
         ref, _ = learner.get_batch_logps(model=_Model(b["ref"]), input_ids=ids, att_mask=att, temperature=1.0)
     m = att[:, 1:].to(old.dtype)
     beh = torch.where(m.bool(), old - 0.6 * b["beh_noise"], torch.full_like(old, 7.5))
-    torch.cuda.current_device = lambda: "cpu"  # learning_step's .to(device); no GPU here
+    # learning_step moves its tensors .to(torch.cuda.current_device()); a device name works as well
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]  # no GPU here
     np.random.seed(seed)  # its mini-batch permutation
     infos = learner.learning_step(_trajectory(b, beh))
     rows = seen["rows"]
@@ -238,7 +247,9 @@ def oat_step(ppo: Any, over: dict[str, Any], seed: int) -> dict[str, Any]:
 
 def _conventions(over: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``--set`` keys over ``--preset oat`` and the sidecar of one case, from its ``PPOArgs``."""
-    hp: dict[str, Any] = dict(HP, cliprange=0.2, cliprange_value=0.2, vf_coef=1.0, world_size=1, micro_batches=1)
+    hp: dict[str, Any] = dict(
+        HP, cliprange=0.2, cliprange_value=0.2, vf_coef=1.0, world_size=1, micro_batches=1
+    )
     conv: dict[str, Any] = {}
     if over["kl_penalty_coef"] > 0:
         conv.update(kl_estimator="k1", kl_in="reward")
