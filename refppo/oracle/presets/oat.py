@@ -8,8 +8,8 @@ critic loss; ``compute_ppo_advantages``: GAE and ``whiten_adv``; ``compute_monte
 GRPO / Dr. GRPO), ``utils/ops.py`` (``masked_mean``, ``masked_sum``, ``masked_whiten``),
 ``args.py`` (``OATArgs`` defaults: ``beta``, ``critic_type``, ``generate_max_length``).
 The KL clamps are stated as none (k3's log-ratio clamp to [−40, 40] acts only beyond 40).
-Validated against the installed code by ``tests/peers/test_peer_oat.py`` (``tools/peers/makers/oat.py``); spelled out in
-spec/conventions.md.
+Validated against the installed code by ``tests/peers/test_peer_oat.py``
+(``tools/peers/makers/oat.py``); spelled out in spec/conventions.md.
 """
 
 from __future__ import annotations
