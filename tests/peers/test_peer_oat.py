@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from _peers import REPO, TOOLS, require
 
 from refppo.dump.load import Dump, load_dump, validate
@@ -114,6 +115,24 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-6)
     return bool(a == b)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if "k3_loss" in n or n == "ppo_no_tis"])
+def test_oats_logged_pg_loss_carries_the_kl_term(
+    made: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``beta > 0`` oat's ``infos["pg_loss"]`` (a ``detach()`` of ``loss``, grown in place by
+    ``loss += reg_loss``) is ``pg_loss + beta·kl_loss``: a dump holding it mismatches at ``pg_loss``."""
+    dump, expected, _, _ = _setups(made, name, monkeypatch)
+    logged = json.loads((made / f"oat_{name}.facts.json").read_text())["logged_pg_loss"]
+    t = dump.tensors
+    kl_term = expected.hp.kl_coef * float(t["kl_loss"])
+    assert kl_term > 1e-4 and logged == pytest.approx(float(t["pg_loss"]) + kl_term, rel=1e-6, abs=1e-7)
+    raw = validate(
+        dump.path, {**t, "pg_loss": torch.tensor(logged, dtype=t["pg_loss"].dtype)}, hparams=dump.hparams
+    )
+    res = check(raw, expected, explain_divergence=False)
+    assert not res.match and res.first_divergence == "pg_loss", res.first_divergence
 
 
 def _v1(dump: Dump) -> Dump:

@@ -21,6 +21,7 @@ The behaviour (vLLM) log-probs ``action_logprobs`` are the old log-probs minus `
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from pathlib import Path
@@ -231,6 +232,7 @@ def oat_step(ppo: Any, over: dict[str, Any], seed: int) -> dict[str, Any]:
         dump["ref_logprobs"] = ref
     if args.beta > 0:  # infos["pg_loss"] aliases `loss`, which `loss += reg_loss` then grows in place
         dump.update(pg_loss=infos["pg_loss"] - infos["reg_loss"], kl_loss=infos["reg_loss"] / args.beta)
+        dump["logged_pg_loss"] = infos["pg_loss"]  # popped by make(): NAME.facts.json
     if args.critic_type == "ppo":
         (rewards, *_), (adv, ret, _) = seen["compute_ppo_advantages"]
         dump.update(
@@ -288,6 +290,9 @@ def make(out: Path) -> list[str]:
     made = []
     for i, (name, over) in enumerate(CASES.items()):
         dump = oat_step(ppo, over, 2200 + i)
+        if "logged_pg_loss" in dump:  # oat's own metric, beside the dump (spec/conventions.md, oat)
+            facts = {"logged_pg_loss": float(dump.pop("logged_pg_loss"))}
+            (out / f"oat_{name}.facts.json").write_text(json.dumps(facts))
         conv, hp = _conventions(over)
         made.append(save(out, f"oat_{name}", dump, hp, conv, CONTROLS[name]))
     return made
