@@ -9,8 +9,9 @@ the KL loss. Each dump must match under ``--preset oat`` plus its ``--set`` keys
 bounded by :data:`MAX_ERR`), its control (one key flipped) and, where ``tis_c`` is on, a wrong cap
 (``tis_c + 1``) must mismatch, and ``--detect`` from refppo's defaults must list an entry with the
 generating values of :data:`FAMILY`. oat's logged ``pg_loss`` (``infos``, kept in ``NAME.facts.json``)
-carries the KL term when ``beta > 0``, and a dump holding it mismatches at ``pg_loss``. The preset's defaults are read back from the installed
-``PPOArgs``/``OATArgs``. Skipped, with the reason, without ``$REFPPO_PEERS_ROOT/oat``.
+carries the KL term when ``beta > 0``, and a dump holding it mismatches at ``pg_loss``. The preset's
+defaults are read back from the installed ``PPOArgs``/``OATArgs``. Skipped, with the reason,
+without ``$REFPPO_PEERS_ROOT/oat``.
 """
 
 from __future__ import annotations
