@@ -12,15 +12,28 @@ from oracle_helpers import make_inputs, naive_dump, naive_outputs, refppo_dump, 
 from refppo.conventions import KLPlacement
 from refppo.dump.load import load_dump
 from refppo.oracle.check.diagnose import check
+from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.detection import detect
 from refppo.oracle.presets.registry import PEER_PRESETS, PRESETS, resolve_preset
+
+
+def _inputs(s: Setup, seed: int, lp_noise: float = 0.3) -> dict[str, torch.Tensor]:
+    """:func:`make_inputs`, plus behaviour log-probs ``l^old − 0.5·|N(0, 1)|`` where the preset has a
+    rollout correction (oat's ``tis_c``), so that its cap binds on some tokens."""
+    x = make_inputs(seed=seed, lp_noise=lp_noise)
+    if s.conv.rollout.level is not None:
+        g = torch.Generator().manual_seed(seed + 1000)
+        x["rollout_logprobs"] = (
+            x["old_logprobs"] - 0.5 * torch.randn(x["old_logprobs"].shape, generator=g).abs()
+        )
+    return x
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("preset", [*PEER_PRESETS, "refppo"])
 def test_refppo_dump_matches_under_every_preset(tmp_path: Path, preset: str, dtype: torch.dtype) -> None:
     s = setup_for(preset)
-    d = refppo_dump(make_inputs(seed=11), s, dtype=dtype)
+    d = refppo_dump(_inputs(s, seed=11), s, dtype=dtype)
     res = check(load_dump(save(tmp_path, d, s)), s)
     assert res.match, res.diagnosis
     # kl_loss is dumped (and compared) only with the KL in the loss (the skyrl preset's default)
@@ -33,16 +46,16 @@ def test_naive_twin_dump_matches_under_every_preset(tmp_path: Path, preset: str,
     """A dump whose outputs come from the naive twins (not from the recompute) matches under the
     preset it was made with, every output compared."""
     s = setup_for(preset)
-    d = naive_dump(make_inputs(seed=11), s, dtype=dtype)
+    d = naive_dump(_inputs(s, seed=11), s, dtype=dtype)
     res = check(load_dump(save(tmp_path, d, s)), s)
     assert res.match, res.diagnosis
-    assert set(res.quantities) == set(naive_outputs(make_inputs(seed=11), s))
+    assert set(res.quantities) == set(naive_outputs(_inputs(s, seed=11), s))
 
 
 @pytest.mark.parametrize("preset", PEER_PRESETS)
 def test_a_preset_dump_does_not_match_the_refppo_defaults(tmp_path: Path, preset: str) -> None:
     s = setup_for(preset)
-    d = naive_dump(make_inputs(seed=12, lp_noise=1.5), s)  # ratios > 3 so verl's dual clip acts
+    d = naive_dump(_inputs(s, seed=12, lp_noise=1.5), s)  # ratios > 3 so verl's dual clip acts
     assert not check(load_dump(save(tmp_path, d, s)), setup_for(None, hp=s.hparams_dict())).match
 
 
@@ -185,7 +198,6 @@ def test_detect_rechecks_its_result_through_the_pipeline(
     from refppo.dump.load import Dump
     from refppo.oracle.check.diagnose import CheckResult
     from refppo.oracle.check.fastcheck import RolloutMemo
-    from refppo.oracle.check.settings import Setup
 
     s = setup_for("trl")
     dump = load_dump(save(tmp_path, refppo_dump(make_inputs(seed=9), s), s))

@@ -23,7 +23,8 @@ dump; and verl's ``opo``, ``gpg``, ``grpo_passk`` and OpenRLHF's ``flash_reinfor
 ``--preset PEER`` with the case's ``--set advantage=...``. Multi-turn cases with holes come from
 :mod:`peers.makers.holes` (called by each peer's maker). verl's GSPO steps (``policy_loss=gspo``,
 verl's own ``compute_policy_loss_gspo``) come from :mod:`peers.makers.verl_gspo` (unit
-``verl:gspo``).
+``verl:gspo``). ``oat`` (oat-llm 0.2.4) runs ``PPOLearner.learning_step`` as installed
+(:mod:`peers.makers.oat`; ``tests/peers/test_peer_oat.py``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ VENVS: dict[str, dict[str, Unit]] = {
         "skyrl:critic-free": Unit("skyrl-train", "peers.makers.critic_free_skyrl:make_skyrl"),
     },
     "trl": {"trl": Unit("trl", "peers.makers.trl_ppo:make_preset_cases")},
+    "oat": {"oat": Unit("oat-llm", "peers.makers.oat:make")},
 }
 """Side venv → unit (the preset before any ``:``) → (distribution, maker ``module:function``)."""
 WITH_REFPPO = {"trl"}

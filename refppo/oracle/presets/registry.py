@@ -33,6 +33,7 @@ from refppo.errors import ConventionError
 from refppo.oracle.presets import (
     areal,
     deepspeed_chat,
+    oat,
     openrlhf,
     refppo,
     skyrl,
@@ -53,11 +54,13 @@ PRESET_MODULES: tuple[ModuleType, ...] = (
     areal,
     torchtune,
     trinity,
+    oat,
 )
 """The preset modules, in the registry's order."""
 
 PRESETS: dict[str, Preset] = {m.PRESET.name: m.PRESET for m in PRESET_MODULES}
-"""Every preset by name: refppo, verl, openrlhf, trl, deepspeed-chat, skyrl, areal, torchtune, trinity."""
+"""Every preset by name: refppo, verl, openrlhf, trl, deepspeed-chat, skyrl, areal, torchtune, trinity,
+oat."""
 
 PEER_PRESETS: tuple[str, ...] = tuple(name for name in PRESETS if name != "refppo")
 
