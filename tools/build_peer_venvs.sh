@@ -66,8 +66,8 @@ build() {
     [ -x "$env/bin/python" ] || "$py" -m venv "$env"
     "$env/bin/python" -m pip install -q "$torch_spec"
     local extra=()
-    # skyrl-train 0.3.1 declares Python 3.12 only; its files run on 3.11 (shared/peers/README.md).
-    [ "$name" = skyrl-areal ] && extra=(--ignore-requires-python)
+    # skyrl-train 0.3.1 and skyrl 0.4.0 declare Python 3.12 only; their files run on 3.11 (shared/peers/README.md).
+    case "$name" in skyrl-areal | skyrl04) extra=(--ignore-requires-python) ;; esac
     "$env/bin/python" -m pip install -q --no-deps "${extra[@]}" -r "$req"
     # The peer side imports refppo inside the peer's interpreter (tools/peers/makers/trl_ppo.py: its task,
     # capture adapter, dump writer; tools/peers adapters: refppo.capture.adapters): jaxtyping is refppo's
