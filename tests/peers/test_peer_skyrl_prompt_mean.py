@@ -43,7 +43,7 @@ def test_prompt_mean_reproduces_skyrl_0_4_0(tmp_path: Path) -> None:
     (grad,) = torch.autograd.grad(loss, lp)
     peer_loss, peer_grad = doc["pg_loss"], torch.tensor(doc["grad_logprobs"], dtype=f32)
     # float32 on both sides (SkyRL's ratio is float32); the sums run in another order
-    assert abs(float(loss) - peer_loss) <= 1e-6
+    assert abs(float(loss.detach()) - peer_loss) <= 1e-6
     assert float((grad - peer_grad).abs().max()) <= 1e-7
     for control in ("token-mean", "seq-mean-token-mean"):
         other = float(aggregate_loss(per_token.detach(), m, control))

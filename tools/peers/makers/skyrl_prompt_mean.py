@@ -88,7 +88,7 @@ def make(out: Path, seed: int = 2301) -> Path:
         "logprobs": lp.detach().tolist(),
         "old_logprobs": old.tolist(),
         "advantages": adv.tolist(),
-        "pg_loss": float(loss),
+        "pg_loss": float(loss.detach()),
         "grad_logprobs": grad.tolist(),
     }
     path = out / "skyrl_prompt_mean.json"
