@@ -300,7 +300,7 @@ def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
     args = (q["logprobs"], ref, q["mask"], k.estimator, conv.agg.of("kl"))
     kw: dict[str, Any] = {"log_ratio_clamp": k.log_ratio_clamp, "value_clamp": k.value_clamp, **norm}
     if ev.rows is None:  # kl_grad_is_clip weights the gradient only (the by-rows path has none)
-        return {"kl_loss": kl_loss(*args, logp_old=q["old_logprobs"], grad_is_clip=k.grad_is_clip, **kw)}
+        return {"kl_loss": kl_loss(*args, logp_old=q.get("old_logprobs"), grad_is_clip=k.grad_is_clip, **kw)}
     return {"kl_loss": kl_loss_by_rows(ev.rows, *args, **kw)}
 
 
