@@ -66,8 +66,9 @@ build() {
     [ -x "$env/bin/python" ] || "$py" -m venv "$env"
     "$env/bin/python" -m pip install -q "$torch_spec"
     local extra=()
-    # skyrl-train 0.3.1 declares Python 3.12 only, oat-llm 0.2.4 <3.11; their files run on 3.11 (closure headers).
-    case "$name" in skyrl-areal | oat) extra=(--ignore-requires-python) ;; esac
+    # skyrl-train 0.3.1 and skyrl 0.4.0 declare Python 3.12 only, oat-llm 0.2.4 < 3.11; their files run on
+    # 3.11 (shared/peers/README.md, the closure headers).
+    case "$name" in skyrl-areal | skyrl04 | oat) extra=(--ignore-requires-python) ;; esac
     "$env/bin/python" -m pip install -q --no-deps "${extra[@]}" -r "$req"
     # The peer side imports refppo inside the peer's interpreter (tools/peers/makers/trl_ppo.py: its task,
     # capture adapter, dump writer; tools/peers adapters: refppo.capture.adapters): jaxtyping is refppo's

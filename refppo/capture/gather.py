@@ -63,4 +63,41 @@ def gather_rows(t: Tensor, sizes: Sequence[Sequence[int]], all_gather: Collectiv
     return torch.cat([o[: s[0]] for o, s in zip(out, sizes, strict=True)], dim=0)
 
 
-__all__ = ["Collective", "concat_padded", "gather_ints", "gather_rows", "pad_to"]
+def dist_rank_world() -> tuple[int, int]:
+    """``(rank, world_size)`` from ``torch.distributed`` when initialised, else ``(0, 1)``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_gather_cpu(out: list[Tensor], t: Tensor) -> None:
+    """``torch.distributed.all_gather`` on the backend's device (CUDA for NCCL), back to CPU."""
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+    bufs = [o.to(dev) for o in out]
+    dist.all_gather(bufs, t.to(dev))
+    for o, b in zip(out, bufs, strict=True):
+        o.copy_(b.cpu())
+
+
+def hash_names(names: list[str]) -> int:
+    """A stable 62-bit fingerprint of a list of key names (equal lists ⇔ equal on every rank)."""
+    import hashlib
+
+    digest = hashlib.sha256("\n".join(names).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 2
+
+
+__all__ = [
+    "Collective",
+    "all_gather_cpu",
+    "concat_padded",
+    "dist_rank_world",
+    "gather_ints",
+    "gather_rows",
+    "hash_names",
+    "pad_to",
+]

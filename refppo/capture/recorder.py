@@ -16,6 +16,9 @@ The trainer's micro-batch loop calls :meth:`StepRecorder.record` with each micro
     rec.write("step.safetensors")          # every rank; rank 0 writes
     optimizer.step()
 
+Under AMP loss scaling pass ``StepRecorder(loss_scale=scaler)``: the hooks see ``S·g``, the dump
+holds ``g`` (:mod:`refppo.capture.scale`).
+
 What the dump holds (spec/dump-format.md, contract v2): the rows of every micro-batch of every
 rank (``[B, T]``, ``B = Σ_r Σ_k b_rk``, ``T`` the widest micro-batch, zero-padded with mask 0),
 ``micro_batch`` and ``rank`` per row, and
@@ -46,6 +49,9 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
 from refppo.capture import gather
+from refppo.capture.gather import all_gather_cpu as _all_gather
+from refppo.capture.gather import dist_rank_world as _dist
+from refppo.capture.gather import hash_names
 from refppo.capture.inputs import (
     CaptureError,
     as_dict,
@@ -55,6 +61,7 @@ from refppo.capture.inputs import (
     sampling_of,
     scalar,
 )
+from refppo.capture.scale import LossScale, loss_scale_of, nonfinite_problem
 from refppo.dump.keys import suggest
 from refppo.dump.write import check_sidecar, write_dump
 from refppo.errors import RefPPOError
@@ -94,26 +101,8 @@ class _Micro:
     tensors: dict[str, Tensor]
     losses: dict[str, float]
     grads: dict[str, Tensor | None] = field(default_factory=dict)
-
-
-def _dist() -> tuple[int, int]:
-    """``(rank, world_size)`` from ``torch.distributed`` when initialised, else ``(0, 1)``."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_gather(out: list[Tensor], t: Tensor) -> None:
-    """``torch.distributed.all_gather`` on the backend's device (CUDA for NCCL), back to CPU."""
-    import torch.distributed as dist
-
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
-    bufs = [o.to(dev) for o in out]
-    dist.all_gather(bufs, t.to(dev))
-    for o, b in zip(out, bufs, strict=True):
-        o.copy_(b.cpu())
+    scale: float = 1.0
+    """The loss scale ``S`` its backward ran under (:mod:`refppo.capture.scale`)."""
 
 
 def _refuse_unknown(given: Mapping[str, object], valid: frozenset[str]) -> None:
@@ -135,6 +124,9 @@ class StepRecorder:
     ``sampling``: the engine's sampling parameters (a mapping of ``temperature``, ``top_p``,
     ``top_k``, ``min_p``, ``logprobs_processed`` or vLLM's ``logprobs_mode``; or vLLM's
     ``SamplingParams`` itself), written to the sidecar (:func:`refppo.capture.inputs.sampling_of`).
+    ``loss_scale``: the trainer's ``torch.amp.GradScaler`` (its scale read at each :meth:`record`) or
+    a fixed positive scale; the captured gradients are divided by it and the sidecar says
+    ``loss_scale`` (:mod:`refppo.capture.scale`). Record the losses unscaled (before ``scaler.scale``).
     """
 
     def __init__(
@@ -146,6 +138,7 @@ class StepRecorder:
         separate_critic: bool = False,
         grads: bool = True,
         sampling: Mapping[str, Any] | Any = None,
+        loss_scale: LossScale = None,
     ) -> None:
         if reduce not in ("mean", "sum"):
             raise CaptureError(f"reduce: expected 'mean' or 'sum', got {reduce!r}")
@@ -160,6 +153,8 @@ class StepRecorder:
         except RefPPOError as exc:
             raise CaptureError(str(exc)) from None
         self.reduce: Reduce = reduce
+        loss_scale_of(loss_scale)  # a bad value fails here
+        self._loss_scale = loss_scale
         self.separate_critic = bool(separate_critic)
         self._grads = bool(grads)
         """False: a dump without gradients: no hook is registered, even on tensors that require grad."""
@@ -211,7 +206,7 @@ class StepRecorder:
             **more,
         }
         _refuse_unknown(given, frozenset({*TOKEN_KEYS, *ROW_KEYS, *LOSS_KEYS}))
-        micro = _Micro(k, {}, {})
+        micro = _Micro(k, {}, {}, scale=loss_scale_of(self._loss_scale))
         shape = mask_shape(response_mask)
         problem = needs_problem(
             {n for n, v in given.items() if v is not None}, self.hparams, self.conventions
@@ -300,6 +295,8 @@ class StepRecorder:
                         "after the backward of every recorded micro-batch (and record the very tensor "
                         "the loss is computed from)"
                     )
+                if bad := nonfinite_problem(key, m.index, g, m.scale):
+                    return bad
         return ""
 
     def _local_tensors(self, rank: int, world: int) -> dict[str, Tensor]:
@@ -310,7 +307,7 @@ class StepRecorder:
             out[key] = gather.concat_padded([m.tensors[key] for m in self._micro], key in TOKEN_KEYS)
         for key, gkey in GRAD_KEYS.items():
             if key in self._micro[0].grads:
-                parts = [g * scale for m in self._micro if (g := m.grads[key]) is not None]
+                parts = [g * (scale / m.scale) for m in self._micro if (g := m.grads[key]) is not None]
                 out[gkey] = gather.concat_padded(parts, token=True)
         sizes = [int(m.tensors["response_mask"].shape[0]) for m in self._micro]
         out["micro_batch"] = torch.cat(
@@ -351,6 +348,8 @@ class StepRecorder:
         tensors.update({k: torch.tensor(v, dtype=torch.float64) for k, v in losses.items()})
         side = {**self.conventions, "world_size": world, "micro_batches": n_micro}
         side["separate_critic"] = self.separate_critic
+        if self._loss_scale is not None:  # the gradients are already divided by it
+            side["loss_scale"] = self._micro[0].scale
         return write_dump(path, tensors, hparams=self.hparams, convention=side)
 
     def _gathered(
@@ -374,14 +373,6 @@ class StepRecorder:
             _all_gather(parts, vec)
             totals = [float(v) for v in torch.stack(parts).sum(dim=0)]
         return out, dict(zip(loss_keys, totals, strict=True)), max(s[2] for s in sizes)
-
-
-def hash_names(names: list[str]) -> int:
-    """A stable 62-bit fingerprint of a list of key names (equal lists ⇔ equal on every rank)."""
-    import hashlib
-
-    digest = hashlib.sha256("\n".join(names).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 2
 
 
 __all__ = ["GRAD_KEYS", "LOSS_KEYS", "ROW_KEYS", "TOKEN_KEYS", "CaptureError", "StepRecorder"]

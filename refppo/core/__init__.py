@@ -15,6 +15,7 @@ ratio, clipped surrogate           ``policy.policy_ratio``,               ``poli
                                    ``policy.clipped_policy_loss``
 value loss (clipped/unclipped)     ``value.value_loss``                   ``value.value_loss_naive``
 loss aggregation                   ``aggregate.aggregate_loss``           ``aggregate.aggregate_loss_naive``
+prompt-level mean (SkyRL 0.4.0)    ``aggregate.prompt_mean_loss``         ``aggregate.prompt_mean_loss_naive``
 entropy bonus, KL loss, total      ``objective.{entropy_bonus,kl_loss,    ``*_naive``
                                    total_loss}``
 per-token gradients of the losses  torch autograd through the above    ``grad.*_grad_naive``,

@@ -21,6 +21,9 @@ releases divided the whole-batch sum by ``loss_mask.shape[-1]`` without the mean
 ``seq_count`` let a caller that splits one optimizer step into micro-batches (and/or ranks) pass
 the *global* normalisers so that the sum of the micro-batch losses is exactly the loss of the
 whole batch — the bug class of verl issue #5625 (a mean of micro-batch means is not a token mean).
+
+The prompt-level mean (SkyRL 0.4.0 ``loss_reduction="prompt_mean"``) reads the prompt of each row as
+well: :func:`prompt_mean_loss` (not a :class:`~refppo.conventions.LossAgg` mode yet: spec/conventions.md).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from torch import Tensor
 
 from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
+from refppo.core._group_checks import _check_group_index
 from refppo.core.checks import check_bt, check_mask, check_positive, count_true
 from refppo.types import ResponseMask, Scalar, TokenFloat
 
@@ -172,3 +176,71 @@ def agg_weights_naive(
             w = 1.0 / (h * n_seq)
         out.append([w if ok else 0.0 for ok in row])
     return out
+
+
+def prompt_mean_loss(
+    loss_mat: TokenFloat, mask: ResponseMask, groups: Tensor, *, prompt_count: float | None = None
+) -> Scalar:
+    """The prompt-level mean: the token mean within each prompt's rows, then the mean over prompts.
+
+    ``(1/P) Σ_p S_p / N_p`` with ``S_p = Σ_{b∈p,t} m L``, ``N_p = Σ_{b∈p,t} m`` (``loss_mat``, ``mask``
+    ``[B, T]``; ``groups`` ``[B]`` integer prompt ids, rows of a prompt need not be adjacent); ``P`` =
+    ``prompt_count`` (the global count when a step is split, each prompt's rows kept in one piece)
+    or the distinct ids. ``∂/∂L[b,t] = m/(P·N_p)``. SkyRL 0.4.0
+    ``skyrl/backends/skyrl_train/utils/ppo_utils.py::apply_loss_reduction_to_advantages_minibatch``
+    (``prompt_mean``: advantages scaled by ``1/(P·N_p)``, then summed).
+    """
+    m = check_mask("mask", mask)
+    loss_mat = check_bt("loss_mat", loss_mat, m)
+    g = _check_group_index(groups, int(m.shape[0]), m.device)
+    pc = None if prompt_count is None else check_positive("prompt_count", prompt_count)
+    zero = torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device)
+    lm = torch.where(m, loss_mat, zero)
+    _, inv = torch.unique(g, return_inverse=True)
+    n_groups = int(inv.max()) + 1
+    zeros = torch.zeros(n_groups, dtype=lm.dtype, device=lm.device)
+    sums = zeros.index_add(0, inv, lm.sum(dim=1))
+    counts = zeros.index_add(0, inv, count_true(m, 1).to(lm.dtype))
+    return (sums / counts).sum() / (float(n_groups) if pc is None else pc)
+
+
+def _prompt_lengths(
+    mask: Tensor, groups: Tensor, prompt_count: float | None
+) -> tuple[list[int], dict[int, int], float]:
+    """:func:`prompt_mean_loss`'s checks, then the prompt of each row, ``N_p`` by prompt and ``P``."""
+    check_mask("mask", mask)
+    _check_group_index(groups, int(mask.shape[0]), mask.device)
+    pc = None if prompt_count is None else check_positive("prompt_count", prompt_count)
+    ids = [int(x) for x in groups.tolist()]
+    lens: dict[int, int] = {}
+    for row, g in zip(pf.mask_rows(mask), ids, strict=True):
+        lens[g] = lens.get(g, 0) + sum(row)
+    return ids, lens, float(len(lens)) if pc is None else pc
+
+
+def prompt_mean_loss_naive(
+    loss_mat: TokenFloat, mask: ResponseMask, groups: Tensor, *, prompt_count: float | None = None
+) -> Scalar:
+    """Naive twin of :func:`prompt_mean_loss`: prompt by prompt, in order of first appearance."""
+    check_bt("loss_mat", loss_mat, check_mask("mask", mask))
+    ids, lens, p = _prompt_lengths(mask, groups, prompt_count)
+    sums: dict[int, float] = {}
+    for lrow, mrow, g in zip(pf.rows(loss_mat), pf.mask_rows(mask), ids, strict=True):
+        for value, ok in zip(lrow, mrow, strict=True):
+            if ok:
+                sums[g] = sums.get(g, 0.0) + value
+    total = 0.0
+    for g, s in sums.items():
+        total += s / lens[g]
+    return pf.tensor_like(total / p, loss_mat)
+
+
+def prompt_mean_weights_naive(
+    mask: Tensor, groups: Tensor, *, prompt_count: float | None = None
+) -> list[list[float]]:
+    """``∂prompt_mean_loss/∂L[b,t] = 1/(P·N_p)`` on the valid tokens of prompt ``p``'s rows, else 0."""
+    ids, lens, p = _prompt_lengths(mask, groups, prompt_count)
+    return [
+        [1.0 / (p * lens[g]) if ok else 0.0 for ok in row]
+        for row, g in zip(pf.mask_rows(mask), ids, strict=True)
+    ]

@@ -65,7 +65,7 @@ from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
 from refppo.core import _pyfloat as pf
 from refppo.core._ties import clamp, inside, shares
 from refppo.core.aggregate import agg_weights_naive
-from refppo.core.kl import LogRatioClamp, _checked_kl_inputs
+from refppo.core.kl import LogRatioClamp, _checked_kl_inputs, check_grad_is
 from refppo.core.policy import _checked_policy_inputs
 from refppo.core.value import _checked_value_inputs
 
@@ -214,17 +214,26 @@ def kl_loss_grad_naive(
     token_count: float | None = None,
     seq_count: float | None = None,
     horizon: float | None = None,
+    logp_old: Tensor | None = None,
+    grad_is_clip: float | None = None,
 ) -> Tensor:
-    """``∂kl_loss/∂logp`` ``[B, T]`` of :func:`~refppo.core.objective.kl_loss` (same args)."""
-    est = _checked_kl_inputs(logp, logp_ref, mask, estimator, log_ratio_clamp, value_clamp)[0]
+    """``∂kl_loss/∂logp`` ``[B, T]`` of :func:`~refppo.core.objective.kl_loss` (same args): each token's
+    ``w(b,t)·∂KL_t/∂l_t``, times ``min(exp(l_t − l^old_t), grad_is_clip)`` when that is set."""
+    est, _, _, m = _checked_kl_inputs(logp, logp_ref, mask, estimator, log_ratio_clamp, value_clamp)
+    old = check_grad_is(logp_old, grad_is_clip, m, logp)
     w = agg_weights_naive(mask, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
     lp, lr, ms = pf.rows(logp), pf.rows(logp_ref), pf.mask_rows(mask)
+    lo = pf.rows(old) if old is not None else None
     out: Rows = []
     for b, mrow in enumerate(ms):
-        out.append(
-            [
-                w[b][t] * _kl_token(lp[b][t] - lr[b][t], est, log_ratio_clamp, value_clamp) if ok else 0.0
-                for t, ok in enumerate(mrow)
-            ]
-        )
+        row = []
+        for t, ok in enumerate(mrow):
+            if not ok:
+                row.append(0.0)
+                continue
+            g = w[b][t] * _kl_token(lp[b][t] - lr[b][t], est, log_ratio_clamp, value_clamp)
+            if lo is not None and grad_is_clip is not None:
+                g *= min(math.exp(lp[b][t] - lo[b][t]), grad_is_clip)
+            row.append(g)
+        out.append(row)
     return _out(out, logp)

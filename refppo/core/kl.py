@@ -22,6 +22,13 @@ be None), ``value_clamp=c`` clamps the estimate to ``[−c, c]``. verl ``core_al
 uses, for k3 only, ``d ∈ [−20, 20]`` and value ``∈ [−10, 10]``; OpenRLHF
 ``models/utils.py::compute_approx_kl`` uses, for k3, ``d ≥ −10``, and value ``∈ [−10, 10]`` for every
 estimator. Outputs are 0 at padded positions.
+
+Importance-weighted gradient (``grad_is_clip=c``, OpenRLHF 0.11.2 ``models/utils.py::compute_approx_kl``
+with ``unbiased_gradient=True``, ``KL_IS_WEIGHT_CLIP = 10``): the value is unchanged and the gradient
+is multiplied per token by ``w_t = min(exp(log π − log π_old), c)``, detached (``logp_old`` the old
+log-probs, the ones the rollout was sampled from): ``KL_t ← sg(KL_t) + w_t·(KL_t − sg(KL_t))``, so
+``∂/∂ log π = w_t·∂KL_t/∂ log π``. OpenRLHF's form (value of its estimator, gradient ``w·d``) is
+``k1+``/``k3+`` (and ``k2`` where ``½ d² ≤`` the value clamp) with ``grad_is_clip=10``.
 """
 
 from __future__ import annotations
@@ -83,6 +90,21 @@ def _checked_kl_inputs(
     return est, logp, logp_ref, m
 
 
+def check_grad_is(logp_old: object, grad_is_clip: float | None, m: Tensor, logp: Tensor) -> Tensor | None:
+    """``grad_is_clip`` None, or finite > 0 with ``logp_old`` ``[B, T]`` of ``logp``'s dtype (returned)."""
+    if grad_is_clip is None:
+        return None
+    if isinstance(grad_is_clip, bool) or not isinstance(grad_is_clip, int | float):
+        raise HyperparameterError(f"kl_grad_is_clip: expected a number > 0 or None, got {grad_is_clip!r}")
+    if not (math.isfinite(grad_is_clip) and grad_is_clip > 0):
+        raise HyperparameterError(f"kl_grad_is_clip: expected a finite number > 0, got {grad_is_clip!r}")
+    if logp_old is None:
+        raise HyperparameterError("kl_grad_is_clip: the importance weight needs the old log-probs (logp_old)")
+    old = check_bt("logp_old", logp_old, m)
+    check_same_dtype(logp=logp, logp_old=old)
+    return old
+
+
 def token_kl(
     logp: TokenFloat,
     logp_ref: TokenFloat,
@@ -91,9 +113,13 @@ def token_kl(
     *,
     log_ratio_clamp: LogRatioClamp | None = None,
     value_clamp: float | None = None,
+    logp_old: TokenFloat | None = None,
+    grad_is_clip: float | None = None,
 ) -> TokenFloat:
-    """Per-token KL estimate ``[B, T]`` of the chosen ``estimator``; 0 at padded positions."""
+    """Per-token KL estimate ``[B, T]`` of the chosen ``estimator``; 0 at padded positions.
+    ``grad_is_clip``: the gradient times ``min(exp(logp − logp_old), grad_is_clip)`` (module docstring)."""
     est, logp, logp_ref, m = _checked_kl_inputs(logp, logp_ref, mask, estimator, log_ratio_clamp, value_clamp)
+    old = check_grad_is(logp_old, grad_is_clip, m, logp)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     d = torch.where(m, logp - logp_ref, zero)
     if log_ratio_clamp is not None and log_ratio_clamp != (None, None):
@@ -115,6 +141,9 @@ def token_kl(
         d_raw = torch.where(m, logp - logp_ref, zero)
         k2 = 0.5 * d_raw * d_raw
         kl = k2 - k2.detach() + kl.detach()
+    if old is not None and grad_is_clip is not None:  # value kl, gradient w·∂kl
+        w = torch.where(m, logp.detach() - old, zero).exp().clamp(max=grad_is_clip)
+        kl = kl.detach() + w * (kl - kl.detach())
     return torch.where(m, kl, zero)
 
 
@@ -126,9 +155,14 @@ def token_kl_naive(
     *,
     log_ratio_clamp: LogRatioClamp | None = None,
     value_clamp: float | None = None,
+    logp_old: TokenFloat | None = None,
+    grad_is_clip: float | None = None,
 ) -> TokenFloat:
-    """Naive twin of :func:`token_kl` (values: a ``+`` variant is its base estimator)."""
-    est = _checked_kl_inputs(logp, logp_ref, mask, estimator, log_ratio_clamp, value_clamp)[0].base
+    """Naive twin of :func:`token_kl` (values: a ``+`` variant is its base estimator; the importance
+    weight of ``grad_is_clip`` changes no value, its inputs are checked the same)."""
+    est, _, _, m = _checked_kl_inputs(logp, logp_ref, mask, estimator, log_ratio_clamp, value_clamp)
+    est = est.base
+    check_grad_is(logp_old, grad_is_clip, m, logp)
     lp, lr, ms = pf.rows(logp), pf.rows(logp_ref), pf.mask_rows(mask)
     out = []
     for row_p, row_r, mrow in zip(lp, lr, ms, strict=True):

@@ -47,10 +47,16 @@ def kl_loss(
     *,
     log_ratio_clamp: LogRatioClamp | None = None,
     value_clamp: float | None = None,
+    logp_old: TokenFloat | None = None,
+    grad_is_clip: float | None = None,
     **norm: float,
 ) -> Scalar:
-    """``agg(KL_t(π_θ‖π_ref))`` on the *current* log-probs (KL in the loss; verl ``use_kl_loss``)."""
-    kl = token_kl(logp, logp_ref, mask, estimator, log_ratio_clamp=log_ratio_clamp, value_clamp=value_clamp)
+    """``agg(KL_t(π_θ‖π_ref))`` on the *current* log-probs (KL in the loss; verl ``use_kl_loss``);
+    ``grad_is_clip``: its gradient importance-weighted on ``logp_old`` (:mod:`refppo.core.kl`)."""
+    kl = token_kl(
+        logp, logp_ref, mask, estimator, log_ratio_clamp=log_ratio_clamp, value_clamp=value_clamp,
+        logp_old=logp_old, grad_is_clip=grad_is_clip,
+    )  # fmt: skip
     return aggregate_loss(kl, mask, agg, **norm)
 
 
@@ -63,12 +69,15 @@ def kl_loss_naive(
     *,
     log_ratio_clamp: LogRatioClamp | None = None,
     value_clamp: float | None = None,
+    logp_old: TokenFloat | None = None,
+    grad_is_clip: float | None = None,
     **norm: float,
 ) -> Scalar:
-    """Naive twin of :func:`kl_loss`."""
+    """Naive twin of :func:`kl_loss` (the importance weight changes no value)."""
     kl = token_kl_naive(
-        logp, logp_ref, mask, estimator, log_ratio_clamp=log_ratio_clamp, value_clamp=value_clamp
-    )
+        logp, logp_ref, mask, estimator, log_ratio_clamp=log_ratio_clamp, value_clamp=value_clamp,
+        logp_old=logp_old, grad_is_clip=grad_is_clip,
+    )  # fmt: skip
     return aggregate_loss_naive(kl, mask, agg, **norm)
 
 

@@ -95,8 +95,9 @@ def sampling_problem(side: Mapping[str, Any]) -> str | None:
     return None
 
 
-STEP_KEYS: tuple[str, ...] = ("world_size", "micro_batches", "separate_critic")
-"""v2 sidecar keys describing the optimizer step (read here, not by the settings)."""
+STEP_KEYS: tuple[str, ...] = ("world_size", "micro_batches", "separate_critic", "loss_scale")
+"""v2 sidecar keys describing the optimizer step (read here, not by the settings); ``loss_scale``: the
+AMP loss scale a ``StepRecorder`` divided out of the gradients (a record: nothing rescales by it)."""
 KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *GRAD_KEYS, *INTEGER_KEYS))
 NEEDS_UPDATE: dict[str, tuple[str, ...]] = {
     "pg_loss": ("logprobs",),

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ def step_layout(path: Path, hparams: dict[str, Any]) -> StepLayout:
         if not isinstance(v, bool):
             raise DumpError(f"{path}: separate_critic: expected true or false, got {v!r}")
         vals["separate_critic"] = v
+    v = hparams.get("loss_scale", 1.0)  # the recorder's record of the AMP scale it divided out
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise DumpError(f"{path}: loss_scale: expected a finite number > 0, got {v!r}")
     return StepLayout(**vals)
 
 

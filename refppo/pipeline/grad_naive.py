@@ -131,16 +131,11 @@ def objective_grads_naive(
     if conv.kl.placement is KLPlacement.LOSS and (ref_logprobs is not None or hp.kl_coef > 0):
         if ref_logprobs is None:
             raise DumpError(missing_line("ref_logprobs", "kl_loss", kl_loss_needs(conv, hp)["ref_logprobs"]))
+        k = conv.kl
         g_kl = kl_loss_grad_naive(
-            logprobs,
-            ref_logprobs,
-            mask,
-            conv.kl.estimator,
-            conv.agg.loss if conv.agg.kl is None else conv.agg.kl,
-            log_ratio_clamp=conv.kl.log_ratio_clamp,
-            value_clamp=conv.kl.value_clamp,
-            **pol,
-        )
+            logprobs, ref_logprobs, mask, k.estimator, conv.agg.of("kl"), log_ratio_clamp=k.log_ratio_clamp,
+            value_clamp=k.value_clamp, logp_old=old_logprobs, grad_is_clip=k.grad_is_clip, **pol,
+        )  # fmt: skip
         g_lp = g_lp + hp.kl_coef * g_kl
     g_v = value_grad_naive(
         values,

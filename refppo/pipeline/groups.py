@@ -120,6 +120,11 @@ class KLConvention:
     """Symmetric clamp of the KL estimate (OpenRLHF: 10; verl k3: 10)."""
     placement: KLPlacement = field(default=KLPlacement.REWARD, metadata=flat_key("kl_in"))
     """KL in the reward (old vs ref) or as a loss term (current vs ref)."""
+    grad_is_clip: float | None = field(
+        default=None, metadata=flat_key("kl_grad_is_clip", omit=True, config=False)
+    )
+    """With ``kl_in=loss``: the KL loss's gradient times ``min(exp(l − l^old), c)`` per token, detached;
+    the value unchanged (OpenRLHF 0.11.2 ``algo.kl.unbiased_gradient``: ``c = 10``; :mod:`refppo.core.kl`)."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
@@ -127,6 +132,8 @@ class KLConvention:
         if isinstance(clamp, list):
             object.__setattr__(self, "log_ratio_clamp", tuple(clamp))
         check_kl_clamps(self.log_ratio_clamp, self.value_clamp, prefix="kl_")
+        if self.grad_is_clip is not None:
+            check_positive("kl_grad_is_clip", self.grad_is_clip)
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,8 @@ def kl_loss_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation)
     k, norm = conv.kl, normaliser_kwargs(ev.norm, hp.horizon, value=False)
     out = kl_loss_naive(
         q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, conv.agg.of("kl"),
-        log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp, **norm,
+        log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp, logp_old=q.get("old_logprobs"),
+        grad_is_clip=k.grad_is_clip, **norm,
     )  # fmt: skip
     return {"kl_loss": out}
 
@@ -177,7 +178,7 @@ def kl_metric_naive_stage(
     k, norm = conv.kl, normaliser_kwargs(ev.norm, hp.horizon, value=False)
     out = kl_loss_naive(
         q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, agg,
-        log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp, **norm,
+        log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp, logp_old=None, **norm,
     )  # fmt: skip
     return {"kl_metric": out}
 

@@ -208,6 +208,7 @@ FLAT_ORDER: tuple[str, ...] = (
     "rollout_is_low",
     "rollout_is_high",
     "kl_metric_agg",
+    "kl_grad_is_clip",
 )
 """The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
 report, ``refppo train --help-config``): the order they were added in, kept so that those outputs

@@ -279,8 +279,9 @@ _UPDATE = (
     ),
     Stage(
         "kl_loss", "update",
-        ("kl_in", "kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp", "loss_agg", "kl_loss_agg"),
-        ("horizon",), ("logprobs", "ref_logprobs", "mask"), ("kl_loss",), up.kl_loss_stage,
+        ("kl_in", "kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp", "loss_agg", "kl_loss_agg",
+         "kl_grad_is_clip"),
+        ("horizon",), ("logprobs", "ref_logprobs", "mask", "old_logprobs"), ("kl_loss",), up.kl_loss_stage,
         nu.kl_loss_naive_stage, "core.objective.kl_loss", by_rows=True, normalisers=True,
         needs=nd.kl_loss_needs,
     ),

@@ -287,7 +287,8 @@ def entropy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
 
 def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor | None]:
     """Step 8b: with ``kl_in=loss``, ``kl_loss_agg(KL(π_θ‖π_ref))`` (default ``loss_agg``) on the
-    current log-probs; else 0. Without ``ref_logprobs`` at β = 0: None (not read by the total;
+    current log-probs (its gradient importance-weighted on ``old_logprobs`` under ``kl_grad_is_clip``);
+    else 0. Without ``ref_logprobs`` at β = 0: None (not read by the total;
     :func:`refppo.pipeline.needs.kl_loss_needs`)."""
     if conv.kl.placement is not KLPlacement.LOSS:
         return {"kl_loss": torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)}
@@ -298,8 +299,8 @@ def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
     k, norm = conv.kl, ev.norm.kwargs(hp.horizon)
     args = (q["logprobs"], ref, q["mask"], k.estimator, conv.agg.of("kl"))
     kw: dict[str, Any] = {"log_ratio_clamp": k.log_ratio_clamp, "value_clamp": k.value_clamp, **norm}
-    if ev.rows is None:
-        return {"kl_loss": kl_loss(*args, **kw)}
+    if ev.rows is None:  # kl_grad_is_clip weights the gradient only (the by-rows path has none)
+        return {"kl_loss": kl_loss(*args, logp_old=q.get("old_logprobs"), grad_is_clip=k.grad_is_clip, **kw)}
     return {"kl_loss": kl_loss_by_rows(ev.rows, *args, **kw)}
 
 

@@ -29,6 +29,8 @@ validator                  what runs in the peers' interpreters (and what refppo
 ``group_estimators``       critic-free advantage estimators → ``core.group`` and the pipeline
 ``gspo``                   verl's and SkyRL's GSPO losses → ``core.gspo`` (value, gradient, twin)
 ``kl_straight_through``    verl's ``kl_penalty`` with ``+`` → ``core.kl`` (value, gradient, twin)
+``kl_unbiased``            OpenRLHF's ``compute_approx_kl(unbiased_gradient=True)`` → ``core.kl``
+                           ``grad_is_clip`` (value, gradient, twin)
 ``trl_grpo``               TRL ``GRPOTrainer._compute_loss`` → the pipeline's loss and gradient
 ``rescore_trl``            TRL's rollout scoring + its checkpoints → ``refppo diff --actor ...``
 ``rollout_correction``     verl/OpenRLHF/AReaL/SkyRL/TRL rollout-correction weights, gates and losses
@@ -51,6 +53,7 @@ VALIDATORS: dict[str, str] = {
     "group_estimators": "peers.group_estimators",
     "gspo": "peers.gspo",
     "kl_straight_through": "peers.kl_straight_through",
+    "kl_unbiased": "peers.kl_unbiased",
     "trl_grpo": "peers.trl_grpo",
     "rescore_trl": "peers.rescore_trl",
     "rollout_correction": "peers.rollout_correction",

@@ -39,6 +39,7 @@ since these keys were the oracle's own, kept byte for byte)."""
 
 _FLOAT_OR_NONE = {
     "dual_clip", "log_ratio_clamp", "kl_value_clamp", "score_clip", "rollout_is_low", "rollout_is_high",
+    "kl_grad_is_clip",
 }  # fmt: skip
 _FLOAT_EXTRAS = {"score_bias", "score_scale", "group_eps"}
 """Keys holding a plain float (the score map's bias and scale, ``group_eps``)."""

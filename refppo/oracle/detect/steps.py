@@ -99,6 +99,7 @@ NOT_WALKED: dict[str, str] = {
     "ent_coef": "the sidecar's",
     "whiten_eps": "the sidecar's",
     "horizon": "the sidecar's",
+    "kl_grad_is_clip": "the checked setting's (--set; it weights grad_logprobs only, no solver reads it yet)",
 }
 """What the stages read and no step walks: each stays at the checked setting's value."""
 
