@@ -200,6 +200,41 @@ def _checked_gate(
     return lp, lb, m, k, st, od, lv, rd, b
 
 
+def gate_statistic(
+    logp_prox: TokenFloat,
+    logp_beh: TokenFloat,
+    mask: ResponseMask,
+    *,
+    stat: RSStat | str = RSStat.RATIO,
+    order: RSOrder | str = RSOrder.PROXIMAL,
+    level: ISLevel | str = ISLevel.TOKEN,
+    reduce: RSReduce | str = RSReduce.MEAN,
+    log_ratio_clamp: float | None = None,
+) -> Tensor:
+    """The statistic a rejection gate compares with its band (module docstring), detached ``[B, T]``:
+    ``s_t`` per token, or the row's ``S_b`` on each of its valid tokens; 0 on padding."""
+    c = _checked_gate(logp_prox, logp_beh, mask, (stat, order, level, reduce), None, 1.0, log_ratio_clamp)
+    lp, lb, m, k, st, od, lv, rd, _ = c
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+        d = torch.where(m, lp - lb, zero)
+        if k is not None:
+            d = torch.clamp(d, -k, k)
+        x = -d if od is RSOrder.BEHAVIOUR else d
+        if lv is ISLevel.TOKEN:
+            return torch.where(m, _gate_stat(x, st), zero)
+        per_token = x if st is RSStat.RATIO else torch.where(m, _gate_stat(x, st), zero)
+        if rd is RSReduce.MAX:
+            seq = per_token.masked_fill(~m, -math.inf).amax(dim=1)
+        else:
+            seq = per_token.sum(dim=1)
+            if rd is RSReduce.MEAN:
+                seq = seq / count_true(m, 1).to(seq.dtype)
+        if st is RSStat.RATIO:
+            seq = torch.exp(seq)
+        return torch.where(m, seq.unsqueeze(1), zero)
+
+
 def rejection_mask(
     logp_prox: TokenFloat,
     logp_beh: TokenFloat,
@@ -213,28 +248,13 @@ def rejection_mask(
     high: float | None = None,
     log_ratio_clamp: float | None = None,
 ) -> BoolMask:
-    """The tokens a rejection gate keeps (module docstring), bool ``[B, T]``, False on padding;
-    ``reduce`` is read at sequence level only; ``log_ratio_clamp`` clamps ``d`` first (verl: 20)."""
+    """The tokens a rejection gate keeps (module docstring), bool ``[B, T]``, False on padding:
+    ``m·[lo ≤ s ≤ hi]`` of :func:`gate_statistic`; ``reduce`` is read at sequence level only;
+    ``log_ratio_clamp`` clamps ``d`` first (verl: 20)."""
     c = _checked_gate(logp_prox, logp_beh, mask, (stat, order, level, reduce), low, high, log_ratio_clamp)
     lp, lb, m, k, st, od, lv, rd, (lo, hi) = c
-    with torch.no_grad():
-        zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
-        d = torch.where(m, lp - lb, zero)
-        if k is not None:
-            d = torch.clamp(d, -k, k)
-        x = -d if od is RSOrder.BEHAVIOUR else d
-        if lv is ISLevel.TOKEN:
-            return m & _in_band(_gate_stat(x, st), lo, hi)
-        per_token = x if st is RSStat.RATIO else torch.where(m, _gate_stat(x, st), zero)
-        if rd is RSReduce.MAX:
-            seq = per_token.masked_fill(~m, -math.inf).amax(dim=1)
-        else:
-            seq = per_token.sum(dim=1)
-            if rd is RSReduce.MEAN:
-                seq = seq / count_true(m, 1).to(seq.dtype)
-        if st is RSStat.RATIO:
-            seq = torch.exp(seq)
-        return m & _in_band(seq, lo, hi).unsqueeze(1)
+    s = gate_statistic(lp, lb, m, stat=st, order=od, level=lv, reduce=rd, log_ratio_clamp=k)
+    return m & _in_band(s, lo, hi)
 
 
 def _inside(x: float, lo: float | None, hi: float | None) -> bool:
@@ -343,6 +363,7 @@ def rejection_mask_naive(
 
 __all__ = [
     "ISWeights",
+    "gate_statistic",
     "is_weights",
     "is_weights_naive",
     "rejection_mask",

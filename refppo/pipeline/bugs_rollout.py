@@ -100,8 +100,8 @@ def _cap_on_log_ratio(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -
     mask:      keep_t = m_t·[C_low ≤ log w_t ≤ C_high],  w'_t = w_t·keep_t
     """
     rc, m = conv.rollout, q["mask"]
-    raw = _weights(q["old_logprobs"], q, conv, gate=False, mode=ISMode.TRUNCATE, low=None, high=None)
-    raw = raw["is_weights"]
+    unbounded = _weights(q["old_logprobs"], q, conv, gate=False, mode=ISMode.TRUNCATE, low=None, high=None)
+    raw = unbounded["is_weights"]
     zero = torch.zeros((), dtype=raw.dtype, device=raw.device)
     log_w = torch.where(m, torch.log(torch.where(m, raw, torch.ones_like(raw))), zero)
     if rc.mode is ISMode.TRUNCATE:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from refppo.core.checks import check_mask
 from refppo.core.rollout_correction import is_weights, is_weights_naive, rejection_mask, rejection_mask_naive
 from refppo.errors import DumpError
 from refppo.pipeline.blocks import Evaluation
@@ -89,6 +90,8 @@ def gate_keep(q: Q, conv: Convention) -> Tensor:
     """The tokens the gate of ``conv.gate`` keeps, bool ``[B, T]``
     (:func:`refppo.core.rollout_correction.rejection_mask` of ``(old_logprobs, rollout_logprobs)``)."""
     g = conv.gate
+    if g.low is None and g.high is None:
+        return check_mask("mask", q["mask"])  # an unbounded band keeps every valid token
     return rejection_mask(
         q["old_logprobs"], rollout_logprobs_of(q, conv), q["mask"], stat=g.stat, order=g.order,
         level=g.level or ISLevel.TOKEN, reduce=g.reduce, low=g.low, high=g.high,
@@ -136,7 +139,7 @@ def rollout_correction_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evalua
         weight, _, keep = is_weights_naive(
             q["old_logprobs"], lb, m, level=rc.level, agg=rc.agg, mode=rc.mode, low=rc.low, high=rc.high
         )
-    if g.level is not None:
+    if g.level is not None and (g.low is not None or g.high is not None):
         gate = rejection_mask_naive(
             q["old_logprobs"], lb, m, stat=g.stat, order=g.order, level=g.level, reduce=g.reduce, low=g.low,
             high=g.high,

@@ -42,7 +42,8 @@ class RolloutGate:
     low: float | None = field(default=None, metadata=flat_key("rollout_rs_low", omit=True))
     """The closed band's lower bound of the (reduced) statistic, or none (AReaL ``lower``)."""
     high: float | None = field(default=None, metadata=flat_key("rollout_rs_high", omit=True))
-    """The upper bound, or none (AReaL ``upper``, verl's threshold); a gate needs at least one."""
+    """The upper bound, or none (AReaL ``upper``, verl's threshold). Neither bound: the gate keeps
+    every valid token (its band is the whole line)."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
@@ -56,10 +57,6 @@ class RolloutGate:
         if self.low is not None and self.high is not None and self.low > self.high:
             raise HyperparameterError(
                 f"rollout_rs_low, rollout_rs_high: expected low <= high, got {self.low!r} > {self.high!r}"
-            )
-        if self.level is not None and self.low is None and self.high is None:
-            raise HyperparameterError(
-                f"rollout_rs={self.level.value}: a rejection gate needs rollout_rs_low or rollout_rs_high"
             )
 
     @property
