@@ -50,6 +50,21 @@ BASE_WEIGHTS: tuple[dict[str, Any], ...] = (
 )
 """The weights a gate multiplies: none (verl's ``rollout_rs`` without ``rollout_is``), the raw token
 weight (AReaL, OpenRLHF)."""
+_T, _S = ISLevel.TOKEN, ISLevel.SEQUENCE
+_P, _B = RSOrder.PROXIMAL, RSOrder.BEHAVIOUR
+NAMED_GATES: tuple[tuple[GateFamily, float | None, float | None], ...] = (
+    ((_T, RSStat.RATIO, _P, RSReduce.MEAN), 0.5, 2.0),
+    ((_S, RSStat.RATIO, _P, RSReduce.MEAN), 0.5, 2.0),
+    ((_S, RSStat.RATIO, _B, RSReduce.MAX), None, 2.0),
+    ((_T, RSStat.K2, _B, RSReduce.MEAN), None, 0.08),
+    ((_S, RSStat.K3, _B, RSReduce.MEAN), None, 0.05),
+    ((_S, RSStat.K1, _P, RSReduce.SUM), -0.5, 0.5),
+)
+"""Gates walked without solving, on each base weight: the band ``[0.5, 2]`` of the token ratio and of
+the row's geometric-mean ratio (verl's ``"0.5_2.0"`` form; OpenRLHF's ``seq`` gate); the veto "no
+token with ``w_t < 0.5``" (``max_t π^beh/π^prox ≤ 2``); verl's ``token_k2`` at 0.08 and ``seq_mean_k3`` at
+0.05, AReaL's signed ``kl_k1`` sum in ``[−0.5, 0.5]`` (the thresholds the core was checked at against
+those peers: ``tools/peers/rollout_correction.py``). Every statistic, order and reduction is walked."""
 MAX_SOLVED = 4
 """Solved thresholds kept per gate family, base weight and bound form."""
 
@@ -108,9 +123,9 @@ def correction_on(s: Search, upd: dict[str, Any]) -> bool:
 
 
 def gate_settings(s: Search, groups: list[Group[AdvState]]) -> list[dict[str, Any]]:
-    """The gate settings whose solved thresholds reproduce ``pg_loss`` under the checked policy
-    setting, per base weight and gate family (module docstring); each solved threshold is recorded
-    (:meth:`Search.propose_value`)."""
+    """:data:`NAMED_GATES`, then the gate settings whose solved thresholds reproduce ``pg_loss``
+    under the checked policy setting, per base weight and gate family (module docstring); each
+    solved threshold is recorded (:meth:`Search.propose_value`)."""
     t, m = s.t, s.m
     if "pg_loss" not in t or "logprobs" not in t or "rollout_logprobs" not in t:
         return []
@@ -130,7 +145,9 @@ def gate_settings(s: Search, groups: list[Group[AdvState]]) -> list[dict[str, An
         for fam in GATE_FAMILIES
     }
     bases = [(b, w[m]) for b in BASE_WEIGHTS if (w := _base_weight(s, b)) is not None]
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = [
+        {**base, **_gate_keys(fam, lo, hi)} for base in BASE_WEIGHTS for fam, lo, hi in NAMED_GATES
+    ]
     seen: set[bytes] = set()
     for g in groups[:SOLVE_GROUPS]:
         st = g.state
@@ -150,4 +167,4 @@ def gate_settings(s: Search, groups: list[Group[AdvState]]) -> list[dict[str, An
     return list({tuple(sorted(d.items())): d for d in out}.values())
 
 
-__all__ = ["BASE_WEIGHTS", "GATE_FAMILIES", "correction_on", "gate_settings"]
+__all__ = ["BASE_WEIGHTS", "GATE_FAMILIES", "NAMED_GATES", "correction_on", "gate_settings"]
