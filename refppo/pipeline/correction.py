@@ -17,7 +17,13 @@ import torch
 from torch import Tensor
 
 from refppo.core.checks import check_mask
-from refppo.core.rollout_correction import is_weights, is_weights_naive, rejection_mask, rejection_mask_naive
+from refppo.core.rollout_correction import (
+    gate_statistic,
+    is_weights,
+    is_weights_naive,
+    rejection_mask,
+    rejection_mask_naive,
+)
 from refppo.errors import DumpError
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.settings import Convention, Hyperparams
@@ -98,6 +104,17 @@ def gate_keep(q: Q, conv: Convention) -> Tensor:
     )  # fmt: skip
 
 
+def gate_statistic_of(q: Q, conv: Convention) -> Tensor:
+    """The statistic the gate of ``conv.gate`` compares with its band, ``[B, T]`` (the token's, or
+    its row's; :func:`refppo.core.rollout_correction.gate_statistic`): what ``--detect`` solves
+    thresholds on."""
+    g = conv.gate
+    return gate_statistic(
+        q["old_logprobs"], rollout_logprobs_of(q, conv), q["mask"], stat=g.stat, order=g.order,
+        level=g.level or ISLevel.TOKEN, reduce=g.reduce,
+    )  # fmt: skip
+
+
 def rollout_correction_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Any]:
     """The rollout correction's weight ``w'`` of ``π^prox/π^beh`` and its kept tokens
     (:func:`refppo.core.rollout_correction.is_weights`, detached), times the gate's keep mask
@@ -159,6 +176,7 @@ __all__ = [
     "RC_KEYS",
     "RS_KEYS",
     "gate_keep",
+    "gate_statistic_of",
     "rollout_correction_naive",
     "rollout_correction_needs",
     "rollout_correction_reads",

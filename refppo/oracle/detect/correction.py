@@ -276,7 +276,11 @@ def correction_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[AdvS
     if "rollout_logprobs" not in s.t:
         return groups
     weights = _Weights(s)
-    settings = named_settings(s) + solve_caps(s, groups, weights) + gate_settings(s, groups)
+    settings = (
+        named_settings(s)
+        + solve_caps(s, groups, weights)
+        + gate_settings(s, groups, (step_intervals, nicest_in))
+    )
     return s.stage(groups, lambda _extra: _options(s, settings, weights), lambda _st: [], "correction")
 
 

@@ -9,7 +9,7 @@ the data. As the caps of ``rollout_is``, a gate's weight is the stage's own outp
 ``pg_loss`` (and the re-check's gradient) decide.
 
 The solver (exact, on stage outputs): with the gate's statistic ``u_t`` (the token's, or its row's:
-:func:`refppo.core.rollout_correction.gate_statistic`), the base weight ``w_t`` and ``c_t = a_t·ℓ_t``
+:func:`refppo.pipeline.correction.gate_statistic_of`), the base weight ``w_t`` and ``c_t = a_t·ℓ_t``
 (the policy stage's unweighted loss times the aggregation's weights, as
 :func:`refppo.oracle.detect.correction.solve_caps`)::
 
@@ -23,18 +23,20 @@ the fewest significant digits in it is proposed (:func:`~refppo.oracle.detect.co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from refppo.conventions import LossAgg
-from refppo.core.rollout_correction import gate_statistic
 from refppo.errors import RefPPOError
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.policy_solve import agg_weights
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.states import AdvState
+from refppo.pipeline.correction import gate_statistic_of
+from refppo.pipeline.settings import Convention
 from refppo.rollout_conventions import ISLevel, RSOrder, RSReduce, RSStat
 
 GateFamily = tuple[ISLevel, RSStat, RSOrder, RSReduce]
@@ -77,9 +79,13 @@ def _gate_keys(fam: GateFamily, low: float | None, high: float | None) -> dict[s
     }  # fmt: skip
 
 
-def _nicest(a: float, b: float) -> float:
-    from refppo.oracle.detect.correction import nicest_in
+Intervals = Callable[[Tensor, Tensor, float, float], list[tuple[float, float]]]
+""":func:`refppo.oracle.detect.correction.step_intervals` (passed in: that module calls this one)."""
+Nicest = Callable[[float, float], float | None]
+""":func:`refppo.oracle.detect.correction.nicest_in`."""
 
+
+def _nicest(nicest_in: Nicest, a: float, b: float) -> float:
     if a > 0:
         return nicest_in(a, b) or a
     if b < 0:
@@ -88,19 +94,20 @@ def _nicest(a: float, b: float) -> float:
     return 0.0 if a < 0.0 < b else a
 
 
-def _thresholds(u: Tensor, cw: Tensor, target: float, tol: float, ratio: bool) -> list[tuple[Any, Any]]:
+def _thresholds(
+    u: Tensor, cw: Tensor, target: float, tol: float, ratio: bool, solvers: tuple[Intervals, Nicest]
+) -> list[tuple[Any, Any]]:
     """``(low, high)`` pairs whose gate reproduces ``target`` (module docstring)."""
-    from refppo.oracle.detect.correction import step_intervals
-
+    step_intervals, nicest_in = solvers
     out: list[tuple[Any, Any]] = []
     for a, b in step_intervals(u, cw, target, tol)[:MAX_SOLVED]:
-        out.append((None, _nicest(a, b)))
+        out.append((None, _nicest(nicest_in, a, b)))
     for a, b in step_intervals(-u, cw, target, tol)[:MAX_SOLVED]:
-        out.append((-_nicest(a, b), None))
+        out.append((-_nicest(nicest_in, a, b), None))
     if ratio:
         pos = u.clamp(min=1e-300)
         for a, b in step_intervals(torch.maximum(pos, 1.0 / pos), cw, target, tol)[:MAX_SOLVED]:
-            cap = _nicest(a, b)
+            cap = _nicest(nicest_in, a, b)
             out.append((float(f"{1.0 / cap:.12g}"), cap))
     return out
 
@@ -122,26 +129,22 @@ def correction_on(s: Search, upd: dict[str, Any]) -> bool:
     return merged["rollout_is"] is not None or merged["rollout_rs"] is not None
 
 
-def gate_settings(s: Search, groups: list[Group[AdvState]]) -> list[dict[str, Any]]:
+def gate_settings(
+    s: Search, groups: list[Group[AdvState]], solvers: tuple[Intervals, Nicest]
+) -> list[dict[str, Any]]:
     """:data:`NAMED_GATES`, then the gate settings whose solved thresholds reproduce ``pg_loss``
     under the checked policy setting, per base weight and gate family (module docstring); each
-    solved threshold is recorded (:meth:`Search.propose_value`)."""
+    solved threshold is recorded (:meth:`Search.propose_value`). ``solvers``: the correction step's
+    ``(step_intervals, nicest_in)``."""
     t, m = s.t, s.m
     if "pg_loss" not in t or "logprobs" not in t or "rollout_logprobs" not in t:
         return []
     target = float(t["pg_loss"])
     tol = s.tol.of(abs(target))
     agg_w = agg_weights(s)
+    q = {"old_logprobs": t["old_logprobs"], "rollout_logprobs": t["rollout_logprobs"], "mask": m}
     stats = {
-        fam: gate_statistic(
-            t["old_logprobs"],
-            t["rollout_logprobs"],
-            m,
-            stat=fam[1],
-            order=fam[2],
-            level=fam[0],
-            reduce=fam[3],
-        )[m].double()
+        fam: gate_statistic_of(q, Convention.of(**_gate_keys(fam, None, None)))[m].double()
         for fam in GATE_FAMILIES
     }
     bases = [(b, w[m]) for b in BASE_WEIGHTS if (w := _base_weight(s, b)) is not None]
@@ -160,7 +163,7 @@ def gate_settings(s: Search, groups: list[Group[AdvState]]) -> list[dict[str, An
             c = agg_w(agg_mode, st.adv.dtype)[m].double() * plain
             for base, w in bases:
                 for fam, u in stats.items():
-                    for lo, hi in _thresholds(u, c * w, target, tol, fam[1] is RSStat.RATIO):
+                    for lo, hi in _thresholds(u, c * w, target, tol, fam[1] is RSStat.RATIO, solvers):
                         out.append({**base, **_gate_keys(fam, lo, hi)})
                         s.propose_value("rollout_rs_low", lo)
                         s.propose_value("rollout_rs_high", hi)
