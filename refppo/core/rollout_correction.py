@@ -200,6 +200,41 @@ def _checked_gate(
     return lp, lb, m, k, st, od, lv, rd, b
 
 
+def gate_statistic(
+    logp_prox: TokenFloat,
+    logp_beh: TokenFloat,
+    mask: ResponseMask,
+    *,
+    stat: RSStat | str = RSStat.RATIO,
+    order: RSOrder | str = RSOrder.PROXIMAL,
+    level: ISLevel | str = ISLevel.TOKEN,
+    reduce: RSReduce | str = RSReduce.MEAN,
+    log_ratio_clamp: float | None = None,
+) -> Tensor:
+    """The statistic a rejection gate compares with its band (module docstring), detached ``[B, T]``:
+    ``s_t`` per token, or the row's ``S_b`` on each of its valid tokens; 0 on padding."""
+    c = _checked_gate(logp_prox, logp_beh, mask, (stat, order, level, reduce), None, 1.0, log_ratio_clamp)
+    lp, lb, m, k, st, od, lv, rd, _ = c
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+        d = torch.where(m, lp - lb, zero)
+        if k is not None:
+            d = torch.clamp(d, -k, k)
+        x = -d if od is RSOrder.BEHAVIOUR else d
+        if lv is ISLevel.TOKEN:
+            return torch.where(m, _gate_stat(x, st), zero)
+        per_token = x if st is RSStat.RATIO else torch.where(m, _gate_stat(x, st), zero)
+        if rd is RSReduce.MAX:
+            seq = per_token.masked_fill(~m, -math.inf).amax(dim=1)
+        else:
+            seq = per_token.sum(dim=1)
+            if rd is RSReduce.MEAN:
+                seq = seq / count_true(m, 1).to(seq.dtype)
+        if st is RSStat.RATIO:
+            seq = torch.exp(seq)
+        return torch.where(m, seq.unsqueeze(1), zero)
+
+
 def rejection_mask(
     logp_prox: TokenFloat,
     logp_beh: TokenFloat,
@@ -213,28 +248,13 @@ def rejection_mask(
     high: float | None = None,
     log_ratio_clamp: float | None = None,
 ) -> BoolMask:
-    """The tokens a rejection gate keeps (module docstring), bool ``[B, T]``, False on padding;
-    ``reduce`` is read at sequence level only; ``log_ratio_clamp`` clamps ``d`` first (verl: 20)."""
+    """The tokens a rejection gate keeps (module docstring), bool ``[B, T]``, False on padding:
+    ``m·[lo ≤ s ≤ hi]`` of :func:`gate_statistic`; ``reduce`` is read at sequence level only;
+    ``log_ratio_clamp`` clamps ``d`` first (verl: 20)."""
     c = _checked_gate(logp_prox, logp_beh, mask, (stat, order, level, reduce), low, high, log_ratio_clamp)
     lp, lb, m, k, st, od, lv, rd, (lo, hi) = c
-    with torch.no_grad():
-        zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
-        d = torch.where(m, lp - lb, zero)
-        if k is not None:
-            d = torch.clamp(d, -k, k)
-        x = -d if od is RSOrder.BEHAVIOUR else d
-        if lv is ISLevel.TOKEN:
-            return m & _in_band(_gate_stat(x, st), lo, hi)
-        per_token = x if st is RSStat.RATIO else torch.where(m, _gate_stat(x, st), zero)
-        if rd is RSReduce.MAX:
-            seq = per_token.masked_fill(~m, -math.inf).amax(dim=1)
-        else:
-            seq = per_token.sum(dim=1)
-            if rd is RSReduce.MEAN:
-                seq = seq / count_true(m, 1).to(seq.dtype)
-        if st is RSStat.RATIO:
-            seq = torch.exp(seq)
-        return m & _in_band(seq, lo, hi).unsqueeze(1)
+    s = gate_statistic(lp, lb, m, stat=st, order=od, level=lv, reduce=rd, log_ratio_clamp=k)
+    return m & _in_band(s, lo, hi)
 
 
 def _inside(x: float, lo: float | None, hi: float | None) -> bool:
@@ -305,6 +325,41 @@ def _gate_stat_naive(x: float, stat: RSStat) -> float:
     return _exp(-x) - 1.0 + x
 
 
+def gate_statistic_naive(
+    logp_prox: Tensor,
+    logp_beh: Tensor,
+    mask: Tensor,
+    *,
+    stat: RSStat | str = RSStat.RATIO,
+    order: RSOrder | str = RSOrder.PROXIMAL,
+    level: ISLevel | str = ISLevel.TOKEN,
+    reduce: RSReduce | str = RSReduce.MEAN,
+    log_ratio_clamp: float | None = None,
+) -> list[list[float]]:
+    """Naive twin of :func:`gate_statistic`: each token's statistic, or each row's reduction on its
+    valid tokens (0.0 on padding), row by row."""
+    c = _checked_gate(logp_prox, logp_beh, mask, (stat, order, level, reduce), None, 1.0, log_ratio_clamp)
+    _, _, _, k, st, od, lv, rd, _ = c
+    lp, lb, ms = pf.rows(logp_prox), pf.rows(logp_beh), pf.mask_rows(mask)
+    out = []
+    for prow, brow, mrow in zip(lp, lb, ms, strict=True):
+        xs = []  # x_t of the valid tokens: ±clamp(l^prox − l^beh, ±κ)
+        for p, q, ok in zip(prow, brow, mrow, strict=True):
+            if ok:
+                d = _clamp(p - q, -k, k) if k is not None else p - q
+                xs.append(-d if od is RSOrder.BEHAVIOUR else d)
+        if lv is ISLevel.TOKEN:
+            vals = iter([_gate_stat_naive(x, st) for x in xs])
+            out.append([next(vals) if ok else 0.0 for ok in mrow])
+            continue
+        per = xs if st is RSStat.RATIO else [_gate_stat_naive(x, st) for x in xs]
+        total = max(per) if rd is RSReduce.MAX else sum(per)
+        seq = total / len(per) if rd is RSReduce.MEAN else total
+        row = _exp(seq) if st is RSStat.RATIO else seq
+        out.append([row if ok else 0.0 for ok in mrow])
+    return out
+
+
 def rejection_mask_naive(
     logp_prox: Tensor,
     logp_beh: Tensor,
@@ -318,31 +373,23 @@ def rejection_mask_naive(
     high: float | None = None,
     log_ratio_clamp: float | None = None,
 ) -> list[list[bool]]:
-    """Naive twin of :func:`rejection_mask`: each token's statistic, each row's reduction, the band."""
+    """Naive twin of :func:`rejection_mask`: :func:`gate_statistic_naive`, then the band per token."""
     c = _checked_gate(logp_prox, logp_beh, mask, (stat, order, level, reduce), low, high, log_ratio_clamp)
     _, _, _, k, st, od, lv, rd, (lo, hi) = c
-    lp, lb, ms = pf.rows(logp_prox), pf.rows(logp_beh), pf.mask_rows(mask)
-    out = []
-    for prow, brow, mrow in zip(lp, lb, ms, strict=True):
-        xs = []  # x_t of the valid tokens: ±clamp(l^prox − l^beh, ±κ)
-        for p, q, ok in zip(prow, brow, mrow, strict=True):
-            if ok:
-                d = _clamp(p - q, -k, k) if k is not None else p - q
-                xs.append(-d if od is RSOrder.BEHAVIOUR else d)
-        if lv is ISLevel.TOKEN:
-            kept = iter([_inside(_gate_stat_naive(x, st), lo, hi) for x in xs])
-            out.append([next(kept) if ok else False for ok in mrow])
-            continue
-        vals = xs if st is RSStat.RATIO else [_gate_stat_naive(x, st) for x in xs]
-        total = max(vals) if rd is RSReduce.MAX else sum(vals)
-        seq = total / len(vals) if rd is RSReduce.MEAN else total
-        keep = _inside(_exp(seq) if st is RSStat.RATIO else seq, lo, hi)
-        out.append([ok and keep for ok in mrow])
-    return out
+    s = gate_statistic_naive(
+        logp_prox, logp_beh, mask, stat=st, order=od, level=lv, reduce=rd, log_ratio_clamp=k
+    )
+    ms = pf.mask_rows(mask)
+    return [
+        [ok and _inside(v, lo, hi) for v, ok in zip(sr, mr, strict=True)]
+        for sr, mr in zip(s, ms, strict=True)
+    ]
 
 
 __all__ = [
     "ISWeights",
+    "gate_statistic",
+    "gate_statistic_naive",
     "is_weights",
     "is_weights_naive",
     "rejection_mask",

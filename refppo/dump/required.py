@@ -24,7 +24,7 @@ WHAT: dict[str, str] = {
 }
 ADVICE: dict[str, str] = {
     "ref_logprobs": "dump it, or check the step as it ran: kl_coef=0 (no KL term reads it)",
-    "rollout_logprobs": "dump it, or check without the correction (rollout_is=none)",
+    "rollout_logprobs": "dump it, or check without the correction (rollout_is=none, rollout_rs=none)",
 }
 
 

@@ -42,19 +42,34 @@ from refppo.core.rollout_correction import is_weights
 from refppo.pipeline import update as up
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.bugs_base import Bug
+from refppo.pipeline.correction import gate_keep
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
 
 Q = Mapping[str, Any]
 
 
-def _weights(num: Tensor, q: Q, conv: Convention, *, detach: bool = True, **over: Any) -> dict[str, Tensor]:
-    """The correction stage's outputs with numerator ``num`` (and ``over`` replacing the setting)."""
+def _weights(
+    num: Tensor, q: Q, conv: Convention, *, detach: bool = True, gate: bool = True, **over: Any
+) -> dict[str, Tensor]:
+    """The correction stage's outputs with numerator ``num`` (and ``over`` replacing the setting),
+    the gate applied (``gate`` False: not)."""
     rc = conv.rollout
     kw: dict[str, Any] = {"level": rc.level, "agg": rc.agg, "mode": rc.mode, "low": rc.low, "high": rc.high}
     kw.update(over)
     w = is_weights(num, up.rollout_logprobs_of(q, conv), q["mask"], detach=detach, **kw)
-    return {"is_weights": w.weight, "is_keep": w.keep}
+    out = {"is_weights": w.weight, "is_keep": w.keep}
+    return _gated(out, q, conv) if gate else out
+
+
+def _gated(out: dict[str, Tensor], q: Q, conv: Convention) -> dict[str, Tensor]:
+    """The gate of ``rollout_rs*`` applied to a (buggy) weight as the correct stage applies it:
+    ``keep ← keep·gate``, ``w' ← 0`` off ``keep``; unchanged when the gate is off."""
+    if not conv.gate.on:
+        return out
+    keep = out["is_keep"] & gate_keep(q, conv)
+    zero = torch.zeros((), dtype=out["is_weights"].dtype, device=keep.device)
+    return {"is_weights": torch.where(keep, out["is_weights"], zero), "is_keep": keep}
 
 
 def _sum_not_mean(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
@@ -85,26 +100,28 @@ def _cap_on_log_ratio(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -
     mask:      keep_t = m_t·[C_low ≤ log w_t ≤ C_high],  w'_t = w_t·keep_t
     """
     rc, m = conv.rollout, q["mask"]
-    raw = _weights(q["old_logprobs"], q, conv, mode=ISMode.TRUNCATE, low=None, high=None)["is_weights"]
+    unbounded = _weights(q["old_logprobs"], q, conv, gate=False, mode=ISMode.TRUNCATE, low=None, high=None)
+    raw = unbounded["is_weights"]
     zero = torch.zeros((), dtype=raw.dtype, device=raw.device)
     log_w = torch.where(m, torch.log(torch.where(m, raw, torch.ones_like(raw))), zero)
     if rc.mode is ISMode.TRUNCATE:
-        return {"is_weights": torch.where(m, torch.exp(torch.clamp(log_w, min=rc.low, max=rc.high)), zero),
-                "is_keep": m}  # fmt: skip
+        w = torch.where(m, torch.exp(torch.clamp(log_w, min=rc.low, max=rc.high)), zero)
+        return _gated({"is_weights": w, "is_keep": m}, q, conv)
     keep = m.clone()
     if rc.low is not None:
         keep &= log_w >= rc.low
     if rc.high is not None:
         keep &= log_w <= rc.high
-    return {"is_weights": torch.where(keep, raw, zero), "is_keep": keep}
+    return _gated({"is_weights": torch.where(keep, raw, zero), "is_keep": keep}, q, conv)
 
 
 def _mask_multiplied(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """Mask mode with the band multiplied in, ``w'_t = w_t·keep_t``: ``inf·0 = NaN`` where the raw
     weight overflowed outside the band (the correct step selects: ``w' = 0`` there)."""
     w = _weights(q["old_logprobs"], q, conv, mode=ISMode.MASK)
-    raw = _weights(q["old_logprobs"], q, conv, low=None, high=None)["is_weights"]  # w (no bound)
-    return {"is_weights": raw * w["is_keep"].to(raw.dtype), "is_keep": w["is_keep"]}
+    raw = _weights(q["old_logprobs"], q, conv, gate=False, low=None, high=None)["is_weights"]  # no bound
+    keep = w["is_keep"]  # already gated (_weights)
+    return {"is_weights": raw * keep.to(raw.dtype), "is_keep": keep}
 
 
 _ON = "the rollout correction on (rollout_is=token or sequence)"

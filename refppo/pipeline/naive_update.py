@@ -19,13 +19,11 @@ from refppo.core.cispo import cispo_policy_loss_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
 from refppo.core.policy import approx_kl_k2_all_positions_naive, clipped_policy_loss_naive
-from refppo.core.rollout_correction import is_weights_naive
 from refppo.core.value import value_loss_naive
 from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.needs import kl_loss_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.update import rollout_logprobs_of
 
 Q = Mapping[str, Any]
 
@@ -47,20 +45,6 @@ def normaliser_kwargs(norm: Normalisers | None, horizon: float | None, *, value:
 
 def _f64(x: Any, device: torch.device) -> Tensor:
     return torch.tensor(x, dtype=torch.float64, device=device)
-
-
-def rollout_correction_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Any]:
-    """Naive twin of :func:`refppo.pipeline.update.rollout_correction_stage`: each token's weight
-    by :func:`refppo.core.rollout_correction.is_weights_naive` (row by row, token by token)."""
-    rc = conv.rollout
-    if rc.level is None:
-        return {"is_weights": None, "is_keep": None}
-    weight, _, keep = is_weights_naive(
-        q["old_logprobs"], rollout_logprobs_of(q, conv), q["mask"], level=rc.level, agg=rc.agg, mode=rc.mode,
-        low=rc.low, high=rc.high,
-    )  # fmt: skip
-    dev = q["mask"].device
-    return {"is_weights": _f64(weight, dev), "is_keep": torch.tensor(keep, dtype=torch.bool, device=dev)}
 
 
 def policy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:

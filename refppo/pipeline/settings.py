@@ -15,6 +15,8 @@ A :class:`Convention` is one frozen group per stage family of :mod:`refppo.pipel
     value    ValueConvention      value_loss, value_clip_form, vf_mask
     rollout  RolloutCorrection    rollout_is, rollout_is_agg, rollout_is_mode, rollout_is_low,
                                   rollout_is_high
+    gate     RolloutGate          rollout_rs, rollout_rs_stat, rollout_rs_order, rollout_rs_reduce,
+                                  rollout_rs_low, rollout_rs_high
 
 The FLAT keys (``--set KEY``, sidecars, presets, the JSON report's ``convention`` object,
 :meth:`Convention.to_dict`, the trainer's ``ppo.*`` keys) are derived from the groups: each field's
@@ -43,6 +45,7 @@ from refppo.pipeline.groups import (
     PolicyConvention,
     RewardConvention,
     RolloutCorrection,
+    RolloutGate,
     ScoreMap,
     ValueConvention,
     WhitenConvention,
@@ -75,6 +78,8 @@ class Convention:
     """Step 7: the value loss."""
     rollout: RolloutCorrection = field(default_factory=RolloutCorrection)
     """The rollout correction's weight on the policy surrogate (off by default)."""
+    gate: RolloutGate = field(default_factory=RolloutGate)
+    """The rollout correction's rejection gate, multiplied into that weight (off by default)."""
 
     def __post_init__(self) -> None:
         if self.adv.group_kl is GroupKL.TO_GO and self.reward.whiten is not Whitening.NONE:
@@ -82,11 +87,12 @@ class Convention:
                 "group_kl=to_go with whiten_rewards: the return-to-go of −β·KL is read before any reward "
                 "whitening; no peer combines them (use group_kl=fold)"
             )
-        if self.rollout.on and self.policy.loss is PolicyLoss.GSPO:
+        if (self.rollout.on or self.gate.on) and self.policy.loss is PolicyLoss.GSPO:
             raise ConventionError(
-                "rollout_is with policy_loss=gspo: GSPO's sequence ratio against the behaviour policy is "
-                "not composed with a rollout-correction weight (spec/rollout-correction.md); "
-                "set rollout_is=none"
+                "rollout_is or rollout_rs with policy_loss=gspo: GSPO's sequence ratio against the "
+                "behaviour policy is not composed with a rollout-correction weight "
+                "(spec/rollout-correction.md); "
+                "set rollout_is=none and rollout_rs=none"
             )
 
     @classmethod
@@ -209,6 +215,12 @@ FLAT_ORDER: tuple[str, ...] = (
     "rollout_is_high",
     "kl_metric_agg",
     "kl_grad_is_clip",
+    "rollout_rs",
+    "rollout_rs_stat",
+    "rollout_rs_order",
+    "rollout_rs_reduce",
+    "rollout_rs_low",
+    "rollout_rs_high",
 )
 """The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
 report, ``refppo train --help-config``): the order they were added in, kept so that those outputs

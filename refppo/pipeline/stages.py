@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from refppo.conventions import AdvantageEstimator, KLPlacement, Whitening
+from refppo.pipeline import correction as rcs
 from refppo.pipeline import grad_naive as gn
 from refppo.pipeline import naive as nv
 from refppo.pipeline import naive_update as nu
@@ -237,10 +238,11 @@ _ROLLOUT = (
 
 _UPDATE = (
     Stage(
-        "rollout_correction", "update", up.RC_KEYS, (), ("old_logprobs", "rollout_logprobs", "mask"),
-        ("is_weights", "is_keep"), up.rollout_correction_stage, nu.rollout_correction_naive,
-        "core.rollout_correction.is_weights", active=up.rollout_correction_reads,
-        needs=up.rollout_correction_needs,
+        "rollout_correction", "update", (*rcs.RC_KEYS, *rcs.RS_KEYS), (),
+        ("old_logprobs", "rollout_logprobs", "mask"), ("is_weights", "is_keep"),
+        rcs.rollout_correction_stage, rcs.rollout_correction_naive,
+        "core.rollout_correction.is_weights, core.rollout_correction.rejection_mask",
+        active=rcs.rollout_correction_reads, needs=rcs.rollout_correction_needs,
     ),
     Stage(
         "policy", "update", ("policy_loss", "dual_clip", "log_ratio_clamp"), ("cliprange", "cliprange_high"),

@@ -2,7 +2,7 @@
 the current policy and critic), each ``fn(q, conv, hp, ev) -> {quantity: tensor}`` of
 :class:`refppo.pipeline.stages.Stage`::
 
-    rollout_correction_stage old_logprobs, rollout_logprobs -> is_weights, is_keep  (off: None)
+    rollout_correction_stage (pipeline.correction) old_logprobs, rollout_logprobs -> is_weights, is_keep
     policy_stage       logprobs, old_logprobs, advantages, is_weights -> pg_per_token, ratio, pg_clipfrac,
                                                              pg_clipfrac_lower, pg_approx_kl
     policy_agg_stage   pg_per_token                      -> pg_loss          aggregate_masked
@@ -49,13 +49,14 @@ from refppo.core.policy import (
     clipped_policy_token_loss,
     policy_ratio,
 )
-from refppo.core.rollout_correction import is_weights
 from refppo.core.value import value_token_loss
-from refppo.errors import ConventionError, DumpError
+from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
+from refppo.pipeline.correction import RC_KEYS as RC_KEYS
+from refppo.pipeline.correction import rollout_correction_stage as rollout_correction_stage
+from refppo.pipeline.correction import rollout_logprobs_of as rollout_logprobs_of
 from refppo.pipeline.needs import kl_loss_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.rollout_conventions import ISLevel
 
 Q = Mapping[str, Any]
 """The quantities a stage reads (name → tensor, or None where absent)."""
@@ -141,54 +142,6 @@ def clip_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, conv: Conve
     if pol.loss is PolicyLoss.GSPO:
         return gspo_ratio(logprobs, old_logprobs, mask, log_ratio_max=pol.log_ratio_clamp)
     return policy_ratio(logprobs, old_logprobs, mask, log_ratio_clamp=pol.log_ratio_clamp).detach()
-
-
-RC_KEYS = ("rollout_is", "rollout_is_agg", "rollout_is_mode", "rollout_is_low", "rollout_is_high")
-"""The rollout correction stage's flat keys (:class:`refppo.pipeline.groups.RolloutCorrection`)."""
-
-
-def rollout_correction_reads(conv: Convention) -> tuple[str, ...]:
-    """The keys the rollout correction reads under ``conv``: ``rollout_is`` alone when it is off,
-    ``rollout_is_agg`` at sequence level only."""
-    rc = conv.rollout
-    if rc.level is None:
-        return ("rollout_is",)
-    agg = ("rollout_is_agg",) if rc.level is ISLevel.SEQUENCE else ()
-    return ("rollout_is", *agg, "rollout_is_mode", "rollout_is_low", "rollout_is_high")
-
-
-def rollout_correction_needs(conv: Convention, hp: Hyperparams) -> dict[str, str]:
-    """The optional input the correction needs when it is on: ``rollout_logprobs``
-    (:attr:`refppo.pipeline.stages.Stage.needs`)."""
-    return {"rollout_logprobs": f"rollout_is={conv.rollout.level}"} if conv.rollout.on else {}
-
-
-def rollout_logprobs_of(q: Q, conv: Convention) -> Tensor:
-    """``q["rollout_logprobs"]``, the behaviour log-probs the correction reads; a one-line
-    :class:`~refppo.errors.DumpError` naming the key and the stage when it is absent."""
-    lb = q.get("rollout_logprobs")
-    if lb is None:
-        raise DumpError(
-            f"missing key 'rollout_logprobs' [B, T] (the engine's log-probs of the sampled tokens): stage "
-            f"rollout_correction reads it under rollout_is={conv.rollout.level}; dump it or set "
-            "rollout_is=none"
-        )
-    out: Tensor = lb
-    return out
-
-
-def rollout_correction_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Any]:
-    """The rollout correction's weight ``w'`` of ``π^prox/π^beh`` and its kept tokens
-    (:func:`refppo.core.rollout_correction.is_weights`, detached); both None when ``rollout_is`` is
-    off (``rollout_logprobs`` is then not read)."""
-    rc = conv.rollout
-    if rc.level is None:
-        return {"is_weights": None, "is_keep": None}
-    w = is_weights(
-        q["old_logprobs"], rollout_logprobs_of(q, conv), q["mask"], level=rc.level, agg=rc.agg, mode=rc.mode,
-        low=rc.low, high=rc.high,
-    )  # fmt: skip
-    return {"is_weights": w.weight, "is_keep": w.keep}
 
 
 def weighted(per_token: Tensor, weight: Tensor | None) -> Tensor:

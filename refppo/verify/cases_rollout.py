@@ -94,6 +94,26 @@ def _case_rejection_mask(b: Batch, dev: torch.device) -> list[Pair]:
     return out
 
 
+def _case_gate_statistic(b: Batch, dev: torch.device) -> list[Pair]:
+    """The statistic against its naive twin, every statistic / order / level / reduction."""
+    _, prox, beh, _ = rollout_inputs(b)
+    settings = [
+        ("ratio", "proximal", "token", "mean"),
+        ("k2", "behaviour", "token", "mean"),
+        ("k3", "proximal", "token", "mean"),
+        ("ratio", "behaviour", "sequence", "max"),
+        ("k3", "proximal", "sequence", "mean"),
+        ("k1", "proximal", "sequence", "sum"),
+    ]
+    out: list[Pair] = []
+    for stat, order, level, reduce in settings:
+        kw = {"stat": stat, "order": order, "level": level, "reduce": reduce}
+        res = rc_mod.gate_statistic(prox.to(dev), beh.to(dev), b.mask.to(dev), **kw)
+        nv = rc_mod.gate_statistic_naive(prox, beh, b.mask, **kw)
+        out.append((f"stat({stat},{order},{level},{reduce})", res, _t(nv, res), None))
+    return out
+
+
 def _case_corrected_policy_loss(b: Batch, dev: torch.device) -> list[Pair]:
     cur, prox, beh, adv = rollout_inputs(b)
     # the weights and the gate from the naive twins (the vectorized ones have their own cases)
@@ -187,6 +207,7 @@ def _case_weighted_logprob_loss(b: Batch, dev: torch.device) -> list[Pair]:
 ROLLOUT_CASES: dict[str, Case] = {
     "is_weights": _case_is_weights,
     "rejection_mask": _case_rejection_mask,
+    "gate_statistic": _case_gate_statistic,
     "corrected_policy_loss": _case_corrected_policy_loss,
     "decoupled_policy_loss": _case_decoupled_policy_loss,
     "cispo_policy_loss": _case_cispo,

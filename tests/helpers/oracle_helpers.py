@@ -24,7 +24,7 @@ from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.kl import token_kl_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
 from refppo.core.policy import clipped_policy_loss_naive
-from refppo.core.rollout_correction import is_weights_naive
+from refppo.core.rollout_correction import is_weights_naive, rejection_mask_naive
 from refppo.core.rollout_losses import Norms, PolicyClip, corrected_policy_loss_naive
 from refppo.core.value import value_loss_naive
 from refppo.dump.write import write_dump
@@ -163,7 +163,9 @@ def naive_outputs(
         )  # fmt: skip
     if f("policy_loss") is PolicyLoss.CISPO:  # the core's CISPO twin, times w' when corrected
         pg = _cispo_naive(t, rq.advantages, mask, setup)
-    elif conv.rollout.on:  # ℓ_t ← w'_t·ℓ_t: the core's corrected surrogate on the naive weights
+    elif (
+        conv.rollout.on or conv.gate.on
+    ):  # ℓ_t ← w'_t·ℓ_t: the core's corrected surrogate on the naive weights
         pg = _corrected_naive(t, rq.advantages, mask, setup)
     out.update(
         pg_loss=pg.loss, pg_clipfrac=pg.clipfrac, approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t)
@@ -183,33 +185,41 @@ def naive_outputs(
     return {k: torch.as_tensor(v, dtype=torch.float64).to(dtype) for k, v in out.items()}
 
 
+def _weights_naive(t: dict[str, Tensor], mask: Tensor, setup: Setup) -> Tensor:
+    """``w'``: :func:`is_weights_naive` of ``(old_logprobs, rollout_logprobs)`` (1 without
+    ``rollout_is``), 0 where the gate's :func:`rejection_mask_naive` rejects (``rollout_rs``)."""
+    rc, g = setup.conv.rollout, setup.conv.gate
+    w = [[1.0 if ok else 0.0 for ok in row] for row in mask.tolist()]
+    if rc.on:
+        w, _, _ = is_weights_naive(
+            t["old_logprobs"], t["rollout_logprobs"], mask, level=rc.level or "token", agg=rc.agg,
+            mode=rc.mode, low=rc.low, high=rc.high,
+        )  # fmt: skip
+    if g.on and (g.low is not None or g.high is not None):
+        keep = rejection_mask_naive(
+            t["old_logprobs"], t["rollout_logprobs"], mask, stat=g.stat, order=g.order,
+            level=g.level or "token", reduce=g.reduce, low=g.low, high=g.high,
+        )  # fmt: skip
+        w = [[v if k else 0.0 for v, k in zip(wr, kr, strict=True)] for wr, kr in zip(w, keep, strict=True)]
+    return torch.tensor(w, dtype=torch.float64)
+
+
 def _corrected_naive(t: dict[str, Tensor], adv: Tensor, mask: Tensor, setup: Setup) -> Any:
-    """The policy term under ``rollout_is``: :func:`is_weights_naive` of ``(old_logprobs,
-    rollout_logprobs)`` into :func:`corrected_policy_loss_naive` (rejected tokens count: ``zero``)."""
+    """The policy term under ``rollout_is`` / ``rollout_rs``: :func:`_weights_naive` into
+    :func:`corrected_policy_loss_naive` (rejected tokens count: ``zero``)."""
     conv, hp = setup.conv, setup.hp
-    rc = conv.rollout
-    w, _, _ = is_weights_naive(
-        t["old_logprobs"], t["rollout_logprobs"], mask, level=rc.level or "token", agg=rc.agg, mode=rc.mode,
-        low=rc.low, high=rc.high,
-    )  # fmt: skip
     clip = PolicyClip(hp.cliprange, hp.cliprange_high, conv.policy.dual_clip, conv.policy.log_ratio_clamp)
     return corrected_policy_loss_naive(
-        t["logprobs"], t["old_logprobs"], adv, mask, torch.tensor(w, dtype=torch.float64),
+        t["logprobs"], t["old_logprobs"], adv, mask, _weights_naive(t, mask, setup),
         clip=clip, norms=Norms(conv.agg.loss, horizon=hp.horizon),
     )  # fmt: skip
 
 
 def _cispo_naive(t: dict[str, Tensor], adv: Tensor, mask: Tensor, setup: Setup) -> Any:
     """``policy_loss=cispo``: :func:`cispo_policy_loss_naive` with ``[1 − cliprange, 1 + cliprange_high]``
-    and, under ``rollout_is``, the naive weights of :func:`is_weights_naive` as ``w'``."""
+    and, under ``rollout_is`` / ``rollout_rs``, the naive weights of :func:`_weights_naive` as ``w'``."""
     conv, hp = setup.conv, setup.hp
-    rc, w = conv.rollout, None
-    if rc.on:
-        wl, _, _ = is_weights_naive(
-            t["old_logprobs"], t["rollout_logprobs"], mask, level=rc.level or "token", agg=rc.agg,
-            mode=rc.mode, low=rc.low, high=rc.high,
-        )  # fmt: skip
-        w = torch.tensor(wl, dtype=torch.float64)
+    w = _weights_naive(t, mask, setup) if conv.rollout.on or conv.gate.on else None
     return cispo_policy_loss_naive(
         t["logprobs"], t["old_logprobs"], adv, mask, clip_low=hp.cliprange,
         clip_high=hp.cliprange if hp.cliprange_high is None else hp.cliprange_high,

@@ -80,6 +80,12 @@ def inputs_and_conv(key: str, value: Any) -> tuple[dict[str, torch.Tensor], dict
         x["rollout_logprobs"] = x["old_logprobs"] + 0.4 * torch.randn(x["old_logprobs"].shape, generator=g)
         conv.setdefault("rollout_is", "sequence" if key == "rollout_is_agg" else "token")
         conv.update(rollout_is_low=0.7, rollout_is_high=1.5)  # both bind (|d| ~ 0.4)
+    if key.startswith("rollout_rs"):  # a gate on (a sequence gate where the reduction is the key)
+        g = torch.Generator().manual_seed(11)
+        x["rollout_logprobs"] = x["old_logprobs"] + 0.4 * torch.randn(x["old_logprobs"].shape, generator=g)
+        conv.setdefault("rollout_rs", "sequence" if key == "rollout_rs_reduce" else "token")
+        high = 1.2 if conv.get("rollout_rs_stat", "ratio") == "ratio" else 0.1
+        conv.update(rollout_rs_low=None, rollout_rs_high=high)
     return x, conv
 
 

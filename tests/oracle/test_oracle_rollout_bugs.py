@@ -278,3 +278,24 @@ def test_the_gradient_bug_needs_the_gradient_and_every_bug_needs_the_engine_logp
     for name in RC_BUGS:
         with pytest.raises(ValueError, match="rollout_logprobs"):
             BUGS[name].check(without | {"grad_logprobs"}, s.conv, s.hp)
+
+
+GATED = {**TIS2, "rollout_rs": "token", "rollout_rs_stat": "k2", "rollout_rs_high": 0.3}
+"""TIS at 2 with AReaL's ``kl_k2`` token gate ``½d² ≤ 0.3`` on top (the gate keys, #22 item 2)."""
+
+
+def _gated(x: dict[str, Tensor], w: Weights) -> Weights:
+    """``w'·[½d_t² ≤ 0.3]``, ``d = l^prox − l^beh``: the gate restated by the loops."""
+    pairs = zip(w, _d(x), strict=True)
+    return [[v if d * d / 2 <= 0.3 else 0.0 for v, d in zip(wr, dr, strict=True)] for wr, dr in pairs]
+
+
+def test_a_bug_under_a_gate_is_named_with_the_gate_kept(tmp_path: Path) -> None:
+    """The weight against the current policy, gated: named ``is_weight_against_current`` (the bug's
+    stage keeps the gate); the same bug without the gate in the loops is not explained by it."""
+    gated = _dump(GATED, lambda x: _gated(x, _token(x, TIS2, "logprobs")))
+    res = _check(tmp_path, gated, GATED)
+    assert res.first_divergence == "pg_loss", (res.first_divergence, res.diagnosis)
+    assert _bugs(res) == ["is_weight_against_current"], res.diagnosis
+    ungated = _dump(GATED, lambda x: _token(x, TIS2, "logprobs"))
+    assert "is_weight_against_current" not in _bugs(_check(tmp_path, ungated, GATED))

@@ -70,13 +70,20 @@ SEAM_ADDED = (
     "ppo.rollout_is_mode",
     "ppo.rollout_is_low",
     "ppo.rollout_is_high",
+    "ppo.rollout_rs",
+    "ppo.rollout_rs_stat",
+    "ppo.rollout_rs_order",
+    "ppo.rollout_rs_reduce",
+    "ppo.rollout_rs_low",
+    "ppo.rollout_rs_high",
     "seam.enabled",
     "seam.dtype",
     "seam.logprobs",
     "seam.staleness",
     "seam.staleness_min",
 )
-"""The keys the seam mode added since (issue #22 item 5), appended after the others."""
+"""The keys the seam mode added since (issue #22 item 5; the gates ``rollout_rs*``: item 2),
+appended after the others."""
 
 
 def test_ppo_keys_and_the_default_hash_are_unchanged() -> None:

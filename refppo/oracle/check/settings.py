@@ -39,12 +39,12 @@ since these keys were the oracle's own, kept byte for byte)."""
 
 _FLOAT_OR_NONE = {
     "dual_clip", "log_ratio_clamp", "kl_value_clamp", "score_clip", "rollout_is_low", "rollout_is_high",
-    "kl_grad_is_clip",
+    "kl_grad_is_clip", "rollout_rs_low", "rollout_rs_high",
 }  # fmt: skip
 _FLOAT_EXTRAS = {"score_bias", "score_scale", "group_eps"}
 """Keys holding a plain float (the score map's bias and scale, ``group_eps``)."""
 _FLOAT_OR_NONE_HP = {"cliprange_high", "horizon"}
-_NAME_OR_NONE = {"value_loss_agg", "kl_loss_agg", "entropy_agg", "rollout_is", "kl_metric_agg"}
+_NAME_OR_NONE = {"value_loss_agg", "kl_loss_agg", "entropy_agg", "rollout_is", "kl_metric_agg", "rollout_rs"}
 
 
 @dataclass(frozen=True)

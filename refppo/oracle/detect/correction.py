@@ -47,6 +47,7 @@ from torch import Tensor
 
 from refppo.conventions import LossAgg
 from refppo.errors import RefPPOError
+from refppo.oracle.detect.gates import correction_on, gate_settings
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy_solve import agg_weights
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
@@ -72,7 +73,7 @@ NAMED_DUAL = 3.0
 under the checked dual clip, none and this one (``ℓ`` differs where the dual clip binds)."""
 MAX_SOLVED = 48
 """Solved bound pairs kept per family and mode."""
-OFF: dict[str, Any] = {"rollout_is": None}
+OFF: dict[str, Any] = {"rollout_is": None, "rollout_rs": None}
 
 
 def nicest_in(a: float, b: float) -> float | None:
@@ -255,7 +256,7 @@ def _options(
         st = g.state
         ca = st.carried
         for upd in settings:
-            on = s.base.conv.rollout.on if not upd else upd["rollout_is"] is not None
+            on = correction_on(s, upd)
             if not on:
                 w_key, w = b"off", None
             else:
@@ -275,7 +276,11 @@ def correction_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[AdvS
     if "rollout_logprobs" not in s.t:
         return groups
     weights = _Weights(s)
-    settings = named_settings(s) + solve_caps(s, groups, weights)
+    settings = (
+        named_settings(s)
+        + solve_caps(s, groups, weights)
+        + gate_settings(s, groups, (step_intervals, nicest_in))
+    )
     return s.stage(groups, lambda _extra: _options(s, settings, weights), lambda _st: [], "correction")
 
 

@@ -22,9 +22,10 @@ it proposes is evaluated through the stages like any other value). The steps
 - ``advantages`` (stages whitening): walks whiten_advantages, whiten_variance, whiten_eps_at,
   whiten_holes; checked against advantages; solver: (a fitted map, named).
 - ``correction`` (stages rollout_correction): walks rollout_is, rollout_is_agg, rollout_is_mode,
-  rollout_is_low, rollout_is_high; checks nothing dumped; solver: the bounds C_low, C_high read off
-  pg_loss (before the walk: the weight is not dumped; the policy step checks it; not walked without
-  rollout_logprobs).
+  rollout_is_low, rollout_is_high, rollout_rs, rollout_rs_stat, rollout_rs_order, rollout_rs_reduce,
+  rollout_rs_low, rollout_rs_high; checks nothing dumped; solver: the bounds C_low, C_high and the
+  gates' thresholds read off pg_loss (before the walk: the weight is not dumped; the policy step
+  checks it; not walked without rollout_logprobs).
 - ``policy`` (stages policy, policy_agg, approx_kl, entropy, kl_loss): walks policy_loss, dual_clip,
   log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl, entropy_agg; checked against
   pg_loss, pg_clipfrac, approx_kl, entropy_loss, grad_logprobs; solver: dual-clip c, clip ranges

@@ -64,8 +64,8 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "correction", ("rollout_correction",), (), BY_NAME["rollout_correction"].keys,
-        "the bounds C_low, C_high read off pg_loss (before the walk: the weight is not dumped; the "
-        "policy step checks it; not walked without rollout_logprobs)",
+        "the bounds C_low, C_high and the gates' thresholds read off pg_loss (before the walk: the "
+        "weight is not dumped; the policy step checks it; not walked without rollout_logprobs)",
     ),
     Step(
         "policy", ("policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),

@@ -157,14 +157,15 @@ class TrainConfig:
             )
 
     def _check_seam(self) -> None:
-        """``ppo.rollout_is`` reads the engine's log-probs (``seam.enabled``); ``seam.*`` options
-        need ``seam.enabled``; ``seam.logprobs=processed`` needs a sampling filter."""
-        seam, corr = self.seam, self.ppo.convention.rollout
-        if corr.on and not seam.enabled:
-            raise ConfigError(
-                f"ppo.rollout_is={corr.level.value if corr.level else 'none'} reads the behaviour "
-                "log-probs of a rollout engine, which only the seam mode has: add --set seam.enabled=true"
-            )
+        """``ppo.rollout_is`` and ``ppo.rollout_rs`` read the engine's log-probs (``seam.enabled``);
+        ``seam.*`` options need ``seam.enabled``; ``seam.logprobs=processed`` needs a sampling filter."""
+        seam, conv = self.seam, self.ppo.convention
+        for key, level in (("rollout_is", conv.rollout.level), ("rollout_rs", conv.gate.level)):
+            if level is not None and not seam.enabled:
+                raise ConfigError(
+                    f"ppo.{key}={level.value} reads the behaviour log-probs of a rollout engine, which "
+                    "only the seam mode has: add --set seam.enabled=true"
+                )
         keys = [
             k
             for k in ("dtype", "logprobs", "staleness", "staleness_min")

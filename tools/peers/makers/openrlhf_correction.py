@@ -25,17 +25,18 @@ CASES: list[tuple[str, tuple[float, float]]] = [
 
 
 def corrected_step(
-    fns: dict[str, Any], x: dict[str, Any], mode: str, lo: float, hi: float, old: Any = None
-) -> dict[str, Any]:
-    """One OpenRLHF step's dump: its KL, shaped reward and GAE, ``PolicyLoss`` with the token-level
-    IS correction (``mode``, ``[lo, hi]``) given ``old`` as its ``old_log_probs`` (None: the
+    fns: dict[str, Any], x: dict[str, Any], mode: str, lo: float, hi: float, old: Any = None,
+    level: str = "token",
+) -> dict[str, Any]:  # fmt: skip
+    """One OpenRLHF step's dump: its KL, shaped reward and GAE, ``PolicyLoss`` with the IS correction
+    at ``level`` (``mode``, ``[lo, hi]``) given ``old`` as its ``old_log_probs`` (None: the
     trainer's ``old_logprobs``), its value loss and entropy; ``loss`` = ``pg_loss``."""
     from openrlhf.models.loss import PolicyLoss  # type: ignore[import-not-found]  # side venv only
 
     m = x["response_mask"]
     kl, rewards, adv, ret = shaped_gae(fns, x, "k1", HP["kl_coef"])
     fn = PolicyLoss(
-        clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=True, is_correction_level="token",
+        clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=True, is_correction_level=level,
         is_correction_mode=mode, is_correction_threshold=[lo, hi],
     )  # fmt: skip
     pg, clip_ratio, ppo_kl, _, _ = fn(

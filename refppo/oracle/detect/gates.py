@@ -1,0 +1,173 @@
+"""The rejection gates of ``--detect``'s correction step: ``rollout_rs*`` walked, thresholds solved.
+
+On a dump with ``rollout_logprobs`` the correction step (:mod:`refppo.oracle.detect.correction`)
+adds these settings to its walk: each gate family ``(rollout_rs, rollout_rs_stat, rollout_rs_order,
+rollout_rs_reduce)`` of :data:`GATE_FAMILIES` on each base weight of :data:`BASE_WEIGHTS` (no
+``rollout_is``: verl's ``rollout_rs`` alone; the raw token weight: AReaL 1.0.4 ``rejection_sampling``
+and OpenRLHF 0.11.2's ``seq`` gate, which gate the unbounded ratio), with the thresholds solved from
+the data. As the caps of ``rollout_is``, a gate's weight is the stage's own output; the policy step's
+``pg_loss`` (and the re-check's gradient) decide.
+
+The solver (exact, on stage outputs): with the gate's statistic ``u_t`` (the token's, or its row's:
+:func:`refppo.pipeline.correction.gate_statistic_of`), the base weight ``w_t`` and ``c_t = a_t·ℓ_t``
+(the policy stage's unweighted loss times the aggregation's weights, as
+:func:`refppo.oracle.detect.correction.solve_caps`)::
+
+    upper H        pg(H) = Σ_{t: u_t ≤ H} c_t·w_t        a step function of H
+    lower L        pg(L) = Σ_{t: u_t ≥ L} c_t·w_t
+    ratio [1/H, H] pg(H) = Σ_{t: max(u_t, 1/u_t) ≤ H} c_t·w_t
+
+Each fixes the threshold to an interval between two consecutive observed statistics; the value with
+the fewest significant digits in it is proposed (:func:`~refppo.oracle.detect.correction.nicest_in`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from refppo.conventions import LossAgg
+from refppo.errors import RefPPOError
+from refppo.oracle.detect.groups import Group
+from refppo.oracle.detect.policy_solve import agg_weights
+from refppo.oracle.detect.search import SOLVE_GROUPS, Search
+from refppo.oracle.detect.states import AdvState
+from refppo.pipeline.correction import gate_statistic_of
+from refppo.pipeline.settings import Convention
+from refppo.rollout_conventions import ISLevel, RSOrder, RSReduce, RSStat
+
+GateFamily = tuple[ISLevel, RSStat, RSOrder, RSReduce]
+GATE_FAMILIES: tuple[GateFamily, ...] = tuple(
+    [(ISLevel.TOKEN, st, od, RSReduce.MEAN) for st in RSStat for od in RSOrder]
+    + [(ISLevel.SEQUENCE, st, od, rd) for st in RSStat for od in RSOrder for rd in RSReduce]
+)
+"""Every gate: token level (the reduction unread) and sequence level × reduction, each statistic
+and order."""
+BASE_WEIGHTS: tuple[dict[str, Any], ...] = (
+    {"rollout_is": None},
+    {"rollout_is": "token", "rollout_is_mode": "truncate", "rollout_is_low": None, "rollout_is_high": None},
+)
+"""The weights a gate multiplies: none (verl's ``rollout_rs`` without ``rollout_is``), the raw token
+weight (AReaL, OpenRLHF)."""
+_T, _S = ISLevel.TOKEN, ISLevel.SEQUENCE
+_P, _B = RSOrder.PROXIMAL, RSOrder.BEHAVIOUR
+NAMED_GATES: tuple[tuple[GateFamily, float | None, float | None], ...] = (
+    ((_T, RSStat.RATIO, _P, RSReduce.MEAN), 0.5, 2.0),
+    ((_S, RSStat.RATIO, _P, RSReduce.MEAN), 0.5, 2.0),
+    ((_S, RSStat.RATIO, _B, RSReduce.MAX), None, 2.0),
+    ((_T, RSStat.K2, _B, RSReduce.MEAN), None, 0.08),
+    ((_S, RSStat.K3, _B, RSReduce.MEAN), None, 0.05),
+    ((_S, RSStat.K1, _P, RSReduce.SUM), -0.5, 0.5),
+)
+"""Gates walked without solving, on each base weight: the band ``[0.5, 2]`` of the token ratio and of
+the row's geometric-mean ratio (verl's ``"0.5_2.0"`` form; OpenRLHF's ``seq`` gate); the veto "no
+token with ``w_t < 0.5``" (``max_t π^beh/π^prox ≤ 2``); verl's ``token_k2`` at 0.08 and ``seq_mean_k3`` at
+0.05, AReaL's signed ``kl_k1`` sum in ``[−0.5, 0.5]`` (the thresholds the core was checked at against
+those peers: ``tools/peers/rollout_correction.py``). Every statistic, order and reduction is walked."""
+MAX_SOLVED = 4
+"""Solved thresholds kept per gate family, base weight and bound form."""
+
+
+def _gate_keys(fam: GateFamily, low: float | None, high: float | None) -> dict[str, Any]:
+    level, stat, order, reduce = fam
+    return {
+        "rollout_rs": level.value, "rollout_rs_stat": stat.value, "rollout_rs_order": order.value,
+        "rollout_rs_reduce": reduce.value, "rollout_rs_low": low, "rollout_rs_high": high,
+    }  # fmt: skip
+
+
+Intervals = Callable[[Tensor, Tensor, float, float], list[tuple[float, float]]]
+""":func:`refppo.oracle.detect.correction.step_intervals` (passed in: that module calls this one)."""
+Nicest = Callable[[float, float], float | None]
+""":func:`refppo.oracle.detect.correction.nicest_in`."""
+
+
+def _nicest(nicest_in: Nicest, a: float, b: float) -> float:
+    if a > 0:
+        return nicest_in(a, b) or a
+    if b < 0:
+        got = nicest_in(-b, -a)
+        return -got if got is not None else a
+    return 0.0 if a < 0.0 < b else a
+
+
+def _thresholds(
+    u: Tensor, cw: Tensor, target: float, tol: float, ratio: bool, solvers: tuple[Intervals, Nicest]
+) -> list[tuple[Any, Any]]:
+    """``(low, high)`` pairs whose gate reproduces ``target`` (module docstring)."""
+    step_intervals, nicest_in = solvers
+    out: list[tuple[Any, Any]] = []
+    for a, b in step_intervals(u, cw, target, tol)[:MAX_SOLVED]:
+        out.append((None, _nicest(nicest_in, a, b)))
+    for a, b in step_intervals(-u, cw, target, tol)[:MAX_SOLVED]:
+        out.append((-_nicest(nicest_in, a, b), None))
+    if ratio:
+        pos = u.clamp(min=1e-300)
+        for a, b in step_intervals(torch.maximum(pos, 1.0 / pos), cw, target, tol)[:MAX_SOLVED]:
+            cap = _nicest(nicest_in, a, b)
+            out.append((float(f"{1.0 / cap:.12g}"), cap))
+    return out
+
+
+def _base_weight(s: Search, base: dict[str, Any]) -> Tensor | None:
+    q = {"old_logprobs": s.t["old_logprobs"], "rollout_logprobs": s.t["rollout_logprobs"], "mask": s.m}
+    try:
+        st = s.setting("rollout_correction", **base, rollout_rs=None)
+        w: Tensor | None = s.evaluate("rollout_correction", q, st)["is_weights"]
+    except RefPPOError:
+        return None
+    return torch.where(s.m, 1.0, 0.0).double() if w is None else w.double()
+
+
+def correction_on(s: Search, upd: dict[str, Any]) -> bool:
+    """Whether a setting (the checked one updated by ``upd``) weights the surrogate: ``rollout_is``
+    or ``rollout_rs`` on."""
+    merged = {"rollout_is": s.base.conv.rollout.level, "rollout_rs": s.base.conv.gate.level, **upd}
+    return merged["rollout_is"] is not None or merged["rollout_rs"] is not None
+
+
+def gate_settings(
+    s: Search, groups: list[Group[AdvState]], solvers: tuple[Intervals, Nicest]
+) -> list[dict[str, Any]]:
+    """:data:`NAMED_GATES`, then the gate settings whose solved thresholds reproduce ``pg_loss``
+    under the checked policy setting, per base weight and gate family (module docstring); each
+    solved threshold is recorded (:meth:`Search.propose_value`). ``solvers``: the correction step's
+    ``(step_intervals, nicest_in)``."""
+    t, m = s.t, s.m
+    if "pg_loss" not in t or "logprobs" not in t or "rollout_logprobs" not in t:
+        return []
+    target = float(t["pg_loss"])
+    tol = s.tol.of(abs(target))
+    agg_w = agg_weights(s)
+    q = {"old_logprobs": t["old_logprobs"], "rollout_logprobs": t["rollout_logprobs"], "mask": m}
+    stats = {
+        fam: gate_statistic_of(q, Convention.of(**_gate_keys(fam, None, None)))[m].double()
+        for fam in GATE_FAMILIES
+    }
+    bases = [(b, w[m]) for b in BASE_WEIGHTS if (w := _base_weight(s, b)) is not None]
+    out: list[dict[str, Any]] = [
+        {**base, **_gate_keys(fam, lo, hi)} for base in BASE_WEIGHTS for fam, lo, hi in NAMED_GATES
+    ]
+    seen: set[bytes] = set()
+    for g in groups[:SOLVE_GROUPS]:
+        st = g.state
+        if st.adv_key in seen:
+            continue
+        seen.add(st.adv_key)
+        q = {"logprobs": t["logprobs"], "old_logprobs": t["old_logprobs"], "advantages": st.adv, "mask": m}
+        plain = s.evaluate("policy", q, s.setting())["pg_per_token"][m].double()
+        for agg_mode in LossAgg:
+            c = agg_w(agg_mode, st.adv.dtype)[m].double() * plain
+            for base, w in bases:
+                for fam, u in stats.items():
+                    for lo, hi in _thresholds(u, c * w, target, tol, fam[1] is RSStat.RATIO, solvers):
+                        out.append({**base, **_gate_keys(fam, lo, hi)})
+                        s.propose_value("rollout_rs_low", lo)
+                        s.propose_value("rollout_rs_high", hi)
+    return list({tuple(sorted(d.items())): d for d in out}.values())
+
+
+__all__ = ["BASE_WEIGHTS", "GATE_FAMILIES", "NAMED_GATES", "correction_on", "gate_settings"]
