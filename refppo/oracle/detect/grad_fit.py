@@ -196,7 +196,15 @@ class GradFit:
         kaggs: list[str | None] = [None]
         if ca.kl_in is KLPlacement.LOSS:
             kaggs += [a.value for a in LossAgg if a is not ps.agg]
-        key = (ps.adv_key, ca.ret_key, ca.kl_key, ca.kl_in, tuple(sorted(ps.setting.items())), ps.agg, ps.is_key)
+        key = (
+            ps.adv_key,
+            ca.ret_key,
+            ca.kl_key,
+            ca.kl_in,
+            tuple(sorted(ps.setting.items())),
+            ps.agg,
+            ps.is_key,
+        )
         if key not in self.memo:
             inp = self.inputs(ps.adv, ca.returns, ca.vm)
             best = math.inf
