@@ -7,18 +7,21 @@ each contributes its number of independent observations: 1 for a 0-dim scalar (`
 number of valid response tokens for a ``[B, T]`` tensor (``advantages``, ``grad_logprobs``).
 
 A constant solved from the data (``cliprange``, ``dual_clip``, the KL clamps, the score map) is one
-free parameter. When the solved constants that share an evidence set number ``k`` and their evidence
-holds ``n`` observations, each gets a label (:attr:`Evidence.label`): ``n < k`` is *consistent, not
-determined* (underdetermined); ``n = k`` is *fixed by one equation* (``k`` equations for ``k``
-constants: any value fits such a system: a fit, not a test); only ``n > k`` with a single value that
-reproduces the dump is *determined* (several values: consistent, not determined). A walked key the
-dump leaves open (several of its values reproduce the dump) is consistent, not determined. Nothing
+free parameter. Free parameters are counted per class of listed conventions (a class fits only the
+constants its members use: :func:`class_evidence`). When the solved constants of a class that share
+an evidence set number ``k`` and their evidence holds ``n`` observations, each gets a label
+(:attr:`Evidence.label`): ``n < k`` is *consistent, not determined* (underdetermined); ``n = k`` is
+*fixed by one equation* (``k`` equations for ``k`` constants: any value fits such a system: a fit,
+not a test); only ``n > k`` with a single value that reproduces the dump is *determined* (several
+values: consistent, not determined). A walked key the dump leaves open (several of its values
+reproduce the dump) is consistent, not determined. Nothing
 is ever called determined with fewer observations than free parameters.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,24 +141,68 @@ def _kind(q: str, n: int) -> str:
     return "scalar" if n == 1 else ("gradient entries" if q in GRADIENT_TERMS else "tokens")
 
 
-def evidence(dump: Dump, keys: list[str], solved: dict[str, list[Any]]) -> list[Evidence]:
-    """The :class:`Evidence` of each of ``keys`` (walked keys the dump does not pin down) and of each
-    solved constant, with the number of solved constants that share its dumped outputs."""
+def _sets(dump: Dump, k: str) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The dumped outputs ``k`` can change with their observations, and what to dump to pin it (the
+    outputs it can still change with every dumped quantity held fixed)."""
     dumped = frozenset(q for q in OUTPUTS if dump.has(q))
+    free = pinned_by(k, dumped)
+    obs = {q: observations(dump, q) for q in pinned_by(k) if q in dumped}
+    return obs, tuple(q for q in free if q not in dumped)
 
-    def sets(k: str) -> tuple[dict[str, int], tuple[str, ...]]:
-        # what to dump: the outputs it can still change with every dumped quantity held fixed
-        free = pinned_by(k, dumped)
-        obs = {q: observations(dump, q) for q in pinned_by(k) if q in dumped}
-        return obs, tuple(q for q in free if q not in dumped)
 
+def uses(conv: Mapping[str, Any], solved: Mapping[str, list[Any]]) -> list[str]:
+    """The solved constants a convention uses (its value of the key is one the solver read off)."""
+    return [k for k, vs in solved.items() if conv.get(k) is not None and conv.get(k) in vs]
+
+
+def _free(on: list[str], sets: Mapping[str, tuple[dict[str, int], tuple[str, ...]]], k: str) -> int:
+    """Solved constants among ``on`` that share ``k``'s dumped outputs (``k`` included)."""
+    return sum(1 for j in on if set(sets[j][0]) == set(sets[k][0]))
+
+
+def evidence(
+    dump: Dump,
+    keys: list[str],
+    solved: dict[str, list[Any]],
+    classes: Sequence[Mapping[str, Any]] | None = None,
+) -> list[Evidence]:
+    """The :class:`Evidence` of each of ``keys`` (walked keys the dump does not pin down) and of each
+    solved constant, with the number of free parameters fitted beside it to the same dumped outputs.
+
+    Free parameters are counted per class of listed conventions (``classes``: each class's
+    representative; :func:`class_evidence`): a constant's count is the largest among the classes that
+    use it (never fewer than any convention listed with it fits). Without ``classes`` (or where no
+    class uses it), every solved constant that shares its outputs counts."""
     out = []
-    solved_sets = {k: sets(k) for k in solved}
-    for k, (obs, missing) in solved_sets.items():
-        free = sum(1 for d, _ in solved_sets.values() if set(d) == set(obs))
+    sets = {k: _sets(dump, k) for k in solved}
+    per_class = [uses(c, solved) for c in classes or []]
+    for k, (obs, missing) in sets.items():
+        free = max((_free(on, sets, k) for on in per_class if k in on), default=_free(list(solved), sets, k))
         out.append(Evidence(k, obs, missing, free, len(solved[k])))
-    out += [Evidence(k, *sets(k)) for k in keys if k not in solved]
+    out += [Evidence(k, *_sets(dump, k)) for k in keys if k not in solved]
     return out
 
 
-__all__ = ["DETERMINED", "FIT", "OPEN", "Evidence", "evidence", "first_undumped", "observations", "pinned_by"]
+def class_evidence(
+    dump: Dump, conv: Mapping[str, Any], differing: Mapping[str, list[Any]], solved: Mapping[str, list[Any]]
+) -> list[Evidence]:
+    """The :class:`Evidence` of the solved constants one class uses (``conv``: its representative;
+    ``differing``: the keys whose values differ among its members): the free parameters are that
+    class's own constants sharing the dumped outputs, the values those its members take."""
+    on = uses(conv, solved)
+    sets = {k: _sets(dump, k) for k in on}
+    return [Evidence(k, *sets[k], _free(on, sets, k), len(differing.get(k, [conv.get(k)]))) for k in on]
+
+
+__all__ = [
+    "DETERMINED",
+    "FIT",
+    "OPEN",
+    "Evidence",
+    "class_evidence",
+    "evidence",
+    "first_undumped",
+    "observations",
+    "pinned_by",
+    "uses",
+]
