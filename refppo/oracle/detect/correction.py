@@ -334,7 +334,7 @@ def correction_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[AdvS
     if "rollout_logprobs" not in s.t:
         return groups
     weights = _Weights(s)
-    named, front = named_settings(s), []
+    named, front = named_settings(s), list[dict[str, Any]]()
     solved = solve_caps(s, groups, weights, front)
     settings = named[:2] + front + named[2:] + solved  # the checked setting, off, the gradient's caps
     return s.stage(groups, lambda _extra: _options(s, settings, weights), lambda _st: [], "correction")

@@ -134,9 +134,9 @@ class GradFit:
                 self.screened_out += 1
                 return math.inf
             if is_w is not None:
-                ties = self._ties(name, inp, setup)
-                ref = torch.where(ties, t[name], self.corrected(inp, setup, is_w))
-                r = compare(name, t[name], ref, ones, self.tol)
+                tie = self._ties(name, inp, setup)
+                cor = torch.where(tie, t[name], self.corrected(inp, setup, is_w))
+                r = compare(name, t[name], cor, ones, self.tol)
                 return 0.0 if r.ok else (r.max_abs_err / r.tol if r.tol > 0 else math.inf)
             r = compare(name, t[name], pipeline_grads(inp, setup)[name], ones, self.tol)
             ties = self._ties(name, inp, setup) if not r.ok else None

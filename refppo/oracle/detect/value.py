@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import LossAgg, ValueClipForm, ValueLoss, VfMask
-from refppo.core.by_rows import row_blocks
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.check.ties import delta_rounding_ties, vf_tie_widen
 from refppo.oracle.detect.grad_fit import GradFit
@@ -67,9 +66,11 @@ class ValueEval:
         if key not in self.ties:
             mask, old = self.mask(ca, vfm), self.s.t["old_values"]
             B = mask.shape[0]
+            step = update_rows(mask) or B
+            blocks = (slice(i, min(i + step, B)) for i in range(0, B, step))
             self.ties[key] = any(
                 bool(delta_rounding_ties(self.values[r], old[r], ca.returns[r], mask[r], clip).any())
-                for r in row_blocks(B, update_rows(mask) or B)
+                for r in blocks
             )
         return self.ties[key]
 
