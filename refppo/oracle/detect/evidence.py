@@ -93,6 +93,10 @@ class Evidence:
     """Solved constants sharing this evidence (0 for a key that is walked, not solved)."""
     values: int = 0
     """How many solved values of it reproduce the dump."""
+    interval: bool = False
+    """A bound of a masking correction (:data:`MASK_BOUNDS` under ``rollout_is_mode=mask``): it
+    keeps or drops tokens, so every value between two observed weights gives the same step: fixed
+    only to an interval, never determined."""
 
     @property
     def n(self) -> int:
@@ -101,7 +105,7 @@ class Evidence:
     @property
     def determined(self) -> bool:
         """More observations than free parameters and one value (never for a walked key)."""
-        return self.free > 0 and self.n > self.free and self.values == 1
+        return self.free > 0 and self.n > self.free and self.values == 1 and not self.interval
 
     @property
     def label(self) -> str:
@@ -110,12 +114,13 @@ class Evidence:
         values that reproduce the dump, or a walked key the dump leaves open)."""
         if self.determined:
             return DETERMINED
-        return FIT if self.free > 0 and self.n == self.free else OPEN
+        return FIT if self.free > 0 and self.n == self.free and not self.interval else OPEN
 
     def json(self) -> dict[str, Any]:
         return {
             "observations": self.n, "from": self.dumped, "free_parameters": self.free,
             "values": self.values, "determined": self.determined, "label": self.label,
+            "interval": self.interval,
             "to_pin_it_dump": list(self.missing),
         }  # fmt: skip
 
@@ -131,6 +136,8 @@ class Evidence:
                 what += f"{eqs}: a fit, not a test"
             elif self.values > 1:
                 what += f" ({self.values} values reproduce the dump)"
+            if self.interval:
+                what += " (a mask bound: fixed only to the interval between two observed weights)"
         if self.missing and not self.determined:
             what += f"; dump {', '.join(self.missing[:3])} to pin it"
         return f"{self.key}: {what}"
@@ -148,6 +155,14 @@ def _sets(dump: Dump, k: str) -> tuple[dict[str, int], tuple[str, ...]]:
     free = pinned_by(k, dumped)
     obs = {q: observations(dump, q) for q in pinned_by(k) if q in dumped}
     return obs, tuple(q for q in free if q not in dumped)
+
+
+MASK_BOUNDS = ("rollout_is_low", "rollout_is_high")
+"""The correction's bounds: under ``rollout_is_mode=mask`` a step function of the observed weights."""
+
+
+def _masked(k: str, conv: Mapping[str, Any]) -> bool:
+    return k in MASK_BOUNDS and conv.get("rollout_is_mode") == "mask"
 
 
 def uses(conv: Mapping[str, Any], solved: Mapping[str, list[Any]]) -> list[str]:
@@ -175,10 +190,12 @@ def evidence(
     class uses it), every solved constant that shares its outputs counts."""
     out = []
     sets = {k: _sets(dump, k) for k in solved}
-    per_class = [uses(c, solved) for c in classes or []]
+    reps = list(classes or [])
+    per_class = [uses(c, solved) for c in reps]
     for k, (obs, missing) in sets.items():
         free = max((_free(on, sets, k) for on in per_class if k in on), default=_free(list(solved), sets, k))
-        out.append(Evidence(k, obs, missing, free, len(solved[k])))
+        masked = any(_masked(k, c) for c, on in zip(reps, per_class, strict=True) if k in on)
+        out.append(Evidence(k, obs, missing, free, len(solved[k]), masked))
     out += [Evidence(k, *_sets(dump, k)) for k in keys if k not in solved]
     return out
 
@@ -191,12 +208,16 @@ def class_evidence(
     class's own constants sharing the dumped outputs, the values those its members take."""
     on = uses(conv, solved)
     sets = {k: _sets(dump, k) for k in on}
-    return [Evidence(k, *sets[k], _free(on, sets, k), len(differing.get(k, [conv.get(k)]))) for k in on]
+    return [
+        Evidence(k, *sets[k], _free(on, sets, k), len(differing.get(k, [conv.get(k)])), _masked(k, conv))
+        for k in on
+    ]
 
 
 __all__ = [
     "DETERMINED",
     "FIT",
+    "MASK_BOUNDS",
     "OPEN",
     "Evidence",
     "class_evidence",

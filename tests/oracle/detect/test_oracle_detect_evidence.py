@@ -126,3 +126,23 @@ def test_free_parameters_are_counted_per_class(tmp_path: Path) -> None:
     assert one.label == DETERMINED
     [two] = class_evidence(gd, clip_only, {"cliprange": [0.25, 0.3]}, {"cliprange": [0.25, 0.3]})
     assert two.values == 2 and two.label == OPEN
+
+
+def test_a_mask_bound_is_never_called_determined(tmp_path: Path) -> None:
+    """A correction bound under ``rollout_is_mode=mask`` keeps or drops tokens: every value between
+    two observed weights gives the same step, so with many observations and one value it is still
+    an interval (truncation: the same cap is determined)."""
+    d = naive_dump(make_inputs(B=6, T=12, seed=1), setup_for())
+    d["grad_logprobs"] = torch.zeros_like(d["logprobs"])
+    g = tmp_path / "g.safetensors"
+    write_dump(
+        g, {k: v for k, v in d.items() if k in (*INPUTS, "pg_loss", "grad_logprobs")}, hparams=dict(HP)
+    )
+    dump = load_dump(g)
+    solved = {"rollout_is_high": [4.0]}
+    [mask] = class_evidence(dump, {"rollout_is_mode": "mask", "rollout_is_high": 4.0}, {}, solved)
+    [trunc] = class_evidence(dump, {"rollout_is_mode": "truncate", "rollout_is_high": 4.0}, {}, solved)
+    assert mask.interval and mask.label == OPEN and "interval" in mask.text()
+    assert not trunc.interval and trunc.label == DETERMINED
+    [summary] = evidence(dump, [], solved, [{"rollout_is_mode": "mask", "rollout_is_high": 4.0}])
+    assert summary.interval and not summary.determined
