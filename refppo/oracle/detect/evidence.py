@@ -161,13 +161,24 @@ MASK_BOUNDS = ("rollout_is_low", "rollout_is_high")
 """The correction's bounds: under ``rollout_is_mode=mask`` a step function of the observed weights."""
 
 
-def _masked(k: str, conv: Mapping[str, Any]) -> bool:
-    return k in MASK_BOUNDS and conv.get("rollout_is_mode") == "mask"
+Differing = Mapping[str, list[Any]]
 
 
-def uses(conv: Mapping[str, Any], solved: Mapping[str, list[Any]]) -> list[str]:
-    """The solved constants a convention uses (its value of the key is one the solver read off)."""
-    return [k for k, vs in solved.items() if conv.get(k) is not None and conv.get(k) in vs]
+def _values(k: str, conv: Mapping[str, Any], differing: Differing) -> list[Any]:
+    return [conv.get(k), *differing.get(k, [])]
+
+
+def _masked(k: str, conv: Mapping[str, Any], differing: Differing) -> bool:
+    return k in MASK_BOUNDS and "mask" in _values("rollout_is_mode", conv, differing)
+
+
+def uses(
+    conv: Mapping[str, Any], solved: Mapping[str, list[Any]], differing: Differing | None = None
+) -> list[str]:
+    """The solved constants a class uses (``conv``: its representative, ``differing``: the values
+    its other members take): some member's value of the key is one the solver read off."""
+    d = differing or {}
+    return [k for k, vs in solved.items() if any(v is not None and v in vs for v in _values(k, conv, d))]
 
 
 def _free(on: list[str], sets: Mapping[str, tuple[dict[str, int], tuple[str, ...]]], k: str) -> int:
@@ -179,22 +190,23 @@ def evidence(
     dump: Dump,
     keys: list[str],
     solved: dict[str, list[Any]],
-    classes: Sequence[Mapping[str, Any]] | None = None,
+    classes: Sequence[tuple[Mapping[str, Any], Differing]] | None = None,
 ) -> list[Evidence]:
     """The :class:`Evidence` of each of ``keys`` (walked keys the dump does not pin down) and of each
     solved constant, with the number of free parameters fitted beside it to the same dumped outputs.
 
     Free parameters are counted per class of listed conventions (``classes``: each class's
-    representative; :func:`class_evidence`): a constant's count is the largest among the classes that
-    use it (never fewer than any convention listed with it fits). Without ``classes`` (or where no
-    class uses it), every solved constant that shares its outputs counts."""
+    representative and its differing keys; :func:`class_evidence`): a constant's count is the
+    largest among the classes that use it (never fewer than any convention listed with it fits).
+    Without ``classes`` (or where no class uses it), every solved constant that shares its outputs
+    counts."""
     out = []
     sets = {k: _sets(dump, k) for k in solved}
     reps = list(classes or [])
-    per_class = [uses(c, solved) for c in reps]
+    per_class = [uses(c, solved, d) for c, d in reps]
     for k, (obs, missing) in sets.items():
         free = max((_free(on, sets, k) for on in per_class if k in on), default=_free(list(solved), sets, k))
-        masked = any(_masked(k, c) for c, on in zip(reps, per_class, strict=True) if k in on)
+        masked = any(_masked(k, *cd) for cd, on in zip(reps, per_class, strict=True) if k in on)
         out.append(Evidence(k, obs, missing, free, len(solved[k]), masked))
     out += [Evidence(k, *_sets(dump, k)) for k in keys if k not in solved]
     return out
@@ -206,10 +218,12 @@ def class_evidence(
     """The :class:`Evidence` of the solved constants one class uses (``conv``: its representative;
     ``differing``: the keys whose values differ among its members): the free parameters are that
     class's own constants sharing the dumped outputs, the values those its members take."""
-    on = uses(conv, solved)
+    on = uses(conv, solved, differing)
     sets = {k: _sets(dump, k) for k in on}
     return [
-        Evidence(k, *sets[k], _free(on, sets, k), len(differing.get(k, [conv.get(k)])), _masked(k, conv))
+        Evidence(
+            k, *sets[k], _free(on, sets, k), len(differing.get(k, [conv.get(k)])), _masked(k, conv, differing)
+        )
         for k in on
     ]
 

@@ -199,7 +199,7 @@ def _evidence_lines(dump: Dump, detection: Detection) -> list[str]:
 
 def _evidence(dump: Dump, detection: Detection) -> list[Evidence]:
     """:func:`evidence` with the free parameters counted per class."""
-    reps = [c.representative for c in detection.classes.classes]
+    reps = [(c.representative, c.differing) for c in detection.classes.classes]
     return evidence(dump, detection.undetermined, detection.solved, reps)
 
 

@@ -110,10 +110,10 @@ def test_free_parameters_are_counted_per_class(tmp_path: Path) -> None:
     assert b["cliprange"].free == 1 and b["cliprange"].label == FIT
     # the summary counts each constant in the classes that use it (the largest count), not globally
     dual_only = {"cliprange": None, "dual_clip": 3.0}
-    split = {e.key: e for e in evidence(dump, [], solved, [clip_only, dual_only])}
+    split = {e.key: e for e in evidence(dump, [], solved, [(clip_only, {}), (dual_only, {})])}
     assert split["cliprange"].free == 1 and split["dual_clip"].free == 1
     assert split["cliprange"].label == FIT
-    joint = {e.key: e for e in evidence(dump, [], solved, [clip_only, both])}
+    joint = {e.key: e for e in evidence(dump, [], solved, [(clip_only, {}), (both, {})])}
     assert joint["cliprange"].free == 2 and joint["dual_clip"].free == 2
     # a class whose members take two values of a constant: not determined even with many observations
     g = tmp_path / "g.safetensors"
@@ -144,5 +144,12 @@ def test_a_mask_bound_is_never_called_determined(tmp_path: Path) -> None:
     [trunc] = class_evidence(dump, {"rollout_is_mode": "truncate", "rollout_is_high": 4.0}, {}, solved)
     assert mask.interval and mask.label == OPEN and "interval" in mask.text()
     assert not trunc.interval and trunc.label == DETERMINED
-    [summary] = evidence(dump, [], solved, [{"rollout_is_mode": "mask", "rollout_is_high": 4.0}])
+    [summary] = evidence(dump, [], solved, [({"rollout_is_mode": "mask", "rollout_is_high": 4.0}, {})])
     assert summary.interval and not summary.determined
+    # a class whose representative is the cap 4 and whose other member is the band [0.2, 5]: the
+    # lower bound 0.2 is used by the class (a member's value) and is a mask bound too
+    band = {"rollout_is_low": [0.2], "rollout_is_high": [4.0, 5.0]}
+    rep = {"rollout_is_mode": "mask", "rollout_is_low": None, "rollout_is_high": 4.0}
+    diff = {"rollout_is_low": [None, 0.2], "rollout_is_high": [4.0, 5.0]}
+    got = {e.key: e for e in evidence(dump, [], band, [(rep, diff)])}
+    assert got["rollout_is_low"].interval and got["rollout_is_low"].label == OPEN
