@@ -15,10 +15,9 @@ and writes v2 step dumps (``grad_logprobs`` by autograd through the peer's funct
 Each dump must match under its preset plus its ``--set`` (max abs error printed and bounded), the
 control (one key flipped) must mismatch, and ``--detect`` from refppo's defaults must list the
 generating surrogate and correction family (``policy_loss``, ``rollout_is``, ``rollout_is_agg``,
-``rollout_is_mode``), each listed entry of that family re-checked. Where ``--detect`` lists nothing on
-the v2 dump (:data:`V2_LISTS_NOTHING`: its value search solves a spurious cap from ``pg_loss`` alone,
-the gradient re-check rejects every head candidate, and it then trusts none), the family is required
-on the dump's v1 copy (gradients dropped); the set is asserted exactly, so a fix shows here.
+``rollout_is_mode``) on the v2 dump itself, each listed entry of that family re-checked, and must not
+list the control's family. (Until the caps were read off the gradient, five of these v2 dumps listed
+nothing: caps fitted to ``pg_loss`` alone failed the gradient re-check; issue #22 item 6.)
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from typing import Any
 import pytest
 from _peers import REPO, TOOLS, require
 
-from refppo.dump.load import Dump, load_dump, validate
+from refppo.dump.load import load_dump
 from refppo.oracle.check.diagnose import check
 from refppo.oracle.detect.detection import detect, setup_from_json
 
@@ -44,14 +43,6 @@ MAKERS: dict[str, tuple[str, str, str, int]] = {
     "trl": ("trl-grpo", "trl_is", "trl", 4),
 }
 FAMILY = ("policy_loss", "rollout_is", "rollout_is_agg", "rollout_is_mode")
-V2_LISTS_NOTHING = {
-    "areal_decoupled_token_mask_cap5",
-    "areal_decoupled_token_mask_band",
-    "areal_decoupled_sequence_geometric_mask",
-    "skyrl_dual_clip_tis1.5_sequence_mean",
-    "trl1160_is_token_mask",
-}
-"""Measured: ``--detect`` lists nothing on these v2 dumps (module docstring); the v1 copy lists the family."""
 MAX_ERR = 1e-5
 
 
@@ -63,12 +54,6 @@ def _family(conv: dict[str, Any]) -> tuple[Any, ...]:
         "rollout_is_mode": "truncate",
     }
     return tuple(conv.get(k, defaults[k]) for k in FAMILY)
-
-
-def _v1(dump: Dump) -> Dump:
-    tensors = {k: v for k, v in dump.tensors.items() if not k.startswith("grad_")}
-    hp = {k: v for k, v in dump.hparams.items() if k not in ("world_size", "micro_batches")}
-    return validate(dump.path, tensors, hparams=hp)
 
 
 def _made(tmp: Path, unit: str) -> tuple[list[str], str]:
@@ -91,7 +76,6 @@ def test_the_peers_steps_match_their_convention_and_detect_lists_it(
     from peers.detect import _setups
 
     names, preset = _made(tmp_path, unit)
-    fallbacks = set()
     for n in names:
         conv = json.loads((tmp_path / f"{n}.set.json").read_text())
         dump = load_dump(dump_file(tmp_path, n))
@@ -104,15 +88,11 @@ def test_the_peers_steps_match_their_convention_and_detect_lists_it(
         flip = json.loads((tmp_path / f"{n}.control.json").read_text())
         trial = {**{k: getattr(v, "value", v) for k, v in expected.convention_dict().items()}, **flip}
         assert not check(dump, setup_from_json(expected, trial), explain_divergence=False).match, n
-        want = _family(conv)
+        want, unwanted = _family(conv), _family({**conv, **flip})
         det = detect(dump, base, limit=100000)
-        on = dump
-        if not det.detected:
-            fallbacks.add(n)
-            on = _v1(dump)
-            det = detect(on, _setups(on, preset, conv)[1], limit=100000)
         listed = [e for e in det.detected if _family(e) == want]
         assert listed, (n, want, det.detected[:3])
+        assert not [e for e in det.detected if _family(e) == unwanted], (n, unwanted)
+        print(f"{n}: --detect lists {len(listed)} of the family, none of the control's")
         for e in listed[:3]:
-            assert check(on, setup_from_json(base, e), explain_divergence=False).match, (n, e)
-    assert fallbacks == {n for n in names if n in V2_LISTS_NOTHING}, fallbacks
+            assert check(dump, setup_from_json(base, e), explain_divergence=False).match, (n, e)

@@ -106,3 +106,20 @@ def test_areal_critic_clip_fraction_is_delta_and_the_preset_matches(tmp_path: Pa
     control = check_step(path, preset="areal", overrides={"value_clip_form": "around_old"})
     assert not control.match
     assert not control.result.quantities["vf_clipfrac"].ok
+
+
+def test_detect_lists_areal_value_clip_under_delta(tmp_path: Path) -> None:
+    """``--detect`` from refppo's defaults (``refppo diff DUMP --detect``) lists AReaL's own step with
+    the value clip under ``delta`` and never under ``around_old`` (it listed nothing while the value
+    step widened a group that merged both forms by the first form's rule)."""
+    from peers.detect import _setups
+
+    from refppo.dump.load import load_dump
+    from refppo.oracle.detect.detection import detect
+
+    dump = load_dump(_areal_dump(tmp_path))
+    det = detect(dump, _setups(dump, "areal", {"kl_estimator": "k1"})[1], limit=100000)
+    assert det.detected, (det.unmatched_stages, det.nearest)
+    forms = {c["value_clip_form"] for c in det.detected if c["value_loss"] == "clipped"}
+    assert forms == {"delta"}, forms
+    print(f"--detect lists {len(det.detected)} convention(s), value_clip_form {sorted(forms)}")

@@ -47,6 +47,13 @@ from torch import Tensor
 
 from refppo.conventions import LossAgg
 from refppo.errors import RefPPOError
+from refppo.oracle.detect.correction_grad import (
+    interval_note,
+    kept_range,
+    mask_consistent,
+    readings,
+    truncation_caps,
+)
 from refppo.oracle.detect.gates import correction_on, gate_settings
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy_solve import agg_weights
@@ -189,10 +196,15 @@ class _Weights:
         return self.memo[k]
 
 
-def solve_caps(s: Search, groups: list[Group[AdvState]], weights: _Weights) -> list[dict[str, Any]]:
+def solve_caps(
+    s: Search, groups: list[Group[AdvState]], weights: _Weights, front: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """The correction settings whose bounds reproduce ``pg_loss`` under the checked policy setting
     (module docstring), per family and mode, for the first :data:`SOLVE_GROUPS` advantage variants
-    and every aggregation mode; each solved bound is recorded (:meth:`Search.propose_value`)."""
+    and every aggregation mode; each solved bound is recorded (:meth:`Search.propose_value`). With
+    ``grad_logprobs`` (:mod:`refppo.oracle.detect.correction_grad`): the truncation caps read off
+    the gradient go to ``front`` (walked first: the policy step's solver reads its first groups),
+    and a mask bound is kept only when it keeps every token the gradient reads as kept."""
     t, m = s.t, s.m
     if "pg_loss" not in t or "logprobs" not in t:
         return []
@@ -208,6 +220,7 @@ def solve_caps(s: Search, groups: list[Group[AdvState]], weights: _Weights) -> l
         if got is not None:
             raws[(level, agg)] = got[1][m].double()
     found: dict[tuple[Any, ...], list[Bounds]] = {}
+    kept = _from_gradient(s, groups, raws, front)
     seen: set[bytes] = set()
     for g in groups[:SOLVE_GROUPS]:
         st = g.state
@@ -227,10 +240,56 @@ def solve_caps(s: Search, groups: list[Group[AdvState]], weights: _Weights) -> l
                     )
     out: list[dict[str, Any]] = []
     for (level, agg, mode), bounds in found.items():
-        for b in [b for b in dict.fromkeys(bounds) if b not in NAMED_BOUNDS][:MAX_SOLVED]:
+        bs = [b for b in dict.fromkeys(bounds) if b not in NAMED_BOUNDS]
+        if mode is ISMode.MASK and kept.get((level, agg)):
+            bs = [b for b in bs if mask_consistent(b, kept[(level, agg)])]
+            s.notes += _mask_notes(bs[:MAX_SOLVED], raws[(level, agg)], level)
+        for b in bs[:MAX_SOLVED]:
             out.append(_upd(s, level, agg, mode, b))
             s.propose_value("rollout_is_low", b[0])
             s.propose_value("rollout_is_high", b[1])
+    return out
+
+
+def _from_gradient(
+    s: Search,
+    groups: list[Group[AdvState]],
+    raws: dict[tuple[ISLevel, ISAgg | None], Tensor],
+    front: list[dict[str, Any]] | None,
+) -> dict[tuple[ISLevel, ISAgg | None], list[tuple[float, float]]]:
+    """The truncation settings read off ``grad_logprobs`` (into ``front``, proposed, their lines
+    noted) and, per family, the kept weights' ranges of the readings that fit masking."""
+    kept: dict[tuple[ISLevel, ISAgg | None], list[tuple[float, float]]] = {}
+    if front is None:
+        return kept
+    for rd in readings(s, groups):
+        for (level, agg), w in raws.items():
+            got = truncation_caps(rd, w)
+            if got is not None and got[0] not in NAMED_BOUNDS:
+                upd = _upd(s, level, agg, ISMode.TRUNCATE, got[0])
+                if upd not in front:
+                    front.append(upd)
+                    s.notes += [f"{ln} (rollout_is={level.value}, truncate)" for ln in got[1]]
+                    s.propose_value("rollout_is_low", got[0][0])
+                    s.propose_value("rollout_is_high", got[0][1])
+            span = kept_range(rd, w)
+            if span is not None:
+                kept.setdefault((level, agg), []).append(span)
+    return kept
+
+
+def _mask_notes(bounds: list[Bounds], w: Tensor, level: ISLevel) -> list[str]:
+    """:func:`interval_note` for each solved mask bound (the band's on ``max(w, 1/w)``)."""
+    out: list[str] = []
+    for lo, hi in bounds:
+        band = lo is not None and hi is not None and abs(lo * hi - 1.0) < 1e-9
+        for key, cap, ws in (("rollout_is_low", lo, w), ("rollout_is_high", hi, w)):
+            if cap is None or (band and key == "rollout_is_low"):
+                continue
+            what = f"rollout_is={level.value}, mask" + (", band [1/C, C]" if band else "")
+            note = interval_note(key, cap, torch.maximum(ws, 1.0 / ws) if band else ws, what)
+            if note is not None and note not in out:
+                out.append(note)
     return out
 
 
@@ -276,11 +335,10 @@ def correction_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[AdvS
     if "rollout_logprobs" not in s.t:
         return groups
     weights = _Weights(s)
-    settings = (
-        named_settings(s)
-        + solve_caps(s, groups, weights)
-        + gate_settings(s, groups, (step_intervals, nicest_in))
-    )
+    named, front = named_settings(s), list[dict[str, Any]]()
+    solved = solve_caps(s, groups, weights, front)
+    gates = gate_settings(s, groups, (step_intervals, nicest_in))
+    settings = named[:2] + front + named[2:] + solved + gates  # the checked setting, off, the gradient's caps
     return s.stage(groups, lambda _extra: _options(s, settings, weights), lambda _st: [], "correction")
 
 

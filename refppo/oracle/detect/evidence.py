@@ -7,18 +7,21 @@ each contributes its number of independent observations: 1 for a 0-dim scalar (`
 number of valid response tokens for a ``[B, T]`` tensor (``advantages``, ``grad_logprobs``).
 
 A constant solved from the data (``cliprange``, ``dual_clip``, the KL clamps, the score map) is one
-free parameter. When the solved constants that share an evidence set number ``k`` and their evidence
-holds ``n`` observations, each gets a label (:attr:`Evidence.label`): ``n < k`` is *consistent, not
-determined* (underdetermined); ``n = k`` is *fixed by one equation* (``k`` equations for ``k``
-constants: any value fits such a system: a fit, not a test); only ``n > k`` with a single value that
-reproduces the dump is *determined* (several values: consistent, not determined). A walked key the
-dump leaves open (several of its values reproduce the dump) is consistent, not determined. Nothing
+free parameter. Free parameters are counted per class of listed conventions (a class fits only the
+constants its members use: :func:`class_evidence`). When the solved constants of a class that share
+an evidence set number ``k`` and their evidence holds ``n`` observations, each gets a label
+(:attr:`Evidence.label`): ``n < k`` is *consistent, not determined* (underdetermined); ``n = k`` is
+*fixed by one equation* (``k`` equations for ``k`` constants: any value fits such a system: a fit,
+not a test); only ``n > k`` with a single value that reproduces the dump is *determined* (several
+values: consistent, not determined). A walked key the dump leaves open (several of its values
+reproduce the dump) is consistent, not determined. Nothing
 is ever called determined with fewer observations than free parameters.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +93,10 @@ class Evidence:
     """Solved constants sharing this evidence (0 for a key that is walked, not solved)."""
     values: int = 0
     """How many solved values of it reproduce the dump."""
+    interval: bool = False
+    """A bound of a masking correction (:data:`MASK_BOUNDS` under ``rollout_is_mode=mask``): it
+    keeps or drops tokens, so every value between two observed weights gives the same step: fixed
+    only to an interval, never determined."""
 
     @property
     def n(self) -> int:
@@ -98,7 +105,7 @@ class Evidence:
     @property
     def determined(self) -> bool:
         """More observations than free parameters and one value (never for a walked key)."""
-        return self.free > 0 and self.n > self.free and self.values == 1
+        return self.free > 0 and self.n > self.free and self.values == 1 and not self.interval
 
     @property
     def label(self) -> str:
@@ -107,12 +114,13 @@ class Evidence:
         values that reproduce the dump, or a walked key the dump leaves open)."""
         if self.determined:
             return DETERMINED
-        return FIT if self.free > 0 and self.n == self.free else OPEN
+        return FIT if self.free > 0 and self.n == self.free and not self.interval else OPEN
 
     def json(self) -> dict[str, Any]:
         return {
             "observations": self.n, "from": self.dumped, "free_parameters": self.free,
             "values": self.values, "determined": self.determined, "label": self.label,
+            "interval": self.interval,
             "to_pin_it_dump": list(self.missing),
         }  # fmt: skip
 
@@ -128,6 +136,8 @@ class Evidence:
                 what += f"{eqs}: a fit, not a test"
             elif self.values > 1:
                 what += f" ({self.values} values reproduce the dump)"
+            if self.interval:
+                what += " (a mask bound: fixed only to the interval between two observed weights)"
         if self.missing and not self.determined:
             what += f"; dump {', '.join(self.missing[:3])} to pin it"
         return f"{self.key}: {what}"
@@ -138,24 +148,96 @@ def _kind(q: str, n: int) -> str:
     return "scalar" if n == 1 else ("gradient entries" if q in GRADIENT_TERMS else "tokens")
 
 
-def evidence(dump: Dump, keys: list[str], solved: dict[str, list[Any]]) -> list[Evidence]:
-    """The :class:`Evidence` of each of ``keys`` (walked keys the dump does not pin down) and of each
-    solved constant, with the number of solved constants that share its dumped outputs."""
+def _sets(dump: Dump, k: str) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The dumped outputs ``k`` can change with their observations, and what to dump to pin it (the
+    outputs it can still change with every dumped quantity held fixed)."""
     dumped = frozenset(q for q in OUTPUTS if dump.has(q))
+    free = pinned_by(k, dumped)
+    obs = {q: observations(dump, q) for q in pinned_by(k) if q in dumped}
+    return obs, tuple(q for q in free if q not in dumped)
 
-    def sets(k: str) -> tuple[dict[str, int], tuple[str, ...]]:
-        # what to dump: the outputs it can still change with every dumped quantity held fixed
-        free = pinned_by(k, dumped)
-        obs = {q: observations(dump, q) for q in pinned_by(k) if q in dumped}
-        return obs, tuple(q for q in free if q not in dumped)
 
+MASK_BOUNDS = ("rollout_is_low", "rollout_is_high")
+"""The correction's bounds: under ``rollout_is_mode=mask`` a step function of the observed weights."""
+
+
+Differing = Mapping[str, list[Any]]
+
+
+def _values(k: str, conv: Mapping[str, Any], differing: Differing) -> list[Any]:
+    return [conv.get(k), *differing.get(k, [])]
+
+
+def _masked(k: str, conv: Mapping[str, Any], differing: Differing) -> bool:
+    return k in MASK_BOUNDS and "mask" in _values("rollout_is_mode", conv, differing)
+
+
+def uses(
+    conv: Mapping[str, Any], solved: Mapping[str, list[Any]], differing: Differing | None = None
+) -> list[str]:
+    """The solved constants a class uses (``conv``: its representative, ``differing``: the values
+    its other members take): some member's value of the key is one the solver read off."""
+    d = differing or {}
+    return [k for k, vs in solved.items() if any(v is not None and v in vs for v in _values(k, conv, d))]
+
+
+def _free(on: list[str], sets: Mapping[str, tuple[dict[str, int], tuple[str, ...]]], k: str) -> int:
+    """Solved constants among ``on`` that share ``k``'s dumped outputs (``k`` included)."""
+    return sum(1 for j in on if set(sets[j][0]) == set(sets[k][0]))
+
+
+def evidence(
+    dump: Dump,
+    keys: list[str],
+    solved: dict[str, list[Any]],
+    classes: Sequence[tuple[Mapping[str, Any], Differing]] | None = None,
+) -> list[Evidence]:
+    """The :class:`Evidence` of each of ``keys`` (walked keys the dump does not pin down) and of each
+    solved constant, with the number of free parameters fitted beside it to the same dumped outputs.
+
+    Free parameters are counted per class of listed conventions (``classes``: each class's
+    representative and its differing keys; :func:`class_evidence`): a constant's count is the
+    largest among the classes that use it (never fewer than any convention listed with it fits).
+    Without ``classes`` (or where no class uses it), every solved constant that shares its outputs
+    counts."""
     out = []
-    solved_sets = {k: sets(k) for k in solved}
-    for k, (obs, missing) in solved_sets.items():
-        free = sum(1 for d, _ in solved_sets.values() if set(d) == set(obs))
-        out.append(Evidence(k, obs, missing, free, len(solved[k])))
-    out += [Evidence(k, *sets(k)) for k in keys if k not in solved]
+    sets = {k: _sets(dump, k) for k in solved}
+    reps = list(classes or [])
+    per_class = [uses(c, solved, d) for c, d in reps]
+    for k, (obs, missing) in sets.items():
+        free = max((_free(on, sets, k) for on in per_class if k in on), default=_free(list(solved), sets, k))
+        masked = any(_masked(k, *cd) for cd, on in zip(reps, per_class, strict=True) if k in on)
+        out.append(Evidence(k, obs, missing, free, len(solved[k]), masked))
+    out += [Evidence(k, *_sets(dump, k)) for k in keys if k not in solved]
     return out
 
 
-__all__ = ["DETERMINED", "FIT", "OPEN", "Evidence", "evidence", "first_undumped", "observations", "pinned_by"]
+def class_evidence(
+    dump: Dump, conv: Mapping[str, Any], differing: Mapping[str, list[Any]], solved: Mapping[str, list[Any]]
+) -> list[Evidence]:
+    """The :class:`Evidence` of the solved constants one class uses (``conv``: its representative;
+    ``differing``: the keys whose values differ among its members): the free parameters are that
+    class's own constants sharing the dumped outputs, the values those its members take."""
+    on = uses(conv, solved, differing)
+    sets = {k: _sets(dump, k) for k in on}
+    return [
+        Evidence(
+            k, *sets[k], _free(on, sets, k), len(differing.get(k, [conv.get(k)])), _masked(k, conv, differing)
+        )
+        for k in on
+    ]
+
+
+__all__ = [
+    "DETERMINED",
+    "FIT",
+    "MASK_BOUNDS",
+    "OPEN",
+    "Evidence",
+    "class_evidence",
+    "evidence",
+    "first_undumped",
+    "observations",
+    "pinned_by",
+    "uses",
+]

@@ -122,16 +122,22 @@ class GradFit:
         return self.s.setting(**upd)
 
     # ----- the comparison ----------------------------------------------------------------------
-    def ratio(self, name: str, inp: UpdateInputs, setup: Setup) -> float:
+    def ratio(self, name: str, inp: UpdateInputs, setup: Setup, is_w: Tensor | None = None) -> float:
         """``max error / tolerance`` of the reference ``name`` under ``setup`` (0: within it). The
         screen first; then the pipeline's gradient, and only when that differs and some token sits
-        at a clip tie, :func:`reference_grads`' branch nearest the dump there (two more passes)."""
+        at a clip tie, :func:`reference_grads`' branch nearest the dump there (two more passes).
+        ``is_w``: a rollout correction's weight ``w'`` (:meth:`corrected`; its clip ties left out)."""
         self.calls += 1
         t, ones = self.s.t, torch.ones_like(self.s.m)
         try:
-            if self.screen and self._screen_fails(name, inp, setup):
+            if self.screen and self._screen_fails(name, inp, setup, is_w):
                 self.screened_out += 1
                 return math.inf
+            if is_w is not None:
+                tie = self._ties(name, inp, setup)
+                cor = torch.where(tie, t[name], self.corrected(inp, setup, is_w))
+                r = compare(name, t[name], cor, ones, self.tol)
+                return 0.0 if r.ok else (r.max_abs_err / r.tol if r.tol > 0 else math.inf)
             r = compare(name, t[name], pipeline_grads(inp, setup)[name], ones, self.tol)
             ties = self._ties(name, inp, setup) if not r.ok else None
             if ties is not None and bool(ties.any()):
@@ -143,6 +149,16 @@ class GradFit:
             return 0.0
         return r.max_abs_err / r.tol if r.tol > 0 else math.inf
 
+    @staticmethod
+    def corrected(inp: UpdateInputs, setup: Setup, is_w: Tensor, norm: Normalisers | None = None) -> Tensor:
+        """``grad_logprobs`` with the correction's detached weight ``w'`` on the policy term:
+        ``g + (w' − 1)·g_pg`` (``g``: the whole objective's gradient with the correction off,
+        ``g_pg``: its ``pg_loss`` term's; the policy stage multiplies ``ℓ_t`` by ``w'_t`` before the
+        aggregation, so ``∂pg/∂l_t`` scales by ``w'_t``, and no other term reads ``w'``)."""
+        whole = pipeline_grads(inp, setup, norm=norm)["grad_logprobs"]
+        pg = pipeline_grads(inp, setup, norm=norm, objective="pg_loss")["grad_logprobs"]
+        return whole + (is_w.to(pg.dtype) - 1.0) * pg
+
     def _ties(self, name: str, inp: UpdateInputs, setup: Setup) -> Tensor:
         rtol = self.s.tol.rtol
         if name == "grad_logprobs":
@@ -152,7 +168,7 @@ class GradFit:
         eps_v = setup.hp.cliprange_value
         return vf_tie_mask(inp.values, inp.old_values, inp.returns, inp.value_mask, eps_v, rtol)
 
-    def _screen_fails(self, name: str, inp: UpdateInputs, setup: Setup) -> bool:
+    def _screen_fails(self, name: str, inp: UpdateInputs, setup: Setup, is_w: Tensor | None = None) -> bool:
         """Whether the first rows already exceed :meth:`_cap` (ties left out)."""
         m, vm = self.s.m, inp.value_mask
         norm = Normalisers(
@@ -161,7 +177,10 @@ class GradFit:
             value_token_count=float(count_true(vm)),
         )
         part = inp.take(self.head)
-        ref = pipeline_grads(part, setup, norm=norm)[name]
+        if is_w is None:
+            ref = pipeline_grads(part, setup, norm=norm)[name]
+        else:
+            ref = self.corrected(part, setup, is_w[: self.screen], norm)
         ties = self._ties(name, part, setup)
         d = self.s.t[name][: self.screen]
         err = torch.where(ties, torch.zeros((), dtype=ref.dtype), (d - ref).abs())
@@ -171,19 +190,28 @@ class GradFit:
     def policy_ratio(self, ps: PolicyState) -> float | None:
         """``grad_logprobs`` under the policy state: 0 when some KL twin and ``kl_loss_agg`` (with
         ``kl_in = loss``) reproduces it, else the smallest error ratio; None when not checked."""
-        if not self.lp_on or ps.is_weights is not None:
+        if not self.lp_on:
             return None
         ca = ps.carried
         kaggs: list[str | None] = [None]
         if ca.kl_in is KLPlacement.LOSS:
             kaggs += [a.value for a in LossAgg if a is not ps.agg]
-        key = (ps.adv_key, ca.ret_key, ca.kl_key, ca.kl_in, tuple(sorted(ps.setting.items())), ps.agg)
+        key = (
+            ps.adv_key,
+            ca.ret_key,
+            ca.kl_key,
+            ca.kl_in,
+            tuple(sorted(ps.setting.items())),
+            ps.agg,
+            ps.is_key,
+        )
         if key not in self.memo:
             inp = self.inputs(ps.adv, ca.returns, ca.vm)
             best = math.inf
             for kl in kl_twins(ca.kl_setting):
                 for kagg in kaggs:
-                    best = min(best, self.ratio("grad_logprobs", inp, self.policy_setting(ps, kl, kagg)))
+                    setup = self.policy_setting(ps, kl, kagg)
+                    best = min(best, self.ratio("grad_logprobs", inp, setup, ps.is_weights))
                     if best == 0.0:
                         break
                 if best == 0.0 or ca.kl_in is not KLPlacement.LOSS:

@@ -244,8 +244,11 @@ def _walked(
 
 
 def _policy_options(
-    pe: _PolicyEval, settings: list[Walked]
+    pe: _PolicyEval, settings: list[Walked], by_weight: bool = False
 ) -> Callable[[Group[AdvState]], Iterable[Option[PolicyState]]]:
+    """The policy step's options; ``by_weight`` (a dump with ``grad_logprobs``): options merge only
+    under the same correction weight too (two weights can give one float32 ``pg_loss`` bit for
+    bit, a cap solved to it does, and another gradient)."""
     s = pe.s
     base_clip = (s.hp.cliprange, s.hp.cliprange_high)
     own_loss = s.base.conv.policy.loss
@@ -280,9 +283,10 @@ def _policy_options(
                     akl = pe.approx_kl(ak.value, out.approx_kl)
                     ps = PolicyState(
                         st.carried, st.adv, st.adv_key, setting, agg, out.pg[a], out.clipfrac, akl, ent, kll,
-                        st.is_weights,
+                        st.is_weights, st.is_key,
                     )  # fmt: skip
-                    key = digest(st.carried.ret_key, out.pg[a], out.clipfrac, akl, ent, kll, a)
+                    wk = st.is_key if by_weight else b""
+                    key = digest(st.carried.ret_key, out.pg[a], out.clipfrac, akl, ent, kll, a, wk)
                     upd = {"dual_clip": dual, "log_ratio_clamp": lrc, "loss_agg": a, "approx_kl": ak.value}
                     yield {**upd_loss, **upd, **eupd, **upd_clip}, ps, key
 
@@ -334,7 +338,7 @@ def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicySt
         duals = list(dict.fromkeys(base_duals + list(extra.get("duals", []))))
         clips = [base_clip, *extra.get("clips", [])]
         losses = [c.loss, *extra.get("losses", [])]
-        return _policy_options(pe, _walked(losses, clips, duals, c.log_ratio_clamp))
+        return _policy_options(pe, _walked(losses, clips, duals, c.log_ratio_clamp), gf.lp_on)
 
     def checks(st: PolicyState) -> list[float | None]:
         if not pe.has_lp:

@@ -17,8 +17,9 @@ from typing import Any
 
 from refppo.dump.load import Dump
 from refppo.oracle.check.diagnose import CheckResult
+from refppo.oracle.detect.classes import ConvClass
 from refppo.oracle.detect.detection import HP_KEYS, Detection
-from refppo.oracle.detect.evidence import evidence
+from refppo.oracle.detect.evidence import Evidence, class_evidence, evidence
 
 SHOWN = 10
 """Detected conventions printed by the text report (the JSON holds up to 50)."""
@@ -90,10 +91,10 @@ def detection_json(
         "detected_changes": [changes(checked, c) for c in detection.detected],
         "undetermined_keys": detection.undetermined,
         "solved": detection.solved,
-        "evidence": {e.key: e.json() for e in evidence(dump, detection.undetermined, detection.solved)},
+        "evidence": {e.key: e.json() for e in _evidence(dump, detection)},
         "fitted": detection.fitted,
         "detect_notes": detection.notes,
-        **classes_json(checked, detection),
+        **classes_json(checked, detection, dump),
         "nearest": None,
         "nearest_outranked_by": [],
     }
@@ -168,7 +169,7 @@ def _nearest_lines(
 def _evidence_lines(dump: Dump, detection: Detection) -> list[str]:
     """How many dumped observations fix each solved constant, and what to dump to pin the keys the
     dump leaves open (:mod:`refppo.oracle.detect.evidence`)."""
-    evs = evidence(dump, detection.undetermined, detection.solved)
+    evs = _evidence(dump, detection)
     lines = [f"  solved {e.text()}" for e in evs if e.free]
     by_missing: dict[str, list[str]] = {}
     same = (
@@ -196,8 +197,21 @@ def _evidence_lines(dump: Dump, detection: Detection) -> list[str]:
     return lines
 
 
-def classes_json(checked: dict[str, Any], detection: Detection) -> dict[str, Any]:
-    """``classes`` (every class of listed conventions, nearest first) and ``classes_unassigned``."""
+def _evidence(dump: Dump, detection: Detection) -> list[Evidence]:
+    """:func:`evidence` with the free parameters counted per class."""
+    reps = [(c.representative, c.differing) for c in detection.classes.classes]
+    return evidence(dump, detection.undetermined, detection.solved, reps)
+
+
+def _class_evidence(dump: Dump | None, detection: Detection, c: ConvClass) -> list[Evidence]:
+    if dump is None:
+        return []
+    return class_evidence(dump, c.representative, c.differing, detection.solved)
+
+
+def classes_json(checked: dict[str, Any], detection: Detection, dump: Dump | None = None) -> dict[str, Any]:
+    """``classes`` (every class of listed conventions, nearest first, each with the evidence of the
+    solved constants it uses, counted in that class) and ``classes_unassigned``."""
     n = len(detection.detected)
     out = [
         {
@@ -208,13 +222,14 @@ def classes_json(checked: dict[str, Any], detection: Detection) -> dict[str, Any
             "changes": changes(checked, c.representative),
             "differing": c.differing,
             "to_separate_dump": c.separate,
+            "evidence": {e.key: e.json() for e in _class_evidence(dump, detection, c)},
         }
         for c in detection.classes.classes
     ]
     return {"classes": out, "classes_unassigned": detection.classes.unassigned}
 
 
-def class_lines(checked: dict[str, Any], detection: Detection) -> list[str]:
+def class_lines(checked: dict[str, Any], detection: Detection, dump: Dump | None = None) -> list[str]:
     """The classes the dump cannot tell apart (when more than one convention is listed): each with
     its size, representative and the keys that differ inside it; then what to dump to separate the
     members of a class (the same for every class: it depends on the key and the dump only)."""
@@ -233,6 +248,7 @@ def class_lines(checked: dict[str, Any], detection: Detection) -> list[str]:
                 "    inside it: "
                 + "; ".join(f"{k}={'|'.join(_fmt(v) for v in vs)}" for k, vs in c.differing.items())
             )
+        lines += [f"    solved {e.text()}" for e in _class_evidence(dump, detection, c)]
         sep.update(c.separate)
     if len(cls) > CLASSES_SHOWN:
         lines.append(f"  ... and {len(cls) - CLASSES_SHOWN} more class(es) (--json lists every class)")
@@ -279,7 +295,7 @@ def detection_text(
                 + "; ".join(f"{k}={' or '.join(_fmt(v) for v in vs)}" for k, vs in detection.solved.items())
             )
         lines += _evidence_lines(dump, detection)
-        lines += class_lines(checked, detection)
+        lines += class_lines(checked, detection, dump)
     else:
         lines.append("detect: no convention in the search space reproduces the dump.")
         lines += _nearest_lines(dump, result, detection, nearest)

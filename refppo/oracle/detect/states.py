@@ -133,8 +133,10 @@ class PolicyState:
     kl_loss: Tensor | None
     """None unless ``kl_in=loss`` with current log-probs."""
     is_weights: Tensor | None = None
-    """The advantages state's correction weights (None: off); the gradient check skips a corrected
-    state (:mod:`refppo.oracle.detect.grad_fit`)."""
+    """The advantages state's correction weights (None: off); the gradient check multiplies the
+    policy term's gradient by them (:meth:`refppo.oracle.detect.grad_fit.GradFit.corrected`)."""
+    is_key: bytes = b""
+    """The advantages state's :attr:`AdvState.is_key` (the gradient check's memo keys on it)."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from refppo.conventions import LossAgg, ValueClipForm, ValueLoss, VfMask
 from refppo.oracle.check.settings import Setup
-from refppo.oracle.check.ties import vf_tie_widen
+from refppo.oracle.check.ties import delta_rounding_ties, vf_tie_widen
 from refppo.oracle.detect.grad_fit import GradFit
 from refppo.oracle.detect.grad_solve import propose_value_grad
 from refppo.oracle.detect.groups import Group, Option
@@ -35,7 +35,7 @@ from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import loss_weights
 from refppo.oracle.detect.solve_value import ValueKnots, solve_value_clip
 from refppo.oracle.detect.states import Carried, LossState, PolicyState, ValueState, digest
-from refppo.pipeline.blocks import Evaluation
+from refppo.pipeline.blocks import Evaluation, update_rows
 
 VALUE_AGGS: list[str | None] = [None, *(a.value for a in LossAgg)]
 """``value_loss_agg``: None (= ``loss_agg``) or every mode."""
@@ -54,6 +54,25 @@ class ValueEval:
         self.logprobs = t.get("logprobs", t["old_logprobs"])
         self.memo: dict[tuple[Any, ...], tuple[Tensor, dict[str, Tensor]]] = {}
         self.widen: dict[tuple[Any, ...], float] = {}
+        self.ties: dict[tuple[Any, ...], bool] = {}
+
+    def delta_ties(self, ca: Carried, vfm: VfMask, clip: float) -> bool:
+        """Whether some token's ``value_clip_form=delta`` count is a rounding tie
+        (:func:`refppo.oracle.check.ties.delta_rounding_ties`) on these returns, mask and ``ε_v``:
+        then the ``vf_clipfrac`` comparison widens by the form (:func:`vf_tie_widen`), so options of
+        the two forms with bit-identical scalars are kept apart (by row blocks: no ``[B, T]``
+        temporaries of the whole batch)."""
+        key = (ca.ret_key, vfm, clip)
+        if key not in self.ties:
+            mask, old = self.mask(ca, vfm), self.s.t["old_values"]
+            B = mask.shape[0]
+            step = update_rows(mask) or B
+            blocks = (slice(i, min(i + step, B)) for i in range(0, B, step))
+            self.ties[key] = any(
+                bool(delta_rounding_ties(self.values[r], old[r], ca.returns[r], mask[r], clip).any())
+                for r in blocks
+            )
+        return self.ties[key]
 
     def mask(self, ca: Carried, vfm: VfMask) -> Tensor:
         return self.s.m if vfm is VfMask.RESPONSE else ca.vm
@@ -118,6 +137,8 @@ def _value_options(
                         st = ValueState(
                             ps, vfs[mode], clipfrac, ve.mask(ps.carried, vfm), vl == "clipped", clip, vset
                         )
+                        # the forms apart where their clipfrac widenings differ (delta's rounding ties)
+                        apart = form if vl == "clipped" and ve.delta_ties(ps.carried, vfm, clip) else ""
                         key = digest(
                             ps.pg_loss,
                             ps.pg_clipfrac,
@@ -126,6 +147,7 @@ def _value_options(
                             ps.kl_loss,
                             st.vf_loss,
                             clipfrac,
+                            apart,
                         )
                         upd: dict[str, Any] = {
                             "value_loss": vl,
@@ -157,10 +179,11 @@ def value_step(s: Search, groups: list[Group[PolicyState]]) -> list[Group[ValueS
         def widen() -> float:
             if not st.clipped or st.vf_mask is None:
                 return 0.0
-            key = (ca.ret_key, id(st.vf_mask), st.vclip)  # vf_mask: the walk's own mask tensors
+            form = st.setting.get("value_clip_form") or s.base.conv.value.clip_form.value
+            key = (ca.ret_key, id(st.vf_mask), st.vclip, form)  # vf_mask: the walk's own mask tensors
             if key not in ve.widen:
                 ve.widen[key] = vf_tie_widen(
-                    ve.values, t["old_values"], ca.returns, st.vf_mask, st.vclip, s.tol.rtol
+                    ve.values, t["old_values"], ca.returns, st.vf_mask, st.vclip, s.tol.rtol, form
                 )
             return ve.widen[key]
 

@@ -14,7 +14,7 @@ from oracle_helpers import HP, make_inputs, naive_dump, setup_for
 from refppo.dump.load import load_dump
 from refppo.dump.write import write_dump
 from refppo.oracle.cli import main
-from refppo.oracle.detect.evidence import evidence, pinned_by
+from refppo.oracle.detect.evidence import DETERMINED, FIT, OPEN, class_evidence, evidence, pinned_by
 
 INPUTS = ("response_mask", "old_logprobs", "ref_logprobs", "old_values", "scores", "logprobs", "values")
 
@@ -89,3 +89,67 @@ def test_evidence_counts_tokens_and_calls_determined_only_above_the_free_paramet
     assert all("underdetermined" in e.text() for e in evs)
     walked = evidence(load_dump(scalar), ["score_at"], {})[0]
     assert walked.free == 0 and not walked.determined and walked.missing[0] == "token_rewards"
+
+
+def test_free_parameters_are_counted_per_class(tmp_path: Path) -> None:
+    """#23 item 2: two classes on one scalar ``pg_loss``, one fitting ``cliprange`` and ``dual_clip``
+    (two unknowns, one equation: underdetermined), the other ``cliprange`` alone (one equation for
+    one constant: a fit). Counted across every solved constant (the old count) both were "2 free"."""
+    d = naive_dump(make_inputs(B=6, T=12, seed=1), setup_for())
+    scalar = tmp_path / "p.safetensors"
+    write_dump(scalar, {k: v for k, v in d.items() if k in (*INPUTS, "pg_loss")}, hparams=dict(HP))
+    dump = load_dump(scalar)
+    solved = {"cliprange": [0.25], "dual_clip": [3.0]}
+    both = {"cliprange": 0.25, "dual_clip": 3.0}
+    clip_only = {"cliprange": 0.25, "dual_clip": None}
+    a = {e.key: e for e in class_evidence(dump, both, {}, solved)}
+    b = {e.key: e for e in class_evidence(dump, clip_only, {}, solved)}
+    assert set(a) == {"cliprange", "dual_clip"} and set(b) == {"cliprange"}
+    assert all(e.free == 2 and e.n == 1 and e.label == OPEN for e in a.values())
+    assert "underdetermined" in a["cliprange"].text()
+    assert b["cliprange"].free == 1 and b["cliprange"].label == FIT
+    # the summary counts each constant in the classes that use it (the largest count), not globally
+    dual_only = {"cliprange": None, "dual_clip": 3.0}
+    split = {e.key: e for e in evidence(dump, [], solved, [(clip_only, {}), (dual_only, {})])}
+    assert split["cliprange"].free == 1 and split["dual_clip"].free == 1
+    assert split["cliprange"].label == FIT
+    joint = {e.key: e for e in evidence(dump, [], solved, [(clip_only, {}), (both, {})])}
+    assert joint["cliprange"].free == 2 and joint["dual_clip"].free == 2
+    # a class whose members take two values of a constant: not determined even with many observations
+    g = tmp_path / "g.safetensors"
+    d["grad_logprobs"] = torch.zeros_like(d["logprobs"])
+    write_dump(
+        g, {k: v for k, v in d.items() if k in (*INPUTS, "pg_loss", "grad_logprobs")}, hparams=dict(HP)
+    )
+    gd = load_dump(g)
+    [one] = class_evidence(gd, clip_only, {}, solved)
+    assert one.label == DETERMINED
+    [two] = class_evidence(gd, clip_only, {"cliprange": [0.25, 0.3]}, {"cliprange": [0.25, 0.3]})
+    assert two.values == 2 and two.label == OPEN
+
+
+def test_a_mask_bound_is_never_called_determined(tmp_path: Path) -> None:
+    """A correction bound under ``rollout_is_mode=mask`` keeps or drops tokens: every value between
+    two observed weights gives the same step, so with many observations and one value it is still
+    an interval (truncation: the same cap is determined)."""
+    d = naive_dump(make_inputs(B=6, T=12, seed=1), setup_for())
+    d["grad_logprobs"] = torch.zeros_like(d["logprobs"])
+    g = tmp_path / "g.safetensors"
+    write_dump(
+        g, {k: v for k, v in d.items() if k in (*INPUTS, "pg_loss", "grad_logprobs")}, hparams=dict(HP)
+    )
+    dump = load_dump(g)
+    solved = {"rollout_is_high": [4.0]}
+    [mask] = class_evidence(dump, {"rollout_is_mode": "mask", "rollout_is_high": 4.0}, {}, solved)
+    [trunc] = class_evidence(dump, {"rollout_is_mode": "truncate", "rollout_is_high": 4.0}, {}, solved)
+    assert mask.interval and mask.label == OPEN and "interval" in mask.text()
+    assert not trunc.interval and trunc.label == DETERMINED
+    [summary] = evidence(dump, [], solved, [({"rollout_is_mode": "mask", "rollout_is_high": 4.0}, {})])
+    assert summary.interval and not summary.determined
+    # a class whose representative is the cap 4 and whose other member is the band [0.2, 5]: the
+    # lower bound 0.2 is used by the class (a member's value) and is a mask bound too
+    band = {"rollout_is_low": [0.2], "rollout_is_high": [4.0, 5.0]}
+    rep = {"rollout_is_mode": "mask", "rollout_is_low": None, "rollout_is_high": 4.0}
+    diff = {"rollout_is_low": [None, 0.2], "rollout_is_high": [4.0, 5.0]}
+    got = {e.key: e for e in evidence(dump, [], band, [(rep, diff)])}
+    assert got["rollout_is_low"].interval and got["rollout_is_low"].label == OPEN
