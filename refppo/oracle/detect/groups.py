@@ -60,7 +60,9 @@ class Deferred(Generic[S]):
     stages (the screen on a few rows of the batch: :meth:`refppo.oracle.detect.search.Search.screen_ratio`).
     """
 
-    def __init__(self, screen: Callable[[], tuple[float, bytes]], make: Callable[[], tuple[S, bytes]]) -> None:
+    def __init__(
+        self, screen: Callable[[], tuple[float, bytes]], make: Callable[[], tuple[S, bytes]]
+    ) -> None:
         self.screen = screen
         self.make = make
 
@@ -262,10 +264,10 @@ class _Expansion(Generic[S]):
         outputs, whose screen digest would be among those made: such an option is made."""
         if SCREEN:
             lower, skey = d.screen()
-            if lower > 0.0 and skey not in self.screen_keys:
-                if self.ok_seen or _behind(self.live, lower, self.nearest):
-                    self.any_check = True  # the screen is the check, on fewer rows
-                    return None
+            new = lower > 0.0 and skey not in self.screen_keys
+            if new and (self.ok_seen or _behind(self.live, lower, self.nearest)):
+                self.any_check = True  # the screen is the check, on fewer rows
+                return None
             self.screen_keys.add(skey)
         return d.make()
 

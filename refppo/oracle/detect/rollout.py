@@ -219,7 +219,11 @@ def reward_step(s: Search, groups: list[Group[KLState]]) -> list[Group[RewardSta
 
 
 def with_raw_advantages(
-    g: Group[RewardState] | RewardState, upd: dict[str, Any], adv_raw: Tensor, ret: Tensor, ret_key: bytes | None = None
+    g: Group[RewardState] | RewardState,
+    upd: dict[str, Any],
+    adv_raw: Tensor,
+    ret: Tensor,
+    ret_key: bytes | None = None,
 ) -> Option[ReturnsState]:
     """The option of the returns step (GAE or a critic-free estimator) of the rewards group ``g``
     (or its state): its raw advantages and returns (``ret_key``: their digest with the value mask,
