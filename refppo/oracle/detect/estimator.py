@@ -27,7 +27,7 @@ from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.oracle.check.alternatives import GROUP_EPS
-from refppo.oracle.detect.groups import Deferred, Group, Option
+from refppo.oracle.detect.groups import Deferrable, Deferred, Group, Option
 from refppo.oracle.detect.rollout import carry_dumped_returns, with_raw_advantages
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import nice
@@ -66,7 +66,7 @@ def _advantages(
 
 def gae_options(
     s: Search, g: Group[RewardState], pads: list[str], holes: list[GaeHoles], defer: bool = True
-) -> Iterable[Option[ReturnsState]]:
+) -> Iterable[Deferrable[ReturnsState]]:
     """GAE for each ``gae_padding`` in ``pads`` and each ``gae_holes`` in ``holes`` (named in the
     option only when more than one is walked: a dump with holes).
 
@@ -128,7 +128,7 @@ def gae_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[ReturnsS
     own = s.base.conv.adv.gae_padding.value
     holes = _holes(s)
 
-    def make(extra: bool | None) -> Callable[[Group[RewardState]], Iterable[Option[ReturnsState]]]:
+    def make(extra: bool | None) -> Callable[[Group[RewardState]], Iterable[Deferrable[ReturnsState]]]:
         walk_all = extra is not None or "returns" not in t
         pads = list(dict.fromkeys([own, *(p.value for p in GaePadding)])) if walk_all else [own]
         return lambda g: gae_options(s, g, pads, holes)
@@ -217,11 +217,11 @@ def _critic_free(s: Search, g: Group[RewardState], upd: dict[str, Any]) -> Optio
 
 def _estimator_options(
     s: Search, opts_list: list[dict[str, Any]], pads: list[str]
-) -> Callable[[Group[RewardState]], Iterable[Option[ReturnsState]]]:
+) -> Callable[[Group[RewardState]], Iterable[Deferrable[ReturnsState]]]:
     holes = _holes(s)
     reads = BY_NAME["advantages"].reads_now
 
-    def opts(g: Group[RewardState]) -> Iterable[Option[ReturnsState]]:
+    def opts(g: Group[RewardState]) -> Iterable[Deferrable[ReturnsState]]:
         for upd in opts_list:
             if upd["advantage"] == "gae":
                 if "old_values" in s.t:
@@ -243,7 +243,7 @@ def estimator_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[Re
     t = s.t
     own_pad = s.base.conv.adv.gae_padding.value
 
-    def make(extra: list[float] | None) -> Callable[[Group[RewardState]], Iterable[Option[ReturnsState]]]:
+    def make(extra: list[float] | None) -> Callable[[Group[RewardState]], Iterable[Deferrable[ReturnsState]]]:
         walk_all = extra is not None or "returns" not in t
         pads = list(dict.fromkeys([own_pad, *(p.value for p in GaePadding)])) if walk_all else [own_pad]
         return _estimator_options(s, _options(s, walk_all, extra or []), pads)

@@ -47,7 +47,6 @@ Option = tuple[dict[str, Any], S, bytes]
 """``(convention update, new state, digest)``: one option of a step's walk."""
 Marks = tuple[tuple[str, bytes], ...]
 """``((step, digest), ...)``: the digest of each step a group member went through, in order."""
-Options = Callable[["Group[Any]"], Iterable[Option[Any]]]
 
 
 class Deferred(Generic[S]):
@@ -65,6 +64,11 @@ class Deferred(Generic[S]):
     ) -> None:
         self.screen = screen
         self.make = make
+
+
+Deferrable = tuple[dict[str, Any], S | Deferred[S], bytes]
+"""An option whose state may be :class:`Deferred` (the walks :func:`expand_groups` takes)."""
+Options = Callable[["Group[Any]"], Iterable[Deferrable[Any]]]
 
 
 def made(st: Any) -> Any:
@@ -191,7 +195,7 @@ Live = list[tuple[float, "Group[Any]", bytes]]
 def expand_groups(
     search: Walker,
     groups: list[Group[P]],
-    options: Callable[[Group[P]], Iterable[Option[S]]],
+    options: Callable[[Group[P]], Iterable[Deferrable[S]]],
     checks: Callable[[S], list[float | None]],
     stage: str,
     nearest: int,

@@ -101,7 +101,7 @@ class Search:
         B = self.m.shape[0]
         k = min(SCREEN_ROWS, B // 4)
         self.screen_rows: Tensor | None = (
-            torch.linspace(0, B - 1, k).round().long().unique() if k > 0 else None
+            torch.unique(torch.linspace(0, B - 1, k).round().long()) if k > 0 else None
         )
         """Rows the screens read (evenly spread; None: a batch too small to screen)."""
 
