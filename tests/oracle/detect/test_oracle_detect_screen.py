@@ -74,7 +74,7 @@ def test_screened_detection_equals_the_unscreened_one(
     assert repr(vars(on)) == repr(vars(off))
 
 
-@pytest.mark.parametrize("kind", ["noise", "no_rollout"])
+@pytest.mark.parametrize("kind", ["no_rollout", "noise_rewards"])
 def test_the_screen_rules_out_options_and_the_report_is_unchanged(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
