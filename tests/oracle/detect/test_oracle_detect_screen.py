@@ -16,6 +16,7 @@ from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
 import refppo.oracle.detect.groups as groups_mod
 from refppo.dump.load import Dump, load_dump
+from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.compare import compare
 from refppo.oracle.detect.detection import Detection, detect
 from refppo.oracle.detect.search import Search
@@ -41,14 +42,22 @@ def _dump(tmp: Path, preset: str | None, seed: int, kind: str) -> Dump:
 
 
 def _detect(dump: Dump, checked: str | None, screen: bool, mp: pytest.MonkeyPatch) -> tuple[Detection, int]:
-    """The detection with the screen on or off, and the options the screen ruled out."""
+    """The detection with the screen on or off, and the options the screen ruled out; each one is
+    then made and checked in full (the returns check, by ``compare`` directly): it must fail, with a
+    ratio at least the screen's bound."""
     ruled_out = 0
     real = groups_mod._Expansion.screened
 
     def spy(self: Any, d: Any) -> Any:
         nonlocal ruled_out
         out = real(self, d)
-        ruled_out += out is None
+        if out is None:
+            ruled_out += 1
+            lower, _ = d.screen()
+            state, _ = d.make()
+            ca = state.carried
+            full = compare("returns", dump.tensors["returns"], ca.returns, ca.vm, TOLERANCES[dump.dtype])
+            assert not full.ok and full.max_abs_err / full.tol >= lower > 0
         return out
 
     with mp.context() as m:
@@ -65,7 +74,12 @@ def _detect(dump: Dump, checked: str | None, screen: bool, mp: pytest.MonkeyPatc
     kind=st.sampled_from(["match", "noise", "noise_rewards", "no_rollout", "losses"]),
 )
 def test_screened_detection_equals_the_unscreened_one(
-    preset: str | None, checked: str | None, seed: int, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    preset: str | None,
+    checked: str | None,
+    seed: int,
+    kind: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     dump = _dump(tmp_path, preset, seed, kind)
     on, _ = _detect(dump, checked, True, monkeypatch)
@@ -79,7 +93,8 @@ def test_the_screen_rules_out_options_and_the_report_is_unchanged(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On these dumps the returns step walks GAE options that the screen rules out (so the property
-    above compares two different walks, not one walk with itself)."""
+    above compares two different walks, not one walk with itself); each ruled-out option fails its
+    full check (:func:`_detect`)."""
     dump = _dump(tmp_path, "trl", 3, kind)
     on, ruled_out = _detect(dump, None, True, monkeypatch)
     off, _ = _detect(dump, None, False, monkeypatch)
@@ -90,9 +105,7 @@ def test_the_screen_rules_out_options_and_the_report_is_unchanged(
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), scale=st.sampled_from([1e-6, 1e-4, 1e-3, 1e-1, 10.0]))
-def test_screen_ratio_is_a_lower_bound_of_the_full_check(
-    seed: int, scale: float, tmp_path: Path
-) -> None:
+def test_screen_ratio_is_a_lower_bound_of_the_full_check(seed: int, scale: float, tmp_path: Path) -> None:
     """On random references, the screen's bound from a few rows never exceeds the full check's
     ratio, computed here by :func:`refppo.oracle.check.compare.compare` directly; when it is
     positive the full check fails."""
