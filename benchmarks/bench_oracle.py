@@ -6,9 +6,10 @@ Targets: issue #5 (B=256, T=2048): without ``--detect`` at most 1.5x
 a 296 MiB dump): a mismatch with its diagnosis at most 10 s beyond the import baseline, ``--detect``
 at most 60 s, peak RSS at most 2.5x the dump's size. Prints the median of ``--repeat`` runs of
 each command, its ratio to the import baseline measured in the same run, and the peak RSS of the
-child process (``ru_maxrss`` of a one-child wrapper). The ``mismatching`` row runs ``--detect`` on a
-dump whose advantages and returns no convention makes (perturbed by N(0, 0.01²); its kl and
-token_rewards left out, so every rollout candidate reaches the returns step: issue #23 item 1).
+child process (``ru_maxrss`` of a one-child wrapper). The ``mismatching`` rows run ``--detect`` on a
+dump whose advantages and returns no convention makes (perturbed by N(0, 0.01²); issue #23 item 1),
+with the rollout intermediates and without kl and token_rewards (``no kl``: every rollout candidate
+then reaches the returns step).
 The last row runs ``--detect`` on a dump
 without the rollout intermediates (inputs and losses only), at the full B, T by default
 (``--losses-only-size B T`` for a smaller one): no rollout stage can be checked against the dump
@@ -51,12 +52,18 @@ HP = {"gamma": 1.0, "lam": 0.95, "kl_coef": 0.05, "cliprange": 0.2, "cliprange_v
 
 
 def make_dump(
-    path: Path, B: int, T: int, preset: str, keep_intermediates: bool = True, mismatch: bool = False
+    path: Path,
+    B: int,
+    T: int,
+    preset: str,
+    keep_intermediates: bool = True,
+    mismatch: bool = False,
+    keep_kl: bool = True,
 ) -> None:
     """A float32 dump made under ``preset``; ``keep_intermediates=False``: inputs and losses only;
     ``mismatch``: the advantages and returns perturbed by N(0, 0.01²) on the valid tokens (a trainer
-    whose rollout no convention reproduces), the kl and token_rewards left out (as a trainer that
-    dumps only what it feeds its losses: every rollout candidate reaches the returns step)."""
+    whose rollout no convention reproduces); ``keep_kl=False``: the kl and token_rewards left out
+    (every rollout candidate then reaches the returns step)."""
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
     mask = torch.arange(T).expand(B, T) < lengths.unsqueeze(1)
@@ -85,6 +92,7 @@ def make_dump(
         gm = torch.Generator().manual_seed(1)
         for k in ("advantages", "returns"):
             outs[k] = outs[k] + 0.01 * torch.randn(outs[k].shape, generator=gm, dtype=outs[k].dtype) * mask
+    if not keep_kl:
         outs = {k: v for k, v in outs.items() if k not in ("kl", "token_rewards")}
     tensors = {k: (v.to(torch.float32) if v.is_floating_point() else v) for k, v in inputs.items()}
     write_dump(path, {**tensors, **outs}, hparams=HP)
@@ -163,8 +171,10 @@ def main() -> int:
         full = Path(tmp) / "full.safetensors"
         losses = Path(tmp) / "losses_only.safetensors"
         mism = Path(tmp) / "mismatch.safetensors"
+        mism_nokl = Path(tmp) / "mismatch_nokl.safetensors"
         make_dump(full, a.B, a.T, a.preset)
         make_dump(mism, a.B, a.T, a.preset, mismatch=True)
+        make_dump(mism_nokl, a.B, a.T, a.preset, mismatch=True, keep_kl=False)
         lo_B, lo_T = a.losses_only_size or (a.B, a.T)
         make_dump(losses, lo_B, lo_T, a.preset, keep_intermediates=False)
         rows = [
