@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -169,26 +170,30 @@ def main() -> int:
     tool = str(REPO / "tools" / "diff_against.py")
     with tempfile.TemporaryDirectory() as tmp:
         full = Path(tmp) / "full.safetensors"
-        losses = Path(tmp) / "losses_only.safetensors"
-        mism = Path(tmp) / "mismatch.safetensors"
-        mism_nokl = Path(tmp) / "mismatch_nokl.safetensors"
-        make_dump(full, a.B, a.T, a.preset)
-        make_dump(mism, a.B, a.T, a.preset, mismatch=True)
-        make_dump(mism_nokl, a.B, a.T, a.preset, mismatch=True, keep_kl=False)
         lo_B, lo_T = a.losses_only_size or (a.B, a.T)
-        make_dump(losses, lo_B, lo_T, a.preset, keep_intermediates=False)
+        dumps: dict[str, tuple[Path, dict[str, Any]]] = {
+            "full": (full, {}),
+            "mism": (Path(tmp) / "mismatch.safetensors", {"mismatch": True}),
+            "nokl": (Path(tmp) / "mismatch_nokl.safetensors", {"mismatch": True, "keep_kl": False}),
+            "losses": (Path(tmp) / "losses_only.safetensors", {"keep_intermediates": False}),
+        }
+        d = {k: str(v[0]) for k, v in dumps.items()}
+        detect = ["--preset", a.preset, "--detect"]
         rows = [
             ("import torch, safetensors (baseline)", [py, "-c", "import torch, safetensors"]),
-            (f"diff --preset {a.preset} (match)", [py, tool, str(full), "--preset", a.preset]),
-            ("diff --preset verl (mismatch + explain)", [py, tool, str(full), "--preset", "verl"]),
-            (f"diff --preset {a.preset} --detect", [py, tool, str(full), "--preset", a.preset, "--detect"]),
-            (
-                f"diff --preset {a.preset} --detect, mismatching",
-                [py, tool, str(mism), "--preset", a.preset, "--detect"],
-            ),
-            (f"diff --detect, losses-only B={lo_B} T={lo_T}", [py, tool, str(losses), "--detect"]),
+            (f"diff --preset {a.preset} (match)", [py, tool, d["full"], "--preset", a.preset]),
+            ("diff --preset verl (mismatch + explain)", [py, tool, d["full"], "--preset", "verl"]),
+            (f"diff --preset {a.preset} --detect", [py, tool, d["full"], *detect]),
+            (f"diff --preset {a.preset} --detect, mismatching", [py, tool, d["mism"], *detect]),
+            (f"diff --preset {a.preset} --detect, no kl, mismatching", [py, tool, d["nokl"], *detect]),
+            (f"diff --detect, losses-only B={lo_B} T={lo_T}", [py, tool, d["losses"], "--detect"]),
         ]
         rows = [r for r in rows if a.only is None or r is rows[0] or any(w in r[0] for w in a.only)]
+        for key, (path, kw) in dumps.items():  # only the dumps the rows read (and the full one: its size)
+            if key == "full" or any(str(path) in cmd for _, cmd in rows):
+                make_dump(
+                    path, lo_B if key == "losses" else a.B, lo_T if key == "losses" else a.T, a.preset, **kw
+                )
         base = None
         size = full.stat().st_size / 2**20
         print(f"B={a.B} T={a.T} float32 ({size:.0f} MB), median of {a.repeat} runs")
