@@ -6,14 +6,17 @@ Targets: issue #5 (B=256, T=2048): without ``--detect`` at most 1.5x
 a 296 MiB dump): a mismatch with its diagnosis at most 10 s beyond the import baseline, ``--detect``
 at most 60 s, peak RSS at most 2.5x the dump's size. Prints the median of ``--repeat`` runs of
 each command, its ratio to the import baseline measured in the same run, and the peak RSS of the
-child process (``ru_maxrss`` of a one-child wrapper). The last row runs ``--detect`` on a dump
-without the rollout intermediates (inputs and losses only), by default at B/16, T/16
-(``--losses-only-size B T``): no rollout stage can be checked against the dump (only the value loss
-prunes the GAE options, when ``vf_loss`` is dumped), so its time grows with the hundreds of rollout
-candidates times B·T (memory stays bounded). That row is OUTSIDE the issue #5/#9
-targets above: at its default size it shows only that such a dump is searched in bounded memory and
-time, not that ``--detect`` meets 30 s / 60 s at the issue's B, T (it does not; README, "Oracle");
-``--losses-only-size 1024 8192`` times it at full size.
+child process (``ru_maxrss`` of a one-child wrapper). The ``mismatching`` rows run ``--detect`` on a
+dump whose advantages and returns no convention makes (perturbed by N(0, 0.01²); issue #23 item 1),
+with the rollout intermediates and without kl and token_rewards (``no kl``: every rollout candidate
+then reaches the returns step).
+The last row runs ``--detect`` on a dump
+without the rollout intermediates (inputs and losses only), at the full B, T by default
+(``--losses-only-size B T`` for a smaller one): no rollout stage can be checked against the dump
+(only the value loss prunes the GAE options, when ``vf_loss`` is dumped), so its time grows with the
+hundreds of rollout candidates times B·T (memory stays bounded). The mismatching and losses-only rows
+are issue #23's; neither meets its 60 s at B=1024, T=8192 yet (benchmarks/RESULTS.md).
+``--only WORD ...`` runs the rows whose label holds one of the words (and the import baseline).
 
     .venv/bin/python benchmarks/bench_oracle.py [--B 256] [--T 2048] [--repeat 3]
     .venv/bin/python benchmarks/bench_oracle.py --B 1024 --T 8192 --repeat 3   # issue #9
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,7 +52,19 @@ from refppo.oracle.presets.registry import resolve_preset  # noqa: E402
 HP = {"gamma": 1.0, "lam": 0.95, "kl_coef": 0.05, "cliprange": 0.2, "cliprange_value": 0.2, "vf_coef": 0.1}
 
 
-def make_dump(path: Path, B: int, T: int, preset: str, keep_intermediates: bool = True) -> None:
+def make_dump(
+    path: Path,
+    B: int,
+    T: int,
+    preset: str,
+    keep_intermediates: bool = True,
+    mismatch: bool = False,
+    keep_kl: bool = True,
+) -> None:
+    """A float32 dump made under ``preset``; ``keep_intermediates=False``: inputs and losses only;
+    ``mismatch``: the advantages and returns perturbed by N(0, 0.01²) on the valid tokens (a trainer
+    whose rollout no convention reproduces); ``keep_kl=False``: the kl and token_rewards left out
+    (every rollout candidate then reaches the returns step)."""
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
     mask = torch.arange(T).expand(B, T) < lengths.unsqueeze(1)
@@ -73,6 +89,12 @@ def make_dump(path: Path, B: int, T: int, preset: str, keep_intermediates: bool 
     outs = reference_outputs(inputs, setup, dtype=torch.float32)
     if not keep_intermediates:
         outs = {k: v for k, v in outs.items() if k not in ("kl", "token_rewards", "advantages", "returns")}
+    if mismatch:
+        gm = torch.Generator().manual_seed(1)
+        for k in ("advantages", "returns"):
+            outs[k] = outs[k] + 0.01 * torch.randn(outs[k].shape, generator=gm, dtype=outs[k].dtype) * mask
+    if not keep_kl:
+        outs = {k: v for k, v in outs.items() if k not in ("kl", "token_rewards")}
     tensors = {k: (v.to(torch.float32) if v.is_floating_point() else v) for k, v in inputs.items()}
     write_dump(path, {**tensors, **outs}, hparams=HP)
 
@@ -137,25 +159,41 @@ def main() -> int:
         nargs=2,
         metavar=("B", "T"),
         default=None,
-        help="size of the dump without rollout intermediates (default B/16, T/16: its --detect walks "
+        help="size of the dump without rollout intermediates (default: B, T; its --detect walks "
         "thousands of rollout candidates, each over B*T tokens)",
+    )
+    ap.add_argument(
+        "--only", nargs="+", default=None, help="run only the rows whose label holds one of these"
     )
     a = ap.parse_args()
     py = sys.executable
     tool = str(REPO / "tools" / "diff_against.py")
     with tempfile.TemporaryDirectory() as tmp:
         full = Path(tmp) / "full.safetensors"
-        losses = Path(tmp) / "losses_only.safetensors"
-        make_dump(full, a.B, a.T, a.preset)
-        lo_B, lo_T = a.losses_only_size or (max(a.B // 16, 8), max(a.T // 16, 16))
-        make_dump(losses, lo_B, lo_T, a.preset, keep_intermediates=False)
+        lo_B, lo_T = a.losses_only_size or (a.B, a.T)
+        dumps: dict[str, tuple[Path, dict[str, Any]]] = {
+            "full": (full, {}),
+            "mism": (Path(tmp) / "mismatch.safetensors", {"mismatch": True}),
+            "nokl": (Path(tmp) / "mismatch_nokl.safetensors", {"mismatch": True, "keep_kl": False}),
+            "losses": (Path(tmp) / "losses_only.safetensors", {"keep_intermediates": False}),
+        }
+        d = {k: str(v[0]) for k, v in dumps.items()}
+        detect = ["--preset", a.preset, "--detect"]
         rows = [
             ("import torch, safetensors (baseline)", [py, "-c", "import torch, safetensors"]),
-            (f"diff --preset {a.preset} (match)", [py, tool, str(full), "--preset", a.preset]),
-            ("diff --preset verl (mismatch + explain)", [py, tool, str(full), "--preset", "verl"]),
-            (f"diff --preset {a.preset} --detect", [py, tool, str(full), "--preset", a.preset, "--detect"]),
-            (f"diff --detect, losses-only B={lo_B} T={lo_T}", [py, tool, str(losses), "--detect"]),
+            (f"diff --preset {a.preset} (match)", [py, tool, d["full"], "--preset", a.preset]),
+            ("diff --preset verl (mismatch + explain)", [py, tool, d["full"], "--preset", "verl"]),
+            (f"diff --preset {a.preset} --detect", [py, tool, d["full"], *detect]),
+            (f"diff --preset {a.preset} --detect, mismatching", [py, tool, d["mism"], *detect]),
+            (f"diff --preset {a.preset} --detect, no kl, mismatching", [py, tool, d["nokl"], *detect]),
+            (f"diff --detect, losses-only B={lo_B} T={lo_T}", [py, tool, d["losses"], "--detect"]),
         ]
+        rows = [r for r in rows if a.only is None or r is rows[0] or any(w in r[0] for w in a.only)]
+        for key, (path, kw) in dumps.items():  # only the dumps the rows read (and the full one: its size)
+            if key == "full" or any(str(path) in cmd for _, cmd in rows):
+                make_dump(
+                    path, lo_B if key == "losses" else a.B, lo_T if key == "losses" else a.T, a.preset, **kw
+                )
         base = None
         size = full.stat().st_size / 2**20
         print(f"B={a.B} T={a.T} float32 ({size:.0f} MB), median of {a.repeat} runs")

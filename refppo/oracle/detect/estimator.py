@@ -27,7 +27,7 @@ from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.oracle.check.alternatives import GROUP_EPS
-from refppo.oracle.detect.groups import Group, Option
+from refppo.oracle.detect.groups import Deferrable, Deferred, Group, Option
 from refppo.oracle.detect.rollout import carry_dumped_returns, with_raw_advantages
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import nice
@@ -48,30 +48,73 @@ def needs_estimator_stage(s: Search) -> bool:
     return "old_values" not in s.t or "group_index" in s.t or critic_free
 
 
-def _advantages(s: Search, rs: RewardState, upd: dict[str, Any]) -> tuple[Tensor, Tensor]:
+def _advantages(
+    s: Search, rs: RewardState, upd: dict[str, Any], rows: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """The advantages stage on a rewards state under the checked setting with ``upd`` and the
-    state's ``kl_in``: ``(advantages_raw, returns)``."""
+    state's ``kl_in``: ``(advantages_raw, returns)`` (``rows``: on those rows of the batch alone,
+    for a row-wise estimator such as GAE)."""
     q = {
         "token_rewards": rs.rewards, "old_values": s.t.get("old_values"), "value_mask": rs.vm, "mask": s.m,
         "mapped_scores": rs.scores, "kl": rs.kl.kl, "group_index": s.t.get("group_index"),
     }  # fmt: skip
+    if rows is not None:
+        q = {k: (v[rows] if isinstance(v, Tensor) else v) for k, v in q.items()}
     out = s.evaluate("advantages", q, s.setting(**upd, kl_in=rs.kl_in.value), _ROLLOUT)
     return out["advantages_raw"], out["returns"]
 
 
 def gae_options(
-    s: Search, g: Group[RewardState], pads: list[str], holes: list[GaeHoles]
-) -> Iterable[Option[ReturnsState]]:
+    s: Search, g: Group[RewardState], pads: list[str], holes: list[GaeHoles], defer: bool = True
+) -> Iterable[Deferrable[ReturnsState]]:
     """GAE for each ``gae_padding`` in ``pads`` and each ``gae_holes`` in ``holes`` (named in the
-    option only when more than one is walked: a dump with holes)."""
+    option only when more than one is walked: a dump with holes).
+
+    With dumped ``returns`` (and no value-loss pruning, which reads the full returns) each option is
+    :class:`~refppo.oracle.detect.groups.Deferred` when ``defer``: screened on
+    :attr:`Search.screen_rows` first (GAE reads each row alone: the rows' returns are the full
+    returns' rows, bit for bit), made in full only when the screen cannot rule it out."""
     rs = g.state
+    screen = defer and s.prune is None and s.dump.has("returns") and s.screen_rows is not None
     for pad, h in product(pads, holes):
-        adv_raw, ret = _advantages(s, rs, {"advantage": "gae", "gae_padding": pad, "gae_holes": h.value})
+        stage_upd = {"advantage": "gae", "gae_padding": pad, "gae_holes": h.value}
+        upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {})
+        if screen:
+            yield upd, Deferred(_gae_screen(s, rs, stage_upd), _gae_make(s, rs, stage_upd, upd)), b""
+            continue
+        adv_raw, ret = _advantages(s, rs, stage_upd)
         ret_key = digest(ret, rs.vm)
         if s.prune is not None and not s.prune.keeps(ret_key, ret, rs.vm):
             continue  # no value loss reproduces the dump on these returns (refppo.oracle.detect.prune)
-        upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {})
         yield with_raw_advantages(g, upd, adv_raw, ret, ret_key)
+
+
+def _gae_screen(s: Search, rs: RewardState, stage_upd: dict[str, Any]) -> Callable[[], tuple[float, bytes]]:
+    """The returns check of a GAE option on :attr:`Search.screen_rows` (a lower bound of its ratio)
+    and the digest of everything its option digest holds, on those rows."""
+
+    def screen() -> tuple[float, bytes]:
+        rows = s.screen_rows
+        assert rows is not None
+        adv_raw, ret = _advantages(s, rs, stage_upd, rows)
+        vm = rs.vm[rows]
+        key = digest(rs.kl.key, rs.kl_in.value, ret, vm, adv_raw, rs.fixed_whiten)
+        return s.screen_ratio("returns", ret, vm), key
+
+    return screen
+
+
+def _gae_make(
+    s: Search, rs: RewardState, stage_upd: dict[str, Any], upd: dict[str, Any]
+) -> Callable[[], tuple[ReturnsState, bytes]]:
+    """The GAE option in full, as :func:`gae_options` makes it eagerly."""
+
+    def make() -> tuple[ReturnsState, bytes]:
+        adv_raw, ret = _advantages(s, rs, stage_upd)
+        _, st, key = with_raw_advantages(rs, upd, adv_raw, ret)
+        return st, key
+
+    return make
 
 
 def _holes(s: Search) -> list[GaeHoles]:
@@ -85,7 +128,7 @@ def gae_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[ReturnsS
     own = s.base.conv.adv.gae_padding.value
     holes = _holes(s)
 
-    def make(extra: bool | None) -> Callable[[Group[RewardState]], Iterable[Option[ReturnsState]]]:
+    def make(extra: bool | None) -> Callable[[Group[RewardState]], Iterable[Deferrable[ReturnsState]]]:
         walk_all = extra is not None or "returns" not in t
         pads = list(dict.fromkeys([own, *(p.value for p in GaePadding)])) if walk_all else [own]
         return lambda g: gae_options(s, g, pads, holes)
@@ -174,15 +217,15 @@ def _critic_free(s: Search, g: Group[RewardState], upd: dict[str, Any]) -> Optio
 
 def _estimator_options(
     s: Search, opts_list: list[dict[str, Any]], pads: list[str]
-) -> Callable[[Group[RewardState]], Iterable[Option[ReturnsState]]]:
+) -> Callable[[Group[RewardState]], Iterable[Deferrable[ReturnsState]]]:
     holes = _holes(s)
     reads = BY_NAME["advantages"].reads_now
 
-    def opts(g: Group[RewardState]) -> Iterable[Option[ReturnsState]]:
+    def opts(g: Group[RewardState]) -> Iterable[Deferrable[ReturnsState]]:
         for upd in opts_list:
             if upd["advantage"] == "gae":
                 if "old_values" in s.t:
-                    for gu, st, key in gae_options(s, g, pads, holes):
+                    for gu, st, key in gae_options(s, g, pads, holes, defer=False):
                         yield {**upd, **gu}, st, key
                 continue
             # an estimator that reads gae_holes (reinforce++'s return-to-go) walks them too
@@ -200,7 +243,7 @@ def estimator_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[Re
     t = s.t
     own_pad = s.base.conv.adv.gae_padding.value
 
-    def make(extra: list[float] | None) -> Callable[[Group[RewardState]], Iterable[Option[ReturnsState]]]:
+    def make(extra: list[float] | None) -> Callable[[Group[RewardState]], Iterable[Deferrable[ReturnsState]]]:
         walk_all = extra is not None or "returns" not in t
         pads = list(dict.fromkeys([own_pad, *(p.value for p in GaePadding)])) if walk_all else [own_pad]
         return _estimator_options(s, _options(s, walk_all, extra or []), pads)

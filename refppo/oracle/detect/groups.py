@@ -39,12 +39,41 @@ P = TypeVar("P")
 
 HOLD = 4
 """States a stage holds (the rest are replayed when read)."""
+SCREEN = True
+"""Whether :func:`expand_groups` screens a :class:`Deferred` option before making it (False: every
+option is made and checked in full; the tests compare the two walks' reports)."""
 
 Option = tuple[dict[str, Any], S, bytes]
 """``(convention update, new state, digest)``: one option of a step's walk."""
 Marks = tuple[tuple[str, bytes], ...]
 """``((step, digest), ...)``: the digest of each step a group member went through, in order."""
-Options = Callable[["Group[Any]"], Iterable[Option[Any]]]
+
+
+class Deferred(Generic[S]):
+    """An option whose state is made only when its screen cannot rule it out.
+
+    ``screen()`` gives ``(lower, key)``: ``lower`` a lower bound of the largest check ratio the
+    made state would get (0: the screen cannot tell), ``key`` a digest of the option's outputs on
+    the screened rows (options with bit-identical full outputs have equal keys). ``make()`` gives
+    the state and the option's digest, as an eager option would. Both are evaluated through the
+    stages (the screen on a few rows of the batch: :meth:`refppo.oracle.detect.search.Search.screen_ratio`).
+    """
+
+    def __init__(
+        self, screen: Callable[[], tuple[float, bytes]], make: Callable[[], tuple[S, bytes]]
+    ) -> None:
+        self.screen = screen
+        self.make = make
+
+
+Deferrable = tuple[dict[str, Any], S | Deferred[S], bytes]
+"""An option whose state may be :class:`Deferred` (the walks :func:`expand_groups` takes)."""
+Options = Callable[["Group[Any]"], Iterable[Deferrable[Any]]]
+
+
+def made(st: Any) -> Any:
+    """``st``, or the state a :class:`Deferred` makes."""
+    return st.make()[0] if isinstance(st, Deferred) else st
 
 
 class Walker(Protocol):
@@ -82,6 +111,7 @@ class Replayer:
             _, st, _ = next(it)
             pos += 1
             self.replayed += 1
+        st = made(st)  # the options skipped on the way are not made
         self.slots[id(options)] = (options, parent, it, pos, st)
         return st
 
@@ -165,7 +195,7 @@ Live = list[tuple[float, "Group[Any]", bytes]]
 def expand_groups(
     search: Walker,
     groups: list[Group[P]],
-    options: Callable[[Group[P]], Iterable[Option[S]]],
+    options: Callable[[Group[P]], Iterable[Deferrable[S]]],
     checks: Callable[[S], list[float | None]],
     stage: str,
     nearest: int,
@@ -180,6 +210,12 @@ def expand_groups(
     ex: _Expansion[S] = _Expansion(search.replayer, nearest, max_equiv, stage)
     for g in groups:
         for idx, (upd, st, key) in enumerate(options(g)):
+            ex.note_kind(isinstance(st, Deferred))
+            if isinstance(st, Deferred):
+                got = ex.screened(st)
+                if got is None:
+                    continue
+                st, key = got
             if key in ex.merged:
                 _merge(ex.merged[key], g, upd, max_equiv, (stage, key))
                 continue
@@ -210,6 +246,34 @@ class _Expansion(Generic[S]):
         self.live: Live = []
         self.ok_seen = self.any_check = False
         self.n_held = 0
+        self.screen_keys: set[bytes] = set()
+        """The screen digests of the deferred options made so far."""
+        self.kinds: set[bool] = set()
+
+    def note_kind(self, deferred: bool) -> None:
+        """A walk's options are all deferred or all eager: an eager option's outputs have no screen
+        digest, so a screened-out option with the same outputs could not be told from it."""
+        self.kinds.add(deferred)
+        if len(self.kinds) > 1:
+            raise RuntimeError(f"{self.stage}: a walk mixes deferred and eager options")
+
+    def screened(self, d: Deferred[S]) -> tuple[S, bytes] | None:
+        """``d`` made (its state and digest), or None when its screen shows that the made option
+        would be dropped by :meth:`offer` (and merge into no live group).
+
+        Exact: the screen's ``lower`` bounds the option's ratio from below, so it fails its check;
+        it is dropped when a group passed (``ok_seen``) or when ``nearest`` groups are sure to sort
+        before it even at ``lower`` (:func:`_behind` is monotone in the ratio, and once true stays
+        true as the walk goes on). It could only have merged into a live group with bit-identical
+        outputs, whose screen digest would be among those made: such an option is made."""
+        if SCREEN:
+            lower, skey = d.screen()
+            new = lower > 0.0 and skey not in self.screen_keys
+            if new and (self.ok_seen or _behind(self.live, lower, self.nearest)):
+                self.any_check = True  # the screen is the check, on fewer rows
+                return None
+            self.screen_keys.add(skey)
+        return d.make()
 
     def offer(
         self,

@@ -219,11 +219,16 @@ def reward_step(s: Search, groups: list[Group[KLState]]) -> list[Group[RewardSta
 
 
 def with_raw_advantages(
-    g: Group[RewardState], upd: dict[str, Any], adv_raw: Tensor, ret: Tensor, ret_key: bytes | None = None
+    g: Group[RewardState] | RewardState,
+    upd: dict[str, Any],
+    adv_raw: Tensor,
+    ret: Tensor,
+    ret_key: bytes | None = None,
 ) -> Option[ReturnsState]:
-    """The option of the returns step (GAE or a critic-free estimator): its raw advantages and
-    returns (``ret_key``: their digest with the value mask, when the caller has it)."""
-    rs = g.state
+    """The option of the returns step (GAE or a critic-free estimator) of the rewards group ``g``
+    (or its state): its raw advantages and returns (``ret_key``: their digest with the value mask,
+    when the caller has it)."""
+    rs = g.state if isinstance(g, Group) else g
     ret_key = digest(ret, rs.vm) if ret_key is None else ret_key
     kl_in = rs.kl_in
     carried = Carried(rs.kl.key, rs.kl.setting, kl_in, rs.vm, ret, ret_key)

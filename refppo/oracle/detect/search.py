@@ -12,10 +12,12 @@ options give the same stage inputs (:mod:`refppo.oracle.detect.states` digests).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor
 
 from refppo.conventions import ScorePosition
@@ -38,6 +40,11 @@ SOLVE_GROUPS = 3
 """Groups (advantage variants) the solvers are run on."""
 HP_KEYS = ("cliprange", "cliprange_high", "cliprange_value")
 """Hyperparameters the solvers can recover (an option names them when they differ)."""
+SCREEN_ROWS = 8
+"""Rows a deferred option is screened on (at most a quarter of the batch):
+:meth:`Search.screen_rows`."""
+SCREEN_SLACK = 1e-3
+"""The screen's margin, as a share of the tolerance bound (:meth:`Search.screen_ratio`)."""
 CHECKED_AFTER = ("advantages", "policy")
 """Steps after the returns step whose first walk must pass some group (or check nothing) for a
 pruned walk to hold (:mod:`refppo.oracle.detect.prune`)."""
@@ -90,6 +97,13 @@ class Search:
         self._settings: dict[tuple[Any, ...], Setup] = {}
         self._vms: dict[ScorePosition, Tensor] = {}
         self._counts: dict[int, tuple[Evaluation, Tensor]] = {}
+        self._dump_scale: dict[str, float] = {}
+        B = self.m.shape[0]
+        k = min(SCREEN_ROWS, B // 4)
+        self.screen_rows: Tensor | None = (
+            torch.unique(torch.linspace(0, B - 1, k).round().long()) if k > 0 else None
+        )
+        """Rows the screens read (evenly spread; None: a batch too small to screen)."""
 
     # ----- evaluation through the stage table ------------------------------------------------
     def setting(self, stage: str | None = None, **upd: Any) -> Setup:
@@ -154,6 +168,31 @@ class Search:
         if r.ok:
             return 0.0
         return r.max_abs_err / r.tol if r.tol > 0 else float("inf")
+
+    def screen_ratio(self, name: str, ref_rows: Tensor, cmp_rows: Tensor) -> float:
+        """A lower bound of :meth:`ratio` of ``name`` from the rows :attr:`screen_rows` alone:
+        ``ref_rows``, ``cmp_rows`` are the reference and the compare mask on those rows (0: the
+        rows cannot tell; a check that is not made, or that may pass, is 0).
+
+        The full check compares ``e = max |dump − ref|`` over the compare mask with
+        ``tol = atol + rtol·max |ref| <= atol + rtol·(D + e)``, ``D = max |dump|`` over every
+        position. ``e >= e_s``, the error on the rows; so when ``e_s·(1 − rtol) > atol + rtol·D``
+        the check fails, and its ratio ``e/tol >= e_s/(atol + rtol·(D + e_s))`` (increasing in
+        ``e``). ``e_s`` is taken less :data:`SCREEN_SLACK` of ``atol + rtol·D``: an option is
+        ruled out only by a clear margin."""
+        if not self.dump.has(name) or self.screen_rows is None:
+            return 0.0
+        if name not in self._dump_scale:
+            self._dump_scale[name] = float(self.t[name].abs().max())
+        big_d = self._dump_scale[name]
+        err = compare(name, self.t[name][self.screen_rows], ref_rows, cmp_rows, self.tol).max_abs_err
+        if not (math.isfinite(err) and math.isfinite(big_d)):
+            return 0.0
+        bound = self.tol.atol + self.tol.rtol * big_d
+        err -= SCREEN_SLACK * bound
+        if err * (1.0 - self.tol.rtol) <= bound:
+            return 0.0
+        return err / (bound + self.tol.rtol * err)
 
     def expand(
         self,
@@ -237,6 +276,8 @@ __all__ = [
     "HP_KEYS",
     "MAX_EQUIV",
     "NEAREST",
+    "SCREEN_ROWS",
+    "SCREEN_SLACK",
     "SOLVE_GROUPS",
     "PruneLostError",
     "Pruner",

@@ -23,7 +23,7 @@ import refppo.oracle.detect.steps as steps_mod
 from refppo.dump.load import Dump, load_dump
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.detection import Detection, detect
-from refppo.oracle.detect.groups import Group
+from refppo.oracle.detect.groups import Deferred, Group
 from refppo.oracle.detect.search import MAX_EQUIV, NEAREST, Search
 
 B, T = 8, 16
@@ -40,7 +40,8 @@ def _dump(tmp: Path, made: Setup, *, losses_only: bool, name: str = "d.safetenso
 def _walk_holding_all(
     self: Search, groups: list[Group[Any]], options: Any, checks: Any, stage: str
 ) -> list[Group[Any]]:
-    """The old walk: every option's state held, merged, then every group scored; its walk is
+    """The old walk: every option's state made (a deferred one too) and held, merged, then every
+    group scored; its walk is
     logged for the value-loss pruning (``note_walk``) as the streaming walk logs it, so both run
     the same pruned search (unlogged, the pruned search never holds and the old walk would hold
     every state of the unpruned one: 12 GB on the losses-only dump, the scale case of
@@ -48,6 +49,8 @@ def _walk_holding_all(
     merged: dict[bytes, Group[Any]] = {}
     for g in groups:
         for upd, st, key in options(g):
+            if isinstance(st, Deferred):  # made in full, never screened
+                st, key = st.make()
             new_convs = [{**c, **upd} for c in g.convs]
             if key in merged:
                 tgt = merged[key]
