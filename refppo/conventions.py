@@ -172,6 +172,21 @@ class GaeHoles(StrEnum):
     THROUGH = "through"
 
 
+class GaeBootstrap(StrEnum):
+    """What GAE reads after a row's last valid token, ``V_{t_L}`` (:func:`refppo.core.gae.gae`).
+
+    - ``none``: 0 on every row, each row an ended episode (verl, OpenRLHF, TRL, SkyRL; default);
+    - ``truncated``: on rows cut at the generation limit (``truncated`` [B], else the rows whose
+      last position ``T − 1`` is valid) the dumped ``bootstrap_values`` [B], the critic's value of
+      the state after the last token; 0 on the rest (AReaL 1.0.4
+      ``areal/trainer/ppo/actor.py::PPOActor._compute_advantages``:
+      ``nextvalues = values[:, max_seqlen − 1] * seq_no_eos_mask``).
+    """
+
+    NONE = "none"
+    TRUNCATED = "truncated"
+
+
 class WhitenHoles(StrEnum):
     """Which tokens the advantage whitening's moments run over when the mask has interior holes.
 
@@ -322,6 +337,7 @@ class PolicyLoss(StrEnum):
 __all__ = [
     "AdvantageEstimator",
     "ApproxKL",
+    "GaeBootstrap",
     "GaeHoles",
     "GaePadding",
     "KLEstimator",

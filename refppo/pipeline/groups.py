@@ -17,6 +17,7 @@ from typing import Any
 from refppo.conventions import (
     AdvantageEstimator,
     ApproxKL,
+    GaeBootstrap,
     GaeHoles,
     GaePadding,
     KLEstimator,
@@ -176,6 +177,9 @@ class AdvantageConvention:
     gae_holes: GaeHoles = field(default=GaeHoles.SKIP, metadata=flat_key(omit=True))
     """How GAE crosses interior mask holes (multi-turn tool tokens): ``skip`` (verl), ``zero``
     (OpenRLHF agent mode), ``through`` (SkyRL); no effect on a right-padded mask."""
+    gae_bootstrap: GaeBootstrap = field(default=GaeBootstrap.NONE, metadata=flat_key(omit=True, config=False))
+    """GAE's ``V_{t_L}``: 0 (``none``) or the dumped ``bootstrap_values`` on truncated rows
+    (``truncated``: AReaL); :class:`refppo.conventions.GaeBootstrap`."""
     group_std: Variance = field(default=Variance.UNBIASED, metadata=flat_key(omit=True))
     """The group std of ``grpo`` and ``grpo-passk``: ``unbiased`` (n−1: ``torch.std``, verl, OpenRLHF,
     SkyRL) or ``population`` (n)."""

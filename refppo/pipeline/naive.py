@@ -18,6 +18,7 @@ from torch import Tensor
 
 from refppo.conventions import (
     AdvantageEstimator,
+    GaeBootstrap,
     GaePadding,
     KLPlacement,
     ScorePosition,
@@ -32,7 +33,7 @@ from refppo.core.rewards import token_rewards_naive
 from refppo.core.score_map import map_scores_naive
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.naive_group import critic_free_advantages_naive
-from refppo.pipeline.needs import kl_needs, require_input
+from refppo.pipeline.needs import advantages_needs, kl_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Q = Mapping[str, Any]
@@ -110,11 +111,24 @@ def advantages_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
     if conv.adv.estimator is AdvantageEstimator.GAE:
         gae_mask = vmask if conv.adv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
         adv_raw, returns = gae_naive(
-            rewards, q["old_values"], gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes
-        )
+            rewards, q["old_values"], gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes,
+            last_values=_last_values_naive(q, conv, hp),
+        )  # fmt: skip
         return {"advantages_raw": adv_raw, "returns": returns}
     adv_raw = critic_free_advantages_naive(rewards, vmask, q["mask"], conv, q.get("group_index"))
     return {"advantages_raw": adv_raw, "returns": adv_raw}
+
+
+def _last_values_naive(q: Q, conv: Convention, hp: Hyperparams) -> Tensor | None:
+    """Naive twin of :func:`refppo.pipeline.rollout.gae_last_values`, row by row: a row is
+    truncated by its ``truncated`` flag, else when its last position is valid."""
+    if conv.adv.gae_bootstrap is GaeBootstrap.NONE:
+        return None
+    require_input(q, "bootstrap_values", "advantages", advantages_needs(conv, hp))
+    boot, flags, rows = q["bootstrap_values"], q.get("truncated"), q["mask"].tolist()
+    cut = [bool(row[-1]) for row in rows] if flags is None else [bool(f) for f in flags.tolist()]
+    vals = [float(b) if c else 0.0 for b, c in zip(boot.tolist(), cut, strict=True)]
+    return torch.tensor(vals, dtype=boot.dtype, device=boot.device)
 
 
 def whitening_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:

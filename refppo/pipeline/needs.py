@@ -11,6 +11,7 @@ convention setting (and β) under which the stage reads it, for the one-line err
                                              group estimator's ``group_kl``, read the KL)
     rewards             kl_coef              kl_in=reward
     advantages          gamma, lam           advantage=gae;  gamma alone: advantage=reinforce++
+                        bootstrap_values     advantage=gae, gae_bootstrap=truncated
     rollout_correction  rollout_logprobs     rollout_is on
     policy              cliprange            always
     value               cliprange_value      advantage=gae (a critic) with value_loss=clipped
@@ -28,14 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from refppo.conventions import AdvantageEstimator, KLPlacement, ValueLoss
+from refppo.conventions import AdvantageEstimator, GaeBootstrap, KLPlacement, ValueLoss
 from refppo.errors import DumpError
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Needs = Mapping[str, str]
 """``{input or hyperparameter: the setting under which the stage reads it}``."""
 
-KEY_SHAPES: dict[str, str] = {"ref_logprobs": "[B, T]", "rollout_logprobs": "[B, T]"}
+KEY_SHAPES: dict[str, str] = {"ref_logprobs": "[B, T]", "rollout_logprobs": "[B, T]", "bootstrap_values": "[B]"}
 """The shape each optional input has in a dump (for the error line)."""
 
 
@@ -64,10 +65,14 @@ def rewards_needs(conv: Convention, hp: Hyperparams) -> Needs:
 
 
 def advantages_needs(conv: Convention, hp: Hyperparams) -> Needs:
-    """γ and λ for GAE, γ for REINFORCE++'s discounted returns; a group estimator reads neither."""
+    """γ and λ for GAE (and ``bootstrap_values`` under ``gae_bootstrap=truncated``), γ for
+    REINFORCE++'s discounted returns; a group estimator reads neither."""
     est = conv.adv.estimator
     if est is AdvantageEstimator.GAE:
-        return {"gamma": "advantage=gae", "lam": "advantage=gae"}
+        out = {"gamma": "advantage=gae", "lam": "advantage=gae"}
+        if conv.adv.gae_bootstrap is GaeBootstrap.TRUNCATED:
+            out["bootstrap_values"] = "advantage=gae, gae_bootstrap=truncated"
+        return out
     if est is AdvantageEstimator.REINFORCE_PP:
         return {"gamma": "advantage=reinforce++"}
     return {}

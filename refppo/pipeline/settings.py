@@ -8,7 +8,7 @@ A :class:`Convention` is one frozen group per stage family of :mod:`refppo.pipel
     reward   RewardConvention     score_at, whiten_rewards
     norm     NormConvention       whiten_variance, whiten_eps_at    (both whitenings read them)
     adv      AdvantageConvention  advantage, gae_padding, gae_holes, group_std, group_std_level,
-                                  group_singleton, group_kl, group_eps
+                                  group_singleton, group_kl, group_eps, gae_bootstrap
     whiten   WhitenConvention     whiten_advantages, whiten_holes
     policy   PolicyConvention     policy_loss, dual_clip, log_ratio_clamp, approx_kl
     agg      AggConvention        loss_agg, value_loss_agg, kl_loss_agg, entropy_agg, kl_metric_agg
@@ -208,6 +208,7 @@ FLAT_ORDER: tuple[str, ...] = (
     "rollout_is_low",
     "rollout_is_high",
     "kl_metric_agg",
+    "gae_bootstrap",
 )
 """The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
 report, ``refppo train --help-config``): the order they were added in, kept so that those outputs

@@ -181,7 +181,7 @@ _GROUP_KEYS = ("group_std", "group_std_level", "group_singleton", "group_kl", "g
 def _advantage_reads(conv: Convention) -> tuple[str, ...]:
     est = conv.adv.estimator
     if est is AdvantageEstimator.GAE:
-        return ("advantage", "gae_padding", "gae_holes", "gamma", "lam")
+        return ("advantage", "gae_padding", "gae_holes", "gae_bootstrap", "gamma", "lam")
     if est is AdvantageEstimator.REINFORCE_PP:
         return ("advantage", "gae_holes", "gamma")
     return ("advantage", *_GROUP_KEYS, "kl_coef")
@@ -219,9 +219,10 @@ _ROLLOUT = (
         collective=True, active=_reward_whitening_reads,
     ),
     Stage(
-        "advantages", "rollout", ("advantage", "gae_padding", "gae_holes", *_GROUP_KEYS),
+        "advantages", "rollout", ("advantage", "gae_padding", "gae_holes", *_GROUP_KEYS, "gae_bootstrap"),
         ("gamma", "lam", "kl_coef"),
-        ("token_rewards", "old_values", "value_mask", "mask", "mapped_scores", "kl", "group_index"),
+        ("token_rewards", "old_values", "value_mask", "mask", "mapped_scores", "kl", "group_index",
+         "bootstrap_values", "truncated"),
         ("advantages_raw", "returns"), ro.advantages_stage, nv.advantages_naive,
         "pipeline.blocks.gae_by_rows (core.gae.gae), pipeline.rollout.critic_free_advantages "
         "(core.group.group_advantages, discounted_returns)",

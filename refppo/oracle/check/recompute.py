@@ -127,6 +127,8 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
         "old_values": t.get("old_values"),
         "mask": m,
         "group_index": t.get("group_index"),
+        "bootstrap_values": t.get("bootstrap_values"),
+        "truncated": t.get("truncated"),
     }
     if bug is not None:
         bug.check(t, conv, hp)
