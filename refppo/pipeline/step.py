@@ -117,6 +117,8 @@ def rollout_quantities(
     group_index: Tensor | None = None,
     groups_on_rank: bool = False,
     kl: Tensor | None = None,
+    bootstrap_values: Tensor | None = None,
+    truncated: Tensor | None = None,
 ) -> RolloutQuantities:
     """Steps 0–4: a walk of :data:`refppo.pipeline.stages.ROLLOUT_STAGES`.
 
@@ -132,10 +134,12 @@ def rollout_quantities(
     this rank (the trainer samples whole groups per rank and checks it), so the per-process group
     statistics are the global ones; without it a group estimator under ``all_reduce`` is refused.
     ``kl``: step 1's result when the caller already holds it (as :func:`reward_quantities`).
+    ``bootstrap_values``, ``truncated`` ``[B]``: read by GAE under ``gae_bootstrap=truncated``.
     """
     q = _rollout_inputs(
-        scores, old_logprobs, ref_logprobs, mask, kl, old_values=old_values, group_index=group_index
-    )
+        scores, old_logprobs, ref_logprobs, mask, kl, old_values=old_values, group_index=group_index,
+        bootstrap_values=bootstrap_values, truncated=truncated,
+    )  # fmt: skip
     ev = Evaluation(all_reduce=all_reduce, groups_on_rank=groups_on_rank)
     return _rollout_result(walk(ROLLOUT_STAGES, q, conv, hp, ev, keep=_ROLLOUT_OUT), conv)
 
@@ -150,11 +154,14 @@ def rollout_quantities_naive(
     hp: Hyperparams,
     conv: Convention,
     group_index: Tensor | None = None,
+    bootstrap_values: Tensor | None = None,
+    truncated: Tensor | None = None,
 ) -> RolloutQuantities:
     """:func:`rollout_quantities` through each stage's naive twin (one process)."""
     q = _rollout_inputs(
-        scores, old_logprobs, ref_logprobs, mask, None, old_values=old_values, group_index=group_index
-    )
+        scores, old_logprobs, ref_logprobs, mask, None, old_values=old_values, group_index=group_index,
+        bootstrap_values=bootstrap_values, truncated=truncated,
+    )  # fmt: skip
     return _rollout_result(walk(ROLLOUT_STAGES, q, conv, hp, keep=_ROLLOUT_OUT, naive=True), conv)
 
 

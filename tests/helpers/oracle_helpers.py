@@ -126,6 +126,8 @@ def naive_outputs(
         hp=hp,
         conv=conv,
         group_index=t.get("group_index"),
+        bootstrap_values=t.get("bootstrap_values"),
+        truncated=t.get("truncated"),
     )
     out: dict[str, Tensor | float] = {
         "kl": token_kl_naive(t["old_logprobs"], t["ref_logprobs"], mask, f("kl_estimator"), **clamps),

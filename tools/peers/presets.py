@@ -45,6 +45,7 @@ VENVS: dict[str, dict[str, Unit]] = {
     "skyrl-areal": {
         "skyrl": Unit("skyrl-train", "peers.makers.skyrl:make"),
         "areal": Unit("areal", "peers.makers.areal:make"),
+        "areal:bootstrap": Unit("areal", "peers.makers.areal_bootstrap:make"),
         "skyrl:critic-free": Unit("skyrl-train", "peers.makers.critic_free_skyrl:make_skyrl"),
     },
     "trl": {"trl": Unit("trl", "peers.makers.trl_ppo:make_preset_cases")},

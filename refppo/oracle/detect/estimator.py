@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GaeHoles, GaePadding, KLPlacement, Variance
+from refppo.conventions import AdvantageEstimator, GaeBootstrap, GaeHoles, GaePadding, KLPlacement, Variance
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
@@ -54,6 +54,7 @@ def _advantages(s: Search, rs: RewardState, upd: dict[str, Any]) -> tuple[Tensor
     q = {
         "token_rewards": rs.rewards, "old_values": s.t.get("old_values"), "value_mask": rs.vm, "mask": s.m,
         "mapped_scores": rs.scores, "kl": rs.kl.kl, "group_index": s.t.get("group_index"),
+        "bootstrap_values": s.t.get("bootstrap_values"), "truncated": s.t.get("truncated"),
     }  # fmt: skip
     out = s.evaluate("advantages", q, s.setting(**upd, kl_in=rs.kl_in.value), _ROLLOUT)
     return out["advantages_raw"], out["returns"]
@@ -62,16 +63,26 @@ def _advantages(s: Search, rs: RewardState, upd: dict[str, Any]) -> tuple[Tensor
 def gae_options(
     s: Search, g: Group[RewardState], pads: list[str], holes: list[GaeHoles]
 ) -> Iterable[Option[ReturnsState]]:
-    """GAE for each ``gae_padding`` in ``pads`` and each ``gae_holes`` in ``holes`` (named in the
-    option only when more than one is walked: a dump with holes)."""
+    """GAE for each ``gae_padding`` in ``pads``, each ``gae_holes`` in ``holes`` (named in the
+    option only when more than one is walked: a dump with holes) and each ``gae_bootstrap`` (both
+    only when the dump has ``bootstrap_values``)."""
     rs = g.state
-    for pad, h in product(pads, holes):
-        adv_raw, ret = _advantages(s, rs, {"advantage": "gae", "gae_padding": pad, "gae_holes": h.value})
+    for pad, h, boot in product(pads, holes, _boots(s)):
+        upd0 = {"advantage": "gae", "gae_padding": pad, "gae_holes": h.value, "gae_bootstrap": boot}
+        adv_raw, ret = _advantages(s, rs, upd0)
         ret_key = digest(ret, rs.vm)
         if s.prune is not None and not s.prune.keeps(ret_key, ret, rs.vm):
             continue  # no value loss reproduces the dump on these returns (refppo.oracle.detect.prune)
         upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {})
+        upd |= {"gae_bootstrap": boot} if boot != s.base.conv.adv.gae_bootstrap.value else {}
         yield with_raw_advantages(g, upd, adv_raw, ret, ret_key)
+
+
+def _boots(s: Search) -> list[str]:
+    own = s.base.conv.adv.gae_bootstrap.value
+    if "bootstrap_values" not in s.t:
+        return [own]
+    return list(dict.fromkeys([own, *(b.value for b in GaeBootstrap)]))
 
 
 def _holes(s: Search) -> list[GaeHoles]:

@@ -55,7 +55,7 @@ STEPS: tuple[Step, ...] = (
     Step(
         "returns", ("advantages",), ("returns",),
         ("advantage", "gae_padding", "gae_holes", "group_std", "group_std_level", "group_singleton",
-         "group_kl", "group_eps"),
+         "group_kl", "group_eps", "gae_bootstrap"),
         "group_eps",
     ),
     Step(
