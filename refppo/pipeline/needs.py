@@ -36,7 +36,11 @@ from refppo.pipeline.settings import Convention, Hyperparams
 Needs = Mapping[str, str]
 """``{input or hyperparameter: the setting under which the stage reads it}``."""
 
-KEY_SHAPES: dict[str, str] = {"ref_logprobs": "[B, T]", "rollout_logprobs": "[B, T]", "bootstrap_values": "[B]"}
+KEY_SHAPES: dict[str, str] = {
+    "ref_logprobs": "[B, T]",
+    "rollout_logprobs": "[B, T]",
+    "bootstrap_values": "[B]",
+}
 """The shape each optional input has in a dump (for the error line)."""
 
 

@@ -36,7 +36,9 @@ def _with_holes(b: Ragged) -> torch.Tensor:
 
 
 @given(ragged_batches(), unit, unit, holes_kinds, st.booleans())
-def test_bootstrapped_gae_matches_its_naive_twin(b: Ragged, gamma: float, lam: float, holes: str, holed: bool) -> None:
+def test_bootstrapped_gae_matches_its_naive_twin(
+    b: Ragged, gamma: float, lam: float, holes: str, holed: bool
+) -> None:
     m = _with_holes(b) if holed else b.mask
     r, v = b.floats(-1.0, 1.0), b.floats(-2.0, 2.0)
     boot = b.scores(-3.0, 3.0).to(b.dtype)
@@ -123,5 +125,6 @@ def test_stage_bootstraps_only_the_truncated_rows(naive: bool) -> None:
 
 
 def test_stage_without_bootstrap_values_is_one_line() -> None:
-    with pytest.raises(DumpError, match="missing required key 'bootstrap_values' \\[B\\]: read by the advantages"):
+    line = "missing required key 'bootstrap_values' \\[B\\]: read by the advantages stage"
+    with pytest.raises(DumpError, match=line):
         BY_NAME["advantages"].run(_q(None, None), ON, HP)

@@ -42,7 +42,7 @@ from refppo.pipeline.step import (
 
 INPUTS = {
     "scores", "old_logprobs", "ref_logprobs", "old_values", "mask", "group_index", "logprobs", "values",
-    "advantages", "returns", "value_mask", "entropy", "rollout_logprobs",
+    "advantages", "returns", "value_mask", "entropy", "rollout_logprobs", "bootstrap_values", "truncated",
 }  # fmt: skip
 """The step's inputs (the rollout's cached tensors, the current policy and critic)."""
 HP = Hyperparams(gamma=0.97, lam=0.9, kl_coef=0.1, ent_coef=0.01, cliprange_value=0.3)

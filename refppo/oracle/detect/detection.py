@@ -18,7 +18,8 @@ it proposes is evaluated through the stages like any other value). The steps
   score_scale, score_clip, kl_in, score_at, whiten_rewards, whiten_variance, whiten_eps_at; checked
   against token_rewards; solver: score bias and scale, score clip.
 - ``returns`` (stages advantages): walks advantage, gae_padding, gae_holes, group_std,
-  group_std_level, group_singleton, group_kl, group_eps; checked against returns; solver: group_eps.
+  group_std_level, group_singleton, group_kl, group_eps, gae_bootstrap; checked against returns;
+  solver: group_eps.
 - ``advantages`` (stages whitening): walks whiten_advantages, whiten_variance, whiten_eps_at,
   whiten_holes; checked against advantages; solver: (a fitted map, named).
 - ``correction`` (stages rollout_correction): walks rollout_is, rollout_is_agg, rollout_is_mode,
