@@ -54,11 +54,25 @@ class KLPlacement(StrEnum):
     - ``reward``: ``r_t −= β·KL_t`` with KL from the rollout-time (old) log-probs (InstructGPT,
       TRL, DeepSpeed-Chat, OpenRLHF default, verl ``use_kl_in_reward``);
     - ``loss``: no KL in the reward; ``β·agg(KL(π_θ‖π_ref))`` on the *current* log-probs is added
-      to the actor loss (verl ``use_kl_loss``, OpenRLHF ``algo.kl.use_loss``, GRPO).
+      to the actor loss (verl ``use_kl_loss``, OpenRLHF ``algo.kl.use_loss``, GRPO);
+    - ``both``: the two at once, one β and one estimator (verl 0.9.1 with ``use_kl_in_reward`` and
+      ``actor.use_kl_loss`` both on, ``kl_ctrl.kl_coef = kl_loss_coef``, ``kl_penalty = kl_loss_type``:
+      ``ray_trainer.apply_kl_penalty`` and ``dp_actor.update_policy``).
     """
 
     REWARD = "reward"
     LOSS = "loss"
+    BOTH = "both"
+
+    @property
+    def in_reward(self) -> bool:
+        """``r_t −= β·KL_t`` (``reward`` or ``both``)."""
+        return self is not KLPlacement.LOSS
+
+    @property
+    def in_loss(self) -> bool:
+        """A KL loss on the current log-probs in the total (``loss`` or ``both``)."""
+        return self is not KLPlacement.REWARD
 
 
 class ScorePosition(StrEnum):

@@ -20,7 +20,6 @@ from refppo.conventions import (
     AdvantageEstimator,
     GaeBootstrap,
     GaePadding,
-    KLPlacement,
     ScorePosition,
     Variance,
     WhitenHoles,
@@ -84,7 +83,7 @@ def value_mask_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluati
 
 def rewards_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """Step 2 by :func:`refppo.core.rewards.token_rewards_naive`."""
-    beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
+    beta = hp.kl_coef if conv.kl.placement.in_reward else 0.0
     raw = token_rewards_naive(
         q["mapped_scores"], q["kl"] if beta > 0 else None, q["mask"], beta, score_at=conv.reward.score_at
     )

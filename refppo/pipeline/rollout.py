@@ -27,7 +27,6 @@ from refppo.conventions import (
     AdvantageEstimator,
     GaeBootstrap,
     GaePadding,
-    KLPlacement,
     ScorePosition,
     Variance,
     WhitenHoles,
@@ -91,7 +90,7 @@ def value_mask_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
 def rewards_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """Step 2: the token rewards before whitening, ``r = s·[t = p] − β·KL`` (``−β·KL`` only when KL
     is in the reward), ``[B, T]``."""
-    beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
+    beta = hp.kl_coef if conv.kl.placement.in_reward else 0.0
     kl = q["kl"] if beta > 0 else None
     raw = token_rewards(q["mapped_scores"], kl, q["mask"], beta, score_at=conv.reward.score_at)
     return {"token_rewards_raw": raw}
@@ -214,7 +213,7 @@ def _group_scores(
         s = torch.where(value_mask_, rewards, zero).sum(dim=1)
     else:
         s = scores.to(rewards.dtype)
-        if conv.kl.placement is KLPlacement.REWARD and hp.kl_coef > 0:
+        if conv.kl.placement.in_reward and hp.kl_coef > 0:
             assert kl is not None  # the kl stage needs ref_logprobs then (needs.kl_needs)
             penalty = torch.where(mask, -hp.kl_coef * kl, zero)
     return s, penalty

@@ -41,7 +41,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from refppo.conventions import AdvantageEstimator, KLPlacement, Whitening
+from refppo.conventions import AdvantageEstimator, Whitening
 from refppo.pipeline import grad_naive as gn
 from refppo.pipeline import naive as nv
 from refppo.pipeline import naive_update as nu
@@ -165,7 +165,7 @@ def walk(
 
 
 def _reward_reads(conv: Convention) -> tuple[str, ...]:
-    beta = ("kl_coef",) if conv.kl.placement is KLPlacement.REWARD else ()
+    beta = ("kl_coef",) if conv.kl.placement.in_reward else ()
     return ("score_at", "kl_in", *beta)
 
 

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement
 from refppo.core.checks import check_mask
 from refppo.core.masked import AllReduce
 from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
@@ -97,7 +96,7 @@ def reward_quantities(
 
 def _rollout_result(out: dict[str, Any], conv: Convention) -> RolloutQuantities:
     kl = out["kl"]
-    if conv.kl.placement is KLPlacement.LOSS and kl is not None:
+    if not conv.kl.placement.in_reward and kl is not None:
         kl = torch.zeros_like(kl)
     return RolloutQuantities(
         kl, out["token_rewards"], out["advantages_raw"], out["advantages"], out["returns"], out["value_mask"]

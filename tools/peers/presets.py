@@ -41,6 +41,7 @@ VENVS: dict[str, dict[str, Unit]] = {
         "verl:correction": Unit("verl", "peers.makers.verl_correction:make"),
         "openrlhf:critic-free": Unit("openrlhf", "peers.makers.critic_free:make_openrlhf"),
         "verl:gspo": Unit("verl", "peers.makers.verl_gspo:make"),
+        "verl:kl-both": Unit("verl", "peers.makers.verl_kl_both:make"),
     },
     "skyrl-areal": {
         "skyrl": Unit("skyrl-train", "peers.makers.skyrl:make"),

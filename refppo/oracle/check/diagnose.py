@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from refppo.conventions import AdvantageEstimator, KLPlacement
+from refppo.conventions import AdvantageEstimator
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.core.gae import has_holes
 from refppo.dump.load import Dump
@@ -68,7 +68,7 @@ def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
         return conv.adv.estimator in STD_ESTIMATORS and (key != "group_std_level" or several)
     if key == "group_singleton":
         return bool((torch.unique(groups, return_counts=True)[1] == 1).any())
-    return conv.kl.placement is KLPlacement.REWARD and setup.hp.kl_coef > 0
+    return conv.kl.placement.in_reward and setup.hp.kl_coef > 0
 
 
 BUG_AFFECTS: dict[str, frozenset[str]] = {n: affected(b) & frozenset(OUTPUTS) for n, b in BUG_TABLE.items()}

@@ -169,7 +169,7 @@ def _value_twin_notes(dump: Dump, convs: list[dict[str, Any]], undetermined: lis
     the same step, nothing to decide.)"""
     if dump.has("grad_logprobs"):
         return []
-    found = {KLEstimator(c["kl_estimator"]) for c in convs if c.get("kl_in") == "loss"}
+    found = {KLEstimator(c["kl_estimator"]) for c in convs if c.get("kl_in") in ("loss", "both")}
     pairs = sorted({e.base.value for e in found if any(t.base is e.base and t is not e for t in KLEstimator)})
     if not pairs:
         return []
