@@ -36,8 +36,8 @@ def _step(conv: Convention, hp: Hyperparams, seed: int, naive: bool = False) -> 
     ro = (rollout_quantities_naive if naive else rollout_quantities)(**kw)  # type: ignore[arg-type]
     upd = dict(
         logprobs=x["logprobs"], values=x["values"], old_logprobs=x["old_logprobs"],
-        old_values=x["old_values"], advantages=ro.advantages, returns=ro.returns, mask=m, value_mask_=ro.value_mask,
-        ref_logprobs=x["ref_logprobs"], entropy=x["entropy"],
+        old_values=x["old_values"], advantages=ro.advantages, returns=ro.returns, mask=m,
+        value_mask_=ro.value_mask, ref_logprobs=x["ref_logprobs"], entropy=x["entropy"],
     )  # fmt: skip
     if naive:
         return ro, update_quantities_naive(update_inputs(**upd), hp=hp, conv=conv)  # type: ignore[arg-type]
