@@ -50,9 +50,12 @@ def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
     estimator only with a ``group_index``; σ's options only under ``grpo``/``grpo-passk`` (the
     batch levels only with more than one prompt); ``group_singleton`` only with a group of one;
     ``group_kl`` only with a reward KL (``kl_in=reward``, ``kl_coef`` > 0); a rollout correction
-    (``rollout_correction``) only on a dump with ``rollout_logprobs``."""
+    (``rollout_correction``) only on a dump with ``rollout_logprobs``; ``gae_bootstrap`` only under
+    ``gae`` on a dump with ``bootstrap_values``."""
     if key == "rollout_correction":  # the weight reads the behaviour log-probs
         return "rollout_logprobs" in dump.tensors
+    if key == "gae_bootstrap":  # GAE's bootstrap reads the dumped values after the last token
+        return "bootstrap_values" in dump.tensors and setup.conv.adv.estimator is AdvantageEstimator.GAE
     if key not in GROUP_ALTERNATIVES:  # the group options (the same keys as _GROUP of its module)
         return True
     conv = setup.conv

@@ -146,10 +146,13 @@ def _reward_options(
     """The rewards step's walk: ``kl_in`` × ``score_at`` × score map × ``score_clip`` × reward
     whitening, each through the score_map, value_mask and rewards stages."""
     m, t = s.m, s.t
+    # kl_in=both differs from reward only by the KL loss: walked where a dumped quantity shows it
+    shows_loss = "logprobs" in t and any(k in t for k in ("kl_loss", "loss", "grad_logprobs"))
+    placements = [p for p in KLPlacement if p is not KLPlacement.BOTH or shows_loss]
 
     def opts(g: Group[KLState]) -> Iterable[Option[RewardState]]:
         kl = g.state
-        for kl_in, score_at, (bias, scale), sc in product(KLPlacement, ScorePosition, maps, clips):
+        for kl_in, score_at, (bias, scale), sc in product(placements, ScorePosition, maps, clips):
             vm = s.value_mask(score_at)
             smap: dict[str, Any] = {"score_bias": bias, "score_scale": scale, "score_clip": sc}
             scores = s.evaluate("score_map", {"scores": t["scores"]}, s.setting(**smap))["mapped_scores"]
