@@ -80,6 +80,8 @@ def inputs_and_conv(key: str, value: Any) -> tuple[dict[str, torch.Tensor], dict
         x["rollout_logprobs"] = x["old_logprobs"] + 0.4 * torch.randn(x["old_logprobs"].shape, generator=g)
         conv.setdefault("rollout_is", "sequence" if key == "rollout_is_agg" else "token")
         conv.update(rollout_is_low=0.7, rollout_is_high=1.5)  # both bind (|d| ~ 0.4)
+    if key == "gae_bootstrap":  # row 0 fills the frame (truncated); the others' values are not read
+        x["bootstrap_values"] = torch.linspace(-1.5, 2.0, x["scores"].shape[0], dtype=torch.float64)
     return x, conv
 
 
