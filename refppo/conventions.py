@@ -201,6 +201,23 @@ class GaeBootstrap(StrEnum):
     TRUNCATED = "truncated"
 
 
+class ScoreSlotKL(StrEnum):
+    """Whether the score slot outside the mask (``score_at`` ``after_last_valid`` or
+    ``last_position``) carries a KL penalty too.
+
+    - ``none``: ``r_p = s`` there, the KL only on the mask's tokens (TRL; refppo default);
+    - ``kl``: ``r_p = s − β·KL_p``, the KL of the token at the slot as well (DeepSpeed-Chat
+      ``dschat/rlhf/ppo_trainer.py::DeepSpeedPPOTrainer.compute_rewards``: ``rewards = −β·(log π −
+      log π_ref)`` on every position and ``rewards[j, start:ends[j]][−1] += score``; the slot's token
+      is the EOS when pad = eos). The dump then holds real ``old_logprobs``/``ref_logprobs`` at the slot.
+
+    Equal under ``score_at=last_valid`` (the slot is a valid token).
+    """
+
+    NONE = "none"
+    KL = "kl"
+
+
 class WhitenHoles(StrEnum):
     """Which tokens the advantage whitening's moments run over when the mask has interior holes.
 
@@ -359,6 +376,7 @@ __all__ = [
     "LossAgg",
     "PolicyLoss",
     "ScorePosition",
+    "ScoreSlotKL",
     "ValueClipForm",
     "ValueLoss",
     "Variance",

@@ -25,6 +25,7 @@ from refppo.conventions import (
     LossAgg,
     PolicyLoss,
     ScorePosition,
+    ScoreSlotKL,
     ValueClipForm,
     ValueLoss,
     Variance,
@@ -139,6 +140,10 @@ class RewardConvention:
     whiten: Whitening = field(default=Whitening.NONE, metadata=flat_key("whiten_rewards", omit=True))
     """Normalisation of the token rewards over the value mask, after the KL and the score and before
     GAE (TRL ``whiten_rewards=True``: ``masked_no_shift``)."""
+    slot_kl: ScoreSlotKL = field(
+        default=ScoreSlotKL.NONE, metadata=flat_key("score_slot_kl", omit=True, config=False)
+    )
+    """The KL penalty at a score slot outside the mask too (``kl``: DeepSpeed-Chat) or not."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)

@@ -21,6 +21,7 @@ from refppo.conventions import (
     GaeBootstrap,
     GaePadding,
     ScorePosition,
+    ScoreSlotKL,
     Variance,
     WhitenHoles,
     Whitening,
@@ -82,10 +83,19 @@ def value_mask_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluati
 
 
 def rewards_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
-    """Step 2 by :func:`refppo.core.rewards.token_rewards_naive`."""
+    """Step 2 by :func:`refppo.core.rewards.token_rewards_naive` (under ``score_slot_kl=kl`` the KL of
+    :func:`refppo.core.kl.token_kl_naive` over the value mask)."""
     beta = hp.kl_coef if conv.kl.placement.in_reward else 0.0
+    kl, kl_mask = q["kl"] if beta > 0 else None, None
+    at_slot = conv.reward.slot_kl is ScoreSlotKL.KL and conv.reward.score_at is not ScorePosition.LAST_VALID
+    if beta > 0 and at_slot:  # the KL over the value mask (the slot's token too)
+        k, kl_mask = conv.kl, q["value_mask"]
+        kl = token_kl_naive(
+            q["old_logprobs"], q["ref_logprobs"], kl_mask, k.estimator,
+            log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp,
+        )  # fmt: skip
     raw = token_rewards_naive(
-        q["mapped_scores"], q["kl"] if beta > 0 else None, q["mask"], beta, score_at=conv.reward.score_at
+        q["mapped_scores"], kl, q["mask"], beta, score_at=conv.reward.score_at, kl_mask=kl_mask
     )
     return {"token_rewards_raw": raw}
 

@@ -5,7 +5,7 @@ cached rollout tensors), each ``fn(q, conv, hp, ev) -> {quantity: tensor}`` of
     score_map_stage      scores                        -> mapped_scores      map_scores
     kl_stage             old_logprobs, ref_logprobs    -> kl                 token_kl
     value_mask_stage     mask                          -> value_mask         value_mask
-    rewards_stage        mapped_scores, kl             -> token_rewards_raw  token_rewards
+    rewards_stage        mapped_scores, kl (value_mask)-> token_rewards_raw  token_rewards
     reward_whitening_stage token_rewards_raw, value_mask -> token_rewards    normalize
     advantages_stage     token_rewards, old_values, …  -> advantages_raw,    gae_by_rows, or
                          (bootstrap_values, truncated)   returns            critic_free_advantages
@@ -28,6 +28,7 @@ from refppo.conventions import (
     GaeBootstrap,
     GaePadding,
     ScorePosition,
+    ScoreSlotKL,
     Variance,
     WhitenHoles,
     Whitening,
@@ -87,12 +88,34 @@ def value_mask_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
     return {"value_mask": value_mask(q["mask"], conv.reward.score_at)}
 
 
+def slot_kl_on(conv: Convention, hp: Hyperparams) -> bool:
+    """The KL penalty reaches a score slot outside the mask (``score_slot_kl=kl`` with the KL in the
+    reward, β > 0 and the score after the last valid token)."""
+    return (
+        conv.reward.slot_kl is ScoreSlotKL.KL
+        and conv.kl.placement.in_reward
+        and hp.kl_coef > 0
+        and conv.reward.score_at is not ScorePosition.LAST_VALID
+    )
+
+
 def rewards_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """Step 2: the token rewards before whitening, ``r = s·[t = p] − β·KL`` (``−β·KL`` only when KL
-    is in the reward), ``[B, T]``."""
+    is in the reward), ``[B, T]``. Under ``score_slot_kl=kl`` (:func:`slot_kl_on`) the KL is taken
+    over the value mask (the slot's token too: ``conv.kl``'s estimator and clamps on the old and
+    reference log-probs) and subtracted there."""
     beta = hp.kl_coef if conv.kl.placement.in_reward else 0.0
     kl = q["kl"] if beta > 0 else None
-    raw = token_rewards(q["mapped_scores"], kl, q["mask"], beta, score_at=conv.reward.score_at)
+    kl_mask = None
+    if slot_kl_on(conv, hp):
+        k, kl_mask = conv.kl, q["value_mask"]
+        kl = token_kl(
+            q["old_logprobs"], q["ref_logprobs"], kl_mask, k.estimator,
+            log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp,
+        )  # fmt: skip
+    raw = token_rewards(
+        q["mapped_scores"], kl, q["mask"], beta, score_at=conv.reward.score_at, kl_mask=kl_mask
+    )
     return {"token_rewards_raw": raw}
 
 

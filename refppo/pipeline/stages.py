@@ -164,9 +164,13 @@ def walk(
     return out
 
 
+_KL_KEYS = ("kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp")
+
+
 def _reward_reads(conv: Convention) -> tuple[str, ...]:
     beta = ("kl_coef",) if conv.kl.placement.in_reward else ()
-    return ("score_at", "kl_in", *beta)
+    slot = conv.reward.score_at.value != "last_valid" and conv.kl.placement.in_reward
+    return ("score_at", "kl_in", "score_slot_kl", *beta, *(_KL_KEYS if slot else ()))
 
 
 def _reward_whitening_reads(conv: Convention) -> tuple[str, ...]:
@@ -208,7 +212,8 @@ _ROLLOUT = (
         nv.value_mask_naive_stage, "pipeline.rollout.value_mask",
     ),
     Stage(
-        "rewards", "rollout", ("score_at", "kl_in"), ("kl_coef",), ("mapped_scores", "kl", "mask"),
+        "rewards", "rollout", ("score_at", "kl_in", "score_slot_kl", *_KL_KEYS), ("kl_coef",),
+        ("mapped_scores", "kl", "mask", "value_mask", "old_logprobs", "ref_logprobs"),
         ("token_rewards_raw",), ro.rewards_stage, nv.rewards_naive, "core.rewards.token_rewards",
         active=_reward_reads, needs=nd.rewards_needs,
     ),

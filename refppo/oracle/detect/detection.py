@@ -15,8 +15,8 @@ it proposes is evaluated through the stages like any other value). The steps
 - ``kl`` (stages kl): walks kl_estimator, kl_log_ratio_clamp, kl_value_clamp; checked against kl;
   solver: the KL clamps.
 - ``token_rewards`` (stages score_map, value_mask, rewards, reward_whitening): walks score_bias,
-  score_scale, score_clip, kl_in, score_at, whiten_rewards, whiten_variance, whiten_eps_at; checked
-  against token_rewards; solver: score bias and scale, score clip.
+  score_scale, score_clip, kl_in, score_at, whiten_rewards, whiten_variance, whiten_eps_at,
+  score_slot_kl; checked against token_rewards; solver: score bias and scale, score clip.
 - ``returns`` (stages advantages): walks advantage, gae_padding, gae_holes, group_std,
   group_std_level, group_singleton, group_kl, group_eps, gae_bootstrap; checked against returns;
   solver: group_eps.

@@ -49,7 +49,7 @@ STEPS: tuple[Step, ...] = (
     Step(
         "token_rewards", ("score_map", "value_mask", "rewards", "reward_whitening"), ("token_rewards",),
         ("score_bias", "score_scale", "score_clip", "kl_in", "score_at", "whiten_rewards", "whiten_variance",
-         "whiten_eps_at"),
+         "whiten_eps_at", "score_slot_kl"),
         "score bias and scale, score clip",
     ),
     Step(
