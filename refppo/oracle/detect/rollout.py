@@ -147,8 +147,9 @@ def _reward_options(
     """The rewards step's walk: ``kl_in`` × ``score_at`` × score map × ``score_clip`` × reward
     whitening, each through the score_map, value_mask and rewards stages."""
     m, t = s.m, s.t
-    # kl_in=both differs from reward only by the KL loss: walked where a dumped quantity shows it
-    shows_loss = "logprobs" in t and any(k in t for k in ("kl_loss", "loss", "grad_logprobs"))
+    # kl_in=both differs from reward only by the KL loss: walked on a dump that logs a KL loss
+    # (a trainer with the KL in the reward alone logs none; verl with both on logs its kl_loss)
+    shows_loss = "logprobs" in t and "kl_loss" in t
     placements = [p for p in KLPlacement if p is not KLPlacement.BOTH or shows_loss]
 
     def opts(g: Group[KLState]) -> Iterable[Option[RewardState]]:
