@@ -54,11 +54,25 @@ class KLPlacement(StrEnum):
     - ``reward``: ``r_t −= β·KL_t`` with KL from the rollout-time (old) log-probs (InstructGPT,
       TRL, DeepSpeed-Chat, OpenRLHF default, verl ``use_kl_in_reward``);
     - ``loss``: no KL in the reward; ``β·agg(KL(π_θ‖π_ref))`` on the *current* log-probs is added
-      to the actor loss (verl ``use_kl_loss``, OpenRLHF ``algo.kl.use_loss``, GRPO).
+      to the actor loss (verl ``use_kl_loss``, OpenRLHF ``algo.kl.use_loss``, GRPO);
+    - ``both``: the two at once, one β and one estimator (verl 0.9.1 with ``use_kl_in_reward`` and
+      ``actor.use_kl_loss`` both on, ``kl_ctrl.kl_coef = kl_loss_coef``, ``kl_penalty = kl_loss_type``:
+      ``ray_trainer.apply_kl_penalty`` and ``dp_actor.update_policy``).
     """
 
     REWARD = "reward"
     LOSS = "loss"
+    BOTH = "both"
+
+    @property
+    def in_reward(self) -> bool:
+        """``r_t −= β·KL_t`` (``reward`` or ``both``)."""
+        return self is not KLPlacement.LOSS
+
+    @property
+    def in_loss(self) -> bool:
+        """A KL loss on the current log-probs in the total (``loss`` or ``both``)."""
+        return self is not KLPlacement.REWARD
 
 
 class ScorePosition(StrEnum):
@@ -170,6 +184,38 @@ class GaeHoles(StrEnum):
     SKIP = "skip"
     ZERO = "zero"
     THROUGH = "through"
+
+
+class GaeBootstrap(StrEnum):
+    """What GAE reads after a row's last valid token, ``V_{t_L}`` (:func:`refppo.core.gae.gae`).
+
+    - ``none``: 0 on every row, each row an ended episode (verl, OpenRLHF, TRL, SkyRL; default);
+    - ``truncated``: on rows cut at the generation limit (``truncated`` [B], else the rows whose
+      last position ``T − 1`` is valid) the dumped ``bootstrap_values`` [B], the critic's value of
+      the state after the last token; 0 on the rest (AReaL 1.0.4
+      ``areal/trainer/ppo/actor.py::PPOActor._compute_advantages``:
+      ``nextvalues = values[:, max_seqlen − 1] * seq_no_eos_mask``).
+    """
+
+    NONE = "none"
+    TRUNCATED = "truncated"
+
+
+class ScoreSlotKL(StrEnum):
+    """Whether the score slot outside the mask (``score_at`` ``after_last_valid`` or
+    ``last_position``) carries a KL penalty too.
+
+    - ``none``: ``r_p = s`` there, the KL only on the mask's tokens (TRL; refppo default);
+    - ``kl``: ``r_p = s − β·KL_p``, the KL of the token at the slot as well (DeepSpeed-Chat
+      ``dschat/rlhf/ppo_trainer.py::DeepSpeedPPOTrainer.compute_rewards``: ``rewards = −β·(log π −
+      log π_ref)`` on every position and ``rewards[j, start:ends[j]][−1] += score``; the slot's token
+      is the EOS when pad = eos). The dump then holds real ``old_logprobs``/``ref_logprobs`` at the slot.
+
+    Equal under ``score_at=last_valid`` (the slot is a valid token).
+    """
+
+    NONE = "none"
+    KL = "kl"
 
 
 class WhitenHoles(StrEnum):
@@ -322,6 +368,7 @@ class PolicyLoss(StrEnum):
 __all__ = [
     "AdvantageEstimator",
     "ApproxKL",
+    "GaeBootstrap",
     "GaeHoles",
     "GaePadding",
     "KLEstimator",
@@ -329,6 +376,7 @@ __all__ = [
     "LossAgg",
     "PolicyLoss",
     "ScorePosition",
+    "ScoreSlotKL",
     "ValueClipForm",
     "ValueLoss",
     "Variance",

@@ -2,7 +2,8 @@
 
 For a row with valid length ``L`` (mask ``m``), score ``s``, per-token KL ``k_t`` and coefficient β::
 
-    r_t = s·[t == p(L)] − β·k_t·m_t
+    r_t = s·[t == p(L)] − β·k_t·m_t        (m_t: ``kl_mask`` when given: DeepSpeed-Chat's KL at
+                                            the score slot too, :class:`~refppo.conventions.ScoreSlotKL`)
 
 where ``p(L)`` is the score position of :class:`~refppo.conventions.ScorePosition`::
 
@@ -26,6 +27,7 @@ from torch import Tensor
 from refppo.conventions import ScorePosition, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.checks import check_b, check_bt, check_mask, check_nonneg, check_same_dtype
+from refppo.errors import ShapeError
 from refppo.types import ResponseMask, SeqFloat, TokenFloat
 
 
@@ -54,11 +56,21 @@ def _score_positions(m: Tensor, where: ScorePosition) -> Tensor:
 
 
 def _checked_reward_inputs(
-    scores: SeqFloat, kl: TokenFloat | None, mask: ResponseMask, beta: float, score_at: ScorePosition | str
+    scores: SeqFloat,
+    kl: TokenFloat | None,
+    mask: ResponseMask,
+    beta: float,
+    score_at: ScorePosition | str,
+    kl_mask: ResponseMask | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, ScorePosition]:
     """:func:`token_rewards`' inputs checked in one place (shared with :func:`token_rewards_naive`,
-    so a bad input gets the same error from both): ``(mask, scores, kl, score_at)``."""
+    so a bad input gets the same error from both): ``(mask, scores, kl, score_at)``; ``kl_mask``, when
+    given, a ``[B, T]`` mask of the mask's shape."""
     m = check_mask("mask", mask)
+    if kl_mask is not None:
+        km = check_mask("kl_mask", kl_mask)
+        if km.shape != m.shape:
+            raise ShapeError(f"kl_mask: expected shape {list(m.shape)} (the mask's), got {list(km.shape)}")
     B, _ = m.shape
     scores = check_b("scores", scores, B, m.device)
     check_nonneg("beta", beta)
@@ -76,18 +88,21 @@ def token_rewards(
     beta: float,
     *,
     score_at: ScorePosition | str = ScorePosition.LAST_VALID,
+    kl_mask: ResponseMask | None = None,
 ) -> TokenFloat:
-    """``r[b, t] = s_b·[t == p_b] − β·kl[b, t]·m[b, t]``, ``[B, T]``.
+    """``r[b, t] = s_b·[t == p_b] − β·kl[b, t]·m'[b, t]``, ``[B, T]``, ``m'`` = ``kl_mask`` (None:
+    ``mask``; the score position is always ``mask``'s).
 
     Only the score slot may be non-zero outside the mask (``after_last_valid``/``last_position``).
     """
-    m, scores, kl, where = _checked_reward_inputs(scores, kl, mask, beta, score_at)
+    m, scores, kl, where = _checked_reward_inputs(scores, kl, mask, beta, score_at, kl_mask)
     pos = _score_positions(m, where)
     zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
     if kl is None:
         r = torch.zeros(m.shape, dtype=scores.dtype, device=m.device)
     else:
-        r = torch.where(m, -beta * kl, zero)
+        km = m if kl_mask is None else check_mask("kl_mask", kl_mask)
+        r = torch.where(km, -beta * kl, zero)
     # r[b, p_b] += s_b (one score slot per row).
     return r.scatter_add(1, pos.unsqueeze(1), scores.unsqueeze(1))
 
@@ -99,14 +114,17 @@ def token_rewards_naive(
     beta: float,
     *,
     score_at: ScorePosition | str = ScorePosition.LAST_VALID,
+    kl_mask: ResponseMask | None = None,
 ) -> TokenFloat:
-    """Naive twin of :func:`token_rewards`: build each row as ``[0, …, 0, s] − β·KL``."""
-    where = _checked_reward_inputs(scores, kl, mask, beta, score_at)[3]  # the core's checks
+    """Naive twin of :func:`token_rewards`: build each row as ``[0, …, 0, s] − β·KL`` (the KL where
+    ``kl_mask`` is 1, default the mask)."""
+    where = _checked_reward_inputs(scores, kl, mask, beta, score_at, kl_mask)[3]  # the core's checks
     ms = pf.mask_rows(mask)
+    kms = ms if kl_mask is None else pf.mask_rows(kl_mask)
     ss = pf.vec(scores)
     ks = pf.rows(kl) if kl is not None else [[0.0] * len(row) for row in ms]
     out = []
-    for s, krow, mrow in zip(ss, ks, ms, strict=True):
+    for s, krow, mrow, kmrow in zip(ss, ks, ms, kms, strict=True):
         T = len(mrow)
         last = max(t for t in range(T) if mrow[t])
         if where == ScorePosition.LAST_VALID:
@@ -117,7 +135,7 @@ def token_rewards_naive(
             p = T - 1
         row = []
         for t in range(T):
-            value = -beta * krow[t] if mrow[t] else 0.0
+            value = -beta * krow[t] if kmrow[t] else 0.0
             if t == p:
                 value += s
             row.append(value)

@@ -23,13 +23,17 @@ CRITIC_INPUTS: tuple[str, ...] = ("old_values",)
 """Required unless the checked convention's estimator needs no critic (``advantage`` ≠ ``gae``):
 checked by :func:`check_inputs_for` once the convention is known."""
 UPDATE_INPUTS: tuple[str, ...] = ("logprobs", "values", "entropy")
-OPTIONAL_INPUTS: tuple[str, ...] = ("ref_logprobs", "rollout_logprobs")
+OPTIONAL_INPUTS: tuple[str, ...] = ("ref_logprobs", "rollout_logprobs", "bootstrap_values")
 """Inputs read only under some conventions (:func:`refppo.pipeline.reads.required_inputs`, checked by
 :func:`refppo.dump.required.check_inputs_for` once the setting is known): ``ref_logprobs`` [B, T], the
 reference policy's log-probs, read where a KL term with β > 0 is (``kl_in=reward``: the reward's
 −β·KL; ``kl_in=loss``: the KL loss); ``rollout_logprobs`` [B, T], the behaviour log-probs (what the
 inference engine reported for the sampled tokens), read by the rollout correction (``rollout_is``
-on). Finite at valid positions."""
+on); ``bootstrap_values`` [B], the critic's value of the state after each row's last token, read by
+GAE on the truncated rows under ``gae_bootstrap=truncated`` (finite on every row: 0 where it is not
+read). Finite at valid positions."""
+ROW_FLOAT_KEYS: tuple[str, ...] = ("scores", "bootstrap_values")
+"""[B] floats: each row's score and its bootstrap value."""
 TOKEN_OUTPUTS: tuple[str, ...] = ("kl", "token_rewards", "advantages", "returns")
 SCALAR_OUTPUTS: tuple[str, ...] = (
     "pg_loss",
@@ -56,12 +60,15 @@ GRAD_KEYS: tuple[str, ...] = ("grad_logprobs", "grad_values")
 """v2: ∂J/∂``logprobs`` and ∂J/∂``values`` of the whole optimizer step, [B, T] (spec/dump-format.md)."""
 INTEGER_KEYS: set[str] = {
     "micro_batch", "rank", "group_index", "policy_version", "input_ids", "attention_mask", "position_ids",
+    "truncated",
 }  # fmt: skip
 """Keys whose tensors hold integers (kept as int64, never cast to the compute dtype)."""
-ROW_INTEGER_KEYS: tuple[str, ...] = ("micro_batch", "rank", "group_index", "policy_version")
+ROW_INTEGER_KEYS: tuple[str, ...] = ("micro_batch", "rank", "group_index", "policy_version", "truncated")
 """[B] integers: v2's micro-batch (per rank) and data-parallel rank of each row; ``group_index``, the
 prompt each row answers (critic-free group estimators, issue #13); ``policy_version``, the policy
-update that sampled each row (an asynchronous trainer's staleness: the current version minus it)."""
+update that sampled each row (an asynchronous trainer's staleness: the current version minus it);
+``truncated``, 1 on the rows cut at the generation limit (no EOS), 0 on the rest (bool accepted),
+read with ``bootstrap_values`` under ``gae_bootstrap=truncated``."""
 SEQUENCE_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids")
 """The ``[B, P+T]`` sequences for re-scoring (validated by :mod:`refppo.dump.sequences`)."""
 SIDECAR_SCORING_KEYS: frozenset[str] = frozenset({"temperature"})
@@ -98,7 +105,9 @@ def sampling_problem(side: Mapping[str, Any]) -> str | None:
 STEP_KEYS: tuple[str, ...] = ("world_size", "micro_batches", "separate_critic", "loss_scale")
 """v2 sidecar keys describing the optimizer step (read here, not by the settings); ``loss_scale``: the
 AMP loss scale a ``StepRecorder`` divided out of the gradients (a record: nothing rescales by it)."""
-KNOWN_KEYS: frozenset[str] = frozenset((*TOKEN_KEYS, "scores", *SCALAR_OUTPUTS, *GRAD_KEYS, *INTEGER_KEYS))
+KNOWN_KEYS: frozenset[str] = frozenset(
+    (*TOKEN_KEYS, *ROW_FLOAT_KEYS, *SCALAR_OUTPUTS, *GRAD_KEYS, *INTEGER_KEYS)
+)
 NEEDS_UPDATE: dict[str, tuple[str, ...]] = {
     "pg_loss": ("logprobs",),
     "pg_clipfrac": ("logprobs",),

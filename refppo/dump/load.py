@@ -28,6 +28,7 @@ from refppo.dump.keys import (
     NEEDS_UPDATE,
     OPTIONAL_INPUTS,
     REQUIRED_INPUTS,
+    ROW_FLOAT_KEYS,
     SCALAR_OUTPUTS,
     SEQUENCE_KEYS,
     STEP_KEYS,
@@ -278,10 +279,10 @@ def _float_tensors(p: Path, raw: dict[str, Any], out: dict[str, Tensor], B: int,
                 raise DumpError(
                     f"{p}: {k}: expected shape [B, T] = [{B}, {T}] (from response_mask), got {list(t.shape)}"
                 )
-        elif k == "scores":
+        elif k in ROW_FLOAT_KEYS:
             if tuple(t.shape) != (B,):
                 raise DumpError(
-                    f"{p}: scores: expected shape [B] = [{B}] (from response_mask), got {list(t.shape)}"
+                    f"{p}: {k}: expected shape [B] = [{B}] (from response_mask), got {list(t.shape)}"
                 )
         elif t.numel() != 1 or t.dim() > 1:
             raise DumpError(f"{p}: {k}: expected a 0-dim scalar, got shape {list(t.shape)}")
@@ -304,7 +305,7 @@ def _to_compute_dtype(p: Path, out: dict[str, Tensor], dtype: torch.dtype) -> No
         checked = k in REQUIRED_INPUTS or k in CRITIC_INPUTS or k in UPDATE_INPUTS or k in OPTIONAL_INPUTS
         if checked and not math.isfinite(float(tc.sum())):
             finite = torch.isfinite(tc)  # slow path only when the one-pass sum says something is off
-            bad = ~finite if k == "scores" else (~finite & mask)
+            bad = ~finite if k in ROW_FLOAT_KEYS else (~finite & mask)
             if bool(bad.any()):
                 where = [int(i) for i in bad.nonzero()[0]]
                 raise DumpError(f"{p}: {k}: non-finite value at valid position {where}")

@@ -21,10 +21,12 @@ from refppo.pipeline.settings import Convention, Hyperparams
 WHAT: dict[str, str] = {
     "ref_logprobs": "the reference policy's log-probs of the sampled tokens",
     "rollout_logprobs": "the engine's log-probs of the sampled tokens",
+    "bootstrap_values": "the critic's value of the state after each row's last token",
 }
 ADVICE: dict[str, str] = {
     "ref_logprobs": "dump it, or check the step as it ran: kl_coef=0 (no KL term reads it)",
     "rollout_logprobs": "dump it, or check without the correction (rollout_is=none, rollout_rs=none)",
+    "bootstrap_values": "dump it (0 on rows that ended), or check with gae_bootstrap=none",
 }
 
 

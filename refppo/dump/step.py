@@ -48,11 +48,16 @@ def step_layout(path: Path, hparams: dict[str, Any]) -> StepLayout:
 
 
 def integer_key(p: Path, k: str, t: Tensor, B: int) -> Tensor:
-    """An integer-valued key as int64 (``micro_batch``, ``rank`` and ``group_index`` are ``[B]``)."""
+    """An integer-valued key as int64 (``micro_batch``, ``rank``, ``group_index`` are ``[B]``;
+    ``truncated`` ``[B]`` bool or 0/1)."""
+    if k == "truncated" and t.dtype == torch.bool:
+        t = t.to(torch.int64)
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
         raise DumpError(f"{p}: {k}: expected an integer tensor, got dtype {t.dtype}")
     if k in ROW_INTEGER_KEYS and tuple(t.shape) != (B,):
         raise DumpError(f"{p}: {k}: expected shape [B] = [{B}] (from response_mask), got {list(t.shape)}")
+    if k == "truncated" and not bool(((t == 0) | (t == 1)).all()):
+        raise DumpError(f"{p}: truncated: expected 0/1 (or bool) per row")
     return t.detach().to(torch.int64)
 
 

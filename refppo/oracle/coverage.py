@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from refppo.conventions import KLPlacement
 from refppo.dump.keys import KNOWN_KEYS, NEEDS_CRITIC, NEEDS_UPDATE, suggest
 from refppo.dump.load import Dump
 from refppo.errors import RefPPOError
@@ -60,7 +59,7 @@ def not_compared(dump: Dump, result: CheckResult) -> dict[str, str]:
     for n in OUTPUTS:
         if n in result.quantities:
             continue
-        if n == "kl_loss" and result.setup.conv.kl.placement is not KLPlacement.LOSS:
+        if n == "kl_loss" and not result.setup.conv.kl.placement.in_loss:
             out[n] = f"kl_in={result.setup.conv.kl.placement.value}: no KL loss"
             continue
         if n in ("kl", "kl_loss") and not dump.has("ref_logprobs"):

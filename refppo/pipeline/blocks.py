@@ -68,22 +68,33 @@ class Evaluation:
 
 
 def gae_by_rows(
-    rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float, holes: GaeHoles | str
+    rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    holes: GaeHoles | str,
+    last_values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`refppo.core.gae.gae` called on blocks of about :data:`ROW_BLOCK_ELEMENTS` rows'
     elements, written into ``[B, T]`` outputs: the same values bit for bit (GAE reads each row
     alone, with elementwise operations only: see ``_discounted_reverse_cumsum``), with the scan's
     temporaries (about seven ``[B, T]`` tensors) allocated per block. One call for a small batch.
+    ``last_values`` ``[B]``: each row's ``V_{t_L}`` (truncated rows; None: 0).
     """
     B, T = mask.shape
     step = max(1, ROW_BLOCK_ELEMENTS // max(T, 1))
     if step >= B:
-        return gae(rewards, values, mask, gamma=gamma, lam=lam, holes=holes)
+        return gae(rewards, values, mask, gamma=gamma, lam=lam, holes=holes, last_values=last_values)
     adv = torch.empty_like(rewards)
     ret = torch.empty_like(rewards)
     for i in range(0, B, step):
         rows = slice(i, min(i + step, B))
-        adv[rows], ret[rows] = gae(rewards[rows], values[rows], mask[rows], gamma=gamma, lam=lam, holes=holes)
+        boot = None if last_values is None else last_values[rows]
+        adv[rows], ret[rows] = gae(
+            rewards[rows], values[rows], mask[rows], gamma=gamma, lam=lam, holes=holes, last_values=boot
+        )
     return adv, ret
 
 

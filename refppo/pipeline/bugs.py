@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import GaeHoles, KLPlacement, ValueLoss, VfMask
+from refppo.conventions import GaeHoles, ValueLoss, VfMask
 from refppo.pipeline import rollout as ro
 from refppo.pipeline.blocks import Evaluation, gae_by_rows
 from refppo.pipeline.bugs_base import Bug
@@ -112,7 +112,7 @@ def _value_clip_around_new(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluati
 
 
 def _reward_kl(conv: Convention, hp: Hyperparams) -> str | None:
-    ok = conv.kl.placement is KLPlacement.REWARD and hp.kl_coef != 0
+    ok = conv.kl.placement.in_reward and hp.kl_coef != 0
     return None if ok else "a reward KL (kl_in=reward, kl_coef > 0)"
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, PolicyLoss
+from refppo.conventions import PolicyLoss
 from refppo.core import _pyfloat as pf
 from refppo.core.aggregate import agg_weights_naive
 from refppo.core.grad import kl_loss_grad_naive, policy_grad_naive, value_grad_naive
@@ -128,7 +128,7 @@ def objective_grads_naive(
     g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
     if is_weights is not None:
         g_lp = g_lp * is_weights.to(g_lp.dtype)
-    if conv.kl.placement is KLPlacement.LOSS and (ref_logprobs is not None or hp.kl_coef > 0):
+    if conv.kl.placement.in_loss and (ref_logprobs is not None or hp.kl_coef > 0):
         if ref_logprobs is None:
             raise DumpError(missing_line("ref_logprobs", "kl_loss", kl_loss_needs(conv, hp)["ref_logprobs"]))
         k = conv.kl

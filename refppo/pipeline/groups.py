@@ -15,6 +15,7 @@ from typing import Any
 from refppo.conventions import (
     AdvantageEstimator,
     ApproxKL,
+    GaeBootstrap,
     GaeHoles,
     GaePadding,
     KLEstimator,
@@ -22,6 +23,7 @@ from refppo.conventions import (
     LossAgg,
     PolicyLoss,
     ScorePosition,
+    ScoreSlotKL,
     ValueClipForm,
     ValueLoss,
     Variance,
@@ -109,6 +111,10 @@ class RewardConvention:
     whiten: Whitening = field(default=Whitening.NONE, metadata=flat_key("whiten_rewards", omit=True))
     """Normalisation of the token rewards over the value mask, after the KL and the score and before
     GAE (TRL ``whiten_rewards=True``: ``masked_no_shift``)."""
+    slot_kl: ScoreSlotKL = field(
+        default=ScoreSlotKL.NONE, metadata=flat_key("score_slot_kl", omit=True, config=False)
+    )
+    """The KL penalty at a score slot outside the mask too (``kl``: DeepSpeed-Chat) or not."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
@@ -147,6 +153,9 @@ class AdvantageConvention:
     gae_holes: GaeHoles = field(default=GaeHoles.SKIP, metadata=flat_key(omit=True))
     """How GAE crosses interior mask holes (multi-turn tool tokens): ``skip`` (verl), ``zero``
     (OpenRLHF agent mode), ``through`` (SkyRL); no effect on a right-padded mask."""
+    gae_bootstrap: GaeBootstrap = field(default=GaeBootstrap.NONE, metadata=flat_key(omit=True, config=False))
+    """GAE's ``V_{t_L}``: 0 (``none``) or the dumped ``bootstrap_values`` on truncated rows
+    (``truncated``: AReaL); :class:`refppo.conventions.GaeBootstrap`."""
     group_std: Variance = field(default=Variance.UNBIASED, metadata=flat_key(omit=True))
     """The group std of ``grpo`` and ``grpo-passk``: ``unbiased`` (n−1: ``torch.std``, verl, OpenRLHF,
     SkyRL) or ``population`` (n)."""

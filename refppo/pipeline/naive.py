@@ -18,9 +18,10 @@ from torch import Tensor
 
 from refppo.conventions import (
     AdvantageEstimator,
+    GaeBootstrap,
     GaePadding,
-    KLPlacement,
     ScorePosition,
+    ScoreSlotKL,
     Variance,
     WhitenHoles,
     Whitening,
@@ -32,7 +33,7 @@ from refppo.core.rewards import token_rewards_naive
 from refppo.core.score_map import map_scores_naive
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.naive_group import critic_free_advantages_naive
-from refppo.pipeline.needs import kl_needs, require_input
+from refppo.pipeline.needs import advantages_needs, kl_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Q = Mapping[str, Any]
@@ -82,10 +83,19 @@ def value_mask_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluati
 
 
 def rewards_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
-    """Step 2 by :func:`refppo.core.rewards.token_rewards_naive`."""
-    beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
+    """Step 2 by :func:`refppo.core.rewards.token_rewards_naive` (under ``score_slot_kl=kl`` the KL of
+    :func:`refppo.core.kl.token_kl_naive` over the value mask)."""
+    beta = hp.kl_coef if conv.kl.placement.in_reward else 0.0
+    kl, kl_mask = q["kl"] if beta > 0 else None, None
+    at_slot = conv.reward.slot_kl is ScoreSlotKL.KL and conv.reward.score_at is not ScorePosition.LAST_VALID
+    if beta > 0 and at_slot:  # the KL over the value mask (the slot's token too)
+        k, kl_mask = conv.kl, q["value_mask"]
+        kl = token_kl_naive(
+            q["old_logprobs"], q["ref_logprobs"], kl_mask, k.estimator,
+            log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp,
+        )  # fmt: skip
     raw = token_rewards_naive(
-        q["mapped_scores"], q["kl"] if beta > 0 else None, q["mask"], beta, score_at=conv.reward.score_at
+        q["mapped_scores"], kl, q["mask"], beta, score_at=conv.reward.score_at, kl_mask=kl_mask
     )
     return {"token_rewards_raw": raw}
 
@@ -110,11 +120,24 @@ def advantages_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
     if conv.adv.estimator is AdvantageEstimator.GAE:
         gae_mask = vmask if conv.adv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
         adv_raw, returns = gae_naive(
-            rewards, q["old_values"], gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes
-        )
+            rewards, q["old_values"], gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes,
+            last_values=_last_values_naive(q, conv, hp),
+        )  # fmt: skip
         return {"advantages_raw": adv_raw, "returns": returns}
     adv_raw = critic_free_advantages_naive(rewards, vmask, q["mask"], conv, q.get("group_index"))
     return {"advantages_raw": adv_raw, "returns": adv_raw}
+
+
+def _last_values_naive(q: Q, conv: Convention, hp: Hyperparams) -> Tensor | None:
+    """Naive twin of :func:`refppo.pipeline.rollout.gae_last_values`, row by row: a row is
+    truncated by its ``truncated`` flag, else when its last position is valid."""
+    if conv.adv.gae_bootstrap is GaeBootstrap.NONE:
+        return None
+    require_input(q, "bootstrap_values", "advantages", advantages_needs(conv, hp))
+    boot, flags, rows = q["bootstrap_values"], q.get("truncated"), q["mask"].tolist()
+    cut = [bool(row[-1]) for row in rows] if flags is None else [bool(f) for f in flags.tolist()]
+    vals = [float(b) if c else 0.0 for b, c in zip(boot.tolist(), cut, strict=True)]
+    return torch.tensor(vals, dtype=boot.dtype, device=boot.device)
 
 
 def whitening_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, ApproxKL, KLPlacement, LossAgg, PolicyLoss, VfMask
+from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_loss_naive
 from refppo.core.cispo import cispo_policy_loss_naive
 from refppo.core.gspo import gspo_policy_loss_naive
@@ -137,7 +137,7 @@ def entropy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
 
 def kl_loss_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor | None]:
     """:func:`refppo.core.objective.kl_loss_naive` with ``kl_in=loss``; else 0."""
-    if conv.kl.placement is not KLPlacement.LOSS:
+    if not conv.kl.placement.in_loss:
         return {"kl_loss": _f64(0.0, q["mask"].device)}
     if q.get("ref_logprobs") is None:
         require_input(q, "ref_logprobs", "kl_loss", kl_loss_needs(conv, hp))
@@ -157,7 +157,7 @@ def kl_metric_naive_stage(
     """The logged KL metric: :func:`refppo.core.objective.kl_loss_naive` under ``kl_metric_agg``
     when it differs from the term's aggregation; else the term."""
     agg = conv.agg.of("kl_metric")
-    if conv.kl.placement is not KLPlacement.LOSS or q["kl_loss"] is None or agg is conv.agg.of("kl"):
+    if not conv.kl.placement.in_loss or q["kl_loss"] is None or agg is conv.agg.of("kl"):
         return {"kl_metric": q["kl_loss"]}
     k, norm = conv.kl, normaliser_kwargs(ev.norm, hp.horizon, value=False)
     out = kl_loss_naive(
@@ -173,7 +173,7 @@ def total_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict
         float(q["pg_loss"]), float(q["vf_loss"]), float(q["entropy_loss"]),
         None if q["kl_loss"] is None else float(q["kl_loss"]),
         vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
-        kl_coef=hp.kl_coef if conv.kl.placement is KLPlacement.LOSS else 0.0,
+        kl_coef=hp.kl_coef if conv.kl.placement.in_loss else 0.0,
     )  # fmt: skip
     return {"loss": _f64(total, q["mask"].device)}
 

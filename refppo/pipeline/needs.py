@@ -7,15 +7,16 @@ stage's :attr:`~refppo.pipeline.stages.Stage.reads`: ``ref_logprobs``, ``rollout
 convention setting (and β) under which the stage reads it, for the one-line error when it is absent::
 
     stage               needs                under
-    kl                  ref_logprobs         kl_in=reward and kl_coef > 0 (the reward's −β·KL, and a
+    kl                  ref_logprobs         kl_in=reward (or both) and kl_coef > 0 (the reward's −β·KL, and a
                                              group estimator's ``group_kl``, read the KL)
-    rewards             kl_coef              kl_in=reward
+    rewards             kl_coef              kl_in=reward (or both)
     advantages          gamma, lam           advantage=gae;  gamma alone: advantage=reinforce++
+                        bootstrap_values     advantage=gae, gae_bootstrap=truncated
     rollout_correction  rollout_logprobs     rollout_is on
     policy              cliprange            always
     value               cliprange_value      advantage=gae (a critic) with value_loss=clipped
-    kl_loss             ref_logprobs         kl_in=loss and kl_coef > 0
-    total               kl_coef; vf_coef     kl_in=loss; advantage=gae (a critic)
+    kl_loss             ref_logprobs         kl_in=loss (or both) and kl_coef > 0
+    total               kl_coef; vf_coef     kl_in=loss (or both); advantage=gae (a critic)
 
 Without ``ref_logprobs`` where nothing needs it, the kl stage makes ``kl`` None (never a silent 0)
 and the kl_loss stage ``kl_loss`` None (``kl_coef`` = 0 multiplies it in the total): what the
@@ -28,14 +29,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from refppo.conventions import AdvantageEstimator, KLPlacement, ValueLoss
+from refppo.conventions import AdvantageEstimator, GaeBootstrap, ValueLoss
 from refppo.errors import DumpError
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Needs = Mapping[str, str]
 """``{input or hyperparameter: the setting under which the stage reads it}``."""
 
-KEY_SHAPES: dict[str, str] = {"ref_logprobs": "[B, T]", "rollout_logprobs": "[B, T]"}
+KEY_SHAPES: dict[str, str] = {
+    "ref_logprobs": "[B, T]",
+    "rollout_logprobs": "[B, T]",
+    "bootstrap_values": "[B]",
+}
 """The shape each optional input has in a dump (for the error line)."""
 
 
@@ -46,28 +51,32 @@ def _beta(hp: Hyperparams) -> str:
 def kl_needs(conv: Convention, hp: Hyperparams) -> Needs:
     """``ref_logprobs`` when the KL enters the reward with β > 0: the rewards stage subtracts β·KL
     and a group estimator's ``group_kl`` reads it; nothing else reads the stage's ``kl``."""
-    if conv.kl.placement is KLPlacement.REWARD and hp.kl_coef > 0:
-        return {"ref_logprobs": f"{_beta(hp)} (kl_in=reward)"}
+    if conv.kl.placement.in_reward and hp.kl_coef > 0:
+        return {"ref_logprobs": f"{_beta(hp)} (kl_in={conv.kl.placement.value})"}
     return {}
 
 
 def kl_loss_needs(conv: Convention, hp: Hyperparams) -> Needs:
     """``ref_logprobs`` when a KL loss on the current log-probs enters the total with β > 0."""
-    if conv.kl.placement is KLPlacement.LOSS and hp.kl_coef > 0:
-        return {"ref_logprobs": f"{_beta(hp)} (kl_in=loss)"}
+    if conv.kl.placement.in_loss and hp.kl_coef > 0:
+        return {"ref_logprobs": f"{_beta(hp)} (kl_in={conv.kl.placement.value})"}
     return {}
 
 
 def rewards_needs(conv: Convention, hp: Hyperparams) -> Needs:
     """β when the KL is in the reward."""
-    return {"kl_coef": "kl_in=reward"} if conv.kl.placement is KLPlacement.REWARD else {}
+    return {"kl_coef": f"kl_in={conv.kl.placement.value}"} if conv.kl.placement.in_reward else {}
 
 
 def advantages_needs(conv: Convention, hp: Hyperparams) -> Needs:
-    """γ and λ for GAE, γ for REINFORCE++'s discounted returns; a group estimator reads neither."""
+    """γ and λ for GAE (and ``bootstrap_values`` under ``gae_bootstrap=truncated``), γ for
+    REINFORCE++'s discounted returns; a group estimator reads neither."""
     est = conv.adv.estimator
     if est is AdvantageEstimator.GAE:
-        return {"gamma": "advantage=gae", "lam": "advantage=gae"}
+        out = {"gamma": "advantage=gae", "lam": "advantage=gae"}
+        if conv.adv.gae_bootstrap is GaeBootstrap.TRUNCATED:
+            out["bootstrap_values"] = "advantage=gae, gae_bootstrap=truncated"
+        return out
     if est is AdvantageEstimator.REINFORCE_PP:
         return {"gamma": "advantage=reinforce++"}
     return {}
@@ -93,7 +102,7 @@ def value_needs(conv: Convention, hp: Hyperparams) -> Needs:
 
 def total_needs(conv: Convention, hp: Hyperparams) -> Needs:
     """β with a KL loss; c1 with a critic."""
-    out = {"kl_coef": "kl_in=loss"} if conv.kl.placement is KLPlacement.LOSS else {}
+    out = {"kl_coef": f"kl_in={conv.kl.placement.value}"} if conv.kl.placement.in_loss else {}
     if has_critic(conv):
         out["vf_coef"] = "advantage=gae (a critic)"
     return out

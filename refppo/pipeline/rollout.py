@@ -5,10 +5,10 @@ cached rollout tensors), each ``fn(q, conv, hp, ev) -> {quantity: tensor}`` of
     score_map_stage      scores                        -> mapped_scores      map_scores
     kl_stage             old_logprobs, ref_logprobs    -> kl                 token_kl
     value_mask_stage     mask                          -> value_mask         value_mask
-    rewards_stage        mapped_scores, kl             -> token_rewards_raw  token_rewards
+    rewards_stage        mapped_scores, kl (value_mask)-> token_rewards_raw  token_rewards
     reward_whitening_stage token_rewards_raw, value_mask -> token_rewards    normalize
     advantages_stage     token_rewards, old_values, …  -> advantages_raw,    gae_by_rows, or
-                                                          returns            critic_free_advantages
+                         (bootstrap_values, truncated)   returns            critic_free_advantages
     whitening_stage      advantages_raw                -> advantages         normalize
 
 ``q`` maps quantity names to tensors (or None: no critic, no ``group_index``); ``mask`` there is the
@@ -25,9 +25,10 @@ from torch import Tensor
 
 from refppo.conventions import (
     AdvantageEstimator,
+    GaeBootstrap,
     GaePadding,
-    KLPlacement,
     ScorePosition,
+    ScoreSlotKL,
     Variance,
     WhitenHoles,
     Whitening,
@@ -43,7 +44,7 @@ from refppo.core.score_map import map_scores
 from refppo.errors import ConventionError, SingletonGroupError
 from refppo.group_conventions import GroupKL
 from refppo.pipeline.blocks import Evaluation, gae_by_rows
-from refppo.pipeline.needs import kl_needs, require_input
+from refppo.pipeline.needs import advantages_needs, kl_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Q = Mapping[str, Any]
@@ -87,12 +88,34 @@ def value_mask_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
     return {"value_mask": value_mask(q["mask"], conv.reward.score_at)}
 
 
+def slot_kl_on(conv: Convention, hp: Hyperparams) -> bool:
+    """The KL penalty reaches a score slot outside the mask (``score_slot_kl=kl`` with the KL in the
+    reward, β > 0 and the score after the last valid token)."""
+    return (
+        conv.reward.slot_kl is ScoreSlotKL.KL
+        and conv.kl.placement.in_reward
+        and hp.kl_coef > 0
+        and conv.reward.score_at is not ScorePosition.LAST_VALID
+    )
+
+
 def rewards_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """Step 2: the token rewards before whitening, ``r = s·[t = p] − β·KL`` (``−β·KL`` only when KL
-    is in the reward), ``[B, T]``."""
-    beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
+    is in the reward), ``[B, T]``. Under ``score_slot_kl=kl`` (:func:`slot_kl_on`) the KL is taken
+    over the value mask (the slot's token too: ``conv.kl``'s estimator and clamps on the old and
+    reference log-probs) and subtracted there."""
+    beta = hp.kl_coef if conv.kl.placement.in_reward else 0.0
     kl = q["kl"] if beta > 0 else None
-    raw = token_rewards(q["mapped_scores"], kl, q["mask"], beta, score_at=conv.reward.score_at)
+    kl_mask = None
+    if slot_kl_on(conv, hp):
+        k, kl_mask = conv.kl, q["value_mask"]
+        kl = token_kl(
+            q["old_logprobs"], q["ref_logprobs"], kl_mask, k.estimator,
+            log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp,
+        )  # fmt: skip
+    raw = token_rewards(
+        q["mapped_scores"], kl, q["mask"], beta, score_at=conv.reward.score_at, kl_mask=kl_mask
+    )
     return {"token_rewards_raw": raw}
 
 
@@ -119,8 +142,9 @@ def advantages_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
     group estimators need ``group_index`` ``[B]``; returns = the raw advantages, as verl and OpenRLHF).
     A group estimator under ``all_reduce`` needs ``ev.groups_on_rank``."""
     if conv.adv.estimator is AdvantageEstimator.GAE:
+        boot = gae_last_values(q, conv, hp)
         adv_raw, returns = _gae_advantages(
-            q["token_rewards"], q.get("old_values"), q["value_mask"], hp=hp, conv=conv
+            q["token_rewards"], q.get("old_values"), q["value_mask"], hp=hp, conv=conv, last_values=boot
         )
         return {"advantages_raw": adv_raw, "returns": returns}
     adv_raw = critic_free_advantages(
@@ -154,11 +178,32 @@ def whitening_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> 
     return {"advantages": whiten_advantages(q["advantages_raw"], q["mask"], conv, hp, ev.all_reduce)}
 
 
+def gae_last_values(q: Q, conv: Convention, hp: Hyperparams) -> Tensor | None:
+    """GAE's ``V_{t_L}`` ``[B]`` under ``gae_bootstrap=truncated``: ``bootstrap_values`` on the
+    truncated rows (``truncated`` [B] when given, else the rows whose last position is valid in
+    ``mask``: they fill the frame), 0 on the rest (``torch.where``: the others' entries are never
+    read); None under ``none``. A one-line DumpError without ``bootstrap_values``."""
+    if conv.adv.gae_bootstrap is GaeBootstrap.NONE:
+        return None
+    require_input(q, "bootstrap_values", "advantages", advantages_needs(conv, hp))
+    boot: Tensor = q["bootstrap_values"]
+    flag = q.get("truncated")
+    cut = q["mask"][:, -1] if flag is None else flag.to(torch.bool)
+    return torch.where(cut, boot, torch.zeros((), dtype=boot.dtype, device=boot.device))
+
+
 def _gae_advantages(
-    rewards: Tensor, old_values: Tensor | None, vmask: Tensor, *, hp: Hyperparams, conv: Convention
+    rewards: Tensor,
+    old_values: Tensor | None,
+    vmask: Tensor,
+    *,
+    hp: Hyperparams,
+    conv: Convention,
+    last_values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Step 3 with a critic: ``(advantages, returns)`` ``[B, T]`` of GAE over the value mask
-    (``gae_padding=masked``) or every position (``unmasked``), by row blocks (:func:`gae_by_rows`)."""
+    (``gae_padding=masked``) or every position (``unmasked``), by row blocks (:func:`gae_by_rows`);
+    ``last_values``: :func:`gae_last_values`."""
     if old_values is None:
         raise ConventionError(
             "advantage=gae needs old_values (the critic's rollout values); a critic-free estimator "
@@ -166,7 +211,10 @@ def _gae_advantages(
             "flash-reinforce) does not"
         )
     gae_mask = vmask if conv.adv.gae_padding is GaePadding.MASKED else torch.ones_like(vmask)
-    return gae_by_rows(rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes)
+    return gae_by_rows(
+        rewards, old_values, gae_mask, gamma=hp.gamma, lam=hp.lam, holes=conv.adv.gae_holes,
+        last_values=last_values,
+    )  # fmt: skip
 
 
 def _group_scores(
@@ -188,7 +236,7 @@ def _group_scores(
         s = torch.where(value_mask_, rewards, zero).sum(dim=1)
     else:
         s = scores.to(rewards.dtype)
-        if conv.kl.placement is KLPlacement.REWARD and hp.kl_coef > 0:
+        if conv.kl.placement.in_reward and hp.kl_coef > 0:
             assert kl is not None  # the kl stage needs ref_logprobs then (needs.kl_needs)
             penalty = torch.where(mask, -hp.kl_coef * kl, zero)
     return s, penalty

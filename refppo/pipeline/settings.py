@@ -5,10 +5,10 @@ A :class:`Convention` is one frozen group per stage family of :mod:`refppo.pipel
 
     score    ScoreMap             score_bias, score_scale, score_clip          (score map)
     kl       KLConvention         kl_estimator, kl_log_ratio_clamp, kl_value_clamp, kl_in
-    reward   RewardConvention     score_at, whiten_rewards
+    reward   RewardConvention     score_at, whiten_rewards, score_slot_kl
     norm     NormConvention       whiten_variance, whiten_eps_at    (both whitenings read them)
     adv      AdvantageConvention  advantage, gae_padding, gae_holes, group_std, group_std_level,
-                                  group_singleton, group_kl, group_eps
+                                  group_singleton, group_kl, group_eps, gae_bootstrap
     whiten   WhitenConvention     whiten_advantages, whiten_holes
     policy   PolicyConvention     policy_loss, dual_clip, log_ratio_clamp, approx_kl
     agg      AggConvention        loss_agg, value_loss_agg, kl_loss_agg, entropy_agg, kl_metric_agg
@@ -221,6 +221,8 @@ FLAT_ORDER: tuple[str, ...] = (
     "rollout_rs_reduce",
     "rollout_rs_low",
     "rollout_rs_high",
+    "gae_bootstrap",
+    "score_slot_kl",
 )
 """The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
 report, ``refppo train --help-config``): the order they were added in, kept so that those outputs

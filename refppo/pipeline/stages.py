@@ -41,7 +41,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from refppo.conventions import AdvantageEstimator, KLPlacement, Whitening
+from refppo.conventions import AdvantageEstimator, Whitening
 from refppo.pipeline import correction as rcs
 from refppo.pipeline import grad_naive as gn
 from refppo.pipeline import naive as nv
@@ -165,9 +165,13 @@ def walk(
     return out
 
 
+_KL_KEYS = ("kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp")
+
+
 def _reward_reads(conv: Convention) -> tuple[str, ...]:
-    beta = ("kl_coef",) if conv.kl.placement is KLPlacement.REWARD else ()
-    return ("score_at", "kl_in", *beta)
+    beta = ("kl_coef",) if conv.kl.placement.in_reward else ()
+    slot = conv.reward.score_at.value != "last_valid" and conv.kl.placement.in_reward
+    return ("score_at", "kl_in", "score_slot_kl", *beta, *(_KL_KEYS if slot else ()))
 
 
 def _reward_whitening_reads(conv: Convention) -> tuple[str, ...]:
@@ -182,7 +186,7 @@ _GROUP_KEYS = ("group_std", "group_std_level", "group_singleton", "group_kl", "g
 def _advantage_reads(conv: Convention) -> tuple[str, ...]:
     est = conv.adv.estimator
     if est is AdvantageEstimator.GAE:
-        return ("advantage", "gae_padding", "gae_holes", "gamma", "lam")
+        return ("advantage", "gae_padding", "gae_holes", "gae_bootstrap", "gamma", "lam")
     if est is AdvantageEstimator.REINFORCE_PP:
         return ("advantage", "gae_holes", "gamma")
     return ("advantage", *_GROUP_KEYS, "kl_coef")
@@ -209,7 +213,8 @@ _ROLLOUT = (
         nv.value_mask_naive_stage, "pipeline.rollout.value_mask",
     ),
     Stage(
-        "rewards", "rollout", ("score_at", "kl_in"), ("kl_coef",), ("mapped_scores", "kl", "mask"),
+        "rewards", "rollout", ("score_at", "kl_in", "score_slot_kl", *_KL_KEYS), ("kl_coef",),
+        ("mapped_scores", "kl", "mask", "value_mask", "old_logprobs", "ref_logprobs"),
         ("token_rewards_raw",), ro.rewards_stage, nv.rewards_naive, "core.rewards.token_rewards",
         active=_reward_reads, needs=nd.rewards_needs,
     ),
@@ -220,9 +225,10 @@ _ROLLOUT = (
         collective=True, active=_reward_whitening_reads,
     ),
     Stage(
-        "advantages", "rollout", ("advantage", "gae_padding", "gae_holes", *_GROUP_KEYS),
+        "advantages", "rollout", ("advantage", "gae_padding", "gae_holes", *_GROUP_KEYS, "gae_bootstrap"),
         ("gamma", "lam", "kl_coef"),
-        ("token_rewards", "old_values", "value_mask", "mask", "mapped_scores", "kl", "group_index"),
+        ("token_rewards", "old_values", "value_mask", "mask", "mapped_scores", "kl", "group_index",
+         "bootstrap_values", "truncated"),
         ("advantages_raw", "returns"), ro.advantages_stage, nv.advantages_naive,
         "pipeline.blocks.gae_by_rows (core.gae.gae), pipeline.rollout.critic_free_advantages "
         "(core.group.group_advantages, discounted_returns)",

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement
 from refppo.core.checks import check_mask
 from refppo.core.masked import AllReduce
 from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
@@ -97,7 +96,7 @@ def reward_quantities(
 
 def _rollout_result(out: dict[str, Any], conv: Convention) -> RolloutQuantities:
     kl = out["kl"]
-    if conv.kl.placement is KLPlacement.LOSS and kl is not None:
+    if not conv.kl.placement.in_reward and kl is not None:
         kl = torch.zeros_like(kl)
     return RolloutQuantities(
         kl, out["token_rewards"], out["advantages_raw"], out["advantages"], out["returns"], out["value_mask"]
@@ -117,6 +116,8 @@ def rollout_quantities(
     group_index: Tensor | None = None,
     groups_on_rank: bool = False,
     kl: Tensor | None = None,
+    bootstrap_values: Tensor | None = None,
+    truncated: Tensor | None = None,
 ) -> RolloutQuantities:
     """Steps 0–4: a walk of :data:`refppo.pipeline.stages.ROLLOUT_STAGES`.
 
@@ -132,10 +133,12 @@ def rollout_quantities(
     this rank (the trainer samples whole groups per rank and checks it), so the per-process group
     statistics are the global ones; without it a group estimator under ``all_reduce`` is refused.
     ``kl``: step 1's result when the caller already holds it (as :func:`reward_quantities`).
+    ``bootstrap_values``, ``truncated`` ``[B]``: read by GAE under ``gae_bootstrap=truncated``.
     """
     q = _rollout_inputs(
-        scores, old_logprobs, ref_logprobs, mask, kl, old_values=old_values, group_index=group_index
-    )
+        scores, old_logprobs, ref_logprobs, mask, kl, old_values=old_values, group_index=group_index,
+        bootstrap_values=bootstrap_values, truncated=truncated,
+    )  # fmt: skip
     ev = Evaluation(all_reduce=all_reduce, groups_on_rank=groups_on_rank)
     return _rollout_result(walk(ROLLOUT_STAGES, q, conv, hp, ev, keep=_ROLLOUT_OUT), conv)
 
@@ -150,11 +153,14 @@ def rollout_quantities_naive(
     hp: Hyperparams,
     conv: Convention,
     group_index: Tensor | None = None,
+    bootstrap_values: Tensor | None = None,
+    truncated: Tensor | None = None,
 ) -> RolloutQuantities:
     """:func:`rollout_quantities` through each stage's naive twin (one process)."""
     q = _rollout_inputs(
-        scores, old_logprobs, ref_logprobs, mask, None, old_values=old_values, group_index=group_index
-    )
+        scores, old_logprobs, ref_logprobs, mask, None, old_values=old_values, group_index=group_index,
+        bootstrap_values=bootstrap_values, truncated=truncated,
+    )  # fmt: skip
     return _rollout_result(walk(ROLLOUT_STAGES, q, conv, hp, keep=_ROLLOUT_OUT, naive=True), conv)
 
 

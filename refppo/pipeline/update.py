@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, ApproxKL, KLPlacement, LossAgg, PolicyLoss, VfMask
+from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_masked
 from refppo.core.by_rows import (
     entropy_bonus_by_rows,
@@ -243,7 +243,7 @@ def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
     current log-probs (its gradient importance-weighted on ``old_logprobs`` under ``kl_grad_is_clip``);
     else 0. Without ``ref_logprobs`` at β = 0: None (not read by the total;
     :func:`refppo.pipeline.needs.kl_loss_needs`)."""
-    if conv.kl.placement is not KLPlacement.LOSS:
+    if not conv.kl.placement.in_loss:
         return {"kl_loss": torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)}
     ref = q.get("ref_logprobs")
     if ref is None:
@@ -263,7 +263,7 @@ def kl_metric_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> 
     else the term itself (``kl_loss``, the same tensor)."""
     term = q["kl_loss"]
     agg = conv.agg.of("kl_metric")
-    if conv.kl.placement is not KLPlacement.LOSS or term is None or agg is conv.agg.of("kl"):
+    if not conv.kl.placement.in_loss or term is None or agg is conv.agg.of("kl"):
         return {"kl_metric": term}
     k, norm = conv.kl, ev.norm.kwargs(hp.horizon)
     args = (q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, agg)
@@ -278,7 +278,7 @@ def total_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict
     ``kl_in=loss``)."""
     loss = total_loss(
         q["pg_loss"], q["vf_loss"], q["entropy_loss"], q["kl_loss"], vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
-        kl_coef=hp.kl_coef if conv.kl.placement is KLPlacement.LOSS else 0.0,
+        kl_coef=hp.kl_coef if conv.kl.placement.in_loss else 0.0,
     )  # fmt: skip
     return {"loss": loss}
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from refppo.conventions import AdvantageEstimator, KLPlacement
+from refppo.conventions import AdvantageEstimator
 from refppo.core.masked import AllReduce, masked_mean, masked_sum
 from refppo.models.batch import SequenceBatch
 from refppo.models.roles import Reward
@@ -43,7 +43,7 @@ def rollout_metrics(
     }
     kl = BY_NAME["kl"].run(q, conv, hp)["kl"]  # the pipeline's KL stage, in float64
     assert quantities.kl is not None  # the trainer always holds ref_logprobs
-    beta = hp.kl_coef if conv.kl.placement is KLPlacement.REWARD else 0.0
+    beta = hp.kl_coef if conv.kl.placement.in_reward else 0.0
     vm = quantities.value_mask
     out = {
         "score": float(scored.scores.double().mean()),

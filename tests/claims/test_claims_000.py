@@ -343,6 +343,26 @@ def test_q6_kl_is_counted_once_in_the_reward_or_in_the_loss(kl_in: str) -> None:
         assert float(uq.loss) == pytest.approx(float(uq.pg_loss) + 0.1 * kl_current, abs=1e-12)
 
 
+def test_q6_kl_both_counts_it_twice_as_verl_lets_a_user() -> None:
+    """Q6's double count is not the algorithm, but verl 0.9.1 lets a user turn on both
+    ``use_kl_in_reward`` and ``use_kl_loss``; ``kl_in=both`` expresses that step (hand-worked on
+    the inputs above: the reward of ``kl_in=reward`` and the KL loss of ``kl_in=loss`` at once)."""
+    hp = Hyperparams(gamma=1.0, lam=1.0, kl_coef=0.1, vf_coef=0.0)
+    conv = Convention.of(whiten_advantages="none", kl_in="both")
+    inp = _rollout_inputs()
+    rq = rollout_quantities(**inp, hp=hp, conv=conv)
+    logp = t64([[-0.8, -1.8, -0.6]])
+    uq = update_quantities(
+        logprobs=logp, values=inp["old_values"], old_logprobs=inp["old_logprobs"],
+        old_values=inp["old_values"], advantages=rq.advantages, returns=rq.returns, mask=inp["mask"],
+        ref_logprobs=inp["ref_logprobs"], hp=hp, conv=conv,
+    )  # fmt: skip
+    torch.testing.assert_close(rq.token_rewards, t64([[-0.05, 0.1, 1.0]]), rtol=0, atol=1e-12)
+    kl_current = (0.7 + -0.8 + -0.1) / 3  # mean(log π_θ − log π_ref), k1
+    assert float(uq.kl_loss) == pytest.approx(kl_current, abs=1e-12)
+    assert float(uq.loss) == pytest.approx(float(uq.pg_loss) + 0.1 * kl_current, abs=1e-12)
+
+
 def test_q6_kl_from_cached_rollout_logprobs_gives_the_actor_no_gradient() -> None:
     """Q6: "−β·E[kl_t]" with kl_t = log π_old − log π_ref (the rollout KL of layer 3) is a constant
     for the actor loss: zero gradient. A KL loss term must use the current log-probs."""

@@ -104,7 +104,7 @@ def naive_outputs(
 ) -> dict[str, Tensor]:
     """Every output key of a correct step on ``inputs`` under ``setup``, from the naive twins (the
     same keys as ``reference_outputs``: the rollout's four, and the update's scalars where the
-    inputs they need are given; ``kl_loss`` only with ``kl_in=loss``), cast to ``dtype``.
+    inputs they need are given; ``kl_loss`` only with ``kl_in=loss`` or ``both``), cast to ``dtype``.
 
     ``kl`` is the estimate of ``old_logprobs`` vs ``ref_logprobs`` whatever ``kl_in`` (the dump's
     ``kl``); the scores pass the oracle's score map ``clip((s + score_bias)·score_scale, ±score_clip)``;
@@ -126,6 +126,8 @@ def naive_outputs(
         hp=hp,
         conv=conv,
         group_index=t.get("group_index"),
+        bootstrap_values=t.get("bootstrap_values"),
+        truncated=t.get("truncated"),
     )
     out: dict[str, Tensor | float] = {
         "kl": token_kl_naive(t["old_logprobs"], t["ref_logprobs"], mask, f("kl_estimator"), **clamps),
@@ -171,7 +173,7 @@ def naive_outputs(
         pg_loss=pg.loss, pg_clipfrac=pg.clipfrac, approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t)
     )
     kll = None
-    if f("kl_in") is KLPlacement.LOSS:
+    if f("kl_in") in (KLPlacement.LOSS, KLPlacement.BOTH):
         agg = f("loss_agg") if f("kl_loss_agg") is None else f("kl_loss_agg")
         kll = out["kl_loss"] = float(
             kl_loss_naive(lp, t["ref_logprobs"], mask, f("kl_estimator"), agg, **clamps, **norm)
@@ -180,7 +182,7 @@ def naive_outputs(
         vf_loss = float(out["vf_loss"]) if critic else None
         out["loss"] = total_loss_naive(
             pg.loss, vf_loss, ent, kll, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
-            kl_coef=hp.kl_coef if f("kl_in") is KLPlacement.LOSS else 0.0,
+            kl_coef=hp.kl_coef if f("kl_in") in (KLPlacement.LOSS, KLPlacement.BOTH) else 0.0,
         )  # fmt: skip
     return {k: torch.as_tensor(v, dtype=torch.float64).to(dtype) for k, v in out.items()}
 

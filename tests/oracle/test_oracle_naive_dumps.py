@@ -86,6 +86,8 @@ def inputs_and_conv(key: str, value: Any) -> tuple[dict[str, torch.Tensor], dict
         conv.setdefault("rollout_rs", "sequence" if key == "rollout_rs_reduce" else "token")
         high = 1.2 if conv.get("rollout_rs_stat", "ratio") == "ratio" else 0.1
         conv.update(rollout_rs_low=None, rollout_rs_high=high)
+    if key == "gae_bootstrap":  # row 0 fills the frame (truncated); the others' values are not read
+        x["bootstrap_values"] = torch.linspace(-1.5, 2.0, x["scores"].shape[0], dtype=torch.float64)
     return x, conv
 
 

@@ -42,7 +42,7 @@ from refppo.pipeline.step import (
 
 INPUTS = {
     "scores", "old_logprobs", "ref_logprobs", "old_values", "mask", "group_index", "logprobs", "values",
-    "advantages", "returns", "value_mask", "entropy", "rollout_logprobs",
+    "advantages", "returns", "value_mask", "entropy", "rollout_logprobs", "bootstrap_values", "truncated",
 }  # fmt: skip
 """The step's inputs (the rollout's cached tensors, the current policy and critic)."""
 HP = Hyperparams(gamma=0.97, lam=0.9, kl_coef=0.1, ent_coef=0.01, cliprange_value=0.3)
@@ -59,6 +59,8 @@ BASES = {
         "rollout_is_high": 1.25,
         "loss_agg": "seq-mean-token-mean",
     },
+    "kl-both": {"kl_in": "both", "kl_estimator": "k3", "loss_agg": "seq-mean-token-mean", "dual_clip": 3.0},
+    "bootstrap": {"gae_bootstrap": "truncated", "gae_padding": "through", "score_at": "after_last_valid"},
 }
 
 
@@ -83,6 +85,7 @@ def _full_walk(conv: Convention, seed: int = 3) -> dict[str, Any]:
     m = x.pop("response_mask").bool()
     q: dict[str, Any] = {**x, "mask": m, "group_index": torch.tensor([0, 0, 1, 1, 2, 2])}
     q["rollout_logprobs"] = _behaviour(x)
+    q["bootstrap_values"] = 0.5 * x["scores"]  # row 0 fills the frame: truncated
     if conv.adv.estimator.value != "gae":
         q["old_values"] = None
     out = walk(ROLLOUT_STAGES, q, conv, HP)
@@ -199,7 +202,7 @@ def test_the_naive_walk_equals_the_vectorized_walk(base: str) -> None:
     kw: dict[str, Any] = dict(
         scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
         old_values=x["old_values"] if critic else None, mask=m, hp=HP, conv=conv,
-        group_index=torch.tensor([0, 0, 1, 1, 2, 2]),
+        group_index=torch.tensor([0, 0, 1, 1, 2, 2]), bootstrap_values=0.5 * x["scores"],
     )  # fmt: skip
     vec, nai = rollout_quantities(**kw), rollout_quantities_naive(**kw)
     for name in ("token_rewards", "advantages", "returns"):

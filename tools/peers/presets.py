@@ -42,10 +42,12 @@ VENVS: dict[str, dict[str, Unit]] = {
         "verl:correction": Unit("verl", "peers.makers.verl_correction:make"),
         "openrlhf:critic-free": Unit("openrlhf", "peers.makers.critic_free:make_openrlhf"),
         "verl:gspo": Unit("verl", "peers.makers.verl_gspo:make"),
+        "verl:kl-both": Unit("verl", "peers.makers.verl_kl_both:make"),
     },
     "skyrl-areal": {
         "skyrl": Unit("skyrl-train", "peers.makers.skyrl:make"),
         "areal": Unit("areal", "peers.makers.areal:make"),
+        "areal:bootstrap": Unit("areal", "peers.makers.areal_bootstrap:make"),
         "skyrl:critic-free": Unit("skyrl-train", "peers.makers.critic_free_skyrl:make_skyrl"),
     },
     "trl": {"trl": Unit("trl", "peers.makers.trl_ppo:make_preset_cases")},

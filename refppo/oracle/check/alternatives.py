@@ -67,6 +67,7 @@ CANDIDATE_KEYS: tuple[str, ...] = (
     "score_at",
     "score_clip",
     *GROUP_KEYS,
+    "gae_bootstrap",
     "whiten_advantages",
     "whiten_variance",
     "dual_clip",

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from refppo.conventions import AdvantageEstimator, KLPlacement
+from refppo.conventions import AdvantageEstimator
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.core.gae import has_holes
 from refppo.dump.load import Dump
@@ -50,9 +50,12 @@ def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
     estimator only with a ``group_index``; σ's options only under ``grpo``/``grpo-passk`` (the
     batch levels only with more than one prompt); ``group_singleton`` only with a group of one;
     ``group_kl`` only with a reward KL (``kl_in=reward``, ``kl_coef`` > 0); a rollout correction
-    (``rollout_correction``) only on a dump with ``rollout_logprobs``."""
+    (``rollout_correction``) only on a dump with ``rollout_logprobs``; ``gae_bootstrap`` only under
+    ``gae`` on a dump with ``bootstrap_values``."""
     if key == "rollout_correction":  # the weight reads the behaviour log-probs
         return "rollout_logprobs" in dump.tensors
+    if key == "gae_bootstrap":  # GAE's bootstrap reads the dumped values after the last token
+        return "bootstrap_values" in dump.tensors and setup.conv.adv.estimator is AdvantageEstimator.GAE
     if key not in GROUP_ALTERNATIVES:  # the group options (the same keys as _GROUP of its module)
         return True
     conv = setup.conv
@@ -68,7 +71,7 @@ def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
         return conv.adv.estimator in STD_ESTIMATORS and (key != "group_std_level" or several)
     if key == "group_singleton":
         return bool((torch.unique(groups, return_counts=True)[1] == 1).any())
-    return conv.kl.placement is KLPlacement.REWARD and setup.hp.kl_coef > 0
+    return conv.kl.placement.in_reward and setup.hp.kl_coef > 0
 
 
 BUG_AFFECTS: dict[str, frozenset[str]] = {n: affected(b) & frozenset(OUTPUTS) for n, b in BUG_TABLE.items()}

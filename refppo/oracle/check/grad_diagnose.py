@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, KLPlacement, LossAgg
+from refppo.conventions import KLEstimator, LossAgg
 from refppo.dump.load import Dump
 from refppo.dump.tolerances import TOLERANCES
 from refppo.errors import RefPPOError
@@ -255,7 +255,7 @@ def _convention_hypotheses(setup: Setup, inp: UpdateInputs, ref: Grads) -> list[
     ))  # fmt: skip
     out.append(("advantages_not_detached", _NOT_DETACHED, lambda: _not_detached(inp, setup, ref)))
     out += whitened_not_detached(setup, inp, ref)
-    if setup.conv.kl.placement is KLPlacement.LOSS:
+    if setup.conv.kl.placement.in_loss:
         for est in KLEstimator:
             if est is not setup.conv.kl.estimator:
                 alt = setup.with_convention({"kl_estimator": est})

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, ValueLoss, VfMask
+from refppo.conventions import ValueLoss, VfMask
 from refppo.dump.load import Dump, validate
 from refppo.dump.required import check_inputs_for
 from refppo.dump.residency import trim_heap
@@ -127,6 +127,8 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
         "old_values": t.get("old_values"),
         "mask": m,
         "group_index": t.get("group_index"),
+        "bootstrap_values": t.get("bootstrap_values"),
+        "truncated": t.get("truncated"),
     }
     if bug is not None:
         bug.check(t, conv, hp)
@@ -236,7 +238,7 @@ def reference_outputs(
     d = validate(Path("<memory>"), dict(inputs))
     ref = recompute(d, setup, bug=bug)
     out = {k: v.to(dtype) for k, v in ref.values.items()}
-    if setup.conv.kl.placement is not KLPlacement.LOSS:
+    if not setup.conv.kl.placement.in_loss:
         out.pop("kl_loss", None)
     return out
 

@@ -15,10 +15,11 @@ it proposes is evaluated through the stages like any other value). The steps
 - ``kl`` (stages kl): walks kl_estimator, kl_log_ratio_clamp, kl_value_clamp; checked against kl;
   solver: the KL clamps.
 - ``token_rewards`` (stages score_map, value_mask, rewards, reward_whitening): walks score_bias,
-  score_scale, score_clip, kl_in, score_at, whiten_rewards, whiten_variance, whiten_eps_at; checked
-  against token_rewards; solver: score bias and scale, score clip.
+  score_scale, score_clip, kl_in, score_at, whiten_rewards, whiten_variance, whiten_eps_at,
+  score_slot_kl; checked against token_rewards; solver: score bias and scale, score clip.
 - ``returns`` (stages advantages): walks advantage, gae_padding, gae_holes, group_std,
-  group_std_level, group_singleton, group_kl, group_eps; checked against returns; solver: group_eps.
+  group_std_level, group_singleton, group_kl, group_eps, gae_bootstrap; checked against returns;
+  solver: group_eps.
 - ``advantages`` (stages whitening): walks whiten_advantages, whiten_variance, whiten_eps_at,
   whiten_holes; checked against advantages; solver: (a fitted map, named).
 - ``correction`` (stages rollout_correction): walks rollout_is, rollout_is_agg, rollout_is_mode,
@@ -169,7 +170,7 @@ def _value_twin_notes(dump: Dump, convs: list[dict[str, Any]], undetermined: lis
     the same step, nothing to decide.)"""
     if dump.has("grad_logprobs"):
         return []
-    found = {KLEstimator(c["kl_estimator"]) for c in convs if c.get("kl_in") == "loss"}
+    found = {KLEstimator(c["kl_estimator"]) for c in convs if c.get("kl_in") in ("loss", "both")}
     pairs = sorted({e.base.value for e in found if any(t.base is e.base and t is not e for t in KLEstimator)})
     if not pairs:
         return []

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, GaeHoles, GaePadding, KLPlacement, Variance
+from refppo.conventions import AdvantageEstimator, GaeBootstrap, GaeHoles, GaePadding, KLPlacement, Variance
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
@@ -57,6 +57,7 @@ def _advantages(
     q = {
         "token_rewards": rs.rewards, "old_values": s.t.get("old_values"), "value_mask": rs.vm, "mask": s.m,
         "mapped_scores": rs.scores, "kl": rs.kl.kl, "group_index": s.t.get("group_index"),
+        "bootstrap_values": s.t.get("bootstrap_values"), "truncated": s.t.get("truncated"),
     }  # fmt: skip
     if rows is not None:
         q = {k: (v[rows] if isinstance(v, Tensor) else v) for k, v in q.items()}
@@ -67,8 +68,9 @@ def _advantages(
 def gae_options(
     s: Search, g: Group[RewardState], pads: list[str], holes: list[GaeHoles], defer: bool = True
 ) -> Iterable[Deferrable[ReturnsState]]:
-    """GAE for each ``gae_padding`` in ``pads`` and each ``gae_holes`` in ``holes`` (named in the
-    option only when more than one is walked: a dump with holes).
+    """GAE for each ``gae_padding`` in ``pads``, each ``gae_holes`` in ``holes`` (named in the
+    option only when more than one is walked: a dump with holes) and each ``gae_bootstrap`` (both
+    only when the dump has ``bootstrap_values``).
 
     With dumped ``returns`` (and no value-loss pruning, which reads the full returns) each option is
     :class:`~refppo.oracle.detect.groups.Deferred` when ``defer``: screened on
@@ -76,9 +78,10 @@ def gae_options(
     returns' rows, bit for bit), made in full only when the screen cannot rule it out."""
     rs = g.state
     screen = defer and s.prune is None and s.dump.has("returns") and s.screen_rows is not None
-    for pad, h in product(pads, holes):
-        stage_upd = {"advantage": "gae", "gae_padding": pad, "gae_holes": h.value}
+    for pad, h, boot in product(pads, holes, _boots(s)):
+        stage_upd = {"advantage": "gae", "gae_padding": pad, "gae_holes": h.value, "gae_bootstrap": boot}
         upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {})
+        upd |= {"gae_bootstrap": boot} if boot != s.base.conv.adv.gae_bootstrap.value else {}
         if screen:
             yield upd, Deferred(_gae_screen(s, rs, stage_upd), _gae_make(s, rs, stage_upd, upd)), b""
             continue
@@ -87,6 +90,14 @@ def gae_options(
         if s.prune is not None and not s.prune.keeps(ret_key, ret, rs.vm):
             continue  # no value loss reproduces the dump on these returns (refppo.oracle.detect.prune)
         yield with_raw_advantages(g, upd, adv_raw, ret, ret_key)
+
+
+def _boots(s: Search) -> list[str]:
+    """The ``gae_bootstrap`` values walked: base's, and each one when the dump has ``bootstrap_values``."""
+    own = s.base.conv.adv.gae_bootstrap.value
+    if "bootstrap_values" not in s.t:
+        return [own]
+    return list(dict.fromkeys([own, *(b.value for b in GaeBootstrap)]))
 
 
 def _gae_screen(s: Search, rs: RewardState, stage_upd: dict[str, Any]) -> Callable[[], tuple[float, bytes]]:

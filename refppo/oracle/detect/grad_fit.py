@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, KLPlacement, LossAgg, PolicyLoss
+from refppo.conventions import KLEstimator, LossAgg, PolicyLoss
 from refppo.core.checks import count_true
 from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import compare
@@ -194,7 +194,7 @@ class GradFit:
             return None
         ca = ps.carried
         kaggs: list[str | None] = [None]
-        if ca.kl_in is KLPlacement.LOSS:
+        if ca.kl_in.in_loss:
             kaggs += [a.value for a in LossAgg if a is not ps.agg]
         key = (
             ps.adv_key,
@@ -214,7 +214,7 @@ class GradFit:
                     best = min(best, self.ratio("grad_logprobs", inp, setup, ps.is_weights))
                     if best == 0.0:
                         break
-                if best == 0.0 or ca.kl_in is not KLPlacement.LOSS:
+                if best == 0.0 or not ca.kl_in.in_loss:
                     break
             self.memo[key] = best
         return self.memo[key]

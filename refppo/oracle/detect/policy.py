@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import ApproxKL, KLPlacement, LossAgg, PolicyLoss
+from refppo.conventions import ApproxKL, LossAgg, PolicyLoss
 from refppo.core.checks import count_true
 from refppo.oracle.check.ties import pg_tie_share
 from refppo.oracle.detect.grad_fit import GradFit, explain_policy
@@ -204,7 +204,7 @@ class _PolicyEval:
         """The kl_loss stage under ``kl_in=loss`` with the group's KL keys and ``loss_agg = agg``
         (``kl_loss_agg`` None); None unless the KL is in the loss and the dump has current log-probs."""
         ca = st.carried
-        if ca.kl_in is not KLPlacement.LOSS or not self.has_lp:
+        if not ca.kl_in.in_loss or not self.has_lp:
             return None
         return self.kl_loss_as(ca.kl_key, ca.kl_setting, agg, None)
 

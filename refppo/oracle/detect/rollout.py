@@ -36,6 +36,7 @@ from refppo.conventions import (
     KLEstimator,
     KLPlacement,
     ScorePosition,
+    ScoreSlotKL,
     Variance,
     WhitenEps,
     WhitenHoles,
@@ -146,17 +147,28 @@ def _reward_options(
     """The rewards step's walk: ``kl_in`` × ``score_at`` × score map × ``score_clip`` × reward
     whitening, each through the score_map, value_mask and rewards stages."""
     m, t = s.m, s.t
+    # kl_in=both differs from reward only by the KL loss: walked on a dump that logs a KL loss
+    # (a trainer with the KL in the reward alone logs none; verl with both on logs its kl_loss)
+    shows_loss = "logprobs" in t and "kl_loss" in t
+    placements = [p for p in KLPlacement if p is not KLPlacement.BOTH or shows_loss]
 
     def opts(g: Group[KLState]) -> Iterable[Option[RewardState]]:
         kl = g.state
-        for kl_in, score_at, (bias, scale), sc in product(KLPlacement, ScorePosition, maps, clips):
+        walk = product(placements, ScorePosition, maps, clips, list(ScoreSlotKL))
+        for kl_in, score_at, (bias, scale), sc, slot in walk:
+            if slot is ScoreSlotKL.KL and not _slot_kl_shows(s, kl, kl_in, score_at):
+                continue
             vm = s.value_mask(score_at)
             smap: dict[str, Any] = {"score_bias": bias, "score_scale": scale, "score_clip": sc}
             scores = s.evaluate("score_map", {"scores": t["scores"]}, s.setting(**smap))["mapped_scores"]
-            q = {"mapped_scores": scores, "kl": kl.kl, "mask": m}
+            q = {"mapped_scores": scores, "kl": kl.kl, "mask": m, "value_mask": vm,
+                 "old_logprobs": t["old_logprobs"], "ref_logprobs": t.get("ref_logprobs")}  # fmt: skip
             base = {"kl_in": kl_in.value, "score_at": score_at.value, "score_clip": sc}
             base.update(score_bias=bias, score_scale=scale)
             rew = {"kl_in": kl_in.value, "score_at": score_at.value}
+            if slot is ScoreSlotKL.KL:  # the slot's KL by the group's KL keys
+                rew.update(score_slot_kl=slot.value, **kl.setting)
+                base["score_slot_kl"] = slot.value
             raw = s.evaluate("rewards", q, s.setting(stage="rewards", **rew))["token_rewards_raw"]
             qw = {"token_rewards_raw": raw, "value_mask": vm}
             for wr, var, eps_at in wr_opts:
@@ -175,6 +187,13 @@ def _reward_options(
                 yield upd, st, digest(kl.key, r, vm, kl_in.value, fixed)
 
     return opts
+
+
+def _slot_kl_shows(s: Search, kl: KLState, kl_in: KLPlacement, score_at: ScorePosition) -> bool:
+    """``score_slot_kl=kl`` can change the rewards: the KL is in the reward with β > 0, the slot is
+    outside the mask and the dump has the reference log-probs."""
+    outside = score_at is not ScorePosition.LAST_VALID
+    return kl_in.in_reward and s.hp.kl_coef > 0 and outside and kl.kl is not None
 
 
 def reward_step(s: Search, groups: list[Group[KLState]]) -> list[Group[RewardState]]:

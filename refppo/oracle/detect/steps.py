@@ -49,13 +49,13 @@ STEPS: tuple[Step, ...] = (
     Step(
         "token_rewards", ("score_map", "value_mask", "rewards", "reward_whitening"), ("token_rewards",),
         ("score_bias", "score_scale", "score_clip", "kl_in", "score_at", "whiten_rewards", "whiten_variance",
-         "whiten_eps_at"),
+         "whiten_eps_at", "score_slot_kl"),
         "score bias and scale, score clip",
     ),
     Step(
         "returns", ("advantages",), ("returns",),
         ("advantage", "gae_padding", "gae_holes", "group_std", "group_std_level", "group_singleton",
-         "group_kl", "group_eps"),
+         "group_kl", "group_eps", "gae_bootstrap"),
         "group_eps",
     ),
     Step(

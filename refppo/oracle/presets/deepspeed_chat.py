@@ -15,6 +15,11 @@ CONVENTIONS: dict[str, Sourced] = {
     "kl_estimator": ("k1", f"{_T}.compute_rewards (−β·(log π − log π_ref))"),
     "kl_in": ("reward", f"{_T}.compute_rewards"),
     "score_at": ("after_last_valid", f"{_T}.compute_rewards (ends = start + n + 1)"),
+    "score_slot_kl": (
+        "kl",
+        f"{_T}.compute_rewards (rewards = −β·(log π − log π_ref) everywhere; "
+        "rewards[j, start:ends[j]][−1] += score: the slot keeps its own −β·KL)",
+    ),
     "whiten_advantages": ("none", f"{_T}.get_advantages_and_returns (advantages not whitened)"),
     "whiten_variance": ("unbiased", f"{_T}.get_advantages_and_returns (no whitening: refppo's default)"),
     "loss_agg": ("token-mean", f"{_T}.actor_loss_fn (sum(loss·mask) / sum(mask))"),

@@ -84,7 +84,9 @@ def _dumps(tmp: Path) -> list[tuple[Path, Setup]]:
     from (refppo's defaults, the dump's hyperparameters)."""
     out = []
     critic = _holed(make_inputs(B=8, T=12, seed=11))
+    critic["bootstrap_values"] = torch.linspace(-2.0, 2.0, 8, dtype=torch.float64)  # row 0 is truncated
     conv = {"score_bias": -0.5, "score_scale": 2.0, "whiten_eps_at": "clamp", "policy_loss": "gspo"}
+    conv |= {"gae_bootstrap": "truncated"}
     conv |= {"kl_in": "loss", "kl_loss_agg": "seq-mean-token-mean", "gae_holes": "zero"}
     made = setup_for(None, conv, {"whiten_eps": 0.5, "cliprange": 0.1, "cliprange_value": 0.3})
     start = setup_for(None, {}, {"whiten_eps": 0.5})
