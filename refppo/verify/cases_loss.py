@@ -152,6 +152,20 @@ def _case_aggregate_masked(b: Batch, dev: torch.device) -> list[Pair]:
     return out
 
 
+def _case_prompt_mean(b: Batch, dev: torch.device) -> list[Pair]:
+    """:func:`prompt_mean_loss`: prompts of 1–3 rows, not adjacent (ids drawn from the batch's generator)."""
+    x = b.floats(-3.0, 3.0)
+    B = b.shape[0]
+    groups = torch.randint(0, max(1, B // 2), (B,), generator=b.gen)
+    out: list[Pair] = []
+    for tag, kw in (("", {}), ("(global count)", {"prompt_count": 11.0})):
+        vec = aggregate_mod.prompt_mean_loss(x.to(dev), b.mask.to(dev), groups.to(dev), **kw)
+        out.append(
+            (f"prompt_mean{tag}", vec, aggregate_mod.prompt_mean_loss_naive(x, b.mask, groups, **kw), None)
+        )
+    return out
+
+
 def _case_entropy_bonus(b: Batch, dev: torch.device) -> list[Pair]:
     ent = b.floats(0.0, 3.0)
     return [
@@ -343,6 +357,7 @@ LOSS_CASES: dict[str, Case] = {
     "value_loss": _case_value,
     "aggregate_loss": _case_aggregate,
     "aggregate_masked": _case_aggregate_masked,
+    "prompt_mean_loss": _case_prompt_mean,
     "entropy_bonus": _case_entropy_bonus,
     "kl_loss": _case_kl_loss,
     "total_loss": _case_total_loss,

@@ -37,6 +37,8 @@ EXCEPTIONS: dict[str, str] = {
     "output to compare (its messages are unit-tested with map_scores)",
     "refppo.core.policy.check_policy_clips": "argument validator: returns None or raises",
     "refppo.core.value.check_value_clip": "argument validator: returns None or raises",
+    "refppo.core.kl.check_grad_is": "argument validator: returns None or the checked old log-probs "
+    "(its messages are unit-tested in tests/core/test_kl_is_weight.py)",
 }
 """Public core functions deliberately without a verify case, with the reason."""
 
