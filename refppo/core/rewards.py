@@ -12,6 +12,7 @@ where ``p(L)`` is the score position of :class:`~refppo.conventions.ScorePositio
     last_valid                     s                    r = [-βk_0, ..., -βk_{L-2}, s-βk_{L-1}, 0...]
     after_last_valid                    s               (TRL, DeepSpeed-Chat; L-1 when L == T)
     last_position                                  s    (lm-human-preferences)
+    after_last_valid_unless_first       s               (torchtune; L-1 when L == T or L-1 == 0)
 
 The KL passed in is the rollout-time one (old policy vs reference; InstructGPT eq. 2; verl
 ``ray_trainer.apply_kl_penalty``; OpenRLHF ``models/utils.py::compute_reward``). With KL placed in
@@ -52,7 +53,20 @@ def _score_positions(m: Tensor, where: ScorePosition) -> Tensor:
         return last_valid
     if where is ScorePosition.AFTER_LAST_VALID:
         return torch.clamp(last_valid + 1, max=T - 1)
+    if where is ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST:  # ℓ + 1 if 0 < ℓ < T − 1 else ℓ
+        return torch.where((last_valid > 0) & (last_valid < T - 1), last_valid + 1, last_valid)
     return torch.full((B,), T - 1, dtype=torch.long, device=m.device)
+
+
+def same_slots_as_after_last_valid(mask: ResponseMask, score_at: ScorePosition | str) -> bool:
+    """Whether ``score_at`` is ``after_last_valid_unless_first`` and puts every row of ``mask`` where
+    ``after_last_valid`` does (no row's only valid token is position 0 with ``T > 1``): on such a
+    batch the two cannot be told apart, so a search tries one of them."""
+    where = parse(ScorePosition, score_at, what="score_at")
+    if where is not ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST:
+        return False
+    m = check_mask("mask", mask)
+    return bool(torch.equal(_score_positions(m, where), _score_positions(m, ScorePosition.AFTER_LAST_VALID)))
 
 
 def _checked_reward_inputs(
@@ -131,6 +145,8 @@ def token_rewards_naive(
             p = last
         elif where == ScorePosition.AFTER_LAST_VALID:
             p = last + 1 if last + 1 < T else last
+        elif where == ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST:
+            p = last if last == 0 or last + 1 == T else last + 1
         else:
             p = T - 1
         row = []
