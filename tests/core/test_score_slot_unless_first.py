@@ -59,7 +59,7 @@ def masks_with_a_one_token_row(draw: st.DrawFn) -> torch.Tensor:
     """``[B, T]`` bool masks (holes allowed), every row with a valid token, one row with only position 0."""
     B, T = draw(st.integers(1, 5)), draw(st.integers(1, 7))
     rows = [draw(st.lists(st.booleans(), min_size=T, max_size=T)) for _ in range(B)]
-    rows = [r if any(r) else [True] + r[1:] for r in rows]
+    rows = [r if any(r) else [True, *r[1:]] for r in rows]
     rows[draw(st.integers(0, B - 1))] = [True] + [False] * (T - 1)
     return torch.tensor(rows, dtype=torch.bool)
 
