@@ -21,7 +21,12 @@ from hypothesis import strategies as st
 
 from refppo.conventions import ScorePosition
 from refppo.core.helpers_naive import score_positions_naive
-from refppo.core.rewards import score_positions, token_rewards, token_rewards_naive
+from refppo.core.rewards import (
+    same_slots_as_after_last_valid,
+    score_positions,
+    token_rewards,
+    token_rewards_naive,
+)
 from refppo.pipeline.naive import value_mask_naive
 from refppo.pipeline.rollout import value_mask
 
@@ -86,3 +91,12 @@ def test_unless_first_is_after_last_valid_except_on_one_token_rows(mask: torch.T
     assert got == want
     if mask.shape[1] > 1:  # the one-token row tells the two conventions apart
         assert got != score_positions(mask, ScorePosition.AFTER_LAST_VALID).tolist()
+
+
+def test_a_search_tries_it_only_where_a_one_token_row_tells_it_apart() -> None:
+    # MASK's row 0 is one token: the two members differ there; without that row they give equal slots.
+    assert not same_slots_as_after_last_valid(MASK, WHERE)
+    assert same_slots_as_after_last_valid(MASK[1:], WHERE)
+    assert not same_slots_as_after_last_valid(MASK[1:], ScorePosition.AFTER_LAST_VALID)  # only the new member
+    one_wide = torch.ones(3, 1, dtype=torch.bool)  # T = 1: every slot is 0 under both
+    assert same_slots_as_after_last_valid(one_wide, WHERE)

@@ -37,7 +37,7 @@ from refppo.oracle.detect.detection import detect, setup_from_json
 
 MATCHING = ("ragged", "ragged_epoch2", "full", "one_token_row")
 WANT = {
-    "score_at": ("after_last_valid", "after_last_valid_unless_first"),  # alike without a one-token row
+    "score_at": ("after_last_valid",),  # unless_first is tried only on a dump with a one-token row
     "whiten_advantages": ("masked_no_shift",),
     "approx_kl": ("k2_all_positions",),
 }
