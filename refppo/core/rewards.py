@@ -58,17 +58,6 @@ def _score_positions(m: Tensor, where: ScorePosition) -> Tensor:
     return torch.full((B,), T - 1, dtype=torch.long, device=m.device)
 
 
-def same_slots_as_after_last_valid(mask: ResponseMask, score_at: ScorePosition | str) -> bool:
-    """Whether ``score_at`` is ``after_last_valid_unless_first`` and puts every row of ``mask`` where
-    ``after_last_valid`` does (no row's only valid token is position 0 with ``T > 1``): on such a
-    batch the two cannot be told apart, so a search tries one of them."""
-    where = parse(ScorePosition, score_at, what="score_at")
-    if where is not ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST:
-        return False
-    m = check_mask("mask", mask)
-    return bool(torch.equal(_score_positions(m, where), _score_positions(m, ScorePosition.AFTER_LAST_VALID)))
-
-
 def _checked_reward_inputs(
     scores: SeqFloat,
     kl: TokenFloat | None,

@@ -21,14 +21,9 @@ from hypothesis import strategies as st
 
 from refppo.conventions import ScorePosition
 from refppo.core.helpers_naive import score_positions_naive
-from refppo.core.rewards import (
-    same_slots_as_after_last_valid,
-    score_positions,
-    token_rewards,
-    token_rewards_naive,
-)
+from refppo.core.rewards import score_positions, token_rewards, token_rewards_naive
 from refppo.pipeline.naive import value_mask_naive
-from refppo.pipeline.rollout import value_mask
+from refppo.pipeline.rollout import same_slots_as_after_last_valid, value_mask
 
 WHERE = ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST
 # Rows of T = 5: one token (ℓ = 0), three tokens (ℓ = 2), full (ℓ = 4), a hole then ℓ = 3.

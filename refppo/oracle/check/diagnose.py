@@ -21,7 +21,6 @@ import torch
 from refppo.conventions import AdvantageEstimator
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.core.gae import has_holes
-from refppo.core.rewards import same_slots_as_after_last_valid
 from refppo.dump.load import Dump
 from refppo.dump.tolerances import TOLERANCES
 from refppo.errors import RefPPOError
@@ -37,6 +36,7 @@ from refppo.oracle.check.settings import Setup
 from refppo.oracle.presets.registry import PRESETS
 from refppo.pipeline.bugs import BUGS as BUG_TABLE
 from refppo.pipeline.bugs import affected
+from refppo.pipeline.rollout import same_slots_as_after_last_valid
 from refppo.pipeline.stages import OUTPUTS, ROLLOUT_OUTPUTS
 
 

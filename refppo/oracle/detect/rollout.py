@@ -42,7 +42,6 @@ from refppo.conventions import (
     WhitenHoles,
     Whitening,
 )
-from refppo.core.rewards import same_slots_as_after_last_valid
 from refppo.errors import RefPPOError
 from refppo.oracle.check.alternatives import CLAMP_BUNDLES
 from refppo.oracle.detect.fit import fit_normalisation
@@ -55,6 +54,7 @@ from refppo.oracle.detect.solve_score import (
     solve_group_score_clip,
 )
 from refppo.oracle.detect.states import AdvState, Carried, KLState, ReturnsState, RewardState, digest
+from refppo.pipeline.rollout import same_slots_as_after_last_valid
 
 WhitenKey = tuple[str, str, str]
 """``(whiten_rewards, whiten_variance, whiten_eps_at)``."""
