@@ -86,11 +86,21 @@ class ScorePosition(StrEnum):
         after_last_valid                    ^                (TRL ppov2/PPOTrainer, DeepSpeed-Chat;
                                                               falls back to L-1 when L == T)
         last_position                                  ^     (lm-human-preferences, fixed length)
+
+    ``after_last_valid_unless_first``: ``after_last_valid`` except where the last valid token is
+    position 0 (a one-token response): that row keeps its score at 0, as ``last_valid`` would::
+
+        p = ℓ + 1  if 0 < ℓ < T − 1,   else ℓ          (ℓ: the last valid position)
+
+    (torchtune 0.6.1 ``recipes/ppo_full_finetune_single_device.py::PPOFullFinetuneRecipeSingleDevice.
+    generate_trajectory``: ``value_seq_idxs = where((seq_lens > 0) & (seq_lens < max_generated_tokens
+    − 1), seq_lens + 1, seq_lens)``).
     """
 
     LAST_VALID = "last_valid"
     AFTER_LAST_VALID = "after_last_valid"
     LAST_POSITION = "last_position"
+    AFTER_LAST_VALID_UNLESS_FIRST = "after_last_valid_unless_first"
 
 
 class Whitening(StrEnum):

@@ -81,8 +81,11 @@ TOKEN_KEYS: tuple[str, ...] = (
     "token_rewards",
 )
 """Per-token ``[b, T]`` keys a micro-batch may carry (dump names, spec/dump-format.md)."""
-ROW_KEYS: tuple[str, ...] = ("scores", "group_index", "policy_version")
+ROW_KEYS: tuple[str, ...] = ("scores", "group_index", "policy_version", "bootstrap_values", "truncated")
 """Per-row ``[b]`` keys; ``policy_version`` (integer: the policy update that sampled the row);
+``bootstrap_values`` (float: the critic's value of the state after the row's last token) and
+``truncated`` (0/1 or bool: the row was cut at the generation limit), read by GAE under
+``gae_bootstrap=truncated``;
 ``group_index`` (integer: the prompt each row answers) for the critic-free
 group estimators (issue #13). Its values must be GLOBAL prompt ids (the same id on every rank only for
 the same prompt, as verl's ``uid``): the rows of all ranks are gathered into one dump, where equal ids
@@ -189,7 +192,8 @@ class StepRecorder:
         row). An optional input the recorder's setting reads is required (``rollout_logprobs``
         with ``rollout_is`` on, ``ref_logprobs`` with a KL term of β > 0): one line names it.
         ``more`` takes the other keys of :data:`TOKEN_KEYS` (``advantages``, ``returns``,
-        ``entropy``, ...), of :data:`ROW_KEYS` (``group_index``) and the loss scalars of
+        ``entropy``, ...), of :data:`ROW_KEYS` (``group_index``, ``bootstrap_values``,
+        ``truncated``) and the loss scalars of
         :data:`LOSS_KEYS`; the sampling parameters go in ``StepRecorder(sampling=...)``.
         """
         k = self._next_index(micro_batch)
@@ -246,6 +250,8 @@ class StepRecorder:
             check_policy_version(value)
         t = value.detach().to("cpu", copy=True)
         micro.tensors[name] = t.to(torch.uint8) if name == "response_mask" else t
+        if name == "truncated":  # 0/1 rows (bool accepted): int64, as the other integer row keys
+            micro.tensors[name] = t.to(torch.int64)
         if name in GRAD_KEYS and not value.requires_grad and self._grads and torch.is_grad_enabled():
             raise CaptureError(
                 f"record: {name} does not require grad (recorded after .detach()?), so its gradient "

@@ -5,7 +5,8 @@ equation, independent of the vectorized code:
 
 * :func:`score_positions_naive` (of :func:`refppo.core.rewards.score_positions`): the index
   ``p_b`` of the slot receiving row ``b``'s score: its last valid position (``last_valid``), one
-  after it unless that is past the end (``after_last_valid``), or ``T − 1`` (``last_position``).
+  after it unless that is past the end (``after_last_valid``; also unless it is position 0:
+  ``after_last_valid_unless_first``), or ``T − 1`` (``last_position``).
 * :func:`envelope_naive` (of :func:`refppo.core.gae.envelope`): ``e[b, t] = any(m[b, t:])``.
 * :func:`has_holes_naive` (of :func:`refppo.core.gae.has_holes`): whether some row has a valid
   token after a masked one.
@@ -43,6 +44,8 @@ def score_positions_naive(
             out.append(last)
         elif where == ScorePosition.AFTER_LAST_VALID:
             out.append(last + 1 if last + 1 < T else T - 1)
+        elif where == ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST:  # a one-token row keeps slot 0
+            out.append(last + 1 if 0 < last < T - 1 else last)
         else:
             out.append(T - 1)
     return out

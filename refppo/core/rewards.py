@@ -12,6 +12,7 @@ where ``p(L)`` is the score position of :class:`~refppo.conventions.ScorePositio
     last_valid                     s                    r = [-βk_0, ..., -βk_{L-2}, s-βk_{L-1}, 0...]
     after_last_valid                    s               (TRL, DeepSpeed-Chat; L-1 when L == T)
     last_position                                  s    (lm-human-preferences)
+    after_last_valid_unless_first       s               (torchtune; L-1 when L == T or L-1 == 0)
 
 The KL passed in is the rollout-time one (old policy vs reference; InstructGPT eq. 2; verl
 ``ray_trainer.apply_kl_penalty``; OpenRLHF ``models/utils.py::compute_reward``). With KL placed in
@@ -52,6 +53,8 @@ def _score_positions(m: Tensor, where: ScorePosition) -> Tensor:
         return last_valid
     if where is ScorePosition.AFTER_LAST_VALID:
         return torch.clamp(last_valid + 1, max=T - 1)
+    if where is ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST:  # ℓ + 1 if 0 < ℓ < T − 1 else ℓ
+        return torch.where((last_valid > 0) & (last_valid < T - 1), last_valid + 1, last_valid)
     return torch.full((B,), T - 1, dtype=torch.long, device=m.device)
 
 
@@ -131,6 +134,8 @@ def token_rewards_naive(
             p = last
         elif where == ScorePosition.AFTER_LAST_VALID:
             p = last + 1 if last + 1 < T else last
+        elif where == ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST:
+            p = last if last == 0 or last + 1 == T else last + 1
         else:
             p = T - 1
         row = []

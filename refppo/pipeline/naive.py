@@ -50,6 +50,8 @@ def value_mask_naive(mask: Tensor, score_at: ScorePosition) -> Tensor:
             slot = L - 1
         elif score_at is ScorePosition.AFTER_LAST_VALID:
             slot = min(L, T - 1)
+        elif score_at is ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST:  # one token: its own slot
+            slot = L - 1 if L == 1 else min(L, T - 1)
         else:
             slot = T - 1
         out.append([ok or t == slot for t, ok in enumerate(row)])

@@ -32,6 +32,7 @@ from refppo.conventions import (
     Variance,
     WhitenHoles,
     Whitening,
+    parse,
 )
 from refppo.core.checks import check_mask
 from refppo.core.gae import envelope
@@ -60,6 +61,17 @@ def value_mask(mask: Tensor, score_at: ScorePosition) -> Tensor:
     pos = score_positions(m, score_at)
     # m | one_hot(pos), without the [B, T] int64 one-hot: a copy of m with each row's slot set
     return m.clone().scatter_(1, pos.unsqueeze(1), True)
+
+
+def same_slots_as_after_last_valid(mask: Tensor, score_at: ScorePosition | str) -> bool:
+    """Whether ``score_at`` is ``after_last_valid_unless_first`` and puts every row of ``mask`` where
+    ``after_last_valid`` does (no row's only valid token is position 0 with ``T > 1``): on such a
+    batch the two cannot be told apart, so a search (``--detect``, the diagnosis) tries one of them."""
+    where = parse(ScorePosition, score_at, what="score_at")
+    if where is not ScorePosition.AFTER_LAST_VALID_UNLESS_FIRST:
+        return False
+    m = check_mask("mask", mask)
+    return bool(torch.equal(score_positions(m, where), score_positions(m, ScorePosition.AFTER_LAST_VALID)))
 
 
 def score_map_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:

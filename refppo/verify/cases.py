@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from refppo.conventions import GaeHoles, KLEstimator
+from refppo.conventions import GaeHoles, KLEstimator, ScorePosition
 from refppo.core import helpers_naive
 from refppo.verify.batches import Batch, Case, Pair, with_holes
 from refppo.verify.cases_adv import ADV_CASES
@@ -162,7 +162,7 @@ def _case_kl(b: Batch, dev: torch.device) -> list[Pair]:
 def _case_rewards(b: Batch, dev: torch.device) -> list[Pair]:
     kl, s = b.floats(-1.0, 1.0), b.scores()
     out: list[Pair] = []
-    for where in ("last_valid", "after_last_valid", "last_position"):
+    for where in ScorePosition:
         for k in (kl, None):
             kd = k.to(dev) if k is not None else None
             out.append(

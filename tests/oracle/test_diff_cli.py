@@ -51,7 +51,7 @@ def test_mismatch_exit_1_names_first_divergence(trl_dump: Path) -> None:
     assert p.returncode == 1, p.stderr
     assert "MISMATCH: first divergence at token_rewards." in p.stdout
     # TRL's score slot explains token_rewards; its approx_kl (k2 over all positions) still differs
-    moved = "score_at=after_last_valid (as in preset trl, deepspeed-chat, torchtune)"
+    moved = "score_at=after_last_valid (as in preset trl, deepspeed-chat)"
     assert f"{moved} explains token_rewards only" in p.stdout
     assert "approx_kl still differs" in p.stdout
 

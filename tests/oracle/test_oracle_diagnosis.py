@@ -22,7 +22,7 @@ def test_a_partial_explanation_says_what_still_differs(tmp_path: Path) -> None:
     # Two conventions differ (score slot and whitening): moving the score explains token_rewards,
     # but the advantages still differ. That must not read as a fix.
     text = "\n".join(_diagnose(tmp_path, {"score_at": "after_last_valid", "whiten_advantages": "none"}, {}))
-    moved = "score_at=after_last_valid (as in preset trl, deepspeed-chat, torchtune)"
+    moved = "score_at=after_last_valid (as in preset trl, deepspeed-chat)"
     assert f"{moved} explains token_rewards only" in text
     assert "explains token_rewards only; advantages" in text and "still differ" in text
     assert "explained by the convention score_at=after_last_valid" not in text

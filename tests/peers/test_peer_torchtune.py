@@ -14,8 +14,10 @@ v2 dump (gradients from the recipe's own ``loss.backward()``).
   ``value_loss=unclipped``) mismatches; ``--detect`` from refppo's defaults lists the generating
   convention (``score_at``, ``whiten_advantages``, ``approx_kl``) and each listed entry re-checks.
 - ``one_token_row`` (a row whose first token is a stop token): torchtune scores it at position 0
-  (``value_seq_idxs`` needs ``seq_lens > 0``), one slot before refppo's ``after_last_valid``: a
-  named gap (spec/conventions.md), pinned here as a mismatch first diverging at ``token_rewards``.
+  (``value_seq_idxs`` needs ``seq_lens > 0``: ``recipes/ppo_full_finetune_single_device.py::
+  PPOFullFinetuneRecipeSingleDevice.generate_trajectory``, step 6.1), the preset's
+  ``score_at=after_last_valid_unless_first``: it matches; its control, plain ``after_last_valid``
+  (one slot after), mismatches first at ``token_rewards``.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from refppo.dump.load import load_dump
 from refppo.oracle.check.diagnose import check
 from refppo.oracle.detect.detection import detect, setup_from_json
 
-MATCHING = ("ragged", "ragged_epoch2", "full")
+MATCHING = ("ragged", "ragged_epoch2", "full", "one_token_row")
 WANT = {
-    "score_at": "after_last_valid",
-    "whiten_advantages": "masked_no_shift",
-    "approx_kl": "k2_all_positions",
+    "score_at": ("after_last_valid",),  # unless_first is tried only on a dump with a one-token row
+    "whiten_advantages": ("masked_no_shift",),
+    "approx_kl": ("k2_all_positions",),
 }
 MAX_ERR = 1e-5
 
@@ -77,21 +79,23 @@ def test_torchtunes_own_step_matches_its_preset_and_the_control_does_not(made: P
     assert not check(dump, setup_from_json(expected, trial), explain_divergence=False).match, (name, flip)
 
 
-@pytest.mark.parametrize("name", ("ragged", "ragged_epoch2"))
+@pytest.mark.parametrize("name", ("ragged", "ragged_epoch2", "one_token_row"))
 def test_detect_lists_torchtunes_convention(made: Path, name: str) -> None:
     dump, _, base = _setups(made, name)
     det = detect(dump, base, limit=100000)
-    listed = [e for e in det.detected if all(e.get(k) == v for k, v in WANT.items())]
+    want = {**WANT, "score_at": ("after_last_valid_unless_first",)} if name == "one_token_row" else WANT
+    listed = [e for e in det.detected if all(e.get(k) in v for k, v in want.items())]
     assert listed, (name, det.detected[:3])
     for e in listed[:3]:
         assert check(dump, setup_from_json(base, e), explain_divergence=False).match, (name, e)
 
 
-def test_a_one_token_response_is_scored_where_no_score_at_puts_it(made: Path) -> None:
+def test_a_one_token_response_is_scored_at_its_only_token(made: Path) -> None:
     facts = json.loads((made / "torchtune_one_token_row.facts.json").read_text())
     one = [i for i, n in enumerate(facts["response_lengths"]) if n == 1]
     assert one and all(facts["value_seq_idxs"][i] == 0 for i in one), facts
     dump, expected, _ = _setups(made, "one_token_row")
+    assert expected.convention_dict()["score_at"] == "after_last_valid_unless_first"
     t = dump.tensors
     beta = float(dump.hparams["kl_coef"])
     score_part = t["token_rewards"] + beta * t["kl"]  # the score alone, where torchtune added it
@@ -100,5 +104,8 @@ def test_a_one_token_response_is_scored_where_no_score_at_puts_it(made: Path) ->
     for i, n in enumerate(lengths):  # one-token rows at position 0; the others one past the last valid
         slot = 0 if n == 1 else min(n, T - 1)
         assert abs(float(score_part[i, slot] - t["scores"][i])) < 1e-5, (i, n, slot)
-    res = check(dump, expected, explain_divergence=False)
+    assert check(dump, expected, explain_divergence=False).match
+    plain = {**{k: getattr(v, "value", v) for k, v in expected.convention_dict().items()}}
+    plain["score_at"] = "after_last_valid"  # the one-token row's score one slot after torchtune's
+    res = check(dump, setup_from_json(expected, plain), explain_divergence=False)
     assert not res.match and res.first_divergence == "token_rewards", res.first_divergence

@@ -24,12 +24,7 @@ from refppo.core.gae import has_holes
 from refppo.dump.load import Dump
 from refppo.dump.tolerances import TOLERANCES
 from refppo.errors import RefPPOError
-from refppo.oracle.check.alternatives import (
-    AFFECTS,
-    ALTERNATIVES,
-    GROUP_ALTERNATIVES,
-    STD_ESTIMATORS,
-)
+from refppo.oracle.check.alternatives import AFFECTS, ALTERNATIVES, GROUP_ALTERNATIVES, STD_ESTIMATORS
 from refppo.oracle.check.bug_terms import nonfinite_alike
 from refppo.oracle.check.compare import FACTOR_HINT, QuantityResult, compare, describe
 from refppo.oracle.check.fastcheck import PrefixCheck, RolloutMemo
@@ -41,6 +36,7 @@ from refppo.oracle.check.settings import Setup
 from refppo.oracle.presets.registry import PRESETS
 from refppo.pipeline.bugs import BUGS as BUG_TABLE
 from refppo.pipeline.bugs import affected
+from refppo.pipeline.rollout import same_slots_as_after_last_valid
 from refppo.pipeline.stages import OUTPUTS, ROLLOUT_OUTPUTS
 
 
@@ -51,7 +47,9 @@ def _applies(key: str, upd: dict[str, Any], setup: Setup, dump: Dump) -> bool:
     batch levels only with more than one prompt); ``group_singleton`` only with a group of one;
     ``group_kl`` only with a reward KL (``kl_in=reward``, ``kl_coef`` > 0); a rollout correction
     (``rollout_correction``) only on a dump with ``rollout_logprobs``; ``gae_bootstrap`` only under
-    ``gae`` on a dump with ``bootstrap_values``."""
+    ``gae`` on a dump with ``bootstrap_values``; ``score_at`` none that gives another's slots."""
+    if key == "score_at":  # after_last_valid_unless_first only where a one-token row tells it apart
+        return not same_slots_as_after_last_valid(dump.mask, upd["score_at"])
     if key == "rollout_correction":  # the weight reads the behaviour log-probs
         return "rollout_logprobs" in dump.tensors
     if key == "gae_bootstrap":  # GAE's bootstrap reads the dumped values after the last token

@@ -54,6 +54,7 @@ from refppo.oracle.detect.solve_score import (
     solve_group_score_clip,
 )
 from refppo.oracle.detect.states import AdvState, Carried, KLState, ReturnsState, RewardState, digest
+from refppo.pipeline.rollout import same_slots_as_after_last_valid
 
 WhitenKey = tuple[str, str, str]
 """``(whiten_rewards, whiten_variance, whiten_eps_at)``."""
@@ -151,10 +152,11 @@ def _reward_options(
     # (a trainer with the KL in the reward alone logs none; verl with both on logs its kl_loss)
     shows_loss = "logprobs" in t and "kl_loss" in t
     placements = [p for p in KLPlacement if p is not KLPlacement.BOTH or shows_loss]
+    slots = [w for w in ScorePosition if not same_slots_as_after_last_valid(m, w)]  # one of two alike
 
     def opts(g: Group[KLState]) -> Iterable[Option[RewardState]]:
         kl = g.state
-        walk = product(placements, ScorePosition, maps, clips, list(ScoreSlotKL))
+        walk = product(placements, slots, maps, clips, list(ScoreSlotKL))
         for kl_in, score_at, (bias, scale), sc, slot in walk:
             if slot is ScoreSlotKL.KL and not _slot_kl_shows(s, kl, kl_in, score_at):
                 continue

@@ -10,8 +10,8 @@ copied.
 torchtune's ``whiten(x, mask)`` (default ``shift_mean=True``) ADDS the mean back after scaling:
 ``(A − μ)·rsqrt(σ² + 1e-8) + μ`` (the inverse of TRL's flag), so its advantages are refppo's
 ``masked_no_shift``. A one-token response (first token a stop token) gets its score at position 0,
-not one past it (``value_seq_idxs`` requires ``seq_lens > 0``): not expressed by ``score_at``
-(spec/conventions.md, the torchtune section).
+not one past it (``value_seq_idxs`` requires ``seq_lens > 0``): ``score_at =
+after_last_valid_unless_first`` (spec/conventions.md, the torchtune section).
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ _CFG = "recipes/configs/mistral/7B_full_ppo_low_memory.yaml"
 CONVENTIONS: dict[str, Sourced] = {
     "kl_estimator": ("k1", f"{_REW}::get_rewards_ppo (kl = logprobs − ref_logprobs)"),
     "kl_in": ("reward", f"{_REW}::get_rewards_ppo (kl_reward = −kl_coeff·kl in total_reward)"),
-    "score_at": ("after_last_valid", f"{_GEN} (value_seq_idxs = seq_lens + 1 when 0 < seq_lens < T − 1)"),
+    "score_at": (
+        "after_last_valid_unless_first",
+        f"{_GEN} (value_seq_idxs = seq_lens + 1 when 0 < seq_lens < T − 1, else seq_lens: step 6.1)",
+    ),
     "whiten_advantages": (
         "masked_no_shift",
         f"{_REW}::estimate_advantages, whiten (shift_mean=True adds the mean back)",

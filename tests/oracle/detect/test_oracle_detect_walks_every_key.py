@@ -8,8 +8,9 @@ make every step take its second walk (the solver's, and the "then" keys of
 loss, a score map, clip ranges and ``whiten_eps_at`` off the checked ones and ``policy_loss=gspo``;
 a critic-free GRPO dump with a lone prompt; a v2 dump with ``grad_logprobs`` (``k3+``, GAE through
 the padding); a dump with ``rollout_logprobs`` whose policy term carries a sequence-level masked
-correction (the correction step's walk and its solver). A key is walked when two options of one
-step give it different values.
+correction (the correction step's walk and its solver) and a one-token row (the only rows where
+``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
+such a dump only). A key is walked when two options of one step give it different values.
 
 Before, ``policy_loss`` was never walked (it was listed in ``NOT_WALKED`` as "not searched yet"):
 a GSPO dump got no convention and a nearest one with unrelated changes.
@@ -102,6 +103,7 @@ def _dumps(tmp: Path) -> list[tuple[Path, Setup]]:
     v2 = step_dump({"kl_in": "loss", "kl_estimator": "k3+", "gae_padding": "through"}, keep_scalars=True)
     out.append((save_step(tmp / "v2", v2, {}), setup_for(None, {})))
     corrected = make_inputs(B=8, T=12, seed=13)
+    corrected["response_mask"][1, 1:] = 0  # a one-token row: score_at=after_last_valid_unless_first shows
     noise = 0.5 * torch.randn(corrected["old_logprobs"].shape, generator=torch.Generator().manual_seed(3))
     corrected["rollout_logprobs"] = corrected["old_logprobs"] - noise.double()
     conv = {

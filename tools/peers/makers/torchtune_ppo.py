@@ -219,10 +219,11 @@ CONTROLS: dict[str, dict[str, Any]] = {
     "ragged": {"whiten_advantages": "masked"},  # torchtune's whiten() adds the mean back
     "ragged_epoch2": {"approx_kl": "k1"},  # torchtune logs ½·mean((l − l_old)²) over every position
     "full": {"value_loss": "unclipped"},  # PPOLoss clips the value around the old one
+    "one_token_row": {"score_at": "after_last_valid"},  # would score the one-token row at 1, not 0
 }
-"""``--set`` keys that must NOT reproduce each case. ``one_token_row`` has none: it must mismatch
-under the preset itself (its one-token row's score sits at position 0, refppo's ``after_last_valid``
-puts it at 1; no ``score_at`` value gives both rows' slots)."""
+"""``--set`` keys that must NOT reproduce each case. ``one_token_row``: torchtune scores its
+one-token row at position 0 (``value_seq_idxs`` needs ``seq_lens > 0``), the preset's
+``after_last_valid_unless_first``; plain ``after_last_valid`` puts it at 1."""
 
 
 def make(out: Path) -> list[str]:
