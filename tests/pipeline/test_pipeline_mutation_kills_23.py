@@ -1,0 +1,59 @@
+"""Tests for the pipeline survivors of ``tools/mutate.py`` on this batch's changes (issue #23): the
+rejection gate (refppo/pipeline/correction.py ``gate_keep``, ``gate_statistic_of``; groups_gate.py),
+``score_slot_kl`` and ``gae_bootstrap`` (rollout.py). Expected values are worked out by hand in the
+comments, never taken from the code under test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from refppo.pipeline.correction import gate_statistic_of
+from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.stages import BY_NAME
+
+F64 = torch.float64
+RC = BY_NAME["rollout_correction"]
+
+# Three rows, T = 3; d = l^prox − l^beh = [0.2, −0.4, ·], [0.1, 0.3, −0.2], [0.5, 0.5, ·] (· padding).
+# order=behaviour reads x = −d: [−0.2, 0.4], [−0.1, −0.3, 0.2], [−0.5, −0.5]; k1 is x itself, so the
+# row sums are S = 0.2, −0.2, −1.0 and the row means 0.1, −0.2/3, −0.5.
+_MASK = torch.tensor([[True, True, False], [True, True, True], [True, True, False]])
+_D = torch.tensor([[0.2, -0.4, 0.0], [0.1, 0.3, -0.2], [0.5, 0.5, 0.0]], dtype=F64)
+_PROX = torch.full((3, 3), -1.0, dtype=F64)
+_Q = {"old_logprobs": _PROX, "rollout_logprobs": torch.where(_MASK, _PROX - _D, 9.0), "mask": _MASK}
+_SEQ_K1 = {
+    "rollout_rs": "sequence",
+    "rollout_rs_stat": "k1",
+    "rollout_rs_order": "behaviour",
+    "rollout_rs_reduce": "sum",
+}
+
+
+def test_gate_statistic_of_reads_every_gate_setting() -> None:
+    # the row sum S_b of x = −d on each valid token, 0 on padding (spec: the statistic --detect solves on)
+    conv = Convention.of(**_SEQ_K1, rollout_rs_high=1.0)
+    want = torch.tensor([[0.2, 0.2, 0.0], [-0.2, -0.2, -0.2], [-1.0, -1.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(gate_statistic_of(_Q, conv), want, rtol=0.0, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("band", "want_rows"),
+    [
+        ({"rollout_rs_low": -0.25, "rollout_rs_high": 0.15}, (False, True, False)),  # S ∈ [−0.25, 0.15]
+        ({"rollout_rs_low": -0.25}, (True, True, False)),  # S ≥ −0.25: only row 2 (−1.0) out
+        ({"rollout_rs_high": 0.15}, (False, True, True)),  # S ≤ 0.15: only row 0 (0.2) out
+    ],
+)
+def test_sequence_gate_keeps_whole_rows_by_the_band(
+    band: dict[str, Any], want_rows: tuple[bool, ...]
+) -> None:
+    # a sequence gate keeps or rejects a row whole; a token gate, the mean or the proximal order
+    # would keep row 0's first token (x = −0.2), row 0 (mean 0.1) or row 0 (S = −0.2) instead
+    out = RC.run(_Q, Convention.of(**_SEQ_K1, **band), Hyperparams())
+    want = _MASK & torch.tensor(want_rows).unsqueeze(1)
+    assert torch.equal(out["is_keep"], want)
+    assert torch.equal(out["is_weights"], torch.where(want, 1.0, 0.0).to(F64))
