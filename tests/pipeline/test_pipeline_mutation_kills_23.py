@@ -6,11 +6,13 @@ comments, never taken from the code under test.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 import torch
 
+from refppo.errors import HyperparameterError
 from refppo.pipeline.correction import gate_statistic_of
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.stages import BY_NAME
@@ -57,3 +59,35 @@ def test_sequence_gate_keeps_whole_rows_by_the_band(
     want = _MASK & torch.tensor(want_rows).unsqueeze(1)
     assert torch.equal(out["is_keep"], want)
     assert torch.equal(out["is_weights"], torch.where(want, 1.0, 0.0).to(F64))
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"rollout_rs_high": True}, "rollout_rs_high: expected a finite number or none, got True"),
+        ({"rollout_rs_low": "0.5"}, "rollout_rs_low: expected a finite number or none, got '0.5'"),
+        ({"rollout_rs_high": float("inf")}, "rollout_rs_high: expected a finite number or none, got inf"),
+        ({"rollout_rs_low": -0.5}, "rollout_rs_low: expected a ratio bound >= 0, got -0.5"),
+        ({"rollout_rs_low": 2.0, "rollout_rs_high": 1.0}, "expected low <= high, got 2.0 > 1.0"),
+    ],
+)
+def test_gate_settings_refused(keys: dict[str, Any], message: str) -> None:
+    # RolloutGate.__post_init__: each bound a finite number (not a bool), a ratio's >= 0, low <= high
+    with pytest.raises(HyperparameterError, match=re.escape(message)):
+        Convention.of(rollout_rs="token", **keys)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"rollout_rs_low": 0.0},  # a ratio bound of 0 is allowed (>= 0)
+        {"rollout_rs_low": 0.5, "rollout_rs_high": 0.5},  # low == high: a one-point band
+        {"rollout_rs_low": 0.5, "rollout_rs_high": 2.0},
+        {"rollout_rs_high": 2.0},  # one bound only
+        {"rollout_rs_low": 0.5},
+        {"rollout_rs_stat": "k1", "rollout_rs_low": -0.5, "rollout_rs_high": -0.1},  # k1 bounds may be < 0
+    ],
+)
+def test_gate_settings_accepted(keys: dict[str, Any]) -> None:
+    gate = Convention.of(rollout_rs="token", **keys).gate
+    assert (gate.low, gate.high) == (keys.get("rollout_rs_low"), keys.get("rollout_rs_high"))
