@@ -91,3 +91,40 @@ def test_gate_settings_refused(keys: dict[str, Any], message: str) -> None:
 def test_gate_settings_accepted(keys: dict[str, Any]) -> None:
     gate = Convention.of(rollout_rs="token", **keys).gate
     assert (gate.low, gate.high) == (keys.get("rollout_rs_low"), keys.get("rollout_rs_high"))
+
+
+def _slot_q(ref: torch.Tensor | None) -> dict[str, Any]:
+    # one row, T = 3, two valid tokens; score_at=after_last_valid puts the score (1.0) at t = 2, which
+    # the value mask holds too; d = l^old − l^ref = [0.5, −0.6, 0.1]
+    base = torch.full((1, 3), -1.0, dtype=F64)
+    return {
+        "mapped_scores": torch.tensor([1.0], dtype=F64),
+        "mask": torch.tensor([[True, True, False]]),
+        "value_mask": torch.tensor([[True, True, True]]),
+        "old_logprobs": base + torch.tensor([[0.5, -0.6, 0.1]], dtype=F64),
+        "ref_logprobs": ref,
+        "kl": None,
+    }
+
+
+@pytest.mark.parametrize("naive", [False, True])
+def test_slot_kl_reads_the_kl_clamps(naive: bool) -> None:
+    # score_slot_kl=kl recomputes k1 over the value mask with conv.kl's clamps: d clamped below at
+    # −0.25 → [0.5, −0.25, 0.1], the value clamped to [−0.3, 0.3] → [0.3, −0.25, 0.1]; β = 0.5:
+    # r = [−0.15, 0.125, 1 − 0.05] (either clamp dropped: −0.3 or 0.5 on a token instead)
+    conv = Convention.of(
+        score_at="after_last_valid", score_slot_kl="kl", kl_estimator="k1",
+        kl_log_ratio_clamp=(-0.25, None), kl_value_clamp=0.3,
+    )  # fmt: skip
+    out = BY_NAME["rewards"].run(
+        _slot_q(torch.full((1, 3), -1.0, dtype=F64)), conv, Hyperparams(kl_coef=0.5), naive=naive
+    )
+    want = torch.tensor([[-0.15, 0.125, 0.95]], dtype=F64)
+    torch.testing.assert_close(out["token_rewards_raw"], want, rtol=0.0, atol=1e-15)
+
+
+def test_slot_kl_at_zero_beta_reads_no_reference() -> None:
+    # β = 0: no KL term (slot_kl_on needs β > 0), so no reference log-probs are read: r = [0, 0, 1]
+    conv = Convention.of(score_at="after_last_valid", score_slot_kl="kl")
+    out = BY_NAME["rewards"].run(_slot_q(None), conv, Hyperparams(kl_coef=0.0))
+    assert torch.equal(out["token_rewards_raw"], torch.tensor([[0.0, 0.0, 1.0]], dtype=F64))
