@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from refppo.core.kl import token_kl
+from refppo.core.rollout_correction import gate_statistic
 from refppo.errors import DtypeError, HyperparameterError
 
 F64 = torch.float64
@@ -51,3 +52,15 @@ def test_importance_weight_is_detached_second_derivative() -> None:
     if g.requires_grad:
         (h,) = torch.autograd.grad(g.sum(), lp, allow_unused=True)
         assert h is None or abs(float(h)) < 1e-14
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_gate_statistic_is_zero_on_padding(level: str) -> None:
+    # one row, one valid token: x = l^prox − l^beh = 0.5; the ratio statistic e^x (a row of one token:
+    # its mean is x too), and 0 on the padded slot (where e^0 = 1 would show a leak)
+    lp = torch.tensor([[-1.0, -1.0]], dtype=F64)
+    lb = torch.tensor([[-1.5, 5.0]], dtype=F64)
+    m = torch.tensor([[True, False]])
+    out = gate_statistic(lp, lb, m, stat="ratio", level=level, reduce="mean")
+    assert out[0, 1].item() == 0.0
+    assert abs(out[0, 0].item() - math.exp(0.5)) < 1e-15
