@@ -89,6 +89,12 @@ PIPELINE_FUNCS = {
     "KLConvention.__post_init__",
     "AdvantageConvention.__post_init__",
     "PolicyConvention.__post_init__",
+    # this batch's (23) new pipeline functions: score_slot_kl, gae_bootstrap, the rejection gate
+    "slot_kl_on",
+    "gae_last_values",
+    "gate_keep",
+    "gate_statistic_of",
+    "RolloutGate.__post_init__",
 }
 NAIVE_HELPERS = {"_log_sum_exp"}
 DEFAULT_CLASSES = {
@@ -111,6 +117,7 @@ GAP_TESTS = (
     "tests/core/test_core_defaults.py",
     "tests/core/test_core_mutation_kills.py",
     "tests/core/test_core_mutation_kills_20.py",
+    "tests/core/test_core_mutation_kills_23.py",
 )
 PIPELINE_TESTS = (
     "tests/pipeline/test_pipeline.py",
@@ -131,6 +138,11 @@ PIPELINE_TESTS = (
     "tests/pipeline/test_pipeline_policy_helpers.py",
     "tests/oracle/test_oracle_decoupled_cispo.py",
     "tests/oracle/test_oracle_rollout_correction.py",
+    "tests/core/test_gae_bootstrap.py",  # the advantages stage's bootstrap (gae_bootstrap)
+    "tests/core/test_score_slot_kl.py",  # the rewards stage's score_slot_kl
+    "tests/pipeline/test_pipeline_gates.py",  # the rollout_correction stage, groups_gate
+    "tests/pipeline/test_kl_both.py",  # kl_in=both
+    "tests/pipeline/test_pipeline_mutation_kills_23.py",
 )
 """The oracle's tests (tests/oracle/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
@@ -157,7 +169,11 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/core/test_core_gspo.py",
         "tests/core/test_gspo_properties.py",
     ),
-    "kl": ("tests/core/test_kl_straight_through.py",),
+    "kl": ("tests/core/test_kl_straight_through.py", "tests/core/test_kl_is_weight.py"),
+    **dict.fromkeys(("objective", "grad"), ("tests/core/test_kl_is_weight.py",)),  # grad_is_clip
+    "gae": ("tests/core/test_gae_bootstrap.py",),
+    "rewards": ("tests/core/test_score_slot_kl.py",),
+    "aggregate": ("tests/core/test_prompt_mean.py",),
     "score_map": ("tests/pipeline/test_pipeline_score_map.py",),
     **dict.fromkeys(  # the rollout correction's weights, gates and surrogates (CISPO too): one suite
         ("rollout_correction", "rollout_losses", "cispo"),
@@ -167,6 +183,7 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
             "tests/core/test_rollout_correction_properties.py",
             "tests/core/test_rollout_losses_properties.py",
             "tests/core/test_core_mutation_kills_rollout.py",
+            "tests/pipeline/test_pipeline_gates.py",  # gate_statistic through the stage
         ),
     ),
     "by_rows": (
