@@ -5,8 +5,8 @@ bound) in the ``trl-grpo`` venv (skipped with the reason without it) and writes 
 match under ``--preset trl`` + ``policy_loss=cispo, loss_agg=token-mean`` with the sidecar's
 ``cliprange = 1`` (no lower bound) and ``cliprange_high = epsilon_high − 1`` (max abs error bounded);
 the control ``policy_loss=vanilla`` and refppo's lower bound ``cliprange = 0.2`` must mismatch, and
-``--detect`` from the preset's defaults must list ``policy_loss=cispo`` (each listed entry
-re-checked) and no ``vanilla`` entry.
+on the float32 case (the walk is long) ``--detect`` from the preset's defaults must list
+``policy_loss=cispo`` (each listed entry re-checked) and no ``vanilla`` entry.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def test_trl_cispo_matches_with_no_lower_bound_and_detect_lists_it(
         assert not check(dump, setup_from_json(expected, vanilla), explain_divergence=False).match, n
         bounded = replace(expected, hp=replace(expected.hp, cliprange=0.2))
         assert not check(dump, bounded, explain_divergence=False).match, n
+        if not n.endswith("_f32"):
+            continue  # --detect walks ~10 min a dump on 2 cores: once, on the float32 case
         det = detect(dump, base, limit=100000)
         listed = [e for e in det.detected if e.get("policy_loss") == "cispo"]
         assert listed, (n, det.detected[:3])
