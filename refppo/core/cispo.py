@@ -6,7 +6,8 @@ Symbols as :mod:`refppo.core.policy`; ``sg`` stop-gradient; all ``[B, T]``::
                                                    used as given: pass a detached one)
     CISPO:               ρ_t = exp(clamp(l_t − l^old_t, ±κ))
                          ℓ_t = −sg(clip(ρ_t, 1−ε_low, 1+ε_high))·w'_t·A_t·l_t  (ε_low None: no lower
-                         bound; w' an optional rollout-correction weight, 1 without: verl multiplies)
+                         bound, as ε_low = 1: ρ > 0; w' an optional rollout-correction weight, 1
+                         without: verl multiplies)
     pg_loss = agg(ℓ)
 
 CISPO (MiniMax-M1, Chen et al. 2025, arXiv 2506.13585) clips the importance weight, not the
@@ -15,7 +16,10 @@ clipped ratio, in every region. The value carries ``l_t`` (it is not a surrogate
 value). As verl 0.9.1 ``core_algos.py::compute_policy_loss_cispo`` (``[1−clip_ratio_low,
 1+clip_ratio_high]``, κ = 20), SkyRL-train 0.3.1 ``ppo_utils.py::compute_policy_loss_cispo``
 (``cispo_eps_clip_low/high``, κ = 20 in float32) and TRL 1.16.0 ``GRPOTrainer._compute_loss``
-(``loss_type="cispo"``: ``min(ρ, ε_max)``, i.e. ε_low None, ε_high = ε_max − 1). The weighted
+(``loss_type="cispo"``: ``min(ρ, ε_max)`` with ``ε_max`` its ``epsilon_high``, no κ; i.e. ε_low None
+or 1, ε_high = ε_max − 1; summed over the batch's tokens / ``num_items_in_batch``: ``token-mean``
+for one process, no accumulation; its logged ``cispo_clip_ratio`` counts ``ρ > ε_max`` on ``A > 0``
+only, not refppo's ``clipfrac``). The weighted
 REINFORCE is verl 0.9.1 ``compute_policy_loss_reinforce`` (its ``bypass_mode`` with
 ``loss_type: reinforce``: ``w = π_θ/π^beh`` truncated, computed under ``no_grad``).
 
@@ -79,9 +83,10 @@ def weighted_logprob_loss(
 
 def _checked_cispo_clips(clip_low: float | None, clip_high: float) -> tuple[float | None, float]:
     lo = check_nonneg("clip_low", clip_low) if clip_low is not None else None
-    if lo is not None and lo >= 1.0:
-        raise HyperparameterError(f"clip_low: expected a number in [0, 1) or None, got {clip_low!r}")
-    return (1.0 - lo if lo is not None else None), 1.0 + check_nonneg("clip_high", clip_high)
+    if lo is not None and lo > 1.0:
+        raise HyperparameterError(f"clip_low: expected a number in [0, 1] or None, got {clip_low!r}")
+    # ε_low = 1: the bound 0 is below every ρ = exp(·) > 0 (and an underflowed 0 is not < 0): no bound.
+    return (1.0 - lo if lo is not None and lo < 1.0 else None), 1.0 + check_nonneg("clip_high", clip_high)
 
 
 def _checked_cispo(

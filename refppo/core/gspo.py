@@ -55,8 +55,8 @@ from refppo.types import ResponseMask, TokenFloat
 def _check_clips(clip_low: float, clip_high: float | None) -> tuple[float, float]:
     eps_lo = check_nonneg("clip_low", clip_low)
     eps_hi = check_nonneg("clip_high", clip_high if clip_high is not None else clip_low)
-    if eps_lo >= 1.0:
-        raise HyperparameterError(f"clip_low: expected a number in [0, 1), got {clip_low!r}")
+    if eps_lo > 1.0:  # 1: the bound 1 − ε_low = 0 is below every ratio (no lower bound)
+        raise HyperparameterError(f"clip_low: expected a number in [0, 1], got {clip_low!r}")
     return eps_lo, eps_hi
 
 

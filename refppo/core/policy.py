@@ -111,8 +111,8 @@ def check_policy_clips(
     """``(ε_low, ε_high)`` checked (``ε_high`` defaults to ``ε_low``), and the dual-clip ``c > 1``."""
     eps_lo = check_nonneg("clip_low", clip_low)
     eps_hi = check_nonneg("clip_high", clip_high if clip_high is not None else clip_low)
-    if eps_lo >= 1.0:
-        raise HyperparameterError(f"clip_low: expected a number in [0, 1), got {clip_low!r}")
+    if eps_lo > 1.0:  # 1: the bound 1 − ε_low = 0 is below every ratio (no lower bound)
+        raise HyperparameterError(f"clip_low: expected a number in [0, 1], got {clip_low!r}")
     if dual_clip is not None and not (math.isfinite(dual_clip) and dual_clip > 1.0):
         raise HyperparameterError(f"dual_clip: expected a constant c > 1 (or None), got {dual_clip!r}")
     return eps_lo, eps_hi

@@ -277,7 +277,8 @@ class Hyperparams:
     kl_coef: float = 0.05
     """β, the KL coefficient (``kl_coef``, ``init_kl_coef``, ``kl_ctl``)."""
     cliprange: float = 0.2
-    """ε, the policy clip range (``clip_ratio``, ``eps_clip``)."""
+    """ε, the policy clip range (``clip_ratio``, ``eps_clip``); 1: no lower bound (``1 − ε = 0 < ρ``;
+    TRL 1.16.0 ``loss_type="cispo"``)."""
     cliprange_high: float | None = None
     """ε_high when asymmetric (``clip_ratio_high``); None = ``cliprange``."""
     cliprange_value: float = 0.2
@@ -300,8 +301,8 @@ class Hyperparams:
             check_nonneg(name, getattr(self, name))
         if self.cliprange_high is not None:
             check_nonneg("cliprange_high", self.cliprange_high)
-        if self.cliprange >= 1.0:  # as clipped_policy_loss's clip_low, at construction
-            raise HyperparameterError(f"cliprange: expected a number in [0, 1), got {self.cliprange!r}")
+        if self.cliprange > 1.0:  # as clipped_policy_loss's clip_low, at construction (1: no lower bound)
+            raise HyperparameterError(f"cliprange: expected a number in [0, 1], got {self.cliprange!r}")
 
 
 HPARAM_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Hyperparams))

@@ -102,7 +102,8 @@ def cispo_token_loss(
     conv: Convention, grad: bool = True,
 ) -> PolicyTokenLoss:  # fmt: skip
     """``policy_loss=cispo`` per token (:func:`refppo.core.cispo.cispo_policy_loss`: ``[1 − ε_low,
-    1 + ε_high]`` from ``cliprange``/``cliprange_high``, κ ``log_ratio_clamp``); ``grad`` False: under
+    1 + ε_high]`` from ``cliprange``/``cliprange_high``, ``cliprange = 1``: no lower bound (TRL 1.16.0),
+    κ ``log_ratio_clamp``); ``grad`` False: under
     ``no_grad`` (the by-rows evaluation has no autograd graph; CISPO has no by-rows kernel)."""
     with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
         out = cispo_policy_loss(

@@ -218,10 +218,10 @@ def test_convention_accepts_the_boundary_values_the_core_accepts() -> None:
     assert (c.policy.dual_clip, c.kl.log_ratio_clamp, c.kl.value_clamp) == (1.5, (0.3, 0.3), 0.5)
 
 
-def test_hyperparams_refuse_a_cliprange_of_one() -> None:
-    with pytest.raises(HyperparameterError, match=r"^cliprange: expected a number in \[0, 1\), got 1\.0$"):
-        Hyperparams(cliprange=1.0)
-    assert Hyperparams(cliprange=0.99).cliprange == 0.99
+def test_hyperparams_refuse_a_cliprange_above_one() -> None:
+    with pytest.raises(HyperparameterError, match=r"^cliprange: expected a number in \[0, 1\], got 1\.5$"):
+        Hyperparams(cliprange=1.5)
+    assert Hyperparams(cliprange=1.0).cliprange == 1.0  # no lower bound (TRL 1.16.0 cispo)
 
 
 # ---------------------------------------------------------------------------------------------

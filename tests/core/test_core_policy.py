@@ -74,7 +74,7 @@ def test_policy_ratio_log_ratio_clamp_hand_example() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"clip_low": 1.0}, r"clip_low: expected a number in \[0, 1\), got 1.0"),
+        ({"clip_low": 1.5}, r"clip_low: expected a number in \[0, 1\], got 1.5"),
         ({"clip_low": -0.1}, "clip_low: expected a finite number >= 0, got -0.1"),
         ({"clip_high": -0.2}, "clip_high: expected a finite number >= 0, got -0.2"),
         ({"dual_clip": 0.5}, r"dual_clip: expected a constant c > 1 \(or None\), got 0.5"),

@@ -64,7 +64,7 @@ def _bt(B: int = 3, T: int = 4) -> dict[str, Any]:
 POLICY_BAD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     # (id, tensor overrides, keyword overrides)
     ("clip_low<0 & logp f32", {"logp": F32}, {"clip_low": -1.0}),
-    ("clip_low=1", {}, {"clip_low": 1.0}),
+    ("clip_low>1", {}, {"clip_low": 1.5}),
     ("clip_low=nan", {}, {"clip_low": NAN}),
     ("clip_high<0", {}, {"clip_high": -0.1}),
     ("clip_high=inf & agg bogus", {}, {"clip_high": INF, "agg": "bogus"}),

@@ -153,7 +153,7 @@ def test_corrected_policy_loss_refuses(
 @pytest.mark.parametrize(
     ("kw", "msg"),
     [
-        ({"clip_low": 1.0}, "clip_low: expected a number in [0, 1) or None, got 1.0"),
+        ({"clip_low": 1.5}, "clip_low: expected a number in [0, 1] or None, got 1.5"),
         ({"clip_high": -0.1}, "clip_high: expected a finite number >= 0, got -0.1"),
     ],
 )

@@ -10,7 +10,9 @@
 - rejected ``drop`` is the plain clipped surrogate over the kept rows with the kept mask (token and
   sequence counts of what is kept), loss and gradient; 0 with a zero gradient when nothing is kept;
 - CISPO's and the weighted REINFORCE's gradients are ``−c·A·w_agg`` on every valid token, clipped or
-  not; junk on the padding changes nothing.
+  not; junk on the padding changes nothing;
+- ``clip_low = 1`` is no lower bound: CISPO's ``clip_low=None`` bit for bit, the clipped surrogate's
+  ``max(−A·ρ, −A·min(ρ, 1 + ε_high))``.
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ def test_decoupled_policy_loss_matches_naive(b: Ragged, agg: LossAgg, bw: Behavi
 @given(
     ragged_batches(),
     aggs,
-    st.sampled_from([(0.2, 0.28, None), (None, 4.0, None), (0.2, 0.2, 0.5)]),
+    st.sampled_from([(0.2, 0.28, None), (None, 4.0, None), (0.2, 0.2, 0.5), (1.0, 0.5, None)]),
     st.booleans(),
 )
 def test_cispo_matches_naive_and_its_gradient_is_minus_c_a(
@@ -217,6 +219,24 @@ def test_cispo_matches_naive_and_its_gradient_is_minus_c_a(
     aw = torch.tensor(agg_weights_naive(b.mask, agg), dtype=F64)
     want_grad = torch.where(b.mask, -coef * adv.to(F64) * aw, 0.0)
     assert_grad_close(x.grad, want_grad, b.mask, b.dtype, f"∂cispo/∂l ({agg})")
+
+
+@given(ragged_batches(), aggs, st.sampled_from([0.28, 4.0]))
+def test_a_lower_clip_of_one_is_no_lower_bound(b: Ragged, agg: LossAgg, hi: float) -> None:
+    """``clip_low = 1`` (TRL 1.16.0 ``loss_type="cispo"``: ``min(ρ, ε_max)``) IS ``clip_low=None``:
+    CISPO bit for bit; the clipped surrogate then clips no token below (``clipfrac_lower`` 0) and
+    equals its naive twin."""
+    cur, prox, _, adv = _inputs(b)
+    one = cispo_policy_loss(cur, prox, adv, b.mask, clip_low=1.0, clip_high=hi, norms=Norms(agg))
+    none = cispo_policy_loss(cur, prox, adv, b.mask, clip_low=None, clip_high=hi, norms=Norms(agg))
+    for name in ("loss", "per_token", "ratio", "clipfrac"):
+        assert_exactly_equal(getattr(one, name), getattr(none, name), what=name)
+    van = clipped_policy_loss(cur, prox, adv, b.mask, clip_low=1.0, clip_high=hi, agg=agg)
+    assert float(van.clipfrac_lower) == 0.0
+    rho = torch.exp(torch.where(b.mask, cur - prox, 0.0).to(F64))
+    a = adv.to(F64)
+    want = torch.where(b.mask, torch.maximum(-a * rho, -a * rho.clamp(max=1 + hi)), 0.0)
+    assert_twin_close(van.per_token, want, b.dtype, "vanilla ℓ at clip_low=1")
 
 
 @given(ragged_batches(), aggs, st.booleans())

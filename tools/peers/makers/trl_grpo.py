@@ -156,14 +156,17 @@ def trl_loss(
     ``metrics``: a ``{"train": defaultdict(list), ...}`` that receives what TRL logs (``_metrics``);
     ``vllm``: ``is_ratio`` (TRL's ``vllm_importance_sampling_ratio``; the loss then multiplies by it,
     ``use_vllm`` and the correction on) and ``leaf`` (the ``per_token_logps`` tensor to use, with
-    grad: the loss is then computed under autograd); returns ``(loss, inputs)`` when given."""
+    grad: the loss is then computed under autograd); returns ``(loss, inputs)`` when given;
+    ``epsilon_high`` (default :data:`EPS_HIGH`): the trainer's ``epsilon_high``."""
     import torch
 
-    lp = vllm.get("leaf", x["logprobs"].clone())
+    lp = vllm.pop("leaf", x["logprobs"].clone())
+    eps_high = vllm.pop("epsilon_high", EPS_HIGH)
+    grad = lp.requires_grad
     me = types.SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (lp, torch.zeros_like(lp), None),
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token",
-        beta=beta, loss_type=loss_type, epsilon_low=HP["cliprange"], epsilon_high=EPS_HIGH,
+        beta=beta, loss_type=loss_type, epsilon_low=HP["cliprange"], epsilon_high=eps_high,
         use_vllm=False, vllm_importance_sampling_correction=False,
         model=types.SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
         max_completion_length=T, accelerator=_Accelerator(),
@@ -183,7 +186,7 @@ def trl_loss(
         "ref_per_token_logps": x.get("ref_logprobs"),
         "num_items_in_batch": m.sum(),
     }
-    if not vllm:
+    if not vllm and not grad:
         with torch.no_grad():
             return trainer_cls._compute_loss(me, None, batch)
     if "is_ratio" in vllm:  # what _generate_and_score_completions adds with vLLM and the correction
