@@ -42,6 +42,9 @@ HOLD = 4
 SCREEN = True
 """Whether :func:`expand_groups` screens a :class:`Deferred` option before making it (False: every
 option is made and checked in full; the tests compare the two walks' reports)."""
+LAZY = True
+"""Whether a walk that yields :class:`Lazy` options makes each one only when it is read (False: the
+walk makes every option as it yields it, as an eager walk does; the tests compare the reports)."""
 
 Option = tuple[dict[str, Any], S, bytes]
 """``(convention update, new state, digest)``: one option of a step's walk."""
@@ -66,14 +69,41 @@ class Deferred(Generic[S]):
         self.make = make
 
 
-Deferrable = tuple[dict[str, Any], S | Deferred[S], bytes]
+class Lazy(Generic[S]):
+    """An eager option made when it is read: at once by :func:`expand_groups`, but by a
+    :class:`Replayer` only when it is the option rebuilt, so a replay does not remake (normalise and
+    digest) the options it skips on the way, those merged into an earlier group among them.
+
+    ``make()`` gives the state, ``key(state)`` its option digest: bit for bit what the walk would
+    yield eagerly (the same stage calls, in the same order for the option)."""
+
+    def __init__(self, make: Callable[[], S], key: Callable[[S], bytes]) -> None:
+        self.make = make
+        self.key = key
+
+    def made(self) -> tuple[S, bytes]:
+        st = self.make()
+        return st, self.key(st)
+
+
+def lazy_option(upd: dict[str, Any], opt: Lazy[S]) -> tuple[dict[str, Any], S | Lazy[S], bytes]:
+    """``(upd, opt, b"")`` when :data:`LAZY`; else ``opt`` made at once (``(upd, state, digest)``)."""
+    if LAZY:
+        return upd, opt, b""
+    st, key = opt.made()
+    return upd, st, key
+
+
+Deferrable = tuple[dict[str, Any], S | Deferred[S] | Lazy[S], bytes]
 """An option whose state may be :class:`Deferred` (the walks :func:`expand_groups` takes)."""
 Options = Callable[["Group[Any]"], Iterable[Deferrable[Any]]]
 
 
 def made(st: Any) -> Any:
-    """``st``, or the state a :class:`Deferred` makes."""
-    return st.make()[0] if isinstance(st, Deferred) else st
+    """``st``, or the state a :class:`Deferred` or a :class:`Lazy` makes."""
+    if isinstance(st, Deferred):
+        return st.make()[0]
+    return st.make() if isinstance(st, Lazy) else st
 
 
 class Walker(Protocol):
@@ -111,7 +141,7 @@ class Replayer:
             _, st, _ = next(it)
             pos += 1
             self.replayed += 1
-        st = made(st)  # the options skipped on the way are not made
+        st = made(st)  # the deferred and lazy options skipped on the way are not made
         self.slots[id(options)] = (options, parent, it, pos, st)
         return st
 
@@ -216,6 +246,8 @@ def expand_groups(
                 if got is None:
                     continue
                 st, key = got
+            elif isinstance(st, Lazy):
+                st, key = st.made()
             if key in ex.merged:
                 _merge(ex.merged[key], g, upd, max_equiv, (stage, key))
                 continue
