@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import refppo.oracle.detect.groups as groups_mod
 from refppo.conventions import (
     KLEstimator,
     KLPlacement,
@@ -165,12 +166,14 @@ def _reward_options(
                 base["score_slot_kl"] = slot.value
             # the raw rewards of this (kl_in, score_at, map, clip, slot), made once when the first
             # of its whitening options is read (a replay reads some of them, or none)
-            raw = _RawRewards(s, kl, kl_in, score_at, (bias, scale, sc), slot)
+            args = (s, kl, kl_in, score_at, (bias, scale, sc), slot)
+            raw = _RawRewards(*args)
             for wr, var, eps_at in wr_opts:
                 upd: dict[str, Any] = {**base, "whiten_rewards": wr}
                 if wr != "none":  # the advantage whitening shares the two keys
                     upd.update(whiten_variance=var, whiten_eps_at=eps_at)
-                yield lazy_option(upd, Lazy(raw.whitened(wr, var, eps_at), _reward_key))
+                own = raw if groups_mod.LAZY else _RawRewards(*args)  # off: nothing shared, as before
+                yield lazy_option(upd, Lazy(own.whitened(wr, var, eps_at), _reward_key))
 
     return opts
 
