@@ -43,8 +43,7 @@ SCREEN = True
 """Whether :func:`expand_groups` screens a :class:`Deferred` option before making it (False: every
 option is made and checked in full; the tests compare the two walks' reports)."""
 LAZY = True
-"""Whether a walk that yields :class:`Lazy` options makes each one only when it is read (False: the
-walk makes every option as it yields it, as an eager walk does; the tests compare the reports)."""
+"""Whether :class:`Lazy` options are made when read (False: as yielded; the tests compare reports)."""
 
 Option = tuple[dict[str, Any], S, bytes]
 """``(convention update, new state, digest)``: one option of a step's walk."""
@@ -70,16 +69,12 @@ class Deferred(Generic[S]):
 
 
 class Lazy(Generic[S]):
-    """An eager option made when it is read: at once by :func:`expand_groups`, but by a
-    :class:`Replayer` only when it is the option rebuilt, so a replay does not remake (normalise and
-    digest) the options it skips on the way, those merged into an earlier group among them.
-
-    ``make()`` gives the state, ``key(state)`` its option digest: bit for bit what the walk would
-    yield eagerly (the same stage calls, in the same order for the option)."""
+    """An eager option made when read: at once by :func:`expand_groups`, by a :class:`Replayer`
+    only when it is the option rebuilt (the skipped ones are not normalised and digested again).
+    ``make()`` gives the state, ``key(state)`` its digest: what an eager walk would yield."""
 
     def __init__(self, make: Callable[[], S], key: Callable[[S], bytes]) -> None:
-        self.make = make
-        self.key = key
+        self.make, self.key = make, key
 
     def made(self) -> tuple[S, bytes]:
         st = self.make()
@@ -87,11 +82,8 @@ class Lazy(Generic[S]):
 
 
 def lazy_option(upd: dict[str, Any], opt: Lazy[S]) -> tuple[dict[str, Any], S | Lazy[S], bytes]:
-    """``(upd, opt, b"")`` when :data:`LAZY`; else ``opt`` made at once (``(upd, state, digest)``)."""
-    if LAZY:
-        return upd, opt, b""
-    st, key = opt.made()
-    return upd, st, key
+    """``(upd, opt, b"")`` when :data:`LAZY`, else ``opt`` made at once: ``(upd, state, digest)``."""
+    return (upd, opt, b"") if LAZY else (upd, *opt.made())
 
 
 Deferrable = tuple[dict[str, Any], S | Deferred[S] | Lazy[S], bytes]
