@@ -103,17 +103,17 @@ _WRAP = (
     "import hashlib, resource, subprocess, sys, time; t0 = time.perf_counter(); "
     "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL); "
     "dt = time.perf_counter() - t0; "
-    "print(dt, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode, "
-    "hashlib.sha1(p.stdout).hexdigest())"
+    "ru = resource.getrusage(resource.RUSAGE_CHILDREN); "
+    "print(dt, ru.ru_maxrss, p.returncode, hashlib.sha1(p.stdout).hexdigest(), ru.ru_utime)"
 )
 
 
-def run_once(cmd: list[str], cwd: Path) -> tuple[float, float, int, str]:
-    """Wall-clock (s), peak RSS (MB, ``ru_maxrss`` of a one-child wrapper), exit code and the sha1
-    of the stdout of one run of ``cmd``."""
+def run_once(cmd: list[str], cwd: Path) -> tuple[float, float, int, str, float]:
+    """Wall-clock (s), peak RSS (MB, ``ru_maxrss`` of a one-child wrapper), exit code, the sha1
+    of the stdout and the user CPU (s) of one run of ``cmd``."""
     out = subprocess.run([sys.executable, "-c", _WRAP, *cmd], capture_output=True, text=True, cwd=cwd)
-    dt, kb, code, digest = out.stdout.split()
-    return float(dt), int(kb) / 1024.0, int(code), digest
+    dt, kb, code, digest, user = out.stdout.split()
+    return float(dt), int(kb) / 1024.0, int(code), digest, float(user)
 
 
 def timed(cmd: list[str], repeat: int) -> tuple[float, float, int]:
@@ -135,11 +135,13 @@ def against(rows: list[tuple[str, list[str]]], other: Path, repeat: int, size: f
             for acc, c, cwd in order if r % 2 == 0 else order[::-1]:
                 acc.append(run_once(c, cwd))
         tm, to = statistics.median(x[0] for x in mine), statistics.median(x[0] for x in theirs)
+        um, uo = statistics.median(x[4] for x in mine), statistics.median(x[4] for x in theirs)
         same = {(x[2], x[3]) for x in mine} == {(x[2], x[3]) for x in theirs} and len(
             {x[3] for x in mine}
         ) == 1
         print(
-            f"{label:<44} this {tm:7.2f} s, other {to:7.2f} s (this/other {tm / to:4.2f}); peak RSS this "
+            f"{label:<44} this {tm:7.2f} s, other {to:7.2f} s (this/other {tm / to:4.2f}); user CPU this "
+            f"{um:7.2f} s, other {uo:7.2f} s ({um / uo:4.2f}); peak RSS this "
             f"{max(x[1] for x in mine):5.0f} MB ({max(x[1] for x in mine) / size:4.2f}x), other "
             f"{max(x[1] for x in theirs):5.0f} MB ({max(x[1] for x in theirs) / size:4.2f}x); "
             f"reports {'identical' if same else 'DIFFER'}; load {os.getloadavg()[0]:.1f}"

@@ -42,6 +42,8 @@ HOLD = 4
 SCREEN = True
 """Whether :func:`expand_groups` screens a :class:`Deferred` option before making it (False: every
 option is made and checked in full; the tests compare the two walks' reports)."""
+LAZY = True
+"""Whether :class:`Lazy` options are made when read (False: as yielded; the tests compare reports)."""
 
 Option = tuple[dict[str, Any], S, bytes]
 """``(convention update, new state, digest)``: one option of a step's walk."""
@@ -66,14 +68,34 @@ class Deferred(Generic[S]):
         self.make = make
 
 
-Deferrable = tuple[dict[str, Any], S | Deferred[S], bytes]
+class Lazy(Generic[S]):
+    """An eager option made when read: at once by :func:`expand_groups`, by a :class:`Replayer`
+    only when it is the option rebuilt (the skipped ones are not normalised and digested again).
+    ``make()`` gives the state, ``key(state)`` its digest: what an eager walk would yield."""
+
+    def __init__(self, make: Callable[[], S], key: Callable[[S], bytes]) -> None:
+        self.make, self.key = make, key
+
+    def made(self) -> tuple[S, bytes]:
+        st = self.make()
+        return st, self.key(st)
+
+
+def lazy_option(upd: dict[str, Any], opt: Lazy[S]) -> tuple[dict[str, Any], S | Lazy[S], bytes]:
+    """``(upd, opt, b"")`` when :data:`LAZY`, else ``opt`` made at once: ``(upd, state, digest)``."""
+    return (upd, opt, b"") if LAZY else (upd, *opt.made())
+
+
+Deferrable = tuple[dict[str, Any], S | Deferred[S] | Lazy[S], bytes]
 """An option whose state may be :class:`Deferred` (the walks :func:`expand_groups` takes)."""
 Options = Callable[["Group[Any]"], Iterable[Deferrable[Any]]]
 
 
 def made(st: Any) -> Any:
-    """``st``, or the state a :class:`Deferred` makes."""
-    return st.make()[0] if isinstance(st, Deferred) else st
+    """``st``, or the state a :class:`Deferred` or a :class:`Lazy` makes."""
+    if isinstance(st, Deferred):
+        return st.make()[0]
+    return st.make() if isinstance(st, Lazy) else st
 
 
 class Walker(Protocol):
@@ -111,7 +133,7 @@ class Replayer:
             _, st, _ = next(it)
             pos += 1
             self.replayed += 1
-        st = made(st)  # the options skipped on the way are not made
+        st = made(st)  # the deferred and lazy options skipped on the way are not made
         self.slots[id(options)] = (options, parent, it, pos, st)
         return st
 
@@ -216,6 +238,8 @@ def expand_groups(
                 if got is None:
                     continue
                 st, key = got
+            elif isinstance(st, Lazy):
+                st, key = st.made()
             if key in ex.merged:
                 _merge(ex.merged[key], g, upd, max_equiv, (stage, key))
                 continue

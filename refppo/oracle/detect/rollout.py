@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import refppo.oracle.detect.groups as groups_mod
 from refppo.conventions import (
     KLEstimator,
     KLPlacement,
@@ -45,7 +46,7 @@ from refppo.conventions import (
 from refppo.errors import RefPPOError
 from refppo.oracle.check.alternatives import CLAMP_BUNDLES
 from refppo.oracle.detect.fit import fit_normalisation
-from refppo.oracle.detect.groups import Group, Option
+from refppo.oracle.detect.groups import Deferrable, Group, Lazy, Option, lazy_option
 from refppo.oracle.detect.search import Search, nearest_note
 from refppo.oracle.detect.solve import read_kl_clamps
 from refppo.oracle.detect.solve_score import (
@@ -144,51 +145,97 @@ def _whiten_reward_opts(s: Search, walk_all: bool) -> list[WhitenKey]:
 
 def _reward_options(
     s: Search, maps: list[tuple[float, float]], clips: list[float | None], wr_opts: list[WhitenKey]
-) -> Callable[[Group[KLState]], Iterable[Option[RewardState]]]:
+) -> Callable[[Group[KLState]], Iterable[Deferrable[RewardState]]]:
     """The rewards step's walk: ``kl_in`` × ``score_at`` × score map × ``score_clip`` × reward
-    whitening, each through the score_map, value_mask and rewards stages."""
-    m, t = s.m, s.t
+    whitening, each through the score_map, value_mask and rewards stages (:class:`Lazy` options:
+    a replay makes only the one it rebuilds)."""
+    t = s.t
     # kl_in=both differs from reward only by the KL loss: walked on a dump that logs a KL loss
     # (a trainer with the KL in the reward alone logs none; verl with both on logs its kl_loss)
     shows_loss = "logprobs" in t and "kl_loss" in t
     placements = [p for p in KLPlacement if p is not KLPlacement.BOTH or shows_loss]
     slots = [w for w in ScorePosition if not same_slots_as_after_last_valid(m, w)]  # one of two alike
 
-    def opts(g: Group[KLState]) -> Iterable[Option[RewardState]]:
+    def opts(g: Group[KLState]) -> Iterable[Deferrable[RewardState]]:
         kl = g.state
         walk = product(placements, slots, maps, clips, list(ScoreSlotKL))
         for kl_in, score_at, (bias, scale), sc, slot in walk:
             if slot is ScoreSlotKL.KL and not _slot_kl_shows(s, kl, kl_in, score_at):
                 continue
-            vm = s.value_mask(score_at)
-            smap: dict[str, Any] = {"score_bias": bias, "score_scale": scale, "score_clip": sc}
-            scores = s.evaluate("score_map", {"scores": t["scores"]}, s.setting(**smap))["mapped_scores"]
-            q = {"mapped_scores": scores, "kl": kl.kl, "mask": m, "value_mask": vm,
-                 "old_logprobs": t["old_logprobs"], "ref_logprobs": t.get("ref_logprobs")}  # fmt: skip
             base = {"kl_in": kl_in.value, "score_at": score_at.value, "score_clip": sc}
             base.update(score_bias=bias, score_scale=scale)
-            rew = {"kl_in": kl_in.value, "score_at": score_at.value}
-            if slot is ScoreSlotKL.KL:  # the slot's KL by the group's KL keys
-                rew.update(score_slot_kl=slot.value, **kl.setting)
+            if slot is ScoreSlotKL.KL:
                 base["score_slot_kl"] = slot.value
-            raw = s.evaluate("rewards", q, s.setting(stage="rewards", **rew))["token_rewards_raw"]
-            qw = {"token_rewards_raw": raw, "value_mask": vm}
+            # the raw rewards of this (kl_in, score_at, map, clip, slot), made once when the first
+            # of its whitening options is read (a replay reads some of them, or none)
+            args = (s, kl, kl_in, score_at, (bias, scale, sc), slot)
+            raw = _RawRewards(*args)
             for wr, var, eps_at in wr_opts:
                 upd: dict[str, Any] = {**base, "whiten_rewards": wr}
-                fixed = None
-                wkeys: dict[str, Any] = {"whiten_rewards": wr}
                 if wr != "none":  # the advantage whitening shares the two keys
                     upd.update(whiten_variance=var, whiten_eps_at=eps_at)
-                    wkeys.update(whiten_variance=var, whiten_eps_at=eps_at)
-                    fixed = (var, eps_at)
-                # each stage alone reads these keys: its setting holds no other group's (a checked
-                # group_kl=to_go refuses a reward whitening only as a whole convention)
-                st_w = s.setting(stage="reward_whitening", **wkeys)
-                r = s.evaluate("reward_whitening", qw, st_w)["token_rewards"]
-                st = RewardState(kl, kl_in, vm, scores, r, fixed)
-                yield upd, st, digest(kl.key, r, vm, kl_in.value, fixed)
+                own = raw if groups_mod.LAZY else _RawRewards(*args)  # off: nothing shared, as before
+                yield lazy_option(upd, Lazy(own.whitened(wr, var, eps_at), _reward_key))
 
     return opts
+
+
+class _RawRewards:
+    """The score_map and rewards stages of one reward option (before the reward whitening), made on
+    the first :meth:`whitened` state read and shared by the whitening options after it."""
+
+    def __init__(
+        self,
+        s: Search,
+        kl: KLState,
+        kl_in: KLPlacement,
+        score_at: ScorePosition,
+        smap: tuple[float, float, float | None],
+        slot: ScoreSlotKL,
+    ) -> None:
+        self.s, self.kl, self.kl_in, self.score_at, self.smap, self.slot = s, kl, kl_in, score_at, smap, slot
+        self.made: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def get(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(value mask, mapped scores, token_rewards_raw)``."""
+        if self.made is None:
+            s, kl, t = self.s, self.kl, self.s.t
+            vm = s.value_mask(self.score_at)
+            bias, scale, sc = self.smap
+            smap: dict[str, Any] = {"score_bias": bias, "score_scale": scale, "score_clip": sc}
+            scores = s.evaluate("score_map", {"scores": t["scores"]}, s.setting(**smap))["mapped_scores"]
+            q = {"mapped_scores": scores, "kl": kl.kl, "mask": s.m, "value_mask": vm,
+                 "old_logprobs": t["old_logprobs"], "ref_logprobs": t.get("ref_logprobs")}  # fmt: skip
+            rew: dict[str, Any] = {"kl_in": self.kl_in.value, "score_at": self.score_at.value}
+            if self.slot is ScoreSlotKL.KL:  # the slot's KL by the group's KL keys
+                rew.update(score_slot_kl=self.slot.value, **kl.setting)
+            raw = s.evaluate("rewards", q, s.setting(stage="rewards", **rew))["token_rewards_raw"]
+            self.made = (vm, scores, raw)
+        return self.made
+
+    def whitened(self, wr: str, var: str, eps_at: str) -> Callable[[], RewardState]:
+        """The option's state under reward whitening ``wr`` (``var``, ``eps_at``: read when on)."""
+
+        def make() -> RewardState:
+            vm, scores, raw = self.get()
+            wkeys: dict[str, Any] = {"whiten_rewards": wr}
+            fixed = None
+            if wr != "none":  # the advantage whitening shares the two keys
+                wkeys.update(whiten_variance=var, whiten_eps_at=eps_at)
+                fixed = (var, eps_at)
+            # each stage alone reads these keys: its setting holds no other group's (a checked
+            # group_kl=to_go refuses a reward whitening only as a whole convention)
+            st_w = self.s.setting(stage="reward_whitening", **wkeys)
+            qw = {"token_rewards_raw": raw, "value_mask": vm}
+            r = self.s.evaluate("reward_whitening", qw, st_w)["token_rewards"]
+            return RewardState(self.kl, self.kl_in, vm, scores, r, fixed)
+
+        return make
+
+
+def _reward_key(st: RewardState) -> bytes:
+    """The reward option's digest."""
+    return digest(st.kl.key, st.rewards, st.vm, st.kl_in.value, st.fixed_whiten)
 
 
 def _slot_kl_shows(s: Search, kl: KLState, kl_in: KLPlacement, score_at: ScorePosition) -> bool:
@@ -213,7 +260,7 @@ def reward_step(s: Search, groups: list[Group[KLState]]) -> list[Group[RewardSta
 
     def make(
         extra: list[tuple[float, float]] | None,
-    ) -> Callable[[Group[KLState]], Iterable[Option[RewardState]]]:
+    ) -> Callable[[Group[KLState]], Iterable[Deferrable[RewardState]]]:
         """``extra``: None on the first walk, then the solved score maps (maybe none)."""
         maps = list(dict.fromkeys([(ex.bias, ex.scale), *extra_maps, *(extra or [])]))
         wr_opts = _whiten_reward_opts(s, walk_all=extra is not None or not checkable)

@@ -23,7 +23,7 @@ import refppo.oracle.detect.steps as steps_mod
 from refppo.dump.load import Dump, load_dump
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.detection import Detection, detect
-from refppo.oracle.detect.groups import Deferred, Group
+from refppo.oracle.detect.groups import Deferred, Group, Lazy
 from refppo.oracle.detect.search import MAX_EQUIV, NEAREST, Search
 
 B, T = 8, 16
@@ -51,6 +51,8 @@ def _walk_holding_all(
         for upd, st, key in options(g):
             if isinstance(st, Deferred):  # made in full, never screened
                 st, key = st.make()
+            elif isinstance(st, Lazy):  # made at once
+                st, key = st.made()
             new_convs = [{**c, **upd} for c in g.convs]
             if key in merged:
                 tgt = merged[key]
