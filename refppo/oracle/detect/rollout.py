@@ -154,7 +154,7 @@ def _reward_options(
     # (a trainer with the KL in the reward alone logs none; verl with both on logs its kl_loss)
     shows_loss = "logprobs" in t and "kl_loss" in t
     placements = [p for p in KLPlacement if p is not KLPlacement.BOTH or shows_loss]
-    slots = [w for w in ScorePosition if not same_slots_as_after_last_valid(m, w)]  # one of two alike
+    slots = [w for w in ScorePosition if not same_slots_as_after_last_valid(s.m, w)]  # one of two alike
 
     def opts(g: Group[KLState]) -> Iterable[Deferrable[RewardState]]:
         kl = g.state
