@@ -146,10 +146,11 @@ def test_gspo_default_clip_is_0_2() -> None:
     )
 
 
-@pytest.mark.parametrize("clip_low", [1.0, 1.5])
-def test_gspo_clip_low_of_one_or_more_is_refused(clip_low: float) -> None:
+@pytest.mark.parametrize("clip_low", [1.0 + 2**-20, 1.5])
+def test_gspo_clip_low_above_one_is_refused(clip_low: float) -> None:
+    """``clip_low`` = 1 is no lower bound (1 − 1 = 0 below every ratio); above 1 it is refused."""
     logp, old, adv, mask = _batch()
-    with pytest.raises(HyperparameterError, match=r"clip_low: expected a number in \[0, 1\)"):
+    with pytest.raises(HyperparameterError, match=r"clip_low: expected a number in \[0, 1\]"):
         gspo_policy_loss(logp, old, adv, mask, clip_low=clip_low)
 
 
