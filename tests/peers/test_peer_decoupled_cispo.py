@@ -15,8 +15,12 @@ and writes v2 step dumps (``grad_logprobs`` by autograd through the peer's funct
 Each dump must match under its preset plus its ``--set`` (max abs error printed and bounded), the
 control (one key flipped) must mismatch, and ``--detect`` from refppo's defaults must list the
 generating surrogate and correction family (``policy_loss``, ``rollout_is``, ``rollout_is_agg``,
-``rollout_is_mode``) on the v2 dump itself, each listed entry of that family re-checked, and must not
-list the control's family. (Until the caps were read off the gradient, five of these v2 dumps listed
+``rollout_is_mode``, ``rollout_rs``) on the v2 dump itself, each listed entry of that family re-checked,
+and must not list the control's family. A gate is part of the family: the unbounded token weight
+truncated nowhere times a token ratio gate ``[L, H]`` is the same computation as ``rollout_is_mode=mask``
+with ``[L, H]`` (AReaL's mask band), so ``--detect`` lists both, and the gated entry is neither the
+generating family nor the control's (``truncate`` with no gate).
+(Until the caps were read off the gradient, five of these v2 dumps listed
 nothing: caps fitted to ``pg_loss`` alone failed the gradient re-check; issue #22 item 6.)
 """
 
@@ -42,7 +46,7 @@ MAKERS: dict[str, tuple[str, str, str, int]] = {
     "skyrl": ("skyrl-areal", "skyrl_tis", "skyrl", 4),
     "trl": ("trl-grpo", "trl_is", "trl", 4),
 }
-FAMILY = ("policy_loss", "rollout_is", "rollout_is_agg", "rollout_is_mode")
+FAMILY = ("policy_loss", "rollout_is", "rollout_is_agg", "rollout_is_mode", "rollout_rs")
 MAX_ERR = 1e-5
 
 
@@ -52,6 +56,7 @@ def _family(conv: dict[str, Any]) -> tuple[Any, ...]:
         "rollout_is": None,
         "rollout_is_agg": "product",
         "rollout_is_mode": "truncate",
+        "rollout_rs": None,
     }
     return tuple(conv.get(k, defaults[k]) for k in FAMILY)
 
