@@ -53,10 +53,11 @@ FAMILY = (
 )
 _IS_PARAMS = ("rollout_is_mode", "rollout_is_high")
 """Read only when ``rollout_is`` is on (compared only then)."""
-V2_LISTS_NOTHING = {"drgrpo_k3_loss_tis2"}
-"""Measured: ``--detect`` lists nothing on this v2 dump (its nearest is the generating convention with
-nothing outside tolerance); its v1 copy (gradients dropped) lists the family. Asserted exactly, so a
-fix shows here."""
+V2_LISTS_NOTHING: set[str] = set()
+"""v2 dumps on which ``--detect`` lists nothing and the family is required on the v1 copy (asserted
+exactly, so a change shows here). Empty since the walk checks the gradient of corrected candidates:
+``drgrpo_k3_loss_tis2`` listed nothing on v2 when the oat preset landed (its nearest was the
+generating convention with nothing outside tolerance)."""
 MAX_ERR = 2e-6
 """float32 (oat's dtype); measured ≤ 5.4e-7."""
 
