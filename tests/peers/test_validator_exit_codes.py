@@ -137,7 +137,7 @@ def test_every_validator_with_crashing_venvs_fails(
 ) -> None:
     import importlib
 
-    for venv in ("verl-openrlhf", "skyrl-areal", "trl", "trl-grpo"):
+    for venv in ("verl-openrlhf", "skyrl-areal", "trl", "trl-grpo", "oat", "skyrl04", "torchtune", "trinity"):
         _venv(tmp_path, venv, script)
     monkeypatch.setenv("REFPPO_PEERS_ROOT", str(tmp_path))
     main = importlib.import_module(VALIDATORS[name]).main
