@@ -39,10 +39,9 @@ import torch
 from torch import Tensor
 
 from refppo.core.rollout_correction import is_weights
-from refppo.pipeline import update as up
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.bugs_base import Bug
-from refppo.pipeline.correction import gate_keep
+from refppo.pipeline.correction import gate_keep, rollout_logprobs_of
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
 
@@ -57,7 +56,7 @@ def _weights(
     rc = conv.rollout
     kw: dict[str, Any] = {"level": rc.level, "agg": rc.agg, "mode": rc.mode, "low": rc.low, "high": rc.high}
     kw.update(over)
-    w = is_weights(num, up.rollout_logprobs_of(q, conv), q["mask"], detach=detach, **kw)
+    w = is_weights(num, rollout_logprobs_of(q, conv), q["mask"], detach=detach, **kw)
     out = {"is_weights": w.weight, "is_keep": w.keep}
     return _gated(out, q, conv) if gate else out
 

@@ -52,9 +52,6 @@ from refppo.core.policy import (
 from refppo.core.value import value_token_loss
 from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
-from refppo.pipeline.correction import RC_KEYS as RC_KEYS
-from refppo.pipeline.correction import rollout_correction_stage as rollout_correction_stage
-from refppo.pipeline.correction import rollout_logprobs_of as rollout_logprobs_of
 from refppo.pipeline.needs import kl_loss_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 
