@@ -36,6 +36,7 @@ from refppo.oracle.presets import (
     oat,
     openrlhf,
     refppo,
+    rlinf,
     skyrl,
     torchtune,
     trinity,
@@ -55,12 +56,13 @@ PRESET_MODULES: tuple[ModuleType, ...] = (
     torchtune,
     trinity,
     oat,
+    rlinf,
 )
 """The preset modules, in the registry's order."""
 
 PRESETS: dict[str, Preset] = {m.PRESET.name: m.PRESET for m in PRESET_MODULES}
 """Every preset by name: refppo, verl, openrlhf, trl, deepspeed-chat, skyrl, areal, torchtune, trinity,
-oat."""
+oat, rlinf."""
 
 PEER_PRESETS: tuple[str, ...] = tuple(name for name in PRESETS if name != "refppo")
 
