@@ -39,10 +39,10 @@ CASES: dict[str, dict[str, Any]] = {
     "gae_k3_loss": {"adv": "gae", "norm": "megatron", "agg": "token-mean", "lo": 0.2, "hi": 0.28,
                     "kl": "low_var_kl", "kl_beta": 0.1, "set": {"cliprange_high": 0.28},
                     "control": {"score_at": "last_valid"}},
-    # ratios spread so that the dual clip and a log-ratio clamp of ±1 bind; seq-mean-token-sum
+    # ratios spread so that the dual clip and a log-ratio clamp of ±1.5 (e^1.5 > 3) bind; seq-mean-token-sum
     "gae_dual_clip_clamp": {"adv": "gae", "norm": "megatron", "agg": "seq-mean-token-sum", "lo": 0.2,
-                            "hi": 0.2, "kl": None, "kl_beta": 0.0, "spread": 3.0, "clamp": 1.0,
-                            "set": {"loss_agg": "seq-mean-token-sum", "log_ratio_clamp": 1.0},
+                            "hi": 0.2, "kl": None, "kl_beta": 0.0, "spread": 3.0, "clamp": 1.5,
+                            "set": {"loss_agg": "seq-mean-token-sum", "log_ratio_clamp": 1.5},
                             "control": {"dual_clip": None}},
     # GRPO as the reasoning recipes run it, the FSDP actor's normalisation (population variance)
     "grpo_fsdp_norm_seqmean": {"adv": "grpo", "norm": "fsdp", "agg": "seq-mean-token-mean", "lo": 0.2,
