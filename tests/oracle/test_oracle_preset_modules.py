@@ -35,10 +35,11 @@ ORDER = [
     "torchtune",
     "trinity",
     "oat",
+    "rlinf",
 ]
-ADDED = ["torchtune", "trinity", "oat"]
+ADDED = ["torchtune", "trinity", "oat", "rlinf"]
 """Presets added after the snapshot (appended to the order; their values are checked by their peer
-tests, e.g. tests/peers/test_peer_torchtune.py, test_peer_oat.py)."""
+tests, e.g. tests/peers/test_peer_torchtune.py, test_peer_oat.py, test_peer_rlinf.py)."""
 
 
 def _tag(v: Any) -> Any:

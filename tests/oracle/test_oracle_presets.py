@@ -178,7 +178,7 @@ def test_openrlhf_split_value_aggregation(tmp_path: Path) -> None:
     change = {"value_loss_agg": "token-mean"}
     explained = [e for e in res.explained_by if e["kind"] == "convention" and e["change"] == change]
     assert explained and explained[0]["all_match"]
-    assert any("value_loss_agg=token-mean (as in preset openrlhf)" in line for line in res.diagnosis)
+    assert any("value_loss_agg=token-mean (as in preset openrlhf, rlinf)" in line for line in res.diagnosis)
     assert PRESETS["openrlhf"].conventions["value_loss_agg"] == "token-mean"
     assert PRESETS["verl"].conventions["value_loss_agg"] is None  # critic.loss_agg_mode = the actor's
     assert bad.convention_dict()["value_loss_agg"] is None

@@ -88,7 +88,7 @@ def test_rlinfs_approx_kl_reads_the_clamped_log_ratio(made: Path) -> None:
 
 
 def test_detect_lists_rlinfs_score_slot_and_gae_padding(made: Path) -> None:
-    dump, _, base, conv = _setups(made, "gae_k3_loss")
+    dump, _, base, _ = _setups(made, "gae_k3_loss")
     want = {"score_at": "last_position", "gae_padding": "through", "kl_in": "loss"}
     det = detect(dump, base, limit=100000)
     listed = [e for e in det.detected if all(e.get(k) == v for k, v in want.items())]

@@ -36,7 +36,7 @@ _ACT = "rlinf/workers/actor/megatron_actor_worker.py (training loss_func)"
 _CRIT = "rlinf/workers/critic/megatron_critic_worker.py"
 
 CONVENTIONS: dict[str, Sourced] = {
-    "kl_estimator": ("k3", "rlinf/algorithms/utils.py::kl_penalty (kl_penalty_type low_var_kl / k3: clamped)"),
+    "kl_estimator": ("k3", "rlinf/algorithms/utils.py::kl_penalty (kl_penalty_type low_var_kl/k3: clamped)"),
     "kl_in": ("loss", f"{_ACT} (loss + kl_beta·loss_agg_func(kl_penalty(curr, ref)); no KL in the reward)"),
     "kl_loss_agg": (None, f"{_ACT} (the actor's loss_agg_func)"),
     "score_at": ("last_position", f"{_PRE} (expanded_rewards[-1] = rewards: the frame's last slot)"),

@@ -66,8 +66,8 @@ def _load() -> dict[str, Any]:
     for pkg in ("rlinf", "rlinf.utils", "rlinf.algorithms"):
         mount(pkg)
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]  # CPU stand-in
-    from rlinf.algorithms import advantages, losses  # type: ignore[import-not-found]  # noqa: F401 (registers)
-    from rlinf.algorithms import registry, utils
+    # importing advantages and losses registers their functions
+    from rlinf.algorithms import advantages, losses, registry, utils  # type: ignore[import-not-found]  # noqa: F401
     from rlinf.utils.distributed import masked_normalization  # type: ignore[import-not-found]
     from rlinf.utils.utils import get_loss_agg_func  # type: ignore[import-not-found]
 
@@ -116,7 +116,8 @@ def run_case(t: dict[str, Any], seed: int, spec: dict[str, Any]) -> tuple[dict[s
     lp = x["logprobs"].clone().requires_grad_(True)
     c = spec.get("clamp")
     pg, met = t["pg"](
-        task_type="reasoning", loss_type="actor", loss_agg_func=agg, logprobs=lp, old_logprobs=x["old_logprobs"],
+        task_type="reasoning", loss_type="actor", loss_agg_func=agg, logprobs=lp,
+        old_logprobs=x["old_logprobs"],
         advantages=got["advantages"], clip_ratio_c=3.0, clip_ratio_low=spec["lo"], clip_ratio_high=spec["hi"],
         loss_mask=m.bool(), clip_log_ratio_min=None if c is None else -c, clip_log_ratio_max=c,
         fast_path_zero_loss_mask=True,
