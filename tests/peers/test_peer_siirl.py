@@ -1,15 +1,15 @@
 """siirl 0.2.0's own PPO functions against ``--preset verl`` (issue #23: a verl fork needs no preset).
 
 :mod:`peers.makers.siirl_ppo` runs, in the ``siirl`` side venv (skipped with the reason without it),
-siirl's unmodified ``apply_kl_penalty``, ``compute_gae_advantage_return``,
-``compute_policy_loss_vanilla``, ``kl_penalty`` / ``agg_loss`` and ``compute_value_loss``
-(``siirl/dag_worker/core_algos.py``) on random ragged batches with junk on the padding, and writes
-v2 dumps (``grad_logprobs`` by autograd through siirl's losses). Two cases: no KL in the reward
-(siirl's default) under ``token-mean`` (control ``loss_agg=seq-mean-token-mean``) and the
-clamped k3 as a loss under ``seq-mean-token-mean`` with clip 0.2/0.28 (control
-``gae_padding=through``: siirl's GAE, as verl's, stops at the padding). Each matches under ``--preset verl`` plus its ``--set`` (max abs error
-bounded) and its control mismatches. siirl 0.2.0's ``apply_kl_penalty`` (``use_kl_in_reward``)
-cannot run: the maker records the ``TypeError`` it raises.
+siirl's unmodified ``compute_gae_advantage_return``, ``compute_policy_loss_vanilla``,
+``kl_penalty`` / ``agg_loss`` and ``compute_value_loss`` (``siirl/dag_worker/core_algos.py``) on
+random ragged batches with junk on the padding, and writes v2 dumps (``grad_logprobs`` by autograd
+through siirl's losses). Two cases: no KL in the reward (siirl's default) under ``token-mean``
+(control ``loss_agg=seq-mean-token-mean``); the clamped k3 as a loss under ``seq-mean-token-mean``
+with clip 0.2/0.28 (control ``gae_padding=through``: siirl's GAE, as verl's, stops at the
+padding). Each matches under ``--preset verl`` plus its ``--set`` (max abs error bounded) and its
+control mismatches. siirl 0.2.0's ``apply_kl_penalty`` (``use_kl_in_reward``) cannot run: the
+maker records the ``TypeError`` it raises.
 """
 
 from __future__ import annotations
