@@ -9,7 +9,8 @@ bootstrap; ``kl_penalty``), ``algorithms/advantages.py`` (``compute_gae_advantag
 (``workers/megatron_worker.py``, ``workers/actor/megatron_actor_worker.py``,
 ``workers/critic/megatron_critic_worker.py``). RLinf ships no default config in its wheel: the
 hyperparameters below are the code's fallbacks (``cfg.algorithm.get(..., default)``) where it has
-one, else the value the worker's required key is commonly given (marked "required"). Validated
+one; a key the worker requires has no default in the code (marked "required": the value here is a
+placeholder, the run's sidecar supplies the real one). Validated
 against RLinf 0.3.0's own functions by ``tools/peers/makers/rlinf_ppo.py``
 (``tests/peers/test_peer_rlinf.py``); spelled out in spec/conventions.md. No RLinf code is copied.
 
