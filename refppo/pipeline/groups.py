@@ -24,6 +24,7 @@ from refppo.conventions import (
     PolicyLoss,
     ScorePosition,
     ScoreSlotKL,
+    TruncatedRows,
     ValueClipForm,
     ValueLoss,
     Variance,
@@ -245,6 +246,12 @@ class AggConvention:
     it unlike the KL term of its loss; None = the term's (``kl_loss_agg``, else ``loss_agg``). TRL
     GRPOTrainer 1.16.0 adds ``β·k3`` per token before its ``loss_type`` aggregation but logs ``kl`` as
     a token mean (``token-mean``). A logging convention: refppo's trainer logs the term."""
+    truncated_rows: TruncatedRows = field(
+        default=TruncatedRows.KEEP, metadata=flat_key("truncated_rows", omit=True, config=False)
+    )
+    """The rows flagged ``truncated`` in the loss (``keep``), masked out of it but kept in the row count
+    (``mask_in_loss``: TRL ``mask_truncated_completions``) or out of both (``drop``);
+    :class:`refppo.conventions.TruncatedRows`, :mod:`refppo.pipeline.loss_rows`."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
