@@ -307,7 +307,10 @@ def update_grads(
     lp = q["logprobs"].detach().clone().requires_grad_(True)
     v = q["values"].detach().clone().requires_grad_(True)
     out = walk(stages, {**q, "logprobs": lp, "values": v}, conv, hp, Evaluation(norm=whole))
-    grads = {**BY_NAME["grads"].run({**out, "loss": out[objective]}, conv, hp), "ratio": out["ratio"].detach()}
+    grads = {
+        **BY_NAME["grads"].run({**out, "loss": out[objective]}, conv, hp),
+        "ratio": out["ratio"].detach(),
+    }
     if keep is None:
         return grads
     return {k: scatter_rows(g, keep, 1.0 if k == "ratio" else 0.0) for k, g in grads.items()}

@@ -41,7 +41,12 @@ def _in_loss(b: Ragged, bits: list[bool]) -> torch.Tensor:
 
 
 @settings(deadline=None)
-@given(ragged_batches(), st.sampled_from(list(LossAgg)), st.lists(st.booleans(), min_size=1, max_size=5), st.booleans())
+@given(
+    ragged_batches(),
+    st.sampled_from(list(LossAgg)),
+    st.lists(st.booleans(), min_size=1, max_size=5),
+    st.booleans(),
+)
 def test_matches_naive_twin(b: Ragged, agg: LossAgg, bits: list[bool], count_rows: bool) -> None:
     x, keep = b.floats(-3.0, 3.0), _in_loss(b, bits)
     assert_twin_close(
@@ -53,7 +58,11 @@ def test_matches_naive_twin(b: Ragged, agg: LossAgg, bits: list[bool], count_row
 
 
 @settings(deadline=None)
-@given(ragged_batches(dtypes=(torch.float64,)), st.sampled_from(list(LossAgg)), st.lists(st.booleans(), min_size=1, max_size=5))
+@given(
+    ragged_batches(dtypes=(torch.float64,)),
+    st.sampled_from(list(LossAgg)),
+    st.lists(st.booleans(), min_size=1, max_size=5),
+)
 def test_gradient_is_the_weights_twin(b: Ragged, agg: LossAgg, bits: list[bool]) -> None:
     x = b.valid(-3.0, 3.0).requires_grad_(True)
     keep = _in_loss(b, bits)

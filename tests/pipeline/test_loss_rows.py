@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refppo.conventions import LossAgg
-from refppo.core.masked import kept_rows_aggregate, masked_mean
 from refppo.core.kl import token_kl
+from refppo.core.masked import kept_rows_aggregate, masked_mean
 from refppo.core.policy import clipped_policy_token_loss
 from refppo.errors import ConventionError
 from refppo.pipeline.settings import Convention, Hyperparams
@@ -63,7 +63,9 @@ def _uq(x: dict[str, torch.Tensor], conv: Convention) -> object:
     )  # fmt: skip
 
 
-def _core_loss(x: dict[str, torch.Tensor], lp: torch.Tensor, agg: str, count_rows: bool) -> dict[str, torch.Tensor]:
+def _core_loss(
+    x: dict[str, torch.Tensor], lp: torch.Tensor, agg: str, count_rows: bool
+) -> dict[str, torch.Tensor]:
     m, keep = x["mask"], ~x["truncated"]
     kw = {"count_rows": count_rows, "horizon": HP.horizon}
     pg = clipped_policy_token_loss(lp, x["old_logprobs"], x["advantages"], m, clip_low=HP.cliprange).per_token
@@ -99,15 +101,33 @@ def test_update_walk_is_the_core_aggregation_over_the_rows_in_the_loss(
 @settings(max_examples=40, deadline=None)
 @given(batches(), st.sampled_from(AGGS))
 def test_gradient_is_the_core_aggregations_gradient(x: dict[str, torch.Tensor], agg: str) -> None:
-    g = update_grads(_q(x) | {"values": torch.zeros_like(x["logprobs"])}, hp=HP, conv=_conv(agg, "mask_in_loss"))
+    g = update_grads(
+        _q(x) | {"values": torch.zeros_like(x["logprobs"])}, hp=HP, conv=_conv(agg, "mask_in_loss")
+    )
     lp = x["logprobs"].clone().requires_grad_(True)
     (want,) = torch.autograd.grad(_core_loss(x, lp, agg, True)["loss"], lp)
     torch.testing.assert_close(g["grad_logprobs"], torch.where(x["mask"], want, 0.0), rtol=1e-12, atol=1e-14)
     assert not bool(g["grad_logprobs"][x["truncated"]].any())
 
 
+def _fixed() -> dict[str, torch.Tensor]:
+    """A fixed batch: B = 3, T = 4, lengths 4, 2, 3 (seeded draws)."""
+    g = torch.Generator().manual_seed(23)
+    mask = torch.arange(4).expand(3, 4) < torch.tensor([4, 2, 3]).unsqueeze(1)
+    old = -torch.rand(3, 4, generator=g, dtype=torch.float64) * 3
+
+    def noise(s: float) -> torch.Tensor:
+        return s * torch.randn(3, 4, generator=g, dtype=torch.float64)
+
+    return {
+        "logprobs": old + noise(0.3), "old_logprobs": old, "ref_logprobs": old + noise(0.4),
+        "advantages": noise(1.0), "returns": noise(1.0), "entropy": noise(1.0).abs(), "mask": mask,
+        "truncated": torch.tensor([True, False, False]),
+    }  # fmt: skip
+
+
 def test_keep_ignores_the_flags_and_mask_in_loss_is_not_keep() -> None:
-    x = batches().example()
+    x = _fixed()
     x["truncated"] = torch.tensor([True] + [False] * (x["mask"].shape[0] - 1))
     plain = dict(x, truncated=torch.zeros_like(x["truncated"]))
     conv = _conv("seq-mean-token-mean", "keep")
@@ -116,7 +136,7 @@ def test_keep_ignores_the_flags_and_mask_in_loss_is_not_keep() -> None:
 
 
 def test_refusals_name_truncated() -> None:
-    x = batches().example()
+    x = _fixed()
     with pytest.raises(ConventionError, match=r"^truncated: truncated_rows=mask_in_loss reads the \[B\]"):
         _uq(dict(x, truncated=None), _conv("token-mean", "mask_in_loss"))  # type: ignore[arg-type]
     with pytest.raises(ConventionError, match=r"^truncated: every row is flagged"):

@@ -105,7 +105,15 @@ def make(out: Path) -> list[str]:
             keep = ~x["truncated"]
             dropped = {k: v[keep] for k, v in dump.items() if v.dim() >= 1}
             dropped["loss"] = dump["loss"]
-            made.append(save(out, "trl_grpo_mask_truncated_dapo_rows_dropped", dropped, hp, {**sets, "truncated_rows": "keep"}))
+            made.append(
+                save(
+                    out,
+                    "trl_grpo_mask_truncated_dapo_rows_dropped",
+                    dropped,
+                    hp,
+                    {**sets, "truncated_rows": "keep"},
+                )
+            )
     return made
 
 
