@@ -211,26 +211,6 @@ class GaeBootstrap(StrEnum):
     TRUNCATED = "truncated"
 
 
-class TruncatedRows(StrEnum):
-    """What the loss does with the rows flagged ``truncated`` [B] (cut at the generation limit, no
-    EOS). Every rollout stage (rewards, group statistics, GAE, whitening) sees them either way.
-
-    - ``keep``: in the loss like every row (default; verl, OpenRLHF, SkyRL, TRL's default);
-    - ``mask_in_loss``: masked out of the loss (out of every token sum and token count, the loss
-      terms' and their statistics') but kept in the row count ``N_seq``: TRL 1.16.0
-      ``GRPOConfig.mask_truncated_completions=True``
-      (``trl/trainer/grpo_trainer.py::GRPOTrainer._generate_and_score_completions`` zeroes the
-      ``completion_mask`` of those rows after the rewards; ``_compute_loss`` then divides by ``B``
-      (``grpo``, ``dr_grpo``) or by the masked token count (``bnpo``, ``dapo``));
-    - ``drop``: masked out of the loss and out of the row count (the rows filtered away after the
-      advantages: ``N_seq`` = the rows left).
-    """
-
-    KEEP = "keep"
-    MASK_IN_LOSS = "mask_in_loss"
-    DROP = "drop"
-
-
 class ScoreSlotKL(StrEnum):
     """Whether the score slot outside the mask (``score_at`` ``after_last_valid`` or
     ``last_position``) carries a KL penalty too.
@@ -407,7 +387,6 @@ __all__ = [
     "PolicyLoss",
     "ScorePosition",
     "ScoreSlotKL",
-    "TruncatedRows",
     "ValueClipForm",
     "ValueLoss",
     "Variance",

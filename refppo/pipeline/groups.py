@@ -24,7 +24,6 @@ from refppo.conventions import (
     PolicyLoss,
     ScorePosition,
     ScoreSlotKL,
-    TruncatedRows,
     ValueClipForm,
     ValueLoss,
     Variance,
@@ -37,6 +36,7 @@ from refppo.core.checks import check_nonneg, check_positive
 from refppo.core.kl import check_kl_clamps
 from refppo.errors import ConventionError, HyperparameterError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
+from refppo.loss_conventions import TruncatedRows
 from refppo.pipeline.group_fields import _parse_enums, flat_key
 from refppo.pipeline.groups_gate import RolloutGate
 from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
@@ -251,7 +251,7 @@ class AggConvention:
     )
     """The rows flagged ``truncated`` in the loss (``keep``), masked out of it but kept in the row count
     (``mask_in_loss``: TRL ``mask_truncated_completions``) or out of both (``drop``);
-    :class:`refppo.conventions.TruncatedRows`, :mod:`refppo.pipeline.loss_rows`."""
+    :class:`refppo.loss_conventions.TruncatedRows`, :mod:`refppo.pipeline.loss_rows`."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)

@@ -1,4 +1,4 @@
-"""Rows masked out of the loss (``truncated_rows``, :class:`refppo.conventions.TruncatedRows`): the
+"""Rows masked out of the loss (``truncated_rows``, :class:`refppo.loss_conventions.TruncatedRows`): the
 update walk on the rows in the loss, with the step's normalisers of the whole batch.
 
 Under ``mask_in_loss`` a row flagged ``truncated`` [B] adds nothing to any token sum or token count
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import TruncatedRows
 from refppo.core.checks import count_true
 from refppo.core.masked import check_in_loss
 from refppo.errors import ConventionError
+from refppo.loss_conventions import TruncatedRows
 from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention
 
