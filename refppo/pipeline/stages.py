@@ -264,7 +264,8 @@ _UPDATE = (
     ),
     Stage(
         "policy_agg", "update", ("loss_agg", "truncated_rows"), ("horizon",), ("pg_per_token", "mask"),
-        ("pg_loss",), up.policy_agg_stage, nu.policy_agg_naive, "core.aggregate.aggregate_masked", normalisers=True,
+        ("pg_loss",), up.policy_agg_stage, nu.policy_agg_naive, "core.aggregate.aggregate_masked",
+        normalisers=True,
     ),
     Stage(
         "approx_kl", "update", ("approx_kl",), (), ("pg_approx_kl", "logprobs", "old_logprobs", "mask"),
@@ -283,8 +284,8 @@ _UPDATE = (
     ),
     Stage(
         "entropy", "update", ("loss_agg", "entropy_agg", "truncated_rows"), ("horizon",),
-        ("entropy", "mask", "logprobs"), ("entropy_loss",), up.entropy_stage, nu.entropy_naive, "core.objective.entropy_bonus",
-        by_rows=True, normalisers=True,
+        ("entropy", "mask", "logprobs"), ("entropy_loss",), up.entropy_stage, nu.entropy_naive,
+        "core.objective.entropy_bonus", by_rows=True, normalisers=True,
     ),
     Stage(
         "kl_loss", "update",
