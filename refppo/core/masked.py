@@ -37,8 +37,8 @@ from torch import Tensor
 from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.aggregate import _checked_norms, aggregate_masked
-from refppo.core.checks import check_bt, check_mask, check_nonneg, count_true
-from refppo.errors import DtypeError, MaskError, ShapeError
+from refppo.core.checks import check_bt, check_in_loss, check_mask, check_nonneg, count_true
+from refppo.errors import MaskError, ShapeError
 from refppo.types import ResponseMask, Scalar, TokenFloat
 
 AllReduce = Callable[[Tensor], Tensor]
@@ -253,19 +253,6 @@ def masked_whiten_naive(
             new_row.append(w)
         out.append(new_row)
     return pf.tensor_like(out, x)
-
-
-def check_in_loss(name: str, in_loss: object, B: int, device: torch.device) -> Tensor:
-    """``in_loss`` ``[B]``: bool, or integers/floats all 0 or 1 (1 = the row is in the loss)."""
-    if not isinstance(in_loss, Tensor):
-        raise DtypeError(f"{name}: expected a torch.Tensor [B], got {type(in_loss).__name__}")
-    if in_loss.shape != (B,) or in_loss.device != device:
-        raise ShapeError(f"{name}: expected shape [B] = [{B}] on {device}, got {list(in_loss.shape)}")
-    if in_loss.dtype == torch.bool:
-        return in_loss
-    if in_loss.is_complex() or not bool(((in_loss == 0) | (in_loss == 1)).all()):
-        raise MaskError(f"{name}: expected only 0/1 (or bool) per row")
-    return in_loss != 0
 
 
 def kept_rows_aggregate(

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.core.checks import count_true
-from refppo.core.masked import check_in_loss
+from refppo.core.checks import check_in_loss, count_true
 from refppo.errors import ConventionError
 from refppo.loss_conventions import TruncatedRows
 from refppo.pipeline.blocks import Normalisers
