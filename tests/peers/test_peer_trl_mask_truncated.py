@@ -2,12 +2,13 @@
 ``mask_truncated_completions=True`` (``trl-grpo`` venv; SKIPPED with the reason when it is not built).
 
 The dumps (``tools/peers/makers/trl_grpo_mask_truncated.py``, float64, three of twelve rows truncated,
-in three groups): TRL's advantages (every row in the group statistics) and its loss over the zeroed
-``completion_mask`` for ``loss_type`` grpo, bnpo, dr_grpo and dapo. Each matches under
-``--preset trl`` + its ``.set.json`` (``truncated_rows=mask_in_loss``); controls: ``keep`` mismatches
-at the loss for every type, ``drop`` (out of the row count too) for the types that divide by ``B``
-(grpo, dr_grpo) and matches for the token-count ones (bnpo, dapo: the row count is not read); the
-dump with the truncated rows removed mismatches at the advantages (the group statistics lost them).
+in three groups): TRL's advantages (every row in the group statistics), its loss over the zeroed
+``completion_mask`` and that loss's gradient ``grad_logprobs`` for ``loss_type`` grpo, bnpo, dr_grpo
+and dapo. Each matches under ``--preset trl`` + its ``.set.json`` (``truncated_rows=mask_in_loss``);
+controls: ``keep`` mismatches at the loss and the gradient for every type, ``drop`` (out of the row
+count too) for the types that divide by ``B`` (grpo, dr_grpo) and matches for the token-count ones
+(bnpo, dapo: the row count is not read); the dump with the truncated rows removed mismatches at the
+advantages (the group statistics lost them).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def test_trl_mask_truncated_completions_is_mask_in_loss(tmp_path: Path) -> None:
         assert out.match, (loss_type, out.text())
         q = out.result.quantities
         assert q["loss"].max_abs_err <= 1e-7, (loss_type, q["loss"].max_abs_err)
+        assert q["grad_logprobs"].max_abs_err <= 1e-8, (loss_type, q["grad_logprobs"].max_abs_err)
         keep = check_step(path, preset="trl", overrides={**sets, "truncated_rows": "keep"})
         assert q["advantages"].ok and not keep.result.quantities["loss"].ok, loss_type
+        assert not keep.result.quantities["grad_logprobs"].ok, loss_type
         drop = check_step(path, preset="trl", overrides={**sets, "truncated_rows": "drop"})
         assert drop.result.quantities["loss"].ok is not by_rows, loss_type
     dropped = tmp_path / "trl_grpo_mask_truncated_dapo_rows_dropped.pt"

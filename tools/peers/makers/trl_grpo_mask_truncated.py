@@ -16,7 +16,8 @@ then aggregates over the zeroed mask: ``grpo`` ``Σ_b (Σ_t m'ℓ / max(Σ_t m',
 
 The dump holds the GENERATED tokens in ``response_mask`` (the truncated rows reach the limit ``T``),
 ``truncated`` [B] (1 on those rows), TRL's advantages on the generated tokens and TRL's loss
-(``beta = 0.04``: the ``β·k3`` term included; ``pg_loss`` at ``beta = 0``). ``.set.json``:
+(``beta = 0.04``: the ``β·k3`` term included; ``pg_loss`` at ``beta = 0``) and its gradient
+``grad_logprobs`` (autograd through ``_compute_loss``: 0 on the truncated rows; v2, one rank). ``.set.json``:
 ``truncated_rows=mask_in_loss`` and the ``loss_agg`` of the loss type; the controls
 (``truncated_rows=keep``, and ``drop`` where ``N_seq`` is read) must not match. The
 ``_rows_dropped`` dump: the ``dapo`` case with its truncated rows removed (what a trainer that
@@ -91,12 +92,19 @@ def make(out: Path) -> list[str]:
         m = x["response_mask"]
         adv = trl_advantages(grpo_trainer, code, x["scores"], cfg.scale_rewards, N)  # every row
         masked = dict(x, response_mask=m * (~x["truncated"]).unsqueeze(1).to(m.dtype))  # TRL's zeroing
-        loss = trl_loss(cls, masked, adv, cfg.loss_type, cfg.beta)
+        leaf = x["logprobs"].clone().requires_grad_(True)
+        loss, _ = trl_loss(cls, masked, adv, cfg.loss_type, cfg.beta, leaf=leaf)
+        (g_lp,) = torch.autograd.grad(loss, (leaf,))
+        loss = loss.detach()
         dump: dict[str, Any] = dict(x)
-        dump.update(advantages=torch.where(m.bool(), adv.unsqueeze(1) * m, 0.0 * m), loss=loss)
+        dump.update(
+            advantages=torch.where(m.bool(), adv.unsqueeze(1) * m, 0.0 * m), loss=loss,
+            grad_logprobs=torch.where(m.bool(), g_lp, 0.0),
+        )  # fmt: skip
         if beta == 0.0:
             dump["pg_loss"] = loss.clone()
         hp = dict(HP, gamma=1.0, lam=1.0, kl_coef=beta, cliprange=cfg.epsilon, cliprange_high=EPS_HIGH)
+        hp.update(world_size=1, micro_batches=1)
         if loss_type == "dr_grpo":
             hp["horizon"] = float(T)  # max_completion_length
         sets = {"advantage": "grpo", "loss_agg": agg, "truncated_rows": "mask_in_loss"}
