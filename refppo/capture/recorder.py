@@ -85,7 +85,7 @@ ROW_KEYS: tuple[str, ...] = ("scores", "group_index", "policy_version", "bootstr
 """Per-row ``[b]`` keys; ``policy_version`` (integer: the policy update that sampled the row);
 ``bootstrap_values`` (float: the critic's value of the state after the row's last token) and
 ``truncated`` (0/1 or bool: the row was cut at the generation limit), read by GAE under
-``gae_bootstrap=truncated``;
+``gae_bootstrap=truncated`` and by the loss under ``truncated_rows`` ≠ ``keep``;
 ``group_index`` (integer: the prompt each row answers) for the critic-free
 group estimators (issue #13). Its values must be GLOBAL prompt ids (the same id on every rank only for
 the same prompt, as verl's ``uid``): the rows of all ranks are gathered into one dump, where equal ids

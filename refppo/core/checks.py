@@ -69,6 +69,19 @@ def check_mask(name: str, mask: object, *, require_nonempty_rows: bool = True) -
     return out
 
 
+def check_in_loss(name: str, in_loss: object, B: int, device: torch.device) -> Tensor:
+    """``in_loss`` ``[B]``: bool, or integers/floats all 0 or 1 (1 = the row is in the loss)."""
+    if not isinstance(in_loss, Tensor):
+        raise DtypeError(f"{name}: expected a torch.Tensor [B], got {type(in_loss).__name__}")
+    if in_loss.shape != (B,) or in_loss.device != device:
+        raise ShapeError(f"{name}: expected shape [B] = [{B}] on {device}, got {list(in_loss.shape)}")
+    if in_loss.dtype == torch.bool:
+        return in_loss
+    if in_loss.is_complex() or not bool(((in_loss == 0) | (in_loss == 1)).all()):
+        raise MaskError(f"{name}: expected only 0/1 (or bool) per row")
+    return in_loss != 0
+
+
 def check_bt(name: str, x: object, like: Tensor, *, float_required: bool = True) -> Tensor:
     """``x`` must be a tensor with the same ``[B, T]`` shape as ``like`` (normally the mask)."""
     if float_required:

@@ -8,6 +8,7 @@ masked_mean           ``Σ m·x / Σ m``
 masked_var            ``Σ m·(x−μ)² / (N−1)`` (unbiased) or ``/ N`` (population)
 masked_whiten         ``(x−μ)/sqrt(σ²+eps)``, ``+μ`` again when ``shift_mean=False``
 masked_moments        ``(μ, σ²)`` of :func:`masked_whiten`, optionally global across ranks
+kept_rows_aggregate   a loss aggregation with rows masked out of the loss, kept in the row count
 ===================== ===============================================================
 
 Distributed (``all_reduce``): ``masked_var``, ``masked_whiten`` and ``masked_moments`` take an
@@ -28,12 +29,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
-from refppo.core.checks import check_bt, check_mask, check_nonneg, count_true
+from refppo.core.aggregate import _checked_norms, aggregate_masked
+from refppo.core.checks import check_bt, check_in_loss, check_mask, check_nonneg, count_true
 from refppo.errors import MaskError, ShapeError
 from refppo.types import ResponseMask, Scalar, TokenFloat
 
@@ -249,3 +253,105 @@ def masked_whiten_naive(
             new_row.append(w)
         out.append(new_row)
     return pf.tensor_like(out, x)
+
+
+def kept_rows_aggregate(
+    loss_mat: TokenFloat,
+    mask: ResponseMask,
+    in_loss: Tensor,
+    mode: LossAgg | str = LossAgg.TOKEN_MEAN,
+    *,
+    count_rows: bool = True,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> Scalar:
+    """A loss aggregation with whole rows masked out of the loss (``in_loss[b]`` False) but, with
+    ``count_rows``, kept in the row count (TRL 1.16.0 ``mask_truncated_completions``).
+
+    ``loss_mat``, ``mask`` ``[B, T]`` (every row of ``mask`` non-empty: the row's generated tokens),
+    ``in_loss`` ``[B]``. With ``m'_{bt} = m_{bt}·in_loss_b``, ``N' = Σ m'`` (the tokens in the loss),
+    ``n_b = Σ_t m_{bt}``, ``N_seq = B`` (``count_rows``; else ``Σ_b in_loss_b``) unless
+    ``seq_count`` is given, ``H = T`` unless ``horizon`` is given::
+
+        token-mean               Σ m'L / max(N', 1)        (token_count replaces max(N', 1))
+        seq-mean-token-mean      Σ_b in_loss_b·(Σ_t m L / n_b) / N_seq
+        seq-mean-token-sum       Σ m'L / N_seq
+        seq-mean-token-sum-norm  Σ m'L / (N_seq·H)
+        token-sum                Σ m'L
+
+    A masked row adds nothing to a token sum or a token count; it adds 1 to ``N_seq`` when
+    ``count_rows``. ``max(N', 1)``: TRL's ``mask.sum().clamp(min=1.0)`` (``bnpo``) and
+    ``num_items_in_batch.clamp(min=1.0)`` (``dapo``), a batch of masked rows has loss 0.
+    ``∂/∂L_{bt} = m'_{bt}·w_{bt}`` with ``w`` the weight of ``mode`` above.
+    """
+    agg = parse(LossAgg, mode, what="loss_agg")
+    m = check_mask("mask", mask)
+    loss_mat = check_bt("loss_mat", loss_mat, m)
+    keep = check_in_loss("in_loss", in_loss, int(m.shape[0]), m.device)
+    _checked_norms(agg, token_count, seq_count, horizon)
+    m_in = m & keep.unsqueeze(1)
+    zero = torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device)
+    lm = torch.where(m_in, loss_mat, zero)
+    if token_count is None:
+        token_count = max(float(count_true(m_in)), 1.0)
+    if seq_count is None and not count_rows:
+        seq_count = max(float(count_true(keep)), 1.0)
+    return aggregate_masked(lm, m, agg, token_count=token_count, seq_count=seq_count, horizon=horizon)
+
+
+def kept_rows_weights_naive(
+    mask: ResponseMask,
+    in_loss: Tensor,
+    mode: LossAgg | str = LossAgg.TOKEN_MEAN,
+    *,
+    count_rows: bool = True,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    horizon: float | None = None,
+) -> list[list[float]]:
+    """``w_{bt} = ∂kept_rows_aggregate/∂L_{bt}`` row by row in Python floats (the gradient twin);
+    0 on padding and on the rows out of the loss."""
+    agg = parse(LossAgg, mode, what="loss_agg")
+    m = check_mask("mask", mask)
+    keep = check_in_loss("in_loss", in_loss, int(m.shape[0]), m.device).tolist()
+    _checked_norms(agg, token_count, seq_count, horizon)
+    ms = pf.mask_rows(m)
+    n_in = sum(sum(row) for row, k in zip(ms, keep, strict=True) if k)
+    n_tok = token_count if token_count is not None else float(max(n_in, 1))
+    rows_counted = len(ms) if count_rows else max(sum(keep), 1)
+    n_seq = seq_count if seq_count is not None else float(rows_counted)
+    h = horizon if horizon is not None else float(len(ms[0]))
+    out: list[list[float]] = []
+    for row, k in zip(ms, keep, strict=True):
+        if agg == LossAgg.TOKEN_MEAN:
+            w = 1.0 / n_tok
+        elif agg == LossAgg.TOKEN_SUM:
+            w = 1.0
+        elif agg == LossAgg.SEQ_MEAN_TOKEN_MEAN:
+            w = 1.0 / (sum(row) * n_seq)
+        elif agg == LossAgg.SEQ_MEAN_TOKEN_SUM:
+            w = 1.0 / n_seq
+        else:
+            w = 1.0 / (h * n_seq)
+        out.append([w if ok and k else 0.0 for ok in row])
+    return out
+
+
+def kept_rows_aggregate_naive(
+    loss_mat: TokenFloat,
+    mask: ResponseMask,
+    in_loss: Tensor,
+    mode: LossAgg | str = LossAgg.TOKEN_MEAN,
+    **kw: Any,
+) -> Scalar:
+    """Naive twin of :func:`kept_rows_aggregate`: ``Σ_bt w_{bt}·L_{bt}`` with the weights of
+    :func:`kept_rows_weights_naive` (the aggregation is linear in ``L``)."""
+    check_bt("loss_mat", loss_mat, check_mask("mask", mask))
+    ws = kept_rows_weights_naive(mask, in_loss, mode, **kw)
+    total = 0.0
+    for lrow, wrow in zip(pf.rows(loss_mat), ws, strict=True):
+        for value, w in zip(lrow, wrow, strict=True):
+            if w != 0.0:
+                total += w * value
+    return pf.tensor_like(total, loss_mat)

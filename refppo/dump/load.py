@@ -243,7 +243,11 @@ def _response_mask(p: Path, raw: dict[str, Any]) -> Tensor:
         mask = mask_raw != 0
     empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
     if empty:
-        raise DumpError(f"{p}: response_mask: rows {empty[:8]} have no valid token")
+        raise DumpError(
+            f"{p}: response_mask: rows {empty[:8]} have no valid token (a row masked out of the loss "
+            "but kept in the row count: dump its tokens, flag it in `truncated`, "
+            "--set truncated_rows=mask_in_loss)"
+        )
     return mask
 
 

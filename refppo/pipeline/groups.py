@@ -36,6 +36,7 @@ from refppo.core.checks import check_nonneg, check_positive
 from refppo.core.kl import check_kl_clamps
 from refppo.errors import ConventionError, HyperparameterError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
+from refppo.loss_conventions import TruncatedRows
 from refppo.pipeline.group_fields import _parse_enums, flat_key
 from refppo.pipeline.groups_gate import RolloutGate
 from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
@@ -245,6 +246,12 @@ class AggConvention:
     it unlike the KL term of its loss; None = the term's (``kl_loss_agg``, else ``loss_agg``). TRL
     GRPOTrainer 1.16.0 adds ``β·k3`` per token before its ``loss_type`` aggregation but logs ``kl`` as
     a token mean (``token-mean``). A logging convention: refppo's trainer logs the term."""
+    truncated_rows: TruncatedRows = field(
+        default=TruncatedRows.KEEP, metadata=flat_key("truncated_rows", omit=True, config=False)
+    )
+    """The rows flagged ``truncated`` in the loss (``keep``), masked out of it but kept in the row count
+    (``mask_in_loss``: TRL ``mask_truncated_completions``) or out of both (``drop``);
+    :class:`refppo.loss_conventions.TruncatedRows`, :mod:`refppo.pipeline.loss_rows`."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)

@@ -251,7 +251,8 @@ _UPDATE = (
         active=rcs.rollout_correction_reads, needs=rcs.rollout_correction_needs,
     ),
     Stage(
-        "policy", "update", ("policy_loss", "dual_clip", "log_ratio_clamp"), ("cliprange", "cliprange_high"),
+        "policy", "update", ("policy_loss", "dual_clip", "log_ratio_clamp", "truncated_rows"),
+        ("cliprange", "cliprange_high"),
         ("logprobs", "old_logprobs", "advantages", "mask", "is_weights"),
         ("pg_per_token", "ratio", "pg_clipfrac", "pg_clipfrac_lower", "pg_approx_kl"),
         up.policy_stage, nu.policy_naive,
@@ -262,8 +263,9 @@ _UPDATE = (
         output_keys={"ratio": ("policy_loss", "log_ratio_clamp"), "pg_approx_kl": ("policy_loss",)},
     ),
     Stage(
-        "policy_agg", "update", ("loss_agg",), ("horizon",), ("pg_per_token", "mask"), ("pg_loss",),
-        up.policy_agg_stage, nu.policy_agg_naive, "core.aggregate.aggregate_masked", normalisers=True,
+        "policy_agg", "update", ("loss_agg", "truncated_rows"), ("horizon",), ("pg_per_token", "mask"),
+        ("pg_loss",), up.policy_agg_stage, nu.policy_agg_naive, "core.aggregate.aggregate_masked",
+        normalisers=True,
     ),
     Stage(
         "approx_kl", "update", ("approx_kl",), (), ("pg_approx_kl", "logprobs", "old_logprobs", "mask"),
@@ -276,19 +278,19 @@ _UPDATE = (
         "core.value.value_token_loss", by_rows=True, needs=nd.value_needs,
     ),
     Stage(
-        "value_agg", "update", ("loss_agg", "value_loss_agg"), ("horizon",),
+        "value_agg", "update", ("loss_agg", "value_loss_agg", "truncated_rows"), ("horizon",),
         ("vf_per_token", "vf_loss_mask", "logprobs"), ("vf_loss",), up.value_agg_stage, nu.value_agg_naive,
         "core.aggregate.aggregate_masked", normalisers=True,
     ),
     Stage(
-        "entropy", "update", ("loss_agg", "entropy_agg"), ("horizon",), ("entropy", "mask", "logprobs"),
-        ("entropy_loss",), up.entropy_stage, nu.entropy_naive, "core.objective.entropy_bonus",
-        by_rows=True, normalisers=True,
+        "entropy", "update", ("loss_agg", "entropy_agg", "truncated_rows"), ("horizon",),
+        ("entropy", "mask", "logprobs"), ("entropy_loss",), up.entropy_stage, nu.entropy_naive,
+        "core.objective.entropy_bonus", by_rows=True, normalisers=True,
     ),
     Stage(
         "kl_loss", "update",
         ("kl_in", "kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp", "loss_agg", "kl_loss_agg",
-         "kl_grad_is_clip"),
+         "kl_grad_is_clip", "truncated_rows"),
         ("horizon",), ("logprobs", "ref_logprobs", "mask", "old_logprobs"), ("kl_loss",), up.kl_loss_stage,
         nu.kl_loss_naive_stage, "core.objective.kl_loss", by_rows=True, normalisers=True,
         needs=nd.kl_loss_needs,
@@ -296,7 +298,8 @@ _UPDATE = (
     Stage(
         "kl_metric", "update",
         ("kl_in", "kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp", "loss_agg", "kl_loss_agg",
-         "kl_metric_agg"), ("horizon",), ("kl_loss", "logprobs", "ref_logprobs", "mask"), ("kl_metric",),
+         "kl_metric_agg", "truncated_rows"), ("horizon",), ("kl_loss", "logprobs", "ref_logprobs", "mask"),
+        ("kl_metric",),
         up.kl_metric_stage, nu.kl_metric_naive_stage, "core.objective.kl_loss", by_rows=True,
         normalisers=True,
     ),

@@ -23,6 +23,7 @@ from torch import Tensor
 from refppo.core.checks import check_mask
 from refppo.core.masked import AllReduce
 from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
+from refppo.pipeline.loss_rows import rows_in_loss, scatter_rows, select_rows
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, UPDATE_STAGES, Stage, walk
 
@@ -205,10 +206,12 @@ def update_inputs(
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
     rollout_logprobs: Tensor | None = None,
+    truncated: Tensor | None = None,
 ) -> dict[str, Any]:
     """The quantities the update stages read, with the masks validated (``value_mask_`` None: the
     response mask; ``rollout_logprobs``: the behaviour log-probs, read only by the rollout
-    correction when it is on)."""
+    correction when it is on; ``truncated`` [B]: read under ``truncated_rows`` ≠ ``keep``,
+    :mod:`refppo.pipeline.loss_rows`)."""
     m = check_mask("response_mask", mask)
     return {
         "logprobs": logprobs,
@@ -222,6 +225,7 @@ def update_inputs(
         "ref_logprobs": ref_logprobs,
         "entropy": entropy,
         "rollout_logprobs": rollout_logprobs,
+        "truncated": truncated,
     }
 
 
@@ -238,6 +242,7 @@ def update_quantities(
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
     rollout_logprobs: Tensor | None = None,
+    truncated: Tensor | None = None,
     hp: Hyperparams,
     conv: Convention,
     norm: Normalisers | None = None,
@@ -257,13 +262,32 @@ def update_quantities(
     q = update_inputs(
         logprobs=logprobs, values=values, old_logprobs=old_logprobs, old_values=old_values,
         advantages=advantages, returns=returns, mask=mask, value_mask_=value_mask_, ref_logprobs=ref_logprobs,
-        entropy=entropy, rollout_logprobs=rollout_logprobs,
+        entropy=entropy, rollout_logprobs=rollout_logprobs, truncated=truncated,
     )  # fmt: skip
+    q, norm, keep = _in_loss(q, conv, norm)
     rows = update_rows(
         q["mask"], logprobs, values, old_logprobs, old_values, advantages, returns, ref_logprobs, entropy
     )
-    ev = Evaluation(rows=rows, norm=norm or Normalisers())
-    out = walk(stages, q, conv, hp, ev, keep=_UPDATE_OUT)
+    out = walk(stages, q, conv, hp, Evaluation(rows=rows, norm=norm), keep=_UPDATE_OUT)
+    return _scattered(out, keep)
+
+
+def _in_loss(
+    q: dict[str, Any], conv: Convention, norm: Normalisers | None
+) -> tuple[dict[str, Any], Normalisers, Tensor | None]:
+    """``q`` on the rows in the loss and the whole batch's normalisers (:mod:`refppo.pipeline.loss_rows`;
+    ``q`` itself and ``keep`` None under ``truncated_rows=keep``)."""
+    keep = rows_in_loss(q, conv)
+    if keep is None:
+        return q, norm or Normalisers(), None
+    sub, whole = select_rows(q, keep, conv, norm or Normalisers())
+    return sub, whole, keep
+
+
+def _scattered(out: dict[str, Any], keep: Tensor | None) -> UpdateQuantities:
+    """The walk's :class:`UpdateQuantities`, its ``ratio`` back on every row (1 on those out of the loss)."""
+    if keep is not None and out["ratio"].numel() > 0:
+        out = {**out, "ratio": scatter_rows(out["ratio"], keep, 1.0)}
     return UpdateQuantities(**{k: out[k] for k in _UPDATE_OUT})
 
 
@@ -279,11 +303,17 @@ def update_grads(
     """``grad_logprobs``, ``grad_values`` of ``objective`` (``loss`` or ``pg_loss``) and the detached
     ``ratio``: the update stages walked under autograd on fresh leaves of ``q``'s ``logprobs`` and
     ``values`` (the quantities of :func:`update_inputs`), then the grads stage."""
+    q, whole, keep = _in_loss(q, conv, norm)
     lp = q["logprobs"].detach().clone().requires_grad_(True)
     v = q["values"].detach().clone().requires_grad_(True)
-    out = walk(stages, {**q, "logprobs": lp, "values": v}, conv, hp, Evaluation(norm=norm or Normalisers()))
-    grads = BY_NAME["grads"].run({**out, "loss": out[objective]}, conv, hp)
-    return {**grads, "ratio": out["ratio"].detach()}
+    out = walk(stages, {**q, "logprobs": lp, "values": v}, conv, hp, Evaluation(norm=whole))
+    grads = {
+        **BY_NAME["grads"].run({**out, "loss": out[objective]}, conv, hp),
+        "ratio": out["ratio"].detach(),
+    }
+    if keep is None:
+        return grads
+    return {k: scatter_rows(g, keep, 1.0 if k == "ratio" else 0.0) for k, g in grads.items()}
 
 
 def update_quantities_naive(
@@ -291,8 +321,9 @@ def update_quantities_naive(
 ) -> UpdateQuantities:
     """:func:`update_quantities` through each stage's naive twin (float64 scalars) on the quantities
     ``q`` of :func:`update_inputs`."""
-    out = walk(UPDATE_STAGES, q, conv, hp, Evaluation(norm=norm or Normalisers()), naive=True)
-    return UpdateQuantities(**{k: out[k] for k in _UPDATE_OUT})
+    q, whole, keep = _in_loss(q, conv, norm)
+    out = walk(UPDATE_STAGES, q, conv, hp, Evaluation(norm=whole), naive=True)
+    return _scattered(out, keep)
 
 
 __all__ = [

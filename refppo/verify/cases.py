@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from refppo.conventions import GaeHoles, KLEstimator, ScorePosition
+from refppo.conventions import GaeHoles, KLEstimator, LossAgg, ScorePosition
 from refppo.core import helpers_naive
 from refppo.verify.batches import Batch, Case, Pair, with_holes
 from refppo.verify.cases_adv import ADV_CASES
@@ -73,6 +73,22 @@ def _case_masked_whiten(b: Batch, dev: torch.device) -> list[Pair]:
         )
         for unbiased in (True, False)
         for shift in (True, False)
+    ]
+
+
+def _case_kept_rows_aggregate(b: Batch, dev: torch.device) -> list[Pair]:
+    """Every other row out of the loss (row 0 in), counted in ``N_seq`` or not, per mode."""
+    x, m = b.floats(-3.0, 3.0), b.mask
+    keep = torch.arange(m.shape[0]) % 2 == 0
+    return [
+        (
+            f"{agg.value},count_rows={count}",
+            masked_mod.kept_rows_aggregate(x.to(dev), m.to(dev), keep.to(dev), agg, count_rows=count),
+            masked_mod.kept_rows_aggregate_naive(x, m, keep, agg, count_rows=count),
+            None,
+        )
+        for agg in LossAgg
+        for count in (True, False)
     ]
 
 
@@ -202,6 +218,7 @@ TOKEN_CASES: dict[str, Case] = {
     "masked_var": _case_masked_var,
     "masked_whiten": _case_masked_whiten,
     "masked_moments": _case_masked_moments,
+    "kept_rows_aggregate": _case_kept_rows_aggregate,
     "logprobs_from_logits": _case_logprobs,
     "entropy_from_logits": _case_entropy,
     "token_kl": _case_kl,

@@ -86,9 +86,12 @@ STEPS: tuple[Step, ...] = (
 )  # fmt: skip
 """The walk, in pipeline order."""
 
-NOT_WALKED_YET: dict[str, str] = {}
+NOT_WALKED_YET: dict[str, str] = {
+    "truncated_rows": "the checked setting's (--set): applied around the update walk "
+    "(pipeline/loss_rows.py), which the detection steps do not take yet (#23 item 5)",
+}
 """Keys the walk should search and does not yet (an open gap, named: the tests allow only these).
-Empty since the correction step walks the ``rollout_is*`` keys (#22)."""
+The ``rollout_is*`` keys left it when the correction step walked them (#22)."""
 
 NOT_WALKED: dict[str, str] = {
     **NOT_WALKED_YET,
