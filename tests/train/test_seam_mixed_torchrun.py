@@ -9,16 +9,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from torchrun_helpers import torchrun_train
 
 from refppo.oracle.cli import main as refppo_diff
 from refppo.train.runlog import deterministic, read_metrics
@@ -39,32 +36,14 @@ MIXED = (
     "ppo.rollout_is_high=1.02",
 )
 """TEST preset (8 rollouts, 2 epochs), one minibatch (a dump needs it), k = 2, j = 0, token TIS."""
-WORKER_TIMEOUT_S = 1200
-"""Hang guard for torchrun (not a speed assertion), as tests/train/test_ddp.py."""
 
 
 def _torchrun(tmp_path: Path, out: Path, *sets: str, resume: bool = False) -> None:
-    """``torchrun --standalone --nproc-per-node 2 -m refppo train`` (gloo, CPU) in its own session
-    with :data:`MIXED` and ``sets``; a timeout kills the agent and its workers."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    argv += ["-m", "refppo", "train", "--out", str(out), *(["--resume"] if resume else [])]
+    """``torchrun`` (2 gloo processes) ``refppo train --out OUT`` with :data:`MIXED` and ``sets``."""
+    args = ["--out", str(out), *(["--resume"] if resume else [])]
     for s in (*TEST, *MIXED, *sets):
-        argv += ["--set", s]
-    log = tmp_path / f"{out.name}-{len(list(tmp_path.glob('*.log')))}.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            argv, cwd=Path(__file__).parents[2], stdout=fh, stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
-    try:
-        proc.wait(timeout=WORKER_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, (
-        f"torchrun: exit {proc.returncode}\n" + log.read_text(errors="replace")[-6000:]
-    )
+        args += ["--set", s]
+    torchrun_train(tmp_path / f"{out.name}-{len(list(tmp_path.glob('*.log')))}.log", *args)
 
 
 def _diff(path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
