@@ -13,7 +13,8 @@ profile     max_examples  purpose
 =========== ============ =============================================================
 
 Before torch runs anything, :func:`refppo.cpu_numerics.pin` selects torch's and MKL's AVX2 kernels
-(the golden trajectories replay bitwise on any AVX2 CPU; environment inherited by subprocesses).
+(the golden trajectories replay bitwise on any AVX2 CPU; environment inherited by subprocesses), and
+``OMP_NUM_THREADS=1`` (unless set) gives the test process and its subprocesses one intra-op thread.
 
 Tests marked ``@pytest.mark.gpu`` (marker declared in pyproject.toml) are skipped cleanly when
 ``torch.cuda.is_available()`` is False.
@@ -37,6 +38,11 @@ for _d in sorted({p.parent for p in _TESTS.rglob("*.py")}, key=str):
 # Before torch runs any kernel: the AVX2 code paths of torch and MKL on every x86 CPU, so the golden
 # trajectories replay bitwise across machines (refppo/cpu_numerics.py says why).
 cpu_numerics.pin()
+
+# One intra-op thread for the test process and (inherited) every process it starts: torchrun workers,
+# the peer validators and the side venvs' makers. The models and batches here are tiny; on a shared
+# 2-core CI machine extra OpenMP threads only spin against each other. A value already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -80,7 +80,7 @@ def cispo_grad_naive(
     """``∂pg/∂l_t = w(b,t)·(−c_t·A_t)`` of ``policy_loss=cispo``, token by token: ``c_t =
     clip(exp(clamp(l_t − l^old_t, ±κ)), 1 − ε_low, 1 + ε_high)`` is detached, so every token keeps
     its gradient (no clip gate); ``w(b,t)`` the aggregation weight (:func:`agg_weights_naive`)."""
-    lo, hi = 1.0 - hp.cliprange, 1.0 + (hp.cliprange if hp.cliprange_high is None else hp.cliprange_high)
+    lo, hi = 1.0 - hp.cliprange, 1.0 + hp.clip_high
     k = conv.policy.log_ratio_clamp
     w = agg_weights_naive(mask, conv.agg.loss, **pol)
     lp, lo_p, advs, ms = pf.rows(logprobs), pf.rows(old_logprobs), pf.rows(advantages), pf.mask_rows(mask)

@@ -52,9 +52,8 @@ def policy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dic
     :func:`refppo.core.gspo.gspo_policy_loss_naive`, :func:`refppo.core.cispo.cispo_policy_loss_naive`)."""
     pol, args = conv.policy, (q["logprobs"], q["old_logprobs"], q["advantages"], q["mask"])
     if pol.loss is PolicyLoss.CISPO:
-        hi = hp.cliprange if hp.cliprange_high is None else hp.cliprange_high
         out = cispo_policy_loss_naive(
-            *args, clip_low=hp.cliprange, clip_high=hi, log_ratio_clamp=pol.log_ratio_clamp
+            *args, clip_low=hp.cliprange, clip_high=hp.clip_high, log_ratio_clamp=pol.log_ratio_clamp
         )
     elif pol.loss is PolicyLoss.GSPO:
         out = gspo_policy_loss_naive(

@@ -305,6 +305,11 @@ class Hyperparams:
         if self.cliprange > 1.0:  # as clipped_policy_loss's clip_low, at construction (1: no lower bound)
             raise HyperparameterError(f"cliprange: expected a number in [0, 1], got {self.cliprange!r}")
 
+    @property
+    def clip_high(self) -> float:
+        """ε_high in use: ``cliprange_high``, or ``cliprange`` when it is None (symmetric clip)."""
+        return self.cliprange if self.cliprange_high is None else self.cliprange_high
+
 
 HPARAM_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Hyperparams))
 """The fields of :class:`Hyperparams`."""

@@ -105,7 +105,7 @@ def cispo_token_loss(
     with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
         out = cispo_policy_loss(
             logprobs, old_logprobs, advantages, mask, clip_low=hp.cliprange,
-            clip_high=hp.cliprange if hp.cliprange_high is None else hp.cliprange_high,
+            clip_high=hp.clip_high,
             log_ratio_clamp=conv.policy.log_ratio_clamp,
         )  # fmt: skip
     return PolicyTokenLoss(

@@ -27,6 +27,14 @@ from refppo.errors import RefPPOError
 from refppo.train.dist import DistContext
 from refppo.train.reward_fn import RewardFunctionError
 
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+"""A config's dtype name → torch dtype (``model.dtype`` but ``auto``, ``seam.dtype``; each config
+section checks which names it allows)."""
 SMALL_MODEL_PARAMS = 50_000_000
 """Below this many policy parameters ``model.threads=0`` (auto) uses ONE intra-op thread on CPU
 (measured in benchmarks/bench_train.py --threads; see :func:`set_threads`)."""
@@ -60,7 +68,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto`` → bfloat16 on GPU, float32 on CPU."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[name]
+    return DTYPES[name]
 
 
 def peak_rss_mb() -> float:
@@ -133,6 +141,7 @@ def params_finite(m: nn.Module) -> bool:
 
 
 __all__ = [
+    "DTYPES",
     "SMALL_MODEL_PARAMS",
     "TrainingError",
     "context_length",

@@ -39,15 +39,9 @@ from refppo.core.masked import masked_mean
 from refppo.models.batch import SequenceBatch
 from refppo.models.rollout import RolloutConfig, generate_rollout, generate_rollout_logprobs
 from refppo.train.config.seam import SeamConfig
+from refppo.train.runtime import DTYPES
 from refppo.train.update_config import Behaviour
 
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
-"""``seam.dtype`` → torch dtype."""
 SNAPSHOT_PREFIX = "seam_stale_"
 """Checkpoint name of snapshot ``j`` (oldest first): ``seam_stale_<j>.safetensors``."""
 
@@ -207,4 +201,4 @@ def seam_metrics(old_logprobs: Tensor, b: Behaviour, mask: Tensor) -> dict[str, 
     }
 
 
-__all__ = ["DTYPES", "SNAPSHOT_PREFIX", "RolloutEngine", "sample", "seam_metrics"]
+__all__ = ["SNAPSHOT_PREFIX", "RolloutEngine", "sample", "seam_metrics"]

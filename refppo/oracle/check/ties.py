@@ -45,9 +45,8 @@ def pg_tie_mask(
     """
     zero = torch.zeros((), dtype=logprobs.dtype)
     ratio = clip_ratio(logprobs, old, mask, setup.conv)
-    hi = setup.hp.cliprange_high if setup.hp.cliprange_high is not None else setup.hp.cliprange
     near = ((ratio - (1.0 - setup.hp.cliprange)).abs() <= rtol * ratio) | (
-        (ratio - (1.0 + hi)).abs() <= rtol * ratio
+        (ratio - (1.0 + setup.hp.clip_high)).abs() <= rtol * ratio
     )
     if setup.conv.policy.dual_clip is not None:
         near |= (ratio - setup.conv.policy.dual_clip).abs() <= rtol * ratio

@@ -7,6 +7,8 @@ the trainer's forward (refppo's re-score), ``l^eng_t`` the engine's reported log
 
 - :func:`gate_stats`: what practitioners gate on (verl 0.9.1
   ``trainer/ppo/rollout_corr_helper.py::compute_offpolicy_metrics`` for the KL and χ² estimators).
+- :func:`share_outside`: the share of tokens whose ratio leaves ``[1 − δ, 1 + δ]`` (also
+  :func:`refppo.oracle.rescore.readouts.precision_stats`'s).
 - :func:`support_keep` / :func:`support_log_mass`: the kept support of the engine's sampling
   filters and its probability mass ``S_t``; an engine that renormalises over it reports
   ``l^eng_t = l^tr_t − log S_t`` (TRL #6789, #7269). Naive twin: :func:`support_log_mass_naive`.
@@ -22,6 +24,13 @@ from torch import Tensor
 
 LOG_RATIO_BOUND = 20.0
 """``|log ρ|`` is clamped to 20 inside the χ² estimators (verl's ``SAFETY_BOUND``): ``e^{40}`` is finite."""
+
+
+def share_outside(dlogp: Tensor, delta: float) -> float:
+    """The share of the tokens ``dlogp`` ``[N]`` (log-ratios Δ) whose ratio ``e^{Δ}`` leaves
+    ``[1 − δ, 1 + δ]``: ``#{t: e^{Δ_t} ∉ [1−δ, 1+δ]} / N`` (0 for ``N = 0``)."""
+    r = dlogp.exp()
+    return float(((r < 1 - delta) | (r > 1 + delta)).sum()) / dlogp.numel() if dlogp.numel() else 0.0
 
 
 def gate_stats(l_eng: Tensor, l_tr: Tensor, mask: Tensor, delta: float) -> dict[str, float]:
@@ -57,7 +66,7 @@ def gate_stats(l_eng: Tensor, l_tr: Tensor, mask: Tensor, delta: float) -> dict[
         "ratio_mean": float(r.mean()),
         "ratio_min": float(r.min()),
         "ratio_max": float(r.max()),
-        "share_outside_trust": float(((r < 1 - delta) | (r > 1 + delta)).sum()) / n,
+        "share_outside_trust": share_outside(dv, delta),
         "trust_delta": delta,
         "kl_k1": float(dv.mean()),
         "kl_k3": float((torch.expm1(log_rho) - log_rho).mean()),

@@ -38,6 +38,7 @@ from refppo.models.batch import SequenceBatch
 from refppo.models.readout import response_slice, sequence_logits
 from refppo.models.roles import last_valid_index
 from refppo.oracle.check.compare import QuantityResult, compare
+from refppo.oracle.rescore.engine_math import share_outside
 
 ROLES: dict[str, tuple[str, ...]] = {
     "actor": ("old_logprobs", "logprobs"),
@@ -183,12 +184,10 @@ def precision_stats(dump_t: Tensor, ref: Tensor, mask: Tensor, eps: float) -> di
     ``mean|Δ|`` and the share of tokens whose ratio ``exp(Δ)`` leaves ``[1−ε, 1+ε]``."""
     d = (dump_t.to(torch.float64) - ref.to(torch.float64))[mask]
     n = int(d.numel())
-    ratio = d.exp()
-    outside = ((ratio < 1 - eps) | (ratio > 1 + eps)).sum()
     return {
         "max_abs": float(d.abs().max()) if n else 0.0,
         "mean_abs": float(d.abs().mean()) if n else 0.0,
-        "share_outside": float(outside) / n if n else 0.0,
+        "share_outside": share_outside(d, eps),
         "eps": eps,
         "tokens": float(n),
     }
