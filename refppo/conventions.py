@@ -256,7 +256,11 @@ class LossAgg(StrEnum):
       (default ``T``; Dr. GRPO): the mean over sequences, as verl 0.9.1 ``agg_loss`` and
       SkyRL-train 0.3.1 ``reduce_loss`` (``seq_mean_token_sum_norm``). ``B`` is the global
       sequence count when a step is split (``seq_count``), as for the other seq modes;
-    - ``token-sum``: ``Σ_bt m L`` (verl 0.9.1 ``agg_loss`` mode ``token-sum``).
+    - ``token-sum``: ``Σ_bt m L`` (verl 0.9.1 ``agg_loss`` mode ``token-sum``);
+    - ``prompt-mean``: ``(1/P) Σ_p (Σ_{b∈p,t} m L / N_p)``, the token mean within each prompt's rows
+      (``group_index``), then the mean over the ``P`` prompts (SkyRL 0.4.0 ``loss_reduction=
+      "prompt_mean"``). A split step passes the global ``N_p`` by prompt and ``P``
+      (:class:`refppo.core.aggregate.Prompts`); refused where no prompt of each row is given.
     """
 
     TOKEN_MEAN = "token-mean"
@@ -264,6 +268,7 @@ class LossAgg(StrEnum):
     SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
     TOKEN_SUM = "token-sum"
+    PROMPT_MEAN = "prompt-mean"
 
 
 class ValueLoss(StrEnum):

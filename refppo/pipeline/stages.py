@@ -262,8 +262,9 @@ _UPDATE = (
         output_keys={"ratio": ("policy_loss", "log_ratio_clamp"), "pg_approx_kl": ("policy_loss",)},
     ),
     Stage(
-        "policy_agg", "update", ("loss_agg",), ("horizon",), ("pg_per_token", "mask"), ("pg_loss",),
-        up.policy_agg_stage, nu.policy_agg_naive, "core.aggregate.aggregate_masked", normalisers=True,
+        "policy_agg", "update", ("loss_agg",), ("horizon",), ("pg_per_token", "mask", "group_index"),
+        ("pg_loss",), up.policy_agg_stage, nu.policy_agg_naive,
+        "core.aggregate.aggregate_masked, core.aggregate.prompt_mean_masked", normalisers=True,
     ),
     Stage(
         "approx_kl", "update", ("approx_kl",), (), ("pg_approx_kl", "logprobs", "old_logprobs", "mask"),
@@ -281,8 +282,9 @@ _UPDATE = (
         "core.aggregate.aggregate_masked", normalisers=True,
     ),
     Stage(
-        "entropy", "update", ("loss_agg", "entropy_agg"), ("horizon",), ("entropy", "mask", "logprobs"),
-        ("entropy_loss",), up.entropy_stage, nu.entropy_naive, "core.objective.entropy_bonus",
+        "entropy", "update", ("loss_agg", "entropy_agg"), ("horizon",),
+        ("entropy", "mask", "logprobs", "group_index"), ("entropy_loss",), up.entropy_stage, nu.entropy_naive,
+        "core.objective.entropy_bonus",
         by_rows=True, normalisers=True,
     ),
     Stage(
@@ -308,7 +310,8 @@ _UPDATE = (
 )  # fmt: skip
 
 _GRAD = Stage(
-    "grads", "grad", (), (), ("loss", "logprobs", "values", "mask", "vf_loss_mask", "is_weights"),
+    "grads", "grad", (), (),
+    ("loss", "logprobs", "values", "mask", "vf_loss_mask", "is_weights", "group_index"),
     ("grad_logprobs", "grad_values"), up.grads_stage, gn.grads_naive,
     "torch.autograd.grad (naive: pipeline.grad_naive.objective_grads_naive, core.grad)",
 )  # fmt: skip

@@ -205,10 +205,12 @@ def update_inputs(
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
     rollout_logprobs: Tensor | None = None,
+    group_index: Tensor | None = None,
 ) -> dict[str, Any]:
     """The quantities the update stages read, with the masks validated (``value_mask_`` None: the
     response mask; ``rollout_logprobs``: the behaviour log-probs, read only by the rollout
-    correction when it is on)."""
+    correction when it is on; ``group_index`` ``[B]``: the prompt of each row, read by
+    ``loss_agg=prompt-mean``)."""
     m = check_mask("response_mask", mask)
     return {
         "logprobs": logprobs,
@@ -222,6 +224,7 @@ def update_inputs(
         "ref_logprobs": ref_logprobs,
         "entropy": entropy,
         "rollout_logprobs": rollout_logprobs,
+        "group_index": group_index,
     }
 
 
@@ -238,6 +241,7 @@ def update_quantities(
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
     rollout_logprobs: Tensor | None = None,
+    group_index: Tensor | None = None,
     hp: Hyperparams,
     conv: Convention,
     norm: Normalisers | None = None,
@@ -257,7 +261,7 @@ def update_quantities(
     q = update_inputs(
         logprobs=logprobs, values=values, old_logprobs=old_logprobs, old_values=old_values,
         advantages=advantages, returns=returns, mask=mask, value_mask_=value_mask_, ref_logprobs=ref_logprobs,
-        entropy=entropy, rollout_logprobs=rollout_logprobs,
+        entropy=entropy, rollout_logprobs=rollout_logprobs, group_index=group_index,
     )  # fmt: skip
     rows = update_rows(
         q["mask"], logprobs, values, old_logprobs, old_values, advantages, returns, ref_logprobs, entropy

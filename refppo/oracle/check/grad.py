@@ -72,6 +72,8 @@ class UpdateInputs:
     entropy: Tensor | None
     rollout_logprobs: Tensor | None = None
     """The behaviour log-probs (read by the rollout correction only when it is on)."""
+    group_index: Tensor | None = None
+    """The prompt of each row ``[B]`` (read by ``loss_agg=prompt-mean`` only)."""
 
     def take(self, rows: Tensor) -> UpdateInputs:
         """The same inputs restricted to ``rows`` (an index tensor)."""
@@ -99,6 +101,7 @@ def pipeline_grads(
         logprobs=inp.logprobs, values=inp.values, old_logprobs=inp.old_logprobs, old_values=inp.old_values,
         advantages=inp.advantages, returns=inp.returns, mask=inp.mask, value_mask_=inp.value_mask,
         ref_logprobs=inp.ref_logprobs, entropy=inp.entropy, rollout_logprobs=inp.rollout_logprobs,
+        group_index=inp.group_index,
     )  # fmt: skip
     return update_grads(q, hp=setup.hp, conv=setup.conv, norm=norm, objective=objective, stages=stages)
 
