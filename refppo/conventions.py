@@ -271,6 +271,12 @@ class LossAgg(StrEnum):
     PROMPT_MEAN = "prompt-mean"
 
 
+MASK_AGGS: tuple[LossAgg, ...] = tuple(a for a in LossAgg if a is not LossAgg.PROMPT_MEAN)
+"""The :class:`LossAgg` members that read the mask alone: the core's per-term functions (policy,
+value, KL, entropy losses) take these; ``prompt-mean`` also reads the prompt of each row and is
+aggregated by the pipeline (:func:`refppo.core.aggregate.prompt_mean_masked`), refused elsewhere."""
+
+
 class ValueLoss(StrEnum):
     """``clipped``: ``½ max((V−R)², (V_clip−R)²)`` (all peers; ``V_clip`` by :class:`ValueClipForm`);
     ``unclipped``: ``½ (V−R)²``."""
@@ -381,6 +387,7 @@ class PolicyLoss(StrEnum):
 
 
 __all__ = [
+    "MASK_AGGS",
     "AdvantageEstimator",
     "ApproxKL",
     "GaeBootstrap",

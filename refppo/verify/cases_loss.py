@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
+from refppo.conventions import MASK_AGGS, KLEstimator, LossAgg, ValueClipForm, ValueLoss
 from refppo.core.policy import PolicyLossNaive, PolicyTokenLoss
 from refppo.verify.batches import Batch, Case, Pair
 
@@ -61,7 +61,7 @@ def _case_policy(b: Batch, dev: torch.device) -> list[Pair]:
     adv = b.floats(-2.0, 2.0)
     out: list[Pair] = []
     for dual in (None, 3.0):
-        for agg in LossAgg:
+        for agg in MASK_AGGS:
             res = policy_mod.clipped_policy_loss(
                 lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev), clip_low=0.2, dual_clip=dual, agg=agg
             )
@@ -117,7 +117,7 @@ def _case_aggregate(b: Batch, dev: torch.device) -> list[Pair]:
     x = b.floats(-3.0, 3.0)
     out: list[Pair] = []
     norms = {"token_count": 97.0, "seq_count": 13.0, "horizon": 40.0}
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         xd, md = x.to(dev), b.mask.to(dev)
         out.append(
             (
@@ -143,7 +143,7 @@ def _case_aggregate_masked(b: Batch, dev: torch.device) -> list[Pair]:
     x = torch.where(b.mask, b.floats(-3.0, 3.0), torch.zeros((), dtype=b.dtype))
     norms = {"token_count": 97.0, "seq_count": 13.0, "horizon": 40.0}
     out: list[Pair] = []
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         for tag, kw in (("", {}), ("(global counts)", norms)):
             vec = aggregate_mod.aggregate_masked(x.to(dev), b.mask.to(dev), agg, **kw)
             out.append(
@@ -163,6 +163,12 @@ def _case_prompt_mean(b: Batch, dev: torch.device) -> list[Pair]:
         out.append(
             (f"prompt_mean{tag}", vec, aggregate_mod.prompt_mean_loss_naive(x, b.mask, groups, **kw), None)
         )
+    table = tuple((int(g), 2.0 + int(g)) for g in torch.unique(groups))  # a split step's N_p by prompt
+    for tag, pr in (("", None), ("(split table)", table)):
+        lm = torch.where(b.mask, x, torch.zeros((), dtype=x.dtype)).to(dev)
+        vec = aggregate_mod.prompt_mean_masked(lm, b.mask.to(dev), aggregate_mod.Prompts(groups.to(dev), pr))
+        naive = aggregate_mod.prompt_mean_naive(x, b.mask, aggregate_mod.Prompts(groups, pr))
+        out.append((f"loss_agg=prompt-mean{tag}", vec, naive, None))
     return out
 
 
@@ -175,7 +181,7 @@ def _case_entropy_bonus(b: Batch, dev: torch.device) -> list[Pair]:
             objective_mod.entropy_bonus_naive(ent, b.mask, agg),
             None,
         )
-        for agg in LossAgg
+        for agg in MASK_AGGS
     ]
 
 
@@ -205,7 +211,7 @@ def _case_gspo(b: Batch, dev: torch.device) -> list[Pair]:
     lp = torch.where(b.mask, lp_old + b.floats(-0.6, 0.6), lp_old)
     adv = b.floats(-2.0, 2.0)
     out: list[Pair] = []
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         args = (lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev))
         res = gspo_mod.gspo_policy_loss(*args, clip_high=0.28, agg=agg, log_ratio_max=10.0)
         nv = gspo_mod.gspo_policy_loss_naive(
