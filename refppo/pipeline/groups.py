@@ -248,6 +248,18 @@ class AggConvention:
 
     def __post_init__(self) -> None:
         _parse_enums(self)
+        for name in ("value", "kl", "kl_metric"):  # prompt-mean: the policy's and entropy's only
+            if getattr(self, name) is LossAgg.PROMPT_MEAN:
+                key = (
+                    "value_loss_agg"
+                    if name == "value"
+                    else f"{name}_loss_agg"
+                    if name == "kl"
+                    else "kl_metric_agg"
+                )
+                raise ConventionError(
+                    f"{key}=prompt-mean is not supported (the policy and entropy terms only)"
+                )
 
     def of(self, term: str) -> LossAgg:
         """The aggregation of ``term`` (``policy``, ``value``, ``kl``, ``entropy`` or ``kl_metric``):

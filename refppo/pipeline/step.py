@@ -224,7 +224,7 @@ def update_inputs(
         "ref_logprobs": ref_logprobs,
         "entropy": entropy,
         "rollout_logprobs": rollout_logprobs,
-        "group_index": group_index,
+        **({} if group_index is None else {"group_index": group_index}),  # absent: a caller's own kept
     }
 
 
