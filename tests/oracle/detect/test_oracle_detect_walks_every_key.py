@@ -191,7 +191,7 @@ def test_every_member_of_every_enum_key_is_walked(seen: Seen) -> None:
     # prompt-mean (issue #23 item 5) reads group_index, which detect's per-term caches do not carry
     # yet: not walked (value/kl/kl_metric refuse it outright). Asserted exactly, so walking it shows.
     agg_keys = {k for k, e in enums.items() if e is LossAgg}
-    assert {k: missing.pop(k) for k in agg_keys} == dict.fromkeys(agg_keys, ["prompt-mean"])
+    assert {k: missing.pop(k) for k in agg_keys} == {key: ["prompt-mean"] for key in agg_keys}
     assert not {k: v for k, v in missing.items() if v}, missing
     assert values["policy_loss"] == {"vanilla", "gspo", "cispo"}
 
