@@ -158,3 +158,21 @@ def test_every_member_is_taken_or_refused_in_one_line_by_each_core_function() ->
                 call(agg)
             msg = str(info.value)
             assert "\n" not in msg and msg.startswith("loss_agg=prompt-mean needs"), (name, msg)
+
+
+def test_the_trainer_config_refuses_prompt_mean_in_one_line() -> None:
+    from refppo.errors import RefPPOError
+    from refppo.train.config.schema import load_config
+
+    for override, want in (
+        ("ppo.loss_agg=prompt-mean", "ppo.loss_agg=prompt-mean: the trainer does not aggregate by prompt"),
+        (
+            "ppo.entropy_agg=prompt-mean",
+            "ppo.entropy_agg=prompt-mean: the trainer does not aggregate by prompt",
+        ),
+        ("ppo.value_loss_agg=prompt-mean", "[ppo]: value_loss_agg=prompt-mean is not supported"),
+    ):
+        with pytest.raises(RefPPOError) as info:
+            load_config(None, [override])
+        assert str(info.value).startswith(want) and "\n" not in str(info.value), str(info.value)
+    load_config(None, ["ppo.loss_agg=seq-mean-token-mean"])  # control: another mode loads
