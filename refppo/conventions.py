@@ -316,6 +316,16 @@ class ApproxKL(StrEnum):
     NEG_K1 = "neg_k1"
 
 
+class ClipfracAgg(StrEnum):
+    """How the logged policy clip fraction ``pg_clipfrac`` averages the clipped tokens
+    (``c_t = [ℓ2_t > ℓ1_t]``, the clipped term wins strictly): ``token-mean`` ``Σ m c / Σ m`` (refppo,
+    verl, OpenRLHF, TRL); ``row-mean`` ``(1/B) Σ_b (Σ_t m c / Σ_t m)``, each row's token mean, then
+    the mean over rows (oat-llm 0.2.4 ``PPOLearner.learning_step``)."""
+
+    TOKEN_MEAN = "token-mean"
+    ROW_MEAN = "row-mean"
+
+
 class VfMask(StrEnum):
     """The mask of the value loss: ``value`` (the response mask plus the score slot: refppo, TRL
     ``padding_mask_p1``; default) or ``response`` (DeepSpeed-Chat ``critic_loss_fn``: ``action_mask``)."""
@@ -390,6 +400,7 @@ __all__ = [
     "MASK_AGGS",
     "AdvantageEstimator",
     "ApproxKL",
+    "ClipfracAgg",
     "GaeBootstrap",
     "GaeHoles",
     "GaePadding",

@@ -15,6 +15,7 @@ from typing import Any
 from refppo.conventions import (
     AdvantageEstimator,
     ApproxKL,
+    ClipfracAgg,
     GaeBootstrap,
     GaeHoles,
     GaePadding,
@@ -206,6 +207,11 @@ class PolicyConvention:
     """Clamp of ``logprobs − old_logprobs`` before exp in the ratio (verl, OpenRLHF: 20)."""
     approx_kl: ApproxKL = field(default=ApproxKL.K1, metadata=flat_key(omit=True, config=False))
     """Which ``approx_kl`` metric the trainer logs (:class:`refppo.conventions.ApproxKL`)."""
+    clipfrac_agg: ClipfracAgg = field(
+        default=ClipfracAgg.TOKEN_MEAN, metadata=flat_key(omit=True, config=False)
+    )
+    """How the logged ``pg_clipfrac`` averages the clipped tokens (:class:`refppo.conventions.ClipfracAgg`;
+    ``row-mean``: ``policy_loss=vanilla`` only)."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
@@ -215,6 +221,10 @@ class PolicyConvention:
             raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
         if self.log_ratio_clamp is not None:
             check_positive("log_ratio_clamp", self.log_ratio_clamp)
+        if self.loss is not PolicyLoss.VANILLA and self.clipfrac_agg is ClipfracAgg.ROW_MEAN:
+            raise ConventionError(
+                f"clipfrac_agg=row-mean: policy_loss=vanilla only, got policy_loss={self.loss}"
+            )
         if self.loss is not PolicyLoss.VANILLA and self.dual_clip is not None:
             raise ConventionError(
                 f"dual_clip: policy_loss={self.loss} has no dual-clip (verl compute_policy_loss_"

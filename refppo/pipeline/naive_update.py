@@ -13,9 +13,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
+from refppo.conventions import AdvantageEstimator, ApproxKL, ClipfracAgg, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_loss_naive, prompt_mean_naive
 from refppo.core.cispo import cispo_policy_loss_naive
+from refppo.core.clipfrac_rows import clipfrac_row_mean_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
 from refppo.core.policy import approx_kl_k2_all_positions_naive, clipped_policy_loss_naive
@@ -71,10 +72,15 @@ def policy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dic
     if w is not None:  # ℓ_t ← w'_t·ℓ_t, token by token
         ws = w.tolist()
         per_token = [[a * b for a, b in zip(r, wr, strict=True)] for r, wr in zip(per_token, ws, strict=True)]
+    clipfrac = out.clipfrac
+    if pol.clipfrac_agg is ClipfracAgg.ROW_MEAN:  # vanilla only (the Convention refuses the others)
+        clipfrac = clipfrac_row_mean_naive(
+            *args, clip_low=hp.cliprange, clip_high=hp.cliprange_high, log_ratio_clamp=pol.log_ratio_clamp
+        )
     return {
         "pg_per_token": _f64(per_token, dev),
         "ratio": _f64(out.ratio, dev),
-        "pg_clipfrac": _f64(out.clipfrac, dev),
+        "pg_clipfrac": _f64(clipfrac, dev),
         "pg_clipfrac_lower": _f64(out.clipfrac_lower, dev),
         "pg_approx_kl": _f64(out.approx_kl, dev),
     }

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
+from refppo.conventions import AdvantageEstimator, ApproxKL, ClipfracAgg, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_masked, prompt_mean_masked
 from refppo.core.by_rows import (
     entropy_bonus_by_rows,
@@ -41,6 +41,7 @@ from refppo.core.by_rows import (
 )
 from refppo.core.checks import check_mask
 from refppo.core.cispo import cispo_policy_loss
+from refppo.core.clipfrac_rows import clipfrac_row_mean
 from refppo.core.gspo import gspo_policy_token_loss, gspo_ratio
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import (
@@ -157,10 +158,16 @@ def policy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dic
         q["logprobs"], q["old_logprobs"], q["advantages"], q["mask"], hp=hp, conv=conv, rows=ev.rows,
         keep_ratio=ev.keep_ratio,
     )  # fmt: skip
+    clipfrac = t.clipfrac
+    if conv.policy.clipfrac_agg is ClipfracAgg.ROW_MEAN:  # vanilla only (the Convention refuses the others)
+        clipfrac = clipfrac_row_mean(
+            q["logprobs"], q["old_logprobs"], q["advantages"], q["mask"], clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high, log_ratio_clamp=conv.policy.log_ratio_clamp,
+        )  # fmt: skip
     return {
         "pg_per_token": weighted(t.per_token, q.get("is_weights")),
         "ratio": t.ratio,
-        "pg_clipfrac": t.clipfrac,
+        "pg_clipfrac": clipfrac,
         "pg_clipfrac_lower": t.clipfrac_lower,
         "pg_approx_kl": t.approx_kl,
     }
