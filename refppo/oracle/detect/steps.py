@@ -86,7 +86,9 @@ STEPS: tuple[Step, ...] = (
 )  # fmt: skip
 """The walk, in pipeline order."""
 
-NOT_WALKED_YET: dict[str, str] = {}
+NOT_WALKED_YET: dict[str, str] = {
+    "clipfrac_agg": "the checked setting's (--set, --preset oat): pg_clipfrac only"
+}
 """Keys the walk should search and does not yet (an open gap, named: the tests allow only these).
 Empty since the correction step walks the ``rollout_is*`` keys (#22)."""
 

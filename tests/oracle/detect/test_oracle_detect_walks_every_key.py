@@ -182,8 +182,9 @@ def test_every_convention_key_is_walked_or_named_as_not_walked(seen: Seen) -> No
 def test_every_member_of_every_enum_key_is_walked(seen: Seen) -> None:
     """An enum key has finitely many members: each is tried (none is a constant to solve), so none
     may be listed as not walked."""
-    # no exception left: the rollout correction's keys are walked since #22 (NOT_WALKED_YET is empty)
-    assert not NOT_WALKED_YET
+    # the rollout correction's keys are walked since #22; clipfrac_agg (oat's row-mean pg_clipfrac,
+    # issue #23 item 5) is not yet: asserted exactly, so walking it shows
+    assert set(NOT_WALKED_YET) == {"clipfrac_agg"}
     enums = {k: e for k, e in enum_keys().items() if k not in NOT_WALKED_YET}
     assert not set(enums) & set(NOT_WALKED), sorted(set(enums) & set(NOT_WALKED))
     values = seen[APPLIED]
