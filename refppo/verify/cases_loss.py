@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from refppo.conventions import MASK_AGGS, KLEstimator, LossAgg, ValueClipForm, ValueLoss
+from refppo.core.clipfrac_rows import clipfrac_row_mean, clipfrac_row_mean_naive
 from refppo.core.policy import PolicyLossNaive, PolicyTokenLoss
 from refppo.verify.batches import Batch, Case, Pair
 
@@ -169,6 +170,18 @@ def _case_prompt_mean(b: Batch, dev: torch.device) -> list[Pair]:
         vec = aggregate_mod.prompt_mean_masked(lm, b.mask.to(dev), aggregate_mod.Prompts(groups.to(dev), pr))
         naive = aggregate_mod.prompt_mean_naive(x, b.mask, aggregate_mod.Prompts(groups, pr))
         out.append((f"loss_agg=prompt-mean{tag}", vec, naive, None))
+    return out
+
+
+def _case_clipfrac_row_mean(b: Batch, dev: torch.device) -> list[Pair]:
+    """:func:`clipfrac_row_mean` (``clipfrac_agg=row-mean``), with and without ε_high and κ."""
+    old = b.floats(-3.0, -0.1)
+    lp, adv = old + b.floats(-0.4, 0.4), b.floats(-2.0, 2.0)
+    out: list[Pair] = []
+    for tag, kw in (("", {}), ("(eps_high, clamp)", {"clip_high": 0.3, "log_ratio_clamp": 0.3})):
+        vec = clipfrac_row_mean(lp.to(dev), old.to(dev), adv.to(dev), b.mask.to(dev), **kw)
+        naive = torch.tensor(clipfrac_row_mean_naive(lp, old, adv, b.mask, **kw), dtype=lp.dtype)
+        out.append((f"clipfrac_row_mean{tag}", vec, naive, None))
     return out
 
 
@@ -364,6 +377,7 @@ LOSS_CASES: dict[str, Case] = {
     "aggregate_loss": _case_aggregate,
     "aggregate_masked": _case_aggregate_masked,
     "prompt_mean_loss": _case_prompt_mean,
+    "clipfrac_row_mean": _case_clipfrac_row_mean,
     "entropy_bonus": _case_entropy_bonus,
     "kl_loss": _case_kl_loss,
     "total_loss": _case_total_loss,
