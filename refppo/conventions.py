@@ -249,18 +249,13 @@ class WhitenHoles(StrEnum):
 class LossAgg(StrEnum):
     """How a ``[B, T]`` loss matrix ``L`` with mask ``m`` becomes a scalar (names as in verl ``agg_loss``).
 
-    - ``token-mean``: ``Σ_bt m L / Σ_bt m``;
-    - ``seq-mean-token-mean``: ``(1/B) Σ_b (Σ_t m L / Σ_t m)``;
-    - ``seq-mean-token-sum``: ``(1/B) Σ_b Σ_t m L``;
-    - ``seq-mean-token-sum-norm``: ``(1/B) Σ_b (Σ_t m L / H)`` with a constant horizon ``H``
-      (default ``T``; Dr. GRPO): the mean over sequences, as verl 0.9.1 ``agg_loss`` and
-      SkyRL-train 0.3.1 ``reduce_loss`` (``seq_mean_token_sum_norm``). ``B`` is the global
-      sequence count when a step is split (``seq_count``), as for the other seq modes;
-    - ``token-sum``: ``Σ_bt m L`` (verl 0.9.1 ``agg_loss`` mode ``token-sum``);
-    - ``prompt-mean``: ``(1/P) Σ_p (Σ_{b∈p,t} m L / N_p)``, the token mean within each prompt's rows
-      (``group_index``), then the mean over the ``P`` prompts (SkyRL 0.4.0 ``loss_reduction=
-      "prompt_mean"``). A split step passes the global ``N_p`` by prompt and ``P``
-      (:class:`refppo.core.aggregate.Prompts`); refused where no prompt of each row is given.
+    - ``token-mean``: ``Σ_bt m L / Σ_bt m``; ``token-sum``: ``Σ_bt m L`` (verl 0.9.1 ``agg_loss``);
+    - ``seq-mean-token-mean``: ``(1/B) Σ_b (Σ_t m L / Σ_t m)``; ``seq-mean-token-sum``: ``(1/B) Σ_bt m L``;
+    - ``seq-mean-token-sum-norm``: ``(1/B) Σ_b (Σ_t m L / H)``, a constant horizon ``H`` (default ``T``;
+      Dr. GRPO; verl 0.9.1 ``agg_loss``, SkyRL-train 0.3.1 ``reduce_loss``). ``B``: the step's global
+      sequence count when it is split (``seq_count``), as for the other seq modes;
+    - ``prompt-mean``: ``(1/P) Σ_p (Σ_{b∈p,t} m L / N_p)`` over the prompts of ``group_index`` (SkyRL
+      0.4.0 ``prompt_mean``; per-term core functions refuse it: :data:`refppo.agg_conventions.MASK_AGGS`).
     """
 
     TOKEN_MEAN = "token-mean"
@@ -269,12 +264,6 @@ class LossAgg(StrEnum):
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
     TOKEN_SUM = "token-sum"
     PROMPT_MEAN = "prompt-mean"
-
-
-MASK_AGGS: tuple[LossAgg, ...] = tuple(a for a in LossAgg if a is not LossAgg.PROMPT_MEAN)
-"""The :class:`LossAgg` members that read the mask alone: the core's per-term functions (policy,
-value, KL, entropy losses) take these; ``prompt-mean`` also reads the prompt of each row and is
-aggregated by the pipeline (:func:`refppo.core.aggregate.prompt_mean_masked`), refused elsewhere."""
 
 
 class ValueLoss(StrEnum):
@@ -314,16 +303,6 @@ class ApproxKL(StrEnum):
     K1 = "k1"
     K2_ALL_POSITIONS = "k2_all_positions"
     NEG_K1 = "neg_k1"
-
-
-class ClipfracAgg(StrEnum):
-    """How the logged policy clip fraction ``pg_clipfrac`` averages the clipped tokens
-    (``c_t = [ℓ2_t > ℓ1_t]``, the clipped term wins strictly): ``token-mean`` ``Σ m c / Σ m`` (refppo,
-    verl, OpenRLHF, TRL); ``row-mean`` ``(1/B) Σ_b (Σ_t m c / Σ_t m)``, each row's token mean, then
-    the mean over rows (oat-llm 0.2.4 ``PPOLearner.learning_step``)."""
-
-    TOKEN_MEAN = "token-mean"
-    ROW_MEAN = "row-mean"
 
 
 class VfMask(StrEnum):
@@ -397,10 +376,8 @@ class PolicyLoss(StrEnum):
 
 
 __all__ = [
-    "MASK_AGGS",
     "AdvantageEstimator",
     "ApproxKL",
-    "ClipfracAgg",
     "GaeBootstrap",
     "GaeHoles",
     "GaePadding",

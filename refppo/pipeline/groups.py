@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from refppo.agg_conventions import ClipfracAgg
 from refppo.conventions import (
     AdvantageEstimator,
     ApproxKL,
-    ClipfracAgg,
     GaeBootstrap,
     GaeHoles,
     GaePadding,

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, ApproxKL, ClipfracAgg, LossAgg, PolicyLoss, VfMask
+from refppo.agg_conventions import ClipfracAgg
+from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_loss_naive, prompt_mean_naive
 from refppo.core.cispo import cispo_policy_loss_naive
 from refppo.core.clipfrac_rows import clipfrac_row_mean_naive

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import AdvantageEstimator, ApproxKL, ClipfracAgg, LossAgg, PolicyLoss, VfMask
+from refppo.agg_conventions import ClipfracAgg
+from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_masked, prompt_mean_masked
 from refppo.core.by_rows import (
     entropy_bonus_by_rows,

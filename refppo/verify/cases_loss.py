@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS, KLEstimator, LossAgg, ValueClipForm, ValueLoss
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
 from refppo.core.clipfrac_rows import clipfrac_row_mean, clipfrac_row_mean_naive
 from refppo.core.policy import PolicyLossNaive, PolicyTokenLoss
 from refppo.verify.batches import Batch, Case, Pair

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS
+from refppo.agg_conventions import MASK_AGGS
 from refppo.verify.batches import Batch, Case, Pair
 
 rc_mod = importlib.import_module("refppo.core.rollout_correction")

@@ -16,7 +16,8 @@ import importlib
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS, KLEstimator, LossAgg, ValueClipForm, ValueLoss
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
 from refppo.verify.batches import Batch, Case, Pair
 from refppo.verify.cases_loss import token_loss_pairs
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refppo.conventions import MASK_AGGS, KLEstimator, KLPlacement, LossAgg, ScorePosition
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition
 from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
 from refppo.core.objective import entropy_bonus, kl_loss

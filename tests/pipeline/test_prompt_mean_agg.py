@@ -13,8 +13,14 @@ import pytest
 import torch
 from oracle_helpers import make_inputs
 
-from refppo.conventions import MASK_AGGS, LossAgg
-from refppo.core.aggregate import agg_weights_naive, aggregate_loss, aggregate_loss_naive, prompt_mean_loss
+from refppo.conventions import LossAgg
+from refppo.core.aggregate import (
+    MASK_AGGS,
+    agg_weights_naive,
+    aggregate_loss,
+    aggregate_loss_naive,
+    prompt_mean_loss,
+)
 from refppo.core.cispo import cispo_policy_loss
 from refppo.core.gspo import gspo_policy_loss
 from refppo.core.objective import entropy_bonus, kl_loss

@@ -45,7 +45,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS, KLEstimator, LossAgg
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import KLEstimator, LossAgg
 from refppo.dump.load import Dump
 from refppo.dump.tolerances import TOLERANCES
 from refppo.errors import RefPPOError

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS
+from refppo.agg_conventions import MASK_AGGS
 from refppo.errors import RefPPOError
 from refppo.oracle.detect.correction_grad import (
     interval_note,

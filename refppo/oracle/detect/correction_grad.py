@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS
+from refppo.agg_conventions import MASK_AGGS
 from refppo.oracle.detect.grad_fit import GradFit
 from refppo.oracle.detect.grad_solve import _branches, _policy_setting, roundest
 from refppo.oracle.detect.groups import Group

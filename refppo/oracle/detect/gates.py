@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS
+from refppo.agg_conventions import MASK_AGGS
 from refppo.errors import RefPPOError
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.policy_solve import agg_weights

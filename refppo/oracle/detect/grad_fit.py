@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS, KLEstimator, LossAgg, PolicyLoss
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import KLEstimator, LossAgg, PolicyLoss
 from refppo.core.checks import count_true
 from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import compare

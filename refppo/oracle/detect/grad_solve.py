@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS, LossAgg, PolicyLoss, VfMask
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import LossAgg, PolicyLoss, VfMask
 from refppo.oracle.check.grad import pipeline_grads, unclipped
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.grad_fit import GradFit, kl_twins

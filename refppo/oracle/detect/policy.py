@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS, ApproxKL, PolicyLoss
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import ApproxKL, PolicyLoss
 from refppo.core.checks import count_true
 from refppo.oracle.check.ties import pg_tie_share
 from refppo.oracle.detect.grad_fit import GradFit, explain_policy

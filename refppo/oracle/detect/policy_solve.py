@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS, LossAgg, PolicyLoss
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import LossAgg, PolicyLoss
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.grad_solve import propose_policy_grad
 from refppo.oracle.detect.groups import Group

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS, KLPlacement, VfMask
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import KLPlacement, VfMask
 from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import compare
 from refppo.oracle.detect.estimator import needs_estimator_stage

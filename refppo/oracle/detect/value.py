@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import MASK_AGGS, ValueClipForm, ValueLoss, VfMask
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import ValueClipForm, ValueLoss, VfMask
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.check.ties import delta_rounding_ties, vf_tie_widen
 from refppo.oracle.detect.grad_fit import GradFit
@@ -275,11 +276,7 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
         kls: list[tuple[dict[str, Any], Tensor | None]] = [(own_kagg, ps.kl_loss)]
         if ps.kl_loss is not None:
             ca = ps.carried
-            kls += [
-                ({"kl_loss_agg": a.value}, kl_loss_mode(ca, agg, a.value))
-                for a in MASK_AGGS
-                if a.value != agg
-            ]
+            kls += [({"kl_loss_agg": a.value}, kl_loss_mode(ca, agg, a.value)) for a in MASK_AGGS if a != agg]
         for upd, kl_loss in kls:
             q = {
                 "pg_loss": ps.pg_loss,
