@@ -13,9 +13,9 @@ import pytest
 import torch
 from oracle_helpers import make_inputs
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import LossAgg
 from refppo.core.aggregate import (
-    MASK_AGGS,
     agg_weights_naive,
     aggregate_loss,
     aggregate_loss_naive,
