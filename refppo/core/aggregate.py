@@ -60,7 +60,7 @@ class Prompts:
     tokens: tuple[tuple[int, float], ...] | None = None
 
 
-def prompt_divisors(m: Tensor, prompts: Prompts) -> Tensor:
+def _prompt_divisors(m: Tensor, prompts: Prompts) -> Tensor:
     """``P·N_p(b)`` of each row ``[B]`` (``m`` a validated mask; the module docstring)."""
     g = _check_group_index(prompts.groups, int(m.shape[0]), m.device)
     if prompts.tokens is None:
@@ -228,8 +228,8 @@ def agg_weights_naive(
 
 def prompt_mean_masked(lm: Tensor, m: Tensor, prompts: Prompts) -> Scalar:
     """``prompt-mean`` of ``lm`` ``[B, T]`` (0 on padding; ``m`` a validated mask): ``Σ_b (Σ_t lm) /
-    (P·N_p(b))`` (:func:`prompt_divisors`; the module docstring for a split step)."""
-    return (lm.sum(dim=1) / prompt_divisors(m, prompts).to(lm.dtype)).sum()
+    (P·N_p(b))`` (:func:`_prompt_divisors`; the module docstring for a split step)."""
+    return (lm.sum(dim=1) / _prompt_divisors(m, prompts).to(lm.dtype)).sum()
 
 
 def prompt_mean_naive(loss_mat: TokenFloat, mask: ResponseMask, prompts: Prompts) -> Scalar:

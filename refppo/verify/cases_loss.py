@@ -16,7 +16,7 @@ from torch import Tensor
 
 from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
-from refppo.core.clipfrac_rows import clipfrac_row_mean, clipfrac_row_mean_naive
+from refppo.core import clipfrac_rows as clipfrac_mod
 from refppo.core.policy import PolicyLossNaive, PolicyTokenLoss
 from refppo.verify.batches import Batch, Case, Pair
 
@@ -180,8 +180,8 @@ def _case_clipfrac_row_mean(b: Batch, dev: torch.device) -> list[Pair]:
     lp, adv = old + b.floats(-0.4, 0.4), b.floats(-2.0, 2.0)
     out: list[Pair] = []
     for tag, kw in (("", {}), ("(eps_high, clamp)", {"clip_high": 0.3, "log_ratio_clamp": 0.3})):
-        vec = clipfrac_row_mean(lp.to(dev), old.to(dev), adv.to(dev), b.mask.to(dev), **kw)
-        naive = torch.tensor(clipfrac_row_mean_naive(lp, old, adv, b.mask, **kw), dtype=lp.dtype)
+        vec = clipfrac_mod.clipfrac_row_mean(lp.to(dev), old.to(dev), adv.to(dev), b.mask.to(dev), **kw)
+        naive = torch.tensor(clipfrac_mod.clipfrac_row_mean_naive(lp, old, adv, b.mask, **kw), dtype=lp.dtype)
         out.append((f"clipfrac_row_mean{tag}", vec, naive, None))
     return out
 
