@@ -249,14 +249,13 @@ class WhitenHoles(StrEnum):
 class LossAgg(StrEnum):
     """How a ``[B, T]`` loss matrix ``L`` with mask ``m`` becomes a scalar (names as in verl ``agg_loss``).
 
-    - ``token-mean``: ``Σ_bt m L / Σ_bt m``;
-    - ``seq-mean-token-mean``: ``(1/B) Σ_b (Σ_t m L / Σ_t m)``;
-    - ``seq-mean-token-sum``: ``(1/B) Σ_b Σ_t m L``;
-    - ``seq-mean-token-sum-norm``: ``(1/B) Σ_b (Σ_t m L / H)`` with a constant horizon ``H``
-      (default ``T``; Dr. GRPO): the mean over sequences, as verl 0.9.1 ``agg_loss`` and
-      SkyRL-train 0.3.1 ``reduce_loss`` (``seq_mean_token_sum_norm``). ``B`` is the global
-      sequence count when a step is split (``seq_count``), as for the other seq modes;
-    - ``token-sum``: ``Σ_bt m L`` (verl 0.9.1 ``agg_loss`` mode ``token-sum``).
+    - ``token-mean``: ``Σ_bt m L / Σ_bt m``; ``token-sum``: ``Σ_bt m L`` (verl 0.9.1 ``agg_loss``);
+    - ``seq-mean-token-mean``: ``(1/B) Σ_b (Σ_t m L / Σ_t m)``; ``seq-mean-token-sum``: ``(1/B) Σ_bt m L``;
+    - ``seq-mean-token-sum-norm``: ``(1/B) Σ_b (Σ_t m L / H)``, a constant horizon ``H`` (default ``T``;
+      Dr. GRPO; verl 0.9.1 ``agg_loss``, SkyRL-train 0.3.1 ``reduce_loss``). ``B``: the step's global
+      sequence count when it is split (``seq_count``), as for the other seq modes;
+    - ``prompt-mean``: ``(1/P) Σ_p (Σ_{b∈p,t} m L / N_p)`` over the prompts of ``group_index`` (SkyRL
+      0.4.0 ``prompt_mean``; per-term core functions refuse it: :data:`refppo.agg_conventions.MASK_AGGS`).
     """
 
     TOKEN_MEAN = "token-mean"
@@ -264,6 +263,7 @@ class LossAgg(StrEnum):
     SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
     TOKEN_SUM = "token-sum"
+    PROMPT_MEAN = "prompt-mean"
 
 
 class ValueLoss(StrEnum):

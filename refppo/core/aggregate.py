@@ -9,6 +9,8 @@ seq-mean-token-sum       ``Σ_bt m L / N_seq``                    ``N_seq = B``
 seq-mean-token-sum-norm  ``Σ_b (Σ_t m L / H) / N_seq``          ``H = T`` (a constant horizon),
                                                                  ``N_seq = B``
 token-sum                ``Σ_bt m L``                            none (verl ``token-sum``)
+prompt-mean              ``Σ_b (Σ_t m L) / (P·N_p(b))``          ``N_p = Σ_{b∈p,t} m``, ``P`` =
+                                                                 the distinct prompts (``Prompts``)
 ======================== ======================================= ===========================
 
 Names and formulas as verl 0.9.1 ``verl/trainer/ppo/core_algos.py::agg_loss``. The
@@ -22,11 +24,17 @@ releases divided the whole-batch sum by ``loss_mask.shape[-1]`` without the mean
 the *global* normalisers so that the sum of the micro-batch losses is exactly the loss of the
 whole batch — the bug class of verl issue #5625 (a mean of micro-batch means is not a token mean).
 
-The prompt-level mean (SkyRL 0.4.0 ``loss_reduction="prompt_mean"``) reads the prompt of each row as
-well: :func:`prompt_mean_loss` (not a :class:`~refppo.conventions.LossAgg` mode yet: spec/conventions.md).
+The prompt-level mean (SkyRL 0.4.0 ``loss_reduction="prompt_mean"``, ``prompt-mean``) reads the
+prompt of each row as well (:class:`Prompts`): each row's token sum over ``P·N_p`` of its prompt ``p``.
+Split over micro-batches or ranks, ``Prompts.tokens`` carries the step's ``N_p`` by prompt id (and so
+``P``): each piece's loss is then its rows' share, and the pieces sum to the whole step's loss even
+when a prompt's rows lie in several pieces (SkyRL scales each advantage by ``1/(P·N_p)`` once per
+mini-batch, then sums). Without :class:`Prompts` the mode is refused (one line naming ``loss_agg``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -35,7 +43,38 @@ from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
 from refppo.core._group_checks import _check_group_index
 from refppo.core.checks import check_bt, check_mask, check_positive, count_true
+from refppo.errors import ConventionError
 from refppo.types import ResponseMask, Scalar, TokenFloat
+
+
+@dataclass(frozen=True, eq=False)
+class Prompts:
+    """The prompt of each row, read by ``prompt-mean`` only.
+
+    ``groups`` ``[B]`` integer prompt ids (``group_index``; a prompt's rows need not be adjacent);
+    ``tokens``: the whole step's valid-token count ``N_p`` of every prompt id, ``((id, N_p), ...)``
+    (``P`` = its length), when the step is split into micro-batches or ranks; None: the batch's own.
+    """
+
+    groups: Tensor
+    tokens: tuple[tuple[int, float], ...] | None = None
+
+
+def _prompt_divisors(m: Tensor, prompts: Prompts) -> Tensor:
+    """``P·N_p(b)`` of each row ``[B]`` (``m`` a validated mask; the module docstring)."""
+    g = _check_group_index(prompts.groups, int(m.shape[0]), m.device)
+    if prompts.tokens is None:
+        _, inv = torch.unique(g, return_inverse=True)
+        n_groups = int(inv.max()) + 1
+        zeros = torch.zeros(n_groups, dtype=torch.float64, device=m.device)
+        counts = zeros.index_add(0, inv, count_true(m, 1).to(torch.float64))
+        return counts[inv] * float(n_groups)
+    table = dict(prompts.tokens)
+    missing = sorted({int(x) for x in g.tolist()} - set(table))
+    if missing:
+        raise ConventionError(f"group_index: prompt ids {missing[:8]} are not in the step's prompt table")
+    n = [check_positive("prompt tokens", float(table[int(x)])) for x in g.tolist()]
+    return torch.tensor(n, dtype=torch.float64, device=m.device) * float(len(table))
 
 
 def aggregate_loss(
@@ -47,7 +86,8 @@ def aggregate_loss(
     seq_count: float | None = None,
     horizon: float | None = None,
 ) -> Scalar:
-    """Aggregate ``loss_mat`` ``[B, T]`` over its valid tokens by ``mode`` (0-dim result)."""
+    """Aggregate ``loss_mat`` ``[B, T]`` over its valid tokens by ``mode`` (0-dim result);
+    ``prompt-mean`` is refused here (it reads the prompts: :func:`prompt_mean_masked`)."""
     agg = parse(LossAgg, mode, what="loss_agg")
     m = check_mask("mask", mask)
     loss_mat = check_bt("loss_mat", loss_mat, m)
@@ -88,16 +128,24 @@ def aggregate_masked(
 
 
 def _checked_norms(
-    agg: LossAgg, token_count: float | None, seq_count: float | None, horizon: float | None
+    agg: LossAgg,
+    token_count: float | None,
+    seq_count: float | None,
+    horizon: float | None,
 ) -> tuple[float | None, float | None, float | None]:
     """The global normalisers ``agg`` reads, each checked finite and > 0 (None where not given or
     not read): ``token_count`` (token-mean), ``seq_count`` (the seq-* modes), ``horizon``
-    (seq-mean-token-sum-norm). Shared by :func:`aggregate_masked` and the naive twins, so a bad
-    normaliser gets the same error from each."""
+    (seq-mean-token-sum-norm); ``prompt-mean`` is refused (it reads the prompts of the rows:
+    :func:`prompt_mean_masked`, :func:`prompt_mean_naive`). Shared by
+    :func:`aggregate_masked` and the naive twins, so a bad normaliser gets the same error from each."""
+    if agg is LossAgg.PROMPT_MEAN:
+        raise ConventionError(
+            "loss_agg=prompt-mean needs the prompt of each row (group_index [B]), not given to this term"
+        )
     tc = sc = h = None
     if agg is LossAgg.TOKEN_MEAN and token_count is not None:
         tc = check_positive("token_count", token_count)
-    if agg not in (LossAgg.TOKEN_MEAN, LossAgg.TOKEN_SUM) and seq_count is not None:
+    if agg not in (LossAgg.TOKEN_MEAN, LossAgg.TOKEN_SUM, LossAgg.PROMPT_MEAN) and seq_count is not None:
         sc = check_positive("seq_count", seq_count)
     if agg is LossAgg.SEQ_MEAN_TOKEN_SUM_NORM and horizon is not None:
         h = check_positive("horizon", horizon)
@@ -176,6 +224,47 @@ def agg_weights_naive(
             w = 1.0 / (h * n_seq)
         out.append([w if ok else 0.0 for ok in row])
     return out
+
+
+def prompt_mean_masked(lm: Tensor, m: Tensor, prompts: Prompts) -> Scalar:
+    """``prompt-mean`` of ``lm`` ``[B, T]`` (0 on padding; ``m`` a validated mask): ``Σ_b (Σ_t lm) /
+    (P·N_p(b))`` (:func:`_prompt_divisors`; the module docstring for a split step)."""
+    return (lm.sum(dim=1) / _prompt_divisors(m, prompts).to(lm.dtype)).sum()
+
+
+def prompt_mean_naive(loss_mat: TokenFloat, mask: ResponseMask, prompts: Prompts) -> Scalar:
+    """Naive twin of :func:`prompt_mean_masked` (any ``loss_mat``: padding is skipped), token by token
+    on :func:`prompt_weights_naive`."""
+    check_bt("loss_mat", loss_mat, check_mask("mask", mask))
+    w = prompt_weights_naive(mask, prompts)
+    total = 0.0
+    for lrow, wrow in zip(pf.rows(loss_mat), w, strict=True):
+        for value, wt in zip(lrow, wrow, strict=True):
+            if wt:
+                total += value * wt
+    return pf.tensor_like(total, loss_mat)
+
+
+def prompt_weights_naive(mask: Tensor, prompts: Prompts) -> list[list[float]]:
+    """``1/(P·N_p(b))`` at each valid token of row ``b``, 0 on padding: ``N_p`` counted row by row
+    (or read from ``prompts.tokens``), ``P`` the distinct ids (or the table's length)."""
+    check_mask("mask", mask)
+    _check_group_index(prompts.groups, int(mask.shape[0]), mask.device)
+    ids = [int(x) for x in prompts.groups.tolist()]
+    ms = pf.mask_rows(mask)
+    if prompts.tokens is None:
+        lens: dict[int, float] = {}
+        for row, g in zip(ms, ids, strict=True):
+            lens[g] = lens.get(g, 0.0) + sum(row)
+    else:
+        lens = {int(k): float(v) for k, v in prompts.tokens}
+        missing = sorted(set(ids) - set(lens))
+        if missing:
+            raise ConventionError(f"group_index: prompt ids {missing[:8]} are not in the step's prompt table")
+        for g in ids:
+            check_positive("prompt tokens", lens[g])
+    p = float(len(lens))
+    return [[1.0 / (p * lens[g]) if ok else 0.0 for ok in row] for row, g in zip(ms, ids, strict=True)]
 
 
 def prompt_mean_loss(

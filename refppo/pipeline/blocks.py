@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from refppo.conventions import GaeHoles
+from refppo.conventions import GaeHoles, LossAgg
+from refppo.core.aggregate import Prompts
 from refppo.core.gae import gae
 from refppo.core.masked import AllReduce
+from refppo.errors import ConventionError
 
 ROW_BLOCK_ELEMENTS = 1 << 18
 """Elements per row block of :func:`gae_by_rows` and of the update stages without autograd
@@ -30,11 +32,23 @@ class Normalisers:
 
     ``token_count``/``seq_count`` are the valid-token and sequence counts of the WHOLE step
     (policy mask), ``value_token_count`` the valid-token count of the value mask. None: local.
+    ``prompt_tokens``: ``((group_index id, N_p), ...)``, every prompt of the step with its valid-token
+    count (policy mask), read by ``loss_agg=prompt-mean`` (:class:`refppo.core.aggregate.Prompts`).
     """
 
     token_count: float | None = None
     seq_count: float | None = None
     value_token_count: float | None = None
+    prompt_tokens: tuple[tuple[int, float], ...] | None = None
+
+    def prompts(self, agg: LossAgg, groups: Tensor | None, key: str = "loss_agg") -> Prompts | None:
+        """The prompts ``agg`` reads: None unless ``prompt-mean``, which needs ``groups`` (refused in
+        one line naming ``key`` and ``group_index`` without them)."""
+        if agg is not LossAgg.PROMPT_MEAN:
+            return None
+        if groups is None:
+            raise ConventionError(f"{key}=prompt-mean needs group_index [B] (the prompt each row answers)")
+        return Prompts(groups, self.prompt_tokens)
 
     def kwargs(self, horizon: float | None, *, value: bool = False) -> dict[str, float]:
         """The normaliser keyword arguments of the policy terms (``value``: the value term's, whose

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from refppo.conventions import PolicyLoss
+from refppo.conventions import LossAgg, PolicyLoss
 from refppo.core import _pyfloat as pf
-from refppo.core.aggregate import agg_weights_naive
+from refppo.core.aggregate import Prompts, agg_weights_naive, prompt_weights_naive
 from refppo.core.grad import kl_loss_grad_naive, policy_grad_naive, value_grad_naive
 from refppo.core.gspo import gspo_policy_grad_naive
-from refppo.errors import DumpError
+from refppo.errors import ConventionError, DumpError
 from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.naive_update import normaliser_kwargs
 from refppo.pipeline.needs import kl_loss_needs, missing_line
@@ -36,9 +37,18 @@ def _pg_grad(
     hp: Hyperparams,
     conv: Convention,
     pol: dict[str, float],
+    prompts: Prompts | None = None,
 ) -> Tensor:
     """``∂pg/∂logprobs`` by ``conv.policy.loss``: GSPO's (:func:`refppo.core.gspo.gspo_policy_grad_naive`)
-    or the per-token ratio's (:func:`policy_grad_naive`), with the normalisers ``pol``."""
+    or the per-token ratio's (:func:`policy_grad_naive`), with the normalisers ``pol``. ``prompt-mean``:
+    ``1/(P·N_p(b))`` times the ``token-sum`` gradient of row ``b`` (the loss of row ``b`` reads row
+    ``b``'s log-probs alone, and ``prompt-mean`` weighs the whole row by that constant)."""
+    if conv.agg.loss is LossAgg.PROMPT_MEAN:
+        if prompts is None:
+            raise ConventionError("loss_agg=prompt-mean needs group_index [B] (the prompt each row answers)")
+        as_sum = replace(conv, agg=replace(conv.agg, loss=LossAgg.TOKEN_SUM))
+        g = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=as_sum, pol={})
+        return g * torch.tensor(prompt_weights_naive(mask, prompts), dtype=g.dtype, device=g.device)
     if conv.policy.loss is PolicyLoss.CISPO:
         return cispo_grad_naive(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
     if conv.policy.loss is PolicyLoss.GSPO:
@@ -111,6 +121,7 @@ def objective_grads_naive(
     conv: Convention,
     norm: Normalisers | None = None,
     is_weights: Tensor | None = None,
+    group_index: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(∂J/∂logprobs, ∂J/∂values)`` of :func:`refppo.pipeline.step.update_quantities` (same args).
 
@@ -120,12 +131,13 @@ def objective_grads_naive(
     ``entropy`` is accepted (the pipeline's arguments) and unused: the entropy is an input, so
     ``ent_coef·entropy`` adds nothing to either gradient. ``is_weights``: the rollout correction's
     detached ``w'`` [B, T]: ``∂(agg(w'·ℓ))/∂l_t = w'_t·∂agg(ℓ)/∂l_t`` (``ℓ_t`` reads ``l_t`` alone, ``agg``
-    is linear in ``ℓ``).
+    is linear in ``ℓ``). ``group_index``: the prompt of each row (``loss_agg=prompt-mean``).
     """
     del entropy
     pol = normaliser_kwargs(norm, hp.horizon, value=False)
     val = normaliser_kwargs(norm, hp.horizon, value=True)
-    g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol)
+    prompts = (norm or Normalisers()).prompts(conv.agg.loss, group_index)
+    g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol, prompts=prompts)
     if is_weights is not None:
         g_lp = g_lp * is_weights.to(g_lp.dtype)
     if conv.kl.placement.in_loss and (ref_logprobs is not None or hp.kl_coef > 0):
@@ -159,7 +171,7 @@ def grads_naive(q: Mapping[str, Any], conv: Convention, hp: Hyperparams, ev: Eva
         old_values=q["old_values"], advantages=q["advantages"], returns=q["returns"], mask=q["mask"],
         value_mask_=q["vf_loss_mask"],
         ref_logprobs=q.get("ref_logprobs"), entropy=q.get("entropy"), hp=hp, conv=conv, norm=ev.norm,
-        is_weights=q.get("is_weights"),
+        is_weights=q.get("is_weights"), group_index=q.get("group_index"),
     )  # fmt: skip
     zero = torch.zeros((), dtype=g_lp.dtype)
     return {

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from refppo.agg_conventions import ClipfracAgg
 from refppo.conventions import (
     AdvantageEstimator,
     ApproxKL,
@@ -36,7 +37,7 @@ from refppo.core.checks import check_nonneg, check_positive
 from refppo.core.kl import check_kl_clamps
 from refppo.errors import ConventionError, HyperparameterError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
-from refppo.loss_conventions import TruncatedRows
+from refppo.agg_conventions import TruncatedRows
 from refppo.pipeline.group_fields import _parse_enums, flat_key
 from refppo.pipeline.groups_gate import RolloutGate
 from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
@@ -207,6 +208,11 @@ class PolicyConvention:
     """Clamp of ``logprobs − old_logprobs`` before exp in the ratio (verl, OpenRLHF: 20)."""
     approx_kl: ApproxKL = field(default=ApproxKL.K1, metadata=flat_key(omit=True, config=False))
     """Which ``approx_kl`` metric the trainer logs (:class:`refppo.conventions.ApproxKL`)."""
+    clipfrac_agg: ClipfracAgg = field(
+        default=ClipfracAgg.TOKEN_MEAN, metadata=flat_key(omit=True, config=False)
+    )
+    """How the logged ``pg_clipfrac`` averages the clipped tokens (:class:`refppo.conventions.ClipfracAgg`;
+    ``row-mean``: ``policy_loss=vanilla`` only)."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
@@ -216,6 +222,10 @@ class PolicyConvention:
             raise HyperparameterError(f"dual_clip: expected c > 1 or None, got {self.dual_clip!r}")
         if self.log_ratio_clamp is not None:
             check_positive("log_ratio_clamp", self.log_ratio_clamp)
+        if self.loss is not PolicyLoss.VANILLA and self.clipfrac_agg is ClipfracAgg.ROW_MEAN:
+            raise ConventionError(
+                f"clipfrac_agg=row-mean: policy_loss=vanilla only, got policy_loss={self.loss}"
+            )
         if self.loss is not PolicyLoss.VANILLA and self.dual_clip is not None:
             raise ConventionError(
                 f"dual_clip: policy_loss={self.loss} has no dual-clip (verl compute_policy_loss_"
@@ -251,10 +261,22 @@ class AggConvention:
     )
     """The rows flagged ``truncated`` in the loss (``keep``), masked out of it but kept in the row count
     (``mask_in_loss``: TRL ``mask_truncated_completions``) or out of both (``drop``);
-    :class:`refppo.loss_conventions.TruncatedRows`, :mod:`refppo.pipeline.loss_rows`."""
+    :class:`refppo.agg_conventions.TruncatedRows`, :mod:`refppo.pipeline.loss_rows`."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
+        for name in ("value", "kl", "kl_metric"):  # prompt-mean: the policy's and entropy's only
+            if getattr(self, name) is LossAgg.PROMPT_MEAN:
+                key = (
+                    "value_loss_agg"
+                    if name == "value"
+                    else f"{name}_loss_agg"
+                    if name == "kl"
+                    else "kl_metric_agg"
+                )
+                raise ConventionError(
+                    f"{key}=prompt-mean is not supported (the policy and entropy terms only)"
+                )
 
     def of(self, term: str) -> LossAgg:
         """The aggregation of ``term`` (``policy``, ``value``, ``kl``, ``entropy`` or ``kl_metric``):

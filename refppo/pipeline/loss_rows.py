@@ -1,4 +1,4 @@
-"""Rows masked out of the loss (``truncated_rows``, :class:`refppo.loss_conventions.TruncatedRows`): the
+"""Rows masked out of the loss (``truncated_rows``, :class:`refppo.agg_conventions.TruncatedRows`): the
 update walk on the rows in the loss, with the step's normalisers of the whole batch.
 
 Under ``mask_in_loss`` a row flagged ``truncated`` [B] adds nothing to any token sum or token count
@@ -16,14 +16,16 @@ scattered back: 0 on the rows out of the loss (``ratio``: 1; gradients: 0, as th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from refppo.core.checks import check_in_loss, count_true
+from refppo.conventions import LossAgg
 from refppo.errors import ConventionError
-from refppo.loss_conventions import TruncatedRows
+from refppo.agg_conventions import TruncatedRows
 from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention
 
@@ -35,6 +37,16 @@ def rows_in_loss(q: Mapping[str, Any], conv: Convention) -> Tensor | None:
     mode = conv.agg.truncated_rows
     if mode is TruncatedRows.KEEP:
         return None
+    prompt_mean = [
+        k
+        for k, a in (("loss_agg", conv.agg.loss), ("entropy_agg", conv.agg.entropy))
+        if a is LossAgg.PROMPT_MEAN
+    ]
+    if prompt_mean:
+        raise ConventionError(
+            f"truncated_rows={mode} with {prompt_mean[0]}=prompt-mean: no trainer combines them and the "
+            "prompt token counts over the rows in the loss are not defined here (set one of them differently)"
+        )
     flags = q.get("truncated")
     mask: Tensor = q["mask"]
     if flags is None:
@@ -71,7 +83,7 @@ def select_rows(
     sc = norm.seq_count
     if sc is None and conv.agg.truncated_rows is TruncatedRows.MASK_IN_LOSS:
         sc = float(B)
-    return sub, Normalisers(token_count=tc, seq_count=sc, value_token_count=vtc)
+    return sub, replace(norm, token_count=tc, seq_count=sc, value_token_count=vtc)
 
 
 def scatter_rows(x: Tensor, keep: Tensor, fill: float = 0.0) -> Tensor:

@@ -13,16 +13,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from refppo.agg_conventions import ClipfracAgg
 from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
-from refppo.core.aggregate import aggregate_loss_naive
+from refppo.core.aggregate import aggregate_loss_naive, prompt_mean_naive
 from refppo.core.cispo import cispo_policy_loss_naive
+from refppo.core.clipfrac_rows import clipfrac_row_mean_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
 from refppo.core.policy import approx_kl_k2_all_positions_naive, clipped_policy_loss_naive
 from refppo.core.value import value_loss_naive
 from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
-from refppo.pipeline.needs import kl_loss_needs, require_input
+from refppo.pipeline.needs import kl_loss_needs, refuse_prompt_mean, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Q = Mapping[str, Any]
@@ -70,24 +72,33 @@ def policy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dic
     if w is not None:  # ℓ_t ← w'_t·ℓ_t, token by token
         ws = w.tolist()
         per_token = [[a * b for a, b in zip(r, wr, strict=True)] for r, wr in zip(per_token, ws, strict=True)]
+    clipfrac = out.clipfrac
+    if pol.clipfrac_agg is ClipfracAgg.ROW_MEAN:  # vanilla only (the Convention refuses the others)
+        clipfrac = clipfrac_row_mean_naive(
+            *args, clip_low=hp.cliprange, clip_high=hp.cliprange_high, log_ratio_clamp=pol.log_ratio_clamp
+        )
     return {
         "pg_per_token": _f64(per_token, dev),
         "ratio": _f64(out.ratio, dev),
-        "pg_clipfrac": _f64(out.clipfrac, dev),
+        "pg_clipfrac": _f64(clipfrac, dev),
         "pg_clipfrac_lower": _f64(out.clipfrac_lower, dev),
         "pg_approx_kl": _f64(out.approx_kl, dev),
     }
 
 
 def _agg(
-    per_token: Tensor, mask: Tensor, agg: LossAgg, hp: Hyperparams, ev: Evaluation, value: bool
-) -> Tensor:
+    per_token: Tensor, mask: Tensor, agg: LossAgg, hp: Hyperparams, ev: Evaluation, value: bool,
+    groups: Tensor | None = None, key: str = "loss_agg",
+) -> Tensor:  # fmt: skip
+    prompts = ev.norm.prompts(agg, groups, key)
+    if prompts is not None:
+        return prompt_mean_naive(per_token, mask, prompts)
     return aggregate_loss_naive(per_token, mask, agg, **normaliser_kwargs(ev.norm, hp.horizon, value=value))
 
 
 def policy_agg_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """``loss_agg(ℓ)`` by :func:`refppo.core.aggregate.aggregate_loss_naive`."""
-    return {"pg_loss": _agg(q["pg_per_token"], q["mask"], conv.agg.loss, hp, ev, False)}
+    return {"pg_loss": _agg(q["pg_per_token"], q["mask"], conv.agg.loss, hp, ev, False, q.get("group_index"))}
 
 
 def approx_kl_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
@@ -123,6 +134,7 @@ def value_agg_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> 
     """``value_loss_agg(ℓ^v)`` (default ``loss_agg``); 0 without a value loss."""
     if q["vf_per_token"] is None:
         return {"vf_loss": _f64(0.0, q["mask"].device)}
+    refuse_prompt_mean(conv, "value", "value_loss_agg")
     return {"vf_loss": _agg(q["vf_per_token"], q["vf_loss_mask"], conv.agg.of("value"), hp, ev, True)}
 
 
@@ -130,8 +142,12 @@ def entropy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
     """:func:`refppo.core.objective.entropy_bonus_naive`; 0 without an entropy."""
     if q.get("entropy") is None:
         return {"entropy_loss": _f64(0.0, q["mask"].device)}
+    agg = conv.agg.of("entropy")
+    if agg is LossAgg.PROMPT_MEAN:
+        groups = q.get("group_index")
+        return {"entropy_loss": _agg(q["entropy"], q["mask"], agg, hp, ev, False, groups, "entropy_agg")}
     norm = normaliser_kwargs(ev.norm, hp.horizon, value=False)
-    return {"entropy_loss": entropy_bonus_naive(q["entropy"], q["mask"], conv.agg.of("entropy"), **norm)}
+    return {"entropy_loss": entropy_bonus_naive(q["entropy"], q["mask"], agg, **norm)}
 
 
 def kl_loss_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor | None]:
@@ -141,6 +157,7 @@ def kl_loss_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation)
     if q.get("ref_logprobs") is None:
         require_input(q, "ref_logprobs", "kl_loss", kl_loss_needs(conv, hp))
         return {"kl_loss": None}
+    refuse_prompt_mean(conv, "kl", "kl_loss_agg")
     k, norm = conv.kl, normaliser_kwargs(ev.norm, hp.horizon, value=False)
     out = kl_loss_naive(
         q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, conv.agg.of("kl"),
@@ -158,6 +175,7 @@ def kl_metric_naive_stage(
     agg = conv.agg.of("kl_metric")
     if not conv.kl.placement.in_loss or q["kl_loss"] is None or agg is conv.agg.of("kl"):
         return {"kl_metric": q["kl_loss"]}
+    refuse_prompt_mean(conv, "kl_metric", "kl_metric_agg")
     k, norm = conv.kl, normaliser_kwargs(ev.norm, hp.horizon, value=False)
     out = kl_loss_naive(
         q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, agg,

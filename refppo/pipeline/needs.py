@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from refppo.conventions import AdvantageEstimator, GaeBootstrap, ValueLoss
-from refppo.errors import DumpError
+from refppo.conventions import AdvantageEstimator, GaeBootstrap, LossAgg, ValueLoss
+from refppo.errors import ConventionError, DumpError
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Needs = Mapping[str, str]
@@ -133,6 +133,15 @@ def require_input(q: Mapping[str, object], key: str, stage: str, needs: Needs) -
         raise DumpError(missing_line(key, stage, needs[key]))
 
 
+def refuse_prompt_mean(conv: Convention, term: str, key: str) -> None:
+    """``prompt-mean`` is the policy loss's (and entropy's) only (SkyRL 0.4.0 scales the policy's
+    advantages; its KL and entropy terms are not prompt-scaled): refused for ``term`` naming ``key``."""
+    if conv.agg.of(term) is LossAgg.PROMPT_MEAN:
+        raise ConventionError(
+            f"{key}=prompt-mean is not supported for the {term} term; set {key} to another mode"
+        )
+
+
 __all__ = [
     "KEY_SHAPES",
     "Needs",
@@ -143,6 +152,7 @@ __all__ = [
     "kl_needs",
     "missing_line",
     "policy_needs",
+    "refuse_prompt_mean",
     "require_input",
     "rewards_needs",
     "total_needs",

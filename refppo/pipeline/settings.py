@@ -224,6 +224,7 @@ FLAT_ORDER: tuple[str, ...] = (
     "gae_bootstrap",
     "score_slot_kl",
     "truncated_rows",
+    "clipfrac_agg",
 )
 """The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
 report, ``refppo train --help-config``): the order they were added in, kept so that those outputs

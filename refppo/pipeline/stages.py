@@ -251,21 +251,21 @@ _UPDATE = (
         active=rcs.rollout_correction_reads, needs=rcs.rollout_correction_needs,
     ),
     Stage(
-        "policy", "update", ("policy_loss", "dual_clip", "log_ratio_clamp", "truncated_rows"),
+        "policy", "update", ("policy_loss", "dual_clip", "log_ratio_clamp", "truncated_rows", "clipfrac_agg"),
         ("cliprange", "cliprange_high"),
         ("logprobs", "old_logprobs", "advantages", "mask", "is_weights"),
         ("pg_per_token", "ratio", "pg_clipfrac", "pg_clipfrac_lower", "pg_approx_kl"),
         up.policy_stage, nu.policy_naive,
         "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss, "
-        "core.cispo.cispo_policy_loss", by_rows=True,
+        "core.cispo.cispo_policy_loss, core.clipfrac_rows.clipfrac_row_mean", by_rows=True,
         needs=nd.policy_needs,
         output_reads={q: ("logprobs", "old_logprobs", "mask") for q in ("ratio", "pg_approx_kl")},
         output_keys={"ratio": ("policy_loss", "log_ratio_clamp"), "pg_approx_kl": ("policy_loss",)},
     ),
     Stage(
-        "policy_agg", "update", ("loss_agg", "truncated_rows"), ("horizon",), ("pg_per_token", "mask"),
-        ("pg_loss",), up.policy_agg_stage, nu.policy_agg_naive, "core.aggregate.aggregate_masked",
-        normalisers=True,
+        "policy_agg", "update", ("loss_agg", "truncated_rows"), ("horizon",), ("pg_per_token", "mask", "group_index"),
+        ("pg_loss",), up.policy_agg_stage, nu.policy_agg_naive,
+        "core.aggregate.aggregate_masked, core.aggregate.prompt_mean_masked", normalisers=True,
     ),
     Stage(
         "approx_kl", "update", ("approx_kl",), (), ("pg_approx_kl", "logprobs", "old_logprobs", "mask"),
@@ -284,7 +284,7 @@ _UPDATE = (
     ),
     Stage(
         "entropy", "update", ("loss_agg", "entropy_agg", "truncated_rows"), ("horizon",),
-        ("entropy", "mask", "logprobs"), ("entropy_loss",), up.entropy_stage, nu.entropy_naive,
+        ("entropy", "mask", "logprobs", "group_index"), ("entropy_loss",), up.entropy_stage, nu.entropy_naive,
         "core.objective.entropy_bonus", by_rows=True, normalisers=True,
     ),
     Stage(
@@ -311,7 +311,8 @@ _UPDATE = (
 )  # fmt: skip
 
 _GRAD = Stage(
-    "grads", "grad", (), (), ("loss", "logprobs", "values", "mask", "vf_loss_mask", "is_weights"),
+    "grads", "grad", (), (),
+    ("loss", "logprobs", "values", "mask", "vf_loss_mask", "is_weights", "group_index"),
     ("grad_logprobs", "grad_values"), up.grads_stage, gn.grads_naive,
     "torch.autograd.grad (naive: pipeline.grad_naive.objective_grads_naive, core.grad)",
 )  # fmt: skip

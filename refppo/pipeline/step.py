@@ -207,11 +207,13 @@ def update_inputs(
     entropy: Tensor | None = None,
     rollout_logprobs: Tensor | None = None,
     truncated: Tensor | None = None,
+    group_index: Tensor | None = None,
 ) -> dict[str, Any]:
     """The quantities the update stages read, with the masks validated (``value_mask_`` None: the
     response mask; ``rollout_logprobs``: the behaviour log-probs, read only by the rollout
     correction when it is on; ``truncated`` [B]: read under ``truncated_rows`` ≠ ``keep``,
-    :mod:`refppo.pipeline.loss_rows`)."""
+    :mod:`refppo.pipeline.loss_rows`; ``group_index`` ``[B]``: the prompt of each row, read by
+    ``loss_agg=prompt-mean``)."""
     m = check_mask("response_mask", mask)
     return {
         "logprobs": logprobs,
@@ -226,6 +228,7 @@ def update_inputs(
         "entropy": entropy,
         "rollout_logprobs": rollout_logprobs,
         "truncated": truncated,
+        **({} if group_index is None else {"group_index": group_index}),  # absent: a caller's own kept
     }
 
 
@@ -243,6 +246,7 @@ def update_quantities(
     entropy: Tensor | None = None,
     rollout_logprobs: Tensor | None = None,
     truncated: Tensor | None = None,
+    group_index: Tensor | None = None,
     hp: Hyperparams,
     conv: Convention,
     norm: Normalisers | None = None,
@@ -262,7 +266,7 @@ def update_quantities(
     q = update_inputs(
         logprobs=logprobs, values=values, old_logprobs=old_logprobs, old_values=old_values,
         advantages=advantages, returns=returns, mask=mask, value_mask_=value_mask_, ref_logprobs=ref_logprobs,
-        entropy=entropy, rollout_logprobs=rollout_logprobs, truncated=truncated,
+        entropy=entropy, rollout_logprobs=rollout_logprobs, truncated=truncated, group_index=group_index,
     )  # fmt: skip
     q, norm, keep = _in_loss(q, conv, norm)
     rows = update_rows(

@@ -24,14 +24,16 @@ aggregations are separate stages), so a caller can aggregate one per-token loss 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from refppo.agg_conventions import ClipfracAgg
 from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
-from refppo.core.aggregate import aggregate_masked
+from refppo.core.aggregate import aggregate_masked, prompt_mean_masked
 from refppo.core.by_rows import (
     entropy_bonus_by_rows,
     kl_loss_by_rows,
@@ -40,6 +42,7 @@ from refppo.core.by_rows import (
 )
 from refppo.core.checks import check_mask
 from refppo.core.cispo import cispo_policy_loss
+from refppo.core.clipfrac_rows import clipfrac_row_mean
 from refppo.core.gspo import gspo_policy_token_loss, gspo_ratio
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import (
@@ -52,7 +55,7 @@ from refppo.core.policy import (
 from refppo.core.value import value_token_loss
 from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
-from refppo.pipeline.needs import kl_loss_needs, require_input
+from refppo.pipeline.needs import kl_loss_needs, refuse_prompt_mean, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
 
 Q = Mapping[str, Any]
@@ -156,30 +159,47 @@ def policy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dic
         q["logprobs"], q["old_logprobs"], q["advantages"], q["mask"], hp=hp, conv=conv, rows=ev.rows,
         keep_ratio=ev.keep_ratio,
     )  # fmt: skip
+    clipfrac = t.clipfrac
+    if conv.policy.clipfrac_agg is ClipfracAgg.ROW_MEAN:  # vanilla only (the Convention refuses the others)
+        clipfrac = clipfrac_row_mean(
+            q["logprobs"], q["old_logprobs"], q["advantages"], q["mask"], clip_low=hp.cliprange,
+            clip_high=hp.cliprange_high, log_ratio_clamp=conv.policy.log_ratio_clamp,
+        )  # fmt: skip
     return {
         "pg_per_token": weighted(t.per_token, q.get("is_weights")),
         "ratio": t.ratio,
-        "pg_clipfrac": t.clipfrac,
+        "pg_clipfrac": clipfrac,
         "pg_clipfrac_lower": t.clipfrac_lower,
         "pg_approx_kl": t.approx_kl,
     }
 
 
 def aggregate(
-    per_token: Tensor, mask: Tensor, agg: LossAgg, hp: Hyperparams, ev: Evaluation, *, value: bool = False
+    per_token: Tensor,
+    mask: Tensor,
+    agg: LossAgg,
+    hp: Hyperparams,
+    ev: Evaluation,
+    *,
+    value: bool = False,
+    groups: Tensor | None = None,
+    key: str = "loss_agg",
 ) -> Tensor:
     """``agg(ℓ)`` over ``mask`` with the step's normalisers (``value``: the value term's token count)
-    and ``hp.horizon`` (:func:`refppo.core.aggregate.aggregate_masked`; ``ℓ`` is 0 on padding)."""
+    and ``hp.horizon`` (:func:`refppo.core.aggregate.aggregate_masked`; ``ℓ`` is 0 on padding);
+    ``groups``: ``group_index``, read by ``prompt-mean``."""
     norm = ev.norm.kwargs(hp.horizon, value=value)
-    if ev.rows is not None:
-        with torch.no_grad():
-            return aggregate_masked(per_token, mask, agg, **norm)
-    return aggregate_masked(per_token, mask, agg, **norm)
+    prompts = ev.norm.prompts(agg, groups, key)
+    with torch.no_grad() if ev.rows is not None else contextlib.nullcontext():
+        if prompts is not None:
+            return prompt_mean_masked(per_token, mask, prompts)
+        return aggregate_masked(per_token, mask, agg, **norm)
 
 
 def policy_agg_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """``pg_loss = loss_agg(ℓ)``."""
-    return {"pg_loss": aggregate(q["pg_per_token"], q["mask"], conv.agg.loss, hp, ev)}
+    groups = q.get("group_index")
+    return {"pg_loss": aggregate(q["pg_per_token"], q["mask"], conv.agg.loss, hp, ev, groups=groups)}
 
 
 def approx_kl_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
@@ -221,6 +241,7 @@ def value_agg_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> 
     per_token = q["vf_per_token"]
     if per_token is None:
         return {"vf_loss": torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)}
+    refuse_prompt_mean(conv, "value", "value_loss_agg")
     return {"vf_loss": aggregate(per_token, q["vf_loss_mask"], conv.agg.of("value"), hp, ev, value=True)}
 
 
@@ -231,6 +252,11 @@ def entropy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
         return {"entropy_loss": torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)}
     norm = ev.norm.kwargs(hp.horizon)
     agg = conv.agg.of("entropy")
+    if agg is LossAgg.PROMPT_MEAN:
+        groups = q.get("group_index")
+        zero = torch.zeros((), dtype=entropy.dtype, device=entropy.device)
+        lm = torch.where(check_mask("mask", m), entropy, zero)
+        return {"entropy_loss": aggregate(lm, m, agg, hp, ev, groups=groups, key="entropy_agg")}
     if ev.rows is None:
         return {"entropy_loss": entropy_bonus(entropy, m, agg, **norm)}
     return {"entropy_loss": entropy_bonus_by_rows(ev.rows, entropy, m, agg, **norm)}
@@ -243,6 +269,7 @@ def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
     :func:`refppo.pipeline.needs.kl_loss_needs`)."""
     if not conv.kl.placement.in_loss:
         return {"kl_loss": torch.zeros((), dtype=q["logprobs"].dtype, device=q["logprobs"].device)}
+    refuse_prompt_mean(conv, "kl", "kl_loss_agg")
     ref = q.get("ref_logprobs")
     if ref is None:
         require_input(q, "ref_logprobs", "kl_loss", kl_loss_needs(conv, hp))
@@ -263,6 +290,7 @@ def kl_metric_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> 
     agg = conv.agg.of("kl_metric")
     if not conv.kl.placement.in_loss or term is None or agg is conv.agg.of("kl"):
         return {"kl_metric": term}
+    refuse_prompt_mean(conv, "kl_metric", "kl_metric_agg")
     k, norm = conv.kl, ev.norm.kwargs(hp.horizon)
     args = (q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, agg)
     kw: dict[str, Any] = {"log_ratio_clamp": k.log_ratio_clamp, "value_clamp": k.value_clamp, **norm}

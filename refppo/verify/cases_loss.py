@@ -14,7 +14,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
+from refppo.core import clipfrac_rows as clipfrac_mod
 from refppo.core.policy import PolicyLossNaive, PolicyTokenLoss
 from refppo.verify.batches import Batch, Case, Pair
 
@@ -61,7 +63,7 @@ def _case_policy(b: Batch, dev: torch.device) -> list[Pair]:
     adv = b.floats(-2.0, 2.0)
     out: list[Pair] = []
     for dual in (None, 3.0):
-        for agg in LossAgg:
+        for agg in MASK_AGGS:
             res = policy_mod.clipped_policy_loss(
                 lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev), clip_low=0.2, dual_clip=dual, agg=agg
             )
@@ -117,7 +119,7 @@ def _case_aggregate(b: Batch, dev: torch.device) -> list[Pair]:
     x = b.floats(-3.0, 3.0)
     out: list[Pair] = []
     norms = {"token_count": 97.0, "seq_count": 13.0, "horizon": 40.0}
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         xd, md = x.to(dev), b.mask.to(dev)
         out.append(
             (
@@ -143,7 +145,7 @@ def _case_aggregate_masked(b: Batch, dev: torch.device) -> list[Pair]:
     x = torch.where(b.mask, b.floats(-3.0, 3.0), torch.zeros((), dtype=b.dtype))
     norms = {"token_count": 97.0, "seq_count": 13.0, "horizon": 40.0}
     out: list[Pair] = []
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         for tag, kw in (("", {}), ("(global counts)", norms)):
             vec = aggregate_mod.aggregate_masked(x.to(dev), b.mask.to(dev), agg, **kw)
             out.append(
@@ -163,6 +165,24 @@ def _case_prompt_mean(b: Batch, dev: torch.device) -> list[Pair]:
         out.append(
             (f"prompt_mean{tag}", vec, aggregate_mod.prompt_mean_loss_naive(x, b.mask, groups, **kw), None)
         )
+    table = tuple((int(g), 2.0 + int(g)) for g in torch.unique(groups))  # a split step's N_p by prompt
+    for tag, pr in (("", None), ("(split table)", table)):
+        lm = torch.where(b.mask, x, torch.zeros((), dtype=x.dtype)).to(dev)
+        vec = aggregate_mod.prompt_mean_masked(lm, b.mask.to(dev), aggregate_mod.Prompts(groups.to(dev), pr))
+        naive = aggregate_mod.prompt_mean_naive(x, b.mask, aggregate_mod.Prompts(groups, pr))
+        out.append((f"loss_agg=prompt-mean{tag}", vec, naive, None))
+    return out
+
+
+def _case_clipfrac_row_mean(b: Batch, dev: torch.device) -> list[Pair]:
+    """:func:`clipfrac_row_mean` (``clipfrac_agg=row-mean``), with and without ε_high and κ."""
+    old = b.floats(-3.0, -0.1)
+    lp, adv = old + b.floats(-0.4, 0.4), b.floats(-2.0, 2.0)
+    out: list[Pair] = []
+    for tag, kw in (("", {}), ("(eps_high, clamp)", {"clip_high": 0.3, "log_ratio_clamp": 0.3})):
+        vec = clipfrac_mod.clipfrac_row_mean(lp.to(dev), old.to(dev), adv.to(dev), b.mask.to(dev), **kw)
+        naive = torch.tensor(clipfrac_mod.clipfrac_row_mean_naive(lp, old, adv, b.mask, **kw), dtype=lp.dtype)
+        out.append((f"clipfrac_row_mean{tag}", vec, naive, None))
     return out
 
 
@@ -175,7 +195,7 @@ def _case_entropy_bonus(b: Batch, dev: torch.device) -> list[Pair]:
             objective_mod.entropy_bonus_naive(ent, b.mask, agg),
             None,
         )
-        for agg in LossAgg
+        for agg in MASK_AGGS
     ]
 
 
@@ -205,7 +225,7 @@ def _case_gspo(b: Batch, dev: torch.device) -> list[Pair]:
     lp = torch.where(b.mask, lp_old + b.floats(-0.6, 0.6), lp_old)
     adv = b.floats(-2.0, 2.0)
     out: list[Pair] = []
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         args = (lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev))
         res = gspo_mod.gspo_policy_loss(*args, clip_high=0.28, agg=agg, log_ratio_max=10.0)
         nv = gspo_mod.gspo_policy_loss_naive(
@@ -358,6 +378,7 @@ LOSS_CASES: dict[str, Case] = {
     "aggregate_loss": _case_aggregate,
     "aggregate_masked": _case_aggregate_masked,
     "prompt_mean_loss": _case_prompt_mean,
+    "clipfrac_row_mean": _case_clipfrac_row_mean,
     "entropy_bonus": _case_entropy_bonus,
     "kl_loss": _case_kl_loss,
     "total_loss": _case_total_loss,

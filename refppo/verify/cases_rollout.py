@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from refppo.conventions import LossAgg
+from refppo.agg_conventions import MASK_AGGS
 from refppo.verify.batches import Batch, Case, Pair
 
 rc_mod = importlib.import_module("refppo.core.rollout_correction")
@@ -125,7 +125,7 @@ def _case_corrected_policy_loss(b: Batch, dev: torch.device) -> list[Pair]:
         )
     )
     out: list[Pair] = []
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         for rejected, keep in (("zero", keep_w), ("drop", gate)):
             kw = {"keep": keep, "rejected": rejected, "norms": rl_mod.Norms(agg=agg)}
             kw["clip"] = rl_mod.PolicyClip(clip_high=0.28, dual_clip=3.0)
@@ -165,7 +165,7 @@ def _case_cispo(b: Batch, dev: torch.device) -> list[Pair]:
     cur, prox, _, adv = rollout_inputs(b)
     eps_lo, eps_hi = 1 - math.exp(-10.5 / 64), math.exp(12.5 / 64) - 1
     out: list[Pair] = []
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         for clip_low, kappa in ((eps_lo, None), (None, 0.25)):
             kw = {
                 "clip_low": clip_low,
@@ -191,7 +191,7 @@ def _case_weighted_logprob_loss(b: Batch, dev: torch.device) -> list[Pair]:
     # verl bypass: π_θ/π^beh, truncated (from the naive twin: is_weights has its own case)
     w = torch.tensor(rc_mod.is_weights_naive(cur, beh, b.mask, high=HI)[0], dtype=b.dtype)
     out: list[Pair] = []
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         norms = rl_mod.Norms(agg=agg)
         loss, per_token = cispo_mod.weighted_logprob_loss(
             cur.to(dev), w.to(dev), adv.to(dev), b.mask.to(dev), norms=norms

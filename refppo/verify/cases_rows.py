@@ -16,6 +16,7 @@ import importlib
 import torch
 from torch import Tensor
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
 from refppo.verify.batches import Batch, Case, Pair
 from refppo.verify.cases_loss import token_loss_pairs
@@ -45,7 +46,7 @@ def _case_policy_by_rows(b: Batch, dev: torch.device) -> list[Pair]:
     args = (lp.to(dev), lp_old.to(dev), adv.to(dev), b.mask.to(dev))
     out: list[Pair] = []
     for gspo, dual in ((False, None), (False, 3.0), (True, None)):
-        for agg in LossAgg:
+        for agg in MASK_AGGS:
             if gspo:
                 res = by_rows_mod.policy_loss_by_rows(ROWS, *args, gspo=True, clip_high=0.28, agg=agg)
                 nv = gspo_mod.gspo_policy_loss_naive(lp, lp_old, adv, b.mask, clip_high=0.28, agg=agg)
@@ -135,7 +136,7 @@ def _case_entropy_kl_by_rows(b: Batch, dev: torch.device) -> list[Pair]:
             objective_mod.entropy_bonus_naive(ent, b.mask, agg),
             None,
         )
-        for agg in LossAgg
+        for agg in MASK_AGGS
     ]
     agg = LossAgg.SEQ_MEAN_TOKEN_MEAN
     for est in KLEstimator:

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import Ragged, assert_exactly_equal, assert_twin_close, ragged_batches
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import LossAgg
 from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
 from refppo.core.policy import clipped_policy_loss
@@ -15,7 +16,7 @@ from refppo.core.value import value_loss
 
 pytestmark = pytest.mark.property
 
-aggs = st.sampled_from(list(LossAgg))
+aggs = st.sampled_from(list(MASK_AGGS))
 
 
 @given(ragged_batches(), aggs, st.booleans())

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from strategies import Ragged, assert_grad_close, ragged_batches
 from torch import Tensor
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition, ValueClipForm, ValueLoss
 from refppo.core.grad import kl_loss_grad_naive, policy_grad_naive, value_grad_naive
 from refppo.core.kl import LogRatioClamp
@@ -38,7 +39,7 @@ from refppo.pipeline.step import update_quantities
 
 pytestmark = pytest.mark.property
 
-aggs = st.sampled_from(list(LossAgg))
+aggs = st.sampled_from(list(MASK_AGGS))
 clip_ranges = st.sampled_from([(0.2, None), (0.1, 0.3), (0.28, 0.2), (0.0, None), (0.2, 0.0), (0.0, 0.3)])
 duals = st.sampled_from([None, 3.0, 1.5, 2.0])
 kappas = st.sampled_from([None, 0.5, 0.25, 20.0])

@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import Ragged, assert_exactly_equal, assert_grad_close, assert_twin_close, ragged_batches
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import LossAgg
 from refppo.core.gspo import gspo_policy_grad_naive, gspo_policy_loss, gspo_policy_loss_naive
 from refppo.pipeline.blocks import Normalisers
@@ -29,7 +30,7 @@ from refppo.pipeline.step import update_quantities
 
 pytestmark = pytest.mark.property
 
-aggs = st.sampled_from(list(LossAgg))
+aggs = st.sampled_from(list(MASK_AGGS))
 clip_ranges = st.sampled_from([(0.2, None), (0.2, 0.28), (0.0, None), (0.2, 0.0), (0.0, 0.3)])
 kappas = st.sampled_from([None, 0.25, 10.0])
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from strategies import Ragged, assert_twin_close, ragged_batches
 from torch import Tensor
 
-from refppo.conventions import GaeHoles, LossAgg
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import GaeHoles
 from refppo.core.aggregate import aggregate_loss, aggregate_loss_naive
 from refppo.core.gae import envelope, gae, gae_naive
 from refppo.core.kl import token_kl, token_kl_naive
@@ -116,7 +117,7 @@ def test_whitening_over_a_holed_mask_uses_the_valid_tokens_only(b: Ragged, kind:
     assert torch.equal(normalize(junk, m, kind, eps=1e-6), got)
 
 
-@given(ragged_batches(max_B=8, max_T=32), st.sampled_from(tuple(a.value for a in LossAgg)))
+@given(ragged_batches(max_B=8, max_T=32), st.sampled_from(tuple(a.value for a in MASK_AGGS)))
 def test_loss_aggregation_over_a_holed_mask_matches_naive(b: Ragged, agg: str) -> None:
     m = holed_mask(b)
     x = torch.where(m, b.floats(-2.0, 2.0), float("nan"))  # NaN on every hole and pad

@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import Ragged, assert_exactly_equal, assert_grad_close, assert_twin_close, ragged_batches
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import LossAgg
 from refppo.core.aggregate import agg_weights_naive
 from refppo.core.cispo import (
@@ -48,7 +49,7 @@ from refppo.rollout_conventions import ISLevel, ISMode, Rejected
 pytestmark = pytest.mark.property
 
 F64 = torch.float64
-aggs = st.sampled_from(list(LossAgg))
+aggs = st.sampled_from(list(MASK_AGGS))
 clips = st.sampled_from([PolicyClip(), PolicyClip(0.2, 0.28, 3.0, None), PolicyClip(0.1, 0.3, None, 0.5)])
 rejecteds = st.sampled_from(list(Rejected))
 

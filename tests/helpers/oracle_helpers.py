@@ -18,8 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, PolicyLoss
+from refppo.agg_conventions import ClipfracAgg
+from refppo.conventions import KLPlacement, LossAgg, PolicyLoss
+from refppo.core.aggregate import Prompts, prompt_mean_naive
 from refppo.core.cispo import cispo_policy_loss_naive
+from refppo.core.clipfrac_rows import clipfrac_row_mean_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.kl import token_kl_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
@@ -149,19 +152,26 @@ def naive_outputs(
     ent = None
     if "entropy" in t:
         agg = f("loss_agg") if f("entropy_agg") is None else f("entropy_agg")
-        ent = out["entropy_loss"] = float(entropy_bonus_naive(t["entropy"], mask, agg, **norm))
+        if agg is LossAgg.PROMPT_MEAN:  # the prompts of group_index (refppo.core.aggregate)
+            ent = out["entropy_loss"] = float(
+                prompt_mean_naive(t["entropy"], mask, Prompts(t["group_index"]))
+            )
+        else:
+            ent = out["entropy_loss"] = float(entropy_bonus_naive(t["entropy"], mask, agg, **norm))
     if "logprobs" not in t:
         return {k: torch.as_tensor(v, dtype=torch.float64).to(dtype) for k, v in out.items()}
     lp, old = t["logprobs"], t["old_logprobs"]
+    prompt_mean = f("loss_agg") is LossAgg.PROMPT_MEAN  # ℓ summed here, then by prompt below
+    pagg = LossAgg.TOKEN_SUM if prompt_mean else f("loss_agg")
     if f("policy_loss") is PolicyLoss.GSPO:
         pg = gspo_policy_loss_naive(
             lp, old, rq.advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
-            agg=f("loss_agg"), log_ratio_max=f("log_ratio_clamp"), **norm,
+            agg=pagg, log_ratio_max=f("log_ratio_clamp"), **norm,
         )  # fmt: skip
     else:
         pg = clipped_policy_loss_naive(
             lp, old, rq.advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
-            dual_clip=f("dual_clip"), agg=f("loss_agg"), log_ratio_clamp=f("log_ratio_clamp"), **norm,
+            dual_clip=f("dual_clip"), agg=pagg, log_ratio_clamp=f("log_ratio_clamp"), **norm,
         )  # fmt: skip
     if f("policy_loss") is PolicyLoss.CISPO:  # the core's CISPO twin, times w' when corrected
         pg = _cispo_naive(t, rq.advantages, mask, setup)
@@ -169,8 +179,17 @@ def naive_outputs(
         conv.rollout.on or conv.gate.on
     ):  # ℓ_t ← w'_t·ℓ_t: the core's corrected surrogate on the naive weights
         pg = _corrected_naive(t, rq.advantages, mask, setup)
+    pg_loss, pg_clipfrac = pg.loss, pg.clipfrac
+    if prompt_mean:
+        per_token = torch.tensor(pg.per_token, dtype=torch.float64)
+        pg_loss = float(prompt_mean_naive(per_token, mask, Prompts(t["group_index"])))
+    if f("clipfrac_agg") is ClipfracAgg.ROW_MEAN:  # oat's clip fraction: a mean of row means
+        pg_clipfrac = clipfrac_row_mean_naive(
+            lp, old, rq.advantages, mask, clip_low=hp.cliprange, clip_high=hp.cliprange_high,
+            log_ratio_clamp=f("log_ratio_clamp"),
+        )  # fmt: skip
     out.update(
-        pg_loss=pg.loss, pg_clipfrac=pg.clipfrac, approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t)
+        pg_loss=pg_loss, pg_clipfrac=pg_clipfrac, approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t)
     )
     kll = None
     if f("kl_in") in (KLPlacement.LOSS, KLPlacement.BOTH):
@@ -181,7 +200,7 @@ def naive_outputs(
     if critic or "old_values" not in t:
         vf_loss = float(out["vf_loss"]) if critic else None
         out["loss"] = total_loss_naive(
-            pg.loss, vf_loss, ent, kll, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
+            pg_loss, vf_loss, ent, kll, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
             kl_coef=hp.kl_coef if f("kl_in") in (KLPlacement.LOSS, KLPlacement.BOTH) else 0.0,
         )  # fmt: skip
     return {k: torch.as_tensor(v, dtype=torch.float64).to(dtype) for k, v in out.items()}

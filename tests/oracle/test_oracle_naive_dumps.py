@@ -25,6 +25,8 @@ from refppo.pipeline.settings import enum_keys
 
 LACKING = {("advantage", AdvantageEstimator.REINFORCE_PP.value), ("group_kl", GroupKL.TO_GO.value)}
 """(key, value) pairs with no naive twin (``refppo/pipeline/naive.py``'s supported subset)."""
+REFUSED = {(k, "prompt-mean") for k in ("value_loss_agg", "kl_loss_agg", "kl_metric_agg")}
+"""(key, value) pairs the Convention refuses (prompt-mean is the policy's and entropy's only)."""
 GROUP_KEYS = ("group_std", "group_std_level", "group_eps", "group_singleton", "group_kl")
 HOLE_KEYS = ("gae_holes", "whiten_holes")
 
@@ -36,7 +38,7 @@ def _enum_cases() -> list[tuple[str, Any]]:
         (key, m.value)
         for key, enum in enum_keys().items()
         for m in enum.__members__.values()
-        if (key, m.value) not in LACKING
+        if (key, m.value) not in LACKING | REFUSED
     ]
 
 
@@ -73,6 +75,9 @@ def inputs_and_conv(key: str, value: Any) -> tuple[dict[str, torch.Tensor], dict
         # a lone prompt (group 3) where the convention says what it gets, whole groups otherwise
         lone = key == "group_singleton" and value != "error"
         x["group_index"] = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3 if lone else 2])
+    if value == "prompt-mean":  # loss_agg / entropy_agg: the prompts, the value term another mode
+        x["group_index"] = torch.tensor([4, 1, 4, 2, 1, 4, 2, 2])
+        conv["value_loss_agg"] = "token-mean"
     if key in HOLE_KEYS:
         x = holed(x)
     if key.startswith("rollout_is"):  # the correction on, with the behaviour log-probs it reads
@@ -107,6 +112,12 @@ def test_every_enum_member_is_a_case() -> None:
     assert ("advantage", "flash-reinforce") in CASES and ("loss_agg", "token-sum") in CASES
     assert ("approx_kl", "neg_k1") in CASES and ("vf_mask", "response") in CASES
     assert ("advantage", "reinforce++") not in CASES
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(REFUSED))
+def test_the_convention_refuses_prompt_mean_off_the_policy(key: str, value: str) -> None:
+    with pytest.raises(ConventionError, match=f"^{key}=prompt-mean is not supported"):
+        setup_for(None, {key: value})
 
 
 @pytest.mark.parametrize(("key", "value"), sorted(LACKING))

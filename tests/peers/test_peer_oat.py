@@ -9,7 +9,9 @@ the KL loss. Each dump must match under ``--preset oat`` plus its ``--set`` keys
 bounded by :data:`MAX_ERR`), its control (one key flipped) and, where ``tis_c`` is on, a wrong cap
 (``tis_c + 1``) must mismatch, and ``--detect`` from refppo's defaults must list an entry with the
 generating values of :data:`FAMILY`. oat's logged ``pg_loss`` (``infos``, kept in ``NAME.facts.json``)
-carries the KL term when ``beta > 0``, and a dump holding it mismatches at ``pg_loss``. The preset's
+carries the KL term when ``beta > 0``, and a dump holding it mismatches at ``pg_loss``; its logged
+``pg_clipfrac`` (also in ``NAME.facts.json``) matches under ``clipfrac_agg=row-mean`` and not under
+``token-mean``. The preset's
 defaults are read back from the installed ``PPOArgs``/``OATArgs``. Skipped, with the reason,
 without ``$REFPPO_PEERS_ROOT/oat``.
 """
@@ -136,6 +138,28 @@ def test_oats_logged_pg_loss_carries_the_kl_term(
     )
     res = check(raw, expected, explain_divergence=False)
     assert not res.match and res.first_divergence == "pg_loss", res.first_divergence
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_oats_logged_clip_fraction_is_a_row_mean(
+    made: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """oat's ``infos["pg_clipfrac"]`` (kept in ``NAME.facts.json``) as the dump's ``pg_clipfrac``:
+    matches under ``--preset oat`` (``clipfrac_agg=row-mean``); the control ``token-mean`` mismatches
+    there first."""
+    dump, expected, _, _ = _setups(made, name, monkeypatch)
+    logged = json.loads((made / f"oat_{name}.facts.json").read_text())["logged_pg_clipfrac"]
+    t = dump.tensors
+    cf = torch.tensor(logged, dtype=t["pg_loss"].dtype)
+    with_cf = validate(dump.path, {**t, "pg_clipfrac": cf})  # the sidecar beside it (the step keys too)
+    res = check(with_cf, expected, explain_divergence=False)
+    assert res.match and "pg_clipfrac" in res.quantities, (name, res.first_divergence)
+    print(
+        f"oat_{name}: pg_clipfrac {logged:.6f}, max abs error {res.quantities['pg_clipfrac'].max_abs_err:.2e}"
+    )
+    assert res.quantities["pg_clipfrac"].max_abs_err < MAX_ERR
+    control = check(with_cf, _flip(expected, {"clipfrac_agg": "token-mean"}), explain_divergence=False)
+    assert not control.match and control.first_divergence == "pg_clipfrac", (name, control.first_divergence)
 
 
 def _v1(dump: Dump) -> Dump:

@@ -5,7 +5,9 @@ The maker (``tools/peers/makers/skyrl_prompt_mean.py``) runs SkyRL's
 ``apply_loss_reduction_to_advantages_minibatch(prompt_mean)`` then its ``ppo_policy_loss`` on four
 prompts of 3, 2, 4 and 1 ragged rows, and records the loss and its gradient. refppo: the per-token
 clipped loss of the core (:func:`refppo.core.policy.clipped_policy_token_loss`) aggregated by
-``prompt_mean_loss``; controls: ``token-mean`` and ``seq-mean-token-mean`` must mismatch.
+``prompt_mean_loss``; controls: ``token-mean`` and ``seq-mean-token-mean`` must mismatch. The same
+dump through the pipeline under ``loss_agg=prompt-mean`` (the dump's groups as ``group_index``):
+``pg_loss`` and its gradient match; under ``loss_agg=seq-mean-token-mean`` (the control) they do not.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import torch
 from _peers import REPO, TOOLS, require
 
 from refppo.core.aggregate import aggregate_loss, prompt_mean_loss
 from refppo.core.policy import clipped_policy_token_loss
+from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.pipeline.step import update_grads, update_inputs, update_quantities
 
 
 def test_prompt_mean_reproduces_skyrl_0_4_0(tmp_path: Path) -> None:
@@ -48,3 +53,30 @@ def test_prompt_mean_reproduces_skyrl_0_4_0(tmp_path: Path) -> None:
     for control in ("token-mean", "seq-mean-token-mean"):
         other = float(aggregate_loss(per_token.detach(), m, control))
         assert abs(other - peer_loss) > 1e-3, control
+
+    _pipeline_matches(doc, lp.detach(), old, adv, m, groups)
+
+
+def _pipeline_matches(
+    doc: dict[str, Any],
+    lp: torch.Tensor,
+    old: torch.Tensor,
+    adv: torch.Tensor,
+    m: torch.Tensor,
+    g: torch.Tensor,
+) -> None:
+    """The pipeline under ``loss_agg=prompt-mean`` reproduces the peer's loss and gradient; under the
+    control ``seq-mean-token-mean`` it does not."""
+    zeros = torch.zeros_like(lp)
+    x = {"logprobs": lp, "values": zeros, "old_logprobs": old, "old_values": zeros, "advantages": adv,
+         "returns": zeros, "mask": m}  # fmt: skip
+    hp = Hyperparams(cliprange=doc["cliprange"], cliprange_high=doc["cliprange_high"])
+    peer_loss, peer_grad = doc["pg_loss"], torch.tensor(doc["grad_logprobs"], dtype=torch.float32)
+    errs: dict[str, tuple[float, float]] = {}
+    for agg in ("prompt-mean", "seq-mean-token-mean"):
+        conv = Convention.of(loss_agg=agg, value_loss_agg="token-mean")
+        pg = update_quantities(**x, group_index=g, hp=hp, conv=conv).pg_loss
+        grad = update_grads(update_inputs(**x, group_index=g), hp=hp, conv=conv, objective="pg_loss")
+        errs[agg] = (abs(float(pg) - peer_loss), float((grad["grad_logprobs"] - peer_grad).abs().max()))
+    assert errs["prompt-mean"][0] <= 1e-6 and errs["prompt-mean"][1] <= 1e-7, errs
+    assert errs["seq-mean-token-mean"][0] > 1e-3 and errs["seq-mean-token-mean"][1] > 1e-4, errs

@@ -12,13 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refppo.conventions import LossAgg
+from refppo.agg_conventions import MASK_AGGS
 from refppo.core.objective import kl_loss
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.stages import BY_NAME
 
-AGGS = [a.value for a in LossAgg]
+AGGS = [a.value for a in MASK_AGGS]
 HP = Hyperparams(kl_coef=0.1, horizon=12.0)
 
 

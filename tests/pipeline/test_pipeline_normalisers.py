@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import KLEstimator, KLPlacement, LossAgg, ScorePosition
 from refppo.core.kl import token_kl
 from refppo.core.normalize import normalize
@@ -109,7 +110,8 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-12 * max(1.0, abs(b))
 
 
-@pytest.mark.parametrize("agg", list(LossAgg))
+# prompt-mean's split (a table of N_p by prompt): tests/pipeline/test_prompt_mean_agg.py
+@pytest.mark.parametrize("agg", list(MASK_AGGS))
 def test_update_quantities_passes_the_global_normalisers_to_every_term(agg: LossAgg) -> None:
     x = _batch()
     conv = Convention.of(

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle_helpers import make_inputs, setup_for
 
-from refppo.conventions import KLEstimator, LossAgg
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import KLEstimator
 from refppo.core.by_rows import (
     entropy_bonus_by_rows,
     kl_loss_by_rows,
@@ -33,7 +34,7 @@ from refppo.pipeline.step import UpdateQuantities, rollout_quantities, update_qu
 
 pytestmark = pytest.mark.property
 
-AGGS = [a.value for a in LossAgg]
+AGGS = [a.value for a in MASK_AGGS]
 NORMS: list[dict[str, float]] = [{}, {"token_count": 37.0, "seq_count": 5.0, "horizon": 11.0}]
 
 

@@ -5,7 +5,7 @@ import each other, directly or through others (a circle), counting imports insid
 The layers (also in spec/README.md, "Layout")::
 
     0  refppo.errors < refppo.{types,atomic,cpu_numerics}
-       < refppo.{conventions,rollout_conventions,group_conventions,loss_conventions}
+       < refppo.{conventions,rollout_conventions,group_conventions} < refppo.agg_conventions
     1  refppo.core               the pure steps, their naive twins and input checks
     2  refppo.pipeline           one PPO step composed from the core (and its naive twin)
     2  refppo.models             model roles, read-outs, rollout, their naive twins
@@ -42,7 +42,7 @@ LAYERS: dict[str, float] = {
     "refppo.conventions": 0.2,
     "refppo.rollout_conventions": 0.2,
     "refppo.group_conventions": 0.2,
-    "refppo.loss_conventions": 0.2,
+    "refppo.agg_conventions": 0.25,
     "refppo.core": 1,
     "refppo.pipeline": 2,
     "refppo.models": 2,

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.capture.recorder import StepRecorder
 from refppo.conventions import LossAgg
 from refppo.core.aggregate import aggregate_loss
@@ -52,7 +53,7 @@ BUGS: tuple[str, ...] = (
     "padding_leak",  # rank 1, micro-batch 0: the first padded slot of each row joins the masks
 )
 CASES: tuple[tuple[str, str, str | None], ...] = (
-    *((f"ok-{agg.value}", agg.value, None) for agg in LossAgg),
+    *((f"ok-{agg.value}", agg.value, None) for agg in MASK_AGGS),
     *((bug, "seq-mean-token-mean" if bug == "seq_count_per_micro" else "token-mean", bug) for bug in BUGS),
 )
 """``(name, loss_agg, bug)``: every aggregation mode done right, then each bug on its own."""

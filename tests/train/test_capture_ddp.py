@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _capture_trainer as ct  # the worker script beside this test
 import test_ddp as ddp  # the shared spawn/teardown helper
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import LossAgg
 from refppo.oracle.cli import main as refppo_diff
 from refppo.pipeline.settings import Convention
@@ -105,7 +106,7 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max())
 
 
-@pytest.mark.parametrize("agg", [a.value for a in LossAgg])
+@pytest.mark.parametrize("agg", [a.value for a in MASK_AGGS])
 def test_capture_ddp_correct_step_matches(dumps: Path, agg: str) -> None:
     d = _load(dumps, f"ok-{agg}", None)
     ref = _reference(agg)

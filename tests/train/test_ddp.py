@@ -42,6 +42,7 @@ import pytest
 import torch
 from torch import nn
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import LossAgg, ScorePosition, Variance, Whitening
 from refppo.models.batch import SequenceBatch
 from refppo.models.roles import make_reference
@@ -263,7 +264,7 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
         return t
 
     results = {}
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         conv = Convention.of(loss_agg=agg)
         q = _quantities(scored, conv)  # whole batch, then split (per-shard + hook: whitening test)
         actor, critic = copy.deepcopy(actor0), copy.deepcopy(critic0)
@@ -296,7 +297,7 @@ def test_ddp_update_equals_single_process_for_every_loss_agg(tmp_path: Path) -> 
     per_rank = [mask[_rows(r)].reshape(N_MB, MB // WORLD, -1).sum((1, 2)) for r in range(WORLD)]
     assert any(int(a) != int(b) for a, b in zip(*per_rank, strict=True)), per_rank
     init = _params(actor0, critic0)
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         conv = Convention.of(loss_agg=agg)
         actor, critic = copy.deepcopy(actor0), copy.deepcopy(critic0)
         _update(

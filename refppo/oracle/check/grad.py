@@ -74,6 +74,8 @@ class UpdateInputs:
     """The behaviour log-probs (read by the rollout correction only when it is on)."""
     truncated: Tensor | None = None
     """[B] rows out of the loss under ``truncated_rows`` ≠ ``keep`` (:mod:`refppo.pipeline.loss_rows`)."""
+    group_index: Tensor | None = None
+    """The prompt of each row ``[B]`` (read by ``loss_agg=prompt-mean`` only)."""
 
     def take(self, rows: Tensor) -> UpdateInputs:
         """The same inputs restricted to ``rows`` (an index tensor)."""
@@ -102,6 +104,7 @@ def pipeline_grads(
         advantages=inp.advantages, returns=inp.returns, mask=inp.mask, value_mask_=inp.value_mask,
         ref_logprobs=inp.ref_logprobs, entropy=inp.entropy, rollout_logprobs=inp.rollout_logprobs,
         truncated=inp.truncated,
+        group_index=inp.group_index,
     )  # fmt: skip
     return update_grads(q, hp=setup.hp, conv=setup.conv, norm=norm, objective=objective, stages=stages)
 

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import KLEstimator, LossAgg
 from refppo.dump.load import Dump
 from refppo.dump.tolerances import TOLERANCES
@@ -236,7 +237,7 @@ def _factor_hypotheses(dump: Dump, ref: Grads) -> list[Hypothesis]:
 def _convention_hypotheses(setup: Setup, inp: UpdateInputs, ref: Grads) -> list[Hypothesis]:
     """Another aggregation, padding counted, the clip not in the gradient, A not detached, KL estimator."""
     out: list[Hypothesis] = []
-    for agg in LossAgg:
+    for agg in MASK_AGGS:
         if agg is not setup.conv.agg.loss:
             alt = setup.with_convention({"loss_agg": agg})
             out.append((f"loss_agg={agg.value}", f"the aggregation loss_agg={agg.value}", _grads(inp, alt)))

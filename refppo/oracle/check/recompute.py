@@ -164,7 +164,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None
         logprobs=logprobs, values=values, old_logprobs=old_lp, old_values=t.get("old_values"),
         advantages=adv, returns=returns, mask=m, value_mask_=vf_mask, ref_logprobs=t.get("ref_logprobs"),
         entropy=t.get("entropy"), rollout_logprobs=t.get("rollout_logprobs"), truncated=t.get("truncated"),
-        hp=hp, conv=conv, stages=stages,
+        group_index=t.get("group_index"), hp=hp, conv=conv, stages=stages,
     )  # fmt: skip
     widen: dict[str, Callable[[], float]] = {}
     if "logprobs" in t:
@@ -223,7 +223,7 @@ def _update_inputs(
     entropy = t.get("entropy")
     inp = UpdateInputs(
         logprobs, v_in, old_lp, ov_in, adv, returns, m, vf_mask, t.get("ref_logprobs"), entropy,
-        t.get("rollout_logprobs"), t.get("truncated"),
+        t.get("rollout_logprobs"), t.get("truncated"), t.get("group_index"),
     )  # fmt: skip
     return inp, grad_setup
 

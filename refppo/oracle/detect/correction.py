@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import LossAgg
+from refppo.agg_conventions import MASK_AGGS
 from refppo.errors import RefPPOError
 from refppo.oracle.detect.correction_grad import (
     interval_note,
@@ -230,7 +230,7 @@ def solve_caps(
         q = {"logprobs": t["logprobs"], "old_logprobs": t["old_logprobs"], "advantages": st.adv, "mask": m}
         for dual in dict.fromkeys([s.base.conv.policy.dual_clip, None, NAMED_DUAL]):
             plain = s.evaluate("policy", q, s.setting(dual_clip=dual))["pg_per_token"][m].double()
-            for agg_mode in LossAgg:
+            for agg_mode in MASK_AGGS:
                 c = agg_w(agg_mode, st.adv.dtype)[m].double() * plain
                 for fam, w in raws.items():
                     trunc = _truncate_caps(w, c, target, lows, highs)

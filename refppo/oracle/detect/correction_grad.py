@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from refppo.conventions import LossAgg
+from refppo.agg_conventions import MASK_AGGS
 from refppo.oracle.detect.grad_fit import GradFit
 from refppo.oracle.detect.grad_solve import _branches, _policy_setting, roundest
 from refppo.oracle.detect.groups import Group
@@ -75,7 +75,7 @@ def readings(s: Search, groups: list[Group[AdvState]]) -> list[Reading]:
         if st.adv_key + st.carried.kl_key in seen:
             continue
         seen.add(st.adv_key + st.carried.kl_key)
-        for agg in LossAgg:
+        for agg in MASK_AGGS:
             setup = _policy_setting(s, st, agg, lrc)
             whole, rest = _branches(fit, setup, "grad_logprobs", (st.adv, st.carried.returns, st.carried.vm))
             g_pg, r = (whole - rest)[m].double(), d - rest[m].double()

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import LossAgg
+from refppo.agg_conventions import MASK_AGGS
 from refppo.errors import RefPPOError
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.policy_solve import agg_weights
@@ -159,7 +159,7 @@ def gate_settings(
         seen.add(st.adv_key)
         q = {"logprobs": t["logprobs"], "old_logprobs": t["old_logprobs"], "advantages": st.adv, "mask": m}
         plain = s.evaluate("policy", q, s.setting())["pg_per_token"][m].double()
-        for agg_mode in LossAgg:
+        for agg_mode in MASK_AGGS:
             c = agg_w(agg_mode, st.adv.dtype)[m].double() * plain
             for base, w in bases:
                 for fam, u in stats.items():

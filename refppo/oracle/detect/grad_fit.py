@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import KLEstimator, LossAgg, PolicyLoss
 from refppo.core.checks import count_true
 from refppo.errors import RefPPOError
@@ -195,7 +196,7 @@ class GradFit:
         ca = ps.carried
         kaggs: list[str | None] = [None]
         if ca.kl_in.in_loss:
-            kaggs += [a.value for a in LossAgg if a is not ps.agg]
+            kaggs += [a.value for a in MASK_AGGS if a is not ps.agg]
         key = (
             ps.adv_key,
             ca.ret_key,
@@ -270,7 +271,7 @@ def explain_policy(fit: GradFit, states: list[PolicyState]) -> list[str]:
     first: list[str] = []
     for ps, keys in _explain_settings(fit, states):
         inp = fit.inputs(ps.adv, ps.carried.returns, ps.carried.vm)
-        for agg in dict.fromkeys([ps.agg, *LossAgg]):
+        for agg in dict.fromkeys([ps.agg, *MASK_AGGS]):
             setup = fit.policy_setting(
                 replace(ps, setting=keys), kl_twins(ps.carried.kl_setting)[0], None, agg
             )

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import LossAgg, PolicyLoss, VfMask
 from refppo.oracle.check.grad import pipeline_grads, unclipped
 from refppo.oracle.check.settings import Setup
@@ -181,7 +182,7 @@ def propose_policy_grad(
         if st.is_weights is not None or st.adv_key + st.carried.kl_key in seen:
             continue
         seen.add(st.adv_key + st.carried.kl_key)
-        for agg, lrc in itertools.product(LossAgg, dict.fromkeys([None, own.log_ratio_clamp])):
+        for agg, lrc in itertools.product(MASK_AGGS, dict.fromkeys([None, own.log_ratio_clamp])):
             iv = policy_intervals(fit, st, _policy_setting(s, st, agg, lrc))
             if iv is None:
                 continue
@@ -236,7 +237,7 @@ def propose_value_grad(s: Search, groups: list[Group[PolicyState]]) -> list[floa
     for g in groups[:SOLVE_GROUPS]:
         ps = g.state
         for vfm in VfMask:
-            for vagg in [None, *(a.value for a in LossAgg if a is not ps.agg)]:
+            for vagg in [None, *(a.value for a in MASK_AGGS if a is not ps.agg)]:
                 iv = value_interval(fit, ps, vfm, vagg)
                 if iv is None or iv.n_hi == 0:
                     continue

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import ApproxKL, LossAgg, PolicyLoss
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import ApproxKL, PolicyLoss
 from refppo.core.checks import count_true
 from refppo.oracle.check.ties import pg_tie_share
 from refppo.oracle.detect.grad_fit import GradFit, explain_policy
@@ -103,7 +104,7 @@ class _PolicyEval:
         # entropy_agg None reads loss_agg: each mode's entropy term once, under entropy_agg = loss_agg
         self.ent: dict[str, Tensor] = {}
         if t.get("entropy") is not None:
-            for a in LossAgg:
+            for a in MASK_AGGS:
                 st = s.setting(loss_agg=a.value, entropy_agg=None)
                 self.ent[a.value] = s.evaluate("entropy", q_ent, st, self.ev_tok)["entropy_loss"]
         self.kll: dict[tuple[bytes, str | None, str], Tensor | None] = {}
@@ -175,7 +176,7 @@ class _PolicyEval:
             a.value: s.evaluate("policy_agg", qa, s.setting(loss_agg=a.value), self.ev_tok)[
                 "pg_loss"
             ].detach()
-            for a in LossAgg
+            for a in MASK_AGGS
         }
         agg = _Aggregated(pg, out["pg_clipfrac"], out["pg_approx_kl"])
         del out, qa
@@ -273,7 +274,7 @@ def _policy_options(
                 "cliprange": clip[0],
                 "cliprange_high": clip[1],
             }
-            for agg in LossAgg:
+            for agg in MASK_AGGS:
                 a = agg.value
                 ents: list[tuple[dict[str, Any], Tensor | None]] = [(own_eagg, pe.ent.get(a))]
                 if ents_all:  # SkyRL's entropy is token-mean whatever loss_agg (skyrl_train ppo_utils)

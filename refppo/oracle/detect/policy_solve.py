@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import LossAgg, PolicyLoss
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.grad_solve import propose_policy_grad
@@ -92,7 +93,7 @@ def propose_policy(
                 st_p = s.setting(policy_loss=loss.value, dual_clip=None, log_ratio_clamp=lrc)
                 res = s.evaluate("policy", q, st_p, with_ratio)
                 ratio, plain = res["ratio"], res["pg_per_token"][m]
-                for agg in LossAgg:
+                for agg in MASK_AGGS:
                     w = weight(agg, st.adv.dtype)[m].double()
                     w = w if is_w is None else w * is_w  # the correction's w' scales each ℓ_t
                     terms = PolicyTerms(st.adv[m].double(), ratio[m].double(), w)

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from refppo.conventions import KLPlacement, LossAgg, VfMask
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import KLPlacement, VfMask
 from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import compare
 from refppo.oracle.detect.estimator import needs_estimator_stage
@@ -60,7 +61,7 @@ class ValuePrune:
 
     def _can_match(self, ca: Carried) -> bool:
         s = self.search
-        modes = [a.value for a in LossAgg]
+        modes = [a.value for a in MASK_AGGS]
         for vl, form in value_kinds(s):
             for vfm in VfMask:
                 try:

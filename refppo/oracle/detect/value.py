@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import LossAgg, ValueClipForm, ValueLoss, VfMask
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import ValueClipForm, ValueLoss, VfMask
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.check.ties import delta_rounding_ties, vf_tie_widen
 from refppo.oracle.detect.grad_fit import GradFit
@@ -37,7 +38,7 @@ from refppo.oracle.detect.solve_value import ValueKnots, solve_value_clip
 from refppo.oracle.detect.states import Carried, LossState, PolicyState, ValueState, digest
 from refppo.pipeline.blocks import Evaluation, update_rows
 
-VALUE_AGGS: list[str | None] = [None, *(a.value for a in LossAgg)]
+VALUE_AGGS: list[str | None] = [None, *(a.value for a in MASK_AGGS)]
 """``value_loss_agg``: None (= ``loss_agg``) or every mode."""
 
 
@@ -275,9 +276,7 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
         kls: list[tuple[dict[str, Any], Tensor | None]] = [(own_kagg, ps.kl_loss)]
         if ps.kl_loss is not None:
             ca = ps.carried
-            kls += [
-                ({"kl_loss_agg": a.value}, kl_loss_mode(ca, agg, a.value)) for a in LossAgg if a.value != agg
-            ]
+            kls += [({"kl_loss_agg": a.value}, kl_loss_mode(ca, agg, a.value)) for a in MASK_AGGS if a != agg]
         for upd, kl_loss in kls:
             q = {
                 "pg_loss": ps.pg_loss,
@@ -289,7 +288,7 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
             yield upd, LossState(vs, total, kl_loss), digest(total, ps.pg_loss, vs.vf_loss, kl_loss)
             # kl_metric_agg: the logged KL (the dumped kl_loss) aggregated unlike the term (TRL GRPO)
             term = str(upd.get("kl_loss_agg") or agg)
-            for a in LossAgg if kl_loss is not None else ():
+            for a in MASK_AGGS if kl_loss is not None else ():
                 if a.value != term:
                     metric = kl_loss_mode(ps.carried, agg, a.value)
                     st = LossState(vs, total, metric)

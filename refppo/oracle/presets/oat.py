@@ -56,6 +56,11 @@ CONVENTIONS: dict[str, Sourced] = {
     "score_clip": (None, f"{_STEP} (final_rewards · reward_scale, not clipped)"),
     "approx_kl": ("k1", f"{_STEP} (logs no approx_kl of π vs π_old: refppo's default)"),
     "vf_mask": ("value", f"{_STEP} (the critic loss over mb_response_masks)"),
+    "clipfrac_agg": (
+        "row-mean",
+        f"{_STEP} (masked_mean((pg_losses2 > pg_losses).float(), mask, axis=1).mean() per micro-batch; "
+        "infos['pg_clipfrac'] the mean over micro-batches)",
+    ),
     "kl_loss_agg": (
         "seq-mean-token-mean",
         f"{_STEP} (beta · (masked_aggregator(kl3, mask, axis=1) · loss_mask).mean())",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from refppo.conventions import AdvantageEstimator, Variance
+from refppo.conventions import AdvantageEstimator, LossAgg, Variance
 from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.pipeline.settings import (
     FLAT,
@@ -177,6 +177,10 @@ class TrainConfig:
                 f"{named} {'is' if len(keys) == 1 else 'are'} set but seam.enabled=false, so no step "
                 "reads it: add --set seam.enabled=true"
             )
+        agg = self.ppo.convention.agg
+        for key, term in (("loss_agg", "policy"), ("entropy_agg", "entropy")):
+            if agg.of(term) is LossAgg.PROMPT_MEAN:  # a dump's convention (refppo diff / verify)
+                raise ConfigError(f"ppo.{key}=prompt-mean: the trainer does not aggregate by prompt yet")
         r = self.rollout
         if seam.logprobs == "processed" and r.top_p >= 1.0 and r.top_k == 0:
             raise ConfigError(

@@ -13,7 +13,7 @@ from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 import refppo.oracle.detect.detection as detect_mod
 import refppo.oracle.detect.prune as prune_mod
 import refppo.oracle.detect.steps as steps_mod
-from refppo.conventions import LossAgg
+from refppo.agg_conventions import MASK_AGGS
 from refppo.core.value import value_loss
 from refppo.dump.load import Dump, load_dump
 from refppo.dump.tolerances import TOLERANCES
@@ -134,7 +134,7 @@ def _value_loss_can_match(dump: Dump, returns: torch.Tensor, vm: torch.Tensor) -
     t, tol = dump.tensors, TOLERANCES[dump.dtype]
     for kind, form in (("clipped", "around_old"), ("clipped", "delta"), ("unclipped", "around_old")):
         for mask in (vm, dump.mask):
-            for agg in LossAgg:
+            for agg in MASK_AGGS:
                 out = value_loss(
                     t["values"], t["old_values"], returns, mask, clip=0.2, kind=kind, agg=agg, clip_form=form
                 )

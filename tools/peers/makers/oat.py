@@ -221,6 +221,9 @@ def oat_step(ppo: Any, over: dict[str, Any], seed: int) -> dict[str, Any]:
     np.random.seed(seed)  # its mini-batch permutation
     infos = learner.learning_step(_trajectory(b, beh))
     rows = seen["rows"]
+    # oat's own logged clip fraction (a mean over rows of each row's token mean: clipfrac_agg=row-mean),
+    # popped by make() into NAME.facts.json: --detect does not walk clipfrac_agg yet
+    clipfrac = float(infos["pg_clipfrac"])
     dump: dict[str, Any] = {
         "response_mask": m, "old_logprobs": old, "rollout_logprobs": beh, "scores": b["scores"],
         "logprobs": _unpermute(seen["lp"].detach(), rows), "entropy": _unpermute(seen["ent"], rows),
@@ -244,6 +247,7 @@ def oat_step(ppo: Any, over: dict[str, Any], seed: int) -> dict[str, Any]:
         (rewards, _), adv = seen["compute_monte_carlo_advantages"]
         dump.update(token_rewards=rewards, advantages=adv[:, None] * m)
         dump["group_index"] = torch.arange(m.shape[0]) // N_SAMPLES
+    dump["logged_pg_clipfrac"] = clipfrac
     return dump
 
 
@@ -290,9 +294,11 @@ def make(out: Path) -> list[str]:
     made = []
     for i, (name, over) in enumerate(CASES.items()):
         dump = oat_step(ppo, over, 2200 + i)
-        if "logged_pg_loss" in dump:  # oat's own metric, beside the dump (spec/conventions.md, oat)
-            facts = {"logged_pg_loss": float(dump.pop("logged_pg_loss"))}
-            (out / f"oat_{name}.facts.json").write_text(json.dumps(facts))
+        # oat's own metrics, beside the dump (spec/conventions.md, oat)
+        facts = {"logged_pg_clipfrac": float(dump.pop("logged_pg_clipfrac"))}
+        if "logged_pg_loss" in dump:
+            facts["logged_pg_loss"] = float(dump.pop("logged_pg_loss"))
+        (out / f"oat_{name}.facts.json").write_text(json.dumps(facts))
         conv, hp = _conventions(over)
         made.append(save(out, f"oat_{name}", dump, hp, conv, CONTROLS[name]))
     return made
