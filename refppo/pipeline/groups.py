@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from refppo.agg_conventions import ClipfracAgg
+from refppo.agg_conventions import ClipfracAgg, TruncatedRows
 from refppo.conventions import (
     AdvantageEstimator,
     ApproxKL,
@@ -37,7 +37,6 @@ from refppo.core.checks import check_nonneg, check_positive
 from refppo.core.kl import check_kl_clamps
 from refppo.errors import ConventionError, HyperparameterError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
-from refppo.agg_conventions import TruncatedRows
 from refppo.pipeline.group_fields import _parse_enums, flat_key
 from refppo.pipeline.groups_gate import RolloutGate
 from refppo.rollout_conventions import ISAgg, ISLevel, ISMode

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.core.checks import check_in_loss, count_true
-from refppo.conventions import LossAgg
-from refppo.errors import ConventionError
 from refppo.agg_conventions import TruncatedRows
+from refppo.conventions import LossAgg
+from refppo.core.checks import check_in_loss, count_true
+from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention
 

@@ -263,7 +263,8 @@ _UPDATE = (
         output_keys={"ratio": ("policy_loss", "log_ratio_clamp"), "pg_approx_kl": ("policy_loss",)},
     ),
     Stage(
-        "policy_agg", "update", ("loss_agg", "truncated_rows"), ("horizon",), ("pg_per_token", "mask", "group_index"),
+        "policy_agg", "update", ("loss_agg", "truncated_rows"), ("horizon",),
+        ("pg_per_token", "mask", "group_index"),
         ("pg_loss",), up.policy_agg_stage, nu.policy_agg_naive,
         "core.aggregate.aggregate_masked, core.aggregate.prompt_mean_masked", normalisers=True,
     ),
