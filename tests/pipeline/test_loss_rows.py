@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refppo.conventions import LossAgg
+from refppo.agg_conventions import MASK_AGGS
 from refppo.core.kl import token_kl
 from refppo.core.masked import kept_rows_aggregate, masked_mean
 from refppo.core.policy import clipped_policy_token_loss
@@ -19,7 +19,7 @@ from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.step import update_grads, update_inputs, update_quantities, update_quantities_naive
 
 HP = Hyperparams(kl_coef=0.1, ent_coef=0.01, cliprange=0.2, horizon=9.0)
-AGGS = [a.value for a in LossAgg]
+AGGS = [a.value for a in MASK_AGGS]  # prompt-mean with truncated_rows: refused (test below)
 
 
 @st.composite
@@ -141,3 +141,18 @@ def test_refusals_name_truncated() -> None:
         _uq(dict(x, truncated=None), _conv("token-mean", "mask_in_loss"))  # type: ignore[arg-type]
     with pytest.raises(ConventionError, match=r"^truncated: every row is flagged"):
         _uq(dict(x, truncated=torch.ones_like(x["truncated"])), _conv("token-mean", "drop"))
+
+
+def test_prompt_mean_with_rows_out_of_the_loss_is_refused_in_one_line() -> None:
+    """No trainer masks rows out of a prompt-mean loss; the prompts' token counts over the rows in the
+    loss are not defined, so the combination is refused naming both keys."""
+    from refppo.errors import ConventionError
+    from refppo.pipeline.loss_rows import rows_in_loss
+    from refppo.pipeline.settings import Convention
+
+    m = torch.ones(3, 4, dtype=torch.bool)
+    q = {"mask": m, "truncated": torch.tensor([True, False, False])}
+    conv = Convention.of(truncated_rows="mask_in_loss", loss_agg="prompt-mean")
+    with pytest.raises(ConventionError, match="truncated_rows=mask_in_loss with loss_agg=prompt-mean"):
+        rows_in_loss(q, conv)
+    assert rows_in_loss(q, Convention.of(truncated_rows="mask_in_loss")) is not None
