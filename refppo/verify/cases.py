@@ -13,7 +13,8 @@ import math
 import torch
 from torch import Tensor
 
-from refppo.conventions import GaeHoles, KLEstimator, LossAgg, ScorePosition
+from refppo.agg_conventions import MASK_AGGS
+from refppo.conventions import GaeHoles, KLEstimator, ScorePosition
 from refppo.core import helpers_naive
 from refppo.verify.batches import Batch, Case, Pair, with_holes
 from refppo.verify.cases_adv import ADV_CASES
@@ -87,7 +88,7 @@ def _case_kept_rows_aggregate(b: Batch, dev: torch.device) -> list[Pair]:
             masked_mod.kept_rows_aggregate_naive(x, m, keep, agg, count_rows=count),
             None,
         )
-        for agg in LossAgg
+        for agg in MASK_AGGS
         for count in (True, False)
     ]
 
