@@ -27,6 +27,11 @@ LACKING = {("advantage", AdvantageEstimator.REINFORCE_PP.value), ("group_kl", Gr
 """(key, value) pairs with no naive twin (``refppo/pipeline/naive.py``'s supported subset)."""
 REFUSED = {(k, "prompt-mean") for k in ("value_loss_agg", "kl_loss_agg", "kl_metric_agg")}
 """(key, value) pairs the Convention refuses (prompt-mean is the policy's and entropy's only)."""
+ELSEWHERE = {("truncated_rows", "mask_in_loss"), ("truncated_rows", "drop")}
+"""(key, value) pairs this helper's token-by-token restatement does not take: rows out of the loss are
+proven against their naive twin ``kept_rows_aggregate_naive`` and TRL's formulas in
+``tests/core/test_kept_rows.py``, the update walk against the core in ``tests/pipeline/test_loss_rows.py``,
+and through ``check()`` on a ``StepRecorder`` dump in ``tests/capture/test_capture_truncated_rows.py``."""
 GROUP_KEYS = ("group_std", "group_std_level", "group_eps", "group_singleton", "group_kl")
 HOLE_KEYS = ("gae_holes", "whiten_holes")
 
@@ -38,7 +43,7 @@ def _enum_cases() -> list[tuple[str, Any]]:
         (key, m.value)
         for key, enum in enum_keys().items()
         for m in enum.__members__.values()
-        if (key, m.value) not in LACKING | REFUSED
+        if (key, m.value) not in LACKING | REFUSED | ELSEWHERE
     ]
 
 
