@@ -1,7 +1,9 @@
 """A KL in the reward and a KL loss both on in one step (issue #23 item 5): ``kl_in=both``
 reproduces verl 0.9.1's own step with ``algorithm.use_kl_in_reward`` and ``actor.use_kl_loss``
-both true (``tools/peers/makers/verl_kl_both.py``; one β and one estimator for the two). Runs in the
-``verl-openrlhf`` venv; SKIPPED with the reason when it is not built.
+both true (``tools/peers/makers/verl_kl_both.py``): one β and one estimator for the two, and (the
+``SEPARATE`` cases) the loss's own ``kl_loss_coef`` and ``kl_loss_estimator`` (verl's
+``actor.kl_loss_coef`` / ``kl_loss_type`` beside ``algorithm.kl_ctrl.kl_coef`` / ``kl_penalty``). Runs
+in the ``verl-openrlhf`` venv; SKIPPED with the reason when it is not built.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from _peers import REPO, TOOLS, require
 from refppo.oracle.run import check_step
 
 CASES = ("k3_token-mean", "k1_seq-mean-token-mean", "k2_token-mean")
+SEPARATE = ("k1_k3_token-mean", "k1_k3_seq-mean-token-mean_far", "k3_k2_token-mean")
 
 
 @pytest.fixture(scope="module")
@@ -45,3 +48,25 @@ def test_verl_kl_in_reward_and_kl_loss_match_kl_in_both(dumps: Path, case: str) 
         bad = check_step(path, preset="verl", overrides={**conv, "kl_in": control})
         assert not bad.match
         assert not bad.result.quantities[first].ok
+
+
+@pytest.mark.parametrize("case", SEPARATE)
+def test_verl_separate_kl_loss_coef_and_type_match_kl_loss_keys(dumps: Path, case: str) -> None:
+    """Reward ``(kl_coef, kl_penalty)`` and loss ``(kl_loss_coef, kl_loss_type)`` set apart: matches
+    under ``kl_loss_coef`` + ``kl_loss_estimator`` (float64, relative error ≤ 1e-8); one β and one
+    estimator (the keys unset: the control) does not, nor does the loss's β alone shared; on the
+    ``_far`` case (``low_var_kl``'s clamps bind) the loss estimator without its clamps does not."""
+    path = dumps / f"verl_kl_sep_{case}.pt"
+    conv = json.loads((dumps / f"verl_kl_sep_{case}.set.json").read_text())
+    out = check_step(path, preset="verl", overrides=conv)
+    assert out.match, out.text()
+    assert max(q.max_rel_err for q in out.result.quantities.values()) <= 1e-8
+    control = json.loads((dumps / f"verl_kl_sep_{case}.control.json").read_text())
+    assert control == {"kl_loss_estimator": None, "kl_loss_coef": None}
+    shared = check_step(path, preset="verl", overrides={**conv, **control})
+    assert not shared.match and not shared.result.quantities["kl_loss"].ok
+    beta = check_step(path, preset="verl", overrides={**conv, "kl_loss_coef": None})
+    assert not beta.match and beta.result.quantities["kl_loss"].ok and not beta.result.quantities["loss"].ok
+    if case.endswith("_far"):
+        bare = {**conv, "kl_loss_log_ratio_clamp": None, "kl_loss_value_clamp": None}
+        assert not check_step(path, preset="verl", overrides=bare).result.quantities["kl_loss"].ok
