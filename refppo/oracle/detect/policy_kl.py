@@ -14,6 +14,8 @@ ones only where the gradient tells them from their plain twins) with each clamp 
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
@@ -21,6 +23,7 @@ from torch import Tensor
 from refppo.conventions import KLEstimator, KLPlacement
 from refppo.oracle.check.alternatives import CLAMP_BUNDLES
 from refppo.oracle.detect.search import Search
+from refppo.oracle.detect.solve import nice
 from refppo.oracle.detect.states import Carried, digest
 
 GRAD_IS_CLIPS: tuple[float | None, ...] = (None, 10.0)
@@ -87,4 +90,36 @@ class KLLossWalk:
         return [({**lu, **cu}, v) for lu, v in losses for cu in grads]
 
 
-__all__ = ["GRAD_IS_CLIPS", "LOSS_KL_KEYS", "KLLossWalk", "kl_loss_stage"]
+def loss_beta_note(
+    s: Search, total: Tensor, kl_loss: Tensor, total_at: Callable[[float], Tensor], seen: set[bytes]
+) -> None:
+    """With a KL loss (the dumped ``kl_loss`` where there is one) whose ``total`` misses the dumped
+    ``loss``: the KL loss's own β read off it, ``β_loss = (loss − total|β_loss=0) / kl_loss`` (the total
+    is affine in β_loss), noted (one line in ``s.notes``) when the total at the rounded value
+    (:func:`refppo.oracle.detect.solve.nice`) reproduces the dump — one equation for one constant:
+    *fixed by one equation*, a fit, not a test. Not an option of the walk (``kl_loss_coef`` is not
+    among the hyperparameters a listed convention names: ``search.HP_KEYS``), so the note says what
+    to rerun with. ``seen``: the ``(total, kl_loss)`` digests done."""
+    key = digest(total, kl_loss)
+    k = float(kl_loss)
+    if key in seen or "loss" not in s.t or k == 0.0 or not math.isfinite(k):
+        return
+    seen.add(key)
+    if s.ratio("kl_loss", kl_loss, None) not in (None, 0.0) or s.ratio("loss", total, None) == 0.0:
+        return  # its KL term is not the dump's, or its total already matches
+    beta = (float(s.t["loss"]) - float(total_at(0.0))) / k
+    if not (math.isfinite(beta) and beta >= 0.0):
+        return
+    for b in nice(beta):
+        if s.ratio("loss", total_at(b), None) == 0.0:
+            line = (
+                f"kl_loss_coef={b:g} reproduces loss where kl_coef={s.hp.kl_coef:g} does not (the KL "
+                "loss's own β, kl_in=both: read off the 1 scalar loss, fixed by one equation: a fit, "
+                f"not a test; rerun with --set kl_loss_coef={b:g}, dump grad_logprobs to test it)"
+            )
+            if line not in s.notes:
+                s.notes.append(line)
+            return
+
+
+__all__ = ["GRAD_IS_CLIPS", "LOSS_KL_KEYS", "KLLossWalk", "kl_loss_stage", "loss_beta_note"]

@@ -31,6 +31,7 @@ from refppo.oracle.detect.grad_fit import GradFit
 from refppo.oracle.detect.grad_solve import propose_value_grad
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy import kl_loss_stage
+from refppo.oracle.detect.policy_kl import loss_beta_note
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import loss_weights
 from refppo.oracle.detect.solve_value import ValueKnots, solve_value_clip
@@ -251,6 +252,7 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
     own_kagg = {} if s.base.conv.agg.kl is None else {"kl_loss_agg": None}
     kll: dict[tuple[bytes, str, str], Tensor | None] = {}
     totals: dict[str, Setup] = {}
+    betas_seen: set[bytes] = set()
 
     def total_setting(kl_in: str) -> Setup:
         """A separate critic's dumped ``loss`` is the actor's objective, without the value term
@@ -285,7 +287,17 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
                 "entropy_loss": ps.entropy_loss,
                 "kl_loss": kl_loss,
             }
-            total = s.evaluate("total", q, total_setting(ps.carried.kl_in.value))["loss"]
+            tset = total_setting(ps.carried.kl_in.value)
+            total = s.evaluate("total", q, tset)["loss"]
+            if kl_loss is not None:  # the KL loss's own β (kl_in=both): a note when it alone differs
+
+                def total_at(b: float, q: dict[str, Any] = q, st: Setup = tset) -> Tensor:
+                    out: Tensor = s.evaluate("total", q, replace(st, hp=replace(st.hp, kl_loss_coef=b)))[
+                        "loss"
+                    ]
+                    return out
+
+                loss_beta_note(s, total, kl_loss, total_at, betas_seen)
             yield upd, LossState(vs, total, kl_loss), digest(total, ps.pg_loss, vs.vf_loss, kl_loss)
             # kl_metric_agg: the logged KL (the dumped kl_loss) aggregated unlike the term (TRL GRPO)
             term = str(upd.get("kl_loss_agg") or agg)
