@@ -37,7 +37,9 @@ LOSS_KL_KEYS = ("kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_c
 def kl_loss_stage(s: Search, kl_setting: Any, agg: str, kagg: str | None) -> Tensor | None:
     """The kl_loss stage under ``kl_in=loss``, the KL keys ``kl_setting`` (the loss's own keys off),
     ``loss_agg = agg`` and ``kl_loss_agg = kagg``, on the current log-probs."""
-    q = {"logprobs": s.t["logprobs"], "ref_logprobs": s.t.get("ref_logprobs"), "mask": s.m}
+    t = s.t
+    q = {"logprobs": t["logprobs"], "ref_logprobs": t.get("ref_logprobs"), "mask": s.m}
+    q["old_logprobs"] = t["old_logprobs"]  # read by kl_grad_is_clip's weight (the gradient only)
     off = dict.fromkeys(LOSS_KL_KEYS)
     st = s.setting(**off, **kl_setting, kl_in="loss", loss_agg=agg, kl_loss_agg=kagg)
     out: Tensor | None = s.evaluate("kl_loss", q, st, s.ev_counts(s.m))["kl_loss"]
