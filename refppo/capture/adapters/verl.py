@@ -172,8 +172,8 @@ def verl_hparams(config: Any, *, kl_coef: float | None = None) -> tuple[dict[str
     """
     actor = _cfg(config, "actor_rollout_ref.actor", {})
     use_kl_loss = bool(_cfg(actor, "use_kl_loss", False))
-    both = use_kl_loss and bool(_cfg(config, "algorithm.use_kl_in_reward", False))
-    use_kl_loss = use_kl_loss and not both  # both: the reward's keys here, the loss's by _kl_loss_keys
+    both = use_kl_loss and bool(_cfg(config, "algorithm.use_kl_in_reward", False))  # the loss's own keys:
+    use_kl_loss = use_kl_loss and not both  # _kl_loss_keys; the reward's here
     est_name = str(
         _cfg(actor, "kl_loss_type", "low_var_kl")
         if use_kl_loss
@@ -207,7 +207,7 @@ def verl_hparams(config: Any, *, kl_coef: float | None = None) -> tuple[dict[str
     agg = str(_cfg(actor, "loss_agg_mode", "token-mean"))
     conv: dict[str, Any] = {
         "kl_estimator": VERL_KL[est_name],
-        "kl_in": "loss" if use_kl_loss else "reward",
+        "kl_in": "both" if both else ("loss" if use_kl_loss else "reward"),
         "loss_agg": agg,
         "dual_clip": float(_cfg(actor, "clip_ratio_c", 3.0)),
     }
@@ -217,7 +217,6 @@ def verl_hparams(config: Any, *, kl_coef: float | None = None) -> tuple[dict[str
     conv.update(verl_correction(_cfg(config, "algorithm.rollout_correction", None)))
     if both:
         hp["kl_loss_coef"], conv["kl_loss_estimator"] = _kl_loss_keys(actor)
-        conv["kl_in"] = "both"
     return hp, conv
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from torch import Tensor
 
 from refppo.conventions import KLEstimator, KLPlacement
 from refppo.oracle.check.alternatives import CLAMP_BUNDLES
+from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.solve import nice
 from refppo.oracle.detect.states import Carried, digest
@@ -92,16 +93,18 @@ class KLLossWalk:
         return [({**lu, **cu}, v) for lu, v in losses for cu in grads]
 
 
-def loss_beta_note(
-    s: Search, total: Tensor, kl_loss: Tensor, total_at: Callable[[float], Tensor], seen: set[bytes]
-) -> None:
+def loss_beta_note(s: Search, q: dict[str, Any], st: Setup, total: Tensor, seen: set[bytes]) -> None:
     """With a KL loss (the dumped ``kl_loss`` where there is one) whose ``total`` misses the dumped
     ``loss``: the KL loss's own β read off it, ``β_loss = (loss − total|β_loss=0) / kl_loss`` (the total
     is affine in β_loss), noted (one line in ``s.notes``) when the total at the rounded value
     (:func:`refppo.oracle.detect.solve.nice`) reproduces the dump — one equation for one constant:
     *fixed by one equation*, a fit, not a test. Not an option of the walk (``kl_loss_coef`` is not
     among the hyperparameters a listed convention names: ``search.HP_KEYS``), so the note says what
-    to rerun with. ``seen``: the ``(total, kl_loss)`` digests done."""
+    to rerun with. ``q``: the total stage's inputs, ``st`` its setting; ``seen``: the
+    ``(total, kl_loss)`` digests done."""
+    kl_loss = q["kl_loss"]
+    if kl_loss is None:
+        return
     key = digest(total, kl_loss)
     k = float(kl_loss)
     if key in seen or "loss" not in s.t or k == 0.0 or not math.isfinite(k):
@@ -109,6 +112,11 @@ def loss_beta_note(
     seen.add(key)
     if s.ratio("kl_loss", kl_loss, None) not in (None, 0.0) or s.ratio("loss", total, None) == 0.0:
         return  # its KL term is not the dump's, or its total already matches
+
+    def total_at(b: float) -> Tensor:
+        out: Tensor = s.evaluate("total", q, replace(st, hp=replace(st.hp, kl_loss_coef=b)))["loss"]
+        return out
+
     beta = (float(s.t["loss"]) - float(total_at(0.0))) / k
     if not (math.isfinite(beta) and beta >= 0.0):
         return

@@ -281,23 +281,10 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
                 ({"kl_loss_agg": a.value}, kl_loss_mode(ca, agg, a.value)) for a in LossAgg if a.value != agg
             ]
         for upd, kl_loss in kls:
-            q = {
-                "pg_loss": ps.pg_loss,
-                "vf_loss": vs.vf_loss,
-                "entropy_loss": ps.entropy_loss,
-                "kl_loss": kl_loss,
-            }
+            q = dict(pg_loss=ps.pg_loss, vf_loss=vs.vf_loss, entropy_loss=ps.entropy_loss, kl_loss=kl_loss)
             tset = total_setting(ps.carried.kl_in.value)
             total = s.evaluate("total", q, tset)["loss"]
-            if kl_loss is not None:  # the KL loss's own β (kl_in=both): a note when it alone differs
-
-                def total_at(b: float, q: dict[str, Any] = q, st: Setup = tset) -> Tensor:
-                    out: Tensor = s.evaluate("total", q, replace(st, hp=replace(st.hp, kl_loss_coef=b)))[
-                        "loss"
-                    ]
-                    return out
-
-                loss_beta_note(s, total, kl_loss, total_at, betas_seen)
+            loss_beta_note(s, q, tset, total, betas_seen)  # the KL loss's own β: noted when it alone differs
             yield upd, LossState(vs, total, kl_loss), digest(total, ps.pg_loss, vs.vf_loss, kl_loss)
             # kl_metric_agg: the logged KL (the dumped kl_loss) aggregated unlike the term (TRL GRPO)
             term = str(upd.get("kl_loss_agg") or agg)
