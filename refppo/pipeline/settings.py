@@ -299,9 +299,8 @@ class Hyperparams:
     horizon: float | None = None
     """Constant H of ``seq-mean-token-sum-norm`` (None: the padded length T)."""
     kl_loss_coef: float | None = None
-    """β_loss, the KL loss's own coefficient (``kl_in=both``: verl ``actor.kl_loss_coef`` beside
-    ``algorithm.kl_ctrl.kl_coef``); None = ``kl_coef`` (:attr:`loss_beta`). Left out of
-    :meth:`to_dict` when None."""
+    """β_loss, the KL loss's own (``kl_in=both``: verl ``actor.kl_loss_coef`` beside ``kl_ctrl.kl_coef``);
+    None = ``kl_coef`` (:attr:`loss_beta`; left out of :meth:`to_dict`)."""
 
     def __post_init__(self) -> None:
         check_unit_interval("gamma", self.gamma)
@@ -318,6 +317,20 @@ class Hyperparams:
     def loss_beta(self) -> float:
         """β of the KL loss: ``kl_loss_coef``, else ``kl_coef``."""
         return self.kl_coef if self.kl_loss_coef is None else self.kl_loss_coef
+
+    @classmethod
+    def config_hints(cls) -> dict[str, Any]:
+        """The trainer's ``[ppo]`` keys of these fields (:mod:`refppo.train.config.codec`): all but
+        ``kl_loss_coef`` (the trainer runs one β, its controller's; the key describes a checked step)."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: hints[f.name] for f in fields(cls) if f.name != "kl_loss_coef"}
+
+    def get(self, key: str) -> Any:  # the trainer's config reads flattened keys so
+        return getattr(self, key)
+
+    def with_updates(self, values: dict[str, Any]) -> Hyperparams:
+        """A copy with some fields replaced (the trainer's config builds it so)."""
+        return replace(self, **values)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a dict, ``kl_loss_coef`` left out when None (the dumps and reports written
