@@ -35,7 +35,6 @@ from refppo.dump.load import Dump
 from refppo.errors import RefPPOError
 from refppo.oracle.check.diagnose import CheckResult
 from refppo.oracle.check.settings import Setup
-from refppo.pipeline.settings import HPARAM_KEYS
 from refppo.pipeline.stages import OUTPUTS
 
 METRICS: tuple[str, ...] = ("pg_clipfrac", "approx_kl", "vf_clipfrac")
@@ -139,7 +138,7 @@ def sources(
         return tuple(v) if isinstance(v, list) else v
 
     out: dict[str, str] = {}
-    for k in HPARAM_KEYS:
+    for k in setup.hp.to_dict():  # kl_loss_coef only when set
         if k in overrides:
             out[k] = "set"
         elif k in sidecar:

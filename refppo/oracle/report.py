@@ -37,6 +37,8 @@ class Context:
 
         groups: dict[str, list[str]] = {}
         for k in HPARAM_KEYS:
+            if k == "kl_loss_coef" and k not in self.sources:
+                continue  # kl_in=both's own β: listed only when set (the line of before otherwise)
             groups.setdefault(self.sources.get(k, "default"), []).append(k)
         words = {**SOURCE_WORDS, "preset": f"preset {preset}'s defaults"}
         parts = [f"{words[src]}: {', '.join(keys)}" for src, keys in groups.items()]

@@ -192,10 +192,12 @@ def _resolve(
         # So is the advantage estimator (verl adv_estimator, OpenRLHF advantage.estimator): the
         # preset then applies the peer's critic-free variant (refppo/oracle/presets/registry.py::VARIANTS).
         advantage = parsed.get("advantage", sidecar.get("advantage"))
+        loss_est = parsed.get("kl_loss_estimator", sidecar.get("kl_loss_estimator"))  # kl_in=both's own
         preset_conv, preset_hp = resolve_preset(
             preset,
             None if estimator is None else str(estimator),
             None if advantage is None else str(advantage),
+            None if loss_est is None else str(loss_est),
         )
         notes = preset_overrides_note(preset, preset_conv, sidecar, parsed)
     try:

@@ -140,15 +140,15 @@ def objective_grads_naive(
     g_lp = _pg_grad(logprobs, old_logprobs, advantages, mask, hp=hp, conv=conv, pol=pol, prompts=prompts)
     if is_weights is not None:
         g_lp = g_lp * is_weights.to(g_lp.dtype)
-    if conv.kl.placement.in_loss and (ref_logprobs is not None or hp.kl_coef > 0):
+    if conv.kl.placement.in_loss and (ref_logprobs is not None or hp.loss_beta > 0):
         if ref_logprobs is None:
             raise DumpError(missing_line("ref_logprobs", "kl_loss", kl_loss_needs(conv, hp)["ref_logprobs"]))
-        k = conv.kl
+        est, lrc, vc = conv.kl.loss_kl()
         g_kl = kl_loss_grad_naive(
-            logprobs, ref_logprobs, mask, k.estimator, conv.agg.of("kl"), log_ratio_clamp=k.log_ratio_clamp,
-            value_clamp=k.value_clamp, logp_old=old_logprobs, grad_is_clip=k.grad_is_clip, **pol,
+            logprobs, ref_logprobs, mask, est, conv.agg.of("kl"), log_ratio_clamp=lrc,
+            value_clamp=vc, logp_old=old_logprobs, grad_is_clip=conv.kl.grad_is_clip, **pol,
         )  # fmt: skip
-        g_lp = g_lp + hp.kl_coef * g_kl
+        g_lp = g_lp + hp.loss_beta * g_kl
     g_v = value_grad_naive(
         values,
         old_values,

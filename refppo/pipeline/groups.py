@@ -92,15 +92,43 @@ class KLConvention:
     )
     """With ``kl_in=loss``: the KL loss's gradient times ``min(exp(l − l^old), c)`` per token, detached;
     the value unchanged (OpenRLHF 0.11.2 ``algo.kl.unbiased_gradient``: ``c = 10``; :mod:`refppo.core.kl`)."""
+    loss_estimator: KLEstimator | None = field(
+        default=None, metadata=flat_key("kl_loss_estimator", omit=True, config=False)
+    )
+    """The KL loss's own estimator (``kl_in=both``: verl 0.9.1 ``actor.kl_loss_type`` beside
+    ``algorithm.kl_penalty``); None = ``kl_estimator`` with its clamps (:meth:`loss_kl`)."""
+    loss_log_ratio_clamp: tuple[float | None, float | None] | None = field(
+        default=None, metadata=flat_key("kl_loss_log_ratio_clamp", omit=True, config=False)
+    )
+    """With ``kl_loss_estimator`` set: the KL loss's ``kl_log_ratio_clamp`` (None: no clamp)."""
+    loss_value_clamp: float | None = field(
+        default=None, metadata=flat_key("kl_loss_value_clamp", omit=True, config=False)
+    )
+    """With ``kl_loss_estimator`` set: the KL loss's ``kl_value_clamp`` (None: no clamp)."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
-        clamp: Any = self.log_ratio_clamp  # a list from JSON or TOML
-        if isinstance(clamp, list):
-            object.__setattr__(self, "log_ratio_clamp", tuple(clamp))
+        for name in ("log_ratio_clamp", "loss_log_ratio_clamp"):
+            clamp: Any = getattr(self, name)  # a list from JSON or TOML
+            if isinstance(clamp, list):
+                object.__setattr__(self, name, tuple(clamp))
         check_kl_clamps(self.log_ratio_clamp, self.value_clamp, prefix="kl_")
+        check_kl_clamps(self.loss_log_ratio_clamp, self.loss_value_clamp, prefix="kl_loss_")
         if self.grad_is_clip is not None:
             check_positive("kl_grad_is_clip", self.grad_is_clip)
+        own = (self.loss_log_ratio_clamp, self.loss_value_clamp)
+        if self.loss_estimator is None and own != (None, None):
+            raise ConventionError(
+                "kl_loss_log_ratio_clamp/kl_loss_value_clamp: set without kl_loss_estimator "
+                "(the KL loss reads kl_estimator's clamps then)"
+            )
+
+    def loss_kl(self) -> tuple[KLEstimator, tuple[float | None, float | None] | None, float | None]:
+        """``(estimator, log_ratio_clamp, value_clamp)`` of the KL loss: ``kl_loss_estimator`` and its
+        own clamps when set, else the shared ``kl_estimator`` and its clamps."""
+        if self.loss_estimator is None:
+            return self.estimator, self.log_ratio_clamp, self.value_clamp
+        return self.loss_estimator, self.loss_log_ratio_clamp, self.loss_value_clamp
 
 
 @dataclass(frozen=True)

@@ -158,11 +158,11 @@ def kl_loss_naive_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation)
         require_input(q, "ref_logprobs", "kl_loss", kl_loss_needs(conv, hp))
         return {"kl_loss": None}
     refuse_prompt_mean(conv, "kl", "kl_loss_agg")
-    k, norm = conv.kl, normaliser_kwargs(ev.norm, hp.horizon, value=False)
+    (est, lrc, vc), norm = conv.kl.loss_kl(), normaliser_kwargs(ev.norm, hp.horizon, value=False)
     out = kl_loss_naive(
-        q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, conv.agg.of("kl"),
-        log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp, logp_old=q.get("old_logprobs"),
-        grad_is_clip=k.grad_is_clip, **norm,
+        q["logprobs"], q["ref_logprobs"], q["mask"], est, conv.agg.of("kl"),
+        log_ratio_clamp=lrc, value_clamp=vc, logp_old=q.get("old_logprobs"),
+        grad_is_clip=conv.kl.grad_is_clip, **norm,
     )  # fmt: skip
     return {"kl_loss": out}
 
@@ -176,10 +176,10 @@ def kl_metric_naive_stage(
     if not conv.kl.placement.in_loss or q["kl_loss"] is None or agg is conv.agg.of("kl"):
         return {"kl_metric": q["kl_loss"]}
     refuse_prompt_mean(conv, "kl_metric", "kl_metric_agg")
-    k, norm = conv.kl, normaliser_kwargs(ev.norm, hp.horizon, value=False)
+    (est, lrc, vc), norm = conv.kl.loss_kl(), normaliser_kwargs(ev.norm, hp.horizon, value=False)
     out = kl_loss_naive(
-        q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, agg,
-        log_ratio_clamp=k.log_ratio_clamp, value_clamp=k.value_clamp, logp_old=None, **norm,
+        q["logprobs"], q["ref_logprobs"], q["mask"], est, agg,
+        log_ratio_clamp=lrc, value_clamp=vc, logp_old=None, **norm,
     )  # fmt: skip
     return {"kl_metric": out}
 
@@ -190,7 +190,7 @@ def total_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict
         float(q["pg_loss"]), float(q["vf_loss"]), float(q["entropy_loss"]),
         None if q["kl_loss"] is None else float(q["kl_loss"]),
         vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
-        kl_coef=hp.kl_coef if conv.kl.placement.in_loss else 0.0,
+        kl_coef=hp.loss_beta if conv.kl.placement.in_loss else 0.0,
     )  # fmt: skip
     return {"loss": _f64(total, q["mask"].device)}
 

@@ -15,7 +15,7 @@ convention setting (and β) under which the stage reads it, for the one-line err
     rollout_correction  rollout_logprobs     rollout_is on
     policy              cliprange            always
     value               cliprange_value      advantage=gae (a critic) with value_loss=clipped
-    kl_loss             ref_logprobs         kl_in=loss (or both) and kl_coef > 0
+    kl_loss             ref_logprobs         kl_in=loss (or both) and kl_coef > 0 (kl_loss_coef when set)
     total               kl_coef; vf_coef     kl_in=loss (or both); advantage=gae (a critic)
 
 Without ``ref_logprobs`` where nothing needs it, the kl stage makes ``kl`` None (never a silent 0)
@@ -58,8 +58,9 @@ def kl_needs(conv: Convention, hp: Hyperparams) -> Needs:
 
 def kl_loss_needs(conv: Convention, hp: Hyperparams) -> Needs:
     """``ref_logprobs`` when a KL loss on the current log-probs enters the total with β > 0."""
-    if conv.kl.placement.in_loss and hp.kl_coef > 0:
-        return {"ref_logprobs": f"{_beta(hp)} (kl_in={conv.kl.placement.value})"}
+    if conv.kl.placement.in_loss and hp.loss_beta > 0:
+        beta = _beta(hp) if hp.kl_loss_coef is None else f"kl_loss_coef={hp.kl_loss_coef:g}"
+        return {"ref_logprobs": f"{beta} (kl_in={conv.kl.placement.value})"}
     return {}
 
 

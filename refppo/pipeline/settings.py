@@ -4,7 +4,9 @@ A :class:`Convention` is one frozen group per stage family of :mod:`refppo.pipel
 (:mod:`refppo.pipeline.groups`)::
 
     score    ScoreMap             score_bias, score_scale, score_clip          (score map)
-    kl       KLConvention         kl_estimator, kl_log_ratio_clamp, kl_value_clamp, kl_in
+    kl       KLConvention         kl_estimator, kl_log_ratio_clamp, kl_value_clamp, kl_in,
+                                  kl_grad_is_clip, kl_loss_estimator, kl_loss_log_ratio_clamp,
+                                  kl_loss_value_clamp
     reward   RewardConvention     score_at, whiten_rewards, score_slot_kl
     norm     NormConvention       whiten_variance, whiten_eps_at    (both whitenings read them)
     adv      AdvantageConvention  advantage, gae_padding, gae_holes, group_std, group_std_level,
@@ -225,6 +227,9 @@ FLAT_ORDER: tuple[str, ...] = (
     "score_slot_kl",
     "truncated_rows",
     "clipfrac_agg",
+    "kl_loss_estimator",
+    "kl_loss_log_ratio_clamp",
+    "kl_loss_value_clamp",
 )
 """The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
 report, ``refppo train --help-config``): the order they were added in, kept so that those outputs
@@ -295,14 +300,18 @@ class Hyperparams:
     """ε added to the variance when whitening."""
     horizon: float | None = None
     """Constant H of ``seq-mean-token-sum-norm`` (None: the padded length T)."""
+    kl_loss_coef: float | None = None
+    """β_loss, the KL loss's own (``kl_in=both``: verl ``actor.kl_loss_coef`` beside ``kl_ctrl.kl_coef``);
+    None = ``kl_coef`` (:attr:`loss_beta`; left out of :meth:`to_dict`)."""
 
     def __post_init__(self) -> None:
         check_unit_interval("gamma", self.gamma)
         check_unit_interval("lam", self.lam)
         for name in ("kl_coef", "cliprange", "cliprange_value", "vf_coef", "ent_coef", "whiten_eps"):
             check_nonneg(name, getattr(self, name))
-        if self.cliprange_high is not None:
-            check_nonneg("cliprange_high", self.cliprange_high)
+        for name in ("cliprange_high", "kl_loss_coef"):
+            if getattr(self, name) is not None:
+                check_nonneg(name, getattr(self, name))
         if self.cliprange > 1.0:  # as clipped_policy_loss's clip_low, at construction (1: no lower bound)
             raise HyperparameterError(f"cliprange: expected a number in [0, 1], got {self.cliprange!r}")
 
@@ -310,6 +319,33 @@ class Hyperparams:
     def clip_high(self) -> float:
         """ε_high in use: ``cliprange_high``, or ``cliprange`` when it is None (symmetric clip)."""
         return self.cliprange if self.cliprange_high is None else self.cliprange_high
+
+    @property
+    def loss_beta(self) -> float:
+        """β of the KL loss: ``kl_loss_coef``, else ``kl_coef``."""
+        return self.kl_coef if self.kl_loss_coef is None else self.kl_loss_coef
+
+    @classmethod
+    def config_hints(cls) -> dict[str, Any]:
+        """The trainer's ``[ppo]`` keys of these fields (:mod:`refppo.train.config.codec`): all but
+        ``kl_loss_coef`` (the trainer runs one β, its controller's; the key describes a checked step)."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: hints[f.name] for f in fields(cls) if f.name != "kl_loss_coef"}
+
+    def get(self, key: str) -> Any:  # the trainer's config reads flattened keys so
+        return getattr(self, key)
+
+    def with_updates(self, values: dict[str, Any]) -> Hyperparams:
+        """A copy with some fields replaced (the trainer's config builds it so)."""
+        return replace(self, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict, ``kl_loss_coef`` left out when None (the dumps and reports written
+        before it existed stay byte for byte)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.kl_loss_coef is None:
+            del out["kl_loss_coef"]
+        return out
 
 
 HPARAM_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Hyperparams))

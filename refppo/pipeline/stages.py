@@ -166,6 +166,7 @@ def walk(
 
 
 _KL_KEYS = ("kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp")
+_KL_LOSS_KEYS = ("kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp")
 
 
 def _reward_reads(conv: Convention) -> tuple[str, ...]:
@@ -291,7 +292,7 @@ _UPDATE = (
     Stage(
         "kl_loss", "update",
         ("kl_in", "kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp", "loss_agg", "kl_loss_agg",
-         "kl_grad_is_clip", "truncated_rows"),
+         "kl_grad_is_clip", "truncated_rows", *_KL_LOSS_KEYS),
         ("horizon",), ("logprobs", "ref_logprobs", "mask", "old_logprobs"), ("kl_loss",), up.kl_loss_stage,
         nu.kl_loss_naive_stage, "core.objective.kl_loss", by_rows=True, normalisers=True,
         needs=nd.kl_loss_needs,
@@ -299,13 +300,14 @@ _UPDATE = (
     Stage(
         "kl_metric", "update",
         ("kl_in", "kl_estimator", "kl_log_ratio_clamp", "kl_value_clamp", "loss_agg", "kl_loss_agg",
-         "kl_metric_agg", "truncated_rows"), ("horizon",), ("kl_loss", "logprobs", "ref_logprobs", "mask"),
+         "kl_metric_agg", "truncated_rows", *_KL_LOSS_KEYS),
+        ("horizon",), ("kl_loss", "logprobs", "ref_logprobs", "mask"),
         ("kl_metric",),
         up.kl_metric_stage, nu.kl_metric_naive_stage, "core.objective.kl_loss", by_rows=True,
         normalisers=True,
     ),
     Stage(
-        "total", "update", ("kl_in",), ("vf_coef", "ent_coef", "kl_coef"),
+        "total", "update", ("kl_in",), ("vf_coef", "ent_coef", "kl_coef", "kl_loss_coef"),
         ("pg_loss", "vf_loss", "entropy_loss", "kl_loss"), ("loss",), up.total_stage, nu.total_naive,
         "core.objective.total_loss", needs=nd.total_needs,
     ),

@@ -274,11 +274,12 @@ def kl_loss_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> di
     if ref is None:
         require_input(q, "ref_logprobs", "kl_loss", kl_loss_needs(conv, hp))
         return {"kl_loss": None}
-    k, norm = conv.kl, ev.norm.kwargs(hp.horizon)
-    args = (q["logprobs"], ref, q["mask"], k.estimator, conv.agg.of("kl"))
-    kw: dict[str, Any] = {"log_ratio_clamp": k.log_ratio_clamp, "value_clamp": k.value_clamp, **norm}
+    (est, lrc, vc), norm = conv.kl.loss_kl(), ev.norm.kwargs(hp.horizon)
+    args = (q["logprobs"], ref, q["mask"], est, conv.agg.of("kl"))
+    kw: dict[str, Any] = {"log_ratio_clamp": lrc, "value_clamp": vc, **norm}
     if ev.rows is None:  # kl_grad_is_clip weights the gradient only (the by-rows path has none)
-        return {"kl_loss": kl_loss(*args, logp_old=q.get("old_logprobs"), grad_is_clip=k.grad_is_clip, **kw)}
+        clip = conv.kl.grad_is_clip
+        return {"kl_loss": kl_loss(*args, logp_old=q.get("old_logprobs"), grad_is_clip=clip, **kw)}
     return {"kl_loss": kl_loss_by_rows(ev.rows, *args, **kw)}
 
 
@@ -291,9 +292,9 @@ def kl_metric_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> 
     if not conv.kl.placement.in_loss or term is None or agg is conv.agg.of("kl"):
         return {"kl_metric": term}
     refuse_prompt_mean(conv, "kl_metric", "kl_metric_agg")
-    k, norm = conv.kl, ev.norm.kwargs(hp.horizon)
-    args = (q["logprobs"], q["ref_logprobs"], q["mask"], k.estimator, agg)
-    kw: dict[str, Any] = {"log_ratio_clamp": k.log_ratio_clamp, "value_clamp": k.value_clamp, **norm}
+    (est, lrc, vc), norm = conv.kl.loss_kl(), ev.norm.kwargs(hp.horizon)
+    args = (q["logprobs"], q["ref_logprobs"], q["mask"], est, agg)
+    kw: dict[str, Any] = {"log_ratio_clamp": lrc, "value_clamp": vc, **norm}
     with torch.no_grad():
         out = kl_loss(*args, **kw) if ev.rows is None else kl_loss_by_rows(ev.rows, *args, **kw)
     return {"kl_metric": out}
@@ -304,7 +305,7 @@ def total_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict
     ``kl_in=loss``)."""
     loss = total_loss(
         q["pg_loss"], q["vf_loss"], q["entropy_loss"], q["kl_loss"], vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
-        kl_coef=hp.kl_coef if conv.kl.placement.in_loss else 0.0,
+        kl_coef=hp.loss_beta if conv.kl.placement.in_loss else 0.0,
     )  # fmt: skip
     return {"loss": loss}
 

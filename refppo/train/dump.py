@@ -20,7 +20,6 @@ rows (:meth:`refppo.train.config.schema.TrainConfig.__post_init__` refuses the o
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ def sidecar_hparams(cfg: TrainConfig, hp: Hyperparams) -> Hyperparams | dict[str
         return hp
     r = cfg.rollout
     sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
-    return {**asdict(hp), **sampling, "logprobs_processed": cfg.seam.logprobs == "processed"}
+    return {**hp.to_dict(), **sampling, "logprobs_processed": cfg.seam.logprobs == "processed"}
 
 
 def request(cfg: TrainConfig, it: int, out_dir: Path, hp: Hyperparams) -> CaptureRequest | None:

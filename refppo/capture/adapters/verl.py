@@ -172,10 +172,8 @@ def verl_hparams(config: Any, *, kl_coef: float | None = None) -> tuple[dict[str
     """
     actor = _cfg(config, "actor_rollout_ref.actor", {})
     use_kl_loss = bool(_cfg(actor, "use_kl_loss", False))
-    if use_kl_loss and bool(_cfg(config, "algorithm.use_kl_in_reward", False)):
-        raise ValueError(
-            "verl config: use_kl_in_reward and actor.use_kl_loss both set; refppo checks one KL site"
-        )
+    both = use_kl_loss and bool(_cfg(config, "algorithm.use_kl_in_reward", False))  # the loss's own keys:
+    use_kl_loss = use_kl_loss and not both  # _kl_loss_keys; the reward's here
     est_name = str(
         _cfg(actor, "kl_loss_type", "low_var_kl")
         if use_kl_loss
@@ -209,7 +207,7 @@ def verl_hparams(config: Any, *, kl_coef: float | None = None) -> tuple[dict[str
     agg = str(_cfg(actor, "loss_agg_mode", "token-mean"))
     conv: dict[str, Any] = {
         "kl_estimator": VERL_KL[est_name],
-        "kl_in": "loss" if use_kl_loss else "reward",
+        "kl_in": "both" if both else ("loss" if use_kl_loss else "reward"),
         "loss_agg": agg,
         "dual_clip": float(_cfg(actor, "clip_ratio_c", 3.0)),
     }
@@ -217,7 +215,21 @@ def verl_hparams(config: Any, *, kl_coef: float | None = None) -> tuple[dict[str
     if critic_agg is not None and str(critic_agg) != agg:
         conv["value_loss_agg"] = str(critic_agg)
     conv.update(verl_correction(_cfg(config, "algorithm.rollout_correction", None)))
+    if both:
+        hp["kl_loss_coef"], conv["kl_loss_estimator"] = _kl_loss_keys(actor)
     return hp, conv
+
+
+def _kl_loss_keys(actor: Any) -> tuple[float, str]:
+    """``(kl_loss_coef, kl_loss_estimator)`` of ``kl_in=both`` (``use_kl_in_reward`` and
+    ``actor.use_kl_loss`` both on): verl's loss keeps its own ``actor.kl_loss_coef`` and
+    ``kl_loss_type`` (``verl/workers/utils/losses.py::ppo_loss``) beside the reward's."""
+    name = str(_cfg(actor, "kl_loss_type", "low_var_kl"))
+    if name not in VERL_KL:
+        raise ValueError(
+            f"verl config: kl estimator {name!r} has no refppo counterpart; valid: {sorted(VERL_KL)}"
+        )
+    return float(_cfg(actor, "kl_loss_coef", 0.001)), VERL_KL[name]
 
 
 def verl_correction(rc: Any) -> dict[str, Any]:

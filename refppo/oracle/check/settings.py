@@ -13,7 +13,7 @@ report) is the union of
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from refppo.errors import ConventionError, HyperparameterError
@@ -39,12 +39,20 @@ since these keys were the oracle's own, kept byte for byte)."""
 
 _FLOAT_OR_NONE = {
     "dual_clip", "log_ratio_clamp", "kl_value_clamp", "score_clip", "rollout_is_low", "rollout_is_high",
-    "kl_grad_is_clip", "rollout_rs_low", "rollout_rs_high",
+    "kl_grad_is_clip", "rollout_rs_low", "rollout_rs_high", "kl_loss_value_clamp",
 }  # fmt: skip
 _FLOAT_EXTRAS = {"score_bias", "score_scale", "group_eps"}
 """Keys holding a plain float (the score map's bias and scale, ``group_eps``)."""
-_FLOAT_OR_NONE_HP = {"cliprange_high", "horizon"}
-_NAME_OR_NONE = {"value_loss_agg", "kl_loss_agg", "entropy_agg", "rollout_is", "kl_metric_agg", "rollout_rs"}
+_FLOAT_OR_NONE_HP = {"cliprange_high", "horizon", "kl_loss_coef"}
+_NAME_OR_NONE = {
+    "value_loss_agg",
+    "kl_loss_agg",
+    "entropy_agg",
+    "rollout_is",
+    "kl_metric_agg",
+    "rollout_rs",
+    "kl_loss_estimator",
+}
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,7 @@ class Setup:
         return out
 
     def hparams_dict(self) -> dict[str, Any]:
-        return asdict(self.hp)
+        return self.hp.to_dict()
 
     def with_convention(self, updates: dict[str, Any]) -> Setup:
         """A copy with some flat convention keys replaced (typed values, not strings)."""
@@ -108,13 +116,13 @@ def parse_value(key: str, value: Any) -> Any:
             if value is None or (isinstance(value, str) and _none_word(value)):
                 return None
             return _to_float(value)
-        if key == "kl_log_ratio_clamp":
+        if key in ("kl_log_ratio_clamp", "kl_loss_log_ratio_clamp"):
             if value is None or (isinstance(value, str) and _none_word(value)):
                 return None
             parts: list[Any] = value.split(",") if isinstance(value, str) else list(value)
             if len(parts) != 2:
                 raise HyperparameterError(
-                    f"kl_log_ratio_clamp: expected two bounds LO,HI (either may be none), got {value!r}"
+                    f"{key}: expected two bounds LO,HI (either may be none), got {value!r}"
                 )
             lo, hi = (
                 None if (p is None or (isinstance(p, str) and _none_word(p))) else _to_float(p) for p in parts

@@ -33,6 +33,7 @@ from refppo.core.checks import count_true
 from refppo.oracle.check.ties import pg_tie_share
 from refppo.oracle.detect.grad_fit import GradFit, explain_policy
 from refppo.oracle.detect.groups import Group, Option
+from refppo.oracle.detect.policy_kl import KLLossWalk, kl_loss_stage
 from refppo.oracle.detect.policy_solve import log_ratio_clamps, propose_policy
 from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState, PolicyState, digest
@@ -107,7 +108,7 @@ class _PolicyEval:
             for a in MASK_AGGS:
                 st = s.setting(loss_agg=a.value, entropy_agg=None)
                 self.ent[a.value] = s.evaluate("entropy", q_ent, st, self.ev_tok)["entropy_loss"]
-        self.kll: dict[tuple[bytes, str | None, str], Tensor | None] = {}
+        self.klw = KLLossWalk(s, self.has_lp)
         self.akl: dict[tuple[str, float], Tensor] = {}
         self.acts: dict[tuple[Any, ...], bool] = {}
         self.computed: dict[tuple[Any, ...], _Aggregated] = {}
@@ -207,23 +208,11 @@ class _PolicyEval:
         ca = st.carried
         if not ca.kl_in.in_loss or not self.has_lp:
             return None
-        return self.kl_loss_as(ca.kl_key, ca.kl_setting, agg, None)
+        return self.klw.kl_loss_as(ca.kl_key, ca.kl_setting, agg, None)
 
-    def kl_loss_as(self, kl_key: bytes, kl_setting: Any, agg: str, kagg: str | None) -> Tensor | None:
-        """:func:`kl_loss_stage` memoised by the KL's digest ``kl_key``."""
-        key = (kl_key, kagg, agg)
-        if key not in self.kll:
-            self.kll[key] = kl_loss_stage(self.s, kl_setting, agg, kagg)
-        return self.kll[key]
-
-
-def kl_loss_stage(s: Search, kl_setting: Any, agg: str, kagg: str | None) -> Tensor | None:
-    """The kl_loss stage under ``kl_in=loss``, the KL keys ``kl_setting``, ``loss_agg = agg`` and
-    ``kl_loss_agg = kagg``, on the current log-probs."""
-    q = {"logprobs": s.t["logprobs"], "ref_logprobs": s.t.get("ref_logprobs"), "mask": s.m}
-    st = s.setting(**kl_setting, kl_in="loss", loss_agg=agg, kl_loss_agg=kagg)
-    out: Tensor | None = s.evaluate("kl_loss", q, st, s.ev_counts(s.m))["kl_loss"]
-    return out
+    def kl_variants(self, st: AdvState, agg: str) -> list[tuple[dict[str, Any], Tensor | None]]:
+        """:meth:`refppo.oracle.detect.policy_kl.KLLossWalk.variants` of ``st``'s KL loss."""
+        return self.klw.variants(st.carried, self.kl_loss(st, agg), agg)
 
 
 Walked = tuple[PolicyLoss, Clip, float | None, float | None]
@@ -279,17 +268,25 @@ def _policy_options(
                 ents: list[tuple[dict[str, Any], Tensor | None]] = [(own_eagg, pe.ent.get(a))]
                 if ents_all:  # SkyRL's entropy is token-mean whatever loss_agg (skyrl_train ppo_utils)
                     ents += [({"entropy_agg": e}, v) for e, v in pe.ent.items() if e != a]
-                kll = pe.kl_loss(st, a)
-                for (eupd, ent), ak in itertools.product(ents, ApproxKL):
-                    akl = pe.approx_kl(ak.value, out.approx_kl)
-                    ps = PolicyState(
-                        st.carried, st.adv, st.adv_key, setting, agg, out.pg[a], out.clipfrac, akl, ent, kll,
-                        st.is_weights, st.is_key,
-                    )  # fmt: skip
-                    wk = st.is_key if by_weight else b""
-                    key = digest(st.carried.ret_key, out.pg[a], out.clipfrac, akl, ent, kll, a, wk)
-                    upd = {"dual_clip": dual, "log_ratio_clamp": lrc, "loss_agg": a, "approx_kl": ak.value}
-                    yield {**upd_loss, **upd, **eupd, **upd_clip}, ps, key
+                for kupd, kll in pe.kl_variants(st, a):
+                    kset = {**setting, **kupd}
+                    # a KL-loss key only the gradient shows: its own option where the gradient is dumped
+                    kk = digest(*sorted(map(str, kupd.items()))) if by_weight else b""
+                    for (eupd, ent), ak in itertools.product(ents, ApproxKL):
+                        akl = pe.approx_kl(ak.value, out.approx_kl)
+                        ps = PolicyState(
+                            st.carried, st.adv, st.adv_key, kset, agg, out.pg[a], out.clipfrac, akl, ent, kll,
+                            st.is_weights, st.is_key,
+                        )  # fmt: skip
+                        wk = st.is_key if by_weight else b""
+                        key = digest(st.carried.ret_key, out.pg[a], out.clipfrac, akl, ent, kll, a, wk, kk)
+                        upd = {
+                            "dual_clip": dual,
+                            "log_ratio_clamp": lrc,
+                            "loss_agg": a,
+                            "approx_kl": ak.value,
+                        }
+                        yield {**upd_loss, **upd, **eupd, **upd_clip, **kupd}, ps, key
 
     return opts
 

@@ -148,7 +148,7 @@ def _solve_on(
             duals += nice(c)
     own = s.base.conv.policy.dual_clip if dual_clip else None
     for dual in dict.fromkeys([own, None]):
-        known = tuple(dict.fromkeys([hp.cliprange, hp.cliprange_high or hp.cliprange]))
+        known = tuple(dict.fromkeys([hp.cliprange, hp.clip_high]))
         for lo, hi in solve_clip_ranges(terms, target, dual=dual, known=known):
             if not _clipfrac_ok(s, terms, lo, hi):
                 continue

@@ -32,6 +32,7 @@ from refppo.oracle.detect.grad_fit import GradFit
 from refppo.oracle.detect.grad_solve import propose_value_grad
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy import kl_loss_stage
+from refppo.oracle.detect.policy_kl import loss_beta_note
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import loss_weights
 from refppo.oracle.detect.solve_value import ValueKnots, solve_value_clip
@@ -252,6 +253,7 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
     own_kagg = {} if s.base.conv.agg.kl is None else {"kl_loss_agg": None}
     kll: dict[tuple[bytes, str, str], Tensor | None] = {}
     totals: dict[str, Setup] = {}
+    betas_seen: set[bytes] = set()
 
     def total_setting(kl_in: str) -> Setup:
         """A separate critic's dumped ``loss`` is the actor's objective, without the value term
@@ -278,13 +280,10 @@ def loss_step(s: Search, groups: list[Group[ValueState]]) -> list[Group[LossStat
             ca = ps.carried
             kls += [({"kl_loss_agg": a.value}, kl_loss_mode(ca, agg, a.value)) for a in MASK_AGGS if a != agg]
         for upd, kl_loss in kls:
-            q = {
-                "pg_loss": ps.pg_loss,
-                "vf_loss": vs.vf_loss,
-                "entropy_loss": ps.entropy_loss,
-                "kl_loss": kl_loss,
-            }
-            total = s.evaluate("total", q, total_setting(ps.carried.kl_in.value))["loss"]
+            q = dict(pg_loss=ps.pg_loss, vf_loss=vs.vf_loss, entropy_loss=ps.entropy_loss, kl_loss=kl_loss)
+            tset = total_setting(ps.carried.kl_in.value)
+            total = s.evaluate("total", q, tset)["loss"]
+            loss_beta_note(s, q, tset, total, betas_seen)  # the KL loss's own β: noted when it alone differs
             yield upd, LossState(vs, total, kl_loss), digest(total, ps.pg_loss, vs.vf_loss, kl_loss)
             # kl_metric_agg: the logged KL (the dumped kl_loss) aggregated unlike the term (TRL GRPO)
             term = str(upd.get("kl_loss_agg") or agg)

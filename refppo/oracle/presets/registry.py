@@ -84,19 +84,24 @@ def get_preset(name: str) -> Preset:
 
 
 def resolve_preset(
-    name: str, estimator: str | None = None, advantage: str | None = None
+    name: str, estimator: str | None = None, advantage: str | None = None, loss_estimator: str | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(conventions, default hparams)`` of preset ``name`` with the KL clamps of ``estimator``.
 
     ``estimator`` None keeps the preset's own KL estimator. ``advantage`` (None: ``gae``, the
     preset as written) applies the peer's critic-free variant
-    (:func:`critic_free_variant`; a ConventionError when the peer has none).
+    (:func:`critic_free_variant`; a ConventionError when the peer has none). ``loss_estimator``
+    (``kl_loss_estimator``, the KL loss's own under ``kl_in=both``) gets its clamps by the same rule
+    as ``kl_loss_log_ratio_clamp`` / ``kl_loss_value_clamp``.
     """
     p = get_preset(name)
     conv = dict(p.conventions)
     if estimator is not None:
         conv["kl_estimator"] = estimator
     conv.update(p.kl_clamps(str(conv["kl_estimator"]).removesuffix("+")))  # k3+ clamps as k3
+    if loss_estimator is not None:
+        conv["kl_loss_estimator"] = loss_estimator
+        conv.update({f"kl_loss_{k[3:]}": v for k, v in p.kl_clamps(loss_estimator.removesuffix("+")).items()})
     if advantage is not None:
         conv.update(critic_free_variant(name, advantage))
     return conv, dict(p.hparams)
