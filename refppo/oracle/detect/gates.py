@@ -29,11 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.conventions import LossAgg
 from refppo.errors import RefPPOError
+from refppo.oracle.detect.adv_states import loss_terms
 from refppo.oracle.detect.groups import Group
-from refppo.oracle.detect.policy_solve import agg_weights
-from refppo.oracle.detect.search import SOLVE_GROUPS, Search
+from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState
 from refppo.pipeline.correction import gate_statistic_of
 from refppo.pipeline.settings import Convention
@@ -141,7 +140,6 @@ def gate_settings(
         return []
     target = float(t["pg_loss"])
     tol = s.tol.of(abs(target))
-    agg_w = agg_weights(s)
     q = {"old_logprobs": t["old_logprobs"], "rollout_logprobs": t["rollout_logprobs"], "mask": m}
     stats = {
         fam: gate_statistic_of(q, Convention.of(**_gate_keys(fam, None, None)))[m].double()
@@ -151,22 +149,13 @@ def gate_settings(
     out: list[dict[str, Any]] = [
         {**base, **_gate_keys(fam, lo, hi)} for base in BASE_WEIGHTS for fam, lo, hi in NAMED_GATES
     ]
-    seen: set[bytes] = set()
-    for g in groups[:SOLVE_GROUPS]:
-        st = g.state
-        if st.adv_key in seen:
-            continue
-        seen.add(st.adv_key)
-        q = {"logprobs": t["logprobs"], "old_logprobs": t["old_logprobs"], "advantages": st.adv, "mask": m}
-        plain = s.evaluate("policy", q, s.setting())["pg_per_token"][m].double()
-        for agg_mode in LossAgg:
-            c = agg_w(agg_mode, st.adv.dtype)[m].double() * plain
-            for base, w in bases:
-                for fam, u in stats.items():
-                    for lo, hi in _thresholds(u, c * w, target, tol, fam[1] is RSStat.RATIO, solvers):
-                        out.append({**base, **_gate_keys(fam, lo, hi)})
-                        s.propose_value("rollout_rs_low", lo)
-                        s.propose_value("rollout_rs_high", hi)
+    for _st, _dual, _agg, c in loss_terms(s, groups):
+        for base, w in bases:
+            for fam, u in stats.items():
+                for lo, hi in _thresholds(u, c * w, target, tol, fam[1] is RSStat.RATIO, solvers):
+                    out.append({**base, **_gate_keys(fam, lo, hi)})
+                    s.propose_value("rollout_rs_low", lo)
+                    s.propose_value("rollout_rs_high", hi)
     return list({tuple(sorted(d.items())): d for d in out}.values())
 
 
