@@ -38,7 +38,7 @@ from refppo.errors import ConventionError, HyperparameterError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.pipeline.group_fields import _parse_enums, flat_key
 from refppo.pipeline.groups_gate import RolloutGate
-from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
+from refppo.rollout_conventions import ClipFracCounts, ISAgg, ISLevel, ISMode
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,11 @@ class PolicyConvention:
     """Clamp of ``logprobs − old_logprobs`` before exp in the ratio (verl, OpenRLHF: 20)."""
     approx_kl: ApproxKL = field(default=ApproxKL.K1, metadata=flat_key(omit=True, config=False))
     """Which ``approx_kl`` metric the trainer logs (:class:`refppo.conventions.ApproxKL`)."""
+    clipfrac_counts: ClipFracCounts = field(
+        default=ClipFracCounts.ALL, metadata=flat_key(omit=True, config=False)
+    )
+    """Which clipped tokens the logged ``pg_clipfrac`` counts
+    (:class:`refppo.rollout_conventions.ClipFracCounts`: AReaL's kept ones, TRL's CISPO side)."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)

@@ -16,6 +16,7 @@ from torch import Tensor
 from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_loss_naive
 from refppo.core.cispo import cispo_policy_loss_naive
+from refppo.core.clipfrac import clip_fraction_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
 from refppo.core.policy import approx_kl_k2_all_positions_naive, clipped_policy_loss_naive
@@ -24,6 +25,7 @@ from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.needs import kl_loss_needs, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.rollout_conventions import ClipFracCounts
 
 Q = Mapping[str, Any]
 
@@ -71,10 +73,19 @@ def policy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dic
     if w is not None:  # ℓ_t ← w'_t·ℓ_t, token by token
         ws = w.tolist()
         per_token = [[a * b for a, b in zip(r, wr, strict=True)] for r, wr in zip(per_token, ws, strict=True)]
+    clipfrac = out.clipfrac
+    if pol.clipfrac_counts is not ClipFracCounts.ALL:  # token by token on the twin's own ratios
+        eps_hi = hp.cliprange if hp.cliprange_high is None else hp.cliprange_high
+        cispo = pol.loss is PolicyLoss.CISPO
+        lo = None if cispo and hp.cliprange >= 1.0 else 1.0 - hp.cliprange
+        clipfrac = clip_fraction_naive(
+            _f64(out.ratio, dev), q["advantages"], q["mask"], band=(lo, 1.0 + eps_hi), surrogate=not cispo,
+            counts=pol.clipfrac_counts, weight=w,
+        )  # fmt: skip
     return {
         "pg_per_token": _f64(per_token, dev),
         "ratio": _f64(out.ratio, dev),
-        "pg_clipfrac": _f64(out.clipfrac, dev),
+        "pg_clipfrac": _f64(clipfrac, dev),
         "pg_clipfrac_lower": _f64(out.clipfrac_lower, dev),
         "pg_approx_kl": _f64(out.approx_kl, dev),
     }
