@@ -39,7 +39,7 @@ from refppo.errors import ConventionError, HyperparameterError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.pipeline.group_fields import _parse_enums, flat_key
 from refppo.pipeline.groups_gate import RolloutGate
-from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
+from refppo.rollout_conventions import ClipFracCounts, ISAgg, ISLevel, ISMode
 
 
 @dataclass(frozen=True)
@@ -240,6 +240,11 @@ class PolicyConvention:
     )
     """How the logged ``pg_clipfrac`` averages the clipped tokens (:class:`refppo.conventions.ClipfracAgg`;
     ``row-mean``: ``policy_loss=vanilla`` only)."""
+    clipfrac_counts: ClipFracCounts = field(
+        default=ClipFracCounts.ALL, metadata=flat_key(omit=True, config=False)
+    )
+    """Which clipped tokens the logged ``pg_clipfrac`` counts
+    (:class:`refppo.rollout_conventions.ClipFracCounts`: AReaL's kept ones, TRL's CISPO side)."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
@@ -252,6 +257,11 @@ class PolicyConvention:
         if self.loss is not PolicyLoss.VANILLA and self.clipfrac_agg is ClipfracAgg.ROW_MEAN:
             raise ConventionError(
                 f"clipfrac_agg=row-mean: policy_loss=vanilla only, got policy_loss={self.loss}"
+            )
+        if self.clipfrac_agg is ClipfracAgg.ROW_MEAN and self.clipfrac_counts is not ClipFracCounts.ALL:
+            raise ConventionError(
+                f"clipfrac_agg=row-mean with clipfrac_counts={self.clipfrac_counts}: no trainer logs both "
+                "(oat counts every clipped token); set one of them to its default"
             )
         if self.loss is not PolicyLoss.VANILLA and self.dual_clip is not None:
             raise ConventionError(

@@ -17,6 +17,7 @@ from refppo.agg_conventions import ClipfracAgg
 from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_loss_naive, prompt_mean_naive
 from refppo.core.cispo import cispo_policy_loss_naive
+from refppo.core.clipfrac import clip_fraction_naive
 from refppo.core.clipfrac_rows import clipfrac_row_mean_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
@@ -26,6 +27,7 @@ from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.needs import kl_loss_needs, refuse_prompt_mean, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.rollout_conventions import ClipFracCounts
 
 Q = Mapping[str, Any]
 
@@ -77,6 +79,14 @@ def policy_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dic
         clipfrac = clipfrac_row_mean_naive(
             *args, clip_low=hp.cliprange, clip_high=hp.cliprange_high, log_ratio_clamp=pol.log_ratio_clamp
         )
+    if pol.clipfrac_counts is not ClipFracCounts.ALL:  # token by token on the twin's own ratios
+        eps_hi = hp.clip_high
+        cispo = pol.loss is PolicyLoss.CISPO
+        lo = None if cispo and hp.cliprange >= 1.0 else 1.0 - hp.cliprange
+        clipfrac = clip_fraction_naive(
+            _f64(out.ratio, dev), q["advantages"], q["mask"], band=(lo, 1.0 + eps_hi), surrogate=not cispo,
+            counts=pol.clipfrac_counts, weight=w,
+        )  # fmt: skip
     return {
         "pg_per_token": _f64(per_token, dev),
         "ratio": _f64(out.ratio, dev),

@@ -12,7 +12,7 @@ A :class:`Convention` is one frozen group per stage family of :mod:`refppo.pipel
     adv      AdvantageConvention  advantage, gae_padding, gae_holes, group_std, group_std_level,
                                   group_singleton, group_kl, group_eps, gae_bootstrap
     whiten   WhitenConvention     whiten_advantages, whiten_holes
-    policy   PolicyConvention     policy_loss, dual_clip, log_ratio_clamp, approx_kl
+    policy   PolicyConvention     policy_loss, dual_clip, log_ratio_clamp, approx_kl, clipfrac_counts
     agg      AggConvention        loss_agg, value_loss_agg, kl_loss_agg, entropy_agg, kl_metric_agg
     value    ValueConvention      value_loss, value_clip_form, vf_mask
     rollout  RolloutCorrection    rollout_is, rollout_is_agg, rollout_is_mode, rollout_is_low,
@@ -230,6 +230,7 @@ FLAT_ORDER: tuple[str, ...] = (
     "kl_loss_estimator",
     "kl_loss_log_ratio_clamp",
     "kl_loss_value_clamp",
+    "clipfrac_counts",
 )
 """The flat keys in the order every listing writes them (:meth:`Convention.to_dict`, the JSON
 report, ``refppo train --help-config``): the order they were added in, kept so that those outputs

@@ -252,16 +252,22 @@ _UPDATE = (
         active=rcs.rollout_correction_reads, needs=rcs.rollout_correction_needs,
     ),
     Stage(
-        "policy", "update", ("policy_loss", "dual_clip", "log_ratio_clamp", "truncated_rows", "clipfrac_agg"),
+        "policy", "update",
+        ("policy_loss", "dual_clip", "log_ratio_clamp", "truncated_rows", "clipfrac_agg", "clipfrac_counts"),
         ("cliprange", "cliprange_high"),
         ("logprobs", "old_logprobs", "advantages", "mask", "is_weights"),
         ("pg_per_token", "ratio", "pg_clipfrac", "pg_clipfrac_lower", "pg_approx_kl"),
         up.policy_stage, nu.policy_naive,
         "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss, "
-        "core.cispo.cispo_policy_loss, core.clipfrac_rows.clipfrac_row_mean", by_rows=True,
+        "core.cispo.cispo_policy_loss, core.clipfrac_rows.clipfrac_row_mean, core.clipfrac.clip_fraction",
+        by_rows=True,
         needs=nd.policy_needs,
         output_reads={q: ("logprobs", "old_logprobs", "mask") for q in ("ratio", "pg_approx_kl")},
-        output_keys={"ratio": ("policy_loss", "log_ratio_clamp"), "pg_approx_kl": ("policy_loss",)},
+        output_keys={
+            "ratio": ("policy_loss", "log_ratio_clamp"), "pg_approx_kl": ("policy_loss",),
+            **{q: ("policy_loss", "dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high")
+               for q in ("pg_per_token", "pg_clipfrac_lower")},
+        },
     ),
     Stage(
         "policy_agg", "update", ("loss_agg", "truncated_rows"), ("horizon",),

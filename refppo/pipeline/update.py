@@ -42,6 +42,7 @@ from refppo.core.by_rows import (
 )
 from refppo.core.checks import check_mask
 from refppo.core.cispo import cispo_policy_loss
+from refppo.core.clipfrac import clip_fraction
 from refppo.core.clipfrac_rows import clipfrac_row_mean
 from refppo.core.gspo import gspo_policy_token_loss, gspo_ratio
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
@@ -57,6 +58,7 @@ from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.needs import kl_loss_needs, refuse_prompt_mean, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
+from refppo.rollout_conventions import ClipFracCounts
 
 Q = Mapping[str, Any]
 """The quantities a stage reads (name → tensor, or None where absent)."""
@@ -168,10 +170,41 @@ def policy_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dic
     return {
         "pg_per_token": weighted(t.per_token, q.get("is_weights")),
         "ratio": t.ratio,
-        "pg_clipfrac": clipfrac,
+        "pg_clipfrac": counted_clipfrac(q, conv, hp, clipfrac),
         "pg_clipfrac_lower": t.clipfrac_lower,
         "pg_approx_kl": t.approx_kl,
     }
+
+
+def recounts(conv: Convention, weight: Tensor | None) -> bool:
+    """Whether ``clipfrac_counts`` changes the core's ``clipfrac``: ``kept`` under a correction,
+    ``by_advantage`` with CISPO (the surrogate's ``L2 > L1`` already counts one side only)."""
+    c, loss = conv.policy.clipfrac_counts, conv.policy.loss
+    return (c is ClipFracCounts.KEPT and weight is not None) or (
+        c is ClipFracCounts.BY_ADVANTAGE and loss is PolicyLoss.CISPO
+    )
+
+
+def clip_band(conv: Convention, hp: Hyperparams) -> tuple[float | None, float]:
+    """``(1 − ε_low, 1 + ε_high)`` the policy term clips ``ρ`` to (``ε_high`` None: ``ε_low``); CISPO:
+    no lower bound for ``ε_low ≥ 1`` (:func:`refppo.core.cispo.cispo_policy_loss`)."""
+    lo, hi = hp.cliprange, hp.clip_high
+    if conv.policy.loss is PolicyLoss.CISPO and lo >= 1.0:
+        return None, 1.0 + hi
+    return 1.0 - lo, 1.0 + hi
+
+
+def counted_clipfrac(q: Q, conv: Convention, hp: Hyperparams, core: Tensor) -> Tensor:
+    """``pg_clipfrac`` under ``conv.policy.clipfrac_counts``: the core's ``core`` where the
+    convention changes nothing (:func:`recounts`), else :func:`refppo.core.clipfrac.clip_fraction`."""
+    w = q.get("is_weights")
+    if not recounts(conv, w):
+        return core
+    ratio = clip_ratio(q["logprobs"], q["old_logprobs"], q["mask"], conv)
+    return clip_fraction(
+        ratio, q["advantages"], q["mask"], band=clip_band(conv, hp),
+        surrogate=conv.policy.loss is not PolicyLoss.CISPO, counts=conv.policy.clipfrac_counts, weight=w,
+    )  # fmt: skip
 
 
 def aggregate(

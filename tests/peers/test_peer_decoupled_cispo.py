@@ -13,7 +13,9 @@ and writes v2 step dumps (``grad_logprobs`` by autograd through the peer's funct
 - :mod:`peers.makers.trl_is`: TRL 1.16.0 GRPOTrainer's four ``vllm_importance_sampling_mode`` values.
 
 Each dump must match under its preset plus its ``--set`` (max abs error printed and bounded), the
-control (one key flipped) must mismatch, and ``--detect`` from refppo's defaults must list the
+control (one key flipped) must mismatch (AReaL's: also ``pg_clipfrac``, its logged ``clip_ratio``,
+under ``clipfrac_counts=kept``, whose control ``all`` must mismatch at ``pg_clipfrac`` where a
+rejected token is clipped), and ``--detect`` from refppo's defaults must list the
 generating surrogate and correction family (``policy_loss``, ``rollout_is``, ``rollout_is_agg``,
 ``rollout_is_mode``, ``rollout_rs``) on the v2 dump itself, each listed entry of that family re-checked,
 and must not list the control's family. A gate is part of the family: the unbounded token weight
@@ -72,6 +74,25 @@ def _made(tmp: Path, unit: str) -> tuple[list[str], str]:
     return names, preset
 
 
+CLIP_RATIO_ALL_SAME = {"areal_decoupled_token_clamp_2"}
+"""AReaL dumps whose logged ``clip_ratio`` equals the default count (``clamp`` keeps every token)."""
+
+
+def _areal_clip_ratio(dump: Any, expected: Any, n: str) -> None:
+    """AReaL's logged ``clip_ratio`` (``pg_clipfrac``) is compared under ``clipfrac_counts=kept``
+    (the preset's); the default count (``all``: the rejected tokens' clips too) mismatches at
+    ``pg_clipfrac`` wherever a rejected token is clipped."""
+    assert expected.conv.policy.clipfrac_counts.value == "kept", n
+    flat = {k: getattr(v, "value", v) for k, v in expected.convention_dict().items()}
+    ctl = check(dump, setup_from_json(expected, {**flat, "clipfrac_counts": "all"}), explain_divergence=False)
+    err = ctl.quantities["pg_clipfrac"].max_abs_err
+    print(f"{n}: pg_clipfrac (clip_ratio) control clipfrac_counts=all: abs error {err:.3g}")
+    if n in CLIP_RATIO_ALL_SAME:
+        assert ctl.match, n
+    else:
+        assert not ctl.match and ctl.first_divergence == "pg_clipfrac", (n, ctl.first_divergence)
+
+
 @pytest.mark.parametrize("unit", list(MAKERS))
 def test_the_peers_steps_match_their_convention_and_detect_lists_it(
     tmp_path: Path, unit: str, monkeypatch: pytest.MonkeyPatch
@@ -87,12 +108,15 @@ def test_the_peers_steps_match_their_convention_and_detect_lists_it(
         expected, base = _setups(dump, preset, conv)
         res = check(dump, expected, explain_divergence=False)
         assert res.match and "grad_logprobs" in res.quantities, (n, res.first_divergence)
+        assert unit != "areal" or "pg_clipfrac" in res.quantities, n  # AReaL's clip_ratio
         err = max(q.max_abs_err for q in res.quantities.values())
         print(f"{n}: match, max abs error {err:.2e}")
         assert err < MAX_ERR, (n, err)
         flip = json.loads((tmp_path / f"{n}.control.json").read_text())
         trial = {**{k: getattr(v, "value", v) for k, v in expected.convention_dict().items()}, **flip}
         assert not check(dump, setup_from_json(expected, trial), explain_divergence=False).match, n
+        if unit == "areal":
+            _areal_clip_ratio(dump, expected, n)
         want, unwanted = _family(conv), _family({**conv, **flip})
         det = detect(dump, base, limit=100000)
         listed = [e for e in det.detected if _family(e) == want]

@@ -12,8 +12,10 @@ Each maker runs the peer's own installed code in its side venv (skipped with the
 Each dump must match under its preset plus its ``--set`` (max abs error printed and bounded), the
 control (one gate key flipped) and the step without the gate must mismatch at ``pg_loss``, and
 ``--detect`` from the preset must list settings that re-check (the first three), a gated one
-(``rollout_rs`` on) except on :data:`NO_GATE_LISTED`. On one AReaL v2 dump ``--detect`` lists
-nothing (:data:`V2_LISTS_NOTHING`): the listing is required on its v1 copy.
+(``rollout_rs`` on) except on :data:`NO_GATE_LISTED`, on every v2 dump (:data:`V2_LISTS_NOTHING`
+is empty). On ``areal_gates_sequence_ratio_max`` the generating setting itself (the row's
+geometric-mean weight, the veto ``max_t π^prox/π^beh ≤ 3``) is among the listed ones, and its solved
+threshold is reported as fixed only to an interval, never determined.
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ MAKERS: dict[str, tuple[str, str, str, int]] = {
     "areal": ("skyrl-areal", "areal_gates", "areal", 4),
     "openrlhf": ("verl-openrlhf", "openrlhf_gates", "openrlhf", 2),
 }
-V2_LISTS_NOTHING = {"areal_gates_sequence_ratio_max"}
-"""Measured: ``--detect`` lists nothing on this v2 dump; the v1 copy lists gated settings. (The other
-three AReaL v2 dumps are listed since the walk checks the gradient of corrected candidates.)"""
+V2_LISTS_NOTHING: set[str] = set()
+"""v2 dumps on which ``--detect`` lists nothing (the v1 copy is then required to list; asserted
+exactly, so a change shows here). Empty since the gates' walk multiplies the row's geometric-mean
+weight too (:data:`refppo.oracle.detect.gates.BASE_WEIGHTS`): ``areal_gates_sequence_ratio_max``
+(AReaL's sequence-level ratio veto, ``agg: max``, which weights each token by its row's geometric
+mean) listed nothing on v2 before, as no walked weight times any gate reproduced its gradient."""
 NO_GATE_LISTED: set[str] = set()
 """Dumps on which ``--detect`` lists no gated setting (asserted exactly, so a change shows here).
 Empty since the batch's later detect merges: ``openrlhf_gates_seq_mask_0.8_1.25`` (a v1 dump: one
@@ -66,6 +71,29 @@ def _made(tmp: Path, unit: str) -> tuple[list[str], str]:
 
 def _flat(expected: Any, **upd: Any) -> dict[str, Any]:
     return {**{k: getattr(v, "value", v) for k, v in expected.convention_dict().items()}, **upd}
+
+
+GATE_KEYS = (
+    "rollout_is", "rollout_is_agg", "rollout_is_low", "rollout_is_high", "rollout_rs", "rollout_rs_stat",
+    "rollout_rs_order", "rollout_rs_reduce", "rollout_rs_low", "rollout_rs_high",
+)  # fmt: skip
+"""The keys that fix the ratio veto's weight (an unbounded weight: ``rollout_is_mode`` is unread)."""
+
+
+def _generating_listed_as_an_interval(dump: Dump, det: Any, conv: dict[str, Any]) -> None:
+    """The generating setting (its gate keys, the unread ones at refppo's defaults) is listed, and
+    each solved gate threshold is fixed only to an interval (never determined)."""
+    from refppo.oracle.detect.evidence import evidence
+
+    want = {k: conv.get(k, "proximal" if k == "rollout_rs_order" else None) for k in GATE_KEYS}
+    assert any({k: e.get(k) for k in GATE_KEYS} == want for e in det.detected), want
+    reps = [(c.representative, c.differing) for c in det.classes.classes]
+    evs = {e.key: e for e in evidence(dump, det.undetermined, det.solved, reps)}
+    assert 3.0 in det.solved["rollout_rs_high"], det.solved
+    for k in ("rollout_rs_low", "rollout_rs_high"):
+        if k in det.solved:
+            assert evs[k].interval and not evs[k].determined, evs[k].text()
+            assert "fixed only to the interval between two observed statistics" in evs[k].text()
 
 
 @pytest.mark.parametrize("unit", list(MAKERS))
@@ -105,5 +133,7 @@ def test_the_peers_gates_match_their_keys_and_detect_lists_a_gate(
             ungated.add(n)
         for e in (gated or det.detected)[:3]:
             assert check(on, setup_from_json(base, e), explain_divergence=False).match, (n, e)
+        if n == "areal_gates_sequence_ratio_max":
+            _generating_listed_as_an_interval(on, det, conv)
     assert fallbacks == {n for n in names if n in V2_LISTS_NOTHING}, fallbacks
     assert ungated == {n for n in names if n in NO_GATE_LISTED}, ungated

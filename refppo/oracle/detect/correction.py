@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.agg_conventions import MASK_AGGS
 from refppo.errors import RefPPOError
+from refppo.oracle.detect.adv_states import loss_terms
 from refppo.oracle.detect.correction_grad import (
     interval_note,
     kept_range,
@@ -56,8 +56,7 @@ from refppo.oracle.detect.correction_grad import (
 )
 from refppo.oracle.detect.gates import correction_on, gate_settings
 from refppo.oracle.detect.groups import Group, Option
-from refppo.oracle.detect.policy_solve import agg_weights
-from refppo.oracle.detect.search import SOLVE_GROUPS, Search
+from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.solve import solve_min_hinge
 from refppo.oracle.detect.states import AdvState, digest
 from refppo.pipeline.stages import BY_NAME
@@ -200,7 +199,8 @@ def solve_caps(
     s: Search, groups: list[Group[AdvState]], weights: _Weights, front: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
     """The correction settings whose bounds reproduce ``pg_loss`` under the checked policy setting
-    (module docstring), per family and mode, for the first :data:`SOLVE_GROUPS` advantage variants
+    (module docstring), per family and mode, for the distinct advantage variants of the first
+    :data:`~refppo.oracle.detect.search.SOLVE_GROUPS` groups
     and every aggregation mode; each solved bound is recorded (:meth:`Search.propose_value`). With
     ``grad_logprobs`` (:mod:`refppo.oracle.detect.correction_grad`): the truncation caps read off
     the gradient go to ``front`` (walked first: the policy step's solver reads its first groups),
@@ -213,7 +213,6 @@ def solve_caps(
     rc = s.base.conv.rollout
     lows = list(dict.fromkeys([None, rc.low, *(b[0] for b in NAMED_BOUNDS)]))
     highs = list(dict.fromkeys([None, rc.high, *(b[1] for b in NAMED_BOUNDS)]))
-    agg_w = agg_weights(s)
     raws = {}
     for level, agg in FAMILIES:
         got = weights.of(_upd(s, level, agg, ISMode.TRUNCATE, (None, None)))
@@ -221,23 +220,11 @@ def solve_caps(
             raws[(level, agg)] = got[1][m].double()
     found: dict[tuple[Any, ...], list[Bounds]] = {}
     kept = _from_gradient(s, groups, raws, front)
-    seen: set[bytes] = set()
-    for g in groups[:SOLVE_GROUPS]:
-        st = g.state
-        if st.adv_key in seen:
-            continue
-        seen.add(st.adv_key)
-        q = {"logprobs": t["logprobs"], "old_logprobs": t["old_logprobs"], "advantages": st.adv, "mask": m}
-        for dual in dict.fromkeys([s.base.conv.policy.dual_clip, None, NAMED_DUAL]):
-            plain = s.evaluate("policy", q, s.setting(dual_clip=dual))["pg_per_token"][m].double()
-            for agg_mode in MASK_AGGS:
-                c = agg_w(agg_mode, st.adv.dtype)[m].double() * plain
-                for fam, w in raws.items():
-                    trunc = _truncate_caps(w, c, target, lows, highs)
-                    found.setdefault((*fam, ISMode.TRUNCATE), []).extend(trunc)
-                    found.setdefault((*fam, ISMode.MASK), []).extend(
-                        _mask_caps(w, c, target, tol, lows, highs)
-                    )
+    duals = dict.fromkeys([s.base.conv.policy.dual_clip, None, NAMED_DUAL])
+    for _st, _dual, _agg, c in loss_terms(s, groups, duals):
+        for fam, w in raws.items():
+            found.setdefault((*fam, ISMode.TRUNCATE), []).extend(_truncate_caps(w, c, target, lows, highs))
+            found.setdefault((*fam, ISMode.MASK), []).extend(_mask_caps(w, c, target, tol, lows, highs))
     out: list[dict[str, Any]] = []
     for (level, agg, mode), bounds in found.items():
         bs = [b for b in dict.fromkeys(bounds) if b not in NAMED_BOUNDS]

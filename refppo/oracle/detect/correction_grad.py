@@ -35,10 +35,11 @@ import torch
 from torch import Tensor
 
 from refppo.agg_conventions import MASK_AGGS
+from refppo.oracle.detect.adv_states import distinct_states
 from refppo.oracle.detect.grad_fit import GradFit
 from refppo.oracle.detect.grad_solve import _branches, _policy_setting, roundest
 from refppo.oracle.detect.groups import Group
-from refppo.oracle.detect.search import SOLVE_GROUPS, Search
+from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState
 
 Bounds = tuple[float | None, float | None]
@@ -60,7 +61,8 @@ class Reading:
 
 
 def readings(s: Search, groups: list[Group[AdvState]]) -> list[Reading]:
-    """The readings under the first :data:`SOLVE_GROUPS` advantage variants and every
+    """The readings under the distinct advantage variants (and KL identities) of the first
+    :data:`~refppo.oracle.detect.search.SOLVE_GROUPS` groups and every
     ``loss_agg`` (the checked log-ratio clamp); none without ``grad_logprobs``."""
     fit = GradFit(s)
     if not fit.lp_on:
@@ -68,13 +70,8 @@ def readings(s: Search, groups: list[Group[AdvState]]) -> list[Reading]:
     m = s.m
     d = s.t["grad_logprobs"][m].double()
     out: list[Reading] = []
-    seen: set[bytes] = set()
     lrc = s.base.conv.policy.log_ratio_clamp
-    for g in groups[:SOLVE_GROUPS]:
-        st = g.state
-        if st.adv_key + st.carried.kl_key in seen:
-            continue
-        seen.add(st.adv_key + st.carried.kl_key)
+    for st in distinct_states(groups, with_kl=True):
         for agg in MASK_AGGS:
             setup = _policy_setting(s, st, agg, lrc)
             whole, rest = _branches(fit, setup, "grad_logprobs", (st.adv, st.carried.returns, st.carried.vm))

@@ -94,9 +94,10 @@ class Evidence:
     values: int = 0
     """How many solved values of it reproduce the dump."""
     interval: bool = False
-    """A bound of a masking correction (:data:`MASK_BOUNDS` under ``rollout_is_mode=mask``): it
-    keeps or drops tokens, so every value between two observed weights gives the same step: fixed
-    only to an interval, never determined."""
+    """A bound of a masking correction (:data:`MASK_BOUNDS` under ``rollout_is_mode=mask``) or a
+    gate's threshold (:data:`GATE_BOUNDS` with ``rollout_rs`` on): it keeps or drops tokens, so
+    every value between two observed weights (statistics) gives the same step: fixed only to an
+    interval, never determined."""
 
     @property
     def n(self) -> int:
@@ -136,7 +137,9 @@ class Evidence:
                 what += f"{eqs}: a fit, not a test"
             elif self.values > 1:
                 what += f" ({self.values} values reproduce the dump)"
-            if self.interval:
+            if self.interval and self.key in GATE_BOUNDS:
+                what += " (a gate threshold: fixed only to the interval between two observed statistics)"
+            elif self.interval:
                 what += " (a mask bound: fixed only to the interval between two observed weights)"
         if self.missing and not self.determined:
             what += f"; dump {', '.join(self.missing[:3])} to pin it"
@@ -161,6 +164,11 @@ MASK_BOUNDS = ("rollout_is_low", "rollout_is_high")
 """The correction's bounds: under ``rollout_is_mode=mask`` a step function of the observed weights."""
 
 
+GATE_BOUNDS = ("rollout_rs_low", "rollout_rs_high")
+"""The rejection gate's thresholds: a gate keeps or drops tokens, a step function of the observed
+statistics (whenever ``rollout_rs`` is on)."""
+
+
 Differing = Mapping[str, list[Any]]
 
 
@@ -169,6 +177,8 @@ def _values(k: str, conv: Mapping[str, Any], differing: Differing) -> list[Any]:
 
 
 def _masked(k: str, conv: Mapping[str, Any], differing: Differing) -> bool:
+    if k in GATE_BOUNDS:
+        return any(v is not None for v in _values("rollout_rs", conv, differing))
     return k in MASK_BOUNDS and "mask" in _values("rollout_is_mode", conv, differing)
 
 
@@ -231,6 +241,7 @@ def class_evidence(
 __all__ = [
     "DETERMINED",
     "FIT",
+    "GATE_BOUNDS",
     "MASK_BOUNDS",
     "OPEN",
     "Evidence",

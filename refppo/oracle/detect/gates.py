@@ -4,9 +4,10 @@ On a dump with ``rollout_logprobs`` the correction step (:mod:`refppo.oracle.det
 adds these settings to its walk: each gate family ``(rollout_rs, rollout_rs_stat, rollout_rs_order,
 rollout_rs_reduce)`` of :data:`GATE_FAMILIES` on each base weight of :data:`BASE_WEIGHTS` (no
 ``rollout_is``: verl's ``rollout_rs`` alone; the raw token weight: AReaL 1.0.4 ``rejection_sampling``
-and OpenRLHF 0.11.2's ``seq`` gate, which gate the unbounded ratio), with the thresholds solved from
-the data. As the caps of ``rollout_is``, a gate's weight is the stage's own output; the policy step's
-``pg_loss`` (and the re-check's gradient) decide.
+and OpenRLHF 0.11.2's ``seq`` gate, which gate the unbounded ratio; the row's geometric-mean weight:
+AReaL's sequence-level ``metric: ratio`` gates, e.g. its veto ``agg: max``), with the thresholds
+solved from the data. As the caps of ``rollout_is``, a gate's weight is the stage's own output; the
+policy step's ``pg_loss`` (and the re-check's gradient) decide.
 
 The solver (exact, on stage outputs): with the gate's statistic ``u_t`` (the token's, or its row's:
 :func:`refppo.pipeline.correction.gate_statistic_of`), the base weight ``w_t`` and ``c_t = a_t·ℓ_t``
@@ -18,7 +19,9 @@ The solver (exact, on stage outputs): with the gate's statistic ``u_t`` (the tok
     ratio [1/H, H] pg(H) = Σ_{t: max(u_t, 1/u_t) ≤ H} c_t·w_t
 
 Each fixes the threshold to an interval between two consecutive observed statistics; the value with
-the fewest significant digits in it is proposed (:func:`~refppo.oracle.detect.correction.nicest_in`).
+the fewest significant digits in it is proposed (:func:`~refppo.oracle.detect.correction.nicest_in`),
+and the evidence report calls it fixed only to that interval, never determined
+(:data:`refppo.oracle.detect.evidence.GATE_BOUNDS`).
 """
 
 from __future__ import annotations
@@ -29,11 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.agg_conventions import MASK_AGGS
 from refppo.errors import RefPPOError
+from refppo.oracle.detect.adv_states import loss_terms
 from refppo.oracle.detect.groups import Group
-from refppo.oracle.detect.policy_solve import agg_weights
-from refppo.oracle.detect.search import SOLVE_GROUPS, Search
+from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState
 from refppo.pipeline.correction import gate_statistic_of
 from refppo.pipeline.settings import Convention
@@ -46,12 +48,17 @@ GATE_FAMILIES: tuple[GateFamily, ...] = tuple(
 )
 """Every gate: token level (the reduction unread) and sequence level × reduction, each statistic
 and order."""
+_RAW = {"rollout_is_mode": "truncate", "rollout_is_low": None, "rollout_is_high": None}
 BASE_WEIGHTS: tuple[dict[str, Any], ...] = (
     {"rollout_is": None},
-    {"rollout_is": "token", "rollout_is_mode": "truncate", "rollout_is_low": None, "rollout_is_high": None},
+    {"rollout_is": "token", **_RAW},
+    {"rollout_is": "sequence", "rollout_is_agg": "geometric", **_RAW},
 )
 """The weights a gate multiplies: none (verl's ``rollout_rs`` without ``rollout_is``), the raw token
-weight (AReaL, OpenRLHF)."""
+weight (AReaL, OpenRLHF), the row's geometric-mean weight ``exp(mean_t log(π^prox/π^beh))`` on
+each of its tokens (AReaL 1.0.4 ``areal/utils/functional/functional.py::apply_rejection_sampling``:
+``level: sequence`` with ``metric: ratio`` sets ``behave_imp_weight`` to it, whatever ``agg``; the
+sequence-level ratio veto ``agg: max`` multiplies it)."""
 _T, _S = ISLevel.TOKEN, ISLevel.SEQUENCE
 _P, _B = RSOrder.PROXIMAL, RSOrder.BEHAVIOUR
 NAMED_GATES: tuple[tuple[GateFamily, float | None, float | None], ...] = (
@@ -141,7 +148,6 @@ def gate_settings(
         return []
     target = float(t["pg_loss"])
     tol = s.tol.of(abs(target))
-    agg_w = agg_weights(s)
     q = {"old_logprobs": t["old_logprobs"], "rollout_logprobs": t["rollout_logprobs"], "mask": m}
     stats = {
         fam: gate_statistic_of(q, Convention.of(**_gate_keys(fam, None, None)))[m].double()
@@ -151,22 +157,13 @@ def gate_settings(
     out: list[dict[str, Any]] = [
         {**base, **_gate_keys(fam, lo, hi)} for base in BASE_WEIGHTS for fam, lo, hi in NAMED_GATES
     ]
-    seen: set[bytes] = set()
-    for g in groups[:SOLVE_GROUPS]:
-        st = g.state
-        if st.adv_key in seen:
-            continue
-        seen.add(st.adv_key)
-        q = {"logprobs": t["logprobs"], "old_logprobs": t["old_logprobs"], "advantages": st.adv, "mask": m}
-        plain = s.evaluate("policy", q, s.setting())["pg_per_token"][m].double()
-        for agg_mode in MASK_AGGS:
-            c = agg_w(agg_mode, st.adv.dtype)[m].double() * plain
-            for base, w in bases:
-                for fam, u in stats.items():
-                    for lo, hi in _thresholds(u, c * w, target, tol, fam[1] is RSStat.RATIO, solvers):
-                        out.append({**base, **_gate_keys(fam, lo, hi)})
-                        s.propose_value("rollout_rs_low", lo)
-                        s.propose_value("rollout_rs_high", hi)
+    for _st, _dual, _agg, c in loss_terms(s, groups):
+        for base, w in bases:
+            for fam, u in stats.items():
+                for lo, hi in _thresholds(u, c * w, target, tol, fam[1] is RSStat.RATIO, solvers):
+                    out.append({**base, **_gate_keys(fam, lo, hi)})
+                    s.propose_value("rollout_rs_low", lo)
+                    s.propose_value("rollout_rs_high", hi)
     return list({tuple(sorted(d.items())): d for d in out}.values())
 
 

@@ -46,6 +46,13 @@ CONVENTIONS: dict[str, Sourced] = {
     # the logged approx_kl is logprobs − proximal_logprobs (the opposite of verl's ppo_kl)
     "approx_kl": ("neg_k1", f"{_F}::ppo_actor_loss_fn (stat['approx_kl'] = logprobs − proximal_logprobs)"),
     "vf_mask": ("value", f"{_F}::ppo_critic_loss_fn (loss_mask)"),
+    # the logged clip_ratio counts the clipped tokens rejection sampling keeps, over every valid token
+    # (run: tools/peers/makers/areal_decoupled.py, areal_gates.py); without a correction: all
+    "clipfrac_counts": (
+        "kept",
+        f"{_F}::ppo_actor_loss_fn (clip_mask.logical_and_(loss_mask) after apply_rejection_sampling; "
+        "actor.py: clip_ratio over n_valid_tokens)",
+    ),
     "kl_loss_agg": (None, "areal/trainer/ppo/actor.py::grpo_loss_fn (no KL loss)"),
     "entropy_agg": (None, "areal/trainer/ppo/actor.py::grpo_loss_fn (no entropy loss)"),
 }

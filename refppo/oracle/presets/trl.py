@@ -91,6 +91,12 @@ _GROUP: Variant = {
         "token-mean",
         f"{_GRPO}._compute_loss (_metrics['kl'] = global_masked_mean(per_token_kl))",
     ),
+    # loss_type="cispo" logs cispo_clip_ratio: ρ > epsilon_high on A > 0 only (the clipped
+    # surrogate's clip_ratio/region_mean is L2 > L1, the same as all; run: tools/peers/makers/trl_cispo.py)
+    "clipfrac_counts": (
+        "by_advantage",
+        f"{_GRPO}._compute_loss (cispo_clip_ratio: (coef_1 > epsilon_high) & (advantages > 0), masked mean)",
+    ),
 }
 
 CRITIC_FREE: dict[str, Variant] = {

@@ -153,3 +153,26 @@ def test_a_mask_bound_is_never_called_determined(tmp_path: Path) -> None:
     diff = {"rollout_is_low": [None, 0.2], "rollout_is_high": [4.0, 5.0]}
     got = {e.key: e for e in evidence(dump, [], band, [(rep, diff)])}
     assert got["rollout_is_low"].interval and got["rollout_is_low"].label == OPEN
+
+
+def test_a_gate_threshold_is_never_called_determined(tmp_path: Path) -> None:
+    """A rejection gate's threshold (``rollout_rs_low``/``rollout_rs_high`` with ``rollout_rs`` on)
+    keeps or drops tokens whatever ``rollout_is_mode``: one value and many observations is still an
+    interval, labelled as a gate threshold (issue #22: AReaL's sequence ratio veto)."""
+    d = naive_dump(make_inputs(B=6, T=12, seed=1), setup_for())
+    d["grad_logprobs"] = torch.zeros_like(d["logprobs"])
+    g = tmp_path / "g.safetensors"
+    write_dump(
+        g, {k: v for k, v in d.items() if k in (*INPUTS, "pg_loss", "grad_logprobs")}, hparams=dict(HP)
+    )
+    dump = load_dump(g)
+    solved = {"rollout_rs_high": [3.0]}
+    gate = {"rollout_is_mode": "truncate", "rollout_rs": "sequence", "rollout_rs_high": 3.0}
+    [one] = class_evidence(dump, gate, {}, solved)
+    assert one.n > one.free == 1 and one.values == 1
+    assert one.interval and one.label == OPEN and "gate threshold" in one.text()
+    [summary] = evidence(dump, [], solved, [(gate, {})])
+    assert summary.interval and not summary.determined
+    # a class one of whose members has the gate off still uses the threshold of those with it on
+    [mixed] = class_evidence(dump, {**gate, "rollout_rs": None}, {"rollout_rs": [None, "token"]}, solved)
+    assert mixed.interval

@@ -10,11 +10,12 @@ log-probs are ``old_logprobs``, the engine's ``rollout_logprobs`` (``l^prox − 
 
 The rest of the step (KL reward, GAE) as :mod:`peers.makers.areal` (``areal_frame``); the loss is
 AReaL's policy loss (``vf_coef`` 0), its gradient ``grad_logprobs`` by autograd through AReaL's
-function, ``grad_values`` 0 (v2 dump, one rank, one micro-batch). No ``pg_clipfrac``: AReaL logs
-``clip_mask & kept`` over every valid token (``actor.py``: ``clip_ratio``, denominator
-``n_valid_tokens``), refppo's statistics count the rejected tokens' clips too (``Rejected.zero``; a
-metric convention refppo does not carry, spec/rollout-correction.md); measured: 0.273 vs 0.309 on
-the cap-5 case. ``approx_kl``: its ``approx_kl`` stat (``l − l^prox``) over the valid tokens. float32.
+function, ``grad_values`` 0 (v2 dump, one rank, one micro-batch). ``pg_clipfrac``: AReaL's logged
+``clip_ratio`` (``areal/trainer/ppo/actor.py``: the loss function's ``clip_mask``, which it ANDs with
+the loss mask rejection sampling narrowed, over ``n_valid_tokens``, the original mask): refppo's
+``clipfrac_counts=kept`` (the areal preset's; the sidecar carries it too, :data:`COUNTS`); the
+default count (``all``) also counts the rejected tokens' clips (0.273 vs 0.309 on the cap-5 case).
+``approx_kl``: its ``approx_kl`` stat (``l − l^prox``) over the valid tokens. float32.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from typing import Any
 from peers.makers.areal import HP
 from peers.makers.areal_frame import advantages, areal_fns, rolled_batch
 from peers.makers.common import inputs, save
+
+COUNTS = {"clipfrac_counts": "kept"}
+"""The sidecar's logging convention (``--detect`` does not walk ``clipfrac_counts``: the producer
+declares it, as the areal preset does)."""
 
 # (name, RejectionSamplingConfig kwargs, refppo --set, control)
 CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = [
@@ -95,6 +100,7 @@ def decoupled_step(
         token_rewards=seed_adv["tot_rewards"][:, :T], advantages=adv, returns=ret,
         pg_loss=pg.detach(),
         approx_kl=torch.where(mb, st["approx_kl"], 0.0).sum() / n,
+        pg_clipfrac=(st["clip_mask"] & mb).sum().to(torch.float32) / n,  # actor.py's clip_ratio
         vf_loss=vf.detach(), vf_clipfrac=vst["clip_mask"].sum().to(torch.float32) / n, loss=pg.detach(),
         grad_logprobs=torch.where(mb, g_lp, 0.0), grad_values=torch.zeros_like(m),
     )  # fmt: skip
@@ -116,6 +122,6 @@ def make(out: Path) -> list[str]:
         )
         cfg = RejectionSamplingConfig(metric="ratio", **rs)
         dump = decoupled_step(fns, cfg, x, res)
-        hp = dict(HP, world_size=1, micro_batches=1)
+        hp = dict(HP, world_size=1, micro_batches=1, **COUNTS)
         made.append(save(out, f"areal_decoupled_{name}", dump, hp, {"kl_estimator": "k1", **conv}, control))
     return made

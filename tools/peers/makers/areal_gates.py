@@ -8,7 +8,8 @@ token's, or at sequence level with ``metric: ratio`` the row's geometric mean) b
 mask, and divides by every valid token (``Rejected.zero``). In refppo's keys: ``rollout_is`` with no
 bound (the ratio) plus the gate ``rollout_rs*``, order ``proximal``. The step is
 :func:`peers.makers.areal_decoupled.decoupled_step` (AReaL's own functions; v2, the gradient by
-autograd through AReaL's loss). Each case's control flips one gate key.
+autograd through AReaL's loss; ``pg_clipfrac`` AReaL's logged ``clip_ratio``, ``clipfrac_counts=kept``
+in the sidecar). Each case's control flips one gate key.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from peers.makers.areal import HP
-from peers.makers.areal_decoupled import behaviour, decoupled_step
+from peers.makers.areal_decoupled import COUNTS, behaviour, decoupled_step
 from peers.makers.areal_frame import advantages, areal_fns, rolled_batch
 from peers.makers.common import inputs, save
 
@@ -71,6 +72,6 @@ def make(out: Path) -> list[str]:
             fns, rolled_batch(x, x["response_mask"]), HP, "k1", None, HP["whiten_eps"], (0.0, 1.0, 20.0)
         )
         dump = decoupled_step(fns, RejectionSamplingConfig(**rs), x, res)
-        hp = dict(HP, world_size=1, micro_batches=1)
+        hp = dict(HP, world_size=1, micro_batches=1, **COUNTS)
         made.append(save(out, f"areal_gates_{name}", dump, hp, {"kl_estimator": "k1", **conv}, control))
     return made

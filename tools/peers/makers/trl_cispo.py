@@ -11,11 +11,14 @@ The ``--set`` keys, from TRL's documented semantics: ``policy_loss=cispo``, ``lo
 (one process, no accumulation), sidecar ``cliprange = 1`` (no lower bound: ``1 − 1 = 0 < ρ``) and
 ``cliprange_high = epsilon_high − 1``. The control is ``policy_loss=vanilla``; the test also checks
 that refppo's default lower bound (``cliprange = 0.2``) mismatches (the data has ρ < 0.8).
-``pg_clipfrac`` is not dumped: TRL logs ``cispo_clip_ratio`` over ``ρ > ε_max`` on ``A > 0`` only.
+``pg_clipfrac`` is TRL's own logged ``cispo_clip_ratio`` (``_metrics["train"]``: the masked mean of
+``(coef_1 > epsilon_high) & (advantages > 0)``), refppo's ``clipfrac_counts=by_advantage``; the
+test's control is the default count (``all``: ``ρ`` outside the band on either advantage's sign).
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +29,9 @@ from peers.makers.common import HP, inputs, save
 # (epsilon_high = the cap on ρ, log-ratio spread, dtype)
 CASES: list[tuple[float, float, str]] = [(1.5, 1.0, "f64"), (5.0, 2.5, "f64"), (1.28, 1.0, "f32")]
 SET: dict[str, Any] = {"advantage": "grpo", "policy_loss": "cispo", "loss_agg": "token-mean"}
+COUNTS = "by_advantage"
+"""``clipfrac_counts`` of ``cispo_clip_ratio`` (the preset's ``grpo`` variant says so too); the
+sidecar carries it (a logging convention the producer declares: ``--detect`` does not walk it)."""
 
 
 def make(out: Path) -> list[str]:
@@ -58,14 +64,19 @@ def make(out: Path) -> list[str]:
         x["group_index"] = torch.arange(B, dtype=torch.int64) // n
         adv = trl_advantages(grpo_trainer, _advantage_block(cls), x["scores"], cfg.scale_rewards, n)
         leaf = x["logprobs"].clone().requires_grad_(True)
-        loss, _ = trl_loss(cls, x, adv, cfg.loss_type, cfg.beta, leaf=leaf, epsilon_high=cfg.epsilon_high)
+        logged: dict[str, Any] = {k: collections.defaultdict(list) for k in ("train", "eval")}
+        loss, _ = trl_loss(
+            cls, x, adv, cfg.loss_type, cfg.beta, logged, leaf=leaf, epsilon_high=cfg.epsilon_high
+        )
+        (clip_ratio,) = logged["train"]["cispo_clip_ratio"]  # TRL's own logged float
         (g_lp,) = torch.autograd.grad(loss, (leaf,))
         dump: dict[str, Any] = dict(x)
         dump.update(
             advantages=torch.where(m.bool(), adv.unsqueeze(1) * m, 0.0 * m), loss=loss.detach(),
             pg_loss=loss.detach(), grad_logprobs=torch.where(m.bool(), g_lp, 0.0),
+            pg_clipfrac=torch.tensor(clip_ratio, dtype=torch.float64),
         )  # fmt: skip
         hp = dict(HP, gamma=1.0, lam=1.0, kl_coef=0.0, cliprange=1.0, cliprange_high=cfg.epsilon_high - 1.0)
-        hp.update(world_size=1, micro_batches=1)
+        hp.update(world_size=1, micro_batches=1, clipfrac_counts=COUNTS)
         made.append(save(out, f"trl1160_cispo_{eps_max}_{dt}", dump, hp, SET, {"policy_loss": "vanilla"}))
     return made
