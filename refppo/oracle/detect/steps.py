@@ -90,6 +90,7 @@ NOT_WALKED_YET: dict[str, str] = {
     "truncated_rows": "the checked setting's (--set): applied around the update walk "
     "(pipeline/loss_rows.py), which the detection steps do not take yet (#23 item 5)",
     "clipfrac_agg": "the checked setting's (--set, --preset oat): pg_clipfrac only",
+    "clipfrac_counts": "the checked setting's (--set, a preset or the sidecar): pg_clipfrac only",
     **{
         k: "tried by the policy step under kl_in=both only where it changes kl_loss on the dump "
         "(detect/policy_kl.py); not every member is reached, so not counted as walked"
