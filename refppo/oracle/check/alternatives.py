@@ -17,9 +17,10 @@ from enum import Enum
 from typing import Any
 
 from refppo.conventions import AdvantageEstimator
-from refppo.pipeline.settings import FLAT, SIGMA_ESTIMATORS, enum_keys
+from refppo.pipeline.settings import FLAT, enum_keys
 from refppo.pipeline.stage_graph import keys_upstream
 from refppo.pipeline.stages import BY_NAME, OUTPUTS
+from refppo.pipeline.unread import SIGMA_ESTIMATORS
 
 GROUP_EPS = (1e-6, 1e-9, 1e-4, 1e-8)
 """``group_eps`` of the peers: verl/SkyRL 1e-6, OpenRLHF 1e-9, TRL GRPOTrainer 1e-4, and 1e-8 (also

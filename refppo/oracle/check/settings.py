@@ -25,8 +25,8 @@ from refppo.pipeline.settings import (
     Convention,
     Hyperparams,
     json_value,
-    unread_convention,
 )
+from refppo.pipeline.unread import unread_convention
 
 REQUIRED_HPARAMS: tuple[str, ...] = ("gamma", "lam", "kl_coef", "cliprange", "cliprange_value", "vf_coef")
 """The hyperparameters a setting may require (the order the missing ones are named in); which of them
@@ -165,7 +165,7 @@ def build_setup(
     missing (:func:`refppo.pipeline.reads.missing_hparams`; ``critic``: the dump holds a critic's
     ``values`` and ``old_values``, whose value loss a critic-free estimator then computes too),
     ConventionError on a setting its estimator ignores or cannot run
-    (:func:`refppo.pipeline.settings.unread_convention`).
+    (:func:`refppo.pipeline.unread.unread_convention`).
     """
     conv_vals: dict[str, Any] = {}
     hp_vals: dict[str, Any] = dict(preset_hp or {})

@@ -33,8 +33,8 @@ from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import nice
 from refppo.oracle.detect.states import ReturnsState, RewardState, digest
 from refppo.pipeline.blocks import Evaluation
-from refppo.pipeline.settings import SIGMA_ESTIMATORS
 from refppo.pipeline.stages import BY_NAME
+from refppo.pipeline.unread import SIGMA_ESTIMATORS
 
 NAMED_EPS = GROUP_EPS
 """``group_eps`` of the peers (:data:`refppo.oracle.check.alternatives.GROUP_EPS`)."""

@@ -27,14 +27,8 @@ from typing import Any
 
 from refppo.conventions import AdvantageEstimator, LossAgg, Variance
 from refppo.core._group_checks import GROUP_ESTIMATORS
-from refppo.pipeline.settings import (
-    FLAT,
-    SIGMA_ESTIMATORS,
-    Convention,
-    Hyperparams,
-    unread_convention,
-    unread_std_level,
-)
+from refppo.pipeline.settings import FLAT, Convention, Hyperparams
+from refppo.pipeline.unread import SIGMA_ESTIMATORS, unread_convention, unread_std_level
 from refppo.train.config.codec import apply_overrides, from_plain, to_plain
 from refppo.train.config.seam import SeamConfig
 from refppo.train.config.sections import (
@@ -49,7 +43,7 @@ from refppo.train.config.sections import (
 )
 
 STD_LEVEL_ESTIMATORS = SIGMA_ESTIMATORS
-"""The estimators whose σ ``ppo.group_std_level`` chooses (:data:`refppo.pipeline.settings.SIGMA_ESTIMATORS`);
+"""The estimators whose σ ``ppo.group_std_level`` chooses (:data:`refppo.pipeline.unread.SIGMA_ESTIMATORS`);
 a non-default level with any other is refused."""
 
 CRITIC_ONLY_KEYS = ("vf_coef", "cliprange_value", "value_loss", "value_clip_form", "value_loss_agg", "lam")
@@ -199,7 +193,7 @@ class TrainConfig:
           ``ppo.advantage`` is critic-free (no critic, no value loss, no GAE; ``reinforce++`` uses
           γ only);
         - ``ppo.group_singleton=score`` with ``grpo-passk``
-          (:func:`refppo.pipeline.settings.unread_convention`; it has no score for a group of one).
+          (:func:`refppo.pipeline.unread.unread_convention`; it has no score for a group of one).
 
         Not checked on construction: refppo releases up to 61be225 accepted them, so a run started
         then may hold them in its checkpoints, and ``--resume`` (which rebuilds this config from the
