@@ -30,7 +30,17 @@ CORE = (
     "score_map",
     "value",
 )
-PIPELINE = ("rollout", "update", "correction", "blocks", "stages", "step", "groups", "groups_gate")
+PIPELINE = (
+    "rollout",
+    "update",
+    "correction",
+    "blocks",
+    "stages",
+    "step",
+    "groups",
+    "groups_gate",
+    "groups_update",
+)
 """The modules of refppo/pipeline/ that compose the core (the stage functions, the table, its walks)."""
 MODULES = (*CORE, *PIPELINE, "settings")
 TOP_LEVEL = (*PIPELINE, "settings")
