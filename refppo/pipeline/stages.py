@@ -16,9 +16,10 @@ kl                  old_logprobs, ref_logprobs, mask     kl
 value_mask          mask                                 value_mask
 rewards             mapped_scores, kl, mask              token_rewards_raw
 reward_whitening    token_rewards_raw, value_mask        token_rewards
+rollout_gate        old_logprobs, rollout_logprobs, …    mask, value_mask
 advantages          token_rewards, old_values, …         advantages_raw, returns
 whitening           advantages_raw, mask                 advantages
-rollout_correction  old_logprobs, rollout_logprobs, …    is_weights, is_keep
+rollout_correction  old_logprobs, rollout_logprobs, …    is_weights, is_keep, mask, value_mask
 policy              logprobs, old_logprobs, advantages   pg_per_token, ratio, pg_clipfrac, …
 policy_agg          pg_per_token, mask                   pg_loss
 approx_kl           pg_approx_kl, logprobs, …            approx_kl
@@ -107,6 +108,11 @@ class Stage:
             raise ValueError(f"stage {self.name}: unknown convention keys or hyperparameters {bad}")
 
     @property
+    def rewrites(self) -> bool:
+        """It makes a quantity it reads (a new ``mask``: the gate under ``rollout_rs_effect=drop_mask``)."""
+        return bool(set(self.makes) & set(self.reads))
+
+    @property
     def groups(self) -> tuple[str, ...]:
         """The :class:`Convention` groups its keys belong to, in order."""
         return tuple(dict.fromkeys(FLAT[k].group for k in self.keys))
@@ -148,7 +154,7 @@ def walk(
     """Run ``stages`` in order on the quantities ``q``; returns ``q`` with every quantity made.
 
     A stage whose outputs are all in ``q`` already is not run (an upstream result reused: the same
-    call made it). ``keep``: after each stage, drop every quantity that neither a later stage reads
+    call made it), unless it rewrites what it reads (the rejection gate's ``mask``: idempotent). ``keep``: after each stage, drop every quantity that neither a later stage reads
     nor ``keep`` names (freed before the next stage allocates its own; None: keep everything).
     ``naive``: each stage's naive twin instead of its function.
     """
@@ -157,7 +163,7 @@ def walk(
     for i in range(len(stages) - 2, -1, -1):
         later[i] = later[i + 1] | set(stages[i + 1].reads)
     for i, st in enumerate(stages):
-        if not all(k in out for k in st.makes):
+        if st.rewrites or not all(k in out for k in st.makes):
             out.update(st.run(out, conv, hp, ev, naive=naive))
         if keep is not None:
             for name in [k for k in out if k not in keep and k not in later[i]]:
@@ -225,6 +231,12 @@ _ROLLOUT = (
         collective=True, active=_reward_whitening_reads,
     ),
     Stage(
+        "rollout_gate", "rollout", rcs.RS_KEYS, (), ("old_logprobs", "rollout_logprobs", "mask", "value_mask"),
+        ("mask", "value_mask"), rcs.rollout_gate_stage, rcs.rollout_gate_naive,
+        "core.rollout_correction.rejection_mask (rollout_rs_effect=drop_mask)",
+        active=rcs.rollout_gate_reads, needs=rcs.rollout_gate_needs,
+    ),
+    Stage(
         "advantages", "rollout", ("advantage", "gae_padding", "gae_holes", *_GROUP_KEYS, "gae_bootstrap"),
         ("gamma", "lam", "kl_coef"),
         ("token_rewards", "old_values", "value_mask", "mask", "mapped_scores", "kl", "group_index",
@@ -245,7 +257,7 @@ _ROLLOUT = (
 _UPDATE = (
     Stage(
         "rollout_correction", "update", (*rcs.RC_KEYS, *rcs.RS_KEYS), (),
-        ("old_logprobs", "rollout_logprobs", "mask"), ("is_weights", "is_keep"),
+        ("old_logprobs", "rollout_logprobs", "mask", "value_mask"), ("is_weights", "is_keep", "mask", "value_mask"),
         rcs.rollout_correction_stage, rcs.rollout_correction_naive,
         "core.rollout_correction.is_weights, core.rollout_correction.rejection_mask",
         active=rcs.rollout_correction_reads, needs=rcs.rollout_correction_needs,

@@ -129,6 +129,7 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
         "group_index": t.get("group_index"),
         "bootstrap_values": t.get("bootstrap_values"),
         "truncated": t.get("truncated"),
+        "rollout_logprobs": t.get("rollout_logprobs"),  # read by the gate under rollout_rs_effect=drop_mask
     }
     if bug is not None:
         bug.check(t, conv, hp)
