@@ -142,7 +142,7 @@ def rollout_gate_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) 
     if not conv.gate.drops:
         return {"mask": q["mask"], "value_mask": q["value_mask"]}
     keep = gate_keep(q, conv)
-    return {"mask": q["mask"] & keep, "value_mask": check_mask("value_mask", q["value_mask"]) & keep}
+    return {"mask": q["mask"] & keep, "value_mask": check_mask("value_mask", q["value_mask"], require_nonempty_rows=False) & keep}
 
 
 def _and_naive(a: list[list[bool]], b: list[list[bool]]) -> list[list[bool]]:

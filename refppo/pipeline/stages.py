@@ -51,6 +51,7 @@ from refppo.pipeline import needs as nd
 from refppo.pipeline import rollout as ro
 from refppo.pipeline import update as up
 from refppo.pipeline.blocks import Evaluation
+from refppo.pipeline.row_subset import kept_rows, put_rows, take_rows
 from refppo.pipeline.settings import FLAT, HPARAM_KEYS, Convention, Hyperparams
 
 StageFn = Callable[[Mapping[str, Any], Convention, Hyperparams, Evaluation], Mapping[str, Any]]
@@ -154,7 +155,9 @@ def walk(
     """Run ``stages`` in order on the quantities ``q``; returns ``q`` with every quantity made.
 
     A stage whose outputs are all in ``q`` already is not run (an upstream result reused: the same
-    call made it), unless it rewrites what it reads (the rejection gate's ``mask``: idempotent). ``keep``: after each stage, drop every quantity that neither a later stage reads
+    call made it), unless it rewrites what it reads (the rejection gate's ``mask``: idempotent). Rows
+    that such a rewrite leaves without a valid token are taken out of the stages after it
+    (:mod:`refppo.pipeline.row_subset`). ``keep``: after each stage, drop every quantity that neither a later stage reads
     nor ``keep`` names (freed before the next stage allocates its own; None: keep everything).
     ``naive``: each stage's naive twin instead of its function.
     """
@@ -165,6 +168,12 @@ def walk(
     for i, st in enumerate(stages):
         if st.rewrites or not all(k in out for k in st.makes):
             out.update(st.run(out, conv, hp, ev, naive=naive))
+        rows = kept_rows(out) if st.rewrites else None
+        if rows is not None:  # the gate emptied rows: the rest walks the others (pipeline.row_subset)
+            rest = stages[i + 1 :]
+            sub = walk(rest, take_rows(out, rows), conv, hp, ev, keep=keep, naive=naive)
+            put_rows(out, sub, rows, [k for s in rest for k in s.makes])
+            return out if keep is None else {k: v for k, v in out.items() if k in keep}
         if keep is not None:
             for name in [k for k in out if k not in keep and k not in later[i]]:
                 del out[name]
