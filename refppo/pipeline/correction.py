@@ -31,7 +31,7 @@ from refppo.core.rollout_correction import (
     rejection_mask,
     rejection_mask_naive,
 )
-from refppo.errors import DumpError
+from refppo.errors import DumpError, MaskError
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.rollout_conventions import ISLevel
@@ -141,8 +141,17 @@ def rollout_gate_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) 
     :func:`gate_keep`, bool ``[B, T]``); otherwise both unchanged (nothing else read)."""
     if not conv.gate.drops:
         return {"mask": q["mask"], "value_mask": q["value_mask"]}
-    keep = gate_keep(q, conv)
-    return {"mask": q["mask"] & keep, "value_mask": check_mask("value_mask", q["value_mask"], require_nonempty_rows=False) & keep}
+    m = _none_left(q["mask"] & gate_keep(q, conv), conv)
+    return {"mask": m, "value_mask": check_mask("value_mask", q["value_mask"], require_nonempty_rows=False) & m}
+
+
+def _none_left(m: Tensor, conv: Convention) -> Tensor:
+    if not bool(m.any()):
+        raise MaskError(
+            f"rollout_rs_effect=drop_mask: the gate ({_correction_setting(conv)}) rejects every token of the "
+            "batch; no row is left to train on"
+        )
+    return m
 
 
 def _and_naive(a: list[list[bool]], b: list[list[bool]]) -> list[list[bool]]:
@@ -171,7 +180,7 @@ def rollout_gate_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) 
     m = _and_naive([[bool(v) for v in r] for r in q["mask"].tolist()], keep)
     vm = _and_naive([[bool(v) for v in r] for r in q["value_mask"].tolist()], keep)
     return {
-        "mask": torch.tensor(m, dtype=torch.bool, device=dev),
+        "mask": _none_left(torch.tensor(m, dtype=torch.bool, device=dev), conv),
         "value_mask": torch.tensor(vm, dtype=torch.bool, device=dev),
     }
 
