@@ -139,10 +139,14 @@ def rollout_gate_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) 
     """The response and value masks of every stage after the gate: under ``rollout_rs_effect=
     drop_mask`` ``m' = m ∧ keep`` and ``value_mask' = value_mask ∧ keep`` (``keep``:
     :func:`gate_keep`, bool ``[B, T]``); otherwise both unchanged (nothing else read)."""
+    vm = q.get("value_mask")  # None: a caller that walks the update's policy side only
     if not conv.gate.drops:
-        return {"mask": q["mask"], "value_mask": q["value_mask"]}
+        return {"mask": q["mask"], "value_mask": vm}
     m = _none_left(q["mask"] & gate_keep(q, conv), conv)
-    return {"mask": m, "value_mask": check_mask("value_mask", q["value_mask"], require_nonempty_rows=False) & m}
+    return {
+        "mask": m,
+        "value_mask": None if vm is None else check_mask("value_mask", vm, require_nonempty_rows=False) & m,
+    }
 
 
 def _none_left(m: Tensor, conv: Convention) -> Tensor:
@@ -173,15 +177,16 @@ def rollout_gate_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) 
     ``modified_response_mask = response_mask · final_mask``): token by token, ``m'_bt = m_bt and
     keep_bt`` (:func:`refppo.core.rollout_correction.rejection_mask_naive`), the same for the value
     mask."""
+    v = q.get("value_mask")
     if not conv.gate.drops:
-        return {"mask": q["mask"], "value_mask": q["value_mask"]}
+        return {"mask": q["mask"], "value_mask": v}
     keep = _gate_naive(q, conv)
     dev = q["mask"].device
-    m = _and_naive([[bool(v) for v in r] for r in q["mask"].tolist()], keep)
-    vm = _and_naive([[bool(v) for v in r] for r in q["value_mask"].tolist()], keep)
+    m = _and_naive([[bool(x) for x in r] for r in q["mask"].tolist()], keep)
+    vm = None if v is None else _and_naive([[bool(x) for x in r] for r in v.tolist()], keep)
     return {
         "mask": _none_left(torch.tensor(m, dtype=torch.bool, device=dev), conv),
-        "value_mask": torch.tensor(vm, dtype=torch.bool, device=dev),
+        "value_mask": None if vm is None else torch.tensor(vm, dtype=torch.bool, device=dev),
     }
 
 

@@ -34,7 +34,9 @@ def kept_rows(out: Mapping[str, Any]) -> Tensor | None:
 def take_rows(q: Mapping[str, Any], rows: Tensor) -> dict[str, Any]:
     """``q`` with every tensor of ``B`` rows (its first dimension) cut to ``rows``; the rest as is."""
     B = rows.shape[0]
-    return {k: v[rows] if isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == B else v for k, v in q.items()}
+    return {
+        k: v[rows] if isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == B else v for k, v in q.items()
+    }
 
 
 def put_rows(out: dict[str, Any], sub: Mapping[str, Any], rows: Tensor, made: Collection[str]) -> None:

@@ -157,8 +157,9 @@ def walk(
     A stage whose outputs are all in ``q`` already is not run (an upstream result reused: the same
     call made it), unless it rewrites what it reads (the rejection gate's ``mask``: idempotent). Rows
     that such a rewrite leaves without a valid token are taken out of the stages after it
-    (:mod:`refppo.pipeline.row_subset`). ``keep``: after each stage, drop every quantity that neither a later stage reads
-    nor ``keep`` names (freed before the next stage allocates its own; None: keep everything).
+    (:mod:`refppo.pipeline.row_subset`). ``keep``: after each stage, drop every quantity that neither
+    a later stage reads nor ``keep`` names (freed before the next stage allocates its own; None: keep
+    everything).
     ``naive``: each stage's naive twin instead of its function.
     """
     out = dict(q)
@@ -213,6 +214,8 @@ def _whitening_reads(conv: Convention) -> tuple[str, ...]:
     return ("whiten_advantages", "whiten_holes", "whiten_variance", "whiten_eps_at", "whiten_eps")
 
 
+_GATE_READS = ("old_logprobs", "rollout_logprobs", "mask", "value_mask")
+
 _ROLLOUT = (
     Stage(
         "score_map", "rollout", ("score_bias", "score_scale", "score_clip"), (), ("scores",),
@@ -240,8 +243,8 @@ _ROLLOUT = (
         collective=True, active=_reward_whitening_reads,
     ),
     Stage(
-        "rollout_gate", "rollout", rcs.RS_KEYS, (), ("old_logprobs", "rollout_logprobs", "mask", "value_mask"),
-        ("mask", "value_mask"), rcs.rollout_gate_stage, rcs.rollout_gate_naive,
+        "rollout_gate", "rollout", rcs.RS_KEYS, (), _GATE_READS, ("mask", "value_mask"),
+        rcs.rollout_gate_stage, rcs.rollout_gate_naive,
         "core.rollout_correction.rejection_mask (rollout_rs_effect=drop_mask)",
         active=rcs.rollout_gate_reads, needs=rcs.rollout_gate_needs,
     ),
@@ -266,7 +269,7 @@ _ROLLOUT = (
 _UPDATE = (
     Stage(
         "rollout_correction", "update", (*rcs.RC_KEYS, *rcs.RS_KEYS), (),
-        ("old_logprobs", "rollout_logprobs", "mask", "value_mask"), ("is_weights", "is_keep", "mask", "value_mask"),
+        _GATE_READS, ("is_weights", "is_keep", "mask", "value_mask"),
         rcs.rollout_correction_stage, rcs.rollout_correction_naive,
         "core.rollout_correction.is_weights, core.rollout_correction.rejection_mask",
         active=rcs.rollout_correction_reads, needs=rcs.rollout_correction_needs,

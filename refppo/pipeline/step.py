@@ -223,7 +223,9 @@ def update_inputs(
         "returns": returns,
         "mask": m,
         # a value mask may have rows the rejection gate emptied (rollout_rs_effect=drop_mask)
-        "value_mask": m if value_mask_ is None else check_mask("value_mask", value_mask_, require_nonempty_rows=False),
+        "value_mask": m
+        if value_mask_ is None
+        else check_mask("value_mask", value_mask_, require_nonempty_rows=False),
         "ref_logprobs": ref_logprobs,
         "entropy": entropy,
         "rollout_logprobs": rollout_logprobs,

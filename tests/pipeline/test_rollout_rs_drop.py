@@ -82,7 +82,9 @@ def _batch(seed: int, noise: float = 0.6) -> tuple[dict[str, Any], torch.Tensor,
     return x, m, torch.where(m, beh, 7.5)
 
 
-def _rollout(x: dict[str, Any], m: torch.Tensor, beh: torch.Tensor, conv: Convention, naive: bool = False) -> Any:
+def _rollout(
+    x: dict[str, Any], m: torch.Tensor, beh: torch.Tensor, conv: Convention, naive: bool = False
+) -> Any:
     f = rollout_quantities_naive if naive else rollout_quantities
     return f(
         scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
@@ -127,9 +129,9 @@ def test_a_row_the_gate_empties_leaves_every_count() -> None:
     rows = ro.value_mask.any(1)
     assert 0 < int(rows.sum()) < 6, rows
     kw: dict[str, Any] = dict(
-        logprobs=x["logprobs"], values=x["values"], old_logprobs=x["old_logprobs"], old_values=x["old_values"],
-        advantages=ro.advantages, returns=ro.returns, mask=m, ref_logprobs=x["ref_logprobs"],
-        entropy=x["entropy"], rollout_logprobs=beh,
+        logprobs=x["logprobs"], values=x["values"], old_logprobs=x["old_logprobs"],
+        old_values=x["old_values"], advantages=ro.advantages, returns=ro.returns, mask=m,
+        ref_logprobs=x["ref_logprobs"], entropy=x["entropy"], rollout_logprobs=beh,
     )  # fmt: skip
     hp = Hyperparams(gamma=0.97, lam=0.9, kl_coef=0.1, ent_coef=0.01, cliprange_value=0.3)
     full = update_quantities(**kw, hp=hp, conv=conv)
@@ -163,7 +165,8 @@ def test_the_stage_walk_equals_the_naive_twins(
     x, m, beh = _batch(seed, noise=0.4)
     low = 1 / (1 + high) if stat == "ratio" else None
     keys: dict[str, Any] = {
-        "rollout_rs": level, "rollout_rs_stat": stat, "rollout_rs_order": "behaviour", "rollout_rs_reduce": reduce,
+        "rollout_rs": level, "rollout_rs_stat": stat, "rollout_rs_order": "behaviour",
+        "rollout_rs_reduce": reduce,
         "rollout_rs_low": low, "rollout_rs_high": 1 + high if stat == "ratio" else high,
         "rollout_rs_effect": "drop_mask", "loss_agg": agg,
     }  # fmt: skip
@@ -185,9 +188,9 @@ def test_the_stage_walk_equals_the_naive_twins(
         assert float(torch.where(km, a - b, 0.0).abs().max()) <= 1e-12, name
     hp = Hyperparams(gamma=0.97, lam=0.9, kl_coef=0.1, ent_coef=0.01, cliprange_value=0.3)
     kw: dict[str, Any] = dict(
-        logprobs=x["logprobs"], values=x["values"], old_logprobs=x["old_logprobs"], old_values=x["old_values"],
-        advantages=vec.advantages, returns=vec.returns, mask=m, ref_logprobs=x["ref_logprobs"],
-        entropy=x["entropy"], rollout_logprobs=beh,
+        logprobs=x["logprobs"], values=x["values"], old_logprobs=x["old_logprobs"],
+        old_values=x["old_values"], advantages=vec.advantages, returns=vec.returns, mask=m,
+        ref_logprobs=x["ref_logprobs"], entropy=x["entropy"], rollout_logprobs=beh,
     )  # fmt: skip
     q = update_inputs(**kw)
     uq, un = update_quantities(**kw, hp=hp, conv=conv), update_quantities_naive(q, hp=hp, conv=conv)

@@ -262,21 +262,31 @@ def verl_rejection(option: Any, threshold: Any) -> dict[str, Any]:
         raise ValueError(f"verl config: rollout_correction.rollout_rs={name!r} has no refppo counterpart "
                          "(one of token_k1|k2|k3, seq_sum_*, seq_mean_*, seq_max_k2|k3)")  # fmt: skip
     if threshold is None:
-        raise ValueError(f"verl config: rollout_correction.rollout_rs_threshold: required with rollout_rs={name!r}")
+        raise ValueError(
+            f"verl config: rollout_correction.rollout_rs_threshold: required with rollout_rs={name!r}"
+        )
     level, reduce = _RS_LEVEL[head]
     try:
         parts = [float(v) for v in str(threshold).split("_")]
     except ValueError:
-        raise ValueError(f"verl config: rollout_correction.rollout_rs_threshold={threshold!r}: expected a number"
-                         " or 'LOW_HIGH'") from None  # fmt: skip
+        raise ValueError(
+            f"verl config: rollout_correction.rollout_rs_threshold={threshold!r}: expected a number or "
+            "'LOW_HIGH'"
+        ) from None
     if stat == "k1":
         lo, hi = (parts[0], parts[1]) if len(parts) == 2 else (1.0 / parts[0], parts[0])
     elif len(parts) == 1:
         lo, hi = None, parts[0]
     else:
-        raise ValueError(f"verl config: rollout_correction.rollout_rs_threshold={threshold!r}: {name} takes one "
-                         "upper bound")  # fmt: skip
-    out: dict[str, Any] = {"rollout_rs": level, "rollout_rs_stat": _RS_STAT[stat], "rollout_rs_order": "behaviour"}
+        raise ValueError(
+            f"verl config: rollout_correction.rollout_rs_threshold={threshold!r}: {name} takes one "
+            "upper bound"
+        )
+    out: dict[str, Any] = {
+        "rollout_rs": level,
+        "rollout_rs_stat": _RS_STAT[stat],
+        "rollout_rs_order": "behaviour",
+    }
     if reduce is not None:
         out["rollout_rs_reduce"] = reduce
     return {**out, "rollout_rs_low": lo, "rollout_rs_high": hi, "rollout_rs_effect": "drop_mask"}
@@ -303,4 +313,12 @@ def _verl_is(level: Any, thr: Any) -> dict[str, Any]:
             "rollout_is_high": float(thr)}  # fmt: skip
 
 
-__all__ = ["VERL_BATCH", "VERL_KL", "VERL_METRICS", "from_verl", "verl_correction", "verl_hparams", "verl_rejection"]
+__all__ = [
+    "VERL_BATCH",
+    "VERL_KL",
+    "VERL_METRICS",
+    "from_verl",
+    "verl_correction",
+    "verl_hparams",
+    "verl_rejection",
+]

@@ -41,7 +41,11 @@ def refppo_keys(rs: str, thr: float | str) -> dict[str, Any]:
     upper bound; ``seq_sum``/``seq_mean``/``seq_max`` a sequence gate with that reduction."""
     parts = rs.split("_")
     stat = {"k1": "ratio", "k2": "k2", "k3": "k3"}[parts[-1]]
-    out: dict[str, Any] = {"rollout_rs": _LEVEL[parts[0]], "rollout_rs_stat": stat, "rollout_rs_order": "behaviour"}
+    out: dict[str, Any] = {
+        "rollout_rs": _LEVEL[parts[0]],
+        "rollout_rs_stat": stat,
+        "rollout_rs_order": "behaviour",
+    }
     if parts[0] == "seq":
         out["rollout_rs_reduce"] = parts[1]
     if stat == "ratio":
@@ -64,7 +68,9 @@ def _step(ca: Any, rch: Any, x: dict[str, Any], rs: str, thr: float | str, tis: 
     assert 0 < m2.sum() < m.sum(), (rs, thr)  # the gate rejects some tokens, not all
     w = None
     if tis is not None:  # the IS weight of the original mask (compute_rollout_correction_weights)
-        w, _ = rch.compute_rollout_correction_weights(log_ratio(x), m, rollout_is=tis, rollout_is_threshold=2.0)
+        w, _ = rch.compute_rollout_correction_weights(
+            log_ratio(x), m, rollout_is=tis, rollout_is_threshold=2.0
+        )
     adv, ret = ca.compute_gae_advantage_return(rewards, x["old_values"], m2, HP["gamma"], HP["lam"])
     lp = x["logprobs"].clone().requires_grad_(True)
     pg, metrics = ca.compute_policy_loss_vanilla(
@@ -97,7 +103,9 @@ def make(out: Path, v2: bool = True) -> list[str]:
             conv.update(rollout_is=tis, rollout_is_mode="truncate", rollout_is_low=None, rollout_is_high=2.0)
         hp = dict(HP, cliprange=0.2, ent_coef=0.0, world_size=1, micro_batches=1)
         tag = "v2" if v2 else "v1"
-        made.append(save(out, f"verl_rollout_rs_{name}_{tag}", dump, hp, conv, {"rollout_rs_effect": "weight"}))
+        made.append(
+            save(out, f"verl_rollout_rs_{name}_{tag}", dump, hp, conv, {"rollout_rs_effect": "weight"})
+        )
     return made
 
 
