@@ -215,6 +215,9 @@ def _whitening_reads(conv: Convention) -> tuple[str, ...]:
 
 
 _GATE_READS = ("old_logprobs", "rollout_logprobs", "mask", "value_mask")
+_GATE_MASK_READS = {"mask": ("old_logprobs", "rollout_logprobs", "mask")}
+"""The gate's ``mask`` reads no value mask (a graph walk that resolves a read by its first maker
+would otherwise loop: ``mask`` ← ``value_mask`` ← ``mask``)."""
 
 _ROLLOUT = (
     Stage(
@@ -246,7 +249,7 @@ _ROLLOUT = (
         "rollout_gate", "rollout", rcs.RS_KEYS, (), _GATE_READS, ("mask", "value_mask"),
         rcs.rollout_gate_stage, rcs.rollout_gate_naive,
         "core.rollout_correction.rejection_mask (rollout_rs_effect=drop_mask)",
-        active=rcs.rollout_gate_reads, needs=rcs.rollout_gate_needs,
+        active=rcs.rollout_gate_reads, needs=rcs.rollout_gate_needs, output_reads=_GATE_MASK_READS,
     ),
     Stage(
         "advantages", "rollout", ("advantage", "gae_padding", "gae_holes", *_GROUP_KEYS, "gae_bootstrap"),
@@ -273,6 +276,7 @@ _UPDATE = (
         rcs.rollout_correction_stage, rcs.rollout_correction_naive,
         "core.rollout_correction.is_weights, core.rollout_correction.rejection_mask",
         active=rcs.rollout_correction_reads, needs=rcs.rollout_correction_needs,
+        output_reads=_GATE_MASK_READS,
     ),
     Stage(
         "policy", "update", ("policy_loss", "dual_clip", "log_ratio_clamp"), ("cliprange", "cliprange_high"),
