@@ -139,6 +139,12 @@ def rollout_gate_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) 
     """The response and value masks of every stage after the gate: under ``rollout_rs_effect=
     drop_mask`` ``m' = m ∧ keep`` and ``value_mask' = value_mask ∧ keep`` (``keep``:
     :func:`gate_keep`, bool ``[B, T]``); otherwise both unchanged (nothing else read)."""
+    return gate_masks(q, conv)
+
+
+def gate_masks(q: Q, conv: Convention) -> dict[str, Any]:
+    """:func:`rollout_gate_stage`'s ``{"mask", "value_mask"}`` (also for a stage variant that
+    replaces the rollout correction: :mod:`refppo.pipeline.bugs_rollout`)."""
     vm = q.get("value_mask")  # None: a caller that walks the update's policy side only
     if not conv.gate.drops:
         return {"mask": q["mask"], "value_mask": vm}
@@ -195,18 +201,12 @@ def rollout_correction_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evalua
     (:func:`refppo.core.rollout_correction.is_weights`, detached), times the gate's keep mask
     (``w' ← w'·keep``, ``w'`` = 1 without ``rollout_is``); both None when both are off
     (``rollout_logprobs`` is then not read). Under ``rollout_rs_effect=drop_mask`` the gate leaves
-    the weight alone and makes the update's masks instead (:func:`rollout_gate_stage`); otherwise
-    ``mask`` and ``value_mask`` pass unchanged."""
-    masks = rollout_gate_stage(q, conv, hp, ev)
-    if conv.gate.drops:
-        conv = conv.with_updates({"rollout_rs": None})
-    return {**_weights(q, conv), **masks}
-
-
-def _weights(q: Q, conv: Convention) -> dict[str, Any]:
-    rc, m = conv.rollout, q["mask"]
-    if rc.level is None and not conv.gate.on:
-        return {"is_weights": None, "is_keep": None}
+    the weight alone and makes the update's masks instead (:func:`gate_masks`); otherwise ``mask``
+    and ``value_mask`` pass unchanged."""
+    rc, m, masks = conv.rollout, q["mask"], gate_masks(q, conv)
+    gate = conv.gate.on and not conv.gate.drops
+    if rc.level is None and not gate:
+        return {"is_weights": None, "is_keep": None, **masks}
     if rc.level is None:
         weight, keep = torch.where(m, 1.0, 0.0).to(q["old_logprobs"].dtype), m
     else:
@@ -215,10 +215,10 @@ def _weights(q: Q, conv: Convention) -> dict[str, Any]:
             low=rc.low, high=rc.high,
         )  # fmt: skip
         weight, keep = w.weight, w.keep
-    if conv.gate.on:
+    if gate:
         keep = keep & gate_keep(q, conv)
         weight = torch.where(keep, weight, torch.zeros((), dtype=weight.dtype, device=weight.device))
-    return {"is_weights": weight, "is_keep": keep}
+    return {"is_weights": weight, "is_keep": keep, **masks}
 
 
 def _f64(x: Any, device: torch.device) -> Tensor:
@@ -268,6 +268,7 @@ __all__ = [
     "RC_KEYS",
     "RS_KEYS",
     "gate_keep",
+    "gate_masks",
     "gate_statistic_of",
     "rollout_correction_naive",
     "rollout_correction_needs",
