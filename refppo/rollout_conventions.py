@@ -126,4 +126,30 @@ class ClipFracCounts(StrEnum):
     BY_ADVANTAGE = "by_advantage"
 
 
-__all__ = ["ClipFracCounts", "ISAgg", "ISLevel", "ISMode", "RSOrder", "RSReduce", "RSStat", "Rejected"]
+class RSEffect(StrEnum):
+    """What a rejection gate's keep mask does to the step (``rollout_rs_effect``).
+
+    - ``weight``: it multiplies the importance weight of the policy term (a rejected token has weight
+      0 and still counts in the normalisers; AReaL 1.0.4, OpenRLHF 0.11.2);
+    - ``drop_mask``: it replaces the response mask for every stage after the reward (GAE, returns,
+      advantage whitening, the policy / value / entropy / KL losses and their normalisers, the
+      gradient): ``m' = m·keep`` (verl 0.9.1 ``ray_trainer.py``: ``compute_rollout_correction_and_
+      add_to_batch`` writes ``response_mask`` before ``compute_advantage``; the KL-in-reward before it
+      reads the original mask).
+    """
+
+    WEIGHT = "weight"
+    DROP_MASK = "drop_mask"
+
+
+__all__ = [
+    "ClipFracCounts",
+    "ISAgg",
+    "ISLevel",
+    "ISMode",
+    "RSEffect",
+    "RSOrder",
+    "RSReduce",
+    "RSStat",
+    "Rejected",
+]

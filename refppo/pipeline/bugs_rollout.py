@@ -41,7 +41,7 @@ from torch import Tensor
 from refppo.core.rollout_correction import is_weights
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.bugs_base import Bug
-from refppo.pipeline.correction import gate_keep, rollout_logprobs_of
+from refppo.pipeline.correction import gate_keep, gate_masks, rollout_logprobs_of
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.rollout_conventions import ISAgg, ISLevel, ISMode
 
@@ -63,12 +63,14 @@ def _weights(
 
 def _gated(out: dict[str, Tensor], q: Q, conv: Convention) -> dict[str, Tensor]:
     """The gate of ``rollout_rs*`` applied to a (buggy) weight as the correct stage applies it:
-    ``keep ← keep·gate``, ``w' ← 0`` off ``keep``; unchanged when the gate is off."""
-    if not conv.gate.on:
-        return out
+    ``keep ← keep·gate``, ``w' ← 0`` off ``keep``; unchanged when the gate is off or drops its
+    tokens from the mask instead (``rollout_rs_effect=drop_mask``); with the stage's masks."""
+    masks = gate_masks(q, conv)
+    if not conv.gate.on or conv.gate.drops:
+        return {**out, **masks}
     keep = out["is_keep"] & gate_keep(q, conv)
     zero = torch.zeros((), dtype=out["is_weights"].dtype, device=keep.device)
-    return {"is_weights": torch.where(keep, out["is_weights"], zero), "is_keep": keep}
+    return {"is_weights": torch.where(keep, out["is_weights"], zero), "is_keep": keep, **masks}
 
 
 def _sum_not_mean(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
@@ -120,7 +122,7 @@ def _mask_multiplied(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
     w = _weights(q["old_logprobs"], q, conv, mode=ISMode.MASK)
     raw = _weights(q["old_logprobs"], q, conv, gate=False, low=None, high=None)["is_weights"]  # no bound
     keep = w["is_keep"]  # already gated (_weights)
-    return {"is_weights": raw * keep.to(raw.dtype), "is_keep": keep}
+    return {"is_weights": raw * keep.to(raw.dtype), "is_keep": keep, **gate_masks(q, conv)}
 
 
 _ON = "the rollout correction on (rollout_is=token or sequence)"

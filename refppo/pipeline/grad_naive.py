@@ -25,6 +25,7 @@ from refppo.errors import ConventionError, DumpError
 from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.naive_update import normaliser_kwargs
 from refppo.pipeline.needs import kl_loss_needs, missing_line
+from refppo.pipeline.row_subset import kept_rows, put_rows, take_rows
 from refppo.pipeline.settings import Convention, Hyperparams
 
 
@@ -165,7 +166,14 @@ def objective_grads_naive(
 
 def grads_naive(q: Mapping[str, Any], conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """Naive twin of :func:`refppo.pipeline.update.grads_stage`: :func:`objective_grads_naive` on the
-    update's inputs in ``q`` (the value term over the value stage's mask), 0 outside the masks."""
+    update's inputs in ``q`` (the value term over the value stage's mask), 0 outside the masks; rows
+    the rejection gate emptied (``rollout_rs_effect=drop_mask``) are 0, the rest computed without
+    them (:mod:`refppo.pipeline.row_subset`)."""
+    rows = kept_rows(q)
+    if rows is not None:
+        out: dict[str, Any] = {}
+        put_rows(out, grads_naive(take_rows(q, rows), conv, hp, ev), rows, ("grad_logprobs", "grad_values"))
+        return out
     g_lp, g_v = objective_grads_naive(
         logprobs=q["logprobs"], values=q["values"], old_logprobs=q["old_logprobs"],
         old_values=q["old_values"], advantages=q["advantages"], returns=q["returns"], mask=q["mask"],

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from refppo.errors import HyperparameterError
 from refppo.pipeline.group_fields import _parse_enums, flat_key
-from refppo.rollout_conventions import ISLevel, RSOrder, RSReduce, RSStat
+from refppo.rollout_conventions import ISLevel, RSEffect, RSOrder, RSReduce, RSStat
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class RolloutGate:
     high: float | None = field(default=None, metadata=flat_key("rollout_rs_high", omit=True))
     """The upper bound, or none (AReaL ``upper``, verl's threshold). Neither bound: the gate keeps
     every valid token (its band is the whole line)."""
+    effect: RSEffect = field(default=RSEffect.WEIGHT, metadata=flat_key("rollout_rs_effect", omit=True))
+    """``weight``: the keep mask multiplies the IS weight, rejected tokens still count (AReaL,
+    OpenRLHF); ``drop_mask``: ``m' = m·keep`` is the response mask of every stage after the reward
+    (verl 0.9.1; :data:`refppo.pipeline.correction.rollout_gate_stage`)."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
@@ -63,6 +67,11 @@ class RolloutGate:
     def on(self) -> bool:
         """A gate is applied (``rollout_rs`` is ``token`` or ``sequence``)."""
         return self.level is not None
+
+    @property
+    def drops(self) -> bool:
+        """The gate is on and its kept tokens replace the response mask (``drop_mask``)."""
+        return self.level is not None and self.effect is RSEffect.DROP_MASK
 
 
 __all__ = ["RolloutGate"]

@@ -18,7 +18,7 @@ A :class:`Convention` is one frozen group per stage family of :mod:`refppo.pipel
     rollout  RolloutCorrection    rollout_is, rollout_is_agg, rollout_is_mode, rollout_is_low,
                                   rollout_is_high
     gate     RolloutGate          rollout_rs, rollout_rs_stat, rollout_rs_order, rollout_rs_reduce,
-                                  rollout_rs_low, rollout_rs_high
+                                  rollout_rs_low, rollout_rs_high, rollout_rs_effect
 
 The FLAT keys (``--set KEY``, sidecars, presets, the JSON report's ``convention`` object,
 :meth:`Convention.to_dict`, the trainer's ``ppo.*`` keys) are derived from the groups: each field's
@@ -223,6 +223,7 @@ FLAT_ORDER: tuple[str, ...] = (
     "rollout_rs_reduce",
     "rollout_rs_low",
     "rollout_rs_high",
+    "rollout_rs_effect",
     "gae_bootstrap",
     "score_slot_kl",
     "truncated_rows",

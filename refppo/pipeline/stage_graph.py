@@ -11,18 +11,19 @@ from refppo.pipeline.stages import STAGES, Stage
 
 def upstream(quantity: str, stages: Sequence[Stage] = STAGES) -> tuple[Stage, ...]:
     """The stages ``quantity`` depends on (its maker and, through what it reads for it, theirs), in
-    order."""
-    makers = {q: s for s in stages for q in s.makes}
-    need, seen, done = [quantity], set(), set()
+    order. A quantity read by a stage comes from the last stage before it that makes it (the
+    rejection gate rewrites ``mask``: the stages before it read the input)."""
+    need, seen, done = [(quantity, len(stages))], set(), set()
     while need:
-        q = need.pop()
-        s = makers.get(q)
-        if s is None or q in done:
+        q, before = need.pop()
+        at = next((i for i in range(before - 1, -1, -1) if q in stages[i].makes), None)
+        if at is None or (q, at) in done:
             continue
-        done.add(q)
-        seen.add(s.name)
-        need.extend(s.output_reads.get(q, s.reads))
-    return tuple(s for s in stages if s.name in seen)
+        done.add((q, at))
+        seen.add(at)
+        s = stages[at]
+        need.extend((r, at) for r in s.output_reads.get(q, s.reads))
+    return tuple(s for i, s in enumerate(stages) if i in seen)
 
 
 def downstream(names: Collection[str], stages: Sequence[Stage] = STAGES) -> frozenset[str]:

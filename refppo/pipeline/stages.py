@@ -16,9 +16,10 @@ kl                  old_logprobs, ref_logprobs, mask     kl
 value_mask          mask                                 value_mask
 rewards             mapped_scores, kl, mask              token_rewards_raw
 reward_whitening    token_rewards_raw, value_mask        token_rewards
+rollout_gate        old_logprobs, rollout_logprobs, …    mask, value_mask
 advantages          token_rewards, old_values, …         advantages_raw, returns
 whitening           advantages_raw, mask                 advantages
-rollout_correction  old_logprobs, rollout_logprobs, …    is_weights, is_keep
+rollout_correction  old_logprobs, rollout_logprobs, …    is_weights, is_keep, mask, value_mask
 policy              logprobs, old_logprobs, advantages   pg_per_token, ratio, pg_clipfrac, …
 policy_agg          pg_per_token, mask                   pg_loss
 approx_kl           pg_approx_kl, logprobs, …            approx_kl
@@ -50,6 +51,7 @@ from refppo.pipeline import needs as nd
 from refppo.pipeline import rollout as ro
 from refppo.pipeline import update as up
 from refppo.pipeline.blocks import Evaluation
+from refppo.pipeline.row_subset import kept_rows, put_rows, take_rows
 from refppo.pipeline.settings import FLAT, HPARAM_KEYS, Convention, Hyperparams
 
 StageFn = Callable[[Mapping[str, Any], Convention, Hyperparams, Evaluation], Mapping[str, Any]]
@@ -107,6 +109,11 @@ class Stage:
             raise ValueError(f"stage {self.name}: unknown convention keys or hyperparameters {bad}")
 
     @property
+    def rewrites(self) -> bool:
+        """It makes a quantity it reads (a new ``mask``: the gate under ``rollout_rs_effect=drop_mask``)."""
+        return bool(set(self.makes) & set(self.reads))
+
+    @property
     def groups(self) -> tuple[str, ...]:
         """The :class:`Convention` groups its keys belong to, in order."""
         return tuple(dict.fromkeys(FLAT[k].group for k in self.keys))
@@ -148,8 +155,11 @@ def walk(
     """Run ``stages`` in order on the quantities ``q``; returns ``q`` with every quantity made.
 
     A stage whose outputs are all in ``q`` already is not run (an upstream result reused: the same
-    call made it). ``keep``: after each stage, drop every quantity that neither a later stage reads
-    nor ``keep`` names (freed before the next stage allocates its own; None: keep everything).
+    call made it), unless it rewrites what it reads (the rejection gate's ``mask``: idempotent). Rows
+    that such a rewrite leaves without a valid token are taken out of the stages after it
+    (:mod:`refppo.pipeline.row_subset`). ``keep``: after each stage, drop every quantity that neither
+    a later stage reads nor ``keep`` names (freed before the next stage allocates its own; None: keep
+    everything).
     ``naive``: each stage's naive twin instead of its function.
     """
     out = dict(q)
@@ -157,8 +167,14 @@ def walk(
     for i in range(len(stages) - 2, -1, -1):
         later[i] = later[i + 1] | set(stages[i + 1].reads)
     for i, st in enumerate(stages):
-        if not all(k in out for k in st.makes):
+        if st.rewrites or not all(k in out for k in st.makes):
             out.update(st.run(out, conv, hp, ev, naive=naive))
+        rows = kept_rows(out) if st.rewrites else None
+        if rows is not None:  # the gate emptied rows: the rest walks the others (pipeline.row_subset)
+            rest = stages[i + 1 :]
+            sub = walk(rest, take_rows(out, rows), conv, hp, ev, keep=keep, naive=naive)
+            put_rows(out, sub, rows, [k for s in rest for k in s.makes])
+            return out if keep is None else {k: v for k, v in out.items() if k in keep}
         if keep is not None:
             for name in [k for k in out if k not in keep and k not in later[i]]:
                 del out[name]
@@ -199,6 +215,11 @@ def _whitening_reads(conv: Convention) -> tuple[str, ...]:
     return ("whiten_advantages", "whiten_holes", "whiten_variance", "whiten_eps_at", "whiten_eps")
 
 
+_GATE_READS = ("old_logprobs", "rollout_logprobs", "mask", "value_mask")
+_GATE_MASK_READS = {"mask": ("old_logprobs", "rollout_logprobs", "mask")}
+"""The gate's ``mask`` reads no value mask (a graph walk that resolves a read by its first maker
+would otherwise loop: ``mask`` ← ``value_mask`` ← ``mask``)."""
+
 _ROLLOUT = (
     Stage(
         "score_map", "rollout", ("score_bias", "score_scale", "score_clip"), (), ("scores",),
@@ -226,6 +247,12 @@ _ROLLOUT = (
         collective=True, active=_reward_whitening_reads,
     ),
     Stage(
+        "rollout_gate", "rollout", rcs.RS_KEYS, (), _GATE_READS, ("mask", "value_mask"),
+        rcs.rollout_gate_stage, rcs.rollout_gate_naive,
+        "core.rollout_correction.rejection_mask (rollout_rs_effect=drop_mask)",
+        active=rcs.rollout_gate_reads, needs=rcs.rollout_gate_needs, output_reads=_GATE_MASK_READS,
+    ),
+    Stage(
         "advantages", "rollout", ("advantage", "gae_padding", "gae_holes", *_GROUP_KEYS, "gae_bootstrap"),
         ("gamma", "lam", "kl_coef"),
         ("token_rewards", "old_values", "value_mask", "mask", "mapped_scores", "kl", "group_index",
@@ -246,10 +273,11 @@ _ROLLOUT = (
 _UPDATE = (
     Stage(
         "rollout_correction", "update", (*rcs.RC_KEYS, *rcs.RS_KEYS), (),
-        ("old_logprobs", "rollout_logprobs", "mask"), ("is_weights", "is_keep"),
+        _GATE_READS, ("is_weights", "is_keep", "mask", "value_mask"),
         rcs.rollout_correction_stage, rcs.rollout_correction_naive,
         "core.rollout_correction.is_weights, core.rollout_correction.rejection_mask",
         active=rcs.rollout_correction_reads, needs=rcs.rollout_correction_needs,
+        output_reads=_GATE_MASK_READS,
     ),
     Stage(
         "policy", "update",

@@ -119,6 +119,7 @@ def rollout_quantities(
     kl: Tensor | None = None,
     bootstrap_values: Tensor | None = None,
     truncated: Tensor | None = None,
+    rollout_logprobs: Tensor | None = None,
 ) -> RolloutQuantities:
     """Steps 0–4: a walk of :data:`refppo.pipeline.stages.ROLLOUT_STAGES`.
 
@@ -135,10 +136,12 @@ def rollout_quantities(
     statistics are the global ones; without it a group estimator under ``all_reduce`` is refused.
     ``kl``: step 1's result when the caller already holds it (as :func:`reward_quantities`).
     ``bootstrap_values``, ``truncated`` ``[B]``: read by GAE under ``gae_bootstrap=truncated``.
+    ``rollout_logprobs``: read by the rejection gate under ``rollout_rs_effect=drop_mask`` (its kept
+    tokens are the mask of GAE and the whitening; ``value_mask`` is then the gate's).
     """
     q = _rollout_inputs(
         scores, old_logprobs, ref_logprobs, mask, kl, old_values=old_values, group_index=group_index,
-        bootstrap_values=bootstrap_values, truncated=truncated,
+        bootstrap_values=bootstrap_values, truncated=truncated, rollout_logprobs=rollout_logprobs,
     )  # fmt: skip
     ev = Evaluation(all_reduce=all_reduce, groups_on_rank=groups_on_rank)
     return _rollout_result(walk(ROLLOUT_STAGES, q, conv, hp, ev, keep=_ROLLOUT_OUT), conv)
@@ -156,11 +159,12 @@ def rollout_quantities_naive(
     group_index: Tensor | None = None,
     bootstrap_values: Tensor | None = None,
     truncated: Tensor | None = None,
+    rollout_logprobs: Tensor | None = None,
 ) -> RolloutQuantities:
     """:func:`rollout_quantities` through each stage's naive twin (one process)."""
     q = _rollout_inputs(
         scores, old_logprobs, ref_logprobs, mask, None, old_values=old_values, group_index=group_index,
-        bootstrap_values=bootstrap_values, truncated=truncated,
+        bootstrap_values=bootstrap_values, truncated=truncated, rollout_logprobs=rollout_logprobs,
     )  # fmt: skip
     return _rollout_result(walk(ROLLOUT_STAGES, q, conv, hp, keep=_ROLLOUT_OUT, naive=True), conv)
 
@@ -223,7 +227,10 @@ def update_inputs(
         "advantages": advantages,
         "returns": returns,
         "mask": m,
-        "value_mask": m if value_mask_ is None else check_mask("value_mask", value_mask_),
+        # a value mask may have rows the rejection gate emptied (rollout_rs_effect=drop_mask)
+        "value_mask": m
+        if value_mask_ is None
+        else check_mask("value_mask", value_mask_, require_nonempty_rows=False),
         "ref_logprobs": ref_logprobs,
         "entropy": entropy,
         "rollout_logprobs": rollout_logprobs,

@@ -59,6 +59,14 @@ BASES = {
         "rollout_is_high": 1.25,
         "loss_agg": "seq-mean-token-mean",
     },
+    "rollout-drop": {
+        "rollout_rs": "token",
+        "rollout_rs_stat": "k2",
+        "rollout_rs_order": "behaviour",
+        "rollout_rs_high": 0.03,
+        "rollout_rs_effect": "drop_mask",
+        "loss_agg": "seq-mean-token-mean",
+    },
     "kl-both": {"kl_in": "both", "kl_estimator": "k3", "loss_agg": "seq-mean-token-mean", "dual_clip": 3.0},
     "bootstrap": {"gae_bootstrap": "truncated", "gae_padding": "through", "score_at": "after_last_valid"},
 }
@@ -203,6 +211,7 @@ def test_the_naive_walk_equals_the_vectorized_walk(base: str) -> None:
         scores=x["scores"], old_logprobs=x["old_logprobs"], ref_logprobs=x["ref_logprobs"],
         old_values=x["old_values"] if critic else None, mask=m, hp=HP, conv=conv,
         group_index=torch.tensor([0, 0, 1, 1, 2, 2]), bootstrap_values=0.5 * x["scores"],
+        rollout_logprobs=_behaviour(x),
     )  # fmt: skip
     vec, nai = rollout_quantities(**kw), rollout_quantities_naive(**kw)
     for name in ("token_rewards", "advantages", "returns"):

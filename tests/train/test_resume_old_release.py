@@ -64,6 +64,7 @@ SEAM_KEYS = {
     "ppo.rollout_rs_reduce",
     "ppo.rollout_rs_low",
     "ppo.rollout_rs_high",
+    "ppo.rollout_rs_effect",
     "seam.enabled",
     "seam.dtype",
     "seam.logprobs",

@@ -237,20 +237,76 @@ def verl_correction(rc: Any) -> dict[str, Any]:
     (``trainer/config/algorithm.py::RolloutCorrectionConfig``, applied by
     ``rollout_corr_helper.py::compute_rollout_correction_and_add_to_batch``): ``rollout_is``
     ``token``/``sequence`` (None: no weight), ``rollout_is_threshold`` a number (TIS: truncate at it)
-    or ``"lo_hi"`` (IcePop: mask outside ``[lo, hi]``). The batch normalisation, the rejection
-    sampling (``rollout_rs``) and the bypass mode have no refppo key: refused with one line."""
+    or ``"lo_hi"`` (IcePop: mask outside ``[lo, hi]``); the rejection sampling ``rollout_rs`` as the
+    ``rollout_rs*`` keys (:func:`verl_rejection`). The batch normalisation and the bypass mode have no
+    refppo key: refused with one line."""
     if rc is None:
         return {}
-    for key, off in (("rollout_is_batch_normalize", False), ("rollout_rs", None), ("bypass_mode", False)):
+    for key, off in (("rollout_is_batch_normalize", False), ("bypass_mode", False)):
         value = _cfg(rc, key, off)
         if value not in (off, None, False):
             raise ValueError(f"verl config: rollout_correction.{key}={value!r} has no refppo counterpart")
+    gate = verl_rejection(_cfg(rc, "rollout_rs", None), _cfg(rc, "rollout_rs_threshold", None))
     level = _cfg(rc, "rollout_is", None)
     if level is None:
+        return gate
+    return {**_verl_is(level, _cfg(rc, "rollout_is_threshold", 2.0)), **gate}
+
+
+_RS_STAT = {"k1": "ratio", "k2": "k2", "k3": "k3"}
+_RS_LEVEL = {"token": ("token", None), "seq_sum": ("sequence", "sum"), "seq_mean": ("sequence", "mean"),
+             "seq_max": ("sequence", "max")}  # fmt: skip
+
+
+def verl_rejection(option: Any, threshold: Any) -> dict[str, Any]:
+    """The ``rollout_rs*`` keys of verl 0.9.1's rejection sampling (``rollout_corr_helper.py::
+    compute_rollout_rejection_mask``): ``token_k1|k2|k3``, ``seq_sum_*``, ``seq_mean_*``,
+    ``seq_max_k2|k3`` on ``x = −(l^old − l^rollout)`` (``behaviour`` order); a ``*_k1`` threshold is a
+    ratio band ``"lo_hi"`` (or ``hi``, ``lo = 1/hi``: refppo's ``ratio`` statistic), a k2/k3 one an
+    upper bound. The trainer writes the kept tokens into ``response_mask`` before
+    ``compute_advantage``: ``rollout_rs_effect=drop_mask``. None: no gate. Chained options
+    (``"token_k1,seq_max_k2"``) have no refppo key (one gate): refused with one line."""
+    if option is None:
         return {}
+    name = str(option)
+    head, _, stat = name.rpartition("_")
+    if "," in name or head not in _RS_LEVEL or stat not in _RS_STAT or name == "seq_max_k1":
+        raise ValueError(f"verl config: rollout_correction.rollout_rs={name!r} has no refppo counterpart "
+                         "(one of token_k1|k2|k3, seq_sum_*, seq_mean_*, seq_max_k2|k3)")  # fmt: skip
+    if threshold is None:
+        raise ValueError(
+            f"verl config: rollout_correction.rollout_rs_threshold: required with rollout_rs={name!r}"
+        )
+    level, reduce = _RS_LEVEL[head]
+    try:
+        parts = [float(v) for v in str(threshold).split("_")]
+    except ValueError:
+        raise ValueError(
+            f"verl config: rollout_correction.rollout_rs_threshold={threshold!r}: expected a number or "
+            "'LOW_HIGH'"
+        ) from None
+    if stat == "k1":
+        lo, hi = (parts[0], parts[1]) if len(parts) == 2 else (1.0 / parts[0], parts[0])
+    elif len(parts) == 1:
+        lo, hi = None, parts[0]
+    else:
+        raise ValueError(
+            f"verl config: rollout_correction.rollout_rs_threshold={threshold!r}: {name} takes one "
+            "upper bound"
+        )
+    out: dict[str, Any] = {
+        "rollout_rs": level,
+        "rollout_rs_stat": _RS_STAT[stat],
+        "rollout_rs_order": "behaviour",
+    }
+    if reduce is not None:
+        out["rollout_rs_reduce"] = reduce
+    return {**out, "rollout_rs_low": lo, "rollout_rs_high": hi, "rollout_rs_effect": "drop_mask"}
+
+
+def _verl_is(level: Any, thr: Any) -> dict[str, Any]:
     if str(level) not in ("token", "sequence"):
         raise ValueError(f"verl config: rollout_correction.rollout_is={level!r}: expected token or sequence")
-    thr = _cfg(rc, "rollout_is_threshold", 2.0)
     if isinstance(thr, str) and "_" in thr:
         try:
             lo, hi = (float(v) for v in thr.split("_"))
@@ -269,4 +325,12 @@ def verl_correction(rc: Any) -> dict[str, Any]:
             "rollout_is_high": float(thr)}  # fmt: skip
 
 
-__all__ = ["VERL_BATCH", "VERL_KL", "VERL_METRICS", "from_verl", "verl_correction", "verl_hparams"]
+__all__ = [
+    "VERL_BATCH",
+    "VERL_KL",
+    "VERL_METRICS",
+    "from_verl",
+    "verl_correction",
+    "verl_hparams",
+    "verl_rejection",
+]

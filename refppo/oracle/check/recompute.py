@@ -73,7 +73,10 @@ class Reference:
         return None
 
 
-_ROLLOUT_KEEP = ("kl", "token_rewards", "advantages_raw", "advantages", "returns", "value_mask")
+_ROLLOUT_KEEP = ("kl", "token_rewards", "advantages_raw", "advantages", "returns", "value_mask", "mask")
+"""What the rollout walk keeps: ``mask`` is the response mask after the rejection gate
+(``rollout_rs_effect=drop_mask``: the kept tokens; the dump's mask otherwise), which the quantities
+are compared on (a value off the step's mask is not part of the step)."""
 
 
 def recompute(
@@ -129,6 +132,7 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
         "group_index": t.get("group_index"),
         "bootstrap_values": t.get("bootstrap_values"),
         "truncated": t.get("truncated"),
+        "rollout_logprobs": t.get("rollout_logprobs"),  # read by the gate under rollout_rs_effect=drop_mask
     }
     if bug is not None:
         bug.check(t, conv, hp)
@@ -137,7 +141,7 @@ def _rollout_reference(dump: Dump, setup: Setup, bug: Bug | None) -> Reference:
     # kl None: no ref_logprobs and nothing reads the KL (pipeline.needs.kl_needs): not compared
     keys = ("kl", "token_rewards", "advantages", "returns")
     vals: dict[str, Tensor] = {k: out[k] for k in keys if out[k] is not None}
-    return Reference(vals, m, out["value_mask"], out["advantages_raw"])
+    return Reference(vals, out["mask"], out["value_mask"], out["advantages_raw"])
 
 
 def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None) -> Reference:
@@ -149,7 +153,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None
         bug.check(t, conv, hp)
     vals = dict(ro.values)
     if not ("logprobs" in t or "values" in t):
-        return Reference(vals, m, ro.value_mask, ro.advantages_raw)
+        return Reference(vals, ro.mask, ro.value_mask, ro.advantages_raw)
     adv, returns = ro.values["advantages"], ro.values["returns"]
     rtol = TOLERANCES[dump.dtype].rtol
     logprobs = t.get("logprobs", t["old_logprobs"])
@@ -196,7 +200,7 @@ def _with_update(dump: Dump, setup: Setup, ro: Reference, bug: Bug | None = None
             else torch.zeros_like(m),
         }
         vals.update(reference_grads(inp, grad_setup, t, ties, stages=stages))
-    return Reference(vals, m, ro.value_mask, ro.advantages_raw, widen, inp)
+    return Reference(vals, ro.mask, ro.value_mask, ro.advantages_raw, widen, inp)
 
 
 def _update_inputs(

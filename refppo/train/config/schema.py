@@ -160,6 +160,11 @@ class TrainConfig:
                     f"ppo.{key}={level.value} reads the behaviour log-probs of a rollout engine, which "
                     "only the seam mode has: add --set seam.enabled=true"
                 )
+        if conv.gate.drops:  # the trainer's rollout walk and split-step counts read the sampled mask
+            raise ConfigError(
+                "ppo.rollout_rs_effect=drop_mask (verl's rejected tokens leave the step's mask) is not a "
+                "mode of refppo's trainer yet: use ppo.rollout_rs_effect=weight"
+            )
         keys = [
             k
             for k in ("dtype", "logprobs", "staleness", "staleness_min")
