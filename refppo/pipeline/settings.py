@@ -41,10 +41,8 @@ from refppo.group_conventions import GroupKL
 from refppo.pipeline.groups import (
     GROUPS,
     AdvantageConvention,
-    AggConvention,
     KLConvention,
     NormConvention,
-    PolicyConvention,
     RewardConvention,
     RolloutCorrection,
     RolloutGate,
@@ -52,6 +50,7 @@ from refppo.pipeline.groups import (
     ValueConvention,
     WhitenConvention,
 )
+from refppo.pipeline.groups_update import AggConvention, PolicyConvention
 
 
 @dataclass(frozen=True)
