@@ -17,11 +17,13 @@ import torch
 from torch import Tensor
 
 from refppo.agg_conventions import MASK_AGGS
+from refppo.rollout_conventions import ClipFracCounts
 from refppo.verify.batches import Batch, Case, Pair
 
 rc_mod = importlib.import_module("refppo.core.rollout_correction")
 rl_mod = importlib.import_module("refppo.core.rollout_losses")
 cispo_mod = importlib.import_module("refppo.core.cispo")
+cf_mod = importlib.import_module("refppo.core.clipfrac")
 
 LO, HI = math.exp(-10.5 / 64), math.exp(12.5 / 64)
 """Token-level ratio bounds, half a grid step off the grid: ≈ 0.849 and ≈ 1.216."""
@@ -186,6 +188,22 @@ def _case_cispo(b: Batch, dev: torch.device) -> list[Pair]:
     return out
 
 
+def _case_clip_fraction(b: Batch, dev: torch.device) -> list[Pair]:
+    """:func:`clip_fraction` for every ``clipfrac_counts``, the surrogate's and CISPO's, with a weight
+    that zeroes a third of the tokens (``kept``) and without one."""
+    cur, prox, _, adv = rollout_inputs(b)
+    ratio = torch.exp(cur - prox)
+    w = torch.where(torch.arange(ratio.numel()).reshape(ratio.shape) % 3 == 0, 0.0, 1.5).to(ratio.dtype)
+    out: list[Pair] = []
+    for counts in ClipFracCounts:
+        for surrogate, band in ((True, (LO, HI)), (False, (None, HI))):
+            kw = {"band": band, "surrogate": surrogate, "counts": counts}
+            vec = cf_mod.clip_fraction(ratio.to(dev), adv.to(dev), b.mask.to(dev), weight=w.to(dev), **kw)
+            naive = cf_mod.clip_fraction_naive(ratio, adv, b.mask, weight=w, **kw)
+            out.append((f"clip_fraction({counts.value},surrogate={surrogate})", vec, _t(naive, vec), None))
+    return out
+
+
 def _case_weighted_logprob_loss(b: Batch, dev: torch.device) -> list[Pair]:
     cur, _, beh, adv = rollout_inputs(b)
     # verl bypass: π_θ/π^beh, truncated (from the naive twin: is_weights has its own case)
@@ -212,5 +230,6 @@ ROLLOUT_CASES: dict[str, Case] = {
     "decoupled_policy_loss": _case_decoupled_policy_loss,
     "cispo_policy_loss": _case_cispo,
     "weighted_logprob_loss": _case_weighted_logprob_loss,
+    "clip_fraction": _case_clip_fraction,
 }
 """The rollout correction's cases (after :data:`.cases_loss.LOSS_CASES` in :data:`.cases.CASES`)."""
