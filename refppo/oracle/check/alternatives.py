@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from refppo.conventions import AdvantageEstimator
+from refppo.conventions import AdvantageEstimator, LossAgg
 from refppo.pipeline.settings import FLAT, enum_keys
 from refppo.pipeline.stage_graph import keys_upstream
 from refppo.pipeline.stages import BY_NAME, OUTPUTS
@@ -105,10 +105,12 @@ def flat_keys(key: str) -> tuple[str, ...]:
 def members(key: str) -> list[Any]:
     """The alternatives of an enum key: its members but those whose value is another member's (a
     ``base`` other than themselves), None first for an optional key; ``advantage`` without ``gae``
-    (a GAE dump is not re-run through the critic-free estimators)."""
+    (a GAE dump is not re-run through the critic-free estimators); no ``prompt-mean`` (it reads the
+    prompts, and only the policy and entropy terms take it: not offered as a one-key explanation)."""
     enum: type[Enum] = enum_keys()[key]
     out: list[Any] = [None] if FLAT[key].default is None else []
-    out += [m for m in enum if getattr(m, "base", m) is m and m is not AdvantageEstimator.GAE]
+    skip = (AdvantageEstimator.GAE, LossAgg.PROMPT_MEAN)
+    out += [m for m in enum if getattr(m, "base", m) is m and m not in skip]
     return out
 
 

@@ -17,7 +17,7 @@ it proposes is evaluated through the stages like any other value). The steps
 - ``token_rewards`` (stages score_map, value_mask, rewards, reward_whitening): walks score_bias,
   score_scale, score_clip, kl_in, score_at, whiten_rewards, whiten_variance, whiten_eps_at,
   score_slot_kl; checked against token_rewards; solver: score bias and scale, score clip.
-- ``returns`` (stages advantages): walks advantage, gae_padding, gae_holes, group_std,
+- ``returns`` (stages rollout_gate, advantages): walks advantage, gae_padding, gae_holes, group_std,
   group_std_level, group_singleton, group_kl, group_eps, gae_bootstrap; checked against returns;
   solver: group_eps.
 - ``advantages`` (stages whitening): walks whiten_advantages, whiten_variance, whiten_eps_at,

@@ -53,7 +53,7 @@ STEPS: tuple[Step, ...] = (
         "score bias and scale, score clip",
     ),
     Step(
-        "returns", ("advantages",), ("returns",),
+        "returns", ("rollout_gate", "advantages"), ("returns",),
         ("advantage", "gae_padding", "gae_holes", "group_std", "group_std_level", "group_singleton",
          "group_kl", "group_eps", "gae_bootstrap"),
         "group_eps",
@@ -63,7 +63,8 @@ STEPS: tuple[Step, ...] = (
         ("whiten_advantages", "whiten_variance", "whiten_eps_at", "whiten_holes"), "(a fitted map, named)",
     ),
     Step(
-        "correction", ("rollout_correction",), (), BY_NAME["rollout_correction"].keys,
+        "correction", ("rollout_correction",), (),
+        tuple(k for k in BY_NAME["rollout_correction"].keys if k != "rollout_rs_effect"),
         "the bounds C_low, C_high and the gates' thresholds read off pg_loss (before the walk: the "
         "weight is not dumped; the policy step checks it; not walked without rollout_logprobs)",
     ),
@@ -91,6 +92,8 @@ NOT_WALKED_YET: dict[str, str] = {
     "(pipeline/loss_rows.py), which the detection steps do not take yet (#23 item 5)",
     "clipfrac_agg": "the checked setting's (--set, --preset oat): pg_clipfrac only",
     "clipfrac_counts": "the checked setting's (--set, a preset or the sidecar): pg_clipfrac only",
+    "rollout_rs_effect": "weight only: the walk does not re-mask GAE and the losses (rollout_gate is "
+    "the identity under weight); drop_mask is refused by --detect (detection.unwalkable)",
     **{
         k: "tried by the policy step under kl_in=both only where it changes kl_loss on the dump "
         "(detect/policy_kl.py); not every member is reached, so not counted as walked"

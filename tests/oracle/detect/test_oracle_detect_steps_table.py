@@ -29,9 +29,16 @@ def test_the_steps_cover_the_stage_table_in_an_order_it_allows() -> None:
     order = list(dict.fromkeys(n for st in STEPS for n in st.stages))
     assert sorted(order) == sorted(s.name for s in WALKED)
     assert {s.name for s in UPDATE_STAGES} <= set(order)
-    maker = {q: s.name for s in WALKED for q in s.makes}
+    table = [s.name for s in WALKED]
+
+    def maker(q: str, reader: str) -> str | None:
+        """The last stage before ``reader`` in the table that makes ``q`` (the gate's ``mask`` is
+        made again in the update: a rollout stage reads the one before it)."""
+        before = table[: table.index(reader)]
+        return next((n for n in reversed(before) if q in BY_NAME[n].makes), None)
+
     for i, name in enumerate(order):
-        needs = {maker[q] for q in BY_NAME[name].reads if q in maker}
+        needs = {m for q in BY_NAME[name].reads if (m := maker(q, name)) is not None}
         assert needs <= set(order[:i]), (name, needs - set(order[:i]))
 
 

@@ -186,7 +186,8 @@ def test_every_member_of_every_enum_key_is_walked(seen: Seen) -> None:
     # item 5) are not yet: asserted exactly, so walking either shows
     kl_loss_own = {"kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp"}
     logged = {"clipfrac_agg", "clipfrac_counts"}
-    assert set(NOT_WALKED_YET) == {"truncated_rows"} | logged | kl_loss_own, NOT_WALKED_YET
+    masks = {"truncated_rows", "rollout_rs_effect"}  # refused by --detect (detection.unwalkable)
+    assert set(NOT_WALKED_YET) == masks | logged | kl_loss_own, NOT_WALKED_YET
     enums = {k: e for k, e in enum_keys().items() if k not in NOT_WALKED_YET}
     assert not set(enums) & set(NOT_WALKED), sorted(set(enums) & set(NOT_WALKED))
     values = seen[APPLIED]
