@@ -27,11 +27,17 @@ LACKING = {("advantage", AdvantageEstimator.REINFORCE_PP.value), ("group_kl", Gr
 """(key, value) pairs with no naive twin (``refppo/pipeline/naive.py``'s supported subset)."""
 REFUSED = {(k, "prompt-mean") for k in ("value_loss_agg", "kl_loss_agg", "kl_metric_agg")}
 """(key, value) pairs the Convention refuses (prompt-mean is the policy's and entropy's only)."""
-ELSEWHERE = {("truncated_rows", "mask_in_loss"), ("truncated_rows", "drop")}
+ELSEWHERE = {
+    ("truncated_rows", "mask_in_loss"),
+    ("truncated_rows", "drop"),
+    ("rollout_rs_effect", "drop_mask"),
+}
 """(key, value) pairs this helper's token-by-token restatement does not take: rows out of the loss are
 proven against their naive twin ``kept_rows_aggregate_naive`` and TRL's formulas in
 ``tests/core/test_kept_rows.py``, the update walk against the core in ``tests/pipeline/test_loss_rows.py``,
-and through ``check()`` on a ``StepRecorder`` dump in ``tests/capture/test_capture_truncated_rows.py``."""
+and through ``check()`` on a ``StepRecorder`` dump in ``tests/capture/test_capture_truncated_rows.py``;
+the gate that rewrites the mask against a hand-worked truth table, verl's GAE loop and the naive walk
+in ``tests/pipeline/test_rollout_rs_drop.py`` (and verl 0.9.1's own code in the peer test)."""
 GROUP_KEYS = ("group_std", "group_std_level", "group_eps", "group_singleton", "group_kl")
 HOLE_KEYS = ("gae_holes", "whiten_holes")
 
