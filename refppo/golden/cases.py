@@ -148,7 +148,7 @@ class GoldenCase:
             "model_seeds": {"actor": 0, "critic": 1, "reward": 2},
             "rollout": dc(self.rollout),
             "update": dc(self.update),
-            "hp": dc(self.hp),
+            "hp": self.hp.to_dict(),  # kl_loss_coef left out while None (added after the goldens)
             "conv": self.conv.to_dict(),
         }
         if self.group_size != 1:  # the PPO goldens' documents stay as written
