@@ -1,0 +1,89 @@
+"""Killing tests for batch 24's pipeline mutation survivors (``tools/mutate.py``): the row
+selection of ``truncated_rows`` (:mod:`refppo.pipeline.loss_rows`) and the row subset of the
+rollout_rs drop mask (:mod:`refppo.pipeline.row_subset`), each against a hand-worked vector."""
+
+from __future__ import annotations
+
+import torch
+
+from refppo.pipeline.blocks import Normalisers
+from refppo.pipeline.loss_rows import scatter_rows, select_rows
+from refppo.pipeline.row_subset import kept_rows, take_rows
+from refppo.pipeline.settings import Convention
+
+KEEP = torch.tensor([True, False, True])
+MASK = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])  # kept rows: 2 + 1 tokens
+VMASK = torch.tensor([[True, False, False], [True, True, True], [True, True, False]])  # kept rows: 1 + 2 tokens
+
+
+def _q() -> dict[str, object]:
+    return {
+        "mask": MASK,
+        "value_mask": VMASK,
+        "scores": torch.tensor([1.0, 2.0, 3.0]),  # [B]: a row quantity, cut too
+        "coef": torch.tensor(0.5),  # 0-dim: passed as is
+        "name": "x",
+    }
+
+
+def test_select_rows_cuts_every_b_row_tensor_and_passes_the_rest() -> None:
+    """Kills select_rows' `v.dim() >= 1` → `>= 0`/`>= 2`/`>= -1`/`> 1` (a 0-dim tensor has no
+    shape[0]; a [B] tensor must be cut to the kept rows)."""
+    sub, _ = select_rows(_q(), KEEP, Convention.of(truncated_rows="drop"), Normalisers())
+    assert sub["scores"].tolist() == [1.0, 3.0]
+    assert sub["mask"].tolist() == [[True, True, False], [True, False, False]]
+    assert float(sub["coef"]) == 0.5 and sub["name"] == "x"
+
+
+def test_select_rows_counts_the_kept_tokens_when_local() -> None:
+    """Local normalisers: token_count = 3 and value_token_count = 3 (the kept rows' tokens, not the
+    batch's 6 + 1); drop leaves seq_count None. Kills `token_count is not None` → `is None`, the
+    dropped ``token_count=``/``value_token_count=`` and `sub.get('value_mask') is not None` → `is None`."""
+    _, norm = select_rows(_q(), KEEP, Convention.of(truncated_rows="drop"), Normalisers())
+    assert norm.token_count == 3.0
+    assert norm.value_token_count == 3.0
+    assert norm.seq_count is None
+
+
+def test_select_rows_keeps_the_callers_counts() -> None:
+    """A split step's counts (given) are kept as given: kills `vtc is None` → `is not None` and the
+    `and` → `or` (each recounts the subset's 3 value tokens over the given 40)."""
+    given = Normalisers(token_count=20.0, seq_count=7.0, value_token_count=40.0)
+    _, norm = select_rows(_q(), KEEP, Convention.of(truncated_rows="mask_in_loss"), given)
+    assert (norm.token_count, norm.seq_count, norm.value_token_count) == (20.0, 7.0, 40.0)
+
+
+def test_select_rows_without_a_value_mask() -> None:
+    """No value mask and local counts: value_token_count stays None (`is not None` → `is None`
+    would count a missing mask); mask_in_loss counts every row of the batch: seq_count = 3."""
+    q = {k: v for k, v in _q().items() if k != "value_mask"}
+    _, norm = select_rows(q, KEEP, Convention.of(truncated_rows="mask_in_loss"), Normalisers())
+    assert norm.value_token_count is None
+    assert norm.seq_count == 3.0 and norm.token_count == 3.0
+
+
+def test_scatter_rows_default_fill_and_trailing_dims() -> None:
+    """The default fill is 0 (kills `fill: float = 0.0` → `1`), and a [B_in] row quantity comes back
+    [B] (kills `x.shape[1:]` → `x.shape[-1:]`)."""
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert scatter_rows(x, KEEP).tolist() == [[1.0, 2.0], [0.0, 0.0], [3.0, 4.0]]
+    assert scatter_rows(torch.tensor([5.0, 7.0]), KEEP).tolist() == [5.0, 0.0, 7.0]
+
+
+def test_kept_rows_without_a_2d_mask_is_none() -> None:
+    """No mask, or one that is not [B, T]: nothing to take out (kills `or` → `and`: None.dim())."""
+    assert kept_rows({}) is None
+    assert kept_rows({"mask": torch.tensor([True, False])}) is None
+    assert kept_rows({"mask": MASK}) is None  # every row has a token
+    rows = kept_rows({"mask": torch.tensor([[True, False], [False, False]])})
+    assert rows is not None and rows.tolist() == [True, False]
+
+
+def test_take_rows_cuts_b_row_vectors() -> None:
+    """A [B] tensor is cut to the rows too (kills `v.dim() >= 1` → `>= 2`); a 0-dim one and a
+    tensor of another length are passed as is."""
+    q = {"mask": MASK, "scores": torch.tensor([1.0, 2.0, 3.0]), "c": torch.tensor(2.0), "w": torch.ones(5)}
+    out = take_rows(q, KEEP)
+    assert out["scores"].tolist() == [1.0, 3.0]
+    assert out["mask"].shape == (2, 3)
+    assert float(out["c"]) == 2.0 and out["w"].shape == (5,)
