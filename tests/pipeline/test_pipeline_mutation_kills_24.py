@@ -87,3 +87,42 @@ def test_take_rows_cuts_b_row_vectors() -> None:
     assert out["scores"].tolist() == [1.0, 3.0]
     assert out["mask"].shape == (2, 3)
     assert float(out["c"]) == 2.0 and out["w"].shape == (5,)
+
+
+def test_put_rows_scatters_vectors_and_keeps_outs_own_rows() -> None:
+    """put_rows on KEEP (rows 0, 2): a [n] vector comes back [B] with 0 on row 1 (kills `v.dim() >= 1`
+    → `>= 2` and the zeros' `v.shape[1:]` → `v.shape[-1:]`); a [n, T] mask that ``out`` already holds
+    [B, T] keeps ``out``'s row 1 (kills the `base.shape == (B, *v.shape[1:])` slice and comparison
+    mutants and `base.dtype == v.dtype` → `!=`); a [B] base kept too (`v.shape[1:]` → `[-1:]`);
+    a 0-dim value and a key not made are left alone."""
+    from refppo.pipeline.row_subset import put_rows
+
+    out: dict[str, object] = {
+        "mask": torch.tensor([[True, False], [True, True], [False, False]]),
+        "w": torch.tensor([9.0, 8.0, 7.0]),
+        "other": "kept",
+    }
+    sub = {
+        "mask": torch.tensor([[False, True], [True, True]]),
+        "adv": torch.tensor([1.5, -2.0]),
+        "w": torch.tensor([1.0, 2.0]),
+        "loss": torch.tensor(0.25),
+        "other": "replaced?",
+    }
+    put_rows(out, sub, KEEP, made=("mask", "adv", "w", "loss", "absent"))
+    assert out["mask"].tolist() == [[False, True], [True, True], [True, True]]
+    assert out["adv"].tolist() == [1.5, 0.0, -2.0]
+    assert out["w"].tolist() == [1.0, 8.0, 2.0]
+    assert float(out["loss"]) == 0.25
+    assert out["other"] == "kept" and "absent" not in out
+
+
+def test_put_rows_does_not_carry_the_old_values_graph() -> None:
+    """The kept rows of ``out``'s old value are copied detached (kills `base.detach()` → `base`)."""
+    from refppo.pipeline.row_subset import put_rows
+
+    base = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], requires_grad=True)
+    out: dict[str, object] = {"x": base}
+    put_rows(out, {"x": torch.zeros(2, 2)}, KEEP, made=("x",))
+    assert out["x"].tolist() == [[0.0, 0.0], [3.0, 4.0], [0.0, 0.0]]
+    assert not out["x"].requires_grad
