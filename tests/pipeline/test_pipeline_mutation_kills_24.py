@@ -4,6 +4,7 @@ rollout_rs drop mask (:mod:`refppo.pipeline.row_subset`), each against a hand-wo
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from refppo.pipeline.blocks import Normalisers
@@ -126,3 +127,64 @@ def test_put_rows_does_not_carry_the_old_values_graph() -> None:
     put_rows(out, {"x": torch.zeros(2, 2)}, KEEP, made=("x",))
     assert out["x"].tolist() == [[0.0, 0.0], [3.0, 4.0], [0.0, 0.0]]
     assert not out["x"].requires_grad
+
+
+def test_recounts_table() -> None:
+    """recounts by hand: ``kept`` recounts only under a correction weight, ``by_advantage`` only with
+    CISPO, ``all`` never. Kills the six comparison/bool mutants of recounts."""
+    from refppo.pipeline.update import recounts
+
+    w = torch.ones(1, 2)
+    cases = [
+        ("vanilla", "all", None, False), ("vanilla", "all", w, False),
+        ("vanilla", "kept", None, False), ("vanilla", "kept", w, True), ("cispo", "kept", w, True),
+        ("vanilla", "by_advantage", w, False), ("cispo", "by_advantage", None, True),
+        ("cispo", "all", w, False), ("cispo", "kept", None, False),
+    ]  # fmt: skip
+    for loss, counts, weight, want in cases:
+        conv = Convention.of(policy_loss=loss, clipfrac_counts=counts)
+        assert recounts(conv, weight) is want, (loss, counts, weight is not None)
+
+
+def test_clip_band_by_hand() -> None:
+    """(1 − ε_low, 1 + ε_high), ε_high defaulting to ε_low; CISPO with ε_low ≥ 1 (exactly 1 here):
+    no lower bound; the vanilla loss keeps 1 − 1 = 0. Kills clip_band's constant/arith/compare
+    mutants (binary fractions: exact)."""
+    from refppo.pipeline.settings import Hyperparams
+    from refppo.pipeline.update import clip_band
+
+    van, cis = Convention.of(policy_loss="vanilla"), Convention.of(policy_loss="cispo")
+    assert clip_band(van, Hyperparams(cliprange=0.25, cliprange_high=0.5)) == (0.75, 1.5)
+    assert clip_band(van, Hyperparams(cliprange=0.25)) == (0.75, 1.25)
+    assert clip_band(cis, Hyperparams(cliprange=0.25, cliprange_high=0.5)) == (0.75, 1.5)
+    assert clip_band(cis, Hyperparams(cliprange=1.0, cliprange_high=0.5)) == (None, 1.5)
+    assert clip_band(van, Hyperparams(cliprange=1.0, cliprange_high=0.5)) == (0.0, 1.5)
+
+
+def _clip_q(weights: torch.Tensor | None) -> dict[str, object]:
+    """ρ ≈ [2, 0.5, 1] (old 0), A = [−1, −1, 1]; band (0.75, 1.5)."""
+    lp = torch.log(torch.tensor([[2.0, 0.5, 1.0]], dtype=torch.float64))
+    return {
+        "logprobs": lp, "old_logprobs": torch.zeros(1, 3, dtype=torch.float64),
+        "advantages": torch.tensor([[-1.0, -1.0, 1.0]], dtype=torch.float64),
+        "mask": torch.ones(1, 3, dtype=torch.bool), "is_weights": weights,
+    }  # fmt: skip
+
+
+def test_counted_clipfrac_by_hand() -> None:
+    """Band (0.75, 1.5). vanilla+kept, weights [1, 0, 1]: the surrogate clips only token 1 (ρ 0.5,
+    A < 0), whose weight is 0: 0/3 (CISPO's rule would count token 0: kills `is not CISPO` → `is`;
+    no weight would count token 1: kills the dropped ``weight=``). cispo+by_advantage: token 1
+    (ρ < 0.75, A < 0) only: 1/3. ``all``: the core's value as given (kills `not recounts` →
+    `recounts`); the dropped ``band=``/``surrogate=``/``counts=`` fail to call."""
+    from refppo.pipeline.settings import Hyperparams
+    from refppo.pipeline.update import counted_clipfrac
+
+    hp = Hyperparams(cliprange=0.25, cliprange_high=0.5)
+    core = torch.tensor(-7.0, dtype=torch.float64)
+    kept = Convention.of(policy_loss="vanilla", clipfrac_counts="kept")
+    got = counted_clipfrac(_clip_q(torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64)), kept, hp, core)
+    assert float(got) == 0.0
+    by_adv = Convention.of(policy_loss="cispo", clipfrac_counts="by_advantage")
+    assert float(counted_clipfrac(_clip_q(None), by_adv, hp, core)) == pytest.approx(1 / 3)
+    assert float(counted_clipfrac(_clip_q(None), Convention.of(clipfrac_counts="all"), hp, core)) == -7.0
