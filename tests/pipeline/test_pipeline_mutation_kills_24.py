@@ -188,3 +188,22 @@ def test_counted_clipfrac_by_hand() -> None:
     by_adv = Convention.of(policy_loss="cispo", clipfrac_counts="by_advantage")
     assert float(counted_clipfrac(_clip_q(None), by_adv, hp, core)) == pytest.approx(1 / 3)
     assert float(counted_clipfrac(_clip_q(None), Convention.of(clipfrac_counts="all"), hp, core)) == -7.0
+
+
+def test_policy_convention_refusals_by_hand() -> None:
+    """PolicyConvention's checks: dual-clip c must be finite and > 1 (1.0, 0.5 and inf refused, 1.5
+    taken: kills the `> 1.0` boundary/constant and `and` → `or` mutants); clipfrac_agg=row-mean
+    only with vanilla and clipfrac_counts=all (each alone taken: kills the compare/bool mutants)."""
+    from refppo.errors import ConventionError, HyperparameterError
+
+    for c in (1.0, 0.5, float("inf")):
+        with pytest.raises(HyperparameterError, match="^dual_clip: expected c > 1"):
+            Convention.of(dual_clip=c)
+    assert Convention.of(dual_clip=1.5).policy.dual_clip == 1.5
+    Convention.of(clipfrac_agg="row-mean")
+    Convention.of(clipfrac_counts="kept")
+    Convention.of(policy_loss="cispo")
+    with pytest.raises(ConventionError, match="^clipfrac_agg=row-mean with clipfrac_counts=kept"):
+        Convention.of(clipfrac_agg="row-mean", clipfrac_counts="kept")
+    with pytest.raises(ConventionError, match="^clipfrac_agg=row-mean: policy_loss=vanilla only"):
+        Convention.of(clipfrac_agg="row-mean", policy_loss="cispo")
