@@ -207,3 +207,23 @@ def test_policy_convention_refusals_by_hand() -> None:
         Convention.of(clipfrac_agg="row-mean", clipfrac_counts="kept")
     with pytest.raises(ConventionError, match="^clipfrac_agg=row-mean: policy_loss=vanilla only"):
         Convention.of(clipfrac_agg="row-mean", policy_loss="cispo")
+
+
+def test_gate_masks_takes_a_value_mask_with_an_empty_row() -> None:
+    """drop_mask with verl's token gate e^x in [0.5, 2], x = l^beh − l^old = [[0, 1, 0], [0, −1, ·]]:
+    the policy mask keeps [[1, 0, 1], [1, 0, 0]]; a value mask whose row 1 is empty (no value token,
+    e.g. a critic-free row) is taken and narrowed to [[1, 0, 1], [0, 0, 0]]. Kills
+    ``require_nonempty_rows=False`` → ``True`` and its dropped keyword (each refuses the empty row)."""
+    from refppo.pipeline.correction import gate_masks
+
+    m = torch.tensor([[True, True, True], [True, True, False]])
+    z = torch.zeros(2, 3, dtype=torch.float64)
+    beh = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 7.5]], dtype=torch.float64)
+    vm = torch.tensor([[True, True, True], [False, False, False]])
+    gate = {"rollout_rs": "token", "rollout_rs_stat": "ratio", "rollout_rs_order": "behaviour",
+            "rollout_rs_low": 0.5, "rollout_rs_high": 2.0}  # fmt: skip
+    conv = Convention.of(**gate, rollout_rs_effect="drop_mask")
+    q = {"mask": m, "value_mask": vm, "logprobs": z, "old_logprobs": z, "rollout_logprobs": beh}
+    out = gate_masks(q, conv)
+    assert out["mask"].tolist() == [[True, False, True], [True, False, False]]
+    assert out["value_mask"].tolist() == [[True, False, True], [False, False, False]]
