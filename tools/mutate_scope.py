@@ -211,7 +211,8 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("objective", "grad"), ("tests/core/test_kl_is_weight.py",)),  # grad_is_clip
     "gae": ("tests/core/test_gae_bootstrap.py",),
     "rewards": ("tests/core/test_score_slot_kl.py",),
-    "aggregate": ("tests/core/test_prompt_mean.py", "tests/pipeline/test_prompt_mean_agg.py"),  # prompt_mean_masked
+    # prompt_mean_masked: the pipeline's prompt-mean tests
+    "aggregate": ("tests/core/test_prompt_mean.py", "tests/pipeline/test_prompt_mean_agg.py"),
     "clipfrac_rows": ("tests/core/test_clipfrac_rows.py", "tests/core/test_core_clipfrac.py"),
     "masked": ("tests/core/test_kept_rows.py",),
     "score_map": ("tests/pipeline/test_pipeline_score_map.py",),

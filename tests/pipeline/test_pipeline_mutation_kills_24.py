@@ -13,8 +13,8 @@ from refppo.pipeline.row_subset import kept_rows, take_rows
 from refppo.pipeline.settings import Convention
 
 KEEP = torch.tensor([True, False, True])
-MASK = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])  # kept rows: 2 + 1 tokens
-VMASK = torch.tensor([[True, False, False], [True, True, True], [True, True, False]])  # kept rows: 1 + 2 tokens
+MASK = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])  # kept: 2 + 1
+VMASK = torch.tensor([[True, False, False], [True, True, True], [True, True, False]])  # kept: 1 + 2
 
 
 def _q() -> dict[str, object]:
@@ -197,15 +197,15 @@ def test_policy_convention_refusals_by_hand() -> None:
     from refppo.errors import ConventionError, HyperparameterError
 
     for c in (1.0, 0.5, float("inf")):
-        with pytest.raises(HyperparameterError, match="^dual_clip: expected c > 1"):
+        with pytest.raises(HyperparameterError, match=r"^dual_clip: expected c > 1"):
             Convention.of(dual_clip=c)
     assert Convention.of(dual_clip=1.5).policy.dual_clip == 1.5
     Convention.of(clipfrac_agg="row-mean")
     Convention.of(clipfrac_counts="kept")
     Convention.of(policy_loss="cispo")
-    with pytest.raises(ConventionError, match="^clipfrac_agg=row-mean with clipfrac_counts=kept"):
+    with pytest.raises(ConventionError, match=r"^clipfrac_agg=row-mean with clipfrac_counts=kept"):
         Convention.of(clipfrac_agg="row-mean", clipfrac_counts="kept")
-    with pytest.raises(ConventionError, match="^clipfrac_agg=row-mean: policy_loss=vanilla only"):
+    with pytest.raises(ConventionError, match=r"^clipfrac_agg=row-mean: policy_loss=vanilla only"):
         Convention.of(clipfrac_agg="row-mean", policy_loss="cispo")
 
 
