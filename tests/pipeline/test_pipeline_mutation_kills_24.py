@@ -227,3 +227,16 @@ def test_gate_masks_takes_a_value_mask_with_an_empty_row() -> None:
     out = gate_masks(q, conv)
     assert out["mask"].tolist() == [[True, False, True], [True, False, False]]
     assert out["value_mask"].tolist() == [[True, False, True], [False, False, False]]
+
+
+def test_scattered_passes_an_empty_ratio_and_scatters_a_full_one() -> None:
+    """step._scattered: an empty ``ratio`` (no policy term in the walk) is passed as is (kills
+    `numel() > 0` → `>= 0`: scattering 0 values onto 2 kept rows fails); a [2, 2] ratio comes back
+    [3, 2] with 1 on the row out of the loss."""
+    from refppo.pipeline.step import _UPDATE_OUT, _scattered
+
+    out = {k: torch.tensor(0.0) for k in _UPDATE_OUT}
+    out["ratio"] = torch.empty(0)
+    assert _scattered(out, KEEP).ratio.numel() == 0
+    out["ratio"] = torch.tensor([[2.0, 3.0], [4.0, 5.0]])
+    assert _scattered(out, KEEP).ratio.tolist() == [[2.0, 3.0], [1.0, 1.0], [4.0, 5.0]]
