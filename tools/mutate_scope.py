@@ -14,6 +14,8 @@ CORE = (
     "aggregate",
     "by_rows",
     "cispo",
+    "clipfrac",
+    "clipfrac_rows",
     "gae",
     "grad",
     "group",
@@ -40,6 +42,8 @@ PIPELINE = (
     "groups",
     "groups_gate",
     "groups_update",
+    "loss_rows",
+    "row_subset",
 )
 """The modules of refppo/pipeline/ that compose the core (the stage functions, the table, its walks)."""
 MODULES = (*CORE, *PIPELINE, "settings")
@@ -105,6 +109,24 @@ PIPELINE_FUNCS = {
     "gate_keep",
     "gate_statistic_of",
     "RolloutGate.__post_init__",
+    # batch 24's new pipeline functions: the rows kept out of the loss, the rollout_rs drop mask,
+    # the counted clip fraction, prompt-mean aggregation
+    "rows_in_loss",
+    "select_rows",
+    "scatter_rows",
+    "kept_rows",
+    "take_rows",
+    "put_rows",
+    "rollout_gate_stage",
+    "gate_masks",
+    "_none_left",
+    "recounts",
+    "clip_band",
+    "counted_clipfrac",
+    "Normalisers.prompts",
+    "_in_loss",
+    "_scattered",
+    "AggConvention.__post_init__",
 }
 NAIVE_HELPERS = {"_log_sum_exp"}
 DEFAULT_CLASSES = {
@@ -128,6 +150,7 @@ GAP_TESTS = (
     "tests/core/test_core_mutation_kills.py",
     "tests/core/test_core_mutation_kills_20.py",
     "tests/core/test_core_mutation_kills_23.py",
+    "tests/core/test_core_mutation_kills_24.py",
 )
 PIPELINE_TESTS = (
     "tests/pipeline/test_pipeline.py",
@@ -153,6 +176,11 @@ PIPELINE_TESTS = (
     "tests/pipeline/test_pipeline_gates.py",  # the rollout_correction stage, groups_gate
     "tests/pipeline/test_kl_both.py",  # kl_in=both
     "tests/pipeline/test_pipeline_mutation_kills_23.py",
+    "tests/pipeline/test_loss_rows.py",  # rows kept out of the loss (loss_rows, row_subset, step._in_loss)
+    "tests/pipeline/test_prompt_mean_agg.py",  # loss_agg=prompt_mean (Normalisers.prompts, aggregate)
+    "tests/pipeline/test_rollout_rs_drop.py",  # the rollout_gate stage's drop mask
+    "tests/pipeline/test_kl_both_separate.py",  # kl_in=both with its own beta/estimator
+    "tests/pipeline/test_pipeline_mutation_kills_24.py",
 )
 """The oracle's tests (tests/oracle/test_oracle_*.py) also go through the pipeline but take minutes
 per run on a shared 2-core machine; the golden replay covers the whole iteration."""
@@ -183,7 +211,10 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("objective", "grad"), ("tests/core/test_kl_is_weight.py",)),  # grad_is_clip
     "gae": ("tests/core/test_gae_bootstrap.py",),
     "rewards": ("tests/core/test_score_slot_kl.py",),
-    "aggregate": ("tests/core/test_prompt_mean.py",),
+    # prompt_mean_masked: the pipeline's prompt-mean tests
+    "aggregate": ("tests/core/test_prompt_mean.py", "tests/pipeline/test_prompt_mean_agg.py"),
+    "clipfrac_rows": ("tests/core/test_clipfrac_rows.py", "tests/core/test_core_clipfrac.py"),
+    "masked": ("tests/core/test_kept_rows.py",),
     "score_map": ("tests/pipeline/test_pipeline_score_map.py",),
     **dict.fromkeys(  # the rollout correction's weights, gates and surrogates (CISPO too): one suite
         ("rollout_correction", "rollout_losses", "cispo"),
