@@ -122,8 +122,12 @@ def _setups(dump: Dump, preset: str, conv: dict[str, Any]) -> tuple[Setup, Setup
     parsed = {k: parse_value(k, v) for k, v in conv.items()}
     est = parsed.get("kl_estimator", sidecar.get("kl_estimator"))
     adv = parsed.get("advantage", sidecar.get("advantage"))
-    p_conv, p_hp = resolve_preset(
-        preset, None if est is None else str(est), None if adv is None else str(adv)
+    loss_est = parsed.get("kl_loss_estimator", sidecar.get("kl_loss_estimator"))
+    p_conv, p_hp = resolve_preset(  # as refppo diff resolves it (refppo.oracle.run)
+        preset,
+        None if est is None else str(est),
+        None if adv is None else str(adv),
+        None if loss_est is None else str(loss_est),
     )
     expected = build_setup(preset_conv=p_conv, preset_hp=p_hp, sidecar=sidecar, overrides=parsed)
     base = build_setup(preset_conv=None, preset_hp=None, sidecar=sidecar, overrides={})
