@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from refppo.conventions import AdvantageEstimator
 from refppo.core.checks import check_mask
 from refppo.core.rollout_correction import (
     gate_statistic,
@@ -31,7 +32,7 @@ from refppo.core.rollout_correction import (
     rejection_mask,
     rejection_mask_naive,
 )
-from refppo.errors import DumpError, MaskError
+from refppo.errors import ConventionError, DumpError, MaskError
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.rollout_conventions import ISLevel
@@ -148,18 +149,28 @@ def gate_masks(q: Q, conv: Convention) -> dict[str, Any]:
     vm = q.get("value_mask")  # None: a caller that walks the update's policy side only
     if not conv.gate.drops:
         return {"mask": q["mask"], "value_mask": vm}
-    m = _none_left(q["mask"] & gate_keep(q, conv), conv)
+    m = _none_left(q["mask"] & gate_keep(q, conv), conv, q["mask"])
     return {
         "mask": m,
         "value_mask": None if vm is None else check_mask("value_mask", vm, require_nonempty_rows=False) & m,
     }
 
 
-def _none_left(m: Tensor, conv: Convention) -> Tensor:
+def _none_left(m: Tensor, conv: Convention, before: Tensor) -> Tensor:
+    """``m`` (the gate's mask), refused in one line when no token is left, or when the gate empties a
+    row under a group estimator (verl keeps such rows in the group statistics; refppo's walk takes them
+    out of every stage after the gate: not validated, so not computed)."""
     if not bool(m.any()):
         raise MaskError(
             f"rollout_rs_effect=drop_mask: the gate ({_correction_setting(conv)}) rejects every token of the "
             "batch; no row is left to train on"
+        )
+    emptied = before.bool().any(dim=-1) & ~m.any(dim=-1)
+    if conv.adv.estimator is not AdvantageEstimator.GAE and bool(emptied.any()):
+        raise ConventionError(
+            f"rollout_rs_effect=drop_mask empties {int(emptied.sum())} row(s) under advantage="
+            f"{conv.adv.estimator}: verl keeps them in the group statistics, not validated here "
+            "(use rollout_rs_effect=weight or a token-level gate)"
         )
     return m
 
@@ -191,7 +202,7 @@ def rollout_gate_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) 
     m = _and_naive([[bool(x) for x in r] for r in q["mask"].tolist()], keep)
     vm = None if v is None else _and_naive([[bool(x) for x in r] for r in v.tolist()], keep)
     return {
-        "mask": _none_left(torch.tensor(m, dtype=torch.bool, device=dev), conv),
+        "mask": _none_left(torch.tensor(m, dtype=torch.bool, device=dev), conv, q["mask"]),
         "value_mask": None if vm is None else torch.tensor(vm, dtype=torch.bool, device=dev),
     }
 
