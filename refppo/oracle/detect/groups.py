@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
+from refppo.oracle.detect.nearest import dead_among
+
 S = TypeVar("S")
 """A step's state type (:mod:`refppo.oracle.detect.states`)."""
 P = TypeVar("P")
@@ -383,12 +385,7 @@ def _nearest_dead(live: Live, nearest: int) -> set[int]:
     failing = [(i, r, max(r, g.worst)) for i, (r, g, _) in enumerate(live) if r != 0.0]
     if len(failing) <= nearest:
         return set()
-    dead: set[int] = set()
-    for i, r, _ in failing:
-        n = sum(1 for k, _, b in failing if k != i and k not in dead and (b < r or (b == r and k < i)))
-        if n >= nearest:
-            dead.add(i)
-    return dead
+    return dead_among(failing, nearest)
 
 
 def _kill(live: Live, merged: dict[bytes, Any], dead: set[int]) -> Live:
