@@ -41,7 +41,7 @@ CASES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-class _Batch(dict):  # type: ignore[type-arg]
+class _Batch(dict[str, Any]):
     """The mapping ``apply_kl_penalty`` reads (``data[key]``, ``data.batch_size``) and writes
     (``data.batch[key]``)."""
 
