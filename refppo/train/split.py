@@ -171,7 +171,7 @@ def record_micro(
     """Record micro-batch ``k`` (rows ``idx``); the losses as passed to backward (× world_size; 0 for
     a micro-batch the gate emptied, ``uq`` None); a critic-free step (``values`` None) carries no value
     quantity (``old_values``, ``values``, ``grad_values``, ``vf_loss``: the oracle's critic-free dump)."""
-    more: dict[str, Tensor | float] = {"group_index": group_index[idx]} if group_index is not None else {}
+    more: dict[str, Tensor] = {"group_index": group_index[idx]} if group_index is not None else {}
     more.update(behaviour.select(idx) if behaviour is not None else {})  # the seam mode's roles
     if values is not None:
         more["old_values"] = scored.old_values[idx]
@@ -181,7 +181,7 @@ def record_micro(
         if n != "vf_loss" or values is not None
     ]
     for n in names:
-        more[n] = 0.0 if uq is None else getattr(uq, n) * world_size
+        more[n] = logp.new_zeros(()) if uq is None else getattr(uq, n) * world_size
     rec.record(
         micro_batch=k,
         logprobs=logp,
