@@ -19,8 +19,8 @@ made by the stage table's ``rollout_gate`` stage (the gate is per row, so a micr
 its rows of the whole step's); otherwise the sampled mask and the rollout's value mask (every row
 then has a token and ``N_seq`` = the step's rows). ``prompt-mean`` (SkyRL 0.4.0 ``prompt_mean``)
 reads ``N_p`` of each row's prompt and ``P`` = the table's length (:class:`refppo.core.aggregate.
-Prompts`): the prompt ids are the trainer's (:func:`refppo.train.group.expand_groups`: ``rank·P_r + i``,
-so below ``world_size · B_rank``), counted in a dense vector.
+Prompts`), counted in a dense vector by prompt id: under DDP every rank's has ``world_size · B_rank``
+entries (the trainer's ids, :func:`refppo.train.group.expand_groups`, are ``rank·P_r + i``, below it).
 """
 
 from __future__ import annotations
@@ -92,10 +92,13 @@ def step_normalisers(
     if prompts:
         if group_index is None:
             raise ShapeError("loss_agg=prompt-mean needs group_index [B] (the prompt each row answers)")
-        n_ids = world_size * int(mask.shape[0])
         g = group_index.to(device=mask.device, dtype=torch.int64)[rows]
+        # every rank's vector has one length: the trainer's ids lie below world_size · rows per rank
+        n_ids = world_size * int(mask.shape[0]) if all_reduce is not None else int(g.max()) + 1
         if bool((g < 0).any()) or bool((g >= n_ids).any()):
-            raise ShapeError(f"group_index: prompt ids must lie in [0, {n_ids}) (world_size · rows per rank)")
+            raise ShapeError(
+                f"group_index: prompt ids must lie in [0, {n_ids}) (world_size · rows per rank under DDP)"
+            )
         per = torch.zeros(n_ids, dtype=torch.float64, device=mask.device)
         counts = torch.cat([counts, per.index_add(0, g, m.sum(dim=1).to(torch.float64))])
     if all_reduce is not None:
