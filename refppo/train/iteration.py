@@ -33,7 +33,8 @@ def rollout_metrics(
     whatever the KL placement); ``non_score_reward`` = mean_b Σ_t (r_t − score·[t = score slot]);
     ``response_length`` mean number of valid response tokens; ``eos_frac``; ``old_entropy``
     token mean; ``advantage_mean``, ``return_mean``, ``value_mean`` over valid tokens
-    (``value_mean`` only with a critic, ``conv.adv.estimator = gae``: a critic-free rollout has no values).
+    (``value_mean`` only with a critic, ``conv.adv.estimator = gae``: a critic-free rollout has no values;
+    ``return_mean`` and ``value_mean`` over the value mask, the gate's under ``drop_mask``).
     """
     m = scored.batch.response_mask
     q = {
@@ -54,11 +55,18 @@ def rollout_metrics(
         "eos_frac": float(scored.has_eos.double().mean()),
         "old_entropy": float(masked_mean(scored.old_entropy.double(), m)),
         "advantage_mean": float(masked_mean(quantities.advantages.double(), m)),
-        "return_mean": float(masked_mean(quantities.returns.double(), vm)),
+        "return_mean": _value_token_mean(quantities.returns.double(), vm),
     }
     if conv.adv.estimator is AdvantageEstimator.GAE:  # critic-free: the zeros stand in for no critic
-        out["value_mean"] = float(masked_mean(scored.old_values.double(), vm))
+        out["value_mean"] = _value_token_mean(scored.old_values.double(), vm)
     return out
+
+
+def _value_token_mean(x: Tensor, vm: Tensor) -> float:
+    """``Σ vm·x / Σ vm`` over the value mask, whose rows the rejection gate may have emptied
+    (``rollout_rs_effect=drop_mask``; 0 over no token)."""
+    n = vm.sum()
+    return float(masked_sum(x, vm) / n.to(x.dtype)) if bool(n > 0) else 0.0
 
 
 @dataclass(frozen=True)
@@ -129,16 +137,18 @@ def iteration(
     if batch is None:
         batch = generate_rollout(actor, prompt_ids, prompt_mask, rollout_cfg, generator)
     scored = _score(actor, reference, critic, reward, batch, rollout_cfg)
+    if behaviour is not None:  # the gate and the update read the behaviour log-probs in the proximal's dtype
+        lp = behaviour.rollout_logprobs.to(scored.old_logprobs.dtype)
+        behaviour = Behaviour(lp, behaviour.policy_version, behaviour.version)
     quantities = rollout_quantities(
         scores=scored.scores, old_logprobs=scored.old_logprobs, ref_logprobs=scored.ref_logprobs,
         old_values=scored.old_values if critic is not None else None,  # no critic: no values
         mask=batch.response_mask, hp=hp, conv=conv, all_reduce=all_reduce, group_index=group_index,
         groups_on_rank=groups_on_rank,
+        rollout_logprobs=behaviour.rollout_logprobs if behaviour is not None else None,  # drop_mask's gate
     )  # fmt: skip
     metrics = rollout_metrics(scored, quantities, hp, conv)
-    if behaviour is not None:  # the update reads the behaviour log-probs in the proximal's dtype
-        lp = behaviour.rollout_logprobs.to(scored.old_logprobs.dtype)
-        behaviour = Behaviour(lp, behaviour.policy_version, behaviour.version)
+    if behaviour is not None:
         metrics.update(seam_metrics(scored.old_logprobs, behaviour, batch.response_mask))
     update = ppo_update(
         actor, critic, actor_optimizer, critic_optimizer, scored, quantities, hp=hp, conv=conv,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -33,11 +33,9 @@ from refppo.models.roles import eval_mode
 from refppo.models.rollout import ScoredRollout
 from refppo.pipeline.blocks import Normalisers
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.pipeline.step import RolloutQuantities, UpdateQuantities, update_quantities
+from refppo.pipeline.step import RolloutQuantities, update_quantities
+from refppo.train.split import LOSS_KEYS, Sums, record_micro, step_normalisers, update_masks
 from refppo.train.update_config import Behaviour, CaptureRequest, MinibatchRecord, PPOUpdateConfig, PtxBatch
-
-LOSS_KEYS = ("loss", "pg_loss", "vf_loss", "entropy", "kl_loss", "ptx_loss")
-"""The minibatch sums of the losses (``entropy`` is ``UpdateQuantities.entropy_loss``)."""
 
 
 def ptx_loss(actor: nn.Module, ptx: PtxBatch) -> Tensor:
@@ -76,7 +74,8 @@ class _Update:
     """What every minibatch of one :func:`ppo_update` call reads (fixed for the whole call).
 
     ``mb_size`` rows per minibatch, ``micro`` rows per micro-batch, ``n_micro`` micro-batches per
-    minibatch; ``advantages``/``returns`` ``[B, T]`` in the dtype of ``scored.old_logprobs``."""
+    minibatch; ``advantages``/``returns`` ``[B, T]`` in the dtype of ``scored.old_logprobs``;
+    ``mask``/``value_mask`` ``[B, T]``: the update stages' masks (:func:`refppo.train.split.update_masks`)."""
 
     actor: nn.Module
     critic: nn.Module | None
@@ -85,6 +84,8 @@ class _Update:
     quantities: RolloutQuantities
     advantages: Tensor
     returns: Tensor
+    mask: Tensor
+    value_mask: Tensor
     hp: Hyperparams
     conv: Convention
     cfg: PPOUpdateConfig
@@ -101,130 +102,44 @@ class _Update:
     critic_params: list[nn.Parameter]
 
 
-@dataclass
-class _Sums:
-    """One minibatch's running sums over its micro-batches (Python floats, in micro-batch order):
-    the losses, the token-weighted clip fractions and approx-KL, the max |ratio − 1|, the log-probs."""
-
-    st: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOSS_KEYS, 0.0))
-    clip_w: float = 0.0
-    akl_w: float = 0.0
-    vclip_w: float = 0.0
-    ratio_dev: float = 0.0
-    lp_parts: list[Tensor] = field(default_factory=list)
-
-    def add(self, uq: UpdateQuantities, logp: Tensor, m: Tensor, vm: Tensor) -> None:
-        """Add micro-batch ``uq`` (its policy mask ``m`` and value mask ``vm``, ``[b, T]``)."""
-        self.st["loss"] += float(uq.loss.detach())
-        self.st["pg_loss"] += float(uq.pg_loss.detach())
-        self.st["vf_loss"] += float(uq.vf_loss.detach())
-        self.st["entropy"] += float(uq.entropy_loss.detach())
-        assert uq.kl_loss is not None  # the trainer always holds ref_logprobs
-        self.st["kl_loss"] += float(uq.kl_loss.detach())
-        n_m = float(m.sum())
-        self.clip_w += float(uq.pg_clipfrac) * n_m
-        self.akl_w += float(uq.approx_kl) * n_m
-        self.vclip_w += float(uq.vf_clipfrac) * float(vm.sum())
-        dev = torch.where(m, (uq.ratio.detach() - 1.0).abs(), torch.zeros_like(logp))
-        self.ratio_dev = max(self.ratio_dev, float(dev.max()))
-        self.lp_parts.append(logp.detach())
-
-    def stats(self, n_tok: float, n_vtok: float) -> dict[str, float]:
-        """The minibatch scalars: loss sums, then the clip fractions and approx-KL as token means
-        over ``n_tok`` (policy) / ``n_vtok`` (value) valid tokens of this rank, then the ratio."""
-        st = dict(self.st)
-        st["pg_clipfrac"] = self.clip_w / n_tok
-        st["approx_kl"] = self.akl_w / n_tok
-        st["vf_clipfrac"] = self.vclip_w / n_vtok
-        st["ratio_max_dev"] = self.ratio_dev
-        return st
-
-
-def _record(
-    rec: StepRecorder,
-    k: int,
-    logp: Tensor,
-    values: Tensor | None,
-    entropy: Tensor,
-    idx: Tensor,
-    scored: ScoredRollout,
-    q: RolloutQuantities,
-    uq: UpdateQuantities,
-    world_size: int,
-    group_index: Tensor | None,
-    behaviour: Behaviour | None = None,
-) -> None:
-    """Record micro-batch ``k`` (rows ``idx``); the losses as passed to backward (× world_size);
-    a critic-free step (``values`` None) carries no value quantity (``old_values``, ``values``,
-    ``grad_values``, ``vf_loss``: the oracle's critic-free dump) and its rows' ``group_index``."""
-    more: dict[str, Tensor] = {"group_index": group_index[idx]} if group_index is not None else {}
-    more.update(behaviour.select(idx) if behaviour is not None else {})  # the seam mode's roles
-    if values is not None:
-        more["old_values"] = scored.old_values[idx]
-    rec.record(
-        micro_batch=k,
-        logprobs=logp,
-        values=values,
-        response_mask=scored.batch.response_mask[idx],
-        old_logprobs=scored.old_logprobs[idx],
-        ref_logprobs=scored.ref_logprobs[idx],
-        scores=scored.scores[idx],
-        entropy=entropy,
-        advantages=q.advantages[idx],
-        returns=q.returns[idx],
-        **{
-            n: getattr(uq, n) * world_size
-            for n in ("loss", "pg_loss", "vf_loss", "entropy_loss", "kl_loss")
-            if n != "vf_loss" or values is not None
-        },
-        **more,
-    )
-
-
-def _normalisers(u: _Update, rows: Tensor) -> Normalisers:
-    """The minibatch's global ``[tokens, sequences, value tokens]`` (all-reduced under DDP)."""
-    mask, vmask = u.scored.batch.response_mask, u.quantities.value_mask
-    counts = torch.tensor(
-        [float(mask[rows].sum()), float(u.mb_size), float(vmask[rows].sum())],
-        dtype=torch.float64,
-        device=mask.device,
-    )
-    if u.all_reduce is not None:
-        counts = u.all_reduce(counts)
-    return Normalisers(
-        token_count=float(counts[0]), seq_count=float(counts[1]), value_token_count=float(counts[2])
-    )
-
-
 def _micro_step(
-    u: _Update, sums: _Sums, k: int, idx: Tensor, norm: Normalisers, rec: StepRecorder | None
+    u: _Update, sums: Sums, k: int, idx: Tensor, norm: Normalisers, rec: StepRecorder | None
 ) -> None:
-    """Micro-batch ``k`` (rows ``idx``): forwards, losses, backward of ``loss · world_size``."""
+    """Micro-batch ``k`` (rows ``idx``): forwards, losses, backward of ``loss · world_size``. A
+    micro-batch whose rows the rejection gate emptied (``rollout_rs_effect=drop_mask``: no token of
+    :func:`refppo.train.split.update_masks`) adds 0 to the step: a zero backward through its forwards
+    (every rank runs as many backwards as the others, which DDP's gradient all-reduce needs)."""
     scored, q = u.scored, u.quantities
-    mask, vmask = scored.batch.response_mask, q.value_mask
     sub = scored.batch.select(idx)
     logp, ent = response_logprobs(u.actor, sub, scored.temperature)
     values = response_values(u.critic, sub) if u.critic is not None else None
-    uq = update_quantities(
-        logprobs=logp,
-        values=values,
-        old_logprobs=scored.old_logprobs[idx],
-        old_values=scored.old_values[idx] if u.critic is not None else None,
-        advantages=u.advantages[idx],
-        returns=u.returns[idx],
-        mask=mask[idx],
-        value_mask_=vmask[idx],
-        ref_logprobs=scored.ref_logprobs[idx],
-        entropy=ent,
-        rollout_logprobs=u.behaviour.rollout_logprobs[idx] if u.behaviour is not None else None,
-        hp=u.hp,
-        conv=u.conv,
-        norm=norm,
-    )
+    uq = None
+    if bool(u.mask[idx].any()):
+        uq = update_quantities(
+            logprobs=logp,
+            values=values,
+            old_logprobs=scored.old_logprobs[idx],
+            old_values=scored.old_values[idx] if u.critic is not None else None,
+            advantages=u.advantages[idx],
+            returns=u.returns[idx],
+            mask=scored.batch.response_mask[idx],
+            value_mask_=q.value_mask[idx],
+            ref_logprobs=scored.ref_logprobs[idx],
+            entropy=ent,
+            rollout_logprobs=u.behaviour.rollout_logprobs[idx] if u.behaviour is not None else None,
+            group_index=u.group_index[idx] if u.group_index is not None else None,
+            hp=u.hp,
+            conv=u.conv,
+            norm=norm,
+        )
     if rec is not None:
-        _record(rec, k, logp, values, ent, idx, scored, q, uq, u.world_size, u.group_index, u.behaviour)
-    torch.autograd.backward(uq.loss * u.world_size)
-    sums.add(uq, logp, mask[idx], vmask[idx])
+        record_micro(rec, k, logp, values, ent, idx, scored, q, uq, u.world_size, u.group_index, u.behaviour)
+    if uq is not None:
+        torch.autograd.backward(uq.loss * u.world_size)
+    else:
+        zero = logp.sum() * 0.0 + (values.sum() * 0.0 if values is not None else 0.0)
+        torch.autograd.backward(zero)
+    sums.add(uq, logp, u.mask[idx], u.value_mask[idx])
 
 
 def _finish_step(u: _Update, st: dict[str, float]) -> None:
@@ -240,10 +155,10 @@ def _finish_step(u: _Update, st: dict[str, float]) -> None:
 def _minibatch(u: _Update, epoch: int, mb: int, rows: Tensor) -> tuple[dict[str, float], list[Tensor]]:
     """One optimizer step on rows ``rows`` ``[mb_size]``: its scalars and its micro-batches'
     current log-probs (``[micro, T]`` each, detached, in row order)."""
-    norm = _normalisers(u, rows)
+    norm = step_normalisers(u.mask, u.value_mask, rows, u.group_index, u.conv, u.all_reduce, u.world_size)
     for opt in u.optimizers:
         opt.zero_grad(set_to_none=True)
-    sums = _Sums()
+    sums = Sums()
     rec = u.capture.wants(epoch, mb) if u.capture is not None else None
     for k in range(u.n_micro):
         _micro_step(u, sums, k, rows[k * u.micro : (k + 1) * u.micro], norm, rec)
@@ -254,8 +169,7 @@ def _minibatch(u: _Update, epoch: int, mb: int, rows: Tensor) -> tuple[dict[str,
         sums.st["loss"] += u.cfg.ptx_coef * sums.st["ptx_loss"]
     if rec is not None and u.capture is not None:
         rec.write(u.capture.path)  # a collective: every rank reaches it
-    mask, vmask = u.scored.batch.response_mask, u.quantities.value_mask
-    st = sums.stats(float(mask[rows].sum()), float(vmask[rows].sum()))
+    st = sums.stats(float(u.mask[rows].sum()), float(u.value_mask[rows].sum()))
     _finish_step(u, st)
     return st, sums.lp_parts
 
@@ -285,6 +199,7 @@ def _plan(
     micro = cfg.micro_batch_size or mb_size
     n_micro = _splits(mb_size, micro, "micro_batch_size") if micro <= mb_size else 1
     dtype = scored.old_logprobs.dtype
+    mask, value_mask = update_masks(scored, quantities, behaviour, hp=hp, conv=conv)
     return _Update(
         actor=actor,
         critic=critic,
@@ -293,6 +208,8 @@ def _plan(
         quantities=quantities,
         advantages=quantities.advantages.to(dtype),
         returns=quantities.returns.to(dtype),
+        mask=mask,
+        value_mask=value_mask,
         hp=hp,
         conv=conv,
         cfg=cfg,
@@ -394,3 +311,6 @@ def ppo_update(
             for model in models:
                 model.train()
         return _epochs(u, generator, on_minibatch)
+
+
+__all__ = ["LOSS_KEYS", "ppo_update", "ptx_loss"]

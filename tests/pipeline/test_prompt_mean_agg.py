@@ -170,15 +170,23 @@ def test_the_trainer_config_refuses_prompt_mean_in_one_line() -> None:
     from refppo.errors import RefPPOError
     from refppo.train.config.schema import load_config
 
-    for override, want in (
-        ("ppo.loss_agg=prompt-mean", "ppo.loss_agg=prompt-mean: the trainer does not aggregate by prompt"),
+    for overrides, want in (
         (
-            "ppo.entropy_agg=prompt-mean",
-            "ppo.entropy_agg=prompt-mean: the trainer does not aggregate by prompt",
+            ["ppo.loss_agg=prompt-mean"],
+            "ppo.loss_agg=prompt-mean aggregates the policy terms only: the value term needs its own "
+            "ppo.value_loss_agg",
         ),
-        ("ppo.value_loss_agg=prompt-mean", "[ppo]: value_loss_agg=prompt-mean is not supported"),
+        (
+            ["ppo.loss_agg=prompt-mean", "ppo.value_loss_agg=token-mean", "ppo.kl_in=loss"],
+            "ppo.loss_agg=prompt-mean aggregates the policy terms only: the kl term needs its own "
+            "ppo.kl_loss_agg",
+        ),
+        (["ppo.value_loss_agg=prompt-mean"], "[ppo]: value_loss_agg=prompt-mean is not supported"),
     ):
         with pytest.raises(RefPPOError) as info:
-            load_config(None, [override])
+            load_config(None, overrides)
         assert str(info.value).startswith(want) and "\n" not in str(info.value), str(info.value)
     load_config(None, ["ppo.loss_agg=seq-mean-token-mean"])  # control: another mode loads
+    # the trainer runs it (tests/train/test_train_prompt_mean.py) with the value loss's own mode
+    assert load_config(None, ["ppo.loss_agg=prompt-mean", "ppo.value_loss_agg=token-mean"]).ppo
+    assert load_config(None, ["ppo.entropy_agg=prompt-mean"]).ppo

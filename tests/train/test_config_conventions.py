@@ -113,15 +113,3 @@ def test_a_convention_value_error_names_its_section_key() -> None:
     cfg = load_config(None, ["ppo.score_clip=2.0", "ppo.loss_agg=token-sum"])
     assert cfg.ppo.convention.score.clip == 2.0 and cfg.ppo.convention.agg.loss.value == "token-sum"
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
-
-
-def test_the_trainer_refuses_the_drop_mask_gate_with_one_line() -> None:
-    """``ppo.rollout_rs_effect`` is a trainer key (the stage table's); ``drop_mask`` is refused: the
-    trainer's rollout walk and its split-step normalisers read the sampled mask
-    (spec/rollout-correction.md)."""
-    on = ["seam.enabled=true", "ppo.rollout_rs=token", "ppo.rollout_rs_high=2.0"]
-    assert load_config(None, [*on, "ppo.rollout_rs_effect=weight"]).ppo.convention.gate.on
-    with pytest.raises(
-        ConfigError, match=r"^ppo\.rollout_rs_effect=drop_mask .* use ppo\.rollout_rs_effect=weight$"
-    ):
-        load_config(None, [*on, "ppo.rollout_rs_effect=drop_mask"])

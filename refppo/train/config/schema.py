@@ -160,11 +160,6 @@ class TrainConfig:
                     f"ppo.{key}={level.value} reads the behaviour log-probs of a rollout engine, which "
                     "only the seam mode has: add --set seam.enabled=true"
                 )
-        if conv.gate.drops:  # the trainer's rollout walk and split-step counts read the sampled mask
-            raise ConfigError(
-                "ppo.rollout_rs_effect=drop_mask (verl's rejected tokens leave the step's mask) is not a "
-                "mode of refppo's trainer yet: use ppo.rollout_rs_effect=weight"
-            )
         keys = [
             k
             for k in ("dtype", "logprobs", "staleness", "staleness_min")
@@ -176,16 +171,28 @@ class TrainConfig:
                 f"{named} {'is' if len(keys) == 1 else 'are'} set but seam.enabled=false, so no step "
                 "reads it: add --set seam.enabled=true"
             )
-        agg = self.ppo.convention.agg
-        for key, term in (("loss_agg", "policy"), ("entropy_agg", "entropy")):
-            if agg.of(term) is LossAgg.PROMPT_MEAN:  # a dump's convention (refppo diff / verify)
-                raise ConfigError(f"ppo.{key}=prompt-mean: the trainer does not aggregate by prompt yet")
+        self._check_prompt_mean()
         r = self.rollout
         if seam.logprobs == "processed" and r.top_p >= 1.0 and r.top_k == 0:
             raise ConfigError(
                 "seam.logprobs=processed renormalises over the sampler's top-k / top-p support, but "
                 "rollout.top_p=1.0 and rollout.top_k=0 filter nothing (raw and processed are equal)"
             )
+
+    def _check_prompt_mean(self) -> None:
+        """``prompt-mean`` (SkyRL 0.4.0) aggregates the policy and entropy terms only: with a critic
+        the value loss, and with ``kl_in`` in the loss the KL term, name their own aggregation."""
+        conv = self.ppo.convention
+        if conv.agg.loss is not LossAgg.PROMPT_MEAN:
+            return
+        terms = [("value", "value_loss_agg")] if not self.critic_free else []
+        terms += [("kl", "kl_loss_agg")] if conv.kl.placement.in_loss else []
+        for term, key in terms:
+            if conv.agg.of(term) is LossAgg.PROMPT_MEAN:
+                raise ConfigError(
+                    f"ppo.loss_agg=prompt-mean aggregates the policy terms only: the {term} term needs its "
+                    f"own ppo.{key} (e.g. --set ppo.{key}=token-mean)"
+                )
 
     def unread_options(self) -> str | None:
         """One line naming the set options that no step of this config reads, else None:
