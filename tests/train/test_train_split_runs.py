@@ -109,12 +109,10 @@ def test_a_prompt_mean_run_matches_its_oracle_and_resumes_exactly(tmp_path: Path
     assert len(set(d["response_mask"].sum(dim=1).tolist())) > 1
     side = json.loads(Path(f"{path}.json").read_text())
     assert side["loss_agg"] == "prompt-mean"
-    # critic-free: the oracle's gradient reference walks a zero stand-in value term (vf_coef 0,
-    # oracle/check/recompute.py::_update_inputs) whose value_agg stage refuses prompt-mean, so the
-    # value aggregation no step of this run reads is named for it (an oracle gap, not the trainer's)
-    same = ("--set", "value_loss_agg=token-mean") if case == "grpo" else ()
-    code, rep = _diff(path, *same)
+    # critic-free (grpo): no value aggregation is named; the gradient reference's zero stand-in value
+    # term (oracle/check/recompute.py::_without_critic) must not refuse prompt-mean
+    code, rep = _diff(path)
     assert code == 0, rep["diagnosis"]
     for control in ("seq-mean-token-mean", "token-mean"):
-        code, rep = _diff(path, *same, "--set", f"loss_agg={control}")
+        code, rep = _diff(path, "--set", f"loss_agg={control}")
         assert code == 1 and not rep["quantities"]["pg_loss"]["ok"], control

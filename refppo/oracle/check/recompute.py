@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from refppo.conventions import ValueLoss, VfMask
+from refppo.conventions import LossAgg, ValueLoss, VfMask
 from refppo.dump.load import Dump, validate
 from refppo.dump.required import check_inputs_for
 from refppo.dump.residency import trim_heap
@@ -223,13 +223,22 @@ def _update_inputs(
         zeros = torch.zeros_like(t["old_logprobs"])
         v_in = values if values is not None else zeros
         ov_in = t["old_values"] if critic else zeros
-    grad_setup = setup if critic else Setup(setup.conv, replace(setup.hp, vf_coef=0.0))
+    grad_setup = setup if critic else _without_critic(setup)
     entropy = t.get("entropy")
     inp = UpdateInputs(
         logprobs, v_in, old_lp, ov_in, adv, returns, m, vf_mask, t.get("ref_logprobs"), entropy,
         t.get("rollout_logprobs"), t.get("truncated"), t.get("group_index"),
     )  # fmt: skip
     return inp, grad_setup
+
+
+def _without_critic(setup: Setup) -> Setup:
+    """The setting the gradient reference walks a critic-free dump with: ``vf_coef = 0``, and a value
+    aggregation the value stage takes (``prompt-mean`` is the policy's only; the term weighs 0)."""
+    conv = setup.conv
+    if conv.agg.of("value") is LossAgg.PROMPT_MEAN:
+        conv = replace(conv, agg=replace(conv.agg, value=LossAgg.TOKEN_MEAN))
+    return Setup(conv, replace(setup.hp, vf_coef=0.0))
 
 
 def reference_outputs(
