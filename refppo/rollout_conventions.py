@@ -105,27 +105,6 @@ class Rejected(StrEnum):
     DROP = "drop"
 
 
-class ClipFracCounts(StrEnum):
-    """Which clipped tokens the logged clip fraction ``pg_clipfrac`` counts, always over every valid
-    token (:func:`refppo.core.clipfrac.clip_fraction`).
-
-    - ``all``: every valid token the policy term clips (the clipped surrogate's ``L2 > L1``;
-      CISPO's ``ρ`` outside ``[1−ε_low, 1+ε_high]``; verl 0.9.1, SkyRL-train 0.3.1; default);
-    - ``kept``: those the rollout correction keeps (``w'_t ≠ 0``): AReaL 1.0.4
-      ``areal/utils/functional/functional.py::ppo_actor_loss_fn`` (``clip_mask.logical_and_(loss_mask)``
-      after ``apply_rejection_sampling`` narrowed ``loss_mask``; logged as ``clip_ratio`` over
-      ``n_valid_tokens`` by ``areal/trainer/ppo/actor.py``). Without a correction: ``all``;
-    - ``by_advantage``: a token counts when its weight is clipped on the side its advantage would
-      clip a PPO surrogate, ``(ρ > 1+ε_high ∧ A > 0) ∨ (ρ < 1−ε_low ∧ A < 0)``: TRL 1.16.0
-      ``GRPOTrainer._compute_loss`` ``cispo_clip_ratio`` (``(coef_1 > epsilon_high) & (advantages >
-      0)``, no lower bound). The clipped surrogate's ``L2 > L1`` is already so: ``all`` there.
-    """
-
-    ALL = "all"
-    KEPT = "kept"
-    BY_ADVANTAGE = "by_advantage"
-
-
 class RSEffect(StrEnum):
     """What a rejection gate's keep mask does to the step (``rollout_rs_effect``).
 
@@ -143,7 +122,6 @@ class RSEffect(StrEnum):
 
 
 __all__ = [
-    "ClipFracCounts",
     "ISAgg",
     "ISLevel",
     "ISMode",

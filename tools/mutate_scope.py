@@ -15,7 +15,6 @@ CORE = (
     "by_rows",
     "cispo",
     "clipfrac",
-    "clipfrac_rows",
     "gae",
     "grad",
     "group",
@@ -42,7 +41,6 @@ PIPELINE = (
     "groups",
     "groups_gate",
     "groups_update",
-    "loss_rows",
     "row_subset",
 )
 """The modules of refppo/pipeline/ that compose the core (the stage functions, the table, its walks)."""
@@ -112,8 +110,7 @@ PIPELINE_FUNCS = {
     # batch 24's new pipeline functions: the rows kept out of the loss, the rollout_rs drop mask,
     # the counted clip fraction, prompt-mean aggregation
     "rows_in_loss",
-    "select_rows",
-    "scatter_rows",
+    "whole_normalisers",
     "kept_rows",
     "take_rows",
     "put_rows",
@@ -176,7 +173,7 @@ PIPELINE_TESTS = (
     "tests/pipeline/test_pipeline_gates.py",  # the rollout_correction stage, groups_gate
     "tests/pipeline/test_kl_both.py",  # kl_in=both
     "tests/pipeline/test_pipeline_mutation_kills_23.py",
-    "tests/pipeline/test_loss_rows.py",  # rows kept out of the loss (loss_rows, row_subset, step._in_loss)
+    "tests/pipeline/test_loss_rows.py",  # rows kept out of the loss (row_subset, step._in_loss)
     "tests/pipeline/test_prompt_mean_agg.py",  # loss_agg=prompt_mean (Normalisers.prompts, aggregate)
     "tests/pipeline/test_rollout_rs_drop.py",  # the rollout_gate stage's drop mask
     "tests/pipeline/test_kl_both_separate.py",  # kl_in=both with its own beta/estimator
@@ -213,7 +210,7 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     "rewards": ("tests/core/test_score_slot_kl.py",),
     # prompt_mean_masked: the pipeline's prompt-mean tests
     "aggregate": ("tests/core/test_prompt_mean.py", "tests/pipeline/test_prompt_mean_agg.py"),
-    "clipfrac_rows": ("tests/core/test_clipfrac_rows.py", "tests/core/test_core_clipfrac.py"),
+    "clipfrac": ("tests/core/test_clipfrac_row_mean.py",),  # the row mean (its counts: test_core_clipfrac.py)
     "masked": ("tests/core/test_kept_rows.py",),
     "score_map": ("tests/pipeline/test_pipeline_score_map.py",),
     **dict.fromkeys(  # the rollout correction's weights, gates and surrogates (CISPO too): one suite

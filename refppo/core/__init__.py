@@ -17,7 +17,8 @@ value loss (clipped/unclipped)     ``value.value_loss``                   ``valu
 loss aggregation                   ``aggregate.aggregate_loss``           ``aggregate.aggregate_loss_naive``
 prompt-level mean (SkyRL 0.4.0)    ``aggregate.prompt_mean_loss``         ``aggregate.prompt_mean_loss_naive``
 ``loss_agg=prompt-mean``            ``aggregate.prompt_mean_masked``       ``aggregate.prompt_mean_naive``
-row-mean clip fraction (oat)       ``clipfrac_rows.clipfrac_row_mean``    ``clipfrac_rows.*_naive``
+logged clip fraction (counts,      ``clipfrac.{clip_fraction,             ``clipfrac.*_naive``
+row-mean: oat)                     clipfrac_row_mean}``
 entropy bonus, KL loss, total      ``objective.{entropy_bonus,kl_loss,    ``*_naive``
                                    total_loss}``
 per-token gradients of the losses  torch autograd through the above    ``grad.*_grad_naive``,

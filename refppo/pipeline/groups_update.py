@@ -8,12 +8,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from refppo.agg_conventions import ClipfracAgg, TruncatedRows
+from refppo.agg_conventions import ClipfracAgg, ClipFracCounts, TruncatedRows
 from refppo.conventions import ApproxKL, LossAgg, PolicyLoss
 from refppo.core.checks import check_positive
 from refppo.errors import ConventionError, HyperparameterError
 from refppo.pipeline.group_fields import _parse_enums, flat_key
-from refppo.rollout_conventions import ClipFracCounts
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class PolicyConvention:
         default=ClipFracCounts.ALL, metadata=flat_key(omit=True, config=False)
     )
     """Which clipped tokens the logged ``pg_clipfrac`` counts
-    (:class:`refppo.rollout_conventions.ClipFracCounts`: AReaL's kept ones, TRL's CISPO side)."""
+    (:class:`refppo.agg_conventions.ClipFracCounts`: AReaL's kept ones, TRL's CISPO side)."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)
@@ -94,7 +93,7 @@ class AggConvention:
     )
     """The rows flagged ``truncated`` in the loss (``keep``), masked out of it but kept in the row count
     (``mask_in_loss``: TRL ``mask_truncated_completions``) or out of both (``drop``);
-    :class:`refppo.agg_conventions.TruncatedRows`, :mod:`refppo.pipeline.loss_rows`."""
+    :class:`refppo.agg_conventions.TruncatedRows`, :mod:`refppo.pipeline.row_subset`."""
 
     def __post_init__(self) -> None:
         _parse_enums(self)

@@ -13,12 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.agg_conventions import ClipfracAgg
+from refppo.agg_conventions import ClipfracAgg, ClipFracCounts
 from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_loss_naive, prompt_mean_naive
 from refppo.core.cispo import cispo_policy_loss_naive
-from refppo.core.clipfrac import clip_fraction_naive
-from refppo.core.clipfrac_rows import clipfrac_row_mean_naive
+from refppo.core.clipfrac import clip_fraction_naive, clipfrac_row_mean_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive
 from refppo.core.policy import approx_kl_k2_all_positions_naive, clipped_policy_loss_naive
@@ -27,7 +26,6 @@ from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.needs import kl_loss_needs, refuse_prompt_mean, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.rollout_conventions import ClipFracCounts
 
 Q = Mapping[str, Any]
 

@@ -287,7 +287,7 @@ _UPDATE = (
         ("pg_per_token", "ratio", "pg_clipfrac", "pg_clipfrac_lower", "pg_approx_kl"),
         up.policy_stage, nu.policy_naive,
         "core.policy.clipped_policy_token_loss, core.gspo.gspo_policy_token_loss, "
-        "core.cispo.cispo_policy_loss, core.clipfrac_rows.clipfrac_row_mean, core.clipfrac.clip_fraction",
+        "core.cispo.cispo_policy_loss, core.clipfrac.clipfrac_row_mean, core.clipfrac.clip_fraction",
         by_rows=True,
         needs=nd.policy_needs,
         output_reads={q: ("logprobs", "old_logprobs", "mask") for q in ("ratio", "pg_approx_kl")},

@@ -23,7 +23,7 @@ from torch import Tensor
 from refppo.core.checks import check_mask
 from refppo.core.masked import AllReduce
 from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
-from refppo.pipeline.loss_rows import rows_in_loss, scatter_rows, select_rows
+from refppo.pipeline.row_subset import put_rows, rows_in_loss, take_rows, whole_normalisers
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, UPDATE_STAGES, Stage, walk
 
@@ -216,7 +216,7 @@ def update_inputs(
     """The quantities the update stages read, with the masks validated (``value_mask_`` None: the
     response mask; ``rollout_logprobs``: the behaviour log-probs, read only by the rollout
     correction when it is on; ``truncated`` [B]: read under ``truncated_rows`` ≠ ``keep``,
-    :mod:`refppo.pipeline.loss_rows`; ``group_index`` ``[B]``: the prompt of each row, read by
+    :mod:`refppo.pipeline.row_subset`; ``group_index`` ``[B]``: the prompt of each row, read by
     ``loss_agg=prompt-mean``)."""
     m = check_mask("response_mask", mask)
     return {
@@ -286,19 +286,20 @@ def update_quantities(
 def _in_loss(
     q: dict[str, Any], conv: Convention, norm: Normalisers | None
 ) -> tuple[dict[str, Any], Normalisers, Tensor | None]:
-    """``q`` on the rows in the loss and the whole batch's normalisers (:mod:`refppo.pipeline.loss_rows`;
+    """``q`` on the rows in the loss and the whole batch's normalisers (:mod:`refppo.pipeline.row_subset`;
     ``q`` itself and ``keep`` None under ``truncated_rows=keep``)."""
     keep = rows_in_loss(q, conv)
     if keep is None:
         return q, norm or Normalisers(), None
-    sub, whole = select_rows(q, keep, conv, norm or Normalisers())
-    return sub, whole, keep
+    sub = take_rows(q, keep)
+    return sub, whole_normalisers(sub, int(keep.shape[0]), conv, norm or Normalisers()), keep
 
 
 def _scattered(out: dict[str, Any], keep: Tensor | None) -> UpdateQuantities:
     """The walk's :class:`UpdateQuantities`, its ``ratio`` back on every row (1 on those out of the loss)."""
     if keep is not None and out["ratio"].numel() > 0:
-        out = {**out, "ratio": scatter_rows(out["ratio"], keep, 1.0)}
+        out = dict(out)
+        put_rows(out, {"ratio": out["ratio"]}, keep, ("ratio",), fill={"ratio": 1.0})
     return UpdateQuantities(**{k: out[k] for k in _UPDATE_OUT})
 
 
@@ -324,7 +325,9 @@ def update_grads(
     }
     if keep is None:
         return grads
-    return {k: scatter_rows(g, keep, 1.0 if k == "ratio" else 0.0) for k, g in grads.items()}
+    whole_grads: dict[str, Tensor] = {}
+    put_rows(whole_grads, grads, keep, grads, fill={"ratio": 1.0})
+    return whole_grads
 
 
 def update_quantities_naive(

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from refppo.agg_conventions import ClipfracAgg
+from refppo.agg_conventions import ClipfracAgg, ClipFracCounts
 from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_masked, prompt_mean_masked
 from refppo.core.by_rows import (
@@ -42,8 +42,7 @@ from refppo.core.by_rows import (
 )
 from refppo.core.checks import check_mask
 from refppo.core.cispo import cispo_policy_loss
-from refppo.core.clipfrac import clip_fraction
-from refppo.core.clipfrac_rows import clipfrac_row_mean
+from refppo.core.clipfrac import clip_fraction, clipfrac_row_mean
 from refppo.core.gspo import gspo_policy_token_loss, gspo_ratio
 from refppo.core.objective import entropy_bonus, kl_loss, total_loss
 from refppo.core.policy import (
@@ -58,7 +57,6 @@ from refppo.errors import ConventionError
 from refppo.pipeline.blocks import Evaluation, Normalisers
 from refppo.pipeline.needs import kl_loss_needs, refuse_prompt_mean, require_input
 from refppo.pipeline.settings import Convention, Hyperparams
-from refppo.rollout_conventions import ClipFracCounts
 
 Q = Mapping[str, Any]
 """The quantities a stage reads (name → tensor, or None where absent)."""

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from refppo.agg_conventions import MASK_AGGS
 from refppo.conventions import KLEstimator, LossAgg, ValueClipForm, ValueLoss
-from refppo.core import clipfrac_rows as clipfrac_mod
+from refppo.core import clipfrac as clipfrac_mod
 from refppo.core.policy import PolicyLossNaive, PolicyTokenLoss
 from refppo.verify.batches import Batch, Case, Pair
 

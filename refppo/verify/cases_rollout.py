@@ -16,8 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from refppo.agg_conventions import MASK_AGGS
-from refppo.rollout_conventions import ClipFracCounts
+from refppo.agg_conventions import MASK_AGGS, ClipFracCounts
 from refppo.verify.batches import Batch, Case, Pair
 
 rc_mod = importlib.import_module("refppo.core.rollout_correction")

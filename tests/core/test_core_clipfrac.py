@@ -17,12 +17,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import Ragged, ragged_batches
 
+from refppo.agg_conventions import ClipFracCounts
 from refppo.core.clipfrac import clip_fraction, clip_fraction_naive
 from refppo.core.policy import clipped_policy_token_loss
 from refppo.pipeline.blocks import Evaluation
 from refppo.pipeline.settings import Convention, Hyperparams
 from refppo.pipeline.stages import BY_NAME
-from refppo.rollout_conventions import ClipFracCounts
 
 ALL, KEPT, BY_ADV = ClipFracCounts.ALL, ClipFracCounts.KEPT, ClipFracCounts.BY_ADVANTAGE
 F = torch.float64

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from refppo.agg_conventions import ClipFracCounts
 from refppo.core.clipfrac import clip_fraction
-from refppo.rollout_conventions import ClipFracCounts
 
 
 @pytest.mark.parametrize("counts", [ClipFracCounts.ALL, ClipFracCounts.BY_ADVANTAGE])

@@ -22,7 +22,7 @@ from refppo.agg_conventions import ClipfracAgg
 from refppo.conventions import KLPlacement, LossAgg, PolicyLoss
 from refppo.core.aggregate import Prompts, prompt_mean_naive
 from refppo.core.cispo import cispo_policy_loss_naive
-from refppo.core.clipfrac_rows import clipfrac_row_mean_naive
+from refppo.core.clipfrac import clipfrac_row_mean_naive
 from refppo.core.gspo import gspo_policy_loss_naive
 from refppo.core.kl import token_kl_naive
 from refppo.core.objective import entropy_bonus_naive, kl_loss_naive, total_loss_naive

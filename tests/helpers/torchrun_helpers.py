@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,15 +14,18 @@ WORKER_TIMEOUT_S = 1200
 """Hang guard for torchrun (not a speed assertion)."""
 
 
-def torchrun_train(log: Path, *args: str, nproc: int = 2, timeout: float = WORKER_TIMEOUT_S) -> None:
+def torchrun_train(
+    log: Path, *args: str, nproc: int = 2, timeout: float = WORKER_TIMEOUT_S, err: Path | None = None
+) -> None:
     """``torchrun --standalone --nproc-per-node NPROC -m refppo train ARGS`` (CPU, one intra-op thread)
-    in its own session, output to ``log``; a timeout kills the agent AND its workers; a non-zero exit
-    fails the test with the log's tail."""
+    in its own session, output to ``log`` (stderr to ``err`` when given); a timeout kills the agent
+    AND its workers; a non-zero exit fails the test with the logs' tails."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     argv += ["-m", "refppo", "train", *args]
-    with log.open("wb") as fh:
+    with log.open("wb") as fh, contextlib.ExitStack() as stack:
+        fe = subprocess.STDOUT if err is None else stack.enter_context(err.open("wb"))
         proc = subprocess.Popen(
-            argv, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
+            argv, cwd=REPO, stdout=fh, stderr=fe,
             start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
     try:
@@ -30,6 +34,5 @@ def torchrun_train(log: Path, *args: str, nproc: int = 2, timeout: float = WORKE
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 0, (
-        f"torchrun: exit {proc.returncode}\n" + log.read_text(errors="replace")[-6000:]
-    )
+    tails = [p.read_text(errors="replace")[-6000:] for p in (log, *([err] if err else []))]
+    assert proc.returncode == 0, f"torchrun: exit {proc.returncode}\n" + "\n".join(tails)

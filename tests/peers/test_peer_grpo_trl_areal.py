@@ -12,7 +12,8 @@ representative subset ``DETECT_CASES``, as ``--detect`` costs minutes per case o
 (measured 1733 s for all 11 ``trl-grpo`` cases in one run under load). TRL
 ``scale_rewards="batch"`` (``group_std_level=batch``) and AReaL ``std_level: batch``
 (``group_std_level=batch-centred``) must be reproduced like the rest (they were NOT EXPRESSIBLE
-before that key); each of their controls is another std level.
+before that key); each of their controls is another std level. Each venv's dumps are made once per
+session (the ``dumps`` fixture: ``--dumps DIR``), not once per run.
 """
 
 from __future__ import annotations
@@ -70,9 +71,16 @@ TIMEOUT_S = 1800
 """Per run: preset + control on every case (minutes), or one case's --detect (~4 min at worst)."""
 
 
-def _run(venv: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
+@pytest.fixture(scope="session")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder of peer dumps for the session: each venv's made by its first run, read by the rest."""
+    return tmp_path_factory.mktemp("grpo-peer-dumps")
+
+
+def _run(venv: str, tmp_path: Path, dumps: Path, *extra: str) -> dict[str, Any]:
     require(venv)
-    proc, doc = run("grpo_peers", "--venv", venv, *extra, tmp_path=tmp_path, timeout=TIMEOUT_S)
+    args = ("--venv", venv, "--dumps", str(dumps), *extra)
+    proc, doc = run("grpo_peers", *args, tmp_path=tmp_path, timeout=TIMEOUT_S)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     assert doc["versions"] == {venv: EXPECTED[venv][0]}, doc["versions"]  # the peer ran, pinned version
@@ -80,8 +88,8 @@ def _run(venv: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("venv", sorted(EXPECTED))
-def test_peer_grpo_dumps_reproduce_under_the_preset(venv: str, tmp_path: Path) -> None:
-    cases = _run(venv, tmp_path, "--no-detect")
+def test_peer_grpo_dumps_reproduce_under_the_preset(venv: str, tmp_path: Path, dumps: Path) -> None:
+    cases = _run(venv, tmp_path, dumps, "--no-detect")
     _, prefix, named = EXPECTED[venv]
     for name in (*named, *BATCH_STD[venv], *DETECT_CASES[venv]):
         assert prefix + name in cases, sorted(cases)
@@ -101,9 +109,11 @@ def test_peer_grpo_dumps_reproduce_under_the_preset(venv: str, tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("venv", "case"), [(v, c) for v in sorted(DETECT_CASES) for c in DETECT_CASES[v]])
-def test_peer_grpo_detect_finds_the_generating_convention(venv: str, case: str, tmp_path: Path) -> None:
+def test_peer_grpo_detect_finds_the_generating_convention(
+    venv: str, case: str, tmp_path: Path, dumps: Path
+) -> None:
     name = EXPECTED[venv][1] + case
-    cases = _run(venv, tmp_path, "--case", name)
+    cases = _run(venv, tmp_path, dumps, "--case", name)
     assert sorted(cases) == [name], sorted(cases)  # exactly this case ran
     c = cases[name]
     assert c["info"]["verdict"] == "MATCH" and c["controls"][0]["ok"], c

@@ -1,4 +1,4 @@
-"""``truncated_rows`` in the update walk (issue #23 item 5; :mod:`refppo.pipeline.loss_rows`): the
+"""``truncated_rows`` in the update walk (issue #23 item 5; :mod:`refppo.pipeline.row_subset`): the
 pipeline's losses and gradients under ``mask_in_loss``/``drop`` against the core called directly
 (the per-token terms aggregated by :func:`refppo.core.masked.kept_rows_aggregate`), the naive walk,
 the statistics over the rows in the loss, and the refusals (one line naming ``truncated``)."""
@@ -147,7 +147,7 @@ def test_prompt_mean_with_rows_out_of_the_loss_is_refused_in_one_line() -> None:
     """No trainer masks rows out of a prompt-mean loss; the prompts' token counts over the rows in the
     loss are not defined, so the combination is refused naming both keys."""
     from refppo.errors import ConventionError
-    from refppo.pipeline.loss_rows import rows_in_loss
+    from refppo.pipeline.row_subset import rows_in_loss
     from refppo.pipeline.settings import Convention
 
     m = torch.ones(3, 4, dtype=torch.bool)

@@ -1,6 +1,6 @@
-"""Killing tests for batch 24's pipeline mutation survivors (``tools/mutate.py``): the row
-selection of ``truncated_rows`` (:mod:`refppo.pipeline.loss_rows`) and the row subset of the
-rollout_rs drop mask (:mod:`refppo.pipeline.row_subset`), each against a hand-worked vector."""
+"""Killing tests for batch 24's pipeline mutation survivors (``tools/mutate.py``): the row subset
+(:mod:`refppo.pipeline.row_subset`) of ``truncated_rows`` and of the rollout_rs drop mask, each
+against a hand-worked vector."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from refppo.pipeline.blocks import Normalisers
-from refppo.pipeline.loss_rows import scatter_rows, select_rows
-from refppo.pipeline.row_subset import kept_rows, take_rows
+from refppo.pipeline.row_subset import kept_rows, put_rows, take_rows, whole_normalisers
 from refppo.pipeline.settings import Convention
 
 KEEP = torch.tensor([True, False, True])
@@ -27,48 +26,60 @@ def _q() -> dict[str, object]:
     }
 
 
-def test_select_rows_cuts_every_b_row_tensor_and_passes_the_rest() -> None:
-    """Kills select_rows' `v.dim() >= 1` → `>= 0`/`>= 2`/`>= -1`/`> 1` (a 0-dim tensor has no
+def _select(
+    q: dict[str, object], conv: Convention, norm: Normalisers
+) -> tuple[dict[str, object], Normalisers]:
+    """The rows in the loss as step._in_loss takes them: the subset and the whole batch's normalisers."""
+    sub = take_rows(q, KEEP)
+    return sub, whole_normalisers(sub, 3, conv, norm)
+
+
+def test_take_rows_cuts_every_b_row_tensor_and_passes_the_rest() -> None:
+    """Kills take_rows' `v.dim() >= 1` → `>= 0`/`>= 2`/`>= -1`/`> 1` (a 0-dim tensor has no
     shape[0]; a [B] tensor must be cut to the kept rows)."""
-    sub, _ = select_rows(_q(), KEEP, Convention.of(truncated_rows="drop"), Normalisers())
+    sub, _ = _select(_q(), Convention.of(truncated_rows="drop"), Normalisers())
     assert sub["scores"].tolist() == [1.0, 3.0]
     assert sub["mask"].tolist() == [[True, True, False], [True, False, False]]
     assert float(sub["coef"]) == 0.5 and sub["name"] == "x"
 
 
-def test_select_rows_counts_the_kept_tokens_when_local() -> None:
+def test_whole_normalisers_count_the_kept_tokens_when_local() -> None:
     """Local normalisers: token_count = 3 and value_token_count = 3 (the kept rows' tokens, not the
     batch's 6 + 1); drop leaves seq_count None. Kills `token_count is not None` → `is None`, the
     dropped ``token_count=``/``value_token_count=`` and `sub.get('value_mask') is not None` → `is None`."""
-    _, norm = select_rows(_q(), KEEP, Convention.of(truncated_rows="drop"), Normalisers())
+    _, norm = _select(_q(), Convention.of(truncated_rows="drop"), Normalisers())
     assert norm.token_count == 3.0
     assert norm.value_token_count == 3.0
     assert norm.seq_count is None
 
 
-def test_select_rows_keeps_the_callers_counts() -> None:
+def test_whole_normalisers_keep_the_callers_counts() -> None:
     """A split step's counts (given) are kept as given: kills `vtc is None` → `is not None` and the
     `and` → `or` (each recounts the subset's 3 value tokens over the given 40)."""
     given = Normalisers(token_count=20.0, seq_count=7.0, value_token_count=40.0)
-    _, norm = select_rows(_q(), KEEP, Convention.of(truncated_rows="mask_in_loss"), given)
+    _, norm = _select(_q(), Convention.of(truncated_rows="mask_in_loss"), given)
     assert (norm.token_count, norm.seq_count, norm.value_token_count) == (20.0, 7.0, 40.0)
 
 
-def test_select_rows_without_a_value_mask() -> None:
+def test_whole_normalisers_without_a_value_mask() -> None:
     """No value mask and local counts: value_token_count stays None (`is not None` → `is None`
     would count a missing mask); mask_in_loss counts every row of the batch: seq_count = 3."""
     q = {k: v for k, v in _q().items() if k != "value_mask"}
-    _, norm = select_rows(q, KEEP, Convention.of(truncated_rows="mask_in_loss"), Normalisers())
+    _, norm = _select(q, Convention.of(truncated_rows="mask_in_loss"), Normalisers())
     assert norm.value_token_count is None
     assert norm.seq_count == 3.0 and norm.token_count == 3.0
 
 
-def test_scatter_rows_default_fill_and_trailing_dims() -> None:
-    """The default fill is 0 (kills `fill: float = 0.0` → `1`), and a [B_in] row quantity comes back
-    [B] (kills `x.shape[1:]` → `x.shape[-1:]`)."""
+def test_put_rows_fill_and_trailing_dims() -> None:
+    """The default fill is 0 (kills `get(k, 0)` → `1`), ``fill`` of a key is used for that key only
+    (kills a dropped or misread ``fill``), and a [B_in] row quantity comes back [B] (kills
+    `v.shape[1:]` → `v.shape[-1:]`)."""
     x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
-    assert scatter_rows(x, KEEP).tolist() == [[1.0, 2.0], [0.0, 0.0], [3.0, 4.0]]
-    assert scatter_rows(torch.tensor([5.0, 7.0]), KEEP).tolist() == [5.0, 0.0, 7.0]
+    out: dict[str, object] = {}
+    put_rows(out, {"x": x, "r": x + 1, "v": torch.tensor([5.0, 7.0])}, KEEP, ("x", "r", "v"), fill={"r": 1.0})
+    assert out["x"].tolist() == [[1.0, 2.0], [0.0, 0.0], [3.0, 4.0]]
+    assert out["r"].tolist() == [[2.0, 3.0], [1.0, 1.0], [4.0, 5.0]]
+    assert out["v"].tolist() == [5.0, 0.0, 7.0]
 
 
 def test_kept_rows_without_a_2d_mask_is_none() -> None:
@@ -96,8 +107,6 @@ def test_put_rows_scatters_vectors_and_keeps_outs_own_rows() -> None:
     [B, T] keeps ``out``'s row 1 (kills the `base.shape == (B, *v.shape[1:])` slice and comparison
     mutants and `base.dtype == v.dtype` → `!=`); a [B] base kept too (`v.shape[1:]` → `[-1:]`);
     a 0-dim value and a key not made are left alone."""
-    from refppo.pipeline.row_subset import put_rows
-
     out: dict[str, object] = {
         "mask": torch.tensor([[True, False], [True, True], [False, False]]),
         "w": torch.tensor([9.0, 8.0, 7.0]),
@@ -120,8 +129,6 @@ def test_put_rows_scatters_vectors_and_keeps_outs_own_rows() -> None:
 
 def test_put_rows_does_not_carry_the_old_values_graph() -> None:
     """The kept rows of ``out``'s old value are copied detached (kills `base.detach()` → `base`)."""
-    from refppo.pipeline.row_subset import put_rows
-
     base = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], requires_grad=True)
     out: dict[str, object] = {"x": base}
     put_rows(out, {"x": torch.zeros(2, 2)}, KEEP, made=("x",))

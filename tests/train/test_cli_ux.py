@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchrun_helpers import torchrun_train
 
 from refppo.cli import main as refppo_main
 from refppo.models.batch import left_pad
@@ -512,27 +513,15 @@ def test_torchrun_prints_loading_and_summary_lines_once(tmp_path: Path) -> None:
     free port itself (a port found free and released first can be taken meanwhile; issue 12 item 17)."""
     policy = _save_lm(tmp_path / "policy")
     prompts = _prompts(tmp_path / "p.txt", "review : the film", "review : my song was")
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-    ]
-    argv += [
-        "-m",
-        "refppo",
-        "train",
-        *_argv(tmp_path / "o", "--model", str(policy), "--prompts", str(prompts)),
-    ]
-    argv += ["--set", "task.reward=rule", "--set", "run.iterations=1"]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    both = r.stdout + r.stderr
+    args = _argv(tmp_path / "o", "--model", str(policy), "--prompts", str(prompts))
+    args += ["--set", "task.reward=rule", "--set", "run.iterations=1"]
+    out, err = tmp_path / "torchrun.out", tmp_path / "torchrun.err"
+    torchrun_train(out, *args, err=err, timeout=600)
+    stdout = out.read_text(errors="replace")
+    both = stdout + err.read_text(errors="replace")
     assert both.count("Loading weights: 100%") == 1, both[-3000:]
-    assert r.stdout.count("done: 1 iterations") == 1, r.stdout[-3000:]
-    assert r.stdout.count("iteration 1/1:") == 1
+    assert stdout.count("done: 1 iterations") == 1, stdout[-3000:]
+    assert stdout.count("iteration 1/1:") == 1
 
 
 # -------------------------------------------------------------------------------------------- 15: CLI

@@ -313,39 +313,15 @@ def test_ddp_update_equals_single_process_for_every_loss_agg(tmp_path: Path) -> 
 def test_torchrun_two_process_training_run(tmp_path: Path) -> None:
     """`torchrun --standalone --nproc-per-node 2 -m refppo train` (gloo, CPU) writes one log and
     per-rank RNG state."""
+    from torchrun_helpers import torchrun_train  # here, not above: this file also runs as a worker script
+
     from refppo.train.tasks.presets import TEST
 
     out = tmp_path / "run"
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "refppo",
-        "train",
-        "--out",
-        str(out),
-    ]
-    for s in TEST:
-        argv += ["--set", s]
-    argv += ["--set", "task.reward=rule", "--set", "task.sft_steps=3"]
-    log = tmp_path / "torchrun.log"
-    with log.open("wb") as fh:  # own session: a timeout kills the agent AND its workers
-        proc = subprocess.Popen(
-            argv, cwd=Path(__file__).parents[2], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        proc.wait(timeout=WORKER_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, (
-        f"torchrun: exit {proc.returncode}\n" + log.read_text(errors="replace")[-6000:]
-    )
+    args = ["--out", str(out)]
+    for s in (*TEST, "task.reward=rule", "task.sft_steps=3"):
+        args += ["--set", s]
+    torchrun_train(tmp_path / "torchrun.log", *args)
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2  # rank 0 only
     ck = out / "checkpoints" / "iter_000002"

@@ -214,30 +214,15 @@ def test_ddp_group_estimators_with_whole_groups_per_rank_equal_single_process(tm
 def test_torchrun_grpo_training_run(tmp_path: Path) -> None:
     """`torchrun --standalone --nproc-per-node 2 -m refppo train --set ppo.advantage=grpo` (gloo,
     CPU): one group of 4 per rank; no critic files in the checkpoint; one log."""
-    import os
-    import signal
-    import subprocess
+    from torchrun_helpers import torchrun_train  # here, not above: this file also runs as a worker script
 
     from refppo.train.tasks.presets import TEST
 
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    argv += ["-m", "refppo", "train", "--out", str(out)]
+    args = ["--out", str(out)]
     for s in (*TEST, "task.reward=rule", "task.sft_steps=3", "ppo.advantage=grpo", "rollout.group_size=4"):
-        argv += ["--set", s]
-    log = tmp_path / "torchrun.log"
-    with log.open("wb") as fh:  # own session: a timeout kills the agent AND its workers
-        proc = subprocess.Popen(
-            argv, cwd=Path(__file__).parents[2], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        proc.wait(timeout=ddp.WORKER_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = log.read_text(errors="replace")
-    assert proc.returncode == 0, f"torchrun: exit {proc.returncode}\n" + text[-6000:]
+        args += ["--set", s]
+    torchrun_train(tmp_path / "torchrun.log", *args)
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
     ck = out / "checkpoints" / "iter_000002"
     names = {p.name for p in ck.iterdir()}

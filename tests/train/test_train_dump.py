@@ -7,15 +7,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torchrun_helpers import torchrun_train
 
 from refppo.oracle.cli import main as refppo_diff
 from refppo.train.config.sections import ConfigError
@@ -26,8 +23,6 @@ pytestmark = pytest.mark.e2e
 
 BASE = ("task.reward=rule", "task.sft_steps=3", "ppo.minibatches=1", "run.dump_iteration=2")
 """TEST preset (8 rollouts, 2 epochs, 2 micro-batches, 2 iterations) with one minibatch, dump the last."""
-WORKER_TIMEOUT_S = 1200
-"""Hang guard for torchrun (not a speed assertion), as tests/train/test_ddp.py."""
 
 
 def _diff(path: Path, *extra: str) -> tuple[int, dict[str, object]]:
@@ -108,30 +103,10 @@ def test_torchrun_trainer_dump_matches_its_oracle(tmp_path: Path) -> None:
     """``torchrun --standalone --nproc-per-node 2 -m refppo train --set run.dump_iteration=2``:
     rank 0 writes one dump holding both ranks' rows, and the oracle matches it."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    argv += ["-m", "refppo", "train", "--out", str(out)]
+    args = ["--out", str(out)]
     for s in (*TEST, *BASE):
-        argv += ["--set", s]
-    log = tmp_path / "torchrun.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with log.open("wb") as fh:  # own session: a timeout kills the agent AND its workers
-        proc = subprocess.Popen(
-            argv,
-            cwd=Path(__file__).parents[2],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
-    try:
-        proc.wait(timeout=WORKER_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, (
-        f"torchrun: exit {proc.returncode}\n" + log.read_text(errors="replace")[-6000:]
-    )
+        args += ["--set", s]
+    torchrun_train(tmp_path / "torchrun.log", *args)
     path = out / "dumps" / "iter_000002.safetensors"
     _check_dump(path, world=2)
     d = load_file(str(path))

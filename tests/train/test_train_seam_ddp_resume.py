@@ -5,15 +5,12 @@ token TIS; 4 iterations straight == 2, stop, ``--resume``, 2 — bit for bit."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from torchrun_helpers import torchrun_train
 
 from refppo.train.runlog import deterministic, read_metrics
 from refppo.train.tasks.presets import TEST
@@ -30,33 +27,14 @@ SEAM = (
     "ppo.rollout_is_high=2",
 )
 """TEST preset (8 rollouts, 2 epochs, 2 micro-batches) with the seam: k = 2, bfloat16, token TIS cap 2."""
-WORKER_TIMEOUT_S = 1200
-"""Hang guard for torchrun (not a speed assertion), as tests/train/test_ddp.py."""
 
 
 def _torchrun(tmp_path: Path, out: Path, iterations: int, *extra: str) -> None:
-    """``torchrun --standalone --nproc-per-node 2 -m refppo train`` (gloo, CPU) in its own session;
-    a timeout kills the agent and its workers."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    argv += ["-m", "refppo", "train", "--out", str(out), *extra]
+    """``torchrun`` (2 gloo processes) ``refppo train --out OUT EXTRA`` with :data:`SEAM`."""
+    args = ["--out", str(out), *extra]
     for s in (*TEST, *SEAM, f"run.iterations={iterations}"):
-        argv += ["--set", s]
-    log = tmp_path / f"{out.name}-{iterations}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            argv, cwd=Path(__file__).parents[2], stdout=fh, stderr=subprocess.STDOUT,
-            start_new_session=True, env=env,
-        )  # fmt: skip
-    try:
-        proc.wait(timeout=WORKER_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, (
-        f"torchrun: exit {proc.returncode}\n" + log.read_text(errors="replace")[-6000:]
-    )
+        args += ["--set", s]
+    torchrun_train(tmp_path / f"{out.name}-{iterations}.log", *args)
 
 
 def _same_weights(a: Path, b: Path) -> bool:

@@ -7,16 +7,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torchrun_helpers import torchrun_train
 
 from refppo.oracle.cli import main as refppo_diff
 from refppo.train.loop import Trainer
@@ -47,8 +44,6 @@ CASES = {
         "ppo.rollout_is_high=1.25",
     ),
 }
-WORKER_TIMEOUT_S = 1200
-"""Hang guard for torchrun (not a speed assertion), as tests/train/test_train_dump.py."""
 
 
 def _diff(path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -99,26 +94,10 @@ def test_torchrun_seam_dump_matches_its_oracle(tmp_path: Path) -> None:
     """``torchrun --standalone --nproc-per-node 2`` (gloo) with the seam on: each rank's engine
     samples its rows, rank 0 writes one dump of both ranks' rows, and the oracle matches it."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    argv += ["-m", "refppo", "train", "--out", str(out)]
+    args = ["--out", str(out)]
     for s in (*TEST, *BASE, *CASES["bf16-token-tis"]):
-        argv += ["--set", s]
-    log = tmp_path / "torchrun.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with log.open("wb") as fh:  # own session: a timeout kills the agent AND its workers
-        proc = subprocess.Popen(
-            argv, cwd=Path(__file__).parents[2], stdout=fh, stderr=subprocess.STDOUT,
-            start_new_session=True, env=env,
-        )  # fmt: skip
-    try:
-        proc.wait(timeout=WORKER_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, (
-        f"torchrun: exit {proc.returncode}\n" + log.read_text(errors="replace")[-6000:]
-    )
+        args += ["--set", s]
+    torchrun_train(tmp_path / "torchrun.log", *args)
     _check_seam_dump(out / "dumps" / "iter_000003.safetensors", world=2, processed=False)
 
 

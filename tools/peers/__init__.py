@@ -24,6 +24,7 @@ validator                  what runs in the peers' interpreters (and what refppo
 ``detect_grads``           gradient-only v2 step dumps of verl/OpenRLHF/SkyRL-train micro-batch code
                            (2 ranks × 2 micro-batches) → ``--detect`` reads the gradient; controls
 ``grpo_peers``             TRL GRPOTrainer's and AReaL's GRPO family as dumps → preset, control, detect
+                           (``--dumps DIR``: the dumps made once there, reused by later runs)
 ``agg_modes``              verl/SkyRL loss aggregations, every peer's value clip, verl's score on a
                            trailing tool token → ``core``
 ``group_estimators``       critic-free advantage estimators → ``core.group`` and the pipeline

@@ -1,6 +1,6 @@
 """TRL GRPOTrainer's and AReaL's GRPO family, run as dumps: preset reproduction and ``--detect``.
 
-``tools/peers grpo_peers [--venv V] [--no-detect] [--case NAME]``
+``tools/peers grpo_peers [--venv V] [--no-detect] [--case NAME] [--dumps DIR]``
 (``tests/peers/test_peer_grpo_trl_areal.py``). A ``files`` request of :mod:`peers.harness` per venv:
 
 1. The peer's half: ``trl`` (TRL 1.12.0) and ``trl-grpo`` (TRL 1.16.0) run
@@ -25,6 +25,11 @@
    same diff without that key must MISMATCH (the form is really different); it fails only if it
    matches. (TRL ``scale_rewards="batch"`` was one until ``group_std_level=batch`` existed; AReaL
    ``std_level: batch`` under ``mean_level: group`` is ``group_std_level=batch-centred``.)
+
+``--dumps DIR``: the peers' dumps in ``DIR/VENV``, made there once and reused by every later run
+with the same ``DIR`` while the request, the venv's interpreter and the ``tools/peers`` code are
+the same (:func:`peers.harness.run_peer`, ``reuse``); the test makes each venv's dumps once per
+session this way, not once per case.
 """
 
 from __future__ import annotations
@@ -89,12 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-detect", action="store_true", help="skip the --detect check (preset and control only)"
     )
+    ap.add_argument(
+        "--dumps", type=Path, metavar="DIR", help="make the peers' dumps in DIR once; later runs reuse them"
+    )
     args = ap.parse_args(argv)
     from refppo.oracle.check.settings import ALL_KEYS
 
     report = Report("grpo_peers")
-    with workdir(args.keep) as work:
-        for unit, folder, st in run_venvs(report, selected(args, VENVS), root_of(args), work):
+    with workdir(args.dumps or args.keep) as work:
+        chosen = selected(args, VENVS)
+        for unit, folder, st in run_venvs(report, chosen, root_of(args), work, reuse=args.dumps is not None):
             for name in st["result"]:
                 if (args.only and args.only not in name) or (args.case and args.case != name):
                     continue

@@ -8,7 +8,10 @@ Protocol (:func:`run_peer`; the peer's half is :mod:`peers.peer_side`): write ``
 (and, for a ``batch`` request, the plain tensors ``OUT/batch.pt``), run
 ``VENV/bin/python tools/peers --peer-side OUT`` with ``tools/`` (and, ``with_refppo``, the
 repository) on ``PYTHONPATH``, read ``OUT/status.json`` back (JSON; tensors with
-``weights_only=True``: nothing is unpickled).
+``weights_only=True``: nothing is unpickled). ``reuse``: a folder that already holds the status of
+the same request, made by the same interpreter and the same ``tools/peers`` code (``OUT/made.json``),
+is read back without running the peer again (a validator's ``--dumps DIR``: each peer's dumps made
+once for several runs, e.g. once per test session).
 
 Bookkeeping (:class:`Report`), one rule for every validator:
 
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import hashlib
 import json
 import math
 import os
@@ -76,16 +81,46 @@ def run_peer(
     options: Mapping[str, Any] | None = None,
     with_refppo: bool = False,
     timeout: float = 1500,
+    reuse: bool = False,
 ) -> tuple[dict[str, Any] | None, str]:
-    """Run ``units`` in interpreter ``py`` (module docstring): ``(status, "")`` or ``(None, why)``."""
+    """Run ``units`` in interpreter ``py`` (module docstring): ``(status, "")`` or ``(None, why)``;
+    ``reuse``: the status already in ``out`` when it was made for the same request (module docstring)."""
     request = {
         "kind": kind,
         "setup": setup,
         "units": {u: [x.dist, x.target] for u, x in units.items()},
         "options": dict(options or {}),
     }
+    if not reuse:
+        return _run_peer(py, out, request, with_refppo, timeout)
+    made = {"request": request, "python": str(py), "code": _peers_code_digest()}
+    with (out / ".lock").open("w") as lock:  # one maker per folder, whoever else asks meanwhile
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        status_file, made_file = out / "status.json", out / "made.json"
+        if status_file.exists() and made_file.exists() and json.loads(made_file.read_text()) == made:
+            status: dict[str, Any] = json.loads(status_file.read_text())
+            return status, ""
+        result = _run_peer(py, out, request, with_refppo, timeout)
+        if result[0] is not None:
+            made_file.write_text(json.dumps(made, indent=2))
+        return result
+
+
+def _peers_code_digest() -> str:
+    """sha256 of every ``tools/peers`` source file (the makers included): a change invalidates reuse."""
+    h = hashlib.sha256()
+    for f in sorted((TOOLS / "peers").rglob("*.py")):
+        h.update(str(f.relative_to(TOOLS)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def _run_peer(
+    py: Path, out: Path, request: dict[str, Any], with_refppo: bool, timeout: float
+) -> tuple[dict[str, Any] | None, str]:
+    """Write ``request``, run the peer's side in ``py``, read its status (:func:`run_peer`)."""
     (out / "request.json").write_text(json.dumps(request, indent=2))
     (out / "status.json").unlink(missing_ok=True)
+    (out / "made.json").unlink(missing_ok=True)  # only a run with reuse stamps what it made
     path = [str(TOOLS), *([str(REPO)] if with_refppo else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     argv = [str(py), str(TOOLS / "peers"), "--peer-side", str(out)]

@@ -1,4 +1,4 @@
-"""The row-mean clip fraction (refppo/core/clipfrac_rows.py, ``clipfrac_agg=row-mean``, oat-llm 0.2.4):
+"""The row-mean clip fraction (refppo/core/clipfrac.py, ``clipfrac_agg=row-mean``, oat-llm 0.2.4):
 its naive twin, a hand-worked vector, its relation to refppo's token-mean ``clipfrac``, and the
 pipeline's policy stage under ``clipfrac_agg`` against the naive stage."""
 
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import Ragged, assert_twin_close, ragged_batches
 
-from refppo.core.clipfrac_rows import clipfrac_row_mean, clipfrac_row_mean_naive
+from refppo.core.clipfrac import clipfrac_row_mean, clipfrac_row_mean_naive
 from refppo.core.policy import clipped_policy_token_loss
 from refppo.errors import ConventionError
 from refppo.pipeline.settings import Convention, Hyperparams
