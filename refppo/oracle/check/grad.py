@@ -73,7 +73,7 @@ class UpdateInputs:
     rollout_logprobs: Tensor | None = None
     """The behaviour log-probs (read by the rollout correction only when it is on)."""
     truncated: Tensor | None = None
-    """[B] rows out of the loss under ``truncated_rows`` ≠ ``keep`` (:mod:`refppo.pipeline.loss_rows`)."""
+    """[B] rows out of the loss under ``truncated_rows`` ≠ ``keep`` (:mod:`refppo.pipeline.row_subset`)."""
     group_index: Tensor | None = None
     """The prompt of each row ``[B]`` (read by ``loss_agg=prompt-mean`` only)."""
 
