@@ -51,21 +51,25 @@ def _stats(a: Tensor, full: Tensor, eps: float) -> tuple[dict[str, float], dict[
     return centres, scales
 
 
-def _lsq(d: Tensor, a: Tensor) -> tuple[float, float, float]:
-    """Least squares ``d ≈ s·a + b`` over 1-D ``d``, ``a``: ``(s, b, max |d − (s·a + b)|)``. The
-    elementwise steps run in place on one or two buffers (the same operations, the same values
-    as ``((a − ā)·(d − d̄)).sum()`` and so on: only fewer ``[N]`` temporaries are alive at once)."""
-    am, dm = a.mean(), d.mean()
+def _lsq(dumped: Tensor, raw: Tensor, mask: Tensor) -> tuple[float, float, float]:
+    """Least squares ``d ≈ s·a + b`` over the valid tokens (``d``, ``a``: ``dumped``, ``raw`` there,
+    in float64): ``(s, b, max |d − (s·a + b)|)``. The same operations, the same values as
+    ``((a − ā)·(d − d̄)).sum()`` and so on, run so that at most two ``[N]`` float64 vectors and one
+    temporary are alive at once (``d`` and ``a`` are selected again for the residual)."""
+    a = raw[mask].to(torch.float64)
+    am = a.mean()
     ac = a - am
+    del a
     var = float((ac**2).sum())
     if var == 0.0:
         return math.nan, math.nan, math.inf
-    s = float(ac.mul_(d - dm).sum()) / var
-    del ac
+    d = dumped[mask].to(torch.float64)
+    dm = d.mean()
+    s = float(ac.mul_(d.sub_(dm)).sum()) / var
+    del ac, d
     b = float(dm) - s * float(am)
-    r = a * s
-    r.add_(b)
-    return s, b, float(torch.sub(d, r, out=r).abs_().max())
+    r = raw[mask].to(torch.float64).mul_(s).add_(b)
+    return s, b, float(torch.sub(dumped[mask].to(torch.float64), r, out=r).abs_().max())
 
 
 def fit_normalisation(
@@ -77,14 +81,11 @@ def fit_normalisation(
     it). ``tol``: the comparison tolerance of ``what``. Tries one map for the whole batch, then one
     per row; returns the fit with the named statistics, or ``scope="none"``.
     """
-    d = dumped[mask].to(torch.float64)
-    a = raw[mask].to(torch.float64)
-    s, b, res = _lsq(d, a)
-    del d  # the row fit below holds its own row blocks: nothing [B, T] kept across it
+    s, b, res = _lsq(dumped, raw, mask)
     if math.isfinite(res) and res <= tol:
+        a = raw[mask].to(torch.float64)
         full = torch.where(mask, raw, torch.zeros((), dtype=raw.dtype)).to(torch.float64).flatten()
         return _name_batch(what, s, b, res, a, full, eps, tol)
-    del a
     row = _fit_rows(what, dumped, raw, mask, tol)
     if row is not None:
         return row
