@@ -29,11 +29,10 @@ them (:mod:`refppo.oracle.detect.classes`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
-from refppo.oracle.detect.nearest import dead_among
+from refppo.oracle.detect.nearest import dead_among, floor_of
 
 S = TypeVar("S")
 """A step's state type (:mod:`refppo.oracle.detect.states`)."""
@@ -233,7 +232,7 @@ def expand_groups(
     ``max(ratio, worst)`` (a stable sort), with the stage recorded as unmatched.
     """
     ex: _Expansion[S] = _Expansion(search.replayer, nearest, max_equiv, stage)
-    ex.floor = _floor(groups)
+    ex.floor = floor_of([g.worst for g in groups])
     for g in groups:
         for idx, (upd, st, key) in enumerate(options(g)):
             ex.note_kind(isinstance(st, Deferred))
@@ -277,8 +276,7 @@ class _Expansion(Generic[S]):
         self.screen_keys: set[bytes] = set()
         """The screen digests of the deferred options made so far."""
         self.kinds: set[bool] = set()
-        self.floor = 0.0
-        """A lower bound of every new group's final ``worst`` (:func:`_floor`)."""
+        self.floor = 0.0  # a lower bound of every new group's final worst (nearest.floor_of)
 
     def note_kind(self, deferred: bool) -> None:
         """A walk's options are all deferred or all eager: an eager option's outputs have no screen
@@ -380,19 +378,11 @@ def _behind(live: Live, s: float, nearest: int) -> bool:
     return False
 
 
-def _floor(groups: list[Group[Any]]) -> float:
-    """The least ``worst`` of a walk's input groups: a group it makes starts with its input's
-    ``worst``, which merges only lower to another input's, so its final sort key
-    ``max(ratio, worst)`` is at least ``max(ratio, floor)`` (0.0, no bound, when a ``worst`` is NaN)."""
-    ws = [g.worst for g in groups]
-    return 0.0 if not ws or any(math.isnan(w) for w in ws) else min(ws)
-
-
 def _nearest_dead(live: Live, nearest: int, floor: float = 0.0) -> set[int]:
     """The failing groups that ``nearest`` others are sure to precede (see :func:`_behind`).
 
     Group ``j`` is preceded by ``k`` for sure when ``k``'s key bound is below ``j``'s key's lower
-    bound ``max(ratio, floor)`` (:func:`_floor`), or equal to it with ``k`` made earlier.
+    bound ``max(ratio, floor)`` (``nearest.floor_of``), or equal to it with ``k`` made earlier.
     """
     failing = [(i, max(r, floor), max(r, g.worst)) for i, (r, g, _) in enumerate(live) if r != 0.0]
     if len(failing) <= nearest:

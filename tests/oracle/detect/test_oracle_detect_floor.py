@@ -1,5 +1,5 @@
 """The walk's early drop of failing groups (:func:`refppo.oracle.detect.groups.expand_groups`) with
-the key floor of :func:`refppo.oracle.detect.groups._floor` (every group a walk makes ends with a
+the key floor of :func:`refppo.oracle.detect.nearest.floor_of` (every group a walk makes ends with a
 ``worst`` at least the least ``worst`` of its inputs) keeps exactly the groups of the rule as
 stated: every option made and merged by digest, every group scored, the ``nearest`` by
 ``max(ratio, worst)`` in a stable sort (restated below), on random walks with ties, merges and
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import refppo.oracle.detect.groups as groups_mod
 from refppo.oracle.detect.groups import Group
+from refppo.oracle.detect.nearest import floor_of
 
 RATIOS = st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 3.0, 7.5])
 WORSTS = st.sampled_from([0.0, 1.0, 2.0, 2.0, 4.0])
@@ -91,6 +92,6 @@ def test_the_floored_walk_keeps_the_stated_nearest(
 
 
 def test_the_floor_is_the_least_input_worst() -> None:
-    assert groups_mod._floor([Group([{}], 1, None, 2.0), Group([{}], 1, None, 0.5)]) == 0.5
-    assert groups_mod._floor([Group([{}], 1, None, 2.0), Group([{}], 1, None, float("nan"))]) == 0.0
-    assert groups_mod._floor([]) == 0.0
+    assert floor_of([2.0, 0.5, 4.0]) == 0.5
+    assert floor_of([2.0, float("nan")]) == 0.0
+    assert floor_of([]) == 0.0
