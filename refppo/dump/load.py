@@ -40,7 +40,7 @@ from refppo.dump.keys import (
     sampling_problem,
     suggest,
 )
-from refppo.dump.residency import page_out
+from refppo.dump.residency import page_out, trim_heap
 from refppo.dump.step import StepLayout, check_rows, integer_key, sidecar_advice, step_layout
 from refppo.errors import DumpError
 
@@ -87,9 +87,12 @@ class Dump:
         """:meth:`release` every memory-mapped key: called between the search's stages, so that
         under a stage's peak only the dumped keys that stage reads are resident (each is paged in
         again from the file on its next read). Nine float32 keys of a B=1024, T=8192 dump are
-        302 MB; a stage reads two or three of them."""
+        302 MB; a stage reads two or three of them. The C heap's free pages go back too
+        (:func:`refppo.dump.residency.trim_heap`): what the stage before freed is not resident
+        under the next one's peak."""
         for key in sorted(self.mapped):
             page_out(self.tensors[key])
+        trim_heap()
 
     def key_notes(self) -> list[str]:
         """What the loader did with the dump's names: aliases read, unknown keys ignored (with hints)."""

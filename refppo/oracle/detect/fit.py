@@ -51,14 +51,25 @@ def _stats(a: Tensor, full: Tensor, eps: float) -> tuple[dict[str, float], dict[
     return centres, scales
 
 
-def _lsq(d: Tensor, a: Tensor) -> tuple[float, float, float]:
-    am, dm = a.mean(), d.mean()
-    var = float(((a - am) ** 2).sum())
+def _lsq(dumped: Tensor, raw: Tensor, mask: Tensor) -> tuple[float, float, float]:
+    """Least squares ``d ≈ s·a + b`` over the valid tokens (``d``, ``a``: ``dumped``, ``raw`` there,
+    in float64): ``(s, b, max |d − (s·a + b)|)``. The same operations, the same values as
+    ``((a − ā)·(d − d̄)).sum()`` and so on, run so that at most two ``[N]`` float64 vectors and one
+    temporary are alive at once (``d`` and ``a`` are selected again for the residual)."""
+    a = raw[mask].to(torch.float64)
+    am = a.mean()
+    ac = a - am
+    del a
+    var = float((ac**2).sum())
     if var == 0.0:
         return math.nan, math.nan, math.inf
-    s = float(((a - am) * (d - dm)).sum()) / var
+    d = dumped[mask].to(torch.float64)
+    dm = d.mean()
+    s = float(ac.mul_(d.sub_(dm)).sum()) / var
+    del ac, d
     b = float(dm) - s * float(am)
-    return s, b, float((d - (s * a + b)).abs().max())
+    r = raw[mask].to(torch.float64).mul_(s).add_(b)
+    return s, b, float(torch.sub(dumped[mask].to(torch.float64), r, out=r).abs_().max())
 
 
 def fit_normalisation(
@@ -70,11 +81,10 @@ def fit_normalisation(
     it). ``tol``: the comparison tolerance of ``what``. Tries one map for the whole batch, then one
     per row; returns the fit with the named statistics, or ``scope="none"``.
     """
-    d = dumped[mask].to(torch.float64)
-    a = raw[mask].to(torch.float64)
-    full = torch.where(mask, raw, torch.zeros((), dtype=raw.dtype)).to(torch.float64).flatten()
-    s, b, res = _lsq(d, a)
+    s, b, res = _lsq(dumped, raw, mask)
     if math.isfinite(res) and res <= tol:
+        a = raw[mask].to(torch.float64)
+        full = torch.where(mask, raw, torch.zeros((), dtype=raw.dtype)).to(torch.float64).flatten()
         return _name_batch(what, s, b, res, a, full, eps, tol)
     row = _fit_rows(what, dumped, raw, mask, tol)
     if row is not None:
@@ -126,22 +136,59 @@ def _name_batch(
     return NormFit("batch", text, s, c, res, names)
 
 
-def _fit_rows(what: str, dumped: Tensor, raw: Tensor, mask: Tensor, tol: float) -> NormFit | None:
-    """One affine map per row (vectorised masked sums); names the per-row statistics."""
+_BLOCK_ELEMS = 1 << 19
+"""Entries of ``[B, T]`` float64 per row block of :func:`_fit_rows` (4 MiB): its temporaries are
+blocks of rows, never the whole batch (the per-row sums and maxima are those of the whole)."""
+
+
+def _row_blocks(B: int, T: int) -> list[slice]:
+    step = max(1, _BLOCK_ELEMS // max(T, 1))
+    return [slice(i, min(i + step, B)) for i in range(0, B, step)] or [slice(0, 0)]
+
+
+def _row_sums(dumped: Tensor, raw: Tensor, mask: Tensor) -> tuple[Tensor, ...]:
+    """Per row: ``n``, the means ``ā``, ``d̄`` of the valid raw and dumped values, ``Σ(a − ā)²``,
+    ``Σ(a − ā)(d − d̄)`` and ``max |a|``, each row's sums taken over that row alone (a block of
+    rows at a time)."""
     zero = torch.zeros((), dtype=torch.float64)
-    m = mask
-    d = torch.where(m, dumped.to(torch.float64), zero)
-    a = torch.where(m, raw.to(torch.float64), zero)
-    n = m.sum(dim=1).to(torch.float64)
-    am = a.sum(1) / n
-    dm = d.sum(1) / n
-    ac = torch.where(m, a - am[:, None], zero)
-    var = (ac * ac).sum(1)
+    n = mask.sum(dim=1).to(torch.float64)
+    parts: list[list[Tensor]] = [[], [], [], [], []]
+    for sl in _row_blocks(*mask.shape):
+        m = mask[sl]
+        d = torch.where(m, dumped[sl].to(torch.float64), zero)
+        a = torch.where(m, raw[sl].to(torch.float64), zero)
+        am = a.sum(1) / n[sl]
+        dm = d.sum(1) / n[sl]
+        ac = torch.where(m, a - am[:, None], zero)
+        sums = (am, dm, (ac * ac).sum(1), (ac * (d - dm[:, None])).sum(1), a.abs().amax(dim=1))
+        for acc, v in zip(parts, sums, strict=True):
+            acc.append(v)
+    am, dm, var, cov, span = (torch.cat(p) for p in parts)
+    return n, am, dm, var, cov, span
+
+
+def _row_residual(dumped: Tensor, raw: Tensor, mask: Tensor, s: Tensor, b: Tensor) -> float:
+    """``max |d − (s_b·a + b_b)|`` over the valid tokens (0 where none), a block of rows at a time
+    (the maximum of the blocks' maxima: NaN when any is)."""
+    zero = torch.zeros((), dtype=torch.float64)
+    worst: list[Tensor] = []
+    for sl in _row_blocks(*mask.shape):
+        m = mask[sl]
+        d = torch.where(m, dumped[sl].to(torch.float64), zero)
+        a = torch.where(m, raw[sl].to(torch.float64), zero)
+        worst.append(torch.where(m, d - (s[sl, None] * a + b[sl, None]), zero).abs().max())
+    return float(torch.stack(worst).max())
+
+
+def _fit_rows(what: str, dumped: Tensor, raw: Tensor, mask: Tensor, tol: float) -> NormFit | None:
+    """One affine map per row (masked sums per row, a block of rows at a time); names the
+    per-row statistics."""
+    n, am, dm, var, cov, span = _row_sums(dumped, raw, mask)
     ok = var > 0
-    s = torch.where(ok, (ac * (d - dm[:, None])).sum(1) / torch.where(ok, var, 1.0), 0.0)
+    s = torch.where(ok, cov / torch.where(ok, var, 1.0), 0.0)
     b = dm - s * am
-    resid = torch.where(m, d - (s[:, None] * a + b[:, None]), zero).abs().max()
-    if float(resid) > tol or bool((s == 0).all()):
+    resid = _row_residual(dumped, raw, mask, s, b)
+    if resid > tol or bool((s == 0).all()):
         return None
     names: dict[str, str] = {}
     # centre per row: c_b = −b_b/s_b against the row mean
@@ -150,7 +197,6 @@ def _fit_rows(what: str, dumped: Tensor, raw: Tensor, mask: Tensor, tol: float) 
         names["centre"] = "the mean over each row's valid tokens"
     elif float((s * c).abs()[ok].max()) <= tol:
         names["centre"] = "none (not centred)"
-    span = a.abs().amax(dim=1)
     for kind, off in (("unbiased", 1.0), ("population", 0.0)):
         den = (n - off).clamp(min=1.0)
         sd = torch.sqrt(var / den)
@@ -172,7 +218,7 @@ def _fit_rows(what: str, dumped: Tensor, raw: Tensor, mask: Tensor, tol: float) 
         f"{what} = (A − c_b)·s_b with one map per row: centre c_b = {centre_txt}; "
         f"scale s_b = {scale_txt} (a per-row normalisation)"
     )
-    return NormFit("row", text, math.nan, math.nan, float(resid), names)
+    return NormFit("row", text, math.nan, math.nan, resid, names)
 
 
 __all__ = ["NormFit", "fit_normalisation"]

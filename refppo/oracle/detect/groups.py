@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
-from refppo.oracle.detect.nearest import dead_among
+from refppo.oracle.detect.nearest import dead_among, floor_of
 
 S = TypeVar("S")
 """A step's state type (:mod:`refppo.oracle.detect.states`)."""
@@ -232,6 +232,7 @@ def expand_groups(
     ``max(ratio, worst)`` (a stable sort), with the stage recorded as unmatched.
     """
     ex: _Expansion[S] = _Expansion(search.replayer, nearest, max_equiv, stage)
+    ex.floor = floor_of([g.worst for g in groups])
     for g in groups:
         for idx, (upd, st, key) in enumerate(options(g)):
             ex.note_kind(isinstance(st, Deferred))
@@ -275,6 +276,7 @@ class _Expansion(Generic[S]):
         self.screen_keys: set[bytes] = set()
         """The screen digests of the deferred options made so far."""
         self.kinds: set[bool] = set()
+        self.floor = 0.0  # a lower bound of every new group's final worst (nearest.floor_of)
 
     def note_kind(self, deferred: bool) -> None:
         """A walk's options are all deferred or all eager: an eager option's outputs have no screen
@@ -295,7 +297,7 @@ class _Expansion(Generic[S]):
         if SCREEN:
             lower, skey = d.screen()
             new = lower > 0.0 and skey not in self.screen_keys
-            if new and (self.ok_seen or _behind(self.live, lower, self.nearest)):
+            if new and (self.ok_seen or _behind(self.live, max(lower, self.floor), self.nearest)):
                 self.any_check = True  # the screen is the check, on fewer rows
                 return None
             self.screen_keys.add(skey)
@@ -315,7 +317,7 @@ class _Expansion(Generic[S]):
         than :data:`HOLD` are; otherwise replayed from ``source`` = ``(options, idx)``)."""
         self.any_check = self.any_check or bool(ratios)
         s = max(ratios) if ratios else 0.0
-        if s != 0.0 and (self.ok_seen or _behind(self.live, s, self.nearest)):
+        if s != 0.0 and (self.ok_seen or _behind(self.live, max(s, self.floor), self.nearest)):
             self.merged[key] = _DEAD  # never returned: ``s != 0`` means a check applied
             return
         held = s == 0.0 and self.n_held < HOLD  # a failing group is read again only if nearest
@@ -338,7 +340,7 @@ class _Expansion(Generic[S]):
             self.ok_seen = True
             dead = {i for i, (r, _, _) in enumerate(self.live) if r != 0.0}
         elif s != 0.0:
-            dead = _nearest_dead(self.live, self.nearest)
+            dead = _nearest_dead(self.live, self.nearest, self.floor)
         else:
             return
         self.live = _kill(self.live, self.merged, dead)
@@ -376,13 +378,13 @@ def _behind(live: Live, s: float, nearest: int) -> bool:
     return False
 
 
-def _nearest_dead(live: Live, nearest: int) -> set[int]:
+def _nearest_dead(live: Live, nearest: int, floor: float = 0.0) -> set[int]:
     """The failing groups that ``nearest`` others are sure to precede (see :func:`_behind`).
 
-    Group ``j`` is preceded by ``k`` for sure when ``k``'s key bound is below ``j``'s ratio, or
-    equal to it with ``k`` made earlier.
+    Group ``j`` is preceded by ``k`` for sure when ``k``'s key bound is below ``j``'s key's lower
+    bound ``max(ratio, floor)`` (``nearest.floor_of``), or equal to it with ``k`` made earlier.
     """
-    failing = [(i, r, max(r, g.worst)) for i, (r, g, _) in enumerate(live) if r != 0.0]
+    failing = [(i, max(r, floor), max(r, g.worst)) for i, (r, g, _) in enumerate(live) if r != 0.0]
     if len(failing) <= nearest:
         return set()
     return dead_among(failing, nearest)

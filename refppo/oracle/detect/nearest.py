@@ -42,6 +42,13 @@ def dead_among(failing: list[tuple[int, float, float]], nearest: int) -> set[int
     return dead
 
 
+def floor_of(worsts: list[float]) -> float:
+    """The least ``worst`` of a walk's input groups: a group the walk makes starts with its input's
+    ``worst``, which merges only lower, to another input's; so its final sort key
+    ``max(ratio, worst)`` is at least ``max(ratio, floor)`` (0.0, no bound, when one is NaN)."""
+    return 0.0 if not worsts or any(math.isnan(w) for w in worsts) else min(worsts)
+
+
 def _dead_direct(failing: list[tuple[int, float, float]], nearest: int) -> set[int]:
     """:func:`dead_among` by the direct count (the rule as stated; ``O(F²)``)."""
     dead: set[int] = set()
@@ -52,4 +59,4 @@ def _dead_direct(failing: list[tuple[int, float, float]], nearest: int) -> set[i
     return dead
 
 
-__all__ = ["dead_among"]
+__all__ = ["dead_among", "floor_of"]
