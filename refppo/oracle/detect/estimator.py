@@ -28,6 +28,7 @@ from refppo.errors import RefPPOError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.oracle.check.alternatives import GROUP_EPS
 from refppo.oracle.detect.groups import Deferrable, Deferred, Group, Option
+from refppo.oracle.detect.reward_options import shared_digest
 from refppo.oracle.detect.rollout import carry_dumped_returns, with_raw_advantages
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import nice
@@ -86,7 +87,7 @@ def gae_options(
             yield upd, Deferred(_gae_screen(s, rs, stage_upd), _gae_make(s, rs, stage_upd, upd)), b""
             continue
         adv_raw, ret = _advantages(s, rs, stage_upd)
-        ret_key = digest(ret, rs.vm)
+        ret_key = digest(ret, shared_digest(rs.vm))
         if s.prune is not None and not s.prune.keeps(ret_key, ret, rs.vm):
             continue  # no value loss reproduces the dump on these returns (refppo.oracle.detect.prune)
         yield with_raw_advantages(g, upd, adv_raw, ret, ret_key)
