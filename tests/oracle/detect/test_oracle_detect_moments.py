@@ -16,6 +16,7 @@ from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
 import refppo.core.normalize as normalize_mod
 import refppo.oracle.detect.reward_options as ro
+import refppo.oracle.detect.rollout as rollout_mod
 from refppo.dump.load import Dump, load_dump
 from refppo.oracle.detect.detection import Detection, detect
 
@@ -38,10 +39,18 @@ def _dump(tmp: Path, preset: str | None, seed: int, kind: str) -> Dump:
     return load_dump(save(tmp, d, made, name=f"{preset}-{seed}-{kind}.safetensors"))
 
 
-def _detect(dump: Dump, checked: str | None, memo: bool, mp: pytest.MonkeyPatch) -> tuple[Detection, int]:
-    """The detection with ``MEMO`` on or off, and how many whitened outputs it computed."""
+def _detect(
+    dump: Dump, checked: str | None, memo: bool, mp: pytest.MonkeyPatch
+) -> tuple[Detection, int, list[bytes]]:
+    """The detection with ``MEMO`` on or off, how many whitened outputs it computed and the digest
+    of every reward option made, in order (content digests: the same outputs, the same list)."""
     n = 0
     real = normalize_mod._output
+    keys: list[bytes] = []
+
+    def key(st: Any) -> bytes:
+        keys.append(ro.reward_key(st))
+        return keys[-1]
 
     def count(*a: Any, **k: Any) -> Any:
         nonlocal n
@@ -57,7 +66,8 @@ def _detect(dump: Dump, checked: str | None, memo: bool, mp: pytest.MonkeyPatch)
     with mp.context() as m:
         m.setattr(ro, "MEMO", memo)
         m.setattr(normalize_mod, "_output", count)
-        return detect(dump, setup_for(checked)), n
+        m.setattr(rollout_mod, "reward_key", key)
+        return detect(dump, setup_for(checked)), n, keys
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -76,9 +86,10 @@ def test_the_shared_moments_detection_equals_the_unshared_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     dump = _dump(tmp_path, preset, seed, kind)
-    on, n_on = _detect(dump, checked, True, monkeypatch)
-    off, n_off = _detect(dump, checked, False, monkeypatch)
+    on, n_on, k_on = _detect(dump, checked, True, monkeypatch)
+    off, n_off, k_off = _detect(dump, checked, False, monkeypatch)
     assert n_on <= n_off
+    assert k_on == k_off
     assert repr(vars(on)) == repr(vars(off))
 
 
@@ -88,8 +99,9 @@ def test_the_memo_shares_outputs_and_the_report_is_unchanged(
     """On a dump without kl and token_rewards every reward whitening option is walked: the memo
     computes fewer whitened outputs (so the property above compares two different walks)."""
     dump = _dump(tmp_path, "trl", 3, "no_rollout")
-    on, n_on = _detect(dump, None, True, monkeypatch)
-    off, n_off = _detect(dump, None, False, monkeypatch)
+    on, n_on, k_on = _detect(dump, None, True, monkeypatch)
+    off, n_off, k_off = _detect(dump, None, False, monkeypatch)
     assert 0 < n_on < 0.8 * n_off
+    assert len(k_on) > 100 and k_on == k_off
     assert repr(vars(on)) == repr(vars(off))
     assert on.n_detected == 0
