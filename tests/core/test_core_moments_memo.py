@@ -66,7 +66,9 @@ def test_every_normalisation_under_the_memo_is_the_one_without_it(
             close = torch.isclose(got.double(), naive, rtol=1e-4, atol=1e-6 * scale) | ~m
             assert bool(close.all()) or not bool(torch.isfinite(naive).all()), (kind, unbiased, at)
     assert n_calls > 0
-    assert sum(1 for v in memo.values() if v[3].__class__ is torch.Tensor and v[3].dim() > 0) <= mm.KEEP_OUTPUTS
+    assert (
+        sum(1 for v in memo.values() if v[3].__class__ is torch.Tensor and v[3].dim() > 0) <= mm.KEEP_OUTPUTS
+    )
 
 
 def test_an_in_place_change_is_not_answered_from_the_memo() -> None:

@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 from oracle_helpers import make_inputs, refppo_dump, save, setup_for
 
 import refppo.core.normalize as normalize_mod
+import refppo.oracle.detect.estimator as estimator_mod
 import refppo.oracle.detect.reward_options as ro
 import refppo.oracle.detect.rollout as rollout_mod
 from refppo.dump.load import Dump, load_dump
 from refppo.oracle.detect.detection import Detection, detect
+from refppo.oracle.detect.search import Search
 
 B, T = 12, 16
 INTERMEDIATES = ("kl", "token_rewards", "advantages", "returns")
@@ -105,3 +107,55 @@ def test_the_memo_shares_outputs_and_the_report_is_unchanged(
     assert len(k_on) > 100 and k_on == k_off
     assert repr(vars(on)) == repr(vars(off))
     assert on.n_detected == 0
+
+
+def _detect_ahead(
+    dump: Dump, checked: str | None, ahead: bool, mp: pytest.MonkeyPatch
+) -> tuple[Detection, int]:
+    """The detection with ``SCREEN_AHEAD`` on or off, and how many reward whitenings it evaluated
+    (each rewards group read by the returns step is a replay of the reward walk)."""
+    n = 0
+    real = Search.evaluate
+
+    def count(self: Search, stage: str, *a: Any, **k: Any) -> Any:
+        nonlocal n
+        n += stage == "reward_whitening"
+        return real(self, stage, *a, **k)
+
+    with mp.context() as m:
+        m.setattr(estimator_mod, "SCREEN_AHEAD", ahead)
+        m.setattr(Search, "evaluate", count)
+        return detect(dump, setup_for(checked)), n
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    preset=st.sampled_from(["trl", "verl", "openrlhf", None]),
+    checked=st.sampled_from(["trl", None]),
+    seed=st.integers(0, 10_000),
+    kind=st.sampled_from(["match", "noise", "no_rollout"]),
+)
+def test_screening_every_padding_ahead_equals_screening_each_walk(
+    preset: str | None,
+    checked: str | None,
+    seed: int,
+    kind: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GAE step's screens kept for its solver walk (:class:`refppo.oracle.detect.estimator.Screens`)
+    give the detection that screens each walk's options afresh."""
+    dump = _dump(tmp_path, preset, seed, kind)
+    on, _ = _detect_ahead(dump, checked, True, monkeypatch)
+    off, _ = _detect_ahead(dump, checked, False, monkeypatch)
+    assert repr(vars(on)) == repr(vars(off))
+
+
+def test_screening_ahead_replays_fewer_reward_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a dump without kl and token_rewards whose returns nothing reproduces, the solver walk of
+    the returns step reads the kept screens instead of replaying every rewards group."""
+    dump = _dump(tmp_path, "trl", 3, "no_rollout")
+    on, n_on = _detect_ahead(dump, None, True, monkeypatch)
+    off, n_off = _detect_ahead(dump, None, False, monkeypatch)
+    assert 0 < n_on < 0.9 * n_off
+    assert repr(vars(on)) == repr(vars(off))
