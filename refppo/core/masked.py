@@ -38,6 +38,7 @@ from refppo.conventions import LossAgg, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.aggregate import _checked_norms, aggregate_masked
 from refppo.core.checks import check_bt, check_in_loss, check_mask, check_nonneg, count_true
+from refppo.core.moments_memo import memoized
 from refppo.errors import MaskError, ShapeError
 from refppo.types import ResponseMask, Scalar, TokenFloat
 
@@ -131,6 +132,11 @@ def masked_moments(
     x = check_bt("x", x, m)
     if all_reduce is not None:
         return _global_moments(x, m, unbiased, all_reduce)
+    return memoized("moments", x, m, (unbiased,), lambda: _local_moments(x, m, unbiased))
+
+
+def _local_moments(x: Tensor, m: Tensor, unbiased: bool) -> tuple[Scalar, Scalar]:
+    """:func:`masked_moments` on one process (validated input)."""
     n = count_true(m).to(x.dtype)
     mu = _masked_values(x, m).sum() / n
     return mu, masked_var(x, m, unbiased=unbiased)

@@ -19,12 +19,16 @@ Symbols: ``x`` ``[B, T]``, mask ``m``, ``N = Σ_bt m``, ``μ = Σ m·x / N``,
 Outputs are 0 at padded positions (junk there is selected away, never multiplied). With
 ``all_reduce`` (a SUM all-reduce) the statistics are those of every rank's shard together.
 ``masked``/``masked_no_shift`` with ``eps_at=variance`` is exactly
-:func:`refppo.core.masked.masked_whiten` (it is called), so the default path is unchanged.
+:func:`refppo.core.masked.masked_whiten` (its terms in its order; ``tests/core/test_core_normalize.py``
+asserts them equal), so the default path is unchanged. Within
+:func:`refppo.core.moments_memo.remembered_moments` the moments and the output of one ``x`` are
+remembered (the output by the bits of the scalars it is made from).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -32,7 +36,8 @@ from torch import Tensor
 from refppo.conventions import WhitenEps, Whitening, parse
 from refppo.core import _pyfloat as pf
 from refppo.core.checks import check_bt, check_mask, check_nonneg, count_true
-from refppo.core.masked import AllReduce, masked_moments, masked_whiten
+from refppo.core.masked import AllReduce, masked_moments
+from refppo.core.moments_memo import memoized
 from refppo.errors import MaskError
 from refppo.types import ResponseMask, TokenFloat
 
@@ -50,6 +55,12 @@ def _scale(v: Tensor, eps: float, eps_at: WhitenEps) -> Tensor:
 
 def _mean_square(x: Tensor, m: Tensor, unbiased: bool, all_reduce: AllReduce | None) -> Tensor:
     """``Σ m·x² / D`` over the valid entries (every rank's with ``all_reduce``)."""
+    if all_reduce is None:  # remembered within refppo.core.moments_memo.remembered_moments
+        return memoized("mean_square", x, m, (unbiased,), lambda: _local_mean_square(x, m, unbiased))
+    return _local_mean_square(x, m, unbiased, all_reduce)
+
+
+def _local_mean_square(x: Tensor, m: Tensor, unbiased: bool, all_reduce: AllReduce | None = None) -> Tensor:
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     local = torch.stack([torch.where(m, x * x, zero).sum().double(), count_true(m).double()])
     summed: Tensor = all_reduce(local) if all_reduce is not None else local
@@ -88,19 +99,37 @@ def normalize(
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     if k is Whitening.NONE:
         return torch.where(m, x, zero)
-    if k in (Whitening.MASKED, Whitening.MASKED_NO_SHIFT) and at is WhitenEps.VARIANCE:
-        return masked_whiten(
-            x, m, shift_mean=k is Whitening.MASKED, unbiased=unbiased, eps=eps, all_reduce=all_reduce
-        )
     if k is Whitening.SCALE:
-        return torch.where(m, x * _scale(_mean_square(x, m, unbiased, all_reduce), eps, at), zero)
+        s = _scale(_mean_square(x, m, unbiased, all_reduce), eps, at)
+        return _output("scale", x, m, (s,), all_reduce, lambda: torch.where(m, x * s, zero))
     mu, var = masked_moments(x, m, unbiased=unbiased, all_reduce=all_reduce)
-    if k is Whitening.CENTER:
-        return torch.where(m, x - mu, zero)
-    out = (x - mu) * _scale(var, eps, at)
-    if k is Whitening.MASKED_NO_SHIFT:
-        out = out + mu
-    return torch.where(m, out, zero)
+    if k is Whitening.CENTER:  # μ does not depend on ``unbiased``: the two share one output
+        return _output("center", x, m, (mu,), all_reduce, lambda: torch.where(m, x - mu, zero))
+    sc = _scale(var, eps, at)
+    shift = k is Whitening.MASKED_NO_SHIFT
+
+    def whiten() -> Tensor:
+        out = (x - mu) * sc
+        return torch.where(m, out + mu if shift else out, zero)
+
+    return _output(k.value, x, m, (mu, sc), all_reduce, whiten)
+
+
+def _output(
+    what: str,
+    x: Tensor,
+    m: Tensor,
+    scalars: tuple[Tensor, ...],
+    all_reduce: AllReduce | None,
+    fn: Callable[[], Tensor],
+) -> Tensor:
+    """``fn()``, an elementwise map of ``x`` and ``m`` by the 0-dim ``scalars``: remembered by their
+    bits within :func:`refppo.core.moments_memo.remembered_moments` (the same bits, the same output:
+    two eps placements whose scale rounds to one float share it); one process only."""
+    if all_reduce is not None:
+        return fn()
+    bits = tuple(t.detach().reshape(1).numpy().tobytes() for t in scalars)
+    return memoized(what, x, m, bits, fn)
 
 
 def normalize_naive(

@@ -28,6 +28,7 @@ from refppo.errors import RefPPOError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.oracle.check.alternatives import GROUP_EPS
 from refppo.oracle.detect.groups import Deferrable, Deferred, Group, Option
+from refppo.oracle.detect.reward_options import shared_digest
 from refppo.oracle.detect.rollout import carry_dumped_returns, with_raw_advantages
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import nice
@@ -38,6 +39,9 @@ from refppo.pipeline.unread import SIGMA_ESTIMATORS
 
 NAMED_EPS = GROUP_EPS
 """``group_eps`` of the peers (:data:`refppo.oracle.check.alternatives.GROUP_EPS`)."""
+SCREEN_AHEAD = True
+"""Whether the GAE step's first walk screens every padding of a rewards group it reads (kept for the
+solver walk: :class:`Screens`); False: each walk screens its own (the tests compare the reports)."""
 _ROLLOUT = Evaluation()
 """The rollout stages on one process (no all-reduce)."""
 
@@ -66,7 +70,12 @@ def _advantages(
 
 
 def gae_options(
-    s: Search, g: Group[RewardState], pads: list[str], holes: list[GaeHoles], defer: bool = True
+    s: Search,
+    g: Group[RewardState],
+    pads: list[str],
+    holes: list[GaeHoles],
+    defer: bool = True,
+    screens: Screens | None = None,
 ) -> Iterable[Deferrable[ReturnsState]]:
     """GAE for each ``gae_padding`` in ``pads``, each ``gae_holes`` in ``holes`` (named in the
     option only when more than one is walked: a dump with holes) and each ``gae_bootstrap`` (both
@@ -75,21 +84,57 @@ def gae_options(
     With dumped ``returns`` (and no value-loss pruning, which reads the full returns) each option is
     :class:`~refppo.oracle.detect.groups.Deferred` when ``defer``: screened on
     :attr:`Search.screen_rows` first (GAE reads each row alone: the rows' returns are the full
-    returns' rows, bit for bit), made in full only when the screen cannot rule it out."""
-    rs = g.state
+    returns' rows, bit for bit), made in full only when the screen cannot rule it out. ``screens``:
+    the step's :class:`Screens` (the group's state is then read only when a screen is not there
+    or an option is made)."""
     screen = defer and s.prune is None and s.dump.has("returns") and s.screen_rows is not None
     for pad, h, boot in product(pads, holes, _boots(s)):
         stage_upd = {"advantage": "gae", "gae_padding": pad, "gae_holes": h.value, "gae_bootstrap": boot}
         upd = {"gae_padding": pad} | ({"gae_holes": h.value} if len(holes) > 1 else {})
         upd |= {"gae_bootstrap": boot} if boot != s.base.conv.adv.gae_bootstrap.value else {}
         if screen:
-            yield upd, Deferred(_gae_screen(s, rs, stage_upd), _gae_make(s, rs, stage_upd, upd)), b""
+            look = (screens or Screens(s, [pad])).get(g, stage_upd)
+            yield upd, Deferred(look, _gae_make(s, g, stage_upd, upd)), b""
             continue
+        rs = g.state
         adv_raw, ret = _advantages(s, rs, stage_upd)
-        ret_key = digest(ret, rs.vm)
+        ret_key = digest(ret, shared_digest(rs.vm))
         if s.prune is not None and not s.prune.keeps(ret_key, ret, rs.vm):
             continue  # no value loss reproduces the dump on these returns (refppo.oracle.detect.prune)
         yield with_raw_advantages(g, upd, adv_raw, ret, ret_key)
+
+
+class Screens:
+    """The screens of one returns step's GAE options (:func:`_gae_screen`), kept by rewards group
+    and option for its two walks: when a group's state is read to screen one padding, every
+    padding of ``pads`` is screened on it, so that the solver walk reads the screens, not the
+    state (a rewards group's state is replayed: its whitened rewards made again).
+
+    Exact: a screen is a function of the group's state and the option alone (the state is rebuilt
+    bit for bit on each replay), so a kept screen is the one the walk would make again."""
+
+    def __init__(self, s: Search, pads: list[str]) -> None:
+        self.s, self.pads = s, pads
+        self.kept: dict[tuple[int, tuple[Any, ...]], tuple[Group[Any], tuple[float, bytes]]] = {}
+
+    def get(self, g: Group[RewardState], stage_upd: dict[str, Any]) -> Callable[[], tuple[float, bytes]]:
+        """The screen of ``g`` under ``stage_upd`` (made, with the other paddings', when first read)."""
+
+        def look() -> tuple[float, bytes]:
+            hit = self.kept.get((id(g), tuple(stage_upd.items())))
+            if hit is not None and hit[0] is g:
+                return hit[1]
+            rs = g.state
+            out = _gae_screen(self.s, rs, stage_upd)()
+            for pad in self.pads:  # the entry holds g: its id is not reused
+                other = {**stage_upd, "gae_padding": pad}
+                key = (id(g), tuple(other.items()))
+                if pad != stage_upd["gae_padding"] and key not in self.kept:
+                    self.kept[key] = (g, _gae_screen(self.s, rs, other)())
+            self.kept[(id(g), tuple(stage_upd.items()))] = (g, out)
+            return out
+
+        return look
 
 
 def _boots(s: Search) -> list[str]:
@@ -116,11 +161,12 @@ def _gae_screen(s: Search, rs: RewardState, stage_upd: dict[str, Any]) -> Callab
 
 
 def _gae_make(
-    s: Search, rs: RewardState, stage_upd: dict[str, Any], upd: dict[str, Any]
+    s: Search, g: Group[RewardState], stage_upd: dict[str, Any], upd: dict[str, Any]
 ) -> Callable[[], tuple[ReturnsState, bytes]]:
     """The GAE option in full, as :func:`gae_options` makes it eagerly."""
 
     def make() -> tuple[ReturnsState, bytes]:
+        rs = g.state
         adv_raw, ret = _advantages(s, rs, stage_upd)
         _, st, key = with_raw_advantages(rs, upd, adv_raw, ret)
         return st, key
@@ -139,10 +185,13 @@ def gae_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[ReturnsS
     own = s.base.conv.adv.gae_padding.value
     holes = _holes(s)
 
+    every = list(dict.fromkeys([own, *(p.value for p in GaePadding)]))
+    screens = Screens(s, every if SCREEN_AHEAD else [own])
+
     def make(extra: bool | None) -> Callable[[Group[RewardState]], Iterable[Deferrable[ReturnsState]]]:
         walk_all = extra is not None or "returns" not in t
-        pads = list(dict.fromkeys([own, *(p.value for p in GaePadding)])) if walk_all else [own]
-        return lambda g: gae_options(s, g, pads, holes)
+        pads = every if walk_all else [own]
+        return lambda g: gae_options(s, g, pads, holes, screens=screens)
 
     out = s.stage(
         groups,
@@ -327,4 +376,12 @@ def _eps_rows(s: Search, g: Group[RewardState], a: Tensor, kl: str, std: str) ->
     return med if med > 0 and spread <= 0.01 * med + s.tol.rtol * float(sigma.abs().max()) else None
 
 
-__all__ = ["estimator_step", "gae_options", "gae_step", "needs_estimator_stage", "solve_group_eps"]
+__all__ = [
+    "SCREEN_AHEAD",
+    "Screens",
+    "estimator_step",
+    "gae_options",
+    "gae_step",
+    "needs_estimator_stage",
+    "solve_group_eps",
+]

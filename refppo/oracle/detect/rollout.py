@@ -47,6 +47,7 @@ from refppo.errors import RefPPOError
 from refppo.oracle.check.alternatives import CLAMP_BUNDLES
 from refppo.oracle.detect.fit import fit_normalisation
 from refppo.oracle.detect.groups import Deferrable, Group, Lazy, Option, lazy_option
+from refppo.oracle.detect.reward_options import RawRewards, reward_key, shared_digest
 from refppo.oracle.detect.search import Search, nearest_note
 from refppo.oracle.detect.solve import read_kl_clamps
 from refppo.oracle.detect.solve_score import (
@@ -169,73 +170,15 @@ def _reward_options(
             # the raw rewards of this (kl_in, score_at, map, clip, slot), made once when the first
             # of its whitening options is read (a replay reads some of them, or none)
             args = (s, kl, kl_in, score_at, (bias, scale, sc), slot)
-            raw = _RawRewards(*args)
+            raw = RawRewards(*args)
             for wr, var, eps_at in wr_opts:
                 upd: dict[str, Any] = {**base, "whiten_rewards": wr}
                 if wr != "none":  # the advantage whitening shares the two keys
                     upd.update(whiten_variance=var, whiten_eps_at=eps_at)
-                own = raw if groups_mod.LAZY else _RawRewards(*args)  # off: nothing shared, as before
-                yield lazy_option(upd, Lazy(own.whitened(wr, var, eps_at), _reward_key))
+                own = raw if groups_mod.LAZY else RawRewards(*args)  # off: nothing shared, as before
+                yield lazy_option(upd, Lazy(own.whitened(wr, var, eps_at), reward_key))
 
     return opts
-
-
-class _RawRewards:
-    """The score_map and rewards stages of one reward option (before the reward whitening), made on
-    the first :meth:`whitened` state read and shared by the whitening options after it."""
-
-    def __init__(
-        self,
-        s: Search,
-        kl: KLState,
-        kl_in: KLPlacement,
-        score_at: ScorePosition,
-        smap: tuple[float, float, float | None],
-        slot: ScoreSlotKL,
-    ) -> None:
-        self.s, self.kl, self.kl_in, self.score_at, self.smap, self.slot = s, kl, kl_in, score_at, smap, slot
-        self.made: tuple[Tensor, Tensor, Tensor] | None = None
-
-    def get(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(value mask, mapped scores, token_rewards_raw)``."""
-        if self.made is None:
-            s, kl, t = self.s, self.kl, self.s.t
-            vm = s.value_mask(self.score_at)
-            bias, scale, sc = self.smap
-            smap: dict[str, Any] = {"score_bias": bias, "score_scale": scale, "score_clip": sc}
-            scores = s.evaluate("score_map", {"scores": t["scores"]}, s.setting(**smap))["mapped_scores"]
-            q = {"mapped_scores": scores, "kl": kl.kl, "mask": s.m, "value_mask": vm,
-                 "old_logprobs": t["old_logprobs"], "ref_logprobs": t.get("ref_logprobs")}  # fmt: skip
-            rew: dict[str, Any] = {"kl_in": self.kl_in.value, "score_at": self.score_at.value}
-            if self.slot is ScoreSlotKL.KL:  # the slot's KL by the group's KL keys
-                rew.update(score_slot_kl=self.slot.value, **kl.setting)
-            raw = s.evaluate("rewards", q, s.setting(stage="rewards", **rew))["token_rewards_raw"]
-            self.made = (vm, scores, raw)
-        return self.made
-
-    def whitened(self, wr: str, var: str, eps_at: str) -> Callable[[], RewardState]:
-        """The option's state under reward whitening ``wr`` (``var``, ``eps_at``: read when on)."""
-
-        def make() -> RewardState:
-            vm, scores, raw = self.get()
-            wkeys: dict[str, Any] = {"whiten_rewards": wr}
-            fixed = None
-            if wr != "none":  # the advantage whitening shares the two keys
-                wkeys.update(whiten_variance=var, whiten_eps_at=eps_at)
-                fixed = (var, eps_at)
-            # each stage alone reads these keys: its setting holds no other group's (a checked
-            # group_kl=to_go refuses a reward whitening only as a whole convention)
-            st_w = self.s.setting(stage="reward_whitening", **wkeys)
-            qw = {"token_rewards_raw": raw, "value_mask": vm}
-            r = self.s.evaluate("reward_whitening", qw, st_w)["token_rewards"]
-            return RewardState(self.kl, self.kl_in, vm, scores, r, fixed)
-
-        return make
-
-
-def _reward_key(st: RewardState) -> bytes:
-    """The reward option's digest."""
-    return digest(st.kl.key, st.rewards, st.vm, st.kl_in.value, st.fixed_whiten)
 
 
 def _slot_kl_shows(s: Search, kl: KLState, kl_in: KLPlacement, score_at: ScorePosition) -> bool:
@@ -297,7 +240,7 @@ def with_raw_advantages(
     (or its state): its raw advantages and returns (``ret_key``: their digest with the value mask,
     when the caller has it)."""
     rs = g.state if isinstance(g, Group) else g
-    ret_key = digest(ret, rs.vm) if ret_key is None else ret_key
+    ret_key = digest(ret, shared_digest(rs.vm)) if ret_key is None else ret_key
     kl_in = rs.kl_in
     carried = Carried(rs.kl.key, rs.kl.setting, kl_in, rs.vm, ret, ret_key)
     key = digest(rs.kl.key, kl_in.value, ret_key, adv_raw, rs.fixed_whiten)
