@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -47,7 +47,7 @@ from refppo.errors import RefPPOError
 from refppo.oracle.check.compare import compare
 from refppo.oracle.detect.correction import nicest_in
 from refppo.oracle.detect.gates import DROPPED, GATE_FAMILIES, Dropped, GateFamily, gate_keys, nicest_signed
-from refppo.oracle.detect.groups import Group
+from refppo.oracle.detect.groups import Deferrable, Deferred, Group, Lazy, Options
 from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.states import KLState, ReturnsState, RewardState
 from refppo.pipeline.blocks import Evaluation, update_rows
@@ -68,7 +68,8 @@ _ROLLOUT = Evaluation()
 Box = tuple[float, float, float, float]
 """``(La, Lb, Ha, Hb)``: ``L ∈ (La, Lb]``, ``H ∈ [Ha, Hb)``."""
 Bounds = tuple[float | None, float | None]
-Walk = Callable[[list[Group[RewardState]]], list[Group[ReturnsState]]]
+Make = Callable[[Any], Options]
+T = TypeVar("T")
 
 
 def _walkable(s: Search) -> bool:
@@ -76,26 +77,58 @@ def _walkable(s: Search) -> bool:
     return all(k in t for k in ("rollout_logprobs", "old_values", "returns")) and "group_index" not in t
 
 
-def returns_walk(s: Search, groups: list[Group[RewardState]], walk: Walk) -> list[Group[ReturnsState]]:
-    """The returns step's ``walk`` under the drop_mask gate (module docstring): the checked one, or
-    the one read off ``returns`` when the walk reproduces nothing; else ``walk(groups)`` as it is."""
+def returns_walk(
+    s: Search,
+    groups: list[Group[RewardState]],
+    make: Make,
+    checks: Callable[[ReturnsState], list[float | None]],
+    propose: Callable[[list[Group[RewardState]]], Any],
+) -> list[Group[ReturnsState]]:
+    """The returns step's walk (``s.stage(groups, make, checks, "returns", propose)``) under the
+    drop_mask gate (module docstring): the checked one, or the one read off ``returns`` when the walk
+    reproduces nothing (its options then name the gate's equivalent settings); else as it is."""
     if s.base.conv.gate.drops:
         q = _gate_q(s, groups[0].state) if groups else None
         if q is not None:
             m2 = s.evaluate("rollout_gate", q, s.setting(stage="rollout_gate"), _ROLLOUT)["mask"]
             groups = regate(s, groups, Dropped(m2, ()))
-        return walk(groups)
-    out = walk(groups)
+        return s.stage(groups, make, checks, "returns", propose)
+    out = s.stage(groups, make, checks, "returns", propose)
     if "returns" not in s.unmatched or not groups or not _walkable(s):
         return out
     found = solve_dropped(s, groups)
     if found is None:
         return out
     s.unmatched.remove("returns")
-    gated = walk(regate(s, groups, found))
-    for g in gated:
-        _name_gate(g, found.keys)
-    return gated
+    keys = found.keys
+    return s.stage(regate(s, groups, found), lambda e: _named(make(e), keys), checks, "returns", propose)
+
+
+def _named(opts: Options, keys: tuple[dict[str, Any], ...]) -> Options:
+    """``opts`` with each option once per equivalent gate setting ``keys`` (its state made once)."""
+
+    def out(g: Group[Any]) -> Iterable[Deferrable[Any]]:
+        for upd, st, key in opts(g):
+            shared: Any = st
+            if isinstance(st, Deferred):
+                shared = Deferred(_once(st.screen), _once(st.make))
+            elif isinstance(st, Lazy):
+                shared = Lazy(_once(st.make), st.key)
+            for k in keys:
+                yield {**upd, **k}, shared, key
+
+    return out
+
+
+def _once(fn: Callable[[], T]) -> Callable[[], T]:
+    got: list[T] = []
+
+    def call() -> T:
+        if not got:
+            got.append(fn())
+        return got[0]
+
+    return call
 
 
 def _gate_q(s: Search, rs: RewardState) -> dict[str, Any] | None:
@@ -105,14 +138,6 @@ def _gate_q(s: Search, rs: RewardState) -> dict[str, Any] | None:
         "old_logprobs": s.t["old_logprobs"], "rollout_logprobs": s.t["rollout_logprobs"], "mask": s.m,
         "value_mask": rs.vm,
     }  # fmt: skip
-
-
-def _name_gate(g: Group[Any], keys: tuple[dict[str, Any], ...]) -> None:
-    """Every member of ``g`` once per equivalent gate setting (the same outputs)."""
-    n = len(keys)
-    g.convs = [{**c, **k} for c in g.convs for k in keys][: max(MAX_LISTED, len(g.convs))]
-    g.marks = [mk for mk in g.marks for _ in keys][: len(g.convs)]
-    g.n_equiv *= n
 
 
 def regate(s: Search, groups: list[Group[RewardState]], found: Dropped) -> list[Group[RewardState]]:

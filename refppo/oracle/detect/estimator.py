@@ -148,10 +148,7 @@ def gae_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[ReturnsS
         holes = _holes(s)  # read at the walk: a drop_mask gate's mask has holes (detect.drop_gate)
         return lambda g: gae_options(s, g, pads, holes)
 
-    def walk(gs: list[Group[RewardState]]) -> list[Group[ReturnsState]]:
-        return s.stage(gs, make, _returns_check(s), "returns", lambda _: True)
-
-    out = returns_walk(s, groups, walk)
+    out = returns_walk(s, groups, make, _returns_check(s), lambda _: True)  # a drop_mask gate: drop_gate
     if "returns" in s.unmatched and out:
         carry_dumped_returns(out, s.t["returns"])
     return out
@@ -266,10 +263,7 @@ def estimator_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[Re
             s.propose_value("group_eps", e)
         return eps or [s.base.conv.adv.group_eps]  # truthy: walk every named option anyway
 
-    def walk(gs: list[Group[RewardState]]) -> list[Group[ReturnsState]]:
-        return s.stage(gs, make, _returns_check(s), "returns", propose)
-
-    out = returns_walk(s, groups, walk)  # under a drop_mask gate: detect.drop_gate
+    out = returns_walk(s, groups, make, _returns_check(s), propose)  # a drop_mask gate: detect.drop_gate
     if "returns" in s.unmatched and out:
         carry_dumped_returns(out, s.t["returns"])
     return out
