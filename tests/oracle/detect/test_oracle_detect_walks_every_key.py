@@ -11,7 +11,8 @@ the padding); a dump with ``rollout_logprobs`` whose policy term carries a seque
 correction (the correction step's walk and its solver) and a one-token row (the only rows where
 ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
 such a dump only); a dump with a sequence-level ratio band under ``rollout_rs_effect=drop_mask`` (the
-returns step's second walk under the gate read off ``returns``). A key is walked when two options of one step give it different values.
+returns step's second walk under the gate read off ``returns``). A key is walked when two options of
+one step give it different values.
 
 Before, ``policy_loss`` was never walked (it was listed in ``NOT_WALKED`` as "not searched yet"):
 a GSPO dump got no convention and a nearest one with unrelated changes.
