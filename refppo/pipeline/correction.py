@@ -159,7 +159,8 @@ def gate_masks(q: Q, conv: Convention) -> dict[str, Any]:
 def _none_left(m: Tensor, conv: Convention, before: Tensor) -> Tensor:
     """``m`` (the gate's mask), refused in one line when no token is left, or when the gate empties a
     row under a group estimator (verl keeps such rows in the group statistics; refppo's walk takes them
-    out of every stage after the gate: not validated, so not computed)."""
+    out of every stage after the gate, so its group statistics would be the kept rows': verl's are
+    every row's, tests/peers/test_peer_verl_rollout_rs_grpo.py; refused, not computed wrongly)."""
     if not bool(m.any()):
         raise MaskError(
             f"rollout_rs_effect=drop_mask: the gate ({_correction_setting(conv)}) rejects every token of the "
@@ -169,8 +170,8 @@ def _none_left(m: Tensor, conv: Convention, before: Tensor) -> Tensor:
     if conv.adv.estimator is not AdvantageEstimator.GAE and bool(emptied.any()):
         raise ConventionError(
             f"rollout_rs_effect=drop_mask empties {int(emptied.sum())} row(s) under advantage="
-            f"{conv.adv.estimator}: verl keeps them in the group statistics, not validated here "
-            "(use rollout_rs_effect=weight or a token-level gate)"
+            f"{conv.adv.estimator}: verl keeps them in the group statistics, which refppo's walk does not "
+            "yet (use rollout_rs_effect=weight or a token-level gate)"
         )
     return m
 

@@ -54,7 +54,7 @@ from refppo.oracle.detect.correction_grad import (
     readings,
     truncation_caps,
 )
-from refppo.oracle.detect.gates import correction_on, gate_settings
+from refppo.oracle.detect.gates import correction_on, dropped, gate_settings
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.solve import solve_min_hinge
@@ -324,8 +324,11 @@ def correction_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[AdvS
     weights = _Weights(s)
     named, front = named_settings(s), list[dict[str, Any]]()
     solved = solve_caps(s, groups, weights, front)
-    gates = gate_settings(s, groups, (step_intervals, nicest_in))
+    gates = gate_settings(s, groups, (step_intervals, nicest_in)) if dropped(s) is None else []
     settings = named[:2] + front + named[2:] + solved + gates  # the checked setting, off, the gradient's caps
+    if dropped(s) is not None:  # the drop_mask gate is the returns step's (detect.drop_gate): weights only
+        bare = ({k: v for k, v in d.items() if not k.startswith("rollout_rs")} for d in settings)
+        settings = [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in bare)]
     return s.stage(groups, lambda _extra: _options(s, settings, weights), lambda _st: [], "correction")
 
 

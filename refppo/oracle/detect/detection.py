@@ -18,8 +18,10 @@ it proposes is evaluated through the stages like any other value). The steps
   score_scale, score_clip, kl_in, score_at, whiten_rewards, whiten_variance, whiten_eps_at,
   score_slot_kl; checked against token_rewards; solver: score bias and scale, score clip.
 - ``returns`` (stages rollout_gate, advantages): walks advantage, gae_padding, gae_holes, group_std,
-  group_std_level, group_singleton, group_kl, group_eps, gae_bootstrap; checked against returns;
-  solver: group_eps.
+  group_std_level, group_singleton, group_kl, group_eps, gae_bootstrap, rollout_rs, rollout_rs_stat,
+  rollout_rs_order, rollout_rs_reduce, rollout_rs_low, rollout_rs_high, rollout_rs_effect; checked
+  against returns; solver: group_eps; nothing reproducing returns with rollout_logprobs and a
+  critic: a drop_mask gate's band read off returns (detect/drop_gate.py).
 - ``advantages`` (stages whitening): walks whiten_advantages, whiten_variance, whiten_eps_at,
   whiten_holes; checked against advantages; solver: (a fitted map, named).
 - ``correction`` (stages rollout_correction): walks rollout_is, rollout_is_agg, rollout_is_mode,
@@ -205,13 +207,12 @@ def _search(dump: Dump, base: Setup) -> tuple[Search, list[Group[Any]]]:
 
 def unwalkable(base: Setup) -> str | None:
     """One line when ``base`` sets what the walk's stage evaluations do not apply (the update walk on the
-    rows in the loss, ``truncated_rows`` ≠ ``keep``; a gate that rewrites the mask,
-    ``rollout_rs_effect=drop_mask``): every listing would be computed on the wrong rows. Else None."""
+    rows in the loss, ``truncated_rows`` ≠ ``keep``): every listing would be computed on the wrong rows.
+    Else None. (A ``rollout_rs_effect=drop_mask`` gate is applied by the returns step:
+    :mod:`refppo.oracle.detect.drop_gate`.)"""
     conv = base.conv
     if conv.agg.truncated_rows is not TruncatedRows.KEEP:
         key = f"truncated_rows={conv.agg.truncated_rows}"
-    elif conv.gate.drops:
-        key = "rollout_rs_effect=drop_mask"
     else:
         return None
     return (

@@ -27,6 +27,7 @@ from refppo.core._group_checks import GROUP_ESTIMATORS
 from refppo.errors import RefPPOError
 from refppo.group_conventions import GroupKL, GroupSingleton, GroupStdLevel
 from refppo.oracle.check.alternatives import GROUP_EPS
+from refppo.oracle.detect.drop_gate import returns_walk
 from refppo.oracle.detect.groups import Deferrable, Deferred, Group, Option
 from refppo.oracle.detect.reward_options import shared_digest
 from refppo.oracle.detect.rollout import carry_dumped_returns, with_raw_advantages
@@ -174,6 +175,10 @@ def _gae_make(
     return make
 
 
+def _returns_check(s: Search) -> Callable[[ReturnsState], list[float | None]]:
+    return lambda st: [s.ratio("returns", st.carried.returns, st.carried.vm)]
+
+
 def _holes(s: Search) -> list[GaeHoles]:
     return list(GaeHoles) if s.holes else [s.base.conv.adv.gae_holes]
 
@@ -181,27 +186,20 @@ def _holes(s: Search) -> list[GaeHoles]:
 def gae_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[ReturnsState]]:
     """``returns`` (and the raw advantages): GAE over the value mask, or through the padding; across
     interior mask holes by every ``gae_holes`` convention (multi-turn dumps only)."""
-    t = s.t
     own = s.base.conv.adv.gae_padding.value
-    holes = _holes(s)
 
     every = list(dict.fromkeys([own, *(p.value for p in GaePadding)]))
     screens = Screens(s, every if SCREEN_AHEAD else [own])
 
     def make(extra: bool | None) -> Callable[[Group[RewardState]], Iterable[Deferrable[ReturnsState]]]:
-        walk_all = extra is not None or "returns" not in t
+        walk_all = extra is not None or "returns" not in s.t
         pads = every if walk_all else [own]
+        holes = _holes(s)  # read at the walk: a drop_mask gate's mask has holes (detect.drop_gate)
         return lambda g: gae_options(s, g, pads, holes, screens=screens)
 
-    out = s.stage(
-        groups,
-        make,
-        lambda st: [s.ratio("returns", st.carried.returns, st.carried.vm)],
-        "returns",
-        lambda _: True,
-    )
+    out = returns_walk(s, groups, make, _returns_check(s), lambda _: True)  # a drop_mask gate: drop_gate
     if "returns" in s.unmatched and out:
-        carry_dumped_returns(out, t["returns"])
+        carry_dumped_returns(out, s.t["returns"])
     return out
 
 
@@ -314,11 +312,9 @@ def estimator_step(s: Search, groups: list[Group[RewardState]]) -> list[Group[Re
             s.propose_value("group_eps", e)
         return eps or [s.base.conv.adv.group_eps]  # truthy: walk every named option anyway
 
-    out = s.stage(
-        groups, make, lambda st: [s.ratio("returns", st.carried.returns, st.carried.vm)], "returns", propose
-    )
+    out = returns_walk(s, groups, make, _returns_check(s), propose)  # a drop_mask gate: detect.drop_gate
     if "returns" in s.unmatched and out:
-        carry_dumped_returns(out, t["returns"])
+        carry_dumped_returns(out, s.t["returns"])
     return out
 
 

@@ -26,7 +26,9 @@ and the evidence report calls it fixed only to that interval, never determined
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -78,7 +80,7 @@ MAX_SOLVED = 4
 """Solved thresholds kept per gate family, base weight and bound form."""
 
 
-def _gate_keys(fam: GateFamily, low: float | None, high: float | None) -> dict[str, Any]:
+def gate_keys(fam: GateFamily, low: float | None, high: float | None) -> dict[str, Any]:
     level, stat, order, reduce = fam
     return {
         "rollout_rs": level.value, "rollout_rs_stat": stat.value, "rollout_rs_order": order.value,
@@ -92,7 +94,7 @@ Nicest = Callable[[float, float], float | None]
 """:func:`refppo.oracle.detect.correction.nicest_in`."""
 
 
-def _nicest(nicest_in: Nicest, a: float, b: float) -> float:
+def nicest_signed(nicest_in: Nicest, a: float, b: float) -> float:
     if a > 0:
         return nicest_in(a, b) or a
     if b < 0:
@@ -108,13 +110,13 @@ def _thresholds(
     step_intervals, nicest_in = solvers
     out: list[tuple[Any, Any]] = []
     for a, b in step_intervals(u, cw, target, tol)[:MAX_SOLVED]:
-        out.append((None, _nicest(nicest_in, a, b)))
+        out.append((None, nicest_signed(nicest_in, a, b)))
     for a, b in step_intervals(-u, cw, target, tol)[:MAX_SOLVED]:
-        out.append((-_nicest(nicest_in, a, b), None))
+        out.append((-nicest_signed(nicest_in, a, b), None))
     if ratio:
         pos = u.clamp(min=1e-300)
         for a, b in step_intervals(torch.maximum(pos, 1.0 / pos), cw, target, tol)[:MAX_SOLVED]:
-            cap = _nicest(nicest_in, a, b)
+            cap = nicest_signed(nicest_in, a, b)
             out.append((float(f"{1.0 / cap:.12g}"), cap))
     return out
 
@@ -129,11 +131,34 @@ def _base_weight(s: Search, base: dict[str, Any]) -> Tensor | None:
     return torch.where(s.m, 1.0, 0.0).double() if w is None else w.double()
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """The ``rollout_rs_effect=drop_mask`` gate a search walks under from its returns step on
+    (:mod:`refppo.oracle.detect.drop_gate`): the correction step then walks weights only."""
+
+    mask: Tensor
+    """``m' = m ∧ keep`` ``[B, T]`` (the original batch's rows)."""
+    keys: tuple[dict[str, Any], ...]
+    """Its equivalent gate settings, read off the data (empty: the checked setting's gate)."""
+
+
+DROPPED: weakref.WeakKeyDictionary[Search, Dropped] = weakref.WeakKeyDictionary()
+"""The gate of each search under one (set by :func:`refppo.oracle.detect.drop_gate.regate`)."""
+
+
+def dropped(s: Search) -> Dropped | None:
+    """The drop_mask gate ``s`` walks under since its returns step (None: none)."""
+    return DROPPED.get(s)
+
+
 def correction_on(s: Search, upd: dict[str, Any]) -> bool:
     """Whether a setting (the checked one updated by ``upd``) weights the surrogate: ``rollout_is``
-    or ``rollout_rs`` on."""
-    merged = {"rollout_is": s.base.conv.rollout.level, "rollout_rs": s.base.conv.gate.level, **upd}
-    return merged["rollout_is"] is not None or merged["rollout_rs"] is not None
+    or ``rollout_rs`` on (a ``drop_mask`` gate rewrites the mask instead: not a weight)."""
+    g = s.base.conv.gate
+    merged = {"rollout_is": s.base.conv.rollout.level, "rollout_rs": g.level, **upd}
+    effect = upd.get("rollout_rs_effect", g.effect.value)
+    gate = merged["rollout_rs"] is not None and effect != "drop_mask"  # drop_mask: the mask, no weight
+    return merged["rollout_is"] is not None or gate
 
 
 def gate_settings(
@@ -150,21 +175,32 @@ def gate_settings(
     tol = s.tol.of(abs(target))
     q = {"old_logprobs": t["old_logprobs"], "rollout_logprobs": t["rollout_logprobs"], "mask": m}
     stats = {
-        fam: gate_statistic_of(q, Convention.of(**_gate_keys(fam, None, None)))[m].double()
+        fam: gate_statistic_of(q, Convention.of(**gate_keys(fam, None, None)))[m].double()
         for fam in GATE_FAMILIES
     }
     bases = [(b, w[m]) for b in BASE_WEIGHTS if (w := _base_weight(s, b)) is not None]
     out: list[dict[str, Any]] = [
-        {**base, **_gate_keys(fam, lo, hi)} for base in BASE_WEIGHTS for fam, lo, hi in NAMED_GATES
+        {**base, **gate_keys(fam, lo, hi)} for base in BASE_WEIGHTS for fam, lo, hi in NAMED_GATES
     ]
     for _st, _dual, _agg, c in loss_terms(s, groups):
         for base, w in bases:
             for fam, u in stats.items():
                 for lo, hi in _thresholds(u, c * w, target, tol, fam[1] is RSStat.RATIO, solvers):
-                    out.append({**base, **_gate_keys(fam, lo, hi)})
+                    out.append({**base, **gate_keys(fam, lo, hi)})
                     s.propose_value("rollout_rs_low", lo)
                     s.propose_value("rollout_rs_high", hi)
     return list({tuple(sorted(d.items())): d for d in out}.values())
 
 
-__all__ = ["BASE_WEIGHTS", "GATE_FAMILIES", "NAMED_GATES", "correction_on", "gate_settings"]
+__all__ = [
+    "BASE_WEIGHTS",
+    "DROPPED",
+    "GATE_FAMILIES",
+    "NAMED_GATES",
+    "Dropped",
+    "correction_on",
+    "dropped",
+    "gate_keys",
+    "gate_settings",
+    "nicest_signed",
+]

@@ -55,8 +55,10 @@ STEPS: tuple[Step, ...] = (
     Step(
         "returns", ("rollout_gate", "advantages"), ("returns",),
         ("advantage", "gae_padding", "gae_holes", "group_std", "group_std_level", "group_singleton",
-         "group_kl", "group_eps", "gae_bootstrap"),
-        "group_eps",
+         "group_kl", "group_eps", "gae_bootstrap", "rollout_rs", "rollout_rs_stat", "rollout_rs_order",
+         "rollout_rs_reduce", "rollout_rs_low", "rollout_rs_high", "rollout_rs_effect"),
+        "group_eps; nothing reproducing returns with rollout_logprobs and a critic: a drop_mask gate's "
+        "band read off returns (detect/drop_gate.py)",
     ),
     Step(
         "advantages", ("whitening",), ("advantages",),
@@ -92,8 +94,6 @@ NOT_WALKED_YET: dict[str, str] = {
     "(pipeline/loss_rows.py), which the detection steps do not take yet (#23 item 5)",
     "clipfrac_agg": "the checked setting's (--set, --preset oat): pg_clipfrac only",
     "clipfrac_counts": "the checked setting's (--set, a preset or the sidecar): pg_clipfrac only",
-    "rollout_rs_effect": "weight only: the walk does not re-mask GAE and the losses (rollout_gate is "
-    "the identity under weight); drop_mask is refused by --detect (detection.unwalkable)",
     **{
         k: "tried by the policy step under kl_in=both only where it changes kl_loss on the dump "
         "(detect/policy_kl.py); not every member is reached, so not counted as walked"

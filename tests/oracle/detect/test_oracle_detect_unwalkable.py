@@ -1,7 +1,7 @@
-"""``--detect`` refuses a checked setting whose rows or mask its walk does not apply (``truncated_rows`` ≠
-``keep``, ``rollout_rs_effect=drop_mask``) in one line, instead of listing conventions computed on the
-wrong rows (before: "no convention reproduces the dump" on a matching TRL ``mask_truncated_completions``
-dump checked with ``--set truncated_rows=mask_in_loss``)."""
+"""``--detect`` refuses a checked setting whose rows its walk does not apply (``truncated_rows`` ≠
+``keep``; ``rollout_rs_effect=drop_mask`` is walked since #22 item 6) in one line, instead of listing
+conventions computed on the wrong rows (before: "no convention reproduces the dump" on a matching TRL
+``mask_truncated_completions`` dump checked with ``--set truncated_rows=mask_in_loss``)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,6 @@ from refppo.oracle.detect.detection import detect, unwalkable
 REFUSED = [
     ({"truncated_rows": "mask_in_loss"}, "truncated_rows=mask_in_loss"),
     ({"truncated_rows": "drop"}, "truncated_rows=drop"),
-    (
-        {"rollout_rs": "token", "rollout_rs_high": 2.0, "rollout_rs_effect": "drop_mask"},
-        "rollout_rs_effect=drop_mask",
-    ),
 ]
 
 
@@ -44,6 +40,9 @@ def test_the_walkable_settings_pass_and_the_cli_says_one_line(
 ) -> None:
     assert unwalkable(setup_for(None, {})) is None
     assert unwalkable(setup_for(None, {"rollout_rs": "token", "rollout_rs_high": 2.0})) is None  # weight
+    # drop_mask: applied by the returns step (detect/drop_gate.py; test_oracle_detect_drop_mask.py)
+    drop = {"rollout_rs": "token", "rollout_rs_high": 2.0, "rollout_rs_effect": "drop_mask"}
+    assert unwalkable(setup_for(None, drop)) is None
     x = make_inputs(B=4, T=6, seed=3)
     x["truncated"] = torch.tensor([False, True, False, False])
     path = save(tmp_path, naive_dump(x, setup_for(None, {})), setup_for(None, {}))

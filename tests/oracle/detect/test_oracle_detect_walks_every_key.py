@@ -10,7 +10,9 @@ a critic-free GRPO dump with a lone prompt; a v2 dump with ``grad_logprobs`` (``
 the padding); a dump with ``rollout_logprobs`` whose policy term carries a sequence-level masked
 correction (the correction step's walk and its solver) and a one-token row (the only rows where
 ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
-such a dump only). A key is walked when two options of one step give it different values.
+such a dump only); a dump with a sequence-level ratio band under ``rollout_rs_effect=drop_mask`` (the
+returns step's second walk under the gate read off ``returns``). A key is walked when two options of
+one step give it different values.
 
 Before, ``policy_loss`` was never walked (it was listed in ``NOT_WALKED`` as "not searched yet"):
 a GSPO dump got no convention and a nearest one with unrelated changes.
@@ -26,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 from grad_helpers import save_step, step_dump
-from oracle_helpers import make_inputs, naive_dump, save, setup_for
+from oracle_helpers import make_inputs, naive_dump, refppo_dump, save, setup_for
 
 from refppo.conventions import LossAgg
 from refppo.dump.load import load_dump
@@ -116,6 +118,14 @@ def _dumps(tmp: Path) -> list[tuple[Path, Setup]]:
     made = setup_for(None, conv)
     path = save(tmp, naive_dump(corrected, made), setup_for(None, {}), "corrected.safetensors")
     out.append((path, setup_for(None, {})))
+    gated = make_inputs(B=8, T=10, seed=7)  # a sequence gate under drop_mask: the returns step reads it
+    noise = 0.5 * torch.randn(gated["old_logprobs"].shape, generator=torch.Generator().manual_seed(17))
+    gated["rollout_logprobs"] = gated["old_logprobs"] - noise.double()
+    conv = {"rollout_rs": "sequence", "rollout_rs_stat": "ratio", "rollout_rs_order": "behaviour"}
+    conv |= {"rollout_rs_low": 0.75, "rollout_rs_high": 1.0}  # rejects 3 rows of 8, from both sides
+    made = setup_for(None, {**conv, "rollout_rs_effect": "drop_mask"})
+    path = save(tmp, refppo_dump(gated, made), setup_for(None, {}), "gated.safetensors")
+    out.append((path, setup_for(None, {})))
     return out
 
 
@@ -166,7 +176,13 @@ def test_each_dump_is_detected(seen: Seen) -> None:
     """Each dump reaches the steps after the one its options exercise with a matching group."""
     assert seen[DETECTED] == {
         n: {True}
-        for n in ("critic.safetensors", "group.safetensors", "step.safetensors", "corrected.safetensors")
+        for n in (
+            "critic.safetensors",
+            "group.safetensors",
+            "step.safetensors",
+            "corrected.safetensors",
+            "gated.safetensors",
+        )
     }
 
 
@@ -186,7 +202,7 @@ def test_every_member_of_every_enum_key_is_walked(seen: Seen) -> None:
     # item 5) are not yet: asserted exactly, so walking either shows
     kl_loss_own = {"kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp"}
     logged = {"clipfrac_agg", "clipfrac_counts"}
-    masks = {"truncated_rows", "rollout_rs_effect"}  # refused by --detect (detection.unwalkable)
+    masks = {"truncated_rows"}  # refused by --detect (detection.unwalkable)
     assert set(NOT_WALKED_YET) == masks | logged | kl_loss_own, NOT_WALKED_YET
     enums = {k: e for k, e in enum_keys().items() if k not in NOT_WALKED_YET}
     assert not set(enums) & set(NOT_WALKED), sorted(set(enums) & set(NOT_WALKED))
