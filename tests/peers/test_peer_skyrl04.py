@@ -91,7 +91,8 @@ def test_the_mini_batch_token_mean_matches_and_the_legacy_per_micro_batch_mean_d
     dump, expected, _ = _setups(made, "skyrl04_micro_token_mean")
     res = check(dump, expected, explain_divergence=False)
     assert res.match and "grad_logprobs" in res.quantities, res.first_divergence
-    print(f"skyrl04 micro token_mean: grad_logprobs max abs error {res.quantities['grad_logprobs'].max_abs_err:.2e}")
+    err = res.quantities["grad_logprobs"].max_abs_err
+    print(f"skyrl04 micro token_mean: grad_logprobs max abs error {err:.2e}")
     flip = json.loads((made / "skyrl04_micro_token_mean.control.json").read_text())
     assert not check(dump, _flipped(expected, flip), explain_divergence=False).match
     legacy, expected_legacy, _ = _setups(made, "skyrl04_micro_token_mean_legacy")

@@ -87,7 +87,8 @@ def _advantages(pu: Any, spec: dict[str, Any], x: dict[str, Any]) -> dict[str, A
     rewards[torch.arange(B), (m.sum(dim=1) - 1).long()] = x["scores"]
     out: dict[str, Any] = {}
     if spec["kl_in"] == "reward":
-        kl = pu.compute_approx_kl(x["old_logprobs"], x["ref_logprobs"], loss_mask=m, kl_estimator_type=spec["est"])
+        old, ref = x["old_logprobs"], x["ref_logprobs"]
+        kl = pu.compute_approx_kl(old, ref, loss_mask=m, kl_estimator_type=spec["est"])
         rewards = rewards - kl * HP["kl_coef"]  # apply_reward_kl_penalty, restated
         out["kl"] = kl
     index = np.arange(B) // GROUP
@@ -199,8 +200,9 @@ def make_micro(pu: Any, out: Path, red: str) -> str:
             (g,) = torch.autograd.grad(loss, (lp,))
             g_lp[rows] += g / W
     dump = {k: v for k, v in x.items() if k not in ("values", "old_values")}
-    dump.update(got, grad_logprobs=torch.where(m.bool(), g_lp, torch.zeros_like(g_lp)),
-                group_index=torch.arange(B) // GROUP, rank=torch.tensor(RANK), micro_batch=torch.tensor(MICRO))  # fmt: skip
+    dump.update(got, grad_logprobs=torch.where(m.bool(), g_lp, torch.zeros_like(g_lp)))
+    dump.update(group_index=torch.arange(B) // GROUP, rank=torch.tensor(RANK))
+    dump["micro_batch"] = torch.tensor(MICRO)
     hp = {**HP, "cliprange": 0.2, "separate_critic": True, "world_size": W, "micro_batches": 2}
     conv = {"kl_estimator": "k3", "kl_in": "loss", "advantage": "grpo", "loss_agg": "token-mean"}
     return save(out, f"skyrl04_micro_{red}", dump, hp, conv, {"loss_agg": "seq-mean-token-mean"})
