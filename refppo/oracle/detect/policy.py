@@ -109,7 +109,7 @@ class _PolicyEval:
                 st = s.setting(loss_agg=a.value, entropy_agg=None)
                 self.ent[a.value] = s.evaluate("entropy", q_ent, st, self.ev_tok)["entropy_loss"]
         self.klw = KLLossWalk(s, self.has_lp)
-        self.akl: dict[tuple[str, float], Tensor] = {}
+        self.akl: dict[tuple[str, float, float | None], Tensor] = {}
         self.acts: dict[tuple[Any, ...], bool] = {}
         self.computed: dict[tuple[Any, ...], _Aggregated] = {}
 
