@@ -298,11 +298,13 @@ class ApproxKL(StrEnum):
     """The logged ``approx_kl`` metric, ``d = l − l^old``: ``k1`` ``mean_valid(−d)`` (verl 0.9.1
     ``compute_policy_loss`` ``ppo_kl``, OpenRLHF; refppo default); ``k2_all_positions``
     ``½·Σ_valid d²/(B·T)`` (TRL ``approxkl``: an unmasked mean, padding 0 through INVALID_LOGPROB);
-    ``neg_k1`` ``mean_valid(d)`` (AReaL 1.0.4 ``ppo_actor_loss_fn``: the opposite sign)."""
+    ``neg_k1`` ``mean_valid(d)`` (AReaL 1.0.4 ``ppo_actor_loss_fn``: the opposite sign); ``k1_clamped``
+    ``mean_valid(−clamp(d, ±log_ratio_clamp))`` (RLinf 0.3.0 ``losses.py::compute_ppo_actor_loss``)."""
 
     K1 = "k1"
     K2_ALL_POSITIONS = "k2_all_positions"
     NEG_K1 = "neg_k1"
+    K1_CLAMPED = "k1_clamped"
 
 
 class VfMask(StrEnum):

@@ -16,6 +16,7 @@ from torch import Tensor
 from refppo.agg_conventions import ClipfracAgg, ClipFracCounts
 from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_loss_naive, prompt_mean_naive
+from refppo.core.approx_kl import approx_kl_k1_clamped_naive
 from refppo.core.cispo import cispo_policy_loss_naive
 from refppo.core.clipfrac import clip_fraction_naive, clipfrac_row_mean_naive
 from refppo.core.gspo import gspo_policy_loss_naive
@@ -114,6 +115,10 @@ def approx_kl_naive(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> 
     metric, k1 = conv.policy.approx_kl, q["pg_approx_kl"]
     if metric is ApproxKL.K2_ALL_POSITIONS:
         value = approx_kl_k2_all_positions_naive(q["logprobs"], q["old_logprobs"], q["mask"])
+        return {"approx_kl": _f64(value, q["mask"].device)}
+    if metric is ApproxKL.K1_CLAMPED:
+        kappa = conv.policy.log_ratio_clamp
+        value = approx_kl_k1_clamped_naive(q["logprobs"], q["old_logprobs"], q["mask"], kappa)
         return {"approx_kl": _f64(value, q["mask"].device)}
     return {"approx_kl": -k1 if metric is ApproxKL.NEG_K1 else k1}
 

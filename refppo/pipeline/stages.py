@@ -304,8 +304,10 @@ _UPDATE = (
         "core.aggregate.aggregate_masked, core.aggregate.prompt_mean_masked", normalisers=True,
     ),
     Stage(
-        "approx_kl", "update", ("approx_kl",), (), ("pg_approx_kl", "logprobs", "old_logprobs", "mask"),
-        ("approx_kl",), up.approx_kl_stage, nu.approx_kl_naive, "core.policy.approx_kl_k2_all_positions",
+        "approx_kl", "update", ("approx_kl", "log_ratio_clamp"), (),
+        ("pg_approx_kl", "logprobs", "old_logprobs", "mask"),
+        ("approx_kl",), up.approx_kl_stage, nu.approx_kl_naive,
+        "core.policy.approx_kl_k2_all_positions, core.approx_kl.approx_kl_k1_clamped",
     ),
     Stage(
         "value", "update", ("value_loss", "value_clip_form", "vf_mask", "advantage"), ("cliprange_value",),

@@ -34,6 +34,7 @@ from torch import Tensor
 from refppo.agg_conventions import ClipfracAgg, ClipFracCounts
 from refppo.conventions import AdvantageEstimator, ApproxKL, LossAgg, PolicyLoss, VfMask
 from refppo.core.aggregate import aggregate_masked, prompt_mean_masked
+from refppo.core.approx_kl import approx_kl_k1_clamped
 from refppo.core.by_rows import (
     entropy_bonus_by_rows,
     kl_loss_by_rows,
@@ -236,10 +237,14 @@ def policy_agg_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) ->
 def approx_kl_stage(q: Q, conv: Convention, hp: Hyperparams, ev: Evaluation) -> dict[str, Tensor]:
     """The logged ``approx_kl`` of ``conv.policy.approx_kl``: ``k1`` the policy stage's masked
     ``mean(l^old − l)``, ``neg_k1`` its negative, ``k2_all_positions`` TRL's
-    (:func:`refppo.core.policy.approx_kl_k2_all_positions`)."""
+    (:func:`refppo.core.policy.approx_kl_k2_all_positions`), ``k1_clamped`` RLinf's
+    (:func:`refppo.core.approx_kl.approx_kl_k1_clamped`, ``κ = log_ratio_clamp``)."""
     metric = conv.policy.approx_kl
     if metric is ApproxKL.K2_ALL_POSITIONS:
         return {"approx_kl": approx_kl_k2_all_positions(q["logprobs"], q["old_logprobs"], q["mask"])}
+    if metric is ApproxKL.K1_CLAMPED:
+        kappa = conv.policy.log_ratio_clamp
+        return {"approx_kl": approx_kl_k1_clamped(q["logprobs"], q["old_logprobs"], q["mask"], kappa)}
     k1: Tensor = q["pg_approx_kl"]
     return {"approx_kl": -k1 if metric is ApproxKL.NEG_K1 else k1}
 

@@ -21,6 +21,7 @@ from torch import Tensor
 from refppo.agg_conventions import ClipfracAgg
 from refppo.conventions import KLPlacement, LossAgg, PolicyLoss
 from refppo.core.aggregate import Prompts, prompt_mean_naive
+from refppo.core.approx_kl import approx_kl_k1_clamped_naive
 from refppo.core.cispo import cispo_policy_loss_naive
 from refppo.core.clipfrac import clipfrac_row_mean_naive
 from refppo.core.gspo import gspo_policy_loss_naive
@@ -189,7 +190,9 @@ def naive_outputs(
             log_ratio_clamp=f("log_ratio_clamp"),
         )  # fmt: skip
     out.update(
-        pg_loss=pg_loss, pg_clipfrac=pg_clipfrac, approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t)
+        pg_loss=pg_loss,
+        pg_clipfrac=pg_clipfrac,
+        approx_kl=_approx_kl_metric(f("approx_kl"), pg.approx_kl, t, f("log_ratio_clamp")),
     )
     kll = None
     if f("kl_in") in (KLPlacement.LOSS, KLPlacement.BOTH):
@@ -248,13 +251,16 @@ def _cispo_naive(t: dict[str, Tensor], adv: Tensor, mask: Tensor, setup: Setup) 
     )  # fmt: skip
 
 
-def _approx_kl_metric(name: str, k1: float, t: dict[str, Tensor]) -> float:
+def _approx_kl_metric(name: str, k1: float, t: dict[str, Tensor], kappa: float | None = None) -> float:
     """The logged ``approx_kl``: ``k1`` (mean of ``l_old − l`` over valid tokens), its negative
-    (``neg_k1``, AReaL), or TRL's ``½·mean((l − l_old)²)`` over every position, padding as 0."""
+    (``neg_k1``, AReaL), ``k1_clamped`` (RLinf: ``k1`` of the log ratio clamped to ``±kappa``), or
+    TRL's ``½·mean((l − l_old)²)`` over every position, padding as 0."""
     if name == "k1":
         return k1
     if name == "neg_k1":
         return -k1
+    if name == "k1_clamped":
+        return approx_kl_k1_clamped_naive(t["logprobs"], t["old_logprobs"], t["response_mask"], kappa)
     assert name == "k2_all_positions", name
     B, T = t["response_mask"].shape
     lp, old, m = rows(t["logprobs"]), rows(t["old_logprobs"]), t["response_mask"].bool().tolist()

@@ -36,10 +36,12 @@ ORDER = [
     "trinity",
     "oat",
     "rlinf",
+    "skyrl04",
 ]
-ADDED = ["torchtune", "trinity", "oat", "rlinf"]
+ADDED = ["torchtune", "trinity", "oat", "rlinf", "skyrl04"]
 """Presets added after the snapshot (appended to the order; their values are checked by their peer
-tests, e.g. tests/peers/test_peer_torchtune.py, test_peer_oat.py, test_peer_rlinf.py)."""
+tests, e.g. tests/peers/test_peer_torchtune.py, test_peer_oat.py, test_peer_rlinf.py,
+test_peer_skyrl04.py)."""
 
 
 def _tag(v: Any) -> Any:

@@ -12,8 +12,9 @@ through RLinf's losses). Four cases: GAE with the clamped-k3 KL loss (control
 ``seq-mean-token-mean`` and a k2 KL loss (control ``whiten_variance=unbiased``), plain GRPO (control
 ``group_std=population``). Each matches under ``--preset rlinf`` plus its ``--set`` (max abs error
 bounded) and its control mismatches. RLinf's ``approx_kl`` under a binding log-ratio clamp is of the
-clamped ratio, which refppo's ``approx_kl`` does not express: that fact is checked by hand, not
-matched. ``--detect`` from refppo's defaults lists RLinf's score slot and GAE padding.
+clamped ratio: ``approx_kl=k1_clamped`` matches it, ``k1`` (control) does not. The FSDP actor's
+swapped ``kl_penalty`` arguments are run and named (out of scope, spec/conventions.md).
+``--detect`` from refppo's defaults lists RLinf's score slot and GAE padding.
 """
 
 from __future__ import annotations
@@ -74,17 +75,46 @@ def test_rlinfs_own_step_matches_its_preset_and_the_control_does_not(made: Path,
 
 
 def test_rlinfs_approx_kl_reads_the_clamped_log_ratio(made: Path) -> None:
-    """The gap, stated: under a binding clamp κ RLinf logs −mean(clamp(l − l_old, ±κ)), not the
-    unclamped mean refppo's ``approx_kl`` computes (so the case dumps no ``approx_kl``)."""
+    """Under a binding clamp κ RLinf logs −mean(clamp(l − l_old, ±κ)): ``approx_kl=k1_clamped`` (the
+    preset's) reproduces it through the pipeline; ``k1`` (the unclamped mean) is the control."""
     facts = json.loads((made / "rlinf_gae_dual_clip_clamp.facts.json").read_text())
-    d = torch.load(made / "rlinf_gae_dual_clip_clamp.pt", weights_only=True)
+    dump, expected, _, _ = _setups(made, "gae_dual_clip_clamp")
+    lr = (dump.tensors["logprobs"] - dump.tensors["old_logprobs"])[dump.mask.bool()]
+    assert (lr.abs() > facts["clamp"]).any()  # the clamp binds
+    res = check(dump, expected, explain_divergence=False)
+    assert res.match and "approx_kl" in res.quantities, res.first_divergence
+    err = res.quantities["approx_kl"].max_abs_err
+    print(f"rlinf approx_kl k1_clamped: max abs error {err:.2e}")
+    assert err < MAX_ERR
+    trial = {**{k: getattr(v, "value", v) for k, v in expected.convention_dict().items()}, "approx_kl": "k1"}
+    control = check(dump, setup_from_json(expected, trial), explain_divergence=False)
+    assert not control.match and control.quantities["approx_kl"].max_abs_err > 1e-3
+
+
+def test_rlinfs_fsdp_actor_swaps_the_kl_arguments(made: Path) -> None:
+    """RLinf's FSDP actor calls ``kl_penalty(ref_logprobs, logprobs, type)`` (its Megatron actor
+    ``kl_penalty(logprobs, ref_logprobs, type)``). Run: it is refppo's estimator with π and π_ref
+    exchanged (``token_kl(ref, l)``), which equals the Megatron order for the symmetric ``k2`` and
+    ``abs`` and differs for ``k1`` (negated) and ``k3`` (``exp(d) − d − 1``): out of scope
+    (spec/conventions.md, RLinf)."""
+    from refppo.core.kl import token_kl
+    from refppo.oracle.presets.kl_clamps import verl_kl_clamps
+
+    d = torch.load(made / "rlinf_fsdp_kl.pt", weights_only=True)
     m = d["response_mask"].bool()
-    lr = (d["logprobs"] - d["old_logprobs"])[m].double()
-    k = facts["clamp"]
-    assert (lr.abs() > k).any()  # the clamp binds
-    clamped, unclamped = float(-lr.clamp(-k, k).mean()), float(-lr.mean())
-    assert abs(facts["approx_kl"] - clamped) < 1e-6, (facts, clamped)
-    assert abs(facts["approx_kl"] - unclamped) > 1e-2, (facts, unclamped)
+    lp, ref = d["logprobs"].double(), d["ref_logprobs"].double()
+    errs = {}
+    for kind, est in (("k1", "k1"), ("k2", "k2"), ("low_var_kl", "k3"), ("abs", "abs")):
+        clamps = verl_kl_clamps(est)
+        kw = {"log_ratio_clamp": clamps["kl_log_ratio_clamp"], "value_clamp": clamps["kl_value_clamp"]}
+        fsdp, megatron = d[f"fsdp_{kind}"].double()[m], d[f"megatron_{kind}"].double()[m]
+        swapped, forward = token_kl(ref, lp, m, est, **kw)[m], token_kl(lp, ref, m, est, **kw)[m]
+        errs[kind] = float((fsdp - swapped).abs().max())
+        assert errs[kind] < 1e-4, (kind, errs[kind])  # float32 values up to the clamp 10
+        assert float((megatron - forward).abs().max()) < 1e-4, kind
+        moved = float((fsdp - forward).abs().max())  # the control: the forward order
+        assert moved < 1e-4 if kind in ("k2", "abs") else moved > 1e-2, (kind, moved)
+    print(f"rlinf fsdp swapped kl: max abs error {max(errs.values()):.2e}")
 
 
 def test_detect_lists_rlinfs_score_slot_and_gae_padding(made: Path) -> None:

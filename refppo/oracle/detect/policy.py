@@ -109,7 +109,7 @@ class _PolicyEval:
                 st = s.setting(loss_agg=a.value, entropy_agg=None)
                 self.ent[a.value] = s.evaluate("entropy", q_ent, st, self.ev_tok)["entropy_loss"]
         self.klw = KLLossWalk(s, self.has_lp)
-        self.akl: dict[tuple[str, float], Tensor] = {}
+        self.akl: dict[tuple[str, float, float | None], Tensor] = {}
         self.acts: dict[tuple[Any, ...], bool] = {}
         self.computed: dict[tuple[Any, ...], _Aggregated] = {}
 
@@ -187,10 +187,11 @@ class _PolicyEval:
             self.computed[ck] = agg
         return agg
 
-    def approx_kl(self, ak: str, k1: Tensor) -> Tensor:
+    def approx_kl(self, ak: str, k1: Tensor, lrc: float | None = None) -> Tensor:
         """The approx_kl stage under metric ``ak`` on the policy stage's masked ``mean(l^old − l)``
-        ``k1`` (memoised by its value: every policy loss of the walk has the same)."""
-        key = (ak, float(k1))
+        ``k1`` (memoised by its value: every policy loss of the walk has the same) and the walked
+        log-ratio clamp ``lrc`` (read by ``k1_clamped`` only)."""
+        key = (ak, float(k1), lrc if ak == ApproxKL.K1_CLAMPED.value else None)
         if key not in self.akl:
             s = self.s
             q = {
@@ -199,7 +200,8 @@ class _PolicyEval:
                 "old_logprobs": s.t["old_logprobs"],
                 "mask": s.m,
             }
-            self.akl[key] = s.evaluate("approx_kl", q, s.setting(approx_kl=ak))["approx_kl"]
+            setting = s.setting(approx_kl=ak, log_ratio_clamp=key[2])
+            self.akl[key] = s.evaluate("approx_kl", q, setting)["approx_kl"]
         return self.akl[key]
 
     def kl_loss(self, st: AdvState, agg: str) -> Tensor | None:
@@ -273,7 +275,9 @@ def _policy_options(
                     # a KL-loss key only the gradient shows: its own option where the gradient is dumped
                     kk = digest(*sorted(map(str, kupd.items()))) if by_weight else b""
                     for (eupd, ent), ak in itertools.product(ents, ApproxKL):
-                        akl = pe.approx_kl(ak.value, out.approx_kl)
+                        if ak is ApproxKL.K1_CLAMPED and eff_lrc is None:
+                            continue  # k1 itself here: the clamp is off or binds on no token
+                        akl = pe.approx_kl(ak.value, out.approx_kl, eff_lrc)
                         ps = PolicyState(
                             st.carried, st.adv, st.adv_key, kset, agg, out.pg[a], out.clipfrac, akl, ent, kll,
                             st.is_weights, st.is_key,

@@ -21,7 +21,7 @@ one-line error. The peers' own names: verl 0.9.1 ``algorithm.adv_estimator`` ``g
 ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``; OpenRLHF 0.11.2
 ``--algo.advantage.estimator`` ``group_norm``, ``dr_grpo``, ``rloo``, ``reinforce``,
 ``reinforce_baseline``; SkyRL-train 0.3.1 ``algorithm.advantage_estimator`` ``grpo`` (``dr-grpo``:
-``grpo_norm_by_std=false``), ``rloo``, ``reinforce++``.
+``grpo_norm_by_std=false``), ``rloo``, ``reinforce++`` (SkyRL 0.4.0, ``skyrl04``, the same four).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from refppo.oracle.presets import (
     refppo,
     rlinf,
     skyrl,
+    skyrl04,
     torchtune,
     trinity,
     trl,
@@ -57,12 +58,13 @@ PRESET_MODULES: tuple[ModuleType, ...] = (
     trinity,
     oat,
     rlinf,
+    skyrl04,
 )
 """The preset modules, in the registry's order."""
 
 PRESETS: dict[str, Preset] = {m.PRESET.name: m.PRESET for m in PRESET_MODULES}
 """Every preset by name: refppo, verl, openrlhf, trl, deepspeed-chat, skyrl, areal, torchtune, trinity,
-oat, rlinf."""
+oat, rlinf, skyrl04."""
 
 PEER_PRESETS: tuple[str, ...] = tuple(name for name in PRESETS if name != "refppo")
 

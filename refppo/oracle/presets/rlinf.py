@@ -17,7 +17,9 @@ against RLinf 0.3.0's own functions by ``tools/peers/makers/rlinf_ppo.py``
 RLinf's ``k3`` and ``low_var_kl`` are both verl's clamped k3 (``kl_penalty``: log ratio ±20, value
 ±10), so the KL clamps are verl's rule. The FSDP actor (``workers/actor/fsdp_actor_worker.py``)
 calls ``kl_penalty(ref_logprobs, logprobs, ...)`` with the arguments swapped (a reversed k1/k3);
-that is not this preset (spec/conventions.md names the key it would need).
+(run by ``tests/peers/test_peer_rlinf.py``: ``k2`` and ``abs`` are unchanged, being symmetric; ``k1``
+becomes ``−k1`` and ``k3`` becomes ``exp(d) − d − 1``, the estimators of the reverse direction);
+that is not this preset: spec/conventions.md names it out of scope, with the reason.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ CONVENTIONS: dict[str, Sourced] = {
     "log_ratio_clamp": (None, f"{_PG} (clip_log_ratio_min / _max: None unless set)"),
     "dual_clip": (3.0, f"{_PG} (min(loss, sign(A)·c·A), c = clip_ratio_c; fsdp default 3.0)"),
     "loss_agg": ("token-mean", "rlinf/utils/utils.py::get_loss_agg_func (loss_agg_func: token-mean)"),
-    "approx_kl": ("k1", f"{_PG} (approx_kl = −Σ m·(l − l_old) / Σ m)"),
+    "approx_kl": ("k1_clamped", f"{_PG} (approx_kl = −Σ m·clamp(l − l_old) / Σ m: the clamped log-ratio)"),
     "entropy_agg": (None, f"{_ACT} (loss_agg_func(entropy, mask))"),
     "value_loss": ("clipped", f"{_VF} (max of the Huber losses, huber_delta = 10000 in {_CRIT})"),
     "value_clip_form": ("around_old", f"{_VF} (prev_values + clamp(values − prev_values, ±value_clip))"),

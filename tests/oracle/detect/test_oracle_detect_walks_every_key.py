@@ -6,7 +6,8 @@ setting (the checked setting with the option's keys replaced), on three dumps th
 make every step take its second walk (the solver's, and the "then" keys of
 :mod:`refppo.oracle.detect.rollout`): a critic dump with holes, ``entropy_loss``, the KL in the
 loss, a score map, clip ranges and ``whiten_eps_at`` off the checked ones and ``policy_loss=gspo``;
-a critic-free GRPO dump with a lone prompt; a v2 dump with ``grad_logprobs`` (``k3+``, GAE through
+a critic-free GRPO dump with a lone prompt and one log-ratio beyond the clamp 20; a v2 dump
+with ``grad_logprobs`` (``k3+``, GAE through
 the padding); a dump with ``rollout_logprobs`` whose policy term carries a sequence-level masked
 correction (the correction step's walk and its solver) and a one-token row (the only rows where
 ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
@@ -98,6 +99,8 @@ def _dumps(tmp: Path) -> list[tuple[Path, Setup]]:
     group = make_inputs(B=8, T=12, seed=12)
     group = {k: v for k, v in group.items() if k not in ("old_values", "values")}
     group["group_index"] = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3])  # prompt 3 alone
+    # a log-ratio of −25: the walked clamp 20 binds (approx_kl=k1_clamped is walked only where one does)
+    group["logprobs"][0, 0] = group["old_logprobs"][0, 0] - 25.0
     made = setup_for(None, {"advantage": "grpo", "group_singleton": "score", "group_eps": 1e-2})
     out.append(
         (save(tmp, naive_dump(group, made), setup_for(None, {}), "group.safetensors"), setup_for(None, {}))

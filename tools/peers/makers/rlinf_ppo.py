@@ -153,9 +153,27 @@ def make(out: Path) -> list[str]:
     for i, (case, spec) in enumerate(CASES.items()):
         dump, sidecar = run_case(t, 900 + i, spec)
         if spec.get("clamp") is not None:
-            # RLinf's approx_kl reads the CLAMPED log ratio; refppo's approx_kl is of the unclamped
-            # one (no key says otherwise): kept out of the dump, written as a fact for the test
-            facts = {"approx_kl": float(dump.pop("approx_kl")), "clamp": spec["clamp"]}
-            (out / f"rlinf_{case}.facts.json").write_text(json.dumps(facts))
+            # RLinf's approx_kl reads the CLAMPED log ratio (approx_kl=k1_clamped, the preset's):
+            # the test checks that approx_kl=k1 (the unclamped mean) mismatches on this dump
+            (out / f"rlinf_{case}.facts.json").write_text(json.dumps({"clamp": spec["clamp"]}))
         made.append(save(out, f"rlinf_{case}", dump, sidecar, spec["set"], spec["control"]))
+    fsdp_kl(t, out)  # not a dump: the FSDP path's swapped KL arguments, for the test
     return made
+
+
+def fsdp_kl(t: dict[str, Any], out: Path) -> str:
+    """``kl_penalty`` as RLinf's FSDP actor calls it, ``kl_penalty(ref_logprobs, logprobs, type)``
+    (``workers/actor/fsdp_actor_worker.py``), and as its Megatron actor does,
+    ``kl_penalty(curr_logprobs, ref_logprobs, type)`` (``megatron_actor_worker.py``), for each type,
+    on one batch with log-ratios up to ±25 (both clamps bind); written to ``rlinf_fsdp_kl.pt``
+    (``fsdp_TYPE``, ``megatron_TYPE``, the inputs). Padding is left to the caller (masked there)."""
+    import torch
+
+    x = inputs(990, dtype=torch.float32)
+    lp = x["ref_logprobs"] + 12.0 * (x["logprobs"] - x["ref_logprobs"])
+    doc = {"logprobs": lp, "ref_logprobs": x["ref_logprobs"], "response_mask": x["response_mask"]}
+    for kind in ("k1", "k2", "low_var_kl", "abs"):
+        doc[f"fsdp_{kind}"] = t["kl"](x["ref_logprobs"], lp, kind)
+        doc[f"megatron_{kind}"] = t["kl"](lp, x["ref_logprobs"], kind)
+    torch.save({k: v.detach().contiguous() for k, v in doc.items()}, out / "rlinf_fsdp_kl.pt")
+    return "rlinf_fsdp_kl"
