@@ -33,7 +33,9 @@ from refppo.core.checks import count_true
 from refppo.oracle.check.ties import pg_tie_share
 from refppo.oracle.detect.grad_fit import GradFit, explain_policy
 from refppo.oracle.detect.groups import Group, Option
-from refppo.oracle.detect.policy_kl import KLLossWalk, kl_loss_stage
+from refppo.oracle.detect.policy_clipfrac import CORE, ClipfracWalk
+from refppo.oracle.detect.policy_kl import KLLossWalk, KLVariant, kl_loss_stage
+from refppo.oracle.detect.policy_members import Classes, list_classes
 from refppo.oracle.detect.policy_solve import log_ratio_clamps, propose_policy
 from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState, PolicyState, digest
@@ -109,6 +111,8 @@ class _PolicyEval:
                 st = s.setting(loss_agg=a.value, entropy_agg=None)
                 self.ent[a.value] = s.evaluate("entropy", q_ent, st, self.ev_tok)["entropy_loss"]
         self.klw = KLLossWalk(s, self.has_lp)
+        self.cfw = ClipfracWalk(s, self.logprobs)
+        self.classes = Classes()
         self.akl: dict[tuple[str, float], Tensor] = {}
         self.acts: dict[tuple[Any, ...], bool] = {}
         self.computed: dict[tuple[Any, ...], _Aggregated] = {}
@@ -167,6 +171,8 @@ class _PolicyEval:
             log_ratio_clamp=lrc,
             cliprange=clip[0],
             cliprange_high=clip[1],
+            clipfrac_agg=CORE[0],
+            clipfrac_counts=CORE[1],
         )
         out = s.evaluate("policy", q, st)
         if dual is None and loss is PolicyLoss.VANILLA and weight[1] is None:
@@ -210,7 +216,7 @@ class _PolicyEval:
             return None
         return self.klw.kl_loss_as(ca.kl_key, ca.kl_setting, agg, None)
 
-    def kl_variants(self, st: AdvState, agg: str) -> list[tuple[dict[str, Any], Tensor | None]]:
+    def kl_variants(self, st: AdvState, agg: str) -> list[KLVariant]:
         """:meth:`refppo.oracle.detect.policy_kl.KLLossWalk.variants` of ``st``'s KL loss."""
         return self.klw.variants(st.carried, self.kl_loss(st, agg), agg)
 
@@ -254,6 +260,7 @@ def _policy_options(
             eff_dual, eff_lrc = pe.effective(st.adv, st.adv_key, clip, loss, dual, lrc)
             w = (st.is_key, st.is_weights)
             out = pe.entry(st.adv, st.adv_key, clip, loss, eff_dual, eff_lrc, tests, weight=w)
+            cfs = pe.cfw.variants(st, loss, clip, eff_lrc, out.clipfrac)
             upd_clip = {} if clip == base_clip else {"cliprange": clip[0], "cliprange_high": clip[1]}
             upd_loss = {} if loss is own_loss else {"policy_loss": loss.value}
             setting = {
@@ -268,25 +275,26 @@ def _policy_options(
                 ents: list[tuple[dict[str, Any], Tensor | None]] = [(own_eagg, pe.ent.get(a))]
                 if ents_all:  # SkyRL's entropy is token-mean whatever loss_agg (skyrl_train ppo_utils)
                     ents += [({"entropy_agg": e}, v) for e, v in pe.ent.items() if e != a]
-                for kupd, kll in pe.kl_variants(st, a):
+                for kupd, kll, kgrad, kcls in pe.kl_variants(st, a):
                     kset = {**setting, **kupd}
                     # a KL-loss key only the gradient shows: its own option where the gradient is dumped
-                    kk = digest(*sorted(map(str, kupd.items()))) if by_weight else b""
-                    for (eupd, ent), ak in itertools.product(ents, ApproxKL):
+                    kk = kgrad if by_weight else b""
+                    for (eupd, ent), ak, (cupd, cf, ccls) in itertools.product(ents, ApproxKL, cfs):
                         akl = pe.approx_kl(ak.value, out.approx_kl)
                         ps = PolicyState(
-                            st.carried, st.adv, st.adv_key, kset, agg, out.pg[a], out.clipfrac, akl, ent, kll,
+                            st.carried, st.adv, st.adv_key, kset, agg, out.pg[a], cf, akl, ent, kll,
                             st.is_weights, st.is_key,
                         )  # fmt: skip
                         wk = st.is_key if by_weight else b""
-                        key = digest(st.carried.ret_key, out.pg[a], out.clipfrac, akl, ent, kll, a, wk, kk)
+                        key = digest(st.carried.ret_key, out.pg[a], cf, akl, ent, kll, a, wk, kk)
+                        pe.classes.record(key, kcls, ccls)
                         upd = {
                             "dual_clip": dual,
                             "log_ratio_clamp": lrc,
                             "loss_agg": a,
                             "approx_kl": ak.value,
                         }
-                        yield {**upd_loss, **upd, **eupd, **upd_clip, **kupd}, ps, key
+                        yield {**upd_loss, **upd, **eupd, **upd_clip, **kupd, **cupd}, ps, key
 
     return opts
 
@@ -309,6 +317,8 @@ def _widen(s: Search, st: PolicyState, cache: dict[Any, float]) -> Callable[[], 
                 log_ratio_clamp=cfg["log_ratio_clamp"],
                 cliprange=cfg["cliprange"],
                 cliprange_high=cfg["cliprange_high"],
+                clipfrac_agg=CORE[0],  # the tie share is the token-mean's (row-mean: vanilla only)
+                clipfrac_counts=CORE[1],
             )
             cache[ck] = float(pg_tie_share(t["logprobs"], t["old_logprobs"], st.adv, m, setup, s.tol.rtol))
         return cache[ck]
@@ -354,7 +364,7 @@ def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicySt
         return out
 
     propose = (lambda gs: propose_policy(s, gs, [c.loss, *others])) if pe.has_lp else None
-    out = s.stage(groups, make, checks, "policy", propose)
+    out = list_classes(s, s.stage(groups, make, checks, "policy", propose), pe.classes)
     if "policy" in s.unmatched and gf.lp_on and "pg_loss" not in s.t and out:
         s.fitted += explain_policy(gf, [g.state for g in out])  # the nearest groups'
     return out

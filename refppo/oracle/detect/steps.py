@@ -72,7 +72,8 @@ STEPS: tuple[Step, ...] = (
         "policy", ("policy", "policy_agg", "approx_kl", "entropy", "kl_loss"),
         ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss", "grad_logprobs"),
         ("policy_loss", "dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg",
-         "approx_kl", "entropy_agg", "kl_grad_is_clip"),
+         "approx_kl", "entropy_agg", "kl_grad_is_clip", "clipfrac_agg", "clipfrac_counts",
+         "kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp"),
         "dual-clip c, clip ranges (off pg_loss, or without it off grad_logprobs; walked with every "
         "policy_loss)",
     ),
@@ -90,15 +91,8 @@ STEPS: tuple[Step, ...] = (
 NOT_WALKED_YET: dict[str, str] = {
     "truncated_rows": "the checked setting's (--set): applied around the update walk "
     "(pipeline/loss_rows.py), which the detection steps do not take yet (#23 item 5)",
-    "clipfrac_agg": "the checked setting's (--set, --preset oat): pg_clipfrac only",
-    "clipfrac_counts": "the checked setting's (--set, a preset or the sidecar): pg_clipfrac only",
     "rollout_rs_effect": "weight only: the walk does not re-mask GAE and the losses (rollout_gate is "
     "the identity under weight); drop_mask is refused by --detect (detection.unwalkable)",
-    **{
-        k: "tried by the policy step under kl_in=both only where it changes kl_loss on the dump "
-        "(detect/policy_kl.py); not every member is reached, so not counted as walked"
-        for k in ("kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp")
-    },
 }
 """Keys the walk should search and does not yet (an open gap, named: the tests allow only these).
 The ``rollout_is*`` keys left it when the correction step walked them (#22)."""
