@@ -5,8 +5,8 @@ Each dump is made by the pipeline (``refppo_dump``: :func:`refppo.pipeline.step`
 of ``naive_dump`` do not restate these keys) under a non-default member, and detected from a checked
 setting with the default: every listed convention names the member the dump was made under (the
 default is not listed). The walk must find the member among all the others; the peers' own dumps
-(tests/peers) test the same walk on dumps made by their code. Without ``pg_clipfrac`` the clip-fraction members cannot be told apart: they are listed
-as one class. Each test first asserts that its member changes the dumped quantity (else the test
+(tests/peers) test the same walk on dumps made by their code. Without ``pg_clipfrac`` the
+clip-fraction members cannot be told apart: they are listed as one class. Each test first asserts that its member changes the dumped quantity (else the test
 could not fail).
 """
 
