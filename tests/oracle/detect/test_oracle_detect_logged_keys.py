@@ -1,13 +1,13 @@
 """``--detect`` walks the logged-only keys (issue #23 item 5): ``clipfrac_agg``, ``clipfrac_counts``
 and, under ``kl_in=both``, the KL loss's own ``kl_loss_estimator`` and clamps.
 
-Each dump is made by the pipeline (``refppo_dump``: :func:`refppo.pipeline.step`; the naive twins
-of ``naive_dump`` do not restate these keys) under a non-default member, and detected from a checked
+Each dump is made by the pipeline (``refppo_dump``: :func:`refppo.pipeline.step`; the naive twins of
+``naive_dump`` do not restate these keys) under a non-default member, and detected from a checked
 setting with the default: every listed convention names the member the dump was made under (the
 default is not listed). The walk must find the member among all the others; the peers' own dumps
 (tests/peers) test the same walk on dumps made by their code. Without ``pg_clipfrac`` the
-clip-fraction members cannot be told apart: they are listed as one class. Each test first asserts that its member changes the dumped quantity (else the test
-could not fail).
+clip-fraction members cannot be told apart: they are listed as one class. Each test first asserts
+that its member changes the dumped quantity (else the test could not fail).
 """
 
 from __future__ import annotations
