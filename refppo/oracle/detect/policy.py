@@ -10,6 +10,12 @@ mode when the dump holds ``entropy_loss``) and the checked clip ranges. When non
 dual-clip constant and the clip ranges from the data and the step is walked again with them and
 with every policy loss.
 
+The logged-only keys (``clipfrac_agg``, ``clipfrac_counts``:
+:mod:`refppo.oracle.detect.policy_clipfrac`; the KL loss's own ``kl_loss_estimator`` and clamps under
+``kl_in=both``: :mod:`refppo.oracle.detect.policy_kl`) are walked one option per distinct value; the
+members with an option's value are merged into the groups the step keeps
+(:mod:`refppo.oracle.detect.policy_members`).
+
 The per-token loss is made once per ``(advantages, policy loss, clip ranges, dual clip, clamp)`` by
 the policy stage and aggregated under every mode by the policy_agg stage; a clamp that binds on no
 token, or a dual clip that caps no token, leaves the stage's output as it is without them, so the

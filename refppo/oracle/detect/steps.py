@@ -89,8 +89,9 @@ STEPS: tuple[Step, ...] = (
 """The walk, in pipeline order."""
 
 NOT_WALKED_YET: dict[str, str] = {
-    "truncated_rows": "the checked setting's (--set): applied around the update walk "
-    "(pipeline/loss_rows.py), which the detection steps do not take yet (#23 item 5)",
+    "truncated_rows": "keep only: mask_in_loss/drop run the update walk on the rows in the loss "
+    "with the whole batch's normalisers (pipeline/loss_rows.py), which the policy, value and loss "
+    "steps do not take yet; --detect refuses a checked setting with them (detection.unwalkable)",
     "rollout_rs_effect": "weight only: the walk does not re-mask GAE and the losses (rollout_gate is "
     "the identity under weight); drop_mask is refused by --detect (detection.unwalkable)",
 }

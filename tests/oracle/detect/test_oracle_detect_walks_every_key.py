@@ -6,7 +6,8 @@ setting (the checked setting with the option's keys replaced), on three dumps th
 make every step take its second walk (the solver's, and the "then" keys of
 :mod:`refppo.oracle.detect.rollout`): a critic dump with holes, ``entropy_loss``, the KL in the
 loss, a score map, clip ranges and ``whiten_eps_at`` off the checked ones and ``policy_loss=gspo``;
-a critic-free GRPO dump with a lone prompt; a v2 dump with ``grad_logprobs`` (``k3+``, GAE through
+a critic-free GRPO dump with a lone prompt and ``kl_in=both`` (the KL loss's own estimator and
+clamps); a v2 dump with ``grad_logprobs`` (``k3+``, GAE through
 the padding); a dump with ``rollout_logprobs`` whose policy term carries a sequence-level masked
 correction (the correction step's walk and its solver) and a one-token row (the only rows where
 ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
