@@ -41,7 +41,7 @@ from refppo.oracle.detect.grad_fit import GradFit, explain_policy
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy_clipfrac import CORE, ClipfracWalk
 from refppo.oracle.detect.policy_kl import KLLossWalk, KLVariant, kl_loss_stage
-from refppo.oracle.detect.policy_members import Classes, list_classes
+from refppo.oracle.detect.policy_members import Classes
 from refppo.oracle.detect.policy_solve import log_ratio_clamps, propose_policy
 from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState, PolicyState, digest
@@ -100,7 +100,7 @@ class _Aggregated:
 class _PolicyEval:
     """The policy step's evaluations through the stages, memoised by what determines each."""
 
-    def __init__(self, s: Search) -> None:
+    def __init__(self, s: Search, classes: Classes) -> None:
         self.s = s
         t, m = s.t, s.m
         self.has_lp = "logprobs" in t
@@ -118,7 +118,7 @@ class _PolicyEval:
                 self.ent[a.value] = s.evaluate("entropy", q_ent, st, self.ev_tok)["entropy_loss"]
         self.klw = KLLossWalk(s, self.has_lp)
         self.cfw = ClipfracWalk(s, self.logprobs)
-        self.classes = Classes()
+        self.classes = classes
         self.akl: dict[tuple[str, float], Tensor] = {}
         self.acts: dict[tuple[Any, ...], bool] = {}
         self.computed: dict[tuple[Any, ...], _Aggregated] = {}
@@ -332,10 +332,13 @@ def _widen(s: Search, st: PolicyState, cache: dict[Any, float]) -> Callable[[], 
     return widen
 
 
-def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicyState]]:
+def policy_step(
+    s: Search, groups: list[Group[AdvState]], classes: Classes | None = None
+) -> list[Group[PolicyState]]:
     """``pg_loss``, ``pg_clipfrac``, ``approx_kl``, ``entropy_loss``: policy loss, dual clip, clamp,
-    aggregation (the checked policy loss first, every other one with the solver's constants)."""
-    pe = _PolicyEval(s)
+    aggregation (the checked policy loss first, every other one with the solver's constants); the
+    classes of its logged-only keys recorded in ``classes`` (:mod:`refppo.oracle.detect.policy_members`)."""
+    pe = _PolicyEval(s, Classes() if classes is None else classes)
     gf = GradFit(s)
     c = s.base.conv.policy
     base_duals: list[float | None] = list(dict.fromkeys([None, 3.0, c.dual_clip]))
@@ -370,7 +373,7 @@ def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicySt
         return out
 
     propose = (lambda gs: propose_policy(s, gs, [c.loss, *others])) if pe.has_lp else None
-    out = list_classes(s, s.stage(groups, make, checks, "policy", propose), pe.classes)
+    out = s.stage(groups, make, checks, "policy", propose)
     if "policy" in s.unmatched and gf.lp_on and "pg_loss" not in s.t and out:
         s.fitted += explain_policy(gf, [g.state for g in out])  # the nearest groups'
     return out

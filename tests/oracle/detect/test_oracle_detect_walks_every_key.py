@@ -11,7 +11,10 @@ clamps); a v2 dump with ``grad_logprobs`` (``k3+``, GAE through
 the padding); a dump with ``rollout_logprobs`` whose policy term carries a sequence-level masked
 correction (the correction step's walk and its solver) and a one-token row (the only rows where
 ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
-such a dump only). A key is walked when two options of one step give it different values.
+such a dump only). A key is walked when two options of one step give it different values; an
+option of the policy step stands for the members merged into its class too
+(:mod:`refppo.oracle.detect.policy_members`: the logged-only keys are walked one option per
+distinct value).
 
 Before, ``policy_loss`` was never walked (it was listed in ``NOT_WALKED`` as "not searched yet"):
 a GSPO dump got no convention and a nearest one with unrelated changes.
@@ -33,6 +36,7 @@ from refppo.conventions import LossAgg
 from refppo.dump.load import load_dump
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.detection import detect
+from refppo.oracle.detect.policy_members import Classes, Members
 from refppo.oracle.detect.search import HP_KEYS, Search
 from refppo.oracle.detect.steps import NOT_WALKED, NOT_WALKED_YET, STEPS
 from refppo.pipeline.groups_update import AggConvention
@@ -129,6 +133,13 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Seen:
     """Every option of every step of ``--detect`` from refppo's defaults on :func:`_dumps`."""
     rec: Seen = defaultdict(lambda: defaultdict(set))
     real = Search.expand
+    real_record = Classes.record
+    merged: dict[bytes, list[dict[str, Any]]] = {}
+
+    def record(self: Classes, key: bytes, kl: Members, clipfrac: Members) -> None:
+        """The members merged into the option of digest ``key`` (each is a walked setting too)."""
+        merged.setdefault(key, [{**k, **c} for k in ({}, *kl) for c in ({}, *clipfrac) if k or c])
+        real_record(self, key, kl, clipfrac)
 
     def expand(
         self: Search,
@@ -139,17 +150,19 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Seen:
     ) -> list[Any]:
         def recorded(g: Any) -> Iterable[Any]:
             for upd, st, key in options(g):
-                full = _setting(self, upd)
-                for k, v in full.items():
-                    rec[stage][k].add(v)
-                for k, v in _applied(full).items():
-                    rec[APPLIED][k].add(v)
+                for member in ({}, *merged.get(key, [])):
+                    full = _setting(self, {**upd, **member})
+                    for k, v in full.items():
+                        rec[stage][k].add(v)
+                    for k, v in _applied(full).items():
+                        rec[APPLIED][k].add(v)
                 yield upd, st, key
 
         return real(self, groups, recorded, checks, stage)
 
     mp = pytest.MonkeyPatch()
     mp.setattr(Search, "expand", expand)
+    mp.setattr(Classes, "record", record)
     try:
         for path, start in _dumps(tmp_path_factory.mktemp("walk")):
             found = detect(load_dump(path), start)
