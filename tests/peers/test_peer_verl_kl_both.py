@@ -98,13 +98,14 @@ def test_detect_walks_the_kl_loss_estimator_and_reads_its_beta(
     out = _detect(dumps / f"{case}.pt", sets, capsys)
     assert out["detected_count"] > 0
     # every member with the binding value clamp 10: verl's k3 clamps, or a log-ratio clamp that binds on
-    # no token here; k3 and its straight-through twin k3+ have one value (no gradient): one class (#23)
+    # no token here; k3 and its straight-through twin k3+ have one value (no gradient): one class (#23),
+    # listed as far as search.MAX_EQUIV allows
     own = {
         (c["kl_loss_estimator"], str(c["kl_loss_log_ratio_clamp"]), c["kl_loss_value_clamp"])
         for c in out["detected"]
     }
     assert ("k3", "[-20.0, 20.0]", 10.0) in own, own
-    assert {e for e, _, _ in own} == {"k3", "k3+"} and {v for _, _, v in own} == {10.0}, own
+    assert {e for e, _, _ in own} <= {"k3", "k3+"} and {v for _, _, v in own} == {10.0}, own
     assert "kl_grad_is_clip" in out["undetermined_keys"]  # no gradient: the dump cannot tell
     hp = json.loads((dumps / f"{case}.pt.json").read_text())
     del hp["kl_loss_coef"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -41,7 +42,6 @@ from refppo.oracle.detect.grad_fit import GradFit, explain_policy
 from refppo.oracle.detect.groups import Group, Option
 from refppo.oracle.detect.policy_clipfrac import CORE, ClipfracWalk
 from refppo.oracle.detect.policy_kl import KLLossWalk, KLVariant, kl_loss_stage
-from refppo.oracle.detect.policy_members import Classes
 from refppo.oracle.detect.policy_solve import log_ratio_clamps, propose_policy
 from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState, PolicyState, digest
@@ -100,7 +100,7 @@ class _Aggregated:
 class _PolicyEval:
     """The policy step's evaluations through the stages, memoised by what determines each."""
 
-    def __init__(self, s: Search, classes: Classes) -> None:
+    def __init__(self, s: Search) -> None:
         self.s = s
         t, m = s.t, s.m
         self.has_lp = "logprobs" in t
@@ -118,10 +118,13 @@ class _PolicyEval:
                 self.ent[a.value] = s.evaluate("entropy", q_ent, st, self.ev_tok)["entropy_loss"]
         self.klw = KLLossWalk(s, self.has_lp)
         self.cfw = ClipfracWalk(s, self.logprobs)
-        self.classes = classes
         self.akl: dict[tuple[str, float], Tensor] = {}
         self.acts: dict[tuple[Any, ...], bool] = {}
         self.computed: dict[tuple[Any, ...], _Aggregated] = {}
+
+    def pg_ok(self, pg: dict[str, Tensor]) -> bool:
+        """Whether some aggregation of a policy stage's loss reproduces ``pg_loss`` (or it is not dumped)."""
+        return "pg_loss" not in self.s.t or any(self.s.ratio("pg_loss", v, None) == 0.0 for v in pg.values())
 
     def max_seq(self) -> float:
         """:func:`max_seq_log_ratio` of the dump (once, when a ``gspo`` option is walked)."""
@@ -266,7 +269,7 @@ def _policy_options(
             eff_dual, eff_lrc = pe.effective(st.adv, st.adv_key, clip, loss, dual, lrc)
             w = (st.is_key, st.is_weights)
             out = pe.entry(st.adv, st.adv_key, clip, loss, eff_dual, eff_lrc, tests, weight=w)
-            cfs = pe.cfw.variants(st, loss, clip, eff_lrc, out.clipfrac)
+            cfs = pe.cfw.variants(st, loss, clip, eff_lrc, out.clipfrac, partial(pe.pg_ok, out.pg))
             upd_clip = {} if clip == base_clip else {"cliprange": clip[0], "cliprange_high": clip[1]}
             upd_loss = {} if loss is own_loss else {"policy_loss": loss.value}
             setting = {
@@ -289,11 +292,10 @@ def _policy_options(
                         akl = pe.approx_kl(ak.value, out.approx_kl)
                         ps = PolicyState(
                             st.carried, st.adv, st.adv_key, kset, agg, out.pg[a], cf, akl, ent, kll,
-                            st.is_weights, st.is_key,
+                            st.is_weights, st.is_key, (kcls, ccls),
                         )  # fmt: skip
                         wk = st.is_key if by_weight else b""
                         key = digest(st.carried.ret_key, out.pg[a], cf, akl, ent, kll, a, wk, kk)
-                        pe.classes.record(key, kcls, ccls)
                         upd = {
                             "dual_clip": dual,
                             "log_ratio_clamp": lrc,
@@ -332,13 +334,10 @@ def _widen(s: Search, st: PolicyState, cache: dict[Any, float]) -> Callable[[], 
     return widen
 
 
-def policy_step(
-    s: Search, groups: list[Group[AdvState]], classes: Classes | None = None
-) -> list[Group[PolicyState]]:
+def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicyState]]:
     """``pg_loss``, ``pg_clipfrac``, ``approx_kl``, ``entropy_loss``: policy loss, dual clip, clamp,
-    aggregation (the checked policy loss first, every other one with the solver's constants); the
-    classes of its logged-only keys recorded in ``classes`` (:mod:`refppo.oracle.detect.policy_members`)."""
-    pe = _PolicyEval(s, Classes() if classes is None else classes)
+    aggregation (the checked policy loss first, every other one with the solver's constants)."""
+    pe = _PolicyEval(s)
     gf = GradFit(s)
     c = s.base.conv.policy
     base_duals: list[float | None] = list(dict.fromkeys([None, 3.0, c.dual_clip]))

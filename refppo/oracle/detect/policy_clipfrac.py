@@ -14,6 +14,7 @@ its digest and merge into one class: on a dump without ``pg_clipfrac`` every mem
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
@@ -60,21 +61,30 @@ class ClipfracWalk:
         clip: tuple[float, float | None],
         lrc: float | None,
         core: Tensor,
+        pg_ok: Callable[[], bool],
     ) -> list[ClipfracVariant]:
         """One ``(update, pg_clipfrac, class)`` per distinct clip fraction of the members under the
         policy stage setting ``(loss, clip, lrc)`` on the advantages state ``st``, whose core
         token-mean clip fraction is ``core``: the update names the keys of the first such member
         (the checked one first) that differ from the checked setting's; the class names the other
-        members with that value, in full. Where the dump holds ``pg_clipfrac``, a member other than the
-        checked one is kept only when it reproduces it exactly (as a listed one must; the policy
-        step's check widens the tolerance by the tokens at the clip boundary for the checked one),
-        unless none does (every one then, for the nearest groups): each distinct clip fraction
-        multiplies the step's options."""
+        members with that value, in full. A member the policy stage must evaluate (its value is not
+        the core's) other than the checked one is evaluated only where the checked one does not
+        reproduce the dumped ``pg_clipfrac`` and ``pg_ok()`` (some aggregation of the option's loss
+        reproduces ``pg_loss``, or it is not dumped), and kept only when it reproduces it exactly
+        (a listed one must): each distinct clip fraction multiplies the step's options and each
+        evaluation costs a policy stage."""
         out: list[tuple[dict[str, Any], Tensor, bytes]] = []
         classes: dict[bytes, list[dict[str, Any]]] = {}
         core_key = digest(core) if self.shown else b""
-        for m in members(loss, self.own):
-            v = self._value(st, loss, clip, lrc, m) if self.shown else None
+        own_v: Tensor | None = None
+        for i, m in enumerate(members(loss, self.own)):
+            v = self._value(st, loss, clip, lrc, m, evaluate=False) if self.shown else None
+            if v is not None:  # the policy stage must evaluate it
+                if i > 0 and not self._others(own_v, core, pg_ok):
+                    continue
+                v = self._value(st, loss, clip, lrc, m, evaluate=True)
+            if i == 0:
+                own_v = v
             key = core_key if v is None else digest(v)
             full = {"clipfrac_agg": m[0].value, "clipfrac_counts": m[1].value}
             if key in classes:
@@ -82,18 +92,29 @@ class ClipfracWalk:
                 continue
             classes[key] = []
             upd = {k: x for (k, x), o in zip(full.items(), self.own, strict=True) if x != o.value}
-            out.append((upd, core if v is None else v, key))
-        reps: list[ClipfracVariant] = [(upd, cf, tuple(classes[k])) for upd, cf, k in out]
-        if len(reps) > 1 and self.shown:  # the checked member's and those the dump shows, or all
-            exact = [r for r in reps[1:] if self.s.ratio("pg_clipfrac", r[1], None) == 0.0]
-            if exact or self.s.ratio("pg_clipfrac", reps[0][1], None) == 0.0:
-                reps = [reps[0], *exact]
-        return reps
+            value = core if v is None else v
+            if i > 0 and self.shown and self.s.ratio("pg_clipfrac", value, None) != 0.0:
+                continue  # another member's value that does not reproduce the dump
+            out.append((upd, value, key))
+        return [(upd, cf, tuple(classes[k])) for upd, cf, k in out]
+
+    def _others(self, own_v: Tensor | None, core: Tensor, pg_ok: Callable[[], bool]) -> bool:
+        """Whether the members other than the checked one are evaluated (:meth:`variants`)."""
+        own = core if own_v is None else own_v
+        return self.s.ratio("pg_clipfrac", own, None) != 0.0 and pg_ok()
 
     def _value(
-        self, st: AdvState, loss: PolicyLoss, clip: tuple[float, float | None], lrc: float | None, m: Member
+        self,
+        st: AdvState,
+        loss: PolicyLoss,
+        clip: tuple[float, float | None],
+        lrc: float | None,
+        m: Member,
+        *,
+        evaluate: bool,
     ) -> Tensor | None:
-        """``pg_clipfrac`` under member ``m`` through the policy stage; None where it is the core's."""
+        """``pg_clipfrac`` under member ``m`` through the policy stage (``evaluate`` False: ``core``,
+        a placeholder, where it must be evaluated); None where it is the core's."""
         s = self.s
         setting = s.setting(
             policy_loss=loss.value, dual_clip=None, log_ratio_clamp=lrc, cliprange=clip[0],
@@ -101,6 +122,8 @@ class ClipfracWalk:
         )  # fmt: skip
         if m[0] is ClipfracAgg.TOKEN_MEAN and not recounts(setting.conv, st.is_weights):
             return None
+        if not evaluate:
+            return st.adv  # a placeholder: not None
         key = (st.adv_key, st.is_key, loss, clip, lrc, m)
         if key not in self.memo:
             if len(self.memo) >= MEMO_MAX:  # a cache: bounded, values recomputed

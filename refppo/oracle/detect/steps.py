@@ -21,7 +21,7 @@ from refppo.oracle.detect.correction import correction_step, note_uncorrectable
 from refppo.oracle.detect.estimator import estimator_step, gae_step, needs_estimator_stage
 from refppo.oracle.detect.groups import Group
 from refppo.oracle.detect.policy import policy_step
-from refppo.oracle.detect.policy_members import Classes, list_classes
+from refppo.oracle.detect.policy_members import list_classes
 from refppo.oracle.detect.rollout import kl_step, reward_step, whiten_step
 from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState
@@ -148,13 +148,12 @@ def run_search(s: Search) -> list[Group[Any]]:
     for g in groups:  # the raw advantages are not read again
         g.patch(drop_raw_advantages)
     groups = correction_step(s, groups)
-    classes = Classes()  # the logged-only keys' classes, listed after the last step
-    groups = policy_step(s, groups, classes)
+    groups = policy_step(s, groups)
     note_uncorrectable(s)
     s.dump.release_mapped()
     groups = value_step(s, groups) if "old_values" in t else no_critic(s, groups)
     s.dump.release_mapped()
-    return list_classes(s, loss_step(s, groups), classes)
+    return list_classes(s, loss_step(s, groups))  # the logged-only keys' classes, after the last step
 
 
 def drop_raw_advantages(st: AdvState) -> AdvState:

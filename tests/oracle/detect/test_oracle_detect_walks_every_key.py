@@ -7,8 +7,8 @@ make every step take its second walk (the solver's, and the "then" keys of
 :mod:`refppo.oracle.detect.rollout`): a critic dump with holes, ``entropy_loss``, the KL in the
 loss, a score map, clip ranges and ``whiten_eps_at`` off the checked ones and ``policy_loss=gspo``;
 a critic-free GRPO dump with a lone prompt and ``kl_in=both`` (the KL loss's own estimator and
-clamps); a v2 dump with ``grad_logprobs`` (``k3+``, GAE through
-the padding); a dump with ``rollout_logprobs`` whose policy term carries a sequence-level masked
+clamps), without ``pg_clipfrac`` (the clip-fraction members: one class); a v2 dump with
+``grad_logprobs`` (``k3+``, GAE through the padding); a dump with ``rollout_logprobs`` whose policy term carries a sequence-level masked
 correction (the correction step's walk and its solver) and a one-token row (the only rows where
 ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
 such a dump only). A key is walked when two options of one step give it different values; an
@@ -36,8 +36,8 @@ from refppo.conventions import LossAgg
 from refppo.dump.load import load_dump
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.detection import detect
-from refppo.oracle.detect.policy_members import Classes, Members
 from refppo.oracle.detect.search import HP_KEYS, Search
+from refppo.oracle.detect.states import PolicyState
 from refppo.oracle.detect.steps import NOT_WALKED, NOT_WALKED_YET, STEPS
 from refppo.pipeline.groups_update import AggConvention
 from refppo.pipeline.settings import FLAT, enum_keys
@@ -106,9 +106,8 @@ def _dumps(tmp: Path) -> list[tuple[Path, Setup]]:
         {"advantage": "grpo", "group_singleton": "score", "group_eps": 1e-2}
         | {"kl_in": "both"},  # the KL loss's own estimator and clamps are walked
     )
-    out.append(
-        (save(tmp, naive_dump(group, made), setup_for(None, {}), "group.safetensors"), setup_for(None, {}))
-    )
+    made_dump = {k: v for k, v in naive_dump(group, made).items() if k != "pg_clipfrac"}  # one class
+    out.append((save(tmp, made_dump, setup_for(None, {}), "group.safetensors"), setup_for(None, {})))
     (tmp / "v2").mkdir()
     v2 = step_dump({"kl_in": "loss", "kl_estimator": "k3+", "gae_padding": "through"}, keep_scalars=True)
     out.append((save_step(tmp / "v2", v2, {}), setup_for(None, {})))
@@ -133,13 +132,6 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Seen:
     """Every option of every step of ``--detect`` from refppo's defaults on :func:`_dumps`."""
     rec: Seen = defaultdict(lambda: defaultdict(set))
     real = Search.expand
-    real_record = Classes.record
-    merged: dict[bytes, list[dict[str, Any]]] = {}
-
-    def record(self: Classes, key: bytes, kl: Members, clipfrac: Members) -> None:
-        """The members merged into the option of digest ``key`` (each is a walked setting too)."""
-        merged.setdefault(key, [{**k, **c} for k in ({}, *kl) for c in ({}, *clipfrac) if k or c])
-        real_record(self, key, kl, clipfrac)
 
     def expand(
         self: Search,
@@ -150,7 +142,9 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Seen:
     ) -> list[Any]:
         def recorded(g: Any) -> Iterable[Any]:
             for upd, st, key in options(g):
-                for member in ({}, *merged.get(key, [])):
+                kl, cf = st.members if isinstance(st, PolicyState) else ((), ())
+                merged = [{**k, **c} for k in ({}, *kl) for c in ({}, *cf) if k or c]
+                for member in ({}, *merged):
                     full = _setting(self, {**upd, **member})
                     for k, v in full.items():
                         rec[stage][k].add(v)
@@ -162,7 +156,6 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Seen:
 
     mp = pytest.MonkeyPatch()
     mp.setattr(Search, "expand", expand)
-    mp.setattr(Classes, "record", record)
     try:
         for path, start in _dumps(tmp_path_factory.mktemp("walk")):
             found = detect(load_dump(path), start)
