@@ -93,6 +93,20 @@ def _areal_clip_ratio(dump: Any, expected: Any, n: str) -> None:
         assert not ctl.match and ctl.first_divergence == "pg_clipfrac", (n, ctl.first_divergence)
 
 
+KEPT_DETECTED = "areal_decoupled_token_mask_cap5"
+"""The AReaL dump ``--detect`` also walks from ``clipfrac_counts=all`` (one: each walk costs)."""
+
+
+def _detect_kept(dump: Any, base: Any, n: str) -> None:
+    """``--detect`` from the preset with ``clipfrac_counts=all`` on AReaL's own step: every listed
+    convention names ``kept`` (issue #23 item 5; before, the walk kept the checked ``all``)."""
+    flat = {k: getattr(v, "value", v) for k, v in base.convention_dict().items()}
+    det = detect(dump, setup_from_json(base, {**flat, "clipfrac_counts": "all"}), limit=100000)
+    assert det.detected, (n, det.unmatched_stages, det.nearest)
+    assert {e["clipfrac_counts"] for e in det.detected} == {"kept"}, n
+    print(f"{n}: --detect from clipfrac_counts=all lists {len(det.detected)} entries, all kept")
+
+
 @pytest.mark.parametrize("unit", list(MAKERS))
 def test_the_peers_steps_match_their_convention_and_detect_lists_it(
     tmp_path: Path, unit: str, monkeypatch: pytest.MonkeyPatch
@@ -117,6 +131,8 @@ def test_the_peers_steps_match_their_convention_and_detect_lists_it(
         assert not check(dump, setup_from_json(expected, trial), explain_divergence=False).match, n
         if unit == "areal":
             _areal_clip_ratio(dump, expected, n)
+            if n == KEPT_DETECTED:
+                _detect_kept(dump, base, n)
         want, unwanted = _family(conv), _family({**conv, **flip})
         det = detect(dump, base, limit=100000)
         listed = [e for e in det.detected if _family(e) == want]

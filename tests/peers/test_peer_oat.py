@@ -220,3 +220,18 @@ def test_preset_oat_defaults_are_the_installed_ones() -> None:
     assert (
         got["critic_type"] == "drgrpo"
     )  # OATArgs' default: the preset states critic_type=ppo, drgrpo a variant
+
+
+def test_detect_walks_clipfrac_agg_to_oats_row_mean(made: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--detect`` from the preset with ``clipfrac_agg=token-mean`` on oat's own step with its logged
+    ``pg_clipfrac``: every listed convention names ``row-mean`` (issue #23 item 5; before, the walk
+    kept the checked ``token-mean`` and listed nothing)."""
+    name = "ppo_no_tis"
+    dump, _, base, _ = _setups(made, name, monkeypatch)
+    logged = json.loads((made / f"oat_{name}.facts.json").read_text())["logged_pg_clipfrac"]
+    t = dump.tensors
+    with_cf = validate(dump.path, {**t, "pg_clipfrac": torch.tensor(logged, dtype=t["pg_loss"].dtype)})
+    det = detect(with_cf, _flip(base, {"clipfrac_agg": "token-mean"}), limit=100000)
+    assert det.detected, (det.unmatched_stages, det.nearest)
+    assert {e["clipfrac_agg"] for e in det.detected} == {"row-mean"}
+    print(f"oat_{name}: --detect lists {len(det.detected)} entries, all clipfrac_agg=row-mean")

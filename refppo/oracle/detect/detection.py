@@ -30,7 +30,8 @@ it proposes is evaluated through the stages like any other value). The steps
   gates' thresholds read off pg_loss (before the walk: the weight is not dumped; the policy step
   checks it; not walked without rollout_logprobs).
 - ``policy`` (stages policy, policy_agg, approx_kl, entropy, kl_loss): walks policy_loss, dual_clip,
-  log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl, entropy_agg, kl_grad_is_clip;
+  log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl, entropy_agg, kl_grad_is_clip,
+  clipfrac_agg, clipfrac_counts, kl_loss_estimator, kl_loss_log_ratio_clamp, kl_loss_value_clamp;
   checked against pg_loss, pg_clipfrac, approx_kl, entropy_loss, grad_logprobs; solver: dual-clip c,
   clip ranges (off pg_loss, or without it off grad_logprobs; walked with every policy_loss).
 - ``value`` (stages value, value_agg): walks value_loss, value_clip_form, vf_mask, value_loss_agg,

@@ -10,6 +10,12 @@ mode when the dump holds ``entropy_loss``) and the checked clip ranges. When non
 dual-clip constant and the clip ranges from the data and the step is walked again with them and
 with every policy loss.
 
+The logged-only keys (``clipfrac_agg``, ``clipfrac_counts``:
+:mod:`refppo.oracle.detect.policy_clipfrac`; the KL loss's own ``kl_loss_estimator`` and clamps under
+``kl_in=both``: :mod:`refppo.oracle.detect.policy_kl`) are walked one option per distinct value; the
+members with an option's value are merged into the groups the step keeps
+(:mod:`refppo.oracle.detect.policy_members`).
+
 The per-token loss is made once per ``(advantages, policy loss, clip ranges, dual clip, clamp)`` by
 the policy stage and aggregated under every mode by the policy_agg stage; a clamp that binds on no
 token, or a dual clip that caps no token, leaves the stage's output as it is without them, so the
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,7 +40,8 @@ from refppo.core.checks import count_true
 from refppo.oracle.check.ties import pg_tie_share
 from refppo.oracle.detect.grad_fit import GradFit, explain_policy
 from refppo.oracle.detect.groups import Group, Option
-from refppo.oracle.detect.policy_kl import KLLossWalk, kl_loss_stage
+from refppo.oracle.detect.policy_clipfrac import CORE, ClipfracWalk
+from refppo.oracle.detect.policy_kl import KLLossWalk, KLVariant, kl_loss_stage
 from refppo.oracle.detect.policy_solve import log_ratio_clamps, propose_policy
 from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState, PolicyState, digest
@@ -109,9 +117,14 @@ class _PolicyEval:
                 st = s.setting(loss_agg=a.value, entropy_agg=None)
                 self.ent[a.value] = s.evaluate("entropy", q_ent, st, self.ev_tok)["entropy_loss"]
         self.klw = KLLossWalk(s, self.has_lp)
+        self.cfw = ClipfracWalk(s, self.logprobs)
         self.akl: dict[tuple[str, float, float | None], Tensor] = {}
         self.acts: dict[tuple[Any, ...], bool] = {}
         self.computed: dict[tuple[Any, ...], _Aggregated] = {}
+
+    def pg_ok(self, pg: dict[str, Tensor]) -> bool:
+        """Whether some aggregation of a policy stage's loss reproduces ``pg_loss`` (or it is not dumped)."""
+        return "pg_loss" not in self.s.t or any(self.s.ratio("pg_loss", v, None) == 0.0 for v in pg.values())
 
     def max_seq(self) -> float:
         """:func:`max_seq_log_ratio` of the dump (once, when a ``gspo`` option is walked)."""
@@ -167,6 +180,8 @@ class _PolicyEval:
             log_ratio_clamp=lrc,
             cliprange=clip[0],
             cliprange_high=clip[1],
+            clipfrac_agg=CORE[0],
+            clipfrac_counts=CORE[1],
         )
         out = s.evaluate("policy", q, st)
         if dual is None and loss is PolicyLoss.VANILLA and weight[1] is None:
@@ -212,7 +227,7 @@ class _PolicyEval:
             return None
         return self.klw.kl_loss_as(ca.kl_key, ca.kl_setting, agg, None)
 
-    def kl_variants(self, st: AdvState, agg: str) -> list[tuple[dict[str, Any], Tensor | None]]:
+    def kl_variants(self, st: AdvState, agg: str) -> list[KLVariant]:
         """:meth:`refppo.oracle.detect.policy_kl.KLLossWalk.variants` of ``st``'s KL loss."""
         return self.klw.variants(st.carried, self.kl_loss(st, agg), agg)
 
@@ -256,6 +271,7 @@ def _policy_options(
             eff_dual, eff_lrc = pe.effective(st.adv, st.adv_key, clip, loss, dual, lrc)
             w = (st.is_key, st.is_weights)
             out = pe.entry(st.adv, st.adv_key, clip, loss, eff_dual, eff_lrc, tests, weight=w)
+            cfs = pe.cfw.variants(st, loss, clip, eff_lrc, out.clipfrac, partial(pe.pg_ok, out.pg))
             upd_clip = {} if clip == base_clip else {"cliprange": clip[0], "cliprange_high": clip[1]}
             upd_loss = {} if loss is own_loss else {"policy_loss": loss.value}
             setting = {
@@ -270,27 +286,27 @@ def _policy_options(
                 ents: list[tuple[dict[str, Any], Tensor | None]] = [(own_eagg, pe.ent.get(a))]
                 if ents_all:  # SkyRL's entropy is token-mean whatever loss_agg (skyrl_train ppo_utils)
                     ents += [({"entropy_agg": e}, v) for e, v in pe.ent.items() if e != a]
-                for kupd, kll in pe.kl_variants(st, a):
+                for kupd, kll, kgrad, kcls in pe.kl_variants(st, a):
                     kset = {**setting, **kupd}
                     # a KL-loss key only the gradient shows: its own option where the gradient is dumped
-                    kk = digest(*sorted(map(str, kupd.items()))) if by_weight else b""
-                    for (eupd, ent), ak in itertools.product(ents, ApproxKL):
+                    kk = kgrad if by_weight else b""
+                    for (eupd, ent), ak, (cupd, cf, ccls) in itertools.product(ents, ApproxKL, cfs):
                         if ak is ApproxKL.K1_CLAMPED and eff_lrc is None:
                             continue  # k1 itself here: the clamp is off or binds on no token
                         akl = pe.approx_kl(ak.value, out.approx_kl, eff_lrc)
                         ps = PolicyState(
-                            st.carried, st.adv, st.adv_key, kset, agg, out.pg[a], out.clipfrac, akl, ent, kll,
-                            st.is_weights, st.is_key,
+                            st.carried, st.adv, st.adv_key, kset, agg, out.pg[a], cf, akl, ent, kll,
+                            st.is_weights, st.is_key, (kcls, ccls),
                         )  # fmt: skip
                         wk = st.is_key if by_weight else b""
-                        key = digest(st.carried.ret_key, out.pg[a], out.clipfrac, akl, ent, kll, a, wk, kk)
+                        key = digest(st.carried.ret_key, out.pg[a], cf, akl, ent, kll, a, wk, kk)
                         upd = {
                             "dual_clip": dual,
                             "log_ratio_clamp": lrc,
                             "loss_agg": a,
                             "approx_kl": ak.value,
                         }
-                        yield {**upd_loss, **upd, **eupd, **upd_clip, **kupd}, ps, key
+                        yield {**upd_loss, **upd, **eupd, **upd_clip, **kupd, **cupd}, ps, key
 
     return opts
 
@@ -313,6 +329,8 @@ def _widen(s: Search, st: PolicyState, cache: dict[Any, float]) -> Callable[[], 
                 log_ratio_clamp=cfg["log_ratio_clamp"],
                 cliprange=cfg["cliprange"],
                 cliprange_high=cfg["cliprange_high"],
+                clipfrac_agg=CORE[0],  # the tie share is the token-mean's (row-mean: vanilla only)
+                clipfrac_counts=CORE[1],
             )
             cache[ck] = float(pg_tie_share(t["logprobs"], t["old_logprobs"], st.adv, m, setup, s.tol.rtol))
         return cache[ck]

@@ -5,10 +5,14 @@
 its options get one digest on a dump without the gradient (the listed class says which values the
 dump cannot tell apart, the evidence what to dump) and their own where the gradient is dumped (the
 policy step's gradient check then keeps the one it reproduces). ``kl_loss_estimator`` (verl 0.9.1
-``actor.kl_loss_type`` beside ``algorithm.kl_penalty``) is walked on a ``kl_in=both`` state of a dump
-that shows the loss's KL (``kl_loss`` or ``grad_logprobs``): every estimator (the straight-through
-ones only where the gradient tells them from their plain twins) with each clamp bundle
-(:data:`refppo.oracle.check.alternatives.CLAMP_BUNDLES`) that changes the term's value.
+``actor.kl_loss_type`` beside ``algorithm.kl_penalty``) is walked on every ``kl_in=both`` state:
+every estimator with every clamp bundle (:data:`refppo.oracle.check.alternatives.CLAMP_BUNDLES`) as
+the loss's own ``kl_loss_log_ratio_clamp`` and ``kl_loss_value_clamp``. Where the dump shows the
+loss's KL (``kl_loss``, ``loss`` or ``grad_logprobs``) each is evaluated, and the options whose
+values (and gradients) are bit-identical merge into one class; elsewhere they all share the carried
+KL's value, one class (nothing is evaluated). Under ``kl_in=reward`` there is no KL loss, and under
+``kl_in=loss`` the loss's own estimator is ``kl_estimator`` (the kl step walks it): the loss's own
+keys are not walked there.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ GRAD_IS_CLIPS: tuple[float | None, ...] = (None, 10.0)
 """``kl_grad_is_clip`` values walked (with the checked setting's): none and OpenRLHF 0.11.2's
 ``c = 10`` (``openrlhf/models/utils.py::compute_approx_kl`` with ``unbiased_gradient``: the KL loss's
 gradient times ``min(exp(l − l^old), 10)``)."""
+KLVariant = tuple[dict[str, Any], Tensor | None, bytes, tuple[dict[str, Any], ...]]
+"""``(convention update, kl_loss, gradient key, class)``: one KL loss option (:meth:`KLLossWalk.variants`)."""
 LOSS_KL_KEYS = ("kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp")
 """The KL loss's own estimator and clamps (None: the carried ``kl_estimator``'s)."""
 
@@ -55,8 +61,9 @@ class KLLossWalk:
         t = s.t
         self.kll: dict[tuple[bytes, str | None, str], Tensor | None] = {}
         self.on = has_lp and "ref_logprobs" in t
-        self.shown = "kl_loss" in t or "grad_logprobs" in t
-        self.estimators = [e for e in KLEstimator if "grad_logprobs" in t or not e.straight_through]
+        self.shown = any(k in t for k in ("kl_loss", "loss", "grad_logprobs"))
+        self.grads = "grad_logprobs" in t
+        self.tables: dict[tuple[bytes, str], list[tuple[dict[str, Any], Tensor | None, bytes]]] = {}
         own = s.base.conv.kl
         self.clips = [c for c in dict.fromkeys([own.grad_is_clip, *GRAD_IS_CLIPS]) if c != own.grad_is_clip]
         # the carried KL's option names the loss's own keys off where the checked setting sets them
@@ -69,28 +76,60 @@ class KLLossWalk:
             self.kll[key] = kl_loss_stage(self.s, kl_setting, agg, kagg)
         return self.kll[key]
 
-    def variants(
-        self, ca: Carried, base: Tensor | None, agg: str
-    ) -> list[tuple[dict[str, Any], Tensor | None]]:
-        """``(keys, kl_loss)`` of the KL loss options under ``loss_agg = agg``: the carried KL's
-        ``base`` and, with a KL loss on the current log-probs, each ``kl_grad_is_clip`` and (under
-        ``kl_in=both`` on a dump that shows the loss's KL) each ``kl_loss_estimator`` with a clamp
-        bundle whose value differs from every one before (a bundle that binds on no token gives the
-        value without it)."""
+    def variants(self, ca: Carried, base: Tensor | None, agg: str) -> list[KLVariant]:
+        """``(keys, kl_loss, gradient key, class)`` of the KL loss options under ``loss_agg = agg``:
+        the carried KL's ``base`` and, with a KL loss on the current log-probs, each
+        ``kl_grad_is_clip`` and (under ``kl_in=both``) each distinct ``kl_loss_estimator`` × clamp
+        bundle (:meth:`own_table`), with ``class`` the members of the loss's own keys (each named in
+        full) that give the option's value and gradient too: the policy step walks one option per
+        distinct value (and gradient, where ``grad_logprobs`` is dumped) and lists the class on the
+        groups it keeps (:mod:`refppo.oracle.detect.policy_members`)."""
         if base is None or not self.on:
-            return [({}, base)]
-        losses: list[tuple[dict[str, Any], Tensor | None]] = [(self.base_upd, base)]
-        if ca.kl_in is KLPlacement.BOTH and self.shown:
-            seen = {digest(base)}
-            for e, cl in itertools.product(self.estimators, CLAMP_BUNDLES.values()):
-                kls = {"kl_estimator": e.value, **cl}
-                v = self.kl_loss_as(digest(e.value, *map(str, cl.values())), kls, agg, None)
-                if v is not None and digest(v) not in seen:
-                    seen.add(digest(v))
-                    own = {f"kl_loss_{k.removeprefix('kl_')}": x for k, x in cl.items()}
-                    losses.append(({"kl_loss_estimator": e.value, **own}, v))
+            return [({}, base, b"", ())]
+        own_e = str(ca.kl_setting.get("kl_estimator", self.s.base.conv.kl.estimator.value))
+        bkey = digest(own_e if self.grads else "", base)
+        losses: list[tuple[dict[str, Any], Tensor | None, bytes]] = [(self.base_upd, base, bkey)]
+        table = self.own_table(ca, base, agg) if ca.kl_in is KLPlacement.BOTH else []
+        classes: dict[bytes, list[dict[str, Any]]] = {bkey: []}
+        for upd, v, dk in table:
+            if dk in classes:
+                classes[dk].append(upd)
+            else:
+                classes[dk] = []
+                losses.append((upd, v, dk))
         grads = [{}, *({"kl_grad_is_clip": c} for c in self.clips)]
-        return [({**lu, **cu}, v) for lu, v in losses for cu in grads]
+        return [
+            ({**lu, **cu}, v, digest(dk, *cu.values()), tuple(classes[dk]))
+            for lu, v, dk in losses
+            for cu in grads
+        ]
+
+    def own_table(
+        self, ca: Carried, base: Tensor, agg: str
+    ) -> list[tuple[dict[str, Any], Tensor | None, bytes]]:
+        """Every ``kl_loss_estimator`` × clamp bundle (:data:`CLAMP_BUNDLES`) as the KL loss's own keys
+        (``kl_in=both``), with its value and class key (equal: the same value and, with
+        ``grad_logprobs``, the same estimator: a straight-through one differs from its plain twin by
+        the gradient alone; a clamp that binds on no token gives the value and gradient without
+        it). On a dump that does not show the KL loss (no ``kl_loss``, ``loss`` or
+        ``grad_logprobs``) each has the carried ``base``'s value (one class: the dump cannot tell
+        them apart; nothing evaluated); else each is evaluated (memoised), a straight-through one as
+        its plain twin without ``grad_logprobs`` (the same value). Memoised by the carried KL."""
+        key = (ca.kl_key, agg)
+        hit = self.tables.get(key)
+        if hit is not None:
+            return hit
+        out: list[tuple[dict[str, Any], Tensor | None, bytes]] = []
+        for e, cl in itertools.product(KLEstimator, CLAMP_BUNDLES.values()):
+            own = {f"kl_loss_{k.removeprefix('kl_')}": x for k, x in cl.items()}
+            v: Tensor | None = base
+            if self.shown:
+                ev = e if self.grads else e.base
+                kls = {"kl_estimator": ev.value, **cl}
+                v = self.kl_loss_as(digest(ev.value, *map(str, cl.values())), kls, agg, None)
+            out.append(({"kl_loss_estimator": e.value, **own}, v, digest(e.value if self.grads else "", v)))
+        self.tables[key] = out
+        return out
 
 
 def loss_beta_note(s: Search, q: dict[str, Any], st: Setup, total: Tensor, seen: set[bytes]) -> None:
@@ -132,4 +171,4 @@ def loss_beta_note(s: Search, q: dict[str, Any], st: Setup, total: Tensor, seen:
             return
 
 
-__all__ = ["GRAD_IS_CLIPS", "LOSS_KL_KEYS", "KLLossWalk", "kl_loss_stage", "loss_beta_note"]
+__all__ = ["GRAD_IS_CLIPS", "LOSS_KL_KEYS", "KLLossWalk", "KLVariant", "kl_loss_stage", "loss_beta_note"]

@@ -137,6 +137,8 @@ class PolicyState:
     policy term's gradient by them (:meth:`refppo.oracle.detect.grad_fit.GradFit.corrected`)."""
     is_key: bytes = b""
     """The advantages state's :attr:`AdvState.is_key` (the gradient check's memo keys on it)."""
+    members: Any = field(default=((), ()), compare=False)
+    """The logged-only keys' members with this state's values (:mod:`refppo.oracle.detect.policy_members`)."""
 
 
 @dataclass(frozen=True)

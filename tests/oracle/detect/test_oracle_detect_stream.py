@@ -56,7 +56,9 @@ def _walk_holding_all(
             new_convs = [{**c, **upd} for c in g.convs]
             if key in merged:
                 tgt = merged[key]
-                tgt.convs.extend(new_convs[: max(MAX_EQUIV - len(tgt.convs), 0)])
+                added = new_convs[: max(MAX_EQUIV - len(tgt.convs), 0)]
+                tgt.convs.extend(added)
+                tgt.marks.extend([()] * len(added))  # one per member, as groups._merge keeps them
                 tgt.n_equiv += g.n_equiv
                 tgt.worst = min(tgt.worst, g.worst)
                 continue
