@@ -8,8 +8,10 @@ the mean of per-row means of every clipped token, vanilla only). A member is eva
 policy stage only where the dump holds ``pg_clipfrac`` and the member can change it:
 ``row-mean``; ``kept`` under a rollout correction and ``by_advantage`` under ``cispo``
 (:func:`refppo.pipeline.update.recounts`). Every other member has the core's token-mean
-``c = Σ m·[ℓ2 > ℓ1] / Σ m`` bit for bit (the policy stage returns it unchanged), so the options share
-its digest and merge into one class: on a dump without ``pg_clipfrac`` every member does.
+``c = Σ m·[ℓ2 > ℓ1] / Σ m`` by definition (the policy stage returns it unchanged): such members are
+one function there, so only the first is walked (``kept`` is ``all`` without a correction, whatever
+the dump holds: listing it would name a difference no dump can show). On a dump without
+``pg_clipfrac`` the walked members merge into one class.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from typing import Any
 
 from torch import Tensor
 
-from refppo.agg_conventions import ClipfracAgg
+from refppo.agg_conventions import ClipfracAgg, ClipFracCounts
 from refppo.conventions import PolicyLoss
+from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.search import Search
 from refppo.oracle.detect.states import AdvState, digest
 from refppo.pipeline.update import recounts
-from refppo.rollout_conventions import ClipFracCounts
 
 CORE = (ClipfracAgg.TOKEN_MEAN.value, ClipFracCounts.ALL.value)
 """The members whose ``pg_clipfrac`` is the core's token-mean: what the policy step evaluates."""
@@ -77,7 +79,12 @@ class ClipfracWalk:
         classes: dict[bytes, list[dict[str, Any]]] = {}
         core_key = digest(core) if self.shown else b""
         own_v: Tensor | None = None
+        core_seen = False
         for i, m in enumerate(members(loss, self.own)):
+            if self._is_core(st, loss, clip, lrc, m):
+                if core_seen:
+                    continue  # the same function as a member already walked here: not a class member
+                core_seen = True
             v = self._value(st, loss, clip, lrc, m, evaluate=False) if self.shown else None
             if v is not None:  # the policy stage must evaluate it
                 if i > 0 and not self._others(own_v, core, pg_ok):
@@ -103,6 +110,25 @@ class ClipfracWalk:
         own = core if own_v is None else own_v
         return self.s.ratio("pg_clipfrac", own, None) != 0.0 and pg_ok()
 
+    def _setting(
+        self, loss: PolicyLoss, clip: tuple[float, float | None], lrc: float | None, m: Member
+    ) -> Setup:
+        """The policy stage's setting under member ``m``."""
+        return self.s.setting(
+            policy_loss=loss.value, dual_clip=None, log_ratio_clamp=lrc, cliprange=clip[0],
+            cliprange_high=clip[1], clipfrac_agg=m[0].value, clipfrac_counts=m[1].value,
+        )  # fmt: skip
+
+    def _is_core(
+        self, st: AdvState, loss: PolicyLoss, clip: tuple[float, float | None], lrc: float | None, m: Member
+    ) -> bool:
+        """Whether member ``m`` is the core's token-mean by definition here (``kept`` without a
+        correction, ``by_advantage`` off ``cispo``): then it is the same function as every other such
+        member, whatever the dump holds."""
+        if m[0] is not ClipfracAgg.TOKEN_MEAN:
+            return False
+        return not recounts(self._setting(loss, clip, lrc, m).conv, st.is_weights)
+
     def _value(
         self,
         st: AdvState,
@@ -116,10 +142,7 @@ class ClipfracWalk:
         """``pg_clipfrac`` under member ``m`` through the policy stage (``evaluate`` False: ``core``,
         a placeholder, where it must be evaluated); None where it is the core's."""
         s = self.s
-        setting = s.setting(
-            policy_loss=loss.value, dual_clip=None, log_ratio_clamp=lrc, cliprange=clip[0],
-            cliprange_high=clip[1], clipfrac_agg=m[0].value, clipfrac_counts=m[1].value,
-        )  # fmt: skip
+        setting = self._setting(loss, clip, lrc, m)
         if m[0] is ClipfracAgg.TOKEN_MEAN and not recounts(setting.conv, st.is_weights):
             return None
         if not evaluate:

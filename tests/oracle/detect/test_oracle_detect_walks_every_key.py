@@ -5,12 +5,13 @@ offers (:meth:`refppo.oracle.detect.search.Search.expand`'s option walks) is rec
 setting (the checked setting with the option's keys replaced), on three dumps that between them make
 every step take its second walk (the solver's, and the "then" keys of
 :mod:`refppo.oracle.detect.rollout`): a critic dump with holes, ``entropy_loss``, the KL in the
-loss, a score map, clip ranges and ``whiten_eps_at`` off the checked ones and ``policy_loss=gspo``;
+loss, a score map, clip ranges and ``whiten_eps_at`` off the checked ones and ``policy_loss=gspo``
+(no ``pg_clipfrac``: ``by_advantage`` joins the walked ``cispo``'s class);
 a critic-free GRPO dump with a lone prompt, one log-ratio beyond the clamp 20 and ``kl_in=both``
 (the KL loss's own estimator and clamps), without ``pg_clipfrac`` (the clip-fraction members: one
 class); a v2 dump with ``grad_logprobs`` (``k3+``, GAE through the padding); a dump with
 ``rollout_logprobs`` whose policy term carries a sequence-level masked correction (the correction
-step's walk and its solver) and a one-token row (the only rows where
+step's walk and its solver; no ``pg_clipfrac``: ``kept`` joins the class) and a one-token row (the only rows where
 ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
 such a dump only); a dump with a sequence-level ratio band under ``rollout_rs_effect=drop_mask`` (the
 returns step's second walk under the gate read off ``returns``). A key is walked when two options of
@@ -99,7 +100,9 @@ def _dumps(tmp: Path) -> list[tuple[Path, Setup]]:
     conv |= {"kl_in": "loss", "kl_loss_agg": "seq-mean-token-mean", "gae_holes": "zero"}
     made = setup_for(None, conv, {"whiten_eps": 0.5, "cliprange": 0.1, "cliprange_value": 0.3})
     start = setup_for(None, {}, {"whiten_eps": 0.5})
-    out.append((save(tmp, naive_dump(critic, made), start, "critic.safetensors"), start))
+    # without pg_clipfrac: under the walked cispo, clipfrac_counts=by_advantage joins the class
+    critic_dump = {k: v for k, v in naive_dump(critic, made).items() if k != "pg_clipfrac"}
+    out.append((save(tmp, critic_dump, start, "critic.safetensors"), start))
     group = make_inputs(B=8, T=12, seed=12)
     group = {k: v for k, v in group.items() if k not in ("old_values", "values")}
     group["group_index"] = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3])  # prompt 3 alone
@@ -126,7 +129,9 @@ def _dumps(tmp: Path) -> list[tuple[Path, Setup]]:
         "rollout_is_high": 2.0,
     }
     made = setup_for(None, conv)
-    path = save(tmp, naive_dump(corrected, made), setup_for(None, {}), "corrected.safetensors")
+    # without pg_clipfrac: clipfrac_counts=kept (a count of its own under the mask) joins the class
+    made_dump = {k: v for k, v in naive_dump(corrected, made).items() if k != "pg_clipfrac"}
+    path = save(tmp, made_dump, setup_for(None, {}), "corrected.safetensors")
     out.append((path, setup_for(None, {})))
     gated = make_inputs(B=8, T=10, seed=7)  # a sequence gate under drop_mask: the returns step reads it
     noise = 0.5 * torch.randn(gated["old_logprobs"].shape, generator=torch.Generator().manual_seed(17))
