@@ -29,8 +29,14 @@ from refppo.pipeline.step import (
 
 HP = Hyperparams(gamma=1.0, lam=1.0, kl_coef=0.0, ent_coef=0.01, cliprange_value=0.3, vf_coef=0.0)
 GROUPS = torch.tensor([0, 0, 0, 1, 1, 1])
-SEQ_GATE = {"rollout_rs": "sequence", "rollout_rs_stat": "k3", "rollout_rs_order": "behaviour",
-            "rollout_rs_reduce": "mean", "rollout_rs_high": 0.5, "rollout_rs_effect": "drop_mask"}  # fmt: skip
+SEQ_GATE = {
+    "rollout_rs": "sequence",
+    "rollout_rs_stat": "k3",
+    "rollout_rs_order": "behaviour",
+    "rollout_rs_reduce": "mean",
+    "rollout_rs_high": 0.5,
+    "rollout_rs_effect": "drop_mask",
+}
 """verl ``seq_mean_k3`` at 0.5: row 2 (behaviour 1.5 below the proximal log-probs) is rejected whole."""
 
 
@@ -100,7 +106,8 @@ def test_the_stage_walk_equals_the_naive_twins_for_group_estimators(
 ) -> None:
     x, m, beh = _batch(seed, shift_row=seed % 6, noise=0.3)
     keys = {**SEQ_GATE, "rollout_rs": level, "rollout_rs_high": high}
-    conv = Convention.of(**keys, advantage=est, whiten_advantages=whiten, loss_agg=agg, group_singleton="zero")
+    more = {"advantage": est, "whiten_advantages": whiten, "loss_agg": agg, "group_singleton": "zero"}
+    conv = Convention.of(**keys, **more)
     try:
         vec = _rollout(x, m, beh, conv)
     except MaskError:
