@@ -1,14 +1,14 @@
-"""verl 0.9.1 keeps the rows its rollout rejection empties in GRPO's group statistics (issue #22),
-against verl's OWN installed code (side venv ``verl-openrlhf``; skipped with the reason without it).
+"""verl 0.9.1 keeps the rows its rollout rejection empties in GRPO's group statistics (issue #22), against
+verl's OWN installed code (side venv ``verl-openrlhf``; skipped with the reason without it).
 
 :mod:`peers.makers.verl_rollout_rs_grpo` runs verl's ``compute_rollout_correction_and_rejection_mask``
 (``seq_mean_k3`` at 0.5, rejecting one row whole) and ``compute_grpo_outcome_advantage`` on the reduced
 mask. refppo's core ``group_advantages`` over EVERY row's score (the emptied one included), times the
 reduced mask, reproduces verl's advantages; the control, the statistics over the kept rows only, must
-not. refppo's stage walk computes the former (``pipeline.row_subset.group_advantages_on_every_row``):
-its rollout stages reproduce verl's advantages, and whole-step dumps made with verl's own GRPO and
-policy loss under such a gate (``make_dumps``: v1 and v2) match under ``--preset verl`` + their
-``--set`` keys, the control ``rollout_rs_effect=weight`` mismatching.
+not. refppo's stage walk computes the former (``pipeline.row_subset.group_advantages_on_every_row``): its
+rollout stages reproduce verl's advantages, and whole-step dumps made with verl's own GRPO and policy
+loss (and its Dr.GRPO and RLOO) under such a gate (``make_dumps``: v1 and v2) match under ``--preset
+verl`` + their ``--set`` keys, the control ``rollout_rs_effect=weight`` mismatching.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
-@pytest.mark.parametrize("case", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("case", ["token_mean", "seq_mean", "rloo", "dr_grpo"])
 def test_verl_grpo_under_a_row_emptying_gate_matches_and_not_as_a_weight(
     dumps: Path, case: str, version: str
 ) -> None:
