@@ -117,6 +117,7 @@ PIPELINE_FUNCS = {
     "rollout_gate_stage",
     "gate_masks",
     "_none_left",
+    "group_advantages_on_every_row",  # round 2: group estimators read every row under drop_mask
     "recounts",
     "clip_band",
     "counted_clipfrac",
@@ -176,6 +177,7 @@ PIPELINE_TESTS = (
     "tests/pipeline/test_loss_rows.py",  # rows kept out of the loss (row_subset, step._in_loss)
     "tests/pipeline/test_prompt_mean_agg.py",  # loss_agg=prompt_mean (Normalisers.prompts, aggregate)
     "tests/pipeline/test_rollout_rs_drop.py",  # the rollout_gate stage's drop mask
+    "tests/pipeline/test_rollout_rs_drop_groups.py",  # group estimators under drop_mask (row_subset)
     "tests/pipeline/test_kl_both_separate.py",  # kl_in=both with its own beta/estimator
     "tests/pipeline/test_pipeline_mutation_kills_24.py",
 )

@@ -158,20 +158,21 @@ def gate_masks(q: Q, conv: Convention) -> dict[str, Any]:
 
 def _none_left(m: Tensor, conv: Convention, before: Tensor) -> Tensor:
     """``m`` (the gate's mask), refused in one line when no token is left, or when the gate empties a
-    row under a group estimator (verl keeps such rows in the group statistics; refppo's walk takes them
-    out of every stage after the gate, so its group statistics would be the kept rows': verl's are
-    every row's, tests/peers/test_peer_verl_rollout_rs_grpo.py; refused, not computed wrongly)."""
+    row under ``advantage=opo`` (verl's lengths ``L_i`` are the reduced mask's: an emptied row has
+    ``L_i = 0``, which the core's group step does not take). The other group estimators read every
+    row (:func:`refppo.pipeline.row_subset.group_advantages_on_every_row`, as verl 0.9.1's
+    ``compute_grpo_outcome_advantage``: tests/peers/test_peer_verl_rollout_rs_grpo.py)."""
     if not bool(m.any()):
         raise MaskError(
             f"rollout_rs_effect=drop_mask: the gate ({_correction_setting(conv)}) rejects every token of the "
             "batch; no row is left to train on"
         )
     emptied = before.bool().any(dim=-1) & ~m.any(dim=-1)
-    if conv.adv.estimator is not AdvantageEstimator.GAE and bool(emptied.any()):
+    if conv.adv.estimator is AdvantageEstimator.OPO and bool(emptied.any()):
         raise ConventionError(
-            f"rollout_rs_effect=drop_mask empties {int(emptied.sum())} row(s) under advantage="
-            f"{conv.adv.estimator}: verl keeps them in the group statistics, which refppo's walk does not "
-            "yet (use rollout_rs_effect=weight or a token-level gate)"
+            f"rollout_rs_effect=drop_mask empties {int(emptied.sum())} row(s) under advantage=opo: verl "
+            "weighs them by their reduced length 0, which refppo does not compute (use rollout_rs_effect="
+            "weight or a token-level gate)"
         )
     return m
 

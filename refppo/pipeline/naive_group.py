@@ -57,4 +57,14 @@ def critic_free_advantages_naive(
     )
 
 
-__all__ = ["critic_free_advantages_naive"]
+def times_mask_naive(adv: Tensor, mask: Tensor) -> Tensor:
+    """A group estimator's advantages under a ``drop_mask`` gate, token by token: ``A'_bt = A_bt`` where
+    the gate kept the token (``m'_bt``), else 0 (verl 0.9.1 ``scores.unsqueeze(-1) * response_mask``)."""
+    rows = [
+        [a if keep else 0.0 for a, keep in zip(ar, kr, strict=True)]
+        for ar, kr in zip(adv.tolist(), mask.tolist(), strict=True)
+    ]
+    return torch.tensor(rows, dtype=adv.dtype, device=adv.device)
+
+
+__all__ = ["critic_free_advantages_naive", "times_mask_naive"]

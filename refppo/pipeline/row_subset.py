@@ -12,8 +12,12 @@ train on, the whitening moments and the losses' token and sequence counts skip i
 :func:`refppo.pipeline.stages.walk` runs the stages after such a rewrite on the other rows and
 scatters what they make back: 0 (False) on an emptied row, the values of the kept rows unchanged.
 The same values as the whole batch where the whole batch is defined: every stage after the gate is
-per row or reduces over the (reduced) mask only. A group estimator's statistics (GRPO, RLOO) are then
-over the kept rows of each group.
+per row or reduces over the (reduced) mask only. A group estimator's statistics (GRPO, RLOO, …) are
+not: verl 0.9.1's ``compute_grpo_outcome_advantage`` (and its siblings) read every row's score
+``token_level_rewards.sum(-1)`` (the rewards of the original mask) and multiply by the reduced mask
+``m'``, so :func:`group_advantages_on_every_row` runs that stage on every row, with the masks before
+the gate, times ``m'`` (``A'_bt = A_bt·m'_bt``), before the other rows walk on; ``opo`` (whose lengths
+verl takes from ``m'``) keeps the reduced mask.
 
 **Rows out of the loss** (:func:`rows_in_loss`, :func:`whole_normalisers`; ``truncated_rows``,
 :class:`refppo.agg_conventions.TruncatedRows`). Under ``mask_in_loss`` a row flagged ``truncated``
@@ -31,7 +35,7 @@ as the trainer's).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -39,10 +43,11 @@ import torch
 from torch import Tensor
 
 from refppo.agg_conventions import TruncatedRows
-from refppo.conventions import LossAgg
+from refppo.conventions import AdvantageEstimator, LossAgg
 from refppo.core.checks import check_in_loss, count_true
 from refppo.errors import ConventionError
-from refppo.pipeline.blocks import Normalisers
+from refppo.pipeline.blocks import Evaluation, Normalisers
+from refppo.pipeline.naive_group import times_mask_naive
 from refppo.pipeline.settings import Convention
 
 
@@ -142,4 +147,46 @@ def whole_normalisers(sub: Mapping[str, Any], B: int, conv: Convention, norm: No
     return replace(norm, token_count=tc, seq_count=sc, value_token_count=vtc)
 
 
-__all__ = ["kept_rows", "put_rows", "rows_in_loss", "take_rows", "whole_normalisers"]
+_OWN_MASK = (AdvantageEstimator.GAE, AdvantageEstimator.REINFORCE_PP, AdvantageEstimator.OPO)
+"""The estimators that read the gate's mask ``m'`` (per row, or ``opo``'s lengths): not re-run."""
+
+
+def group_advantages_on_every_row(
+    rest: Sequence[Any],
+    out: dict[str, Any],
+    before: Mapping[str, Any],
+    conv: Convention,
+    hp: Any,
+    ev: Evaluation | None,
+    *,
+    naive: bool,
+) -> None:
+    """Under ``rollout_rs_effect=drop_mask``, a group estimator's ``advantages`` stage of ``rest``
+    (the stages after the gate) run on EVERY row with the masks ``before`` the gate (each row's score,
+    group statistics over every row of the group), its ``[B, T]`` outputs times the gate's mask
+    ``m' = out["mask"]``: ``A'_bt = A_bt·m'_bt`` (verl 0.9.1 ``compute_grpo_outcome_advantage``:
+    ``scores = token_level_rewards.sum(-1)``, ``scores.unsqueeze(-1) * response_mask``); written into
+    ``out``, so that the walk on the kept rows reuses them. Nothing otherwise (no gate that drops,
+    GAE, ``reinforce++``, ``opo``, no such stage, or ``before`` empty: not after a rewrite)."""
+    if not before or not conv.gate.drops or conv.adv.estimator in _OWN_MASK:
+        return
+    st = next((s for s in rest if s.name == "advantages"), None)
+    if st is None or all(k in out for k in st.makes):
+        return
+    made = st.run({**out, **before}, conv, hp, ev, naive=naive)
+    m2: Tensor = out["mask"]
+    for k, v in made.items():
+        if naive:
+            out[k] = times_mask_naive(v, m2)
+        else:
+            out[k] = torch.where(m2, v, torch.zeros((), dtype=v.dtype, device=v.device))
+
+
+__all__ = [
+    "group_advantages_on_every_row",
+    "kept_rows",
+    "put_rows",
+    "rows_in_loss",
+    "take_rows",
+    "whole_normalisers",
+]

@@ -51,7 +51,7 @@ from refppo.pipeline import needs as nd
 from refppo.pipeline import rollout as ro
 from refppo.pipeline import update as up
 from refppo.pipeline.blocks import Evaluation
-from refppo.pipeline.row_subset import kept_rows, put_rows, take_rows
+from refppo.pipeline.row_subset import group_advantages_on_every_row, kept_rows, put_rows, take_rows
 from refppo.pipeline.settings import FLAT, HPARAM_KEYS, Convention, Hyperparams
 
 StageFn = Callable[[Mapping[str, Any], Convention, Hyperparams, Evaluation], Mapping[str, Any]]
@@ -157,9 +157,9 @@ def walk(
     A stage whose outputs are all in ``q`` already is not run (an upstream result reused: the same
     call made it), unless it rewrites what it reads (the rejection gate's ``mask``: idempotent). Rows
     that such a rewrite leaves without a valid token are taken out of the stages after it
-    (:mod:`refppo.pipeline.row_subset`). ``keep``: after each stage, drop every quantity that neither
-    a later stage reads nor ``keep`` names (freed before the next stage allocates its own; None: keep
-    everything).
+    (:mod:`refppo.pipeline.row_subset`; a group estimator's advantages first, on every row).
+    ``keep``: after each stage, drop every quantity that neither a later stage reads nor ``keep`` names
+    (None: keep everything).
     ``naive``: each stage's naive twin instead of its function.
     """
     out = dict(q)
@@ -167,11 +167,12 @@ def walk(
     for i in range(len(stages) - 2, -1, -1):
         later[i] = later[i + 1] | set(stages[i + 1].reads)
     for i, st in enumerate(stages):
+        before, rest = ({k: out[k] for k in st.makes if k in out} if st.rewrites else {}), stages[i + 1 :]
         if st.rewrites or not all(k in out for k in st.makes):
             out.update(st.run(out, conv, hp, ev, naive=naive))
+        group_advantages_on_every_row(rest, out, before, conv, hp, ev, naive=naive)  # drop_mask: every row
         rows = kept_rows(out) if st.rewrites else None
         if rows is not None:  # the gate emptied rows: the rest walks the others (pipeline.row_subset)
-            rest = stages[i + 1 :]
             sub = walk(rest, take_rows(out, rows), conv, hp, ev, keep=keep, naive=naive)
             put_rows(out, sub, rows, [k for s in rest for k in s.makes])
             return out if keep is None else {k: v for k, v in out.items() if k in keep}
@@ -216,9 +217,8 @@ def _whitening_reads(conv: Convention) -> tuple[str, ...]:
 
 
 _GATE_READS = ("old_logprobs", "rollout_logprobs", "mask", "value_mask")
-_GATE_MASK_READS = {"mask": ("old_logprobs", "rollout_logprobs", "mask")}
-"""The gate's ``mask`` reads no value mask (a graph walk that resolves a read by its first maker
-would otherwise loop: ``mask`` ← ``value_mask`` ← ``mask``)."""
+_GATE_MASK_READS = {"mask": ("old_logprobs", "rollout_logprobs", "mask")}  # no value mask: a graph walk
+"""(resolving a read by its first maker) would loop ``mask`` ← ``value_mask`` ← ``mask``."""
 
 _ROLLOUT = (
     Stage(
