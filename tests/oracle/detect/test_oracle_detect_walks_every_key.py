@@ -13,8 +13,8 @@ class); a v2 dump with ``grad_logprobs`` (``k3+``, GAE through the padding); a d
 ``rollout_logprobs`` whose policy term carries a sequence-level masked correction (the correction
 step's walk and its solver; no ``pg_clipfrac``: ``kept`` joins the class) and a one-token row (the
 only rows where ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the
-walk tries it on such a dump only); a dump with a sequence-level ratio band under ``rollout_rs_effect=drop_mask`` (the
-returns step's second walk under the gate read off ``returns``). A key is walked when two options of
+walk tries it on such a dump only); a dump with a sequence-level ratio band under
+``rollout_rs_effect=drop_mask`` (the returns step's second walk under the gate read off ``returns``). A key is walked when two options of
 one step give it different values; an option of the policy step stands for the members merged into
 its class too (:mod:`refppo.oracle.detect.policy_members`: the logged-only keys are walked one
 option per distinct value).
