@@ -132,7 +132,10 @@ def check_step(
         # a named explanation of every quantity outranks the search's nearest fit (often one
         # constant fitted to one number): the nearest is then not re-checked nor offered
         if nearest is not None and not named and check_applies(d, str(nearest.get("advantage", "gae"))):
-            out.nearest = check(d, setup_from_json(setup, nearest), explain_divergence=False)
+            try:
+                out.nearest = check(d, setup_from_json(setup, nearest), explain_divergence=False)
+            except RefPPOError as exc:  # the nearest refuses this dump: said, not the run's error
+                result.diagnosis.append(f"the nearest convention is not re-checked: {exc}")
     return out
 
 
