@@ -63,10 +63,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from refppo.agg_conventions import TruncatedRows
 from refppo.conventions import KLEstimator
 from refppo.dump.load import Dump
-from refppo.errors import ConventionError, RefPPOError
+from refppo.errors import RefPPOError
 from refppo.oracle.check.diagnose import alt_json, check
 from refppo.oracle.check.fastcheck import RolloutMemo
 from refppo.oracle.check.settings import Setup
@@ -206,33 +205,13 @@ def _search(dump: Dump, base: Setup) -> tuple[Search, list[Group[Any]]]:
     return search, run_search(search)
 
 
-def unwalkable(base: Setup) -> str | None:
-    """One line when ``base`` sets what the walk's stage evaluations do not apply (the update walk on the
-    rows in the loss, ``truncated_rows`` ≠ ``keep``): every listing would be computed on the wrong rows.
-    Else None. (A ``rollout_rs_effect=drop_mask`` gate is applied by the returns step:
-    :mod:`refppo.oracle.detect.drop_gate`.)"""
-    conv = base.conv
-    if conv.agg.truncated_rows is not TruncatedRows.KEEP:
-        key = f"truncated_rows={conv.agg.truncated_rows}"
-    else:
-        return None
-    return (
-        f"--detect does not walk {key} yet (its rows/mask are not applied by the search): check this "
-        "setting with refppo diff --set (without --detect), or detect without it"
-    )
-
-
 def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
     """Search the convention space around ``base``.
 
     Its hyperparameters are kept, except the clip ranges when the policy or value stage's solver
     finds others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``/
-    ``cliprange_value``). A checked setting whose rows or mask the walk cannot apply yet
-    (:func:`unwalkable`) is refused in one line rather than searched wrongly.
+    ``cliprange_value``).
     """
-    refused = unwalkable(base)
-    if refused is not None:
-        raise ConventionError(refused)
     search, groups = _search(dump, base)
     base_json = _full(base.convention_dict(), {})
     fitted, solved = list(search.fitted), dict(search.solved)

@@ -141,7 +141,7 @@ class Search:
         hit = self._counts.get(id(mask))
         if hit is None or hit[1] is not mask:
             n = float(count_true(mask))
-            hit = (replace(self.ev, norm=Normalisers(token_count=n, value_token_count=n)), mask)
+            hit = (replace(self.ev, norm=replace(self.ev.norm, token_count=n, value_token_count=n)), mask)
             self._counts[id(mask)] = hit  # the entry holds the mask: its id is not reused
         return hit[0]
 
