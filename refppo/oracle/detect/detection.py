@@ -31,14 +31,15 @@ it proposes is evaluated through the stages like any other value). The steps
   checks it; not walked without rollout_logprobs).
 - ``policy`` (stages policy, policy_agg, approx_kl, entropy, kl_loss): walks policy_loss, dual_clip,
   log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl, entropy_agg, kl_grad_is_clip,
-  clipfrac_agg, clipfrac_counts, kl_loss_estimator, kl_loss_log_ratio_clamp, kl_loss_value_clamp;
-  checked against pg_loss, pg_clipfrac, approx_kl, entropy_loss, grad_logprobs; solver: dual-clip c,
-  clip ranges (off pg_loss, or without it off grad_logprobs; walked with every policy_loss).
+  clipfrac_agg, clipfrac_counts, kl_loss_estimator, kl_loss_log_ratio_clamp, kl_loss_value_clamp,
+  truncated_rows; checked against pg_loss, pg_clipfrac, approx_kl, entropy_loss, grad_logprobs;
+  solver: dual-clip c, clip ranges (off pg_loss, or without it off grad_logprobs; walked with every
+  policy_loss).
 - ``value`` (stages value, value_agg): walks value_loss, value_clip_form, vf_mask, value_loss_agg,
-  cliprange_value; checked against vf_loss, vf_clipfrac, grad_values; solver: value clip range (off
-  vf_loss, or without it off grad_values).
-- ``loss`` (stages kl_loss, kl_metric, total): walks kl_loss_agg, kl_metric_agg; checked against
-  kl_loss, loss; solver: —.
+  cliprange_value, truncated_rows; checked against vf_loss, vf_clipfrac, grad_values; solver: value
+  clip range (off vf_loss, or without it off grad_values).
+- ``loss`` (stages kl_loss, kl_metric, total): walks kl_loss_agg, kl_metric_agg, truncated_rows;
+  checked against kl_loss, loss; solver: —.
 
 A "fitted map" is reported (:attr:`Detection.fitted`) when no convention reproduces a step: the
 affine map between the dump and refppo's raw values, for the batch or per row, with the statistics

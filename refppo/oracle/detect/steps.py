@@ -77,17 +77,17 @@ STEPS: tuple[Step, ...] = (
         ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss", "grad_logprobs"),
         ("policy_loss", "dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg",
          "approx_kl", "entropy_agg", "kl_grad_is_clip", "clipfrac_agg", "clipfrac_counts",
-         "kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp"),
+         "kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp", "truncated_rows"),
         "dual-clip c, clip ranges (off pg_loss, or without it off grad_logprobs; walked with every "
         "policy_loss)",
     ),
     Step(
         "value", ("value", "value_agg"), ("vf_loss", "vf_clipfrac", "grad_values"),
-        ("value_loss", "value_clip_form", "vf_mask", "value_loss_agg", "cliprange_value"),
+        ("value_loss", "value_clip_form", "vf_mask", "value_loss_agg", "cliprange_value", "truncated_rows"),
         "value clip range (off vf_loss, or without it off grad_values)",
     ),
     Step(
-        "loss", ("kl_loss", "kl_metric", "total"), ("kl_loss", "loss"), ("kl_loss_agg", "kl_metric_agg"), "—"
+        "loss", ("kl_loss", "kl_metric", "total"), ("kl_loss", "loss"), ("kl_loss_agg", "kl_metric_agg", "truncated_rows"), "—"
     ),
 )  # fmt: skip
 """The walk, in pipeline order."""
