@@ -106,7 +106,9 @@ def _branches(
     free = unclipped(setup)
     whole = pipeline_grads(inp, free, norm=fit.s.ev.norm)[name]
     if name == "grad_logprobs":
-        return whole, whole - pipeline_grads(inp, free, norm=fit.s.ev.norm, objective="pg_loss")["grad_logprobs"]
+        return whole, whole - pipeline_grads(inp, free, norm=fit.s.ev.norm, objective="pg_loss")[
+            "grad_logprobs"
+        ]
     return whole, torch.zeros_like(whole)
 
 

@@ -12,12 +12,13 @@ The walk does the same (:func:`walk_rows`): the steps up to the whitening see ev
 dump whose ``truncated`` flags some rows (not all), the update steps (correction, policy, value,
 loss) run once on every row (``keep``) and once per other member on a search cut to the rows in the
 loss (:func:`in_loss_search`: ``s.t``, ``s.m`` and the states' ``[B, T]`` tensors on those rows, the
-evaluation's ``seq_count`` the whole batch's under ``mask_in_loss``, its checked setting the member's), each listed entry naming its
-member. The stage functions are the pipeline's; only the rows and normalisers they are evaluated on
-change. A member is not walked when the dump's gradients are nonzero on a row out of the loss (the
-pipeline's are 0 there: :func:`refppo.pipeline.step.update_grads`). Elsewhere (no ``truncated``, no
-row flagged, or every row) every member is the same function of the dump (or none applies):
-``keep`` alone is walked, and the others are not listed.
+evaluation's ``seq_count`` the whole batch's under ``mask_in_loss``, its checked setting the
+member's), each listed entry naming its member. The stage functions are the pipeline's; only the
+rows and normalisers they are evaluated on change. A member is not walked when the dump's gradients
+are nonzero on a row out of the loss (the pipeline's are 0 there:
+:func:`refppo.pipeline.step.update_grads`). Elsewhere (no ``truncated``, no row flagged, or every
+row) every member is the same function of the dump (or none applies): ``keep`` alone is walked, and
+the others are not listed.
 """
 
 from __future__ import annotations

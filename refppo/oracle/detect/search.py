@@ -28,7 +28,7 @@ from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.compare import compare
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.groups import Group, Option, Replayer, expand_groups
-from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
+from refppo.pipeline.blocks import Evaluation, update_rows
 from refppo.pipeline.settings import Convention
 from refppo.pipeline.stages import BY_NAME
 

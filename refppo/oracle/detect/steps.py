@@ -87,7 +87,8 @@ STEPS: tuple[Step, ...] = (
         "value clip range (off vf_loss, or without it off grad_values)",
     ),
     Step(
-        "loss", ("kl_loss", "kl_metric", "total"), ("kl_loss", "loss"), ("kl_loss_agg", "kl_metric_agg", "truncated_rows"), "—"
+        "loss", ("kl_loss", "kl_metric", "total"), ("kl_loss", "loss"),
+        ("kl_loss_agg", "kl_metric_agg", "truncated_rows"), "—",
     ),
 )  # fmt: skip
 """The walk, in pipeline order."""

@@ -225,7 +225,9 @@ def _propose_value_clip(ve: ValueEval, groups: list[Group[PolicyState]]) -> list
 
                 def fn(x: Tensor, st: Setup = st, mask: Tensor = mask) -> Tensor:
                     q = {"vf_per_token": x, "vf_loss_mask": mask, "logprobs": ve.logprobs}
-                    out: Tensor = s.evaluate("value_agg", q, st, Evaluation(norm=Normalisers(seq_count=s.ev.norm.seq_count)))["vf_loss"]
+                    out: Tensor = s.evaluate(
+                        "value_agg", q, st, Evaluation(norm=Normalisers(seq_count=s.ev.norm.seq_count))
+                    )["vf_loss"]
                     return out
 
                 w = loss_weights(fn, mask, torch.float64)

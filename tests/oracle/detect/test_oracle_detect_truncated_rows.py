@@ -10,6 +10,7 @@ Where no row is flagged, every member is the same function: ``keep`` alone is wa
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -61,9 +62,9 @@ def test_without_truncated_rows_keep_alone_is_walked(
     tried: set[object] = set()
     real = Search.expand
 
-    def expand(self: Search, *args: object, **kw: object) -> object:
+    def expand(self: Search, *args: Any, **kw: Any) -> Any:
         tried.add(self.base.conv.get("truncated_rows"))
-        return real(self, *args, **kw)  # type: ignore[arg-type]
+        return real(self, *args, **kw)
 
     monkeypatch.setattr(Search, "expand", expand)
     path = _dump(tmp_path, "keep", flags)
@@ -71,7 +72,10 @@ def test_without_truncated_rows_keep_alone_is_walked(
     assert {getattr(v, "value", v) for v in tried} == {"keep"}
 
 
-GRAD_CASES = [("mask_in_loss", "token-mean", {"mask_in_loss", "drop"}), ("keep", "seq-mean-token-sum", {"keep"})]
+GRAD_CASES = [
+    ("mask_in_loss", "token-mean", {"mask_in_loss", "drop"}),
+    ("keep", "seq-mean-token-sum", {"keep"}),
+]
 
 
 @pytest.mark.parametrize(("mode", "agg", "listed"), GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
@@ -91,7 +95,16 @@ def test_the_gradients_tell_the_members_apart(tmp_path: Path, mode: str, agg: st
     )  # fmt: skip
     grads = pipeline_grads(inp, made)
     assert bool((grads["grad_logprobs"][1] == 0).all()) == (mode != "keep")
-    scalars = ("pg_loss", "vf_loss", "loss", "pg_clipfrac", "vf_clipfrac", "approx_kl", "entropy_loss", "kl_loss")
+    scalars = (
+        "pg_loss",
+        "vf_loss",
+        "loss",
+        "pg_clipfrac",
+        "vf_clipfrac",
+        "approx_kl",
+        "entropy_loss",
+        "kl_loss",
+    )
     dump = {k: v for k, v in full.items() if k not in scalars}
     dump |= {"grad_logprobs": grads["grad_logprobs"], "grad_values": grads["grad_values"]}
     path = save(tmp_path, dump, setup_for(None, {}))

@@ -6,19 +6,19 @@ setting (the checked setting with the option's keys replaced), on three dumps th
 every step take its second walk (the solver's, and the "then" keys of
 :mod:`refppo.oracle.detect.rollout`): a critic dump with holes, ``entropy_loss``, the KL in the
 loss, a score map, clip ranges and ``whiten_eps_at`` off the checked ones and ``policy_loss=gspo``
-(no ``pg_clipfrac``: ``by_advantage`` joins the walked ``cispo``'s class);
-a critic-free GRPO dump with a lone prompt, one log-ratio beyond the clamp 20 and ``kl_in=both``
-(the KL loss's own estimator and clamps), without ``pg_clipfrac`` (the clip-fraction members: one
-class); a v2 dump with ``grad_logprobs`` (``k3+``, GAE through the padding); a dump with
-``rollout_logprobs`` whose policy term carries a sequence-level masked correction (the correction
-step's walk and its solver; no ``pg_clipfrac``: ``kept`` joins the class) and a one-token row (the only rows where
+(no ``pg_clipfrac``: ``by_advantage`` joins the walked ``cispo``'s class); a critic-free GRPO dump
+with a lone prompt, one log-ratio beyond the clamp 20 and ``kl_in=both`` (the KL loss's own
+estimator and clamps), without ``pg_clipfrac`` (the clip-fraction members: one class); a v2 dump
+with ``grad_logprobs`` (``k3+``, GAE through the padding); a dump with ``rollout_logprobs`` whose
+policy term carries a sequence-level masked correction (the correction step's walk and its solver;
+no ``pg_clipfrac``: ``kept`` joins the class) and a one-token row (the only rows where
 ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
-such a dump only); a dump with a sequence-level ratio band under ``rollout_rs_effect=drop_mask`` (the
-returns step's second walk under the gate read off ``returns``); a dump with rows flagged
-``truncated`` under ``truncated_rows=mask_in_loss`` (the update steps walk every member). A key is walked when two options of
-one step give it different values; an option of the policy step stands for the members merged into
-its class too (:mod:`refppo.oracle.detect.policy_members`: the logged-only keys are walked one
-option per distinct value).
+such a dump only); a dump with a sequence-level ratio band under ``rollout_rs_effect=drop_mask``
+(the returns step's second walk under the gate read off ``returns``); a dump with rows flagged
+``truncated`` under ``truncated_rows=mask_in_loss`` (the update steps walk every member). A key is
+walked when two options of one step give it different values; an option of the policy step stands
+for the members merged into its class too (:mod:`refppo.oracle.detect.policy_members`: the
+logged-only keys are walked one option per distinct value).
 
 Before, ``policy_loss`` was never walked (it was listed in ``NOT_WALKED`` as "not searched yet"):
 a GSPO dump got no convention and a nearest one with unrelated changes.
