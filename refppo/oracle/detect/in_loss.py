@@ -18,7 +18,8 @@ rows and normalisers they are evaluated on change. A member is not walked when t
 are nonzero on a row out of the loss (the pipeline's are 0 there:
 :func:`refppo.pipeline.step.update_grads`). Elsewhere (no ``truncated``, no row flagged, or every
 row) every member is the same function of the dump (or none applies): ``keep`` alone is walked, and
-the others are not listed.
+the others are not listed. The notes and fitted lines kept are those of the members that reproduce
+the dump (``keep``'s when none does): a member the dump rules out explains nothing.
 """
 
 from __future__ import annotations
@@ -116,16 +117,44 @@ def walk_rows(s: Search, groups: list[Group[AdvState]], walk: Walk) -> list[Grou
     if s.base.conv.agg.truncated_rows is not TruncatedRows.KEEP:  # the walk on every row is keep's
         s.base = _with_mode(s, TruncatedRows.KEEP)
         s._settings = {}
+    lines = _Lines(s)
     out = walk(s, groups)
     if tag:
         out = _tag(out, TruncatedRows.KEEP)
+    lines.branch(out)
     for mode in modes:
         assert rows is not None
         sub = in_loss_search(s, rows, mode)
         held = [Group(c, n, st, w, u, None, mk) for (c, n, w, u, mk), st in zip(counts, cut, strict=True)]
-        out += _tag(walk(sub, held), mode)
-    s.notes[:] = list(dict.fromkeys(s.notes))
+        got = _tag(walk(sub, held), mode)
+        lines.branch(got)
+        out += got
+    lines.keep()
     return out
+
+
+class _Lines:
+    """The notes and fitted lines each member's walk adds to the search's lists: kept for the members
+    some group of which reproduces the dump (``keep``'s when none does), so that a member the dump
+    rules out explains nothing."""
+
+    def __init__(self, s: Search) -> None:
+        self.s = s
+        self.start = (len(s.notes), len(s.fitted))
+        self.added: list[tuple[list[str], list[str], bool]] = []
+
+    def branch(self, groups: list[Group[Any]]) -> None:
+        n, f = self.start
+        s = self.s
+        ok = any(not g.unmatched and g.worst == 0.0 for g in groups)
+        self.added.append((s.notes[n:], s.fitted[f:], ok))
+        del s.notes[n:], s.fitted[f:]
+
+    def keep(self) -> None:
+        kept = [a for a in self.added if a[2]] or self.added[:1]
+        for notes, fitted, _ in kept:
+            self.s.notes += [x for x in notes if x not in self.s.notes]
+            self.s.fitted += [x for x in fitted if x not in self.s.fitted]
 
 
 __all__ = ["in_loss_search", "loss_rows", "walk_rows"]

@@ -112,3 +112,5 @@ def test_the_gradients_tell_the_members_apart(tmp_path: Path, mode: str, agg: st
     dump |= {"grad_logprobs": grads["grad_logprobs"], "grad_values": grads["grad_values"]}
     path = save(tmp_path, dump, setup_for(None, {}))
     assert _listed(path, {"loss_agg": agg}) == listed
+    # the members ruled out (keep, whose gradient fails on the truncated rows) explain nothing
+    assert detect(load_dump(path), setup_for(None, {"loss_agg": agg})).fitted == []
