@@ -151,6 +151,10 @@ class _Lines:
         del s.notes[n:], s.fitted[f:]
 
     def keep(self) -> None:
+        if len(self.added) == 1:  # keep alone: its lines as it made them
+            self.s.notes += self.added[0][0]
+            self.s.fitted += self.added[0][1]
+            return
         kept = [a for a in self.added if a[2]] or self.added[:1]
         for notes, fitted, _ in kept:
             self.s.notes += [x for x in notes if x not in self.s.notes]
