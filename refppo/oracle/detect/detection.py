@@ -31,14 +31,15 @@ it proposes is evaluated through the stages like any other value). The steps
   checks it; not walked without rollout_logprobs).
 - ``policy`` (stages policy, policy_agg, approx_kl, entropy, kl_loss): walks policy_loss, dual_clip,
   log_ratio_clamp, cliprange, cliprange_high, loss_agg, approx_kl, entropy_agg, kl_grad_is_clip,
-  clipfrac_agg, clipfrac_counts, kl_loss_estimator, kl_loss_log_ratio_clamp, kl_loss_value_clamp;
-  checked against pg_loss, pg_clipfrac, approx_kl, entropy_loss, grad_logprobs; solver: dual-clip c,
-  clip ranges (off pg_loss, or without it off grad_logprobs; walked with every policy_loss).
+  clipfrac_agg, clipfrac_counts, kl_loss_estimator, kl_loss_log_ratio_clamp, kl_loss_value_clamp,
+  truncated_rows; checked against pg_loss, pg_clipfrac, approx_kl, entropy_loss, grad_logprobs;
+  solver: dual-clip c, clip ranges (off pg_loss, or without it off grad_logprobs; walked with every
+  policy_loss).
 - ``value`` (stages value, value_agg): walks value_loss, value_clip_form, vf_mask, value_loss_agg,
-  cliprange_value; checked against vf_loss, vf_clipfrac, grad_values; solver: value clip range (off
-  vf_loss, or without it off grad_values).
-- ``loss`` (stages kl_loss, kl_metric, total): walks kl_loss_agg, kl_metric_agg; checked against
-  kl_loss, loss; solver: —.
+  cliprange_value, truncated_rows; checked against vf_loss, vf_clipfrac, grad_values; solver: value
+  clip range (off vf_loss, or without it off grad_values).
+- ``loss`` (stages kl_loss, kl_metric, total): walks kl_loss_agg, kl_metric_agg, truncated_rows;
+  checked against kl_loss, loss; solver: —.
 
 A "fitted map" is reported (:attr:`Detection.fitted`) when no convention reproduces a step: the
 affine map between the dump and refppo's raw values, for the batch or per row, with the statistics
@@ -63,10 +64,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from refppo.agg_conventions import TruncatedRows
 from refppo.conventions import KLEstimator
 from refppo.dump.load import Dump
-from refppo.errors import ConventionError, RefPPOError
+from refppo.errors import RefPPOError
 from refppo.oracle.check.diagnose import alt_json, check
 from refppo.oracle.check.fastcheck import RolloutMemo
 from refppo.oracle.check.settings import Setup
@@ -206,33 +206,13 @@ def _search(dump: Dump, base: Setup) -> tuple[Search, list[Group[Any]]]:
     return search, run_search(search)
 
 
-def unwalkable(base: Setup) -> str | None:
-    """One line when ``base`` sets what the walk's stage evaluations do not apply (the update walk on the
-    rows in the loss, ``truncated_rows`` ≠ ``keep``): every listing would be computed on the wrong rows.
-    Else None. (A ``rollout_rs_effect=drop_mask`` gate is applied by the returns step:
-    :mod:`refppo.oracle.detect.drop_gate`.)"""
-    conv = base.conv
-    if conv.agg.truncated_rows is not TruncatedRows.KEEP:
-        key = f"truncated_rows={conv.agg.truncated_rows}"
-    else:
-        return None
-    return (
-        f"--detect does not walk {key} yet (its rows/mask are not applied by the search): check this "
-        "setting with refppo diff --set (without --detect), or detect without it"
-    )
-
-
 def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
     """Search the convention space around ``base``.
 
     Its hyperparameters are kept, except the clip ranges when the policy or value stage's solver
     finds others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``/
-    ``cliprange_value``). A checked setting whose rows or mask the walk cannot apply yet
-    (:func:`unwalkable`) is refused in one line rather than searched wrongly.
+    ``cliprange_value``).
     """
-    refused = unwalkable(base)
-    if refused is not None:
-        raise ConventionError(refused)
     search, groups = _search(dump, base)
     base_json = _full(base.convention_dict(), {})
     fitted, solved = list(search.fitted), dict(search.solved)

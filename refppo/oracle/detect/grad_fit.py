@@ -108,7 +108,7 @@ class GradFit:
         assert values is not None and old_values is not None
         return UpdateInputs(
             t["logprobs"], values, t["old_logprobs"], old_values, adv, returns, m, vf_mask,
-            t.get("ref_logprobs"), t.get("entropy"), t.get("rollout_logprobs"),
+            t.get("ref_logprobs"), t.get("entropy"), t.get("rollout_logprobs"), t.get("truncated"),
         )  # fmt: skip
 
     def policy_setting(
@@ -136,10 +136,10 @@ class GradFit:
                 return math.inf
             if is_w is not None:
                 tie = self._ties(name, inp, setup)
-                cor = torch.where(tie, t[name], self.corrected(inp, setup, is_w))
+                cor = torch.where(tie, t[name], self.corrected(inp, setup, is_w, self.s.ev.norm))
                 r = compare(name, t[name], cor, ones, self.tol)
                 return 0.0 if r.ok else (r.max_abs_err / r.tol if r.tol > 0 else math.inf)
-            r = compare(name, t[name], pipeline_grads(inp, setup)[name], ones, self.tol)
+            r = compare(name, t[name], pipeline_grads(inp, setup, norm=self.s.ev.norm)[name], ones, self.tol)
             ties = self._ties(name, inp, setup) if not r.ok else None
             if ties is not None and bool(ties.any()):
                 ref = reference_grads(inp, setup, {name: t[name]}, {name: ties})[name]
@@ -174,7 +174,7 @@ class GradFit:
         m, vm = self.s.m, inp.value_mask
         norm = Normalisers(
             token_count=float(count_true(m)),
-            seq_count=float(m.shape[0]),
+            seq_count=self.s.ev.norm.seq_count or float(m.shape[0]),
             value_token_count=float(count_true(vm)),
         )
         part = inp.take(self.head)
@@ -275,7 +275,7 @@ def explain_policy(fit: GradFit, states: list[PolicyState]) -> list[str]:
             setup = fit.policy_setting(
                 replace(ps, setting=keys), kl_twins(ps.carried.kl_setting)[0], None, agg
             )
-            ref = pipeline_grads(inp, setup)["grad_logprobs"]
+            ref = pipeline_grads(inp, setup, norm=s.ev.norm)["grad_logprobs"]
             res = compare("grad_logprobs", s.t["grad_logprobs"], ref, torch.ones_like(s.m), fit.tol)
             notes, found = explain_grad(s.dump, setup, inp, {"grad_logprobs": res})
             named = [n for n in notes if n.startswith("explained by")]

@@ -104,9 +104,11 @@ def _branches(
     adv, returns, vmask = inp_args
     inp = fit.inputs(adv, returns, vmask)
     free = unclipped(setup)
-    whole = pipeline_grads(inp, free)[name]
+    whole = pipeline_grads(inp, free, norm=fit.s.ev.norm)[name]
     if name == "grad_logprobs":
-        return whole, whole - pipeline_grads(inp, free, objective="pg_loss")["grad_logprobs"]
+        return whole, whole - pipeline_grads(inp, free, norm=fit.s.ev.norm, objective="pg_loss")[
+            "grad_logprobs"
+        ]
     return whole, torch.zeros_like(whole)
 
 

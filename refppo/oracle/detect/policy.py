@@ -377,7 +377,9 @@ def policy_step(s: Search, groups: list[Group[AdvState]]) -> list[Group[PolicySt
 
     propose = (lambda gs: propose_policy(s, gs, [c.loss, *others])) if pe.has_lp else None
     out = s.stage(groups, make, checks, "policy", propose)
-    if "policy" in s.unmatched and gf.lp_on and "pg_loss" not in s.t and out:
+    # the explanation reads the dump's rows: not on a search cut to some of them (detect/in_loss.py)
+    whole = s.m.shape[0] == s.dump.mask.shape[0]
+    if "policy" in s.unmatched and gf.lp_on and "pg_loss" not in s.t and out and whole:
         s.fitted += explain_policy(gf, [g.state for g in out])  # the nearest groups'
     return out
 

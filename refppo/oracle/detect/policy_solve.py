@@ -34,7 +34,7 @@ from refppo.oracle.detect.solve import (
     solve_dual_clip,
 )
 from refppo.oracle.detect.states import AdvState
-from refppo.pipeline.blocks import Evaluation
+from refppo.pipeline.blocks import Evaluation, Normalisers
 
 Clip = tuple[float, float | None]
 GSPO_LOG_RATIO_MAX = 10.0
@@ -119,9 +119,12 @@ def agg_weights(s: Search) -> Callable[[LossAgg, torch.dtype], Tensor]:
             st = s.setting(loss_agg=agg.value)
 
             def fn(x: Tensor, st: Setup = st) -> Tensor:
-                out: Tensor = s.evaluate("policy_agg", {"pg_per_token": x, "mask": s.m}, st, Evaluation())[
-                    "pg_loss"
-                ]
+                out: Tensor = s.evaluate(
+                    "policy_agg",
+                    {"pg_per_token": x, "mask": s.m},
+                    st,
+                    Evaluation(norm=Normalisers(seq_count=s.ev.norm.seq_count)),
+                )["pg_loss"]
                 return out
 
             weights[(agg, dtype)] = loss_weights(fn, s.m, dtype)

@@ -28,7 +28,7 @@ from refppo.dump.tolerances import TOLERANCES
 from refppo.oracle.check.compare import compare
 from refppo.oracle.check.settings import Setup
 from refppo.oracle.detect.groups import Group, Option, Replayer, expand_groups
-from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
+from refppo.pipeline.blocks import Evaluation, update_rows
 from refppo.pipeline.settings import Convention
 from refppo.pipeline.stages import BY_NAME
 
@@ -141,7 +141,7 @@ class Search:
         hit = self._counts.get(id(mask))
         if hit is None or hit[1] is not mask:
             n = float(count_true(mask))
-            hit = (replace(self.ev, norm=Normalisers(token_count=n, value_token_count=n)), mask)
+            hit = (replace(self.ev, norm=replace(self.ev.norm, token_count=n, value_token_count=n)), mask)
             self._counts[id(mask)] = hit  # the entry holds the mask: its id is not reused
         return hit[0]
 

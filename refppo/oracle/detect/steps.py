@@ -20,6 +20,7 @@ from typing import Any
 from refppo.oracle.detect.correction import correction_step, note_uncorrectable
 from refppo.oracle.detect.estimator import estimator_step, gae_step, needs_estimator_stage
 from refppo.oracle.detect.groups import Group
+from refppo.oracle.detect.in_loss import walk_rows
 from refppo.oracle.detect.policy import policy_step
 from refppo.oracle.detect.policy_members import list_classes
 from refppo.oracle.detect.rollout import kl_step, reward_step, whiten_step
@@ -76,28 +77,26 @@ STEPS: tuple[Step, ...] = (
         ("pg_loss", "pg_clipfrac", "approx_kl", "entropy_loss", "grad_logprobs"),
         ("policy_loss", "dual_clip", "log_ratio_clamp", "cliprange", "cliprange_high", "loss_agg",
          "approx_kl", "entropy_agg", "kl_grad_is_clip", "clipfrac_agg", "clipfrac_counts",
-         "kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp"),
+         "kl_loss_estimator", "kl_loss_log_ratio_clamp", "kl_loss_value_clamp", "truncated_rows"),
         "dual-clip c, clip ranges (off pg_loss, or without it off grad_logprobs; walked with every "
         "policy_loss)",
     ),
     Step(
         "value", ("value", "value_agg"), ("vf_loss", "vf_clipfrac", "grad_values"),
-        ("value_loss", "value_clip_form", "vf_mask", "value_loss_agg", "cliprange_value"),
+        ("value_loss", "value_clip_form", "vf_mask", "value_loss_agg", "cliprange_value", "truncated_rows"),
         "value clip range (off vf_loss, or without it off grad_values)",
     ),
     Step(
-        "loss", ("kl_loss", "kl_metric", "total"), ("kl_loss", "loss"), ("kl_loss_agg", "kl_metric_agg"), "—"
+        "loss", ("kl_loss", "kl_metric", "total"), ("kl_loss", "loss"),
+        ("kl_loss_agg", "kl_metric_agg", "truncated_rows"), "—",
     ),
 )  # fmt: skip
 """The walk, in pipeline order."""
 
-NOT_WALKED_YET: dict[str, str] = {
-    "truncated_rows": "keep only: mask_in_loss/drop run the update walk on the rows in the loss "
-    "with the whole batch's normalisers (pipeline/row_subset.py), which the policy, value and loss "
-    "steps do not take yet; --detect refuses a checked setting with them (detection.unwalkable)",
-}
+NOT_WALKED_YET: dict[str, str] = {}
 """Keys the walk should search and does not yet (an open gap, named: the tests allow only these).
-The ``rollout_is*`` keys left it when the correction step walked them (#22)."""
+The ``rollout_is*`` keys left it when the correction step walked them (#22), ``truncated_rows``
+when the update steps walked it on the rows in the loss (:mod:`refppo.oracle.detect.in_loss`)."""
 
 NOT_WALKED: dict[str, str] = {
     **NOT_WALKED_YET,
@@ -147,11 +146,16 @@ def run_search(s: Search) -> list[Group[Any]]:
     s.dump.release_mapped()
     for g in groups:  # the raw advantages are not read again
         g.patch(drop_raw_advantages)
+    return walk_rows(s, groups, update_walk)  # each truncated_rows member on its rows (detect/in_loss.py)
+
+
+def update_walk(s: Search, groups: list[Group[Any]]) -> list[Group[Any]]:
+    """The update steps (correction, policy, value, loss) on ``s``'s rows."""
     groups = correction_step(s, groups)
     groups = policy_step(s, groups)
     note_uncorrectable(s)
     s.dump.release_mapped()
-    groups = value_step(s, groups) if "old_values" in t else no_critic(s, groups)
+    groups = value_step(s, groups) if "old_values" in s.t else no_critic(s, groups)
     s.dump.release_mapped()
     return list_classes(s, loss_step(s, groups))  # the logged-only keys' classes, after the last step
 
@@ -169,4 +173,5 @@ __all__ = [
     "drop_raw_advantages",
     "run_search",
     "steps_table",
+    "update_walk",
 ]

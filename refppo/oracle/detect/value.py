@@ -37,7 +37,7 @@ from refppo.oracle.detect.search import SOLVE_GROUPS, Search
 from refppo.oracle.detect.solve import loss_weights
 from refppo.oracle.detect.solve_value import ValueKnots, solve_value_clip
 from refppo.oracle.detect.states import Carried, LossState, PolicyState, ValueState, digest
-from refppo.pipeline.blocks import Evaluation, update_rows
+from refppo.pipeline.blocks import Evaluation, Normalisers, update_rows
 
 VALUE_AGGS: list[str | None] = [None, *(a.value for a in MASK_AGGS)]
 """``value_loss_agg``: None (= ``loss_agg``) or every mode."""
@@ -225,7 +225,9 @@ def _propose_value_clip(ve: ValueEval, groups: list[Group[PolicyState]]) -> list
 
                 def fn(x: Tensor, st: Setup = st, mask: Tensor = mask) -> Tensor:
                     q = {"vf_per_token": x, "vf_loss_mask": mask, "logprobs": ve.logprobs}
-                    out: Tensor = s.evaluate("value_agg", q, st, Evaluation())["vf_loss"]
+                    out: Tensor = s.evaluate(
+                        "value_agg", q, st, Evaluation(norm=Normalisers(seq_count=s.ev.norm.seq_count))
+                    )["vf_loss"]
                     return out
 
                 w = loss_weights(fn, mask, torch.float64)

@@ -2,7 +2,7 @@
 
 The walked set is read off the walk itself, not off a list that mirrors it: every option each step
 offers (:meth:`refppo.oracle.detect.search.Search.expand`'s option walks) is recorded as a whole
-setting (the checked setting with the option's keys replaced), on five dumps that between them make
+setting (the checked setting with the option's keys replaced), on six dumps that between them make
 every step take its second walk (the solver's, and the "then" keys of
 :mod:`refppo.oracle.detect.rollout`): a critic dump with holes, ``entropy_loss``, the KL in the
 loss, a score map, clip ranges and ``whiten_eps_at`` off the checked ones and ``policy_loss=gspo``
@@ -14,10 +14,11 @@ policy term carries a sequence-level masked correction (the correction step's wa
 no ``pg_clipfrac``: ``kept`` joins the class) and a one-token row (the only rows where
 ``score_at=after_last_valid_unless_first`` differs from ``after_last_valid``: the walk tries it on
 such a dump only); a dump with a sequence-level ratio band under ``rollout_rs_effect=drop_mask``
-(the returns step's second walk under the gate read off ``returns``). A key is walked when two
-options of one step give it different values; an option of the policy step stands for the members
-merged into its class too (:mod:`refppo.oracle.detect.policy_members`: the logged-only keys are
-walked one option per distinct value).
+(the returns step's second walk under the gate read off ``returns``); a dump with rows flagged
+``truncated`` under ``truncated_rows=mask_in_loss`` (the update steps walk every member). A key is
+walked when two options of one step give it different values; an option of the policy step stands
+for the members merged into its class too (:mod:`refppo.oracle.detect.policy_members`: the
+logged-only keys are walked one option per distinct value).
 
 Before, ``policy_loss`` was never walked (it was listed in ``NOT_WALKED`` as "not searched yet"):
 a GSPO dump got no convention and a nearest one with unrelated changes.
@@ -141,6 +142,11 @@ def _dumps(tmp: Path) -> list[tuple[Path, Setup]]:
     made = setup_for(None, {**conv, "rollout_rs_effect": "drop_mask"})
     path = save(tmp, refppo_dump(gated, made), setup_for(None, {}), "gated.safetensors")
     out.append((path, setup_for(None, {})))
+    cut = make_inputs(B=8, T=10, seed=5)  # rows flagged truncated: every truncated_rows member walked
+    cut["truncated"] = torch.tensor([0, 1, 0, 0, 1, 0, 0, 0], dtype=torch.bool)
+    made = setup_for(None, {"loss_agg": "seq-mean-token-mean", "truncated_rows": "mask_in_loss"})
+    path = save(tmp, refppo_dump(cut, made), setup_for(None, {}), "truncated.safetensors")
+    out.append((path, setup_for(None, {})))
     return out
 
 
@@ -200,6 +206,7 @@ def test_each_dump_is_detected(seen: Seen) -> None:
             "step.safetensors",
             "corrected.safetensors",
             "gated.safetensors",
+            "truncated.safetensors",
         )
     }
 
@@ -216,10 +223,9 @@ def test_every_convention_key_is_walked_or_named_as_not_walked(seen: Seen) -> No
 def test_every_member_of_every_enum_key_is_walked(seen: Seen) -> None:
     """An enum key has finitely many members: each is tried (none is a constant to solve), so none
     may be listed as not walked."""
-    # the rollout correction's keys are walked since #22; truncated_rows and clipfrac_agg (issue #23
-    # item 5) are not yet: asserted exactly, so walking either shows
-    masks = {"truncated_rows"}  # refused by --detect (detection.unwalkable)
-    assert set(NOT_WALKED_YET) == masks, NOT_WALKED_YET
+    # the rollout correction's keys are walked since #22, truncated_rows since #23 item 5 (the
+    # update steps on the rows in the loss: detect/in_loss.py)
+    assert NOT_WALKED_YET == {}, NOT_WALKED_YET
     enums = {k: e for k, e in enum_keys().items() if k not in NOT_WALKED_YET}
     assert not set(enums) & set(NOT_WALKED), sorted(set(enums) & set(NOT_WALKED))
     values = seen[APPLIED]
