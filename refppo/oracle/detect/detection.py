@@ -64,9 +64,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from refppo.conventions import KLEstimator
+from refppo.conventions import AdvantageEstimator, KLEstimator
 from refppo.dump.load import Dump
-from refppo.errors import RefPPOError
+from refppo.errors import ConventionError, RefPPOError
 from refppo.oracle.check.diagnose import alt_json, check
 from refppo.oracle.check.fastcheck import RolloutMemo
 from refppo.oracle.check.settings import Setup
@@ -211,8 +211,17 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
 
     Its hyperparameters are kept, except the clip ranges when the policy or value stage's solver
     finds others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``/
-    ``cliprange_value``).
+    ``cliprange_value``). A checked ``drop_mask`` gate under a critic-free estimator is refused in
+    one line: the returns step cuts the gate's rows before the group statistics, which verl 0.9.1
+    takes over every row (:func:`refppo.pipeline.row_subset.group_advantages_on_every_row`).
     """
+    est = base.conv.adv.estimator
+    if base.conv.gate.drops and est is not AdvantageEstimator.GAE:
+        raise ConventionError(
+            f"--detect does not walk rollout_rs_effect=drop_mask under advantage={est} yet (its group "
+            "statistics read every row, the search's gate cuts them first): check this setting with "
+            "refppo diff --set (without --detect)"
+        )
     search, groups = _search(dump, base)
     base_json = _full(base.convention_dict(), {})
     fitted, solved = list(search.fitted), dict(search.solved)

@@ -19,8 +19,10 @@ import pytest
 import torch
 from oracle_helpers import make_inputs, refppo_dump, save, setup_for, with_behaviour
 
+from refppo.cli import main
 from refppo.core.rollout_correction import gate_statistic
 from refppo.dump.load import load_dump
+from refppo.errors import ConventionError
 from refppo.oracle.detect.detection import detect
 
 CASES: dict[str, dict[str, Any]] = {
@@ -114,3 +116,25 @@ def test_a_gate_as_a_weight_is_listed_as_a_weight(tmp_path: Path) -> None:
     assert found.detected, (found.unmatched_stages, found.nearest)
     assert any(e.get("rollout_rs") is not None for e in found.detected)
     assert not any(e.get("rollout_rs_effect") == "drop_mask" for e in found.detected)
+
+
+def test_a_checked_drop_mask_under_a_group_estimator_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GRPO under a checked drop_mask gate reads every row's score (as verl 0.9.1); the search cuts the
+    gate's rows before the group statistics, so it would list nothing on a dump ``refppo diff``
+    matches (a verl GRPO dump did: its nearest, ``advantage=opo``, then ended the run). Refused in one
+    line; without ``--detect`` the dump matches."""
+    conv = {**CASES["sequence-mean-k3"], **DROP, "advantage": "grpo", "group_eps": 1e-6}
+    x = {k: v for k, v in _inputs().items() if k not in ("old_values", "values")}
+    x["group_index"] = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    path = save(tmp_path, DUMP(x, setup_for(None, conv)), setup_for(None, conv))
+    refused = "^--detect does not walk rollout_rs_effect=drop_mask under "
+    with pytest.raises(ConventionError, match=refused):
+        detect(load_dump(path), setup_for(None, conv))
+    sets = [a for k, v in conv.items() for a in ("--set", f"{k}={v}")]
+    assert main(["diff", str(path), *sets]) == 0  # the checked setting itself matches
+    capsys.readouterr()
+    assert main(["diff", str(path), *sets, "--detect"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "advantage=grpo" in err[0], err
