@@ -37,6 +37,30 @@ def page_out(t: Tensor) -> None:
         madvise(lo, hi - lo, _MADV_PAGEOUT)
 
 
+_MADV_DONTNEED = 4
+"""Linux ``MADV_DONTNEED``: unmap these pages from the process. A never-written file mapping's pages
+stay in the page cache (the next access maps them again, no read from the disk)."""
+
+
+def unmap_pages(t: Tensor) -> None:
+    """``madvise(MADV_DONTNEED)`` over the whole pages of ``t``'s bytes, for a tensor memory-mapped
+    read-only from a file (:meth:`refppo.dump.load.Dump.release_except`): they leave the process's
+    resident set, the values unchanged. Nothing happens off Linux or when the call fails."""
+    if t._version != 0:  # written in place: its pages may be the process's own copies, not the file's
+        page_out(t)
+        return
+    if sys.platform != "linux" or t.device.type != "cpu" or not t.is_contiguous():
+        return
+    madvise = _madvise()
+    if madvise is None:
+        return
+    page = mmap.PAGESIZE
+    start, nbytes = t.data_ptr(), t.numel() * t.element_size()
+    lo, hi = -(-start // page) * page, (start + nbytes) // page * page
+    if hi > lo:
+        madvise(lo, hi - lo, _MADV_DONTNEED)
+
+
 @functools.cache
 def _madvise() -> Any:
     """libc's ``madvise`` through ctypes, or None."""
