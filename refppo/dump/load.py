@@ -40,7 +40,7 @@ from refppo.dump.keys import (
     sampling_problem,
     suggest,
 )
-from refppo.dump.residency import page_out, trim_heap, unmap_pages
+from refppo.dump.residency import fix_mmap_threshold, page_out, trim_heap, unmap_pages
 from refppo.dump.step import StepLayout, check_rows, integer_key, sidecar_advice, step_layout
 from refppo.errors import DumpError
 
@@ -93,6 +93,7 @@ class Dump:
         for key in sorted(self.mapped):
             page_out(self.tensors[key])
         trim_heap()
+        fix_mmap_threshold()  # from now on a freed [B, T] temporary is not kept in the heap
 
     def release_except(self, keep: Iterable[str]) -> None:
         """Unmap the resident pages of every memory-mapped key not in ``keep``
