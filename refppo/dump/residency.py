@@ -98,7 +98,7 @@ def _malloc_trim() -> Any:
     return fn
 
 
-MMAP_THRESHOLD = 1 << 20
+MMAP_THRESHOLD = 4 << 20
 """Bytes from which glibc maps each allocation on its own (``M_MMAP_THRESHOLD``), fixed by
 :func:`fix_mmap_threshold`."""
 
@@ -114,7 +114,7 @@ def fix_mmap_threshold() -> None:
     ``[B, T]`` bool and float32 temporaries of a large dump (8–32 MiB) come from the heap after the
     first ones are freed, and a freed heap block stays resident until :func:`trim_heap`; with the
     threshold fixed, each is unmapped when freed. On the full-size mismatching dump of
-    ``benchmarks/bench_oracle.py`` the ``--detect`` peak fell from 2.55–2.8× the dump to 2.36× (more
+    ``benchmarks/bench_oracle.py`` the ``--detect`` peak fell from 2.55–2.8× the dump to about 2.4× (more
     page faults: the system time grows). Changes no value."""
     fn = _mallopt()
     if fn is not None:
