@@ -10,7 +10,7 @@ carries code is refused without running it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from refppo.dump.keys import (
     sampling_problem,
     suggest,
 )
-from refppo.dump.residency import page_out, trim_heap
+from refppo.dump.residency import fix_mmap_threshold, page_out, trim_heap, unmap_pages
 from refppo.dump.step import StepLayout, check_rows, integer_key, sidecar_advice, step_layout
 from refppo.errors import DumpError
 
@@ -93,6 +93,17 @@ class Dump:
         for key in sorted(self.mapped):
             page_out(self.tensors[key])
         trim_heap()
+        fix_mmap_threshold()  # from now on a freed [B, T] temporary is not kept in the heap
+
+    def release_except(self, keep: Iterable[str]) -> None:
+        """Unmap the resident pages of every memory-mapped key not in ``keep``
+        (:func:`refppo.dump.residency.unmap_pages`; no heap trim): a step that rebuilds an earlier
+        step's state (a replayed group reads the dumped inputs again) or a check that reads a few
+        keys drops the others from its resident set before it allocates its own tensors. The pages
+        stay in the page cache: the next read maps them again without reading the file."""
+        kept = set(keep)
+        for key in sorted(self.mapped - kept):
+            unmap_pages(self.tensors[key])
 
     def key_notes(self) -> list[str]:
         """What the loader did with the dump's names: aliases read, unknown keys ignored (with hints)."""

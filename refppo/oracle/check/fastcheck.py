@@ -29,6 +29,9 @@ from refppo.pipeline.bugs import touches, variant
 from refppo.pipeline.stages import BY_NAME, ROLLOUT_STAGES, Stage, walk
 from refppo.pipeline.step import REWARD_STAGES
 
+_PREFIX_READS = ("scores", "old_logprobs", "ref_logprobs", "logprobs")
+"""The dumped inputs :func:`_prefix` reads (besides the mask)."""
+
 
 def rollout_prefix_ok(dump: Dump, setup: Setup, first: str, bug: str | None = None) -> bool:
     """False when ``kl`` or ``token_rewards`` differ (see :func:`_prefix`)."""
@@ -62,6 +65,7 @@ def _prefix(
         return False, False
     tol = TOLERANCES[dump.dtype]
     check_bug_reads(dump, bug)
+    dump.release_except((*_PREFIX_READS, "kl", "token_rewards"))  # not the rest of the step's keys
     kl_k, b = kl_key(setup, bug), None if bug is None else BUG_TABLE[bug]
     q: dict[str, Any] = {"scores": t["scores"], "old_logprobs": t["old_logprobs"], "mask": m}
     q.update(ref_logprobs=t.get("ref_logprobs"), logprobs=t.get("logprobs"))

@@ -24,6 +24,7 @@ reproduces ``returns`` or ``advantages``, the steps after it read the dump's own
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from itertools import product
@@ -254,6 +255,8 @@ def _whiten_options(
 
     def opts(g: Group[ReturnsState]) -> Iterable[Option[AdvState]]:
         rs = g.state
+        # a replayed group read the earlier steps' dumped inputs again: only these two are read here
+        s.dump.release_except(("advantages", "response_mask"))
         fixed = rs.fixed_whiten
         for w, wh in product(Whitening, holes):
             for v in Variance:
@@ -310,12 +313,22 @@ def carry_dumped_returns(groups: list[Group[ReturnsState]], dumped: Tensor) -> N
     """After a returns step nothing reproduces, the later steps read the dump's own returns (on each
     group's value mask, where the step compares them): the loss conventions can then still be
     identified (the nearest convention names them); the step stays unmatched, so nothing is
-    reported as detected."""
+    reported as detected.
+
+    Groups on equal value masks share one copy (``made``: the copy while any state holds it, keyed
+    by the mask's digest): a replayed group's read does not make another ``[B, T]`` tensor next to
+    the ones the other groups' states hold (the whitening step's peak on the mismatching dump)."""
     zero = torch.zeros((), dtype=dumped.dtype)
+    made: weakref.WeakValueDictionary[bytes, Tensor] = weakref.WeakValueDictionary()
 
     def given(st: ReturnsState) -> ReturnsState:
         ca = st.carried
-        return replace(st, carried=replace(ca, returns=torch.where(ca.vm, dumped, zero)))
+        vm_key = shared_digest(ca.vm)
+        ret = made.get(vm_key)
+        if ret is None:
+            ret = torch.where(ca.vm, dumped, zero)
+            made[vm_key] = ret
+        return replace(st, carried=replace(ca, returns=ret))
 
     for g in groups:
         g.patch(given)
