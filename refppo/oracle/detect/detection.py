@@ -206,15 +206,10 @@ def _search(dump: Dump, base: Setup) -> tuple[Search, list[Group[Any]]]:
     return search, run_search(search)
 
 
-def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
-    """Search the convention space around ``base``.
-
-    Its hyperparameters are kept, except the clip ranges when the policy or value stage's solver
-    finds others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``/
-    ``cliprange_value``). A checked ``drop_mask`` gate under a critic-free estimator is refused in
-    one line: the returns step cuts the gate's rows before the group statistics, which verl 0.9.1
-    takes over every row (:func:`refppo.pipeline.row_subset.group_advantages_on_every_row`).
-    """
+def _refuse_unwalked(base: Setup) -> None:
+    """A checked ``drop_mask`` gate under a critic-free estimator, refused in one line: the returns
+    step cuts the gate's rows before the group statistics, which verl 0.9.1 takes over every row
+    (:func:`refppo.pipeline.row_subset.group_advantages_on_every_row`)."""
     est = base.conv.adv.estimator
     if base.conv.gate.drops and est is not AdvantageEstimator.GAE:
         raise ConventionError(
@@ -222,6 +217,16 @@ def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
             "statistics read every row, the search's gate cuts them first): check this setting with "
             "refppo diff --set (without --detect)"
         )
+
+
+def detect(dump: Dump, base: Setup, *, limit: int = 50) -> Detection:
+    """Search the convention space around ``base``.
+
+    Its hyperparameters are kept, except the clip ranges when the policy or value stage's solver
+    finds others that reproduce the dump (an entry then names ``cliprange``/``cliprange_high``/
+    ``cliprange_value``). A checked setting the walk does not apply is refused (:func:`_refuse_unwalked`).
+    """
+    _refuse_unwalked(base)
     search, groups = _search(dump, base)
     base_json = _full(base.convention_dict(), {})
     fitted, solved = list(search.fitted), dict(search.solved)
