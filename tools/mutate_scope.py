@@ -8,6 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tools" / "mutate_equivalent.json"
 CORE = (
+    "approx_kl",
+    "moments_memo",
     "_group_checks",
     "_group_stats",
     "_ties",
@@ -214,6 +216,8 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     "aggregate": ("tests/core/test_prompt_mean.py", "tests/pipeline/test_prompt_mean_agg.py"),
     "clipfrac": ("tests/core/test_clipfrac_row_mean.py",),  # the row mean (its counts: test_core_clipfrac.py)
     "masked": ("tests/core/test_kept_rows.py",),
+    "approx_kl": ("tests/core/test_approx_kl_clamped.py",),
+    "moments_memo": ("tests/core/test_core_normalize.py",),  # normalize's memo (test_core_moments_memo.py)
     "score_map": ("tests/pipeline/test_pipeline_score_map.py",),
     **dict.fromkeys(  # the rollout correction's weights, gates and surrogates (CISPO too): one suite
         ("rollout_correction", "rollout_losses", "cispo"),

@@ -26,16 +26,7 @@ def page_out(t: Tensor) -> None:
     Only a hint: the tensor's values are unchanged whatever the kernel does; nothing happens off
     Linux or when the call fails.
     """
-    if sys.platform != "linux" or t.device.type != "cpu" or not t.is_contiguous():
-        return
-    madvise = _madvise()
-    if madvise is None:
-        return
-    page = mmap.PAGESIZE
-    start, nbytes = t.data_ptr(), t.numel() * t.element_size()
-    lo, hi = -(-start // page) * page, (start + nbytes) // page * page
-    if hi > lo:
-        madvise(lo, hi - lo, _MADV_PAGEOUT)
+    _advise(t, _MADV_PAGEOUT)
 
 
 _MADV_DONTNEED = 4
@@ -50,6 +41,12 @@ def unmap_pages(t: Tensor) -> None:
     if t._version != 0:  # written in place: its pages may be the process's own copies, not the file's
         page_out(t)
         return
+    _advise(t, _MADV_DONTNEED)
+
+
+def _advise(t: Tensor, advice: int) -> None:
+    """``madvise(advice)`` over the whole pages inside ``t``'s bytes (a contiguous CPU tensor on
+    Linux; else, or without ``madvise``, nothing)."""
     if sys.platform != "linux" or t.device.type != "cpu" or not t.is_contiguous():
         return
     madvise = _madvise()
@@ -59,7 +56,7 @@ def unmap_pages(t: Tensor) -> None:
     start, nbytes = t.data_ptr(), t.numel() * t.element_size()
     lo, hi = -(-start // page) * page, (start + nbytes) // page * page
     if hi > lo:
-        madvise(lo, hi - lo, _MADV_DONTNEED)
+        madvise(lo, hi - lo, advice)
 
 
 @functools.cache
