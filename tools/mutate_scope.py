@@ -217,7 +217,7 @@ EXTRA_TESTS: dict[str, tuple[str, ...]] = {
     "clipfrac": ("tests/core/test_clipfrac_row_mean.py",),  # the row mean (its counts: test_core_clipfrac.py)
     "masked": ("tests/core/test_kept_rows.py",),
     "approx_kl": ("tests/core/test_approx_kl_clamped.py",),
-    "moments_memo": ("tests/core/test_core_normalize.py",),  # normalize's memo (test_core_moments_memo.py)
+    "moments_memo": ("tests/core/test_moments_memo_bounds.py", "tests/core/test_core_normalize.py"),
     "score_map": ("tests/pipeline/test_pipeline_score_map.py",),
     **dict.fromkeys(  # the rollout correction's weights, gates and surrogates (CISPO too): one suite
         ("rollout_correction", "rollout_losses", "cispo"),
