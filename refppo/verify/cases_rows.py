@@ -206,7 +206,22 @@ def _case_row_blocks(b: Batch, dev: torch.device) -> list[Pair]:
     return [("times each row is covered", times, torch.ones(B, dtype=torch.float64), None)]
 
 
+def _case_approx_kl_k1_clamped(b: Batch, dev: torch.device) -> list[Pair]:
+    """:func:`approx_kl_k1_clamped` (``approx_kl=k1_clamped``, RLinf 0.3.0): without a clamp, and with
+    one that binds on some tokens."""
+    mod = importlib.import_module("refppo.core.approx_kl")
+    old = b.floats(-3.0, -0.1)
+    lp = old + b.floats(-0.6, 0.6)
+    out: list[Pair] = []
+    for kappa in (None, 0.3):
+        vec = mod.approx_kl_k1_clamped(lp.to(dev), old.to(dev), b.mask.to(dev), kappa)
+        naive = torch.tensor(mod.approx_kl_k1_clamped_naive(lp, old, b.mask, kappa), dtype=lp.dtype)
+        out.append((f"clamp={kappa}", vec, naive, None))
+    return out
+
+
 ROW_CASES: dict[str, Case] = {
+    "approx_kl_k1_clamped": _case_approx_kl_k1_clamped,
     "policy_terms": _case_terms,
     "row_blocks": _case_row_blocks,
     "policy_loss_by_rows": _case_policy_by_rows,

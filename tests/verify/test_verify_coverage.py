@@ -39,6 +39,9 @@ EXCEPTIONS: dict[str, str] = {
     "refppo.core.value.check_value_clip": "argument validator: returns None or raises",
     "refppo.core.kl.check_grad_is": "argument validator: returns None or the checked old log-probs "
     "(its messages are unit-tested in tests/core/test_kl_is_weight.py)",
+    "refppo.core.moments_memo.memoized": "a memo, not a step: its value is the memoized function's own "
+    "(tests/core/test_core_moments_memo.py, tests/core/test_moments_memo_bounds.py)",
+    "refppo.core.moments_memo.remembered_moments": "the memo's context manager: no value of its own",
 }
 """Public core functions deliberately without a verify case, with the reason."""
 
