@@ -4,8 +4,8 @@ Group ``i`` (ratio ``r_i``, key bound ``b_i = max(r_i, worst_i) ≥ r_i``) is pr
 live ``k`` when ``(b_k, k) < (r_i, i)`` lexicographically (``b_k < r_i``, or equal with ``k``
 made earlier); it is dropped when ``nearest`` live groups precede it, in order of ``i``, a dropped
 group no longer counting for the later ones. Counted with a Fenwick tree over the sorted
-``(b_k, k)``: ``O(F log F)`` for ``F`` failing groups (the direct count was ``O(F²)`` per offer,
-which made a dump whose earlier stages all mismatch cost minutes at B=8, T=16).
+``(b_k, k)``: ``O(F log F)`` for ``F`` failing groups (``_dead_direct`` states the rule directly,
+``O(F²)``: the tests' reference).
 """
 
 from __future__ import annotations
